@@ -1,0 +1,314 @@
+"""Stream configuration: one TOML file per stream (docs/contracts.md section 2).
+
+Every privacy parameter is validated once, here, with an error that names the key. Domain bounds and
+hierarchies come from the file (or from the calibration command that writes it) and never from the stream:
+a scale that drifted with the data would make information loss incomparable across releases.
+"""
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from stream_anon.hierarchy import Hierarchy
+
+QI_KINDS = ("numeric", "timestamp", "categorical", "station", "geopoint")
+REUSE_POLICIES = ("deadline", "immediate", "never")
+_NAME_RE = re.compile(r"^[a-z0-9_-]+$")
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing or invalid; the message starts with the key."""
+
+
+@dataclass(frozen=True)
+class QuasiIdentifier:
+    name: str
+    fields: tuple[str, ...]          # dotted paths; for non-geopoint kinds the first non-null wins
+    kind: str
+    lower: tuple[float, ...] = ()    # numeric/timestamp: (L,), geopoint: (lat_L, lon_L)
+    upper: tuple[float, ...] = ()
+    weight: float = 1.0
+    hierarchy: Hierarchy | None = None
+    grid: float | None = None        # geopoint: boxes widen to this grid (degrees)
+
+    @property
+    def dims(self) -> int:
+        return 2 if self.kind == "geopoint" else 1
+
+
+@dataclass(frozen=True)
+class StreamSection:
+    name: str
+    kind: str
+    input_topic: str
+    privacy_unit: str
+    event_time: str
+    event_types: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Anonymization:
+    k: int
+    window_s: float
+    max_delay_s: float
+    strategy: str = "mondrian"
+    strategy_params: dict = field(default_factory=dict)
+    seed: int = 0
+    reuse: str = "deadline"
+    reuse_max_classes: int = 2000
+    reuse_horizon_s: float = 7200.0
+    max_class_ncp: float = 1.0
+    max_suppression_ratio: float = 0.05
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_event_bytes: int = 65536
+    max_event_age_s: float = 365 * 86400.0
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    stream: StreamSection
+    anonymization: Anonymization
+    quasi_identifiers: tuple[QuasiIdentifier, ...]
+    sensitive: tuple[str, ...]
+    invariant_sensitive: str | None
+    drop: tuple[str, ...]
+    pseudonymize: tuple[str, ...]
+    limits: Limits
+    source: Path | None = None
+    raw: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def identifiers(self) -> tuple[str, ...]:
+        """Every field that identifies a person or device: never output."""
+        return tuple(dict.fromkeys((self.stream.privacy_unit, *self.drop, *self.pseudonymize)))
+
+    def replace_anonymization(self, **changes) -> "StreamConfig":
+        """A copy with some anonymization parameters changed (e.g. k from the command line), re-validated."""
+        raw = {**self.raw, "anonymization": {**self.raw.get("anonymization", {}), **changes}}
+        return parse_config(raw, base_dir=self.source.parent if self.source else Path("."), source=self.source)
+
+
+# -- helpers ------------------------------------------------------------------------------------------------
+def _get(table: dict, key: str, path: str, types, required=True, default=None):
+    if key not in table:
+        if required:
+            raise ConfigError(f"{path}.{key}: missing")
+        return default
+    value = table[key]
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in _as_tuple(types)):
+        raise ConfigError(f"{path}.{key}: expected {_type_names(types)}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _as_tuple(types) -> tuple:
+    return types if isinstance(types, tuple) else (types,)
+
+
+def _type_names(types) -> str:
+    return " or ".join(t.__name__ for t in _as_tuple(types))
+
+
+def _positive(value, path: str, integer=False):
+    if value <= 0 or (integer and int(value) != value):
+        raise ConfigError(f"{path}: must be a positive {'integer' if integer else 'number'}, got {value!r}")
+    return value
+
+
+def _time_value(value, path: str) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise ConfigError(f"{path}: timestamp needs a UTC offset, got {value!r}")
+        return value.timestamp()
+    if isinstance(value, str):
+        try:
+            ts = datetime.fromisoformat(value)
+        except ValueError:
+            raise ConfigError(f"{path}: not an ISO-8601 timestamp: {value!r}") from None
+        if ts.tzinfo is None:
+            raise ConfigError(f"{path}: timestamp needs a UTC offset, got {value!r}")
+        return ts.timestamp()
+    raise ConfigError(f"{path}: expected a timestamp or number, got {type(value).__name__}")
+
+
+def _fields(value, path: str) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+        raise ConfigError(f"{path}: expected a field path or a non-empty list of field paths")
+    return tuple(value)
+
+
+def _parse_qi(table: dict, i: int, base_dir: Path) -> QuasiIdentifier:
+    path = f"quasi_identifiers[{i}]"
+    name = _get(table, "name", path, str)
+    if not _NAME_RE.match(name):
+        raise ConfigError(f"{path}.name: use lowercase letters, digits, '_' or '-', got {name!r}")
+    path = f"quasi_identifiers.{name}"
+    kind = _get(table, "kind", path, str)
+    if kind not in QI_KINDS:
+        raise ConfigError(f"{path}.kind: must be one of {', '.join(QI_KINDS)}, got {kind!r}")
+    fields = _fields(table.get("field"), f"{path}.field")
+    weight = float(_get(table, "weight", path, (int, float), required=False, default=1.0))
+    if weight < 0:
+        raise ConfigError(f"{path}.weight: must be >= 0, got {weight}")
+    if kind in ("categorical", "station"):
+        hpath = _get(table, "hierarchy", path, str)
+        file = (base_dir / hpath).resolve()
+        if not file.exists():
+            raise ConfigError(f"{path}.hierarchy: file not found: {file}")
+        try:
+            hierarchy = (Hierarchy.from_arx_csv(file) if file.suffix == ".csv" else Hierarchy.from_json(file))
+        except (ValueError, KeyError) as exc:
+            raise ConfigError(f"{path}.hierarchy: {exc}") from None
+        if hierarchy.n_leaves < 2:
+            raise ConfigError(f"{path}.hierarchy: needs at least two leaves")
+        return QuasiIdentifier(name, fields, kind, weight=weight, hierarchy=hierarchy)
+    if kind == "geopoint":
+        if len(fields) != 2:
+            raise ConfigError(f"{path}.field: a geopoint needs exactly two fields [latitude, longitude]")
+        lower, upper = table.get("lower"), table.get("upper")
+        for key, v in (("lower", lower), ("upper", upper)):
+            if not (isinstance(v, list) and len(v) == 2 and all(isinstance(x, (int, float)) for x in v)):
+                raise ConfigError(f"{path}.{key}: expected [latitude, longitude]")
+        if not (lower[0] < upper[0] and lower[1] < upper[1]):
+            raise ConfigError(f"{path}: lower must be below upper in both latitude and longitude")
+        grid = table.get("grid_deg")
+        if grid is not None:
+            _positive(grid, f"{path}.grid_deg")
+        return QuasiIdentifier(name, fields, kind, tuple(map(float, lower)), tuple(map(float, upper)), weight,
+                               grid=float(grid) if grid is not None else None)
+    if len(fields) > 1 and kind == "timestamp":
+        raise ConfigError(f"{path}.field: a timestamp takes one field")
+    conv = _time_value if kind == "timestamp" else (
+        lambda v, p: float(v) if isinstance(v, (int, float)) and not isinstance(v, bool)
+        else (_ for _ in ()).throw(ConfigError(f"{p}: expected a number, got {v!r}")))
+    for key in ("lower", "upper"):
+        if key not in table:
+            raise ConfigError(f"{path}.{key}: missing (domain bounds are fixed by configuration or by "
+                              f"`stream-anon calibrate`, never taken from the stream)")
+    lower, upper = conv(table["lower"], f"{path}.lower"), conv(table["upper"], f"{path}.upper")
+    if not lower < upper:
+        raise ConfigError(f"{path}: lower ({table['lower']}) must be below upper ({table['upper']})")
+    return QuasiIdentifier(name, fields, kind, (lower,), (upper,), weight)
+
+
+def parse_config(raw: dict, base_dir: Path = Path("."), source: Path | None = None) -> StreamConfig:
+    """Validate a parsed TOML document into a StreamConfig (errors name the key)."""
+    from stream_anon.strategies import STRATEGIES  # late import: strategies import the engine
+
+    s = raw.get("stream")
+    if not isinstance(s, dict):
+        raise ConfigError("stream: missing table [stream]")
+    name = _get(s, "name", "stream", str)
+    if not _NAME_RE.match(name):
+        raise ConfigError(f"stream.name: use lowercase letters, digits, '_' or '-', got {name!r}")
+    kind = _get(s, "kind", "stream", str)
+    if kind not in ("fare", "vehicle"):
+        raise ConfigError(f"stream.kind: must be 'fare' or 'vehicle', got {kind!r}")
+    event_types = _get(s, "event_types", "stream", list)
+    if not event_types or not all(isinstance(t, str) for t in event_types):
+        raise ConfigError("stream.event_types: expected a non-empty list of strings")
+    stream = StreamSection(
+        name=name, kind=kind,
+        input_topic=_get(s, "input_topic", "stream", str),
+        privacy_unit=_get(s, "privacy_unit", "stream", str),
+        event_time=_get(s, "event_time", "stream", str),
+        event_types=tuple(event_types),
+    )
+
+    a = raw.get("anonymization")
+    if not isinstance(a, dict):
+        raise ConfigError("anonymization: missing table [anonymization]")
+    k = _positive(_get(a, "k", "anonymization", int), "anonymization.k", integer=True)
+    if k < 2:
+        raise ConfigError(f"anonymization.k: must be at least 2, got {k}")
+    window_s = _positive(float(_get(a, "window_s", "anonymization", (int, float))), "anonymization.window_s")
+    max_delay_s = float(_get(a, "max_delay_s", "anonymization", (int, float)))
+    if max_delay_s < window_s:
+        raise ConfigError(f"anonymization.max_delay_s: must be >= window_s ({window_s}), got {max_delay_s}")
+    strategy = _get(a, "strategy", "anonymization", str, required=False, default="mondrian")
+    if strategy not in STRATEGIES:
+        raise ConfigError(f"anonymization.strategy: unknown {strategy!r}; known: {', '.join(sorted(STRATEGIES))}")
+    params = _get(a, "strategy_params", "anonymization", dict, required=False, default={})
+    try:
+        STRATEGIES[strategy](**params)
+    except TypeError as exc:
+        raise ConfigError(f"anonymization.strategy_params: {exc}") from None
+    reuse = _get(a, "reuse", "anonymization", str, required=False, default="deadline")
+    if reuse not in REUSE_POLICIES:
+        raise ConfigError(f"anonymization.reuse: must be one of {', '.join(REUSE_POLICIES)}, got {reuse!r}")
+    max_class_ncp = float(_get(a, "max_class_ncp", "anonymization", (int, float), required=False, default=1.0))
+    if not 0 < max_class_ncp <= 1:
+        raise ConfigError(f"anonymization.max_class_ncp: must be in (0, 1], got {max_class_ncp}")
+    max_supp = float(_get(a, "max_suppression_ratio", "anonymization", (int, float), required=False,
+                          default=0.05))
+    if not 0 <= max_supp <= 1:
+        raise ConfigError(f"anonymization.max_suppression_ratio: must be in [0, 1], got {max_supp}")
+    anonymization = Anonymization(
+        k=int(k), window_s=window_s, max_delay_s=max_delay_s, strategy=strategy, strategy_params=dict(params),
+        seed=_get(a, "seed", "anonymization", int, required=False, default=0),
+        reuse=reuse,
+        reuse_max_classes=int(_positive(_get(a, "reuse_max_classes", "anonymization", int, required=False,
+                                             default=2000), "anonymization.reuse_max_classes", integer=True)),
+        reuse_horizon_s=float(_positive(_get(a, "reuse_horizon_s", "anonymization", (int, float),
+                                             required=False, default=7200.0), "anonymization.reuse_horizon_s")),
+        max_class_ncp=max_class_ncp, max_suppression_ratio=max_supp,
+    )
+
+    qis_raw = raw.get("quasi_identifiers")
+    if not isinstance(qis_raw, list) or not qis_raw:
+        raise ConfigError("quasi_identifiers: at least one [[quasi_identifiers]] entry is required")
+    qis = tuple(_parse_qi(t, i, base_dir) for i, t in enumerate(qis_raw))
+    names = [q.name for q in qis]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"quasi_identifiers: duplicate names {sorted({n for n in names if names.count(n) > 1})}")
+
+    sens = raw.get("sensitive", {})
+    sensitive = _fields(sens["fields"], "sensitive.fields") if sens.get("fields") else ()
+    invariant = _get(sens, "invariant", "sensitive", str, required=False, default=None)
+    ids = raw.get("identifiers", {})
+    drop = tuple(ids.get("drop", []))
+    pseudo = tuple(ids.get("pseudonymize", []))
+    if not all(isinstance(x, str) for x in drop + pseudo):
+        raise ConfigError("identifiers: drop and pseudonymize must be lists of field paths")
+    identifiers = {stream.privacy_unit, *drop, *pseudo}
+    qi_fields = {f for q in qis for f in q.fields}
+    for bad, where in ((identifiers & set(sensitive), "sensitive.fields"), (identifiers & qi_fields,
+                                                                            "quasi_identifiers")):
+        if bad:
+            raise ConfigError(f"{where}: identifier field(s) {sorted(bad)} would be published; "
+                              "identifiers are never output")
+    lim = raw.get("limits", {})
+    limits = Limits(
+        max_event_bytes=int(_positive(_get(lim, "max_event_bytes", "limits", int, required=False,
+                                           default=65536), "limits.max_event_bytes", integer=True)),
+        max_event_age_s=float(_positive(_get(lim, "max_event_age_s", "limits", (int, float), required=False,
+                                             default=365 * 86400.0), "limits.max_event_age_s")),
+    )
+    return StreamConfig(stream, anonymization, qis, sensitive, invariant, drop, pseudo, limits, source, raw)
+
+
+def load_config(path: str | Path) -> StreamConfig:
+    """Load and validate a stream configuration file."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config: file not found: {path}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config: {path} is not valid TOML: {exc}") from None
+    return parse_config(raw, base_dir=path.parent, source=path.resolve())
+
+
+def config_dict(cfg: StreamConfig) -> dict[str, Any]:
+    """The raw validated document (for reports)."""
+    return cfg.raw
