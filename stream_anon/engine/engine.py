@@ -16,14 +16,12 @@ the watermark into a new window, and the randomness of a release comes from (see
 from __future__ import annotations
 
 import hashlib
-from datetime import datetime
-
 import numpy as np
 
 from stream_anon import crypto
 from stream_anon.config import StreamConfig
 from stream_anon.engine.release import ClassInfo, Rejection, Release, StepResult
-from stream_anon.engine.space import QISpace
+from stream_anon.engine.space import QISpace, parse_time
 from stream_anon.strategies import make_strategy
 
 SUPPRESSED_NO_CLASS = "fewer_than_k_individuals_by_deadline"
@@ -129,6 +127,7 @@ class Engine:
         self.pub_gen: list[dict] = []
         self.pub_ncp = np.empty(0)
         self.pub_time = np.empty(0)
+        self._tokenize = crypto.AuditTokenizer(self.secret)
         self._mac_key = hashlib.sha256(b"unit-id:" + self.secret).digest()[:32]
         s = config.stream
         self._fields = (s.privacy_unit, s.event_time, *[f for q in config.quasi_identifiers for f in q.fields],
@@ -179,6 +178,11 @@ class Engine:
     @property
     def deferred(self) -> int:
         return len(self.buffer)
+
+    @property
+    def deferred_tokens(self) -> list[str]:
+        """Audit tokens of the records still waiting for a class."""
+        return list(self.buffer.tokens)
 
     # -- state ------------------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -236,7 +240,7 @@ class Engine:
             elif unit is None or unit == "":
                 reasons[i] = f"{s.privacy_unit}: privacy unit missing"
             else:
-                t = _to_epoch(ts)
+                t = parse_time(ts)
                 if t is None:
                     reasons[i] = f"{s.event_time}: not an ISO-8601 time with UTC offset: {ts!r}"
                 else:
@@ -257,7 +261,7 @@ class Engine:
             (int.from_bytes(hashlib.blake2b(str(unit_col[i]).encode(), key=key, digest_size=8).digest(),
                             "little", signed=True) for i in rows), dtype=np.int64, count=len(rows))
         eid = columns["event_id"]
-        tokens = [crypto.audit_token(self.secret, eid[i]) for i in rows]
+        tokens = [self._tokenize(eid[i]) for i in rows]
         return units, tokens
 
     def _add(self, columns, rows, X, units, times, tokens) -> None:
@@ -395,19 +399,3 @@ class Engine:
             suppressed_tokens=suppressed,
             max_suppression_ratio=self.config.anonymization.max_suppression_ratio,
         )
-
-
-def _to_epoch(value) -> float | None:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            ts = datetime.fromisoformat(value)
-        except ValueError:
-            return None
-        return ts.timestamp() if ts.tzinfo else None
-    if isinstance(value, datetime):
-        return value.timestamp() if value.tzinfo else None
-    if hasattr(value, "timestamp") and getattr(value, "tzinfo", None) is not None:   # pandas Timestamp
-        return float(value.timestamp())
-    return None

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from datetime import datetime, timezone
+from functools import lru_cache
 
 import numpy as np
 
@@ -89,7 +90,7 @@ class QISpace:
     def _numeric(self, values, d, qi, reasons, field) -> np.ndarray:
         out = np.empty(len(values))
         lo, hi = self.lower[d], self.upper[d]
-        parse = _parse_time if qi.kind == "timestamp" else _parse_number
+        parse = parse_time if qi.kind == "timestamp" else _parse_number
         for i, v in enumerate(values):
             if v is None:
                 out[i] = self.missing_code[d]
@@ -159,7 +160,8 @@ class QISpace:
 
 
 def _num(x: float):
-    return int(x) if float(x).is_integer() else round(float(x), 7)
+    # Exact value: rounding a bound inward would publish an interval that misses its own members.
+    return int(x) if float(x).is_integer() else float(x)
 
 
 def _coalesce(cols: list[list]) -> list:
@@ -185,13 +187,23 @@ def _parse_number(v) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def _parse_time(v) -> float | None:
-    if isinstance(v, (int, float)) and not isinstance(v, bool):
-        return float(v)
-    if isinstance(v, datetime):
-        return v.timestamp() if v.tzinfo else None
+@lru_cache(maxsize=1 << 16)
+def _parse_iso(v: str) -> float | None:
     try:
         ts = datetime.fromisoformat(v)
-    except (TypeError, ValueError):
+    except ValueError:
         return None
     return ts.timestamp() if ts.tzinfo else None
+
+
+def parse_time(v) -> float | None:
+    """Epoch seconds of an ISO-8601 time with UTC offset (or a number of epoch seconds); None if invalid.
+
+    Cached: event times repeat a lot at the source's resolution (Oyster has minutes)."""
+    if isinstance(v, str):
+        return _parse_iso(v)
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v) if math.isfinite(v) else None
+    if isinstance(v, datetime) or hasattr(v, "tzinfo"):     # datetime or pandas Timestamp
+        return float(v.timestamp()) if getattr(v, "tzinfo", None) is not None else None
+    return None
