@@ -1,0 +1,109 @@
+"""Read the raw input and the published outputs from a Kafka broker for the audit (kafka-python).
+
+No consumer group and no committed offsets: every partition is assigned and read from the beginning. The end of
+a topic is decided by quiet time, never by end offsets / high watermark (Tansu reports wrong ones): we poll
+until no new message arrived for ``idle_s`` seconds, then poll one more ``idle_s`` period and stop only if the
+number of consumed messages did not change (bounded by ``max_wait_s``).
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from .checks import AuditConfig, AuditOutputs, AuditReport, audit
+
+RELEASES_TOPIC = "anon.releases"
+DEADLETTER_TOPIC = "anon.deadletter"
+
+
+def _partitions(consumer: Any, topic: str, wait_s: float) -> list[int]:
+    deadline = time.monotonic() + wait_s
+    while True:
+        parts = consumer.partitions_for_topic(topic)
+        if parts:
+            return sorted(parts)
+        if time.monotonic() >= deadline:
+            return []
+        time.sleep(0.3)
+
+
+def read_topic(bootstrap: str, topic: str, idle_s: float = 3.0, max_wait_s: float = 120.0,
+               metadata_wait_s: float = 5.0) -> list[tuple[tuple[str, int, int], bytes]]:
+    """Every message of ``topic`` as ``((topic, partition, offset), value_bytes)``, ordered by source.
+
+    A topic that does not exist (no metadata within ``metadata_wait_s``) yields ``[]``.
+    """
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                             auto_offset_reset="earliest", client_id="stream-anon-audit",
+                             allow_auto_create_topics=False)  # reading must not create topics
+    try:
+        parts = _partitions(consumer, topic, metadata_wait_s)
+        if not parts:
+            return []
+        tps = [TopicPartition(topic, p) for p in parts]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        seen: dict[tuple[str, int, int], bytes] = {}
+        start = last_new = time.monotonic()
+        confirmed_count = -1
+        while time.monotonic() - start < max_wait_s:
+            batch = consumer.poll(timeout_ms=500)
+            before = len(seen)
+            for tp_records in batch.values():
+                for msg in tp_records:
+                    seen.setdefault((msg.topic, msg.partition, msg.offset), msg.value)
+            now = time.monotonic()
+            if len(seen) != before:
+                last_new = now
+                confirmed_count = -1
+            elif now - last_new >= idle_s:
+                if confirmed_count == len(seen):
+                    break  # two quiet periods in a row with an unchanged count
+                confirmed_count = len(seen)
+                last_new = now
+        return sorted(seen.items())
+    finally:
+        consumer.close()
+
+
+def _decode(value: Any) -> Any:
+    try:
+        obj = json.loads(value.decode("utf-8") if isinstance(value, (bytes, bytearray)) else value)
+    except (UnicodeDecodeError, ValueError, TypeError, AttributeError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def read_outputs(bootstrap: str, stream: str, idle_s: float = 3.0, max_wait_s: float = 120.0) -> AuditOutputs:
+    """Records of ``anon.<stream>.records`` and this stream's manifests and dead letters (duplicates kept)."""
+    out = AuditOutputs()
+    for topic, target, filter_stream in ((f"anon.{stream}.records", out.records, False),
+                                         (RELEASES_TOPIC, out.manifests, True),
+                                         (DEADLETTER_TOPIC, out.deadletters, True)):
+        for _src, value in read_topic(bootstrap, topic, idle_s=idle_s, max_wait_s=max_wait_s):
+            obj = _decode(value)
+            if obj is None:
+                out.malformed.append(value)
+            elif not filter_stream or obj.get("stream") == stream:
+                target.append(obj)
+    return out
+
+
+def audit_from_kafka(bootstrap: str, config_path: str | Path, secret: bytes | str, raw_topic: str | None = None,
+                     idle_s: float = 3.0, max_wait_s: float = 120.0) -> AuditReport:
+    """Read raw input and outputs from the broker and audit them against the stream config."""
+    cfg = AuditConfig.from_toml(config_path)
+    if raw_topic is None:
+        import tomllib
+
+        with Path(config_path).open("rb") as fh:
+            raw_topic = tomllib.load(fh)["stream"]["input_topic"]
+    if cfg.stream is None:
+        raise ValueError(f"{config_path}: [stream] name is required to find the output topics")
+    raw = read_topic(bootstrap, raw_topic, idle_s=idle_s, max_wait_s=max_wait_s)
+    outputs = read_outputs(bootstrap, cfg.stream, idle_s=idle_s, max_wait_s=max_wait_s)
+    return audit(raw, outputs, secret.encode() if isinstance(secret, str) else secret, cfg)

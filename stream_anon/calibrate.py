@@ -1,0 +1,114 @@
+"""Explicit calibration: derive fixed domain bounds from a sample and write them into a configuration file.
+
+Bounds are fixed before the stream runs and never move with it: a scale that drifted with the data would make
+information loss incomparable across releases (and would itself leak the extremes of the stream). Run this
+once on a representative sample, review the written file, then deploy it.
+"""
+from __future__ import annotations
+
+import math
+import tomllib
+from datetime import datetime, timezone
+from pathlib import Path
+
+from stream_anon.config import ConfigError, load_config
+from stream_anon.engine import get_path
+from stream_anon.engine.space import parse_time
+
+
+def calibrate(config_path: str | Path, events: list[dict], out_path: str | Path, margin: float = 0.0) -> dict:
+    """Write a copy of the configuration with lower/upper of every numeric, timestamp and geopoint QI set to
+    the sample's range (widened by ``margin`` of the range on each side). Returns the bounds written."""
+    config_path = Path(config_path)
+    raw = tomllib.loads(config_path.read_text())
+    bounds = {}
+    for qi in raw.get("quasi_identifiers", []):
+        kind = qi.get("kind")
+        fields = qi["field"] if isinstance(qi.get("field"), list) else [qi.get("field")]
+        if kind in ("numeric", "timestamp"):
+            parse = parse_time if kind == "timestamp" else _number
+            values = [parse(get_path(e, fields[0])) for e in events]
+            lo, hi = _range([v for v in values if v is not None], margin, qi["name"])
+            if kind == "timestamp":
+                lo, hi = math.floor(lo / 3600) * 3600, math.ceil(hi / 3600) * 3600   # whole hours
+                qi["lower"], qi["upper"] = _iso(lo), _iso(hi)
+            else:
+                qi["lower"], qi["upper"] = math.floor(lo), math.ceil(hi)
+        elif kind == "geopoint":
+            los, his = [], []
+            for f in fields:
+                lo, hi = _range([v for v in (_number(get_path(e, f)) for e in events) if v is not None], margin,
+                                qi["name"])
+                los.append(math.floor(lo * 1000) / 1000)
+                his.append(math.ceil(hi * 1000) / 1000)
+            qi["lower"], qi["upper"] = los, his
+        else:
+            continue
+        bounds[qi["name"]] = (qi["lower"], qi["upper"])
+    out_path = Path(out_path)
+    out_path.write_text(f"# Calibrated by `stream-anon calibrate` from {len(events)} events on "
+                        f"{datetime.now(timezone.utc).date()}; source config {config_path.name}.\n" + dumps(raw))
+    try:
+        load_config(out_path)
+    except ConfigError as exc:   # e.g. hierarchy paths relative to a different directory
+        raise ConfigError(f"calibrated config {out_path} does not validate: {exc}") from None
+    return bounds
+
+
+def _number(v):
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def _range(values, margin, name):
+    if not values:
+        raise ConfigError(f"quasi_identifiers.{name}: no values in the calibration sample")
+    lo, hi = min(values), max(values)
+    pad = (hi - lo) * margin
+    if hi - lo + 2 * pad <= 0:
+        pad = 1.0
+    return lo - pad, hi + pad
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat()
+
+
+def dumps(doc: dict) -> str:
+    """A small TOML writer for configuration documents (tables, arrays of tables, scalars, lists)."""
+    lines: list[str] = []
+
+    def scalar(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return repr(v)
+        if isinstance(v, list):
+            return "[" + ", ".join(scalar(x) for x in v) + "]"
+        if isinstance(v, datetime):
+            return v.isoformat()
+        return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+    def table(name, t, array=False):
+        lines.append(f"\n[[{name}]]" if array else f"\n[{name}]")
+        subs = []
+        for key, v in t.items():
+            if isinstance(v, dict):
+                subs.append((f"{name}.{key}", v))
+            else:
+                lines.append(f"{key} = {scalar(v)}")
+        for sub_name, sub in subs:
+            table(sub_name, sub)
+
+    for key, v in doc.items():
+        if isinstance(v, dict):
+            table(key, v)
+        elif isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
+            for item in v:
+                table(key, item, array=True)
+        else:
+            lines.insert(0, f"{key} = {scalar(v)}")
+    return "\n".join(lines).lstrip("\n") + "\n"

@@ -1,0 +1,331 @@
+"""Unit tests of the independent audit (no broker): a correct release passes, each broken variant fails."""
+from __future__ import annotations
+
+import copy
+import hashlib
+import hmac
+import json
+
+import pytest
+
+from stream_anon.audit import AuditConfig, AuditOutputs, QISpec, audit
+
+SECRET = b"test-secret-0123456789abcdef"
+TOPIC = "raw.fare.test"
+HIER = {"name": "loc", "levels": ["value", "zone", "network", "*"],
+        "tree": {"*": {"Rail": {"Zone 1": ["Aldgate", "Bank"], "Zone 3": ["Ealing"]}, "Bus": {"Routes 1-99": ["7"]}}}}
+
+
+def tok(event_id: str) -> str:
+    return hmac.new(SECRET, b"audit:" + event_id.encode(), hashlib.sha256).hexdigest()
+
+
+def pseud(unit: str) -> str:
+    return hmac.new(SECRET, b"unit:" + unit.encode(), hashlib.sha256).hexdigest()
+
+
+def cfg() -> AuditConfig:
+    return AuditConfig(
+        k=2, privacy_unit="journey_id", identifier_fields=["journey_id", "card_id"],
+        quasi_identifiers=[("time", "event_time", "timestamp", None),
+                           QISpec("location", ["station", "bus_route"], "station", HIER),
+                           QISpec("age", "signals.birth_year", "numeric", None, 1900, 2020)],
+        sensitive_fields=["fare_pence"], stream="test")
+
+
+def ev(eid, journey, station, minute, card="CARD-77777", birth=1980):
+    return {"event_id": eid, "kind": "fare", "event_type": "tap_in", "journey_id": journey, "card_id": card,
+            "station": station, "bus_route": None, "event_time": f"2009-11-09T07:{minute:02d}:00+00:00",
+            "fare_pence": 240, "signals": {"birth_year": birth}}
+
+
+def rec(rid, cid, eid, t0, t1, label="Zone 1", age=(1970, 1989)):
+    return {"release_id": rid, "class_id": cid, "event_type": "tap_in",
+            "qi": {"time": {"from": f"2009-11-09T07:{t0:02d}:00+00:00", "to": f"2009-11-09T07:{t1:02d}:00+00:00"},
+                   "location": {"label": label}, "age": {"from": age[0], "to": age[1]}},
+            "sensitive": {"fare_pence": 240}, "audit_token": tok(eid)}
+
+
+def scenario():
+    """Two releases of partition 0; class c1 created in R1 and reused in R2; c2 created in R2."""
+    events = [ev("e1", "J1001", "Aldgate", 1), ev("e2", "J1002", "Bank", 3), ev("e3", "J1003", "Bank", 5),
+              ev("e4", "J1001", "Aldgate", 20), ev("e5", "J1005", "Ealing", 2), ev("e6", "J1006", "Bank", 40),
+              ev("e7", "J1004", "Bank", 22)]
+    raw = [((TOPIC, 0, i), json.dumps(e).encode()) for i, e in enumerate(events)]
+    raw.append(((TOPIC, 0, len(raw)), b"{not json"))
+    r1, r2 = "test-p0-000001", "test-p0-000002"
+    c1, c2 = "test-p0-000001-c0001", "test-p0-000002-c0001"
+    records = [rec(r1, c1, "e1", 0, 10), rec(r1, c1, "e2", 0, 10),
+               rec(r2, c1, "e3", 0, 10), rec(r2, c2, "e4", 15, 29), rec(r2, c2, "e7", 15, 29)]
+    gen = {c: next(r["qi"] for r in records if r["class_id"] == c) for c in (c1, c2)}
+
+    def manifest(rid, seq, classes, suppressed, deferred):
+        return {"release_id": rid, "stream": "test", "partition": 0, "seq": seq, "k": 2,
+                "window_start": "x", "window_end": "y", "watermark": "z",
+                "classes": [{"class_id": c, "generalization": gen[c], "individuals": n, "records": n,
+                             "ncp": 0.1, "reused": reused} for c, n, reused in classes],
+                "published": sum(n for _, n, _ in classes),
+                "suppressed": {r: len(t) for r, t in suppressed.items()},
+                "suppressed_tokens": suppressed, "deferred": len(deferred), "deferred_tokens": deferred,
+                "ncp_mean": 0.1, "suppression_ratio": 0.0, "suppression_limit_exceeded": False,
+                "created_at": "2024-01-01T00:00:00+00:00"}
+
+    manifests = [manifest(r1, 1, [(c1, 2, False)], {"ncp": [tok("e5")]}, [tok("e3"), tok("e6")]),
+                 manifest(r2, 2, [(c1, 1, True), (c2, 2, False)], {}, [tok("e6")])]
+    deadletters = [{"reason": "malformed_json", "stream": "test", "source": {"topic": TOPIC, "partition": 0,
+                                                                             "offset": 7},
+                    "payload": "{not json", "received_at": "now"}]
+    return raw, {"records": records, "manifests": manifests, "deadletters": deadletters}
+
+
+def run(raw, outputs):
+    return audit(raw, outputs, SECRET, cfg())
+
+
+def failed(report):
+    return sorted(name for name, c in report.checks.items() if not c["passed"])
+
+
+def set_raw(raw, eid, **changes):
+    for i, (src, payload) in enumerate(raw):
+        try:
+            e = json.loads(payload)
+        except ValueError:
+            continue
+        if e["event_id"] == eid:
+            e.update(changes)
+            raw[i] = (src, json.dumps(e).encode())
+            return
+    raise KeyError(eid)
+
+
+def test_correct_release_passes():
+    raw, out = scenario()
+    report = run(raw, out)
+    assert report.passed, report.format_text()
+    s = report.summary
+    assert (s["events_in"], s["published"], s["suppressed"], s["dead_lettered"], s["deferred"]) == (8, 5, 1, 1, 1)
+    assert s["lost"] == s["duplicated"] == 0
+    assert s["suppressed_by_reason"] == {"ncp": 1}
+    assert s["min_individuals"] == 2 and s["classes"] == 2
+    assert report.checks["accounting"]["balanced"]
+    assert json.dumps(report.to_dict())  # JSON-serializable
+    assert "AUDIT PASSED" in report.format_text()
+
+
+def test_outputs_object_accepted():
+    raw, out = scenario()
+    assert run(raw, AuditOutputs(**out)).passed
+
+
+def test_class_with_k_minus_1_individuals_fails():
+    raw, out = scenario()
+    set_raw(raw, "e7", journey_id="J1001")  # c2 keeps 2 records, but both are journey J1001
+    report = run(raw, out)
+    assert failed(report) == ["k"]
+    assert report.checks["k"]["min_individuals"] == 1
+    assert "class below k at creation" in report.checks["k"]["violations_by_kind"]
+
+
+def test_class_reaching_k_only_later_fails_at_creation():
+    raw, out = scenario()
+    set_raw(raw, "e2", journey_id="J1001")  # c1 has J1001 only in R1; J1003 joins it in R2
+    report = run(raw, out)
+    assert failed(report) == ["k"]
+    assert report.checks["k"]["violations_by_kind"] == {"class below k at creation": 1}
+
+
+def test_time_interval_not_covering_fails():
+    raw, out = scenario()
+    set_raw(raw, "e1", event_time="2009-11-09T06:50:00+00:00")
+    assert failed(run(raw, out)) == ["coverage"]
+
+
+def test_station_label_not_ancestor_fails():
+    raw, out = scenario()
+    set_raw(raw, "e2", station="Ealing")  # Ealing is in Zone 3, published as Zone 1
+    report = run(raw, out)
+    assert failed(report) == ["coverage"]
+    assert "location" in report.checks["coverage"]["examples"][0]["violation"]
+
+
+def test_numeric_and_null_values():
+    raw, out = scenario()
+    set_raw(raw, "e1", signals={"birth_year": 1995})  # outside [1970, 1989]
+    assert failed(run(raw, out)) == ["coverage"]
+    raw, out = scenario()
+    set_raw(raw, "e1", station=None)  # null raw value under a non-root label
+    assert failed(run(raw, out)) == ["coverage"]
+    for r in out["records"] + [c for m in out["manifests"] for c in m["classes"]]:
+        qi = r["qi"] if "qi" in r else r["generalization"]
+        if r["class_id"].endswith("000001-c0001"):
+            qi["location"] = {"label": "*"}
+    assert run(raw, out).passed  # "*" covers the null station (and Aldgate/Bank)
+
+
+def test_leaked_raw_journey_id_fails():
+    raw, out = scenario()
+    out["records"][0]["sensitive"]["note"] = "journey J1002 tapped"
+    report = run(raw, out)
+    assert failed(report) == ["leaks"]
+    assert "leaked raw journey_id" in report.checks["leaks"]["violations_by_kind"]
+
+
+def test_leaked_card_id_in_manifest_key_fails():
+    raw, out = scenario()
+    out["manifests"][0]["suppressed_tokens"]["CARD-77777"] = []
+    assert "leaks" in failed(run(raw, out))
+
+
+@pytest.mark.parametrize("cut", [64, 32, 16])
+def test_leaked_pseudonym_fails(cut):
+    raw, out = scenario()
+    out["records"][1]["sensitive"]["ref"] = "key=" + pseud("J1002")[:cut]
+    report = run(raw, out)
+    assert failed(report) == ["leaks"]
+
+
+def test_no_false_positive_for_short_or_hierarchy_values():
+    raw, out = scenario()
+    set_raw(raw, "e1", card_id="7")  # short id equal to a hierarchy leaf "7": not a leak
+    set_raw(raw, "e2", card_id="Zone 1")  # id equal to a hierarchy label: published legitimately
+    assert run(raw, out).passed
+
+
+def test_lost_event_fails():
+    raw, out = scenario()
+    out["manifests"][1]["deferred_tokens"] = []  # e6 only deferred in the older manifest: lost
+    out["manifests"][1]["deferred"] = 0
+    report = run(raw, out)
+    assert failed(report) == ["accounting"]
+    assert report.summary["lost"] == 1
+    assert not report.checks["accounting"]["balanced"]
+
+
+def test_malformed_raw_not_deadlettered_is_lost():
+    raw, out = scenario()
+    out["deadletters"] = []
+    report = run(raw, out)
+    assert failed(report) == ["accounting"] and report.summary["lost"] == 1
+
+
+def test_published_and_suppressed_is_duplicated():
+    raw, out = scenario()
+    out["manifests"][1]["suppressed_tokens"] = {"deadline": [tok("e1")]}
+    out["manifests"][1]["suppressed"] = {"deadline": 1}
+    report = run(raw, out)
+    assert failed(report) == ["accounting"]
+    assert report.summary["duplicated"] == 1
+
+
+def test_record_of_unknown_event_fails():
+    raw, out = scenario()
+    out["records"][0]["audit_token"] = tok("ghost")
+    assert {"accounting", "k"} <= set(failed(run(raw, out)))
+
+
+def test_manifest_count_mismatch_fails():
+    raw, out = scenario()
+    out["manifests"][0]["published"] = 3
+    assert failed(run(raw, out)) == ["consistency"]
+    raw, out = scenario()
+    del out["records"][2]  # R2's reused class c1 claims 1 record, none published
+    assert "consistency" in failed(run(raw, out))
+
+
+def test_identical_duplicate_releases_are_deduped():
+    raw, out = scenario()
+    again = copy.deepcopy(out["manifests"][0])
+    again["created_at"] = "2024-01-01T00:05:00+00:00"  # wall clock of the restarted worker
+    out["manifests"].append(again)
+    out["records"] += copy.deepcopy([r for r in out["records"] if r["release_id"] == "test-p0-000001"])
+    out["manifests"].append(copy.deepcopy(out["manifests"][1]))
+    report = run(raw, out)
+    assert report.passed, report.format_text()
+    assert report.summary["published"] == 5 and report.summary["duplicated"] == 0
+    assert report.checks["duplicates"]["duplicate_manifests"] == 2
+    assert report.checks["duplicates"]["duplicate_records"] == 2
+
+
+def test_conflicting_duplicate_release_fails():
+    raw, out = scenario()
+    again = copy.deepcopy(out["manifests"][0])
+    again["classes"][0]["ncp"] = 0.5
+    out["manifests"].append(again)
+    assert "duplicates" in failed(run(raw, out))
+    raw, out = scenario()
+    dup = copy.deepcopy(out["records"][0])
+    dup["qi"]["time"]["from"] = "2009-11-09T07:01:00+00:00"
+    out["records"].append(dup)
+    report = run(raw, out)
+    assert "duplicates" in failed(report)
+    assert "conflicting duplicate release" in report.checks["duplicates"]["violations_by_kind"]
+
+
+def test_other_stream_outputs_ignored():
+    raw, out = scenario()
+    other = copy.deepcopy(out["manifests"][0])
+    other.update(stream="other", release_id="other-p0-000001")
+    out["manifests"].append(other)
+    assert run(raw, out).passed
+
+
+def test_from_toml(tmp_path):
+    (tmp_path / "hierarchies").mkdir()
+    (tmp_path / "hierarchies" / "loc.json").write_text(json.dumps(HIER))
+    (tmp_path / "test.toml").write_text("""
+[stream]
+name = "test"
+kind = "fare"
+input_topic = "raw.fare.test"
+privacy_unit = "journey_id"
+event_time = "event_time"
+[anonymization]
+k = 2
+[[quasi_identifiers]]
+name = "time"
+field = "event_time"
+kind = "timestamp"
+lower = "2009-11-09T00:00:00+00:00"
+upper = "2009-11-10T06:00:00+00:00"
+[[quasi_identifiers]]
+name = "location"
+field = ["station", "bus_route"]
+kind = "station"
+hierarchy = "hierarchies/loc.json"
+[[quasi_identifiers]]
+name = "age"
+field = "signals.birth_year"
+kind = "numeric"
+lower = 1900
+upper = 2020
+[sensitive]
+fields = ["fare_pence"]
+[identifiers]
+drop = ["journey_id", "card_id"]
+""")
+    c = AuditConfig.from_toml(tmp_path / "test.toml")
+    assert c.k == 2 and c.stream == "test" and c.identifier_fields == ["journey_id", "card_id"]
+    assert c.quasi_identifiers[1].hierarchy.covers("Rail", "Bank")
+    assert not c.quasi_identifiers[1].hierarchy.covers("Zone 3", "Bank")
+    raw, out = scenario()
+    assert audit(raw, out, SECRET, c).passed
+
+
+def test_geopoint_box_coverage():
+    c = AuditConfig(k=1, privacy_unit="vehicle_id", quasi_identifiers=[("pos", ["latitude", "longitude"], "geopoint", None)])
+    event = {"event_id": "v1", "event_type": "trip", "vehicle_id": "BIKE-12345", "latitude": 40.7123,
+             "longitude": -74.0412}
+    raw = [((TOPIC, 0, 0), json.dumps(event))]
+
+    def outputs(box):
+        r = {"release_id": "t-p0-000001", "class_id": "t-p0-000001-c0001", "event_type": "trip",
+             "qi": {"pos": box}, "sensitive": {}, "audit_token": tok("v1")}
+        m = {"release_id": "t-p0-000001", "stream": "t", "partition": 0, "seq": 1, "published": 1,
+             "classes": [{"class_id": r["class_id"], "generalization": r["qi"], "records": 1, "reused": False}],
+             "suppressed_tokens": {}, "deferred_tokens": []}
+        return {"records": [r], "manifests": [m], "deadletters": []}
+
+    assert audit(raw, outputs({"lat": [40.712, 40.713], "lon": [-74.042, -74.041]}), SECRET, c).passed
+    bad = audit(raw, outputs({"lat": [40.713, 40.714], "lon": [-74.042, -74.041]}), SECRET, c)
+    assert failed(bad) == ["coverage"]
