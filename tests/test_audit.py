@@ -40,7 +40,7 @@ def ev(eid, journey, station, minute, card="CARD-77777", birth=1980):
 
 
 def rec(rid, cid, eid, t0, t1, label="Zone 1", age=(1970, 1989)):
-    return {"release_id": rid, "class_id": cid, "event_type": "tap_in",
+    return {"release_id": rid, "class_id": cid,
             "qi": {"time": {"from": f"2009-11-09T07:{t0:02d}:00+00:00", "to": f"2009-11-09T07:{t1:02d}:00+00:00"},
                    "location": {"label": label}, "age": {"from": age[0], "to": age[1]}},
             "sensitive": {"fare_pence": 240}, "audit_token": tok(eid)}
@@ -319,7 +319,7 @@ def test_geopoint_box_coverage():
     raw = [((TOPIC, 0, 0), json.dumps(event))]
 
     def outputs(box):
-        r = {"release_id": "t-p0-000001", "class_id": "t-p0-000001-c0001", "event_type": "trip",
+        r = {"release_id": "t-p0-000001", "class_id": "t-p0-000001-c0001",
              "qi": {"pos": box}, "sensitive": {}, "audit_token": tok("v1")}
         m = {"release_id": "t-p0-000001", "stream": "t", "partition": 0, "seq": 1, "published": 1,
              "classes": [{"class_id": r["class_id"], "generalization": r["qi"], "records": 1, "reused": False}],
@@ -329,3 +329,10 @@ def test_geopoint_box_coverage():
     assert audit(raw, outputs({"lat": [40.712, 40.713], "lon": [-74.042, -74.041]}), SECRET, c).passed
     bad = audit(raw, outputs({"lat": [40.713, 40.714], "lon": [-74.042, -74.041]}), SECRET, c)
     assert failed(bad) == ["coverage"]
+
+
+def test_raw_event_type_beside_class_fails():
+    """A raw event type published next to a class box splits the class for an adversary who knows it."""
+    raw, out = scenario()
+    out["records"][0]["event_type"] = "tap_in"
+    assert "coverage" in failed(run(raw, out))
