@@ -30,8 +30,9 @@ def _partitions(consumer: Any, topic: str, wait_s: float) -> list[int]:
 
 
 def read_topic(bootstrap: str, topic: str, idle_s: float = 3.0, max_wait_s: float = 120.0,
-               metadata_wait_s: float = 5.0) -> list[tuple[tuple[str, int, int], bytes]]:
-    """Every message of ``topic`` as ``((topic, partition, offset), value_bytes)``, ordered by source.
+               metadata_wait_s: float = 5.0, with_timestamps: bool = False) -> list[tuple]:
+    """Every message of ``topic`` as ``((topic, partition, offset), value_bytes)``, ordered by source
+    (with ``with_timestamps``: ``(source, value_bytes, timestamp_ms)``).
 
     A topic that does not exist (no metadata within ``metadata_wait_s``) yields ``[]``.
     """
@@ -47,7 +48,7 @@ def read_topic(bootstrap: str, topic: str, idle_s: float = 3.0, max_wait_s: floa
         tps = [TopicPartition(topic, p) for p in parts]
         consumer.assign(tps)
         consumer.seek_to_beginning(*tps)
-        seen: dict[tuple[str, int, int], bytes] = {}
+        seen: dict[tuple[str, int, int], tuple[bytes, int]] = {}
         start = last_new = time.monotonic()
         confirmed_count = -1
         while time.monotonic() - start < max_wait_s:
@@ -55,7 +56,7 @@ def read_topic(bootstrap: str, topic: str, idle_s: float = 3.0, max_wait_s: floa
             before = len(seen)
             for tp_records in batch.values():
                 for msg in tp_records:
-                    seen.setdefault((msg.topic, msg.partition, msg.offset), msg.value)
+                    seen.setdefault((msg.topic, msg.partition, msg.offset), (msg.value, msg.timestamp))
             now = time.monotonic()
             if len(seen) != before:
                 last_new = now
@@ -65,7 +66,9 @@ def read_topic(bootstrap: str, topic: str, idle_s: float = 3.0, max_wait_s: floa
                     break  # two quiet periods in a row with an unchanged count
                 confirmed_count = len(seen)
                 last_new = now
-        return sorted(seen.items())
+        if with_timestamps:
+            return [(src, value, ts) for src, (value, ts) in sorted(seen.items())]
+        return [(src, value) for src, (value, _ts) in sorted(seen.items())]
     finally:
         consumer.close()
 
