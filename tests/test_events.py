@@ -1,0 +1,109 @@
+"""stream_anon.events: flattening, event-time parsing, schema validation reasons."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from jsonschema import Draft202012Validator
+
+from stream_anon.events import EVENT_KINDS, SCHEMA_DIR, flatten, parse_event_time, validate_event
+
+
+def fare(**over):
+    event = {"event_id": "oy-mon-1", "kind": "fare", "event_type": "tap_in", "event_time": "2009-11-09T07:31:00+00:00",
+             "journey_id": "893986", "card_id": None, "subsystem": "LUL", "station": "Bank", "bus_route": None,
+             "fare_product": "PAYG", "product_category": "payg", "full_fare_pence": 180,
+             "discounted_fare_pence": 180, "daily_capping": False}
+    event.update(over)
+    return event
+
+
+def vehicle(**over):
+    event = {"event_id": "cb-0", "kind": "vehicle", "event_type": "trip", "event_time": "2017-01-01T00:21:00-05:00",
+             "vehicle_id": "24575", "trip_id": "cb-trip-0", "latitude": 40.71, "longitude": -74.04, "speed_kmh": None,
+             "event_name": "trip", "signals": {"birth_year": 1983.0, "trip_duration_s": 148.0},
+             "payload": {"end_station": "City Hall", "gender": 1, "nested": {"free": ["form"]}}}
+    event.update(over)
+    return event
+
+
+def without(event, key):
+    return {k: v for k, v in event.items() if k != key}
+
+
+def test_flatten_dotted_paths():
+    flat = flatten(vehicle())
+    assert flat["signals.birth_year"] == 1983.0
+    assert flat["payload.end_station"] == "City Hall"
+    assert flat["payload.nested.free"] == ["form"]
+    assert "signals" not in flat and "payload" not in flat
+    assert flatten({"a": {}, "b": 1}) == {"b": 1}
+
+
+@pytest.mark.parametrize("text, epoch", [
+    ("2009-11-09T07:31:00+00:00", 1257751860.0),
+    ("2009-11-09T07:31:00Z", 1257751860.0),
+    ("2017-01-01T00:21:00-05:00", 1483248060.0),
+    ("2017-12-15T17:49:42.5+00:00", 1513360182.5),
+])
+def test_parse_event_time(text, epoch):
+    assert parse_event_time(text) == epoch
+
+
+@pytest.mark.parametrize("bad, message", [
+    ("2009-11-09T07:31:00", "no UTC offset"),
+    ("Mon 07:31", "not an ISO-8601"),
+    ("2009-13-09T07:31:00+00:00", "not an ISO-8601"),
+    (1257751860, "expected an ISO-8601 string"),
+    (None, "expected an ISO-8601 string"),
+])
+def test_parse_event_time_rejects(bad, message):
+    with pytest.raises(ValueError, match=message):
+        parse_event_time(bad)
+
+
+def test_schemas_are_valid_and_follow_the_contract():
+    required = {"fare": "journey_id", "vehicle": "vehicle_id"}
+    for kind in EVENT_KINDS:
+        schema = json.loads((SCHEMA_DIR / f"{kind}.schema.json").read_text())
+        Draft202012Validator.check_schema(schema)
+        assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+        assert schema["additionalProperties"] is False
+        assert set(schema["required"]) == {"event_id", "kind", "event_type", "event_time", required[kind]}
+
+
+def test_valid_events_pass():
+    assert validate_event(fare(), "fare") is None
+    assert validate_event(vehicle(), "vehicle") is None
+    minimal = {k: fare()[k] for k in ("event_id", "kind", "event_type", "event_time", "journey_id")}
+    assert validate_event(minimal, "fare") is None
+    assert validate_event(vehicle(signals={}, payload={}), "vehicle") is None
+
+
+@pytest.mark.parametrize("event, kind, reason", [
+    (without(fare(), "event_time"), "fare", "event_time: missing"),
+    (without(fare(), "journey_id"), "fare", "journey_id: missing"),
+    (without(vehicle(), "vehicle_id"), "vehicle", "vehicle_id: missing"),
+    (vehicle(speed_kmh="48km/h"), "vehicle", "speed_kmh: expected number or null, got string"),
+    (vehicle(signals={"engine_rpm": "2124RPM"}), "vehicle", "signals.engine_rpm: expected number or null, got string"),
+    (vehicle(signals={"flag": True}), "vehicle", "signals.flag: expected number or null, got boolean"),
+    (fare(full_fare_pence=1.5), "fare", "full_fare_pence: expected integer or null, got number"),
+    (fare(daily_capping="Y"), "fare", "daily_capping: expected boolean or null, got string"),
+    (fare(zvppt="Z0102"), "fare", "zvppt: unexpected field"),
+    (fare(event_type="BEGINTRIP"), "fare", "event_type: 'BEGINTRIP' is not one of"),
+    (fare(product_category="student"), "fare", "product_category: 'student' is not one of"),
+    (fare(event_time="2009-11-09 07:31"), "fare", "event_time: '2009-11-09 07:31' is not an ISO-8601 datetime with"),
+    (fare(event_time="2009-11-09T07:31:00"), "fare", "event_time: '2009-11-09T07:31:00' is not an ISO-8601"),
+    (fare(event_time="2009-02-30T07:31:00+00:00"), "fare", "event_time: '2009-02-30T07:31:00+00:00' is not an ISO"),
+    (fare(event_id=""), "fare", "event_id: empty"),
+    (vehicle(), "fare", "kind: 'vehicle' is not 'fare'"),
+    (["not", "an", "object"], "fare", "event: expected object, got array"),
+])
+def test_invalid_events_name_the_field(event, kind, reason):
+    got = validate_event(event, kind)
+    assert got is not None and got.startswith(reason), got
+
+
+def test_unknown_kind_is_an_error():
+    with pytest.raises(ValueError, match="unknown event kind"):
+        validate_event(fare(), "bus")
