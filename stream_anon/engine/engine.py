@@ -224,7 +224,13 @@ class Engine:
                     cols[f] = [None] * n
             return cols, n
         n = len(events)
-        return {f: [get_path(e, f) for e in events] for f in dict.fromkeys(needed)}, n
+        cols = {}
+        for f in dict.fromkeys(needed):
+            if "." in f:
+                cols[f] = [get_path(e, f) for e in events]
+            else:   # top-level field: a plain dict lookup (hot path)
+                cols[f] = [e.get(f) for e in events]
+        return cols, n
 
     def _validate(self, columns: dict, n: int) -> tuple[np.ndarray, np.ndarray, list]:
         s = self.config.stream
@@ -257,16 +263,20 @@ class Engine:
         k check stricter, never weaker) and audit tokens."""
         key = self._mac_key
         unit_col = columns[self.config.stream.privacy_unit]
+        rows = rows.tolist()
+        blake2b = hashlib.blake2b
         units = np.fromiter(
-            (int.from_bytes(hashlib.blake2b(str(unit_col[i]).encode(), key=key, digest_size=8).digest(),
+            (int.from_bytes(blake2b(str(unit_col[i]).encode(), key=key, digest_size=8).digest(),
                             "little", signed=True) for i in rows), dtype=np.int64, count=len(rows))
         eid = columns["event_id"]
-        tokens = [self._tokenize(eid[i]) for i in rows]
+        tokenize = self._tokenize
+        tokens = [tokenize(eid[i]) for i in rows]
         return units, tokens
 
     def _add(self, columns, rows, X, units, times, tokens) -> None:
-        sens_cols = [columns[f] for f in self.config.sensitive]
-        self.buffer.append(X, units, times, tokens, [tuple(c[i] for c in sens_cols) for i in rows])
+        rows = rows.tolist()
+        sens = [[col[i] for i in rows] for col in (columns[f] for f in self.config.sensitive)]
+        self.buffer.append(X, units, times, tokens, list(zip(*sens)) if sens else [()] * len(rows))
         self.watermark = max(self.watermark, float(times.max()))
 
     def _close(self, window_end: float, final: bool = False) -> Release:
