@@ -1,0 +1,107 @@
+"""Command line, configuration validation and the deployment description (no broker needed)."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from stream_anon.cli import build_parser, main
+from stream_anon.config import ConfigError, load_config, parse_config
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = sorted((ROOT / "configs").glob("*.toml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_shipped_configs_validate(path):
+    cfg = load_config(path)
+    assert cfg.anonymization.k >= 2
+    assert cfg.stream.privacy_unit in cfg.identifiers
+
+
+def _raw(path="oyster.toml"):
+    return tomllib.loads((ROOT / "configs" / path).read_text())
+
+
+@pytest.mark.parametrize("mutate, key", [
+    (lambda r: r["anonymization"].update(k=1), "anonymization.k"),
+    (lambda r: r["anonymization"].update(k="ten"), "anonymization.k"),
+    (lambda r: r["anonymization"].update(max_delay_s=10), "anonymization.max_delay_s"),
+    (lambda r: r["anonymization"].update(strategy="magic"), "anonymization.strategy"),
+    (lambda r: r["anonymization"].update(reuse="sometimes"), "anonymization.reuse"),
+    (lambda r: r["stream"].pop("privacy_unit"), "stream.privacy_unit"),
+    (lambda r: r["quasi_identifiers"][0].pop("lower"), "quasi_identifiers.time.lower"),
+    (lambda r: r["quasi_identifiers"][0].update(kind="colour"), "quasi_identifiers.time.kind"),
+    (lambda r: r["quasi_identifiers"][1].update(hierarchy="missing.json"), "quasi_identifiers.location.hierarchy"),
+    (lambda r: r["sensitive"]["fields"].append("journey_id"), "sensitive.fields"),
+])
+def test_bad_config_names_the_key(mutate, key):
+    raw = _raw()
+    mutate(raw)
+    with pytest.raises(ConfigError) as err:
+        parse_config(raw, base_dir=ROOT / "configs")
+    assert str(err.value).startswith(key), str(err.value)
+
+
+def test_every_command_has_help():
+    for command in (["demo"], ["replay"], ["topics", "apply"], ["audit"], ["calibrate"]):
+        out = subprocess.run([sys.executable, "-m", "stream_anon.cli", *command, "--help"], capture_output=True,
+                             text=True, cwd=ROOT)
+        assert out.returncode == 0 and "usage:" in out.stdout, (command, out.stderr)
+    out = subprocess.run([sys.executable, "-m", "stream_anon.cli", "worker", "--help"], capture_output=True,
+                         text=True, cwd=ROOT)
+    assert out.returncode == 0 and "--config" in out.stdout
+
+
+def test_worker_refuses_to_start_without_secret(monkeypatch, capsys):
+    monkeypatch.delenv("STREAM_ANON_SECRET", raising=False)
+    assert main(["worker", "--config", str(ROOT / "configs" / "oyster.toml"), "--broker", "127.0.0.1:1"]) == 2
+    assert "STREAM_ANON_SECRET" in capsys.readouterr().err
+
+
+def test_calibrate_writes_fixed_bounds(tmp_path):
+    from stream_anon.datasets import load_events
+    out = tmp_path / "obd2.toml"
+    # hierarchy-free config: calibrated copy validates wherever it is written
+    assert main(["calibrate", "--config", str(ROOT / "configs" / "obd2.toml"), "--dataset", "obd2",
+                 "--out", str(out)]) == 0
+    cfg = load_config(out)
+    speeds = [e["speed_kmh"] for e in load_events("obd2") if e["speed_kmh"] is not None]
+    speed = next(q for q in cfg.quasi_identifiers if q.name == "speed")
+    assert speed.lower[0] <= min(speeds) and speed.upper[0] >= max(speeds)
+    assert speed.upper[0] - max(speeds) < 1
+
+
+def test_docker_compose_uses_existing_commands_and_topics():
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    assert services["kafka"]["image"].startswith("apache/kafka:")
+    assert services["kafka"]["environment"]["KAFKA_PROCESS_ROLES"] == "broker,controller"   # KRaft
+    topics = {t["name"] for t in tomllib.loads((ROOT / "topics" / "topics.toml").read_text())["topic"]}
+    parser = build_parser()
+    workers = [s for s in services.values() if s.get("command", [None])[0] == "worker"]
+    assert len(workers) >= 2
+    for name, service in services.items():
+        command = service.get("command")
+        if not command:
+            continue
+        if command[0] == "worker":
+            from stream_anon.kafka.worker import build_parser as worker_parser
+            args = worker_parser().parse_args(command[1:])
+            cfg = load_config(ROOT / args.config)
+            assert cfg.stream.input_topic in topics and f"anon.{cfg.stream.name}.records" in topics
+        else:
+            parser.parse_args(command)   # raises SystemExit on an unknown command or flag
+    for name in ("anon.releases", "anon.deadletter", "anon.metrics"):
+        assert name in topics
+
+
+def test_readme_shows_the_two_commands_first():
+    text = (ROOT / "README.md").read_text()
+    first_code = re.search(r"```(?:sh|bash)?\n(.*?)```", text, re.S).group(1)
+    assert "make demo" in first_code and "make test" in first_code
