@@ -803,3 +803,13 @@ def audit(raw_events: Iterable, outputs: Any, secret: bytes, config_view: AuditC
                "records": len(records), "classes": checks["k"]["classes"],
                "min_individuals": checks["k"]["min_individuals"], "k": cfg.k}
     return AuditReport(passed=all(c["passed"] for c in checks.values()), checks=checks, summary=summary)
+
+
+def qi_value(q: QISpec, event: dict) -> Any:
+    """The raw value of quasi-identifier ``q`` in a raw event (a (lat, lon) pair for a geopoint)."""
+    return _raw_qi(q, event)
+
+
+def covers(q: QISpec, published: Any, value: Any) -> bool:
+    """Whether a published generalization of ``q`` covers a raw value (used by the audit and the attacks)."""
+    return _covers(q, published, value)[0]
