@@ -60,7 +60,7 @@ def latency_seconds(bootstrap: str, raw_topic: str, records_topic: str, secret: 
 
 
 def run_demo(dataset: str = "oyster", events: int | None = None, k: int | None = None,
-             report_path: str | None = None, timeout_s: float = 600.0) -> int:
+             report_path: str | None = None, timeout_s: float = 600.0, full: bool = False) -> int:
     from stream_anon.audit.kafka_source import audit_from_kafka, read_outputs
     from stream_anon.broker import EmbeddedBroker
     from stream_anon.config import load_config
@@ -75,8 +75,9 @@ def run_demo(dataset: str = "oyster", events: int | None = None, k: int | None =
     work = Path(tempfile.mkdtemp(prefix="stream-anon-demo-"))
     config_path = derived_config(dataset, work, k=k)
     config = load_config(config_path)
-    data = load_events(dataset, limit=events)
-    _say(f"dataset {dataset}: {len(data):,} real events from the bundled slice (data/ATTRIBUTION.md); "
+    data = load_events(dataset, limit=events, full=full)
+    source = "the full file in ../shared/data" if full else "the bundled slice (data/ATTRIBUTION.md)"
+    _say(f"dataset {dataset}: {len(data):,} real events from {source}; "
          f"k = {config.anonymization.k} distinct {config.stream.privacy_unit} per class")
     env_secret = os.environ.get(crypto.SECRET_ENV)
     os.environ[crypto.SECRET_ENV] = secret.decode()
@@ -111,7 +112,7 @@ def run_demo(dataset: str = "oyster", events: int | None = None, k: int | None =
         "suppressed": s["suppressed"], "suppressed_by_reason": s.get("suppressed_by_reason", {}),
         "dead_lettered": s["dead_lettered"], "deferred": s["deferred"], "releases": s["releases"],
         "classes": s["classes"], "min_individuals_per_class": s["min_individuals"], "mean_ncp": classes_ncp,
-        "throughput_eps": acc.get("events_per_s"),
+        "throughput_eps": acc.get("events_per_s"), "replay_eps": round(len(data) / replay_s),
         "latency_p50_s": round(float(np.percentile(lat, 50)), 3) if len(lat) else None,
         "latency_p99_s": round(float(np.percentile(lat, 99)), 3) if len(lat) else None,
         "audit_passed": report.passed,
