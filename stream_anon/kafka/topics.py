@@ -1,0 +1,176 @@
+"""Topic definitions (``topics/*.toml``) and idempotent provisioning with kafka-python's admin client.
+
+The Tansu broker returns no error when asked to create a topic that exists, and auto-creates topics with several
+partitions on first use, so :func:`apply_topics` lists the existing topics first, creates only the missing ones and
+checks the partition count of the others (a mismatch is warned about, never "fixed": shrinking is impossible and
+growing would move keys between partitions).
+"""
+from __future__ import annotations
+
+import logging
+import time
+import tomllib
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TOPICS_DIR = Path(__file__).resolve().parents[2] / "topics"
+
+
+class TopicError(RuntimeError):
+    pass
+
+
+class TopicMismatchWarning(UserWarning):
+    """An existing topic does not have the defined number of partitions."""
+
+
+@dataclass(frozen=True)
+class TopicDef:
+    name: str
+    partitions: int
+    retention_ms: int = -1
+    key: str = ""
+    value_schema: Path | None = None   # JSON schema of raw topics
+    value: str = ""                    # description of output values
+    configs: dict = field(default_factory=dict)
+
+    def topic_configs(self) -> dict[str, str]:
+        out = {"retention.ms": str(self.retention_ms)}
+        out.update({k: str(v) for k, v in self.configs.items()})
+        return out
+
+
+def _parse(entry: dict, base: Path, source: Path) -> TopicDef:
+    try:
+        name = str(entry["name"])
+        partitions = int(entry["partitions"])
+    except KeyError as exc:
+        raise TopicError(f"{source}: topic entry without {exc.args[0]!r}: {entry}") from exc
+    if partitions < 1:
+        raise TopicError(f"{source}: topic {name}: partitions must be >= 1")
+    schema = entry.get("value_schema")
+    return TopicDef(
+        name=name, partitions=partitions, retention_ms=int(entry.get("retention_ms", -1)),
+        key=str(entry.get("key", "")), value_schema=(base / schema) if schema else None,
+        value=str(entry.get("value", "")), configs=dict(entry.get("configs", {})),
+    )
+
+
+def load_topic_definitions(directory: str | Path = DEFAULT_TOPICS_DIR) -> dict[str, TopicDef]:
+    """Read every ``*.toml`` in ``directory``: each holds ``[[topic]]`` tables (or one topic at top level)."""
+    directory = Path(directory)
+    files = sorted(directory.glob("*.toml"))
+    if not files:
+        raise TopicError(f"no topic definitions (*.toml) in {directory}")
+    defs: dict[str, TopicDef] = {}
+    for path in files:
+        with path.open("rb") as fh:
+            data = tomllib.load(fh)
+        entries = data.get("topic", [data] if "name" in data else [])
+        for entry in entries:
+            t = _parse(entry, directory, path)
+            if t.name in defs:
+                raise TopicError(f"{path}: topic {t.name} defined twice")
+            defs[t.name] = t
+    return defs
+
+
+def _admin(bootstrap: str):
+    from kafka.admin import KafkaAdminClient
+
+    return KafkaAdminClient(bootstrap_servers=bootstrap, client_id="stream-anon-admin", request_timeout_ms=15000)
+
+
+def existing_partitions(bootstrap: str, names=None, admin=None) -> dict[str, int]:
+    """Partition counts of existing topics (all, or those of ``names`` that exist)."""
+    own = admin is None
+    admin = admin or _admin(bootstrap)
+    try:
+        existing = set(admin.list_topics())
+        wanted = sorted(existing if names is None else existing & set(names))
+        if not wanted:
+            return {}
+        out = {}
+        for desc in admin.describe_topics(wanted):
+            out[desc.get("name") or desc.get("topic")] = len(desc.get("partitions") or [])
+        return out
+    finally:
+        if own:
+            admin.close()
+
+
+def apply_topics(bootstrap: str, defs, timeout_s: float = 15.0) -> dict[str, str]:
+    """Create the missing topics of ``defs`` (dict name->TopicDef or iterable of TopicDef); idempotent.
+
+    Returns ``{topic: "created" | "exists" | "mismatch"}``. Partition mismatches of existing topics are warned
+    about (:class:`TopicMismatchWarning`) and logged.
+    """
+    from kafka.admin import NewTopic
+
+    if isinstance(defs, dict):
+        defs = list(defs.values())
+    admin = _admin(bootstrap)
+    try:
+        current = existing_partitions(bootstrap, [d.name for d in defs], admin=admin)
+        result: dict[str, str] = {}
+        missing = []
+        for d in defs:
+            if d.name in current:
+                if current[d.name] != d.partitions:
+                    msg = (f"topic {d.name} exists with {current[d.name]} partitions, defined with {d.partitions} "
+                           f"(left as is)")
+                    warnings.warn(msg, TopicMismatchWarning, stacklevel=2)
+                    log.warning(msg)
+                    result[d.name] = "mismatch"
+                else:
+                    result[d.name] = "exists"
+            else:
+                missing.append(d)
+        if missing:
+            admin.create_topics([NewTopic(d.name, num_partitions=d.partitions, replication_factor=1,
+                                          topic_configs=d.topic_configs()) for d in missing],
+                                timeout_ms=int(timeout_s * 1000), raise_errors=False)
+            # wait until metadata shows them with the right partition count
+            deadline = time.monotonic() + timeout_s
+            names = [d.name for d in missing]
+            while True:
+                now = existing_partitions(bootstrap, names, admin=admin)
+                if all(now.get(d.name) == d.partitions for d in missing):
+                    break
+                if time.monotonic() > deadline:
+                    raise TopicError(f"topics not visible with the defined partitions after {timeout_s}s: "
+                                     f"{ {n: now.get(n) for n in names} }")
+                time.sleep(0.1)
+            for d in missing:
+                result[d.name] = "created"
+        return result
+    finally:
+        admin.close()
+
+
+def ensure_topics(bootstrap: str, directory: str | Path = DEFAULT_TOPICS_DIR, names=None,
+                  default_partitions: dict[str, int] | None = None) -> dict[str, str]:
+    """Load the definitions from ``directory`` and apply them (only ``names`` if given).
+
+    A name without a definition is an error unless ``default_partitions`` gives its partition count (then it is
+    created with that count and the default retention, and a warning is logged).
+    """
+    defs = load_topic_definitions(directory)
+    if names is not None:
+        default_partitions = default_partitions or {}
+        unknown = sorted(set(names) - set(defs) - set(default_partitions))
+        if unknown:
+            raise TopicError(f"no definition for topics {unknown} in {directory}")
+        chosen = {}
+        for n in names:
+            if n in defs:
+                chosen[n] = defs[n]
+            else:
+                log.warning("topic %s has no definition in %s: using %d partitions", n, directory,
+                            default_partitions[n])
+                chosen[n] = TopicDef(n, default_partitions[n], value="(undefined topic)")
+        defs = chosen
+    return apply_topics(bootstrap, defs)

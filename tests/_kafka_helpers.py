@@ -1,0 +1,105 @@
+"""Synthetic fare stream and a small stream configuration for the Kafka tests (not collected by pytest)."""
+from __future__ import annotations
+
+import json
+import random
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+ZONES = {
+    "Zone 1": ["Aldgate", "Bank", "Barbican", "Holborn", "Liverpool Street", "Moorgate", "Oxford Circus",
+               "Victoria", "Waterloo", "Euston"],
+    "Zone 2": ["Angel", "Brixton", "Camden Town", "Clapham North", "Finsbury Park", "Hammersmith",
+               "Kilburn", "Mile End", "Shepherd's Bush", "Stratford"],
+}
+ROUTES = [str(r) for r in range(1, 21)]
+START = datetime(2009, 11, 9, 6, 0, tzinfo=timezone.utc)
+
+
+def write_stream_config(directory: Path, name: str, input_topic: str, k: int = 5, window_s: int = 900,
+                        max_delay_s: int = 1800) -> Path:
+    directory = Path(directory)
+    (directory / "hierarchies").mkdir(parents=True, exist_ok=True)
+    loc = {"name": "test_location", "levels": ["value", "zone", "mode", "*"],
+           "tree": {"*": {"Rail": ZONES, "Bus": {"Routes 1-20": ROUTES}}}}
+    (directory / "hierarchies" / "test_location.json").write_text(json.dumps(loc))
+    et = {"name": "fare_event_type", "levels": ["value", "mode", "*"],
+          "tree": {"*": {"rail": ["tap_in", "tap_out"], "bus": ["bus_boarding"]}}}
+    (directory / "hierarchies" / "fare_event_type.json").write_text(json.dumps(et))
+    path = directory / f"{name}.toml"
+    path.write_text(f'''
+[stream]
+name = "{name}"
+kind = "fare"
+input_topic = "{input_topic}"
+privacy_unit = "journey_id"
+event_time = "event_time"
+event_types = ["tap_in", "tap_out", "bus_boarding"]
+
+[anonymization]
+k = {k}
+window_s = {window_s}
+max_delay_s = {max_delay_s}
+strategy = "mondrian"
+seed = 0
+reuse = "deadline"
+
+[[quasi_identifiers]]
+name = "time"
+field = "event_time"
+kind = "timestamp"
+lower = "2009-11-09T00:00:00+00:00"
+upper = "2009-11-10T06:00:00+00:00"
+
+[[quasi_identifiers]]
+name = "location"
+field = ["station", "bus_route"]
+kind = "station"
+hierarchy = "hierarchies/test_location.json"
+
+[[quasi_identifiers]]
+name = "event_type"
+field = "event_type"
+kind = "categorical"
+hierarchy = "hierarchies/fare_event_type.json"
+
+[sensitive]
+fields = ["fare_product", "full_fare_pence"]
+
+[identifiers]
+drop = ["journey_id", "card_id", "event_id"]
+
+[limits]
+max_event_bytes = 4096
+max_event_age_s = 86400
+''')
+    return path
+
+
+def synthetic_fares(n: int, seed: int = 1, start: datetime = START, span_s: int = 4 * 3600) -> list[dict]:
+    """~n fare events in event-time order: rail journeys (tap_in + tap_out) and bus boardings."""
+    rng = random.Random(seed)
+    stations = [s for z in ZONES.values() for s in z]
+    events = []
+    j = 0
+    while len(events) < n:
+        j += 1
+        t = start + timedelta(seconds=rng.randrange(span_s))
+        base = {"kind": "fare", "journey_id": f"J{seed}-{j:06d}", "card_id": None, "fare_product": "PAYG",
+                "product_category": "payg", "discounted_fare_pence": None, "daily_capping": False}
+        if rng.random() < 0.25:
+            events.append({**base, "event_id": f"E{seed}-{j:06d}-b", "event_type": "bus_boarding",
+                           "event_time": t.isoformat(), "subsystem": "LTB", "station": None,
+                           "bus_route": rng.choice(ROUTES), "full_fare_pence": 90})
+        else:
+            fare = rng.choice([150, 180, 240, 400])
+            events.append({**base, "event_id": f"E{seed}-{j:06d}-i", "event_type": "tap_in",
+                           "event_time": t.isoformat(), "subsystem": "LUL", "station": rng.choice(stations),
+                           "bus_route": None, "full_fare_pence": fare})
+            t2 = t + timedelta(seconds=rng.randrange(300, 2400))
+            events.append({**base, "event_id": f"E{seed}-{j:06d}-o", "event_type": "tap_out",
+                           "event_time": t2.isoformat(), "subsystem": "LUL", "station": rng.choice(stations),
+                           "bus_route": None, "full_fare_pence": fare})
+    events = events[:n]
+    events.sort(key=lambda e: e["event_time"])
+    return events

@@ -1,0 +1,430 @@
+"""The faust worker end to end against the real Tansu broker (worker processes started as subprocesses).
+
+Accounting is done here directly from the output topics (independent of the audit module): after deduplicating
+releases by release_id and dead letters by source offset, every input event is published, suppressed or
+dead-lettered exactly once.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _kafka_helpers import synthetic_fares, write_stream_config  # noqa: E402
+
+from stream_anon import crypto  # noqa: E402
+from stream_anon.config import load_config  # noqa: E402
+from stream_anon.kafka import checkpoint as ckpt  # noqa: E402
+from stream_anon.kafka.replay import replay  # noqa: E402
+from stream_anon.kafka.topics import ensure_topics  # noqa: E402
+from stream_anon.kafka.worker import (OutputReader, check_payload, run_until_accounted, start_worker_process,
+                                      stop_worker_process)  # noqa: E402
+
+pytestmark = pytest.mark.kafka
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+def setup_stream(tmp_path, bootstrap, name):
+    path = write_stream_config(tmp_path / "cfg", name, f"raw.test.{name}")
+    cfg = load_config(path)
+    ensure_topics(bootstrap, names=[cfg.stream.input_topic, f"anon.{name}.records", "anon.releases",
+                                    "anon.deadletter", "anon.metrics"],
+                  default_partitions={cfg.stream.input_topic: 4, f"anon.{name}.records": 1})
+    return path, cfg
+
+
+def read_all(bootstrap, topic, stream=None, min_count=0, idle_s=1.5, max_wait_s=30.0):
+    """Every message of ``topic`` (from the beginning, by quiet time: never by end offsets)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                      auto_offset_reset="earliest")
+    tps = [TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic) or {0})]
+    c.assign(tps)
+    c.seek_to_beginning(*tps)
+    out = []
+    start = last = time.monotonic()
+    while time.monotonic() - start < max_wait_s:
+        batch = c.poll(timeout_ms=300, max_records=20000)
+        for recs in batch.values():
+            for r in recs:
+                doc = json.loads(r.value)
+                if stream is None or doc.get("stream", stream) == stream:
+                    out.append((r.key.decode() if r.key else None, doc, r.partition, r.offset))
+                last = time.monotonic()
+        if len(out) >= min_count and time.monotonic() - last > idle_s:
+            break
+    c.close()
+    return out
+
+
+def collect(bootstrap, name, events_expected_published=None):
+    """(manifests by release_id, copies per release_id, record tokens by release_id, dead letters by source)."""
+    manifests, copies = {}, Counter()
+    for key, doc, _, _ in read_all(bootstrap, "anon.releases", stream=name):
+        assert key == doc["release_id"]
+        copies[doc["release_id"]] += 1
+        if doc["release_id"] in manifests:     # a re-produced release is identical (deterministic engine)
+            a = {k: v for k, v in manifests[doc["release_id"]].items() if k != "created_at"}
+            b = {k: v for k, v in doc.items() if k != "created_at"}
+            assert a == b, f"release {doc['release_id']} re-produced with different content"
+        manifests.setdefault(doc["release_id"], doc)
+    need = sum(m["published"] * copies[r] for r, m in manifests.items())
+    records = defaultdict(list)
+    raw_records = read_all(bootstrap, f"anon.{name}.records", min_count=need)
+    for key, doc, _, _ in raw_records:
+        assert key == doc["release_id"]
+        records[doc["release_id"]].append(doc)
+    dead = {}
+    for _, doc, _, _ in read_all(bootstrap, "anon.deadletter", stream=name):
+        s = doc["source"]
+        dead.setdefault((s["topic"], s["partition"], s["offset"]), doc)
+    return manifests, copies, records, dead
+
+
+def account(events, secret, manifests, records, dead):
+    """Every event is published, suppressed or dead-lettered exactly once (after dedupe by release_id).
+
+    Returns (resolved tokens, tokens of events neither resolved nor dead-lettered)."""
+    dead_ids = set()
+    for doc in dead.values():
+        try:
+            dead_ids.add(json.loads(doc["payload"]).get("event_id"))
+        except (ValueError, AttributeError):
+            pass
+    expected = {crypto.audit_token(secret, e["event_id"]) for e in events if e["event_id"] not in dead_ids}
+    published = Counter()
+    for rid, recs in records.items():
+        assert rid in manifests, f"records of release {rid} without a manifest"
+        tokens = {r["audit_token"] for r in recs}          # dedupe re-produced copies of the release
+        assert len(tokens) == manifests[rid]["published"]
+        published.update(tokens)
+    suppressed = Counter(t for m in manifests.values() for ts in m["suppressed_tokens"].values() for t in ts)
+    assert all(v == 1 for v in published.values()), "a record published in two releases"
+    assert all(v == 1 for v in suppressed.values()), "a record suppressed twice"
+    assert not (set(published) & set(suppressed)), "a record both published and suppressed"
+    resolved = set(published) | set(suppressed)
+    assert resolved <= expected, "a published/suppressed token that is not an input event (or was dead-lettered)"
+    return resolved, expected - resolved
+
+
+def committed_offsets(bootstrap, group, topic):
+    from kafka.admin import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        offs = admin.list_group_offsets(group).get(group, {})
+    finally:
+        admin.close()
+    return {tp.partition: om.offset for tp, om in offs.items() if tp.topic == topic and om.offset >= 0}
+
+
+def wait_for(pred, timeout_s, what):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.3)
+    raise AssertionError(f"timeout waiting for {what}")
+
+
+# ------------------------------------------------------------------------------------------------ tests
+def test_check_payload_reasons(tmp_path):
+    cfg = load_config(write_stream_config(tmp_path, "unit", "raw.unit"))
+    good = synthetic_fares(1)[0]
+    assert check_payload(json.dumps(good).encode(), cfg) == (None, good)
+    cases = {
+        b"{not json": "malformed JSON",
+        b"[1, 2]": "malformed event",
+        json.dumps({**good, "event_type": "teleport"}).encode(): "unknown event type",
+        json.dumps({k: v for k, v in good.items() if k != "journey_id"}).encode(): "journey_id",
+        json.dumps({**good, "full_fare_pence": "lots"}).encode(): "full_fare_pence",
+        json.dumps({**good, "kind": "vehicle"}).encode(): "wrong kind",
+        json.dumps({**good, "station": "x" * 5000}).encode(): "oversized payload",
+    }
+    for raw, needle in cases.items():
+        reason, event = check_payload(raw, cfg)
+        assert event is None and needle in reason, (raw[:60], reason)
+
+
+def oyster_slice_stream(tmp_path, bootstrap, name, n):
+    """The committed Oyster slice (first n events) under configs/oyster.toml, renamed to a test stream; falls
+    back to the synthetic fare stream if the dataset adapter is not available."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        from stream_anon.datasets import load_events
+
+        events = load_events("oyster", limit=n)
+        text = (root / "configs" / "oyster.toml").read_text()
+    except (ImportError, FileNotFoundError, KeyError):
+        return (*setup_stream(tmp_path, bootstrap, name), synthetic_fares(n, seed=11), "synthetic")
+    text = text.replace('name = "oyster"', f'name = "{name}"')
+    text = text.replace('input_topic = "raw.fare.oyster"', f'input_topic = "raw.test.{name}"')
+    text = text.replace('hierarchy = "hierarchies/', f'hierarchy = "{root}/configs/hierarchies/')
+    (tmp_path / "cfg").mkdir(exist_ok=True)
+    path = tmp_path / "cfg" / f"{name}.toml"
+    path.write_text(text)
+    cfg = load_config(path)
+    assert cfg.stream.name == name and cfg.stream.input_topic == f"raw.test.{name}"
+    ensure_topics(bootstrap, names=[cfg.stream.input_topic, f"anon.{name}.records", "anon.releases",
+                                    "anon.deadletter", "anon.metrics"],
+                  default_partitions={cfg.stream.input_topic: 4, f"anon.{name}.records": 1})
+    return path, cfg, events, "oyster slice"
+
+
+def test_replay_and_worker_end_to_end(broker, tmp_path, secret_env):
+    n = 4000
+    path, cfg, events, source = oyster_slice_stream(tmp_path, broker.bootstrap, "e2e", n)
+    assert len(events) == n
+    rep = replay(broker.bootstrap, cfg.stream.input_topic, events, cfg.stream.privacy_unit, progress=False)
+    assert rep["events"] == n and sum(rep["partitions"].values()) == n and len(rep["partitions"]) == 4
+    acc = run_until_accounted(path, broker.bootstrap, tmp_path / "state", n, timeout_s=90,
+                              log_path=tmp_path / "worker.log")
+    print(f"end-to-end ({source}):", acc, "replay:", rep)
+    assert acc["accounted"] == n
+    manifests, copies, records, dead = collect(broker.bootstrap, "e2e")
+    assert len(dead) == acc["dead_lettered"]
+    resolved, missing = account(events, secret_env, manifests, records, dead)
+    assert not missing and len(resolved) + len(dead) == n
+    assert {m["partition"] for m in manifests.values()} == {0, 1, 2, 3}
+    # the published records carry no identifier; new classes hold >= k distinct individuals
+    journeys = {e["journey_id"] for e in events if len(e["journey_id"]) >= 5}
+    event_ids = {e["event_id"] for e in events}
+    for recs in records.values():
+        for r in recs:
+            assert "journey_id" not in r and "card_id" not in r and "event_id" not in r
+            values = {v for v in json.dumps(r).split('"')}
+            assert not (values & journeys) and not (values & event_ids)
+    for m in manifests.values():
+        for c in m["classes"]:
+            if not c["reused"]:
+                assert c["individuals"] >= cfg.anonymization.k
+    # release metrics are there; throughput metrics label lag as approximate
+    metrics = [d for _, d, _, _ in read_all(broker.bootstrap, "anon.metrics", stream="e2e")]
+    assert sum(1 for d in metrics if d["type"] == "release") >= len(manifests)
+    assert all("approximate" in d["lag_note"] for d in metrics if d["type"] == "throughput")
+    # the checkpoints on disk cover the last offset of every partition
+    for p, count in rep["partitions"].items():
+        assert ckpt.checkpointed_offset(tmp_path / "state", "stream-anon-e2e", "e2e", p) == count - 1
+    # after the clean stop faust has committed exactly what was checkpointed (acked), never more
+    committed = committed_offsets(broker.bootstrap, "stream-anon-e2e", cfg.stream.input_topic)
+    print("committed after clean stop:", committed)
+    for p, off in committed.items():
+        assert off <= rep["partitions"][p]
+
+
+def test_bad_input_goes_to_deadletter(broker, tmp_path, secret_env):
+    path, cfg = setup_stream(tmp_path, broker.bootstrap, "bad")
+    events = synthetic_fares(1500, seed=12)
+    g = events[100]
+    bad = {
+        "malformed": b'{"event_id": "BAD-1", "kind": "fare", ',
+        "missing": json.dumps({k: v for k, v in g.items() if k != "event_time"} | {"event_id": "BAD-2"}),
+        "mistyped": json.dumps({**g, "event_id": "BAD-3", "full_fare_pence": "one pound"}),
+        "unknown_type": json.dumps({**g, "event_id": "BAD-4", "event_type": "teleport"}),
+        "oversized": json.dumps({"event_id": "BAD-5", **{k: v for k, v in g.items() if k != "event_id"},
+                                 "fare_product": "x" * 6000}),
+        "far_past": json.dumps({**g, "event_id": "BAD-6", "event_time": "1999-01-01T00:00:00+00:00"}),
+        "far_future": json.dumps({**g, "event_id": "BAD-7", "event_time": "2031-01-01T00:00:00+00:00"}),
+        "not_in_hierarchy": json.dumps({**g, "event_id": "BAD-8", "station": "Atlantis"}),
+    }
+    # bad payloads in the middle of the stream: good events keep flowing around them
+    first = replay(broker.bootstrap, cfg.stream.input_topic, events[:700], "journey_id", progress=False,
+                   raw_payloads=list(bad.values()))
+    rest = replay(broker.bootstrap, cfg.stream.input_topic, events[700:], "journey_id", progress=False)
+    assert first["raw"] == len(bad) and rest["events"] == 800
+    acc = run_until_accounted(path, broker.bootstrap, tmp_path / "state", 1500 + len(bad), timeout_s=90,
+                              log_path=tmp_path / "worker.log")
+    assert acc["dead_lettered"] == len(bad)
+    manifests, copies, records, dead = collect(broker.bootstrap, "bad")
+    resolved, missing = account(events, secret_env, manifests, records, dead)
+    assert len(dead) == len(bad)
+    assert not missing
+    by_id = {}
+    for doc in dead.values():
+        assert doc["stream"] == "bad" and doc["source"]["topic"] == cfg.stream.input_topic
+        assert isinstance(doc["source"]["offset"], int) and doc["received_at"]
+        for i in range(1, 9):
+            if f'"BAD-{i}"' in doc["payload"]:
+                by_id[i] = doc["reason"]
+    print("dead letter reasons:", by_id)
+    assert set(by_id) == set(range(1, 9))
+    assert "malformed JSON" in by_id[1]
+    assert "event_time" in by_id[2]
+    assert "full_fare_pence" in by_id[3]
+    assert "unknown event type" in by_id[4]
+    assert "oversized payload" in by_id[5]
+    for i in (6, 7, 8):
+        assert by_id[i]          # engine rejections carry the engine's reason
+
+
+def test_two_workers_split_partitions(broker, tmp_path, secret_env):
+    path, cfg = setup_stream(tmp_path, broker.bootstrap, "split")
+    state = tmp_path / "state"       # shared: a partition that moves resumes from its checkpoint
+    events = synthetic_fares(6000, seed=13)
+    extra = ["--metrics-interval", "1"]
+
+    def latest_throughput():
+        latest = {}
+        for _, d, _, _ in read_all(broker.bootstrap, "anon.metrics", stream="split", idle_s=0.3, max_wait_s=3):
+            if d["type"] == "throughput" and d["app_id"] == "split-app":
+                latest[d["pid"]] = d
+        return latest
+
+    def checkpointed_total():
+        return sum(ckpt.checkpointed_offset(state, "split-app", "split", p) + 1 for p in range(4))
+
+    procs = [start_worker_process(path, broker.bootstrap, state, "split-app", 2.0, tmp_path / "w1.log", extra=extra)]
+    try:
+        # 1) one worker owns all four partitions and processes the first half
+        rep1 = replay(broker.bootstrap, cfg.stream.input_topic, events[:3000], "journey_id", progress=False)
+        wait_for(lambda: checkpointed_total() == 3000, 60, "first half processed by worker 1")
+        # 2) a second worker with the same app id joins: the group rebalances, two partitions move to it and it
+        #    resumes them from the checkpoints in the shared state dir
+        procs.append(start_worker_process(path, broker.bootstrap, state, "split-app", 2.0, tmp_path / "w2.log",
+                                          extra=extra))
+
+        def split():
+            latest = {pid: d for pid, d in latest_throughput().items() if pid == procs[1].pid or
+                      (pid == procs[0].pid)}
+            if len(latest) != 2:
+                return None
+            parts = [set(d["partitions"]) for d in latest.values()]
+            return parts if all(parts) and not (parts[0] & parts[1]) and (parts[0] | parts[1]) == {0, 1, 2, 3} \
+                else None
+        wait_for(split, 40, "both workers assigned disjoint partitions")
+        # 3) the second half is split between them
+        rep2 = replay(broker.bootstrap, cfg.stream.input_topic, events[3000:], "journey_id", progress=False)
+        reader = OutputReader(broker.bootstrap, "split")
+        try:
+            def done():
+                reader.poll(300)
+                a = reader.accounting()
+                return a if a["accounted"] >= 6000 and a["deferred"] == 0 else None
+            acc = wait_for(done, 90, "6000 events accounted by two workers")
+        finally:
+            reader.close()
+        time.sleep(1.5)
+        latest = latest_throughput()
+        assert all(p.poll() is None for p in procs)
+    finally:
+        for p in procs:
+            stop_worker_process(p)
+    print("two workers:", {pid: (d["events_in"], d["partitions"]) for pid, d in latest.items()}, acc, rep1, rep2)
+    w1, w2 = latest[procs[0].pid], latest[procs[1].pid]
+    assert w1["events_in"] > 3000 and w2["events_in"] > 0, "both workers processed events"
+    assert w1["events_in"] + w2["events_in"] == 6000, "each event processed by exactly one worker"
+    assert set(w1["partitions"]).isdisjoint(w2["partitions"])
+    assert sorted(w1["partitions"] + w2["partitions"]) == [0, 1, 2, 3]
+    manifests, copies, records, dead = collect(broker.bootstrap, "split")
+    resolved, missing = account(events, secret_env, manifests, records, dead)
+    assert not missing and len(resolved) == 6000
+
+
+def test_kill9_and_restart_loses_and_duplicates_nothing(broker, tmp_path, secret_env):
+    path, cfg = setup_stream(tmp_path, broker.bootstrap, "crash")
+    state = tmp_path / "state"
+    app_id = "crash-app"
+    topic = cfg.stream.input_topic
+    events = synthetic_fares(8000, seed=14)
+    replay(broker.bootstrap, topic, events, "journey_id", progress=False)
+
+    def checkpoints():
+        return {p: ckpt.checkpointed_offset(state, app_id, "crash", p) for p in range(4)}
+
+    # 1) worst moment: the worker dies (SIGKILL) after delivering batch 6's outputs, before checkpointing it
+    env = {**os.environ, "STREAM_ANON_TEST_KILL_AFTER_BATCHES": "6"}
+    p1 = start_worker_process(path, broker.bootstrap, state, app_id, 2.0, tmp_path / "w1.log", env=env,
+                              extra=["--batch-max", "250", "--batch-within", "0.2"])
+    p1.wait(timeout=60)
+    assert p1.returncode == -signal.SIGKILL
+    cps = checkpoints()
+    committed = committed_offsets(broker.bootstrap, app_id, topic)
+    print("after hook kill: checkpoints", cps, "committed", committed)
+    assert any(v >= 0 for v in cps.values())
+    for p, off in committed.items():          # faust never committed past the checkpoint
+        assert off <= cps[p] + 1, (p, off, cps)
+
+    # 2) kill -9 from outside while it is in the middle of the stream
+    p2 = start_worker_process(path, broker.bootstrap, state, app_id, 2.0, tmp_path / "w2.log",
+                              extra=["--batch-max", "250", "--batch-within", "0.2"])
+    try:
+        wait_for(lambda: sum(v + 1 for v in checkpoints().values()) > sum(v + 1 for v in cps.values()) + 500,
+                 60, "progress after restart")
+        time.sleep(0.3)
+    finally:
+        os.kill(p2.pid, signal.SIGKILL)
+        p2.wait(timeout=10)
+    cps2 = checkpoints()
+    committed2 = committed_offsets(broker.bootstrap, app_id, topic)
+    print("after kill -9: checkpoints", cps2, "committed", committed2)
+    assert sum(v + 1 for v in cps2.values()) < 8000, "the kill did not land mid-stream"
+    for p, off in committed2.items():
+        assert off <= cps2[p] + 1, (p, off, cps2)
+
+    # 3) restart and run to the end
+    acc = run_until_accounted(path, broker.bootstrap, state, 8000, timeout_s=90, app_id=app_id,
+                              log_path=tmp_path / "w3.log")
+    assert acc["accounted"] == 8000
+    manifests, copies, records, dead = collect(broker.bootstrap, "crash")
+    print("re-produced releases:", sum(1 for c in copies.values() if c > 1), "of", len(copies))
+    assert any(c > 1 for c in copies.values()), "the hook kill re-produced at least one release"
+    resolved, missing = account(events, secret_env, manifests, records, dead)
+    assert not missing and len(resolved) == 8000
+
+
+def test_worker_refuses_to_start_without_secret(tmp_path, monkeypatch, capsys):
+    from stream_anon.kafka.worker import worker_main
+
+    monkeypatch.delenv("STREAM_ANON_SECRET", raising=False)
+    path = write_stream_config(tmp_path, "nosecret", "raw.nosecret")
+    assert worker_main(["--config", str(path), "--broker", "127.0.0.1:1"]) == 2
+    assert "STREAM_ANON_SECRET" in capsys.readouterr().err
+
+
+def test_checkpoint_atomic_roundtrip(tmp_path):
+    assert ckpt.read_checkpoint(tmp_path, "app", "s", 0) is None
+    assert ckpt.checkpointed_offset(tmp_path, "app", "s", 0) == -1
+    path = ckpt.write_checkpoint(tmp_path, "app", "s", "raw.s", 0, 41, {"seq": 3})
+    assert path == tmp_path / "app" / "s-p0.json"
+    ckpt.write_checkpoint(tmp_path, "app", "s", "raw.s", 0, 42, {"seq": 4})
+    # a crash mid-write leaves only a temporary file, which is never read
+    (path.parent / ".s-p0.json.junk.tmp").write_text('{"torn')
+    cp = ckpt.read_checkpoint(tmp_path, "app", "s", 0)
+    assert (cp.offset, cp.state, cp.topic, cp.partition) == (42, {"seq": 4}, "raw.s", 0)
+    assert [p.name for p in path.parent.iterdir() if p.suffix == ".json"] == ["s-p0.json"]
+
+
+def test_replay_file_keys_by_pseudonym(broker, tmp_path, secret_env):
+    from kafka import KafkaConsumer, TopicPartition
+
+    from stream_anon.kafka.replay import replay_file
+
+    path, cfg = setup_stream(tmp_path, broker.bootstrap, "rfile")
+    events = synthetic_fares(300, seed=15)
+    jsonl = tmp_path / "events.jsonl"
+    jsonl.write_text("".join(json.dumps(e) + "\n" for e in events))
+    rep = replay_file(jsonl, cfg.stream.input_topic, broker.bootstrap, key_fn="journey_id", progress=False)
+    assert rep["events"] == 300 and sum(rep["partitions"].values()) == 300
+    c = KafkaConsumer(bootstrap_servers=broker.bootstrap, group_id=None, enable_auto_commit=False,
+                      auto_offset_reset="earliest", consumer_timeout_ms=3000)
+    tps = [TopicPartition(cfg.stream.input_topic, p) for p in range(4)]
+    c.assign(tps)
+    c.seek_to_beginning(*tps)
+    partition_of = {}
+    n = 0
+    for m in c:
+        e = json.loads(m.value)
+        n += 1
+        assert m.key.decode() == crypto.pseudonym(secret_env, e["journey_id"])     # key = keyed pseudonym
+        assert partition_of.setdefault(e["journey_id"], m.partition) == m.partition  # one individual, one partition
+    c.close()
+    assert n == 300
