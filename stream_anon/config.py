@@ -83,6 +83,7 @@ class StreamConfig:
     limits: Limits
     source: Path | None = None
     raw: dict = field(default_factory=dict, repr=False)
+    dp: "DPConfig | None" = None            # the [dp] / [[aggregates]] tables, when the stream has any
 
     @property
     def identifiers(self) -> tuple[str, ...]:
@@ -294,7 +295,11 @@ def parse_config(raw: dict, base_dir: Path = Path("."), source: Path | None = No
         max_event_age_s=float(_positive(_get(lim, "max_event_age_s", "limits", (int, float), required=False,
                                              default=365 * 86400.0), "limits.max_event_age_s")),
     )
-    return StreamConfig(stream, anonymization, qis, sensitive, invariant, drop, pseudo, limits, source, raw)
+    dp = None
+    if "dp" in raw or "aggregates" in raw:
+        from stream_anon.dp.specs import parse_dp_config   # late import: dp.specs imports ConfigError
+        dp = parse_dp_config(raw, base_dir)
+    return StreamConfig(stream, anonymization, qis, sensitive, invariant, drop, pseudo, limits, source, raw, dp)
 
 
 def load_config(path: str | Path) -> StreamConfig:

@@ -1,0 +1,376 @@
+"""Engine-independent differentially private aggregates over event-time windows (topic ``anon.aggregates``).
+
+``DPAggregator(config, ledger, seed).process_window(window_id, events)`` takes one closed window's raw events (in
+arrival order) and returns the rows to publish: one per aggregate, output (``per_window`` / ``running``) and group
+key of the **configured domain**, whether or not the key occurs in the data, plus a ``budget_exhausted`` event
+(for ``anon.metrics``) when the ledger stops an aggregate. Per window and aggregate:
+
+1. events pass the aggregate's ``where`` filter and map to a cell of the configured domain (others are counted
+   as ``out_of_domain``; a missing privacy unit or value as ``missing``);
+2. contribution bounding keeps each individual's first ``max_contributions`` events and clamps values
+   (:mod:`stream_anon.dp.contribution`); the number cut is reported;
+3. the spend is reserved in the ledger (written to disk) for every aggregate of the window, in one write;
+4. each component (count, sum, numerator, denominator) goes through its counter(s)
+   (:mod:`stream_anon.dp.continual`): per-window noising and/or a binary-tree / hybrid running total.
+
+Noise is a deterministic function of ``(seed, aggregate, component, output, window)``: a restarted worker
+re-produces identical releases, so the ledger's idempotent reservation is sound (re-publishing the same values
+leaks nothing new). The seed must therefore be **secret** (derive it from ``STREAM_ANON_SECRET``): anyone who
+knows it can subtract the noise.
+
+>>> from stream_anon.dp.specs import parse_dp_config
+>>> from stream_anon.dp.ledger import BudgetLedger
+>>> cfg = parse_dp_config({"stream": {"privacy_unit": "card"}, "dp": {"epsilon_budget": 1.0},
+...     "aggregates": [{"name": "n", "kind": "count", "epsilon": 0.5, "max_contributions": 1,
+...                     "group_by": [{"name": "line", "field": "line", "values": ["a", "b"]}]}]})
+>>> agg = DPAggregator(cfg, BudgetLedger(None, 1.0), seed=b"secret")
+>>> rows = agg.process_window(0, [{"card": "x", "line": "a"}, {"card": "x", "line": "a"}])
+>>> [(r["group"]["line"], r["mechanism"]) for r in rows]
+[('a', 'per_window/geometric'), ('b', 'per_window/geometric')]
+>>> agg.metrics["contributions_cut"]["n"]
+1
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from stream_anon.dp.continual import (BinaryTreeCounter, HybridCounter, PerWindowCounter, _Counter,
+                                      choose_mechanism, noise_variance, sum_ci95_half_width, Z95)
+from stream_anon.dp.contribution import bound_contributions
+from stream_anon.dp.ledger import BudgetLedger
+from stream_anon.dp.specs import AggregateSpec, DPConfig
+from stream_anon.events import flatten
+
+
+@dataclass
+class _Plan:
+    """How one aggregate is released: which counters, which epsilon each, which running mechanism."""
+    spec: AggregateSpec
+    running_mechanism: str | None        # None when output == per_window
+    window_epsilon: float                # per component, per-window counter (0: no per-window counter)
+    running_epsilon: float               # per component, running counter (0: running = prefix of per-window)
+    reason: str
+
+
+def plan_aggregate(spec: AggregateSpec) -> _Plan:
+    """Split the aggregate's epsilon over its components and outputs and pick the running mechanism."""
+    eps_c = spec.epsilon / len(spec.components)
+    if spec.output == "per_window":
+        return _Plan(spec, None, eps_c, 0.0, "per-window output only")
+    sens = max(spec.component_sensitivity(c) for c in spec.components)
+    noise = spec.component_noise(spec.components[0])
+    if spec.mechanism == "auto":
+        choice = choose_mechanism(spec.horizon_windows, eps_c, sens, noise, spec.output)
+        mech, reason = choice["mechanism"], choice["reason"]
+    else:
+        mech, reason = spec.mechanism, "configured"
+    if mech == "per_window":                  # running totals are prefix sums of the per-window releases
+        return _Plan(spec, "per_window", eps_c, 0.0, reason)
+    if spec.output == "both":
+        return _Plan(spec, mech, eps_c / 2, eps_c / 2, reason)
+    return _Plan(spec, mech, 0.0, eps_c, reason)
+
+
+class DPAggregator:
+    """Differentially private aggregates of a stream, window by window.
+
+    Parameters
+    ----------
+    config : DPConfig or sequence of AggregateSpec
+        Validated aggregate specifications (:func:`stream_anon.dp.specs.parse_dp_config`).
+    ledger : BudgetLedger
+        The budget ledger; every window's spend is reserved (and written) before rows are returned.
+    seed : int, str or bytes
+        Secret seed of the noise (see the module docstring).
+    privacy_unit : str, optional
+        Dotted path of the individual's identifier; taken from ``config`` when it is a :class:`DPConfig`.
+    track_individuals : bool, default False
+        Keep, in memory only, the epsilon charged to each individual actually present (for the demo report's
+        ``epsilon_spent_max_individual``; the ledger always charges the worst case).
+    """
+
+    def __init__(self, config: DPConfig | Sequence[AggregateSpec], ledger: BudgetLedger, seed,
+                 privacy_unit: str | None = None, stream: str = "", track_individuals: bool = False):
+        if isinstance(config, DPConfig):
+            specs, privacy_unit, stream = config.aggregates, privacy_unit or config.privacy_unit, \
+                stream or config.stream
+        else:
+            specs = tuple(config)
+        if not privacy_unit:
+            raise ValueError("privacy_unit: required (contribution bounding counts events per individual)")
+        if seed is None:
+            raise ValueError("seed: required and secret (noise must be reproducible after a restart)")
+        self.seed = seed if isinstance(seed, bytes) else str(seed).encode()
+        self.specs = tuple(specs)
+        self.ledger = ledger
+        self.privacy_unit = privacy_unit
+        self.stream = stream
+        self.plans = {s.name: plan_aggregate(s) for s in self.specs}
+        self._cells = {s.name: {k: i for i, k in enumerate(s.domain)} for s in self.specs}
+        self.counters: dict[str, dict[str, dict[str, _Counter]]] = {s.name: self._new_counters(s)
+                                                                    for s in self.specs}
+        self.last_window: int | None = None
+        self.track_individuals = track_individuals
+        self.individual_spend: dict = {}
+        self.metrics = {"windows": 0, "events_in": 0, "aggregates_published": 0, "budget_exhausted_events": 0,
+                        "contributions_cut": {s.name: 0 for s in self.specs},
+                        "out_of_domain": {s.name: 0 for s in self.specs},
+                        "missing": {s.name: 0 for s in self.specs}}
+        self.window_metrics: dict = {}
+
+    # -- construction ----------------------------------------------------------------------------------------
+    def _new_counters(self, spec: AggregateSpec) -> dict[str, dict[str, _Counter]]:
+        plan, n = self.plans[spec.name], len(spec.domain)
+        out: dict[str, dict[str, _Counter]] = {}
+        for comp in spec.components:
+            sens, noise = spec.component_sensitivity(comp), spec.component_noise(comp)
+            c: dict[str, _Counter] = {}
+            if plan.window_epsilon > 0:
+                c["window"] = PerWindowCounter(n, plan.window_epsilon, sens, noise)
+            if plan.running_epsilon > 0:
+                if plan.running_mechanism == "binary_tree":
+                    c["running"] = BinaryTreeCounter(n, plan.running_epsilon, sens, noise, spec.horizon_windows)
+                else:
+                    c["running"] = HybridCounter(n, plan.running_epsilon, sens, noise)
+            out[comp] = c
+        return out
+
+    def _rng(self, *labels) -> np.random.RandomState:
+        digest = hashlib.sha256(b"stream-anon/dp\x00" + self.seed + b"\x00" +
+                                "\x00".join(map(str, labels)).encode()).digest()
+        return np.random.RandomState(np.frombuffer(digest, dtype=np.uint32))
+
+    # -- processing ------------------------------------------------------------------------------------------
+    def process_window(self, window_id: int, events) -> list[dict]:
+        """Rows for one closed window (``type: aggregate``) and ``budget_exhausted`` events.
+
+        ``window_id`` is the window's index (e.g. ``window_start // window_s``); windows must come in increasing
+        order. Skipped windows are released as empty windows first: whether a window is published must not
+        depend on whether it held events.
+        """
+        if isinstance(window_id, bool) or not isinstance(window_id, (int, np.integer)):
+            raise TypeError(f"window_id: expected an integer window index, got {window_id!r}")
+        window_id = int(window_id)
+        if self.last_window is not None and window_id <= self.last_window:
+            raise ValueError(f"window {window_id} is not after the last processed window {self.last_window}")
+        rows: list[dict] = []
+        if self.last_window is not None:
+            for gap in range(self.last_window + 1, window_id):
+                rows.extend(self._process_one(gap, []))
+        rows.extend(self._process_one(window_id, self._flat(events)))
+        return rows
+
+    @staticmethod
+    def _flat(events) -> list[dict]:
+        if isinstance(events, pd.DataFrame):
+            return events.to_dict("records")
+        return [flatten(e) if any(isinstance(v, dict) for v in e.values()) else e for e in events]
+
+    def _process_one(self, w: int, flats: list[dict]) -> list[dict]:
+        active = [s for s in self.specs if not self.ledger.is_stopped(s.name)]
+        outcomes = self.ledger.reserve_many([(s.name, w, s.epsilon) for s in active])   # durable before release
+        rows: list[dict] = []
+        wm = {"type": "dp_window", "stream": self.stream, "window": w, "events": len(flats),
+              "contributions_cut": {}, "out_of_domain": {}, "missing": {}, "budget_exhausted": []}
+        for spec, outcome in zip(active, outcomes):
+            if not outcome.ok:
+                if outcome.first:
+                    rows.append(outcome.event(self.stream))
+                    self.metrics["budget_exhausted_events"] += 1
+                    wm["budget_exhausted"].append(spec.name)
+                continue
+            x, stats, units = self._cell_values(spec, flats)
+            for key in ("contributions_cut", "out_of_domain", "missing"):
+                self.metrics[key][spec.name] += stats[key]
+                wm[key][spec.name] = stats[key]
+            if self.track_individuals:
+                for u in units:
+                    self.individual_spend[u] = self.individual_spend.get(u, 0.0) + spec.epsilon
+            rows.extend(self._release(spec, w, x))
+        self.last_window = w
+        self.metrics["windows"] += 1
+        self.metrics["events_in"] += len(flats)
+        self.metrics["aggregates_published"] += sum(r["type"] == "aggregate" for r in rows)
+        self.window_metrics = wm
+        return rows
+
+    def _cell_values(self, spec: AggregateSpec, flats: list[dict]):
+        """Per component, the bounded true value of every cell; plus counts of what was left out."""
+        cells = self._cells[spec.name]
+        idx, units, vals = [], [], []
+        missing = ood = 0
+        for f in flats:
+            if spec.where and any(f.get(k) not in allowed for k, allowed in spec.where):
+                continue
+            unit = f.get(self.privacy_unit)
+            key = tuple(g.key_of(f) for g in spec.group_by)
+            if unit is None:
+                missing += 1
+                continue
+            if any(k is None for k in key):
+                ood += 1
+                continue
+            v = None
+            if spec.value_field is not None:
+                v = f.get(spec.value_field)
+                if v is None or (spec.kind != "ratio" and (isinstance(v, bool) or not isinstance(v, (int, float))
+                                                           or not math.isfinite(v))):
+                    missing += 1
+                    continue
+            if spec.kind == "histogram":
+                b = int(np.clip(np.searchsorted(spec.bins, v, side="right") - 1, 0, len(spec.bins) - 2))
+                key = key + (spec.bin_labels[b],)
+            idx.append(cells[key])
+            units.append(unit)
+            vals.append(v)
+        keep, cut = bound_contributions(units, spec.max_contributions)
+        idx_a = np.asarray(idx, dtype=np.int64)[keep]
+        n = len(spec.domain)
+        count = np.bincount(idx_a, minlength=n).astype(float)
+        x: dict[str, np.ndarray] = {}
+        if spec.kind in ("count", "histogram"):
+            x["count"] = count
+        elif spec.kind in ("sum", "mean"):
+            v = np.clip(np.asarray([vals[i] for i in np.flatnonzero(keep)], dtype=float), spec.lower, spec.upper)
+            x["sum"] = np.bincount(idx_a, weights=v, minlength=n) if len(v) else np.zeros(n)
+            if spec.kind == "mean":
+                x["count"] = count
+        else:
+            num = np.asarray([vals[i] in spec.numerator_values for i in np.flatnonzero(keep)], dtype=float)
+            x["numerator"] = np.bincount(idx_a, weights=num, minlength=n) if len(num) else np.zeros(n)
+            x["denominator"] = count
+        kept_units = {u for u, k in zip(units, keep) if k}
+        return x, {"contributions_cut": cut, "out_of_domain": ood, "missing": missing}, kept_units
+
+    # -- output ----------------------------------------------------------------------------------------------
+    def _release(self, spec: AggregateSpec, w: int, x: dict[str, np.ndarray]) -> list[dict]:
+        plan = self.plans[spec.name]
+        counters = self.counters[spec.name]
+        noisy: dict[str, dict[str, np.ndarray]] = {"per_window": {}, "running": {}}
+        info: dict[str, dict[str, dict]] = {"per_window": {}, "running": {}}
+        for comp in spec.components:
+            c = counters[comp]
+            sens, noise = spec.component_sensitivity(comp), spec.component_noise(comp)
+            if "window" in c:
+                pw = c["window"]
+                pw.update(x[comp], self._rng(spec.name, comp, "window", w))
+                noisy["per_window"][comp] = pw.last_window
+                info["per_window"][comp] = {
+                    "epsilon": pw.epsilon, "scale": pw.node_scale, "var": pw.window_variance(),
+                    "half": sum_ci95_half_width(1, noise, pw.epsilon, sens), "method": "exact",
+                    "mechanism": f"per_window/{noise}"}
+                if plan.running_mechanism == "per_window":
+                    noisy["running"][comp] = pw.running
+                    info["running"][comp] = {
+                        "epsilon": 0.0, "scale": pw.node_scale, "var": pw.running_variance(pw.t),
+                        "half": sum_ci95_half_width(pw.t, noise, pw.epsilon, sens),
+                        "method": "exact" if pw.t == 1 else "normal", "mechanism": f"per_window/{noise}",
+                        "windows": pw.t}
+            if "running" in c:
+                rc = c["running"]
+                noisy["running"][comp] = rc.update(x[comp], self._rng(spec.name, comp, "running", w))
+                var = rc.running_variance(rc.t)
+                if isinstance(rc, BinaryTreeCounter):
+                    terms = rc.running_terms(rc.t)
+                    half = sum_ci95_half_width(terms, noise, rc.node_epsilon, sens)
+                    method = "exact" if terms == 1 else "normal"
+                else:
+                    half, method = Z95 * math.sqrt(var), "normal"
+                info["running"][comp] = {"epsilon": rc.epsilon, "scale": rc.node_scale, "var": var, "half": half,
+                                         "method": method, "mechanism": f"{rc.name}/{noise}", "windows": rc.t}
+        rows: list[dict] = []
+        for output in ("per_window", "running"):
+            if not noisy[output] or (output == "per_window" and spec.output == "running"):
+                continue
+            rows.extend(self._rows(spec, w, output, noisy[output], info[output], plan))
+        return rows
+
+    def _rows(self, spec, w, output, noisy, info, plan) -> list[dict]:
+        comps = spec.components
+        first = info[comps[0]]
+        eps = sum(i["epsilon"] for i in info.values())
+        base = {"type": "aggregate", "stream": self.stream, "window": w, "aggregate": spec.name, "kind": spec.kind,
+                "output": output, "mechanism": first["mechanism"], "mechanism_reason": plan.reason,
+                "epsilon": eps, "epsilon_window": spec.epsilon, "max_contributions": spec.max_contributions}
+        if output == "running":
+            base["windows_covered"] = first["windows"]
+            if eps == 0.0:
+                base["epsilon_note"] = "post-processing of the per-window releases"
+        if len(comps) == 1:
+            base.update({"noise_scale": first["scale"], "noise_std": math.sqrt(first["var"]),
+                         "sensitivity": spec.component_sensitivity(comps[0]),
+                         "noise_ci95": [-first["half"], first["half"]], "ci95_method": first["method"]})
+        else:
+            base.update({"noise_scale": {c: info[c]["scale"] for c in comps},
+                         "noise_std": {c: math.sqrt(info[c]["var"]) for c in comps},
+                         "sensitivity": {c: spec.component_sensitivity(c) for c in comps},
+                         "ci95_method": "delta"})
+        integer = all(spec.component_noise(c) == "geometric" for c in comps)
+        rows = []
+        for i, key in enumerate(spec.domain):
+            row = dict(base)
+            row["group"] = dict(zip(spec.key_names, key))
+            row["group_key"] = "|".join(map(str, key))
+            if len(comps) == 1:
+                v = float(noisy[comps[0]][i])
+                row["value"] = int(round(v)) if integer else v
+                row["ci95"] = [v - first["half"], v + first["half"]]
+            else:
+                a, b = float(noisy[comps[0]][i]), float(noisy[comps[1]][i])
+                lo, hi = (0.0, 1.0) if spec.kind == "ratio" else (spec.lower, spec.upper)
+                d = max(b, 1.0)
+                r = float(np.clip(a / d, lo, hi))
+                # delta method on the noise only: Var(a/b) ~ (Var a + r^2 Var b) / b^2 (post-processing)
+                half = Z95 * math.sqrt(info[comps[0]]["var"] + r * r * info[comps[1]]["var"]) / d
+                row["value"] = r
+                row["components"] = {comps[0]: a, comps[1]: b}
+                row["noise_ci95"] = [-half, half]
+                row["ci95"] = [max(lo, r - half), min(hi, r + half)]
+            rows.append(row)
+        return rows
+
+    # -- reporting and checkpoints ---------------------------------------------------------------------------
+    @property
+    def epsilon_spent_max_individual(self) -> float:
+        """Largest epsilon charged to an individual actually present (``track_individuals``), else the
+        ledger's worst-case total."""
+        if self.track_individuals and self.individual_spend:
+            return max(self.individual_spend.values())
+        return self.ledger.spent
+
+    def summary(self) -> dict:
+        return {"epsilon_budget": self.ledger.epsilon_budget, "epsilon_spent": self.ledger.spent,
+                "epsilon_spent_max_individual": self.epsilon_spent_max_individual,
+                "aggregates_published": self.metrics["aggregates_published"],
+                "budget_exhausted_events": self.metrics["budget_exhausted_events"],
+                "contributions_cut": dict(self.metrics["contributions_cut"]),
+                "mechanisms": {n: (p.running_mechanism or "per_window") for n, p in self.plans.items()}}
+
+    def state_dict(self) -> dict:
+        """JSON-serializable checkpoint (counters and metrics; the ledger has its own file)."""
+        return {"last_window": self.last_window, "metrics": self.metrics,
+                "counters": {a: {comp: {k: c.state_dict() for k, c in cs.items()} for comp, cs in comps.items()}
+                             for a, comps in self.counters.items()}}
+
+    @classmethod
+    def from_state(cls, config, ledger: BudgetLedger, seed, state: dict, **kwargs) -> "DPAggregator":
+        agg = cls(config, ledger, seed, **kwargs)
+        agg.last_window = state["last_window"]
+        agg.metrics = state["metrics"]
+        for a, comps in state["counters"].items():
+            if a in agg.counters:
+                for comp, cs in comps.items():
+                    agg.counters[a][comp] = {k: _Counter.from_state(s) for k, s in cs.items()}
+        return agg
+
+
+def split_outputs(rows: Iterable[dict]) -> tuple[list[dict], list[dict]]:
+    """(rows for ``anon.aggregates``, events for ``anon.metrics``)."""
+    rows = list(rows)
+    return [r for r in rows if r["type"] == "aggregate"], [r for r in rows if r["type"] != "aggregate"]

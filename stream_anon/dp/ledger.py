@@ -1,0 +1,202 @@
+"""Privacy budget ledger: user-level accounting across windows, persisted before any release spends it.
+
+Accounting unit. Every release of an aggregate for a window is charged to **every** individual (the worst case
+of an individual present in every window and every aggregate), so the total over all reservations bounds the
+privacy loss of any one individual by sequential composition (Dwork & Roth 2014, Theorem 3.16; McSherry, PINQ,
+SIGMOD 2009). The sum is checked by diffprivlib's :class:`~diffprivlib.accountant.BudgetAccountant` (pure
+epsilon, no slack, i.e. basic composition), rebuilt from the file at every start. Per-individual filters
+(Feldman & Zrnic, NeurIPS 2021) could charge only the individuals present, but the budget check would then
+depend on the data; the worst-case charge keeps the stop decision data-independent.
+
+Durability. :meth:`BudgetLedger.reserve` writes the whole ledger to a temporary file, fsyncs it and renames it
+over the old one (atomic on POSIX) **before** returning, so a release is only published after its spend is on
+disk. A reservation is keyed by ``(aggregate, window)``: reserving it again (a restarted worker re-producing the
+same window) returns the existing reservation and spends nothing. That is sound because the aggregator's noise is
+a deterministic function of a secret seed and the window, so a re-produced release is identical to the first.
+
+>>> import tempfile, os
+>>> path = os.path.join(tempfile.mkdtemp(), "ledger.json")
+>>> ledger = BudgetLedger(path, epsilon_budget=1.0)
+>>> ledger.reserve("taps", 0, 0.6).ok, ledger.reserve("taps", 0, 0.6).new
+(True, False)
+>>> out = BudgetLedger(path, epsilon_budget=1.0).reserve("taps", 1, 0.6)
+>>> out.ok, round(out.spent, 3), out.event()["type"]
+(False, 0.6, 'budget_exhausted')
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from diffprivlib.accountant import BudgetAccountant
+from diffprivlib.utils import BudgetError
+
+LEDGER_VERSION = 1
+_REL_TOL = 1e-9     # floating-point slack: ten spends of 0.1 must fit a budget of 1.0
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """A spend recorded on disk. ``new`` is False when the same (aggregate, window) was reserved before."""
+    aggregate: str
+    window: str
+    epsilon: float
+    spent: float                # total spent after this reservation
+    budget: float
+    new: bool = True
+    ok: bool = field(default=True, init=False)
+
+
+@dataclass(frozen=True)
+class BudgetExhausted:
+    """The outcome of a reservation that would exceed the budget; the aggregate is stopped for good."""
+    aggregate: str
+    window: str
+    epsilon: float
+    spent: float
+    budget: float
+    first: bool = True          # False when the aggregate had already been stopped
+    ok: bool = field(default=False, init=False)
+
+    def event(self, stream: str = "") -> dict:
+        """The ``budget_exhausted`` event for the metrics topic."""
+        return {"type": "budget_exhausted", "stream": stream, "aggregate": self.aggregate, "window": self.window,
+                "epsilon_requested": self.epsilon, "epsilon_spent": self.spent, "epsilon_budget": self.budget,
+                "ts": datetime.now(timezone.utc).isoformat()}
+
+
+class BudgetExhaustedError(BudgetError):
+    """Raised by :meth:`BudgetLedger.reserve` with ``raise_on_exhausted=True``."""
+
+    def __init__(self, outcome: BudgetExhausted):
+        super().__init__(f"{outcome.aggregate} window {outcome.window}: spending {outcome.epsilon} would exceed "
+                         f"the budget ({outcome.spent} of {outcome.budget} spent)")
+        self.outcome = outcome
+
+
+class BudgetLedger:
+    """Budget ledger persisted to ``path`` (JSON). ``path=None`` keeps it in memory (tests, dry runs).
+
+    Parameters
+    ----------
+    path : str or Path or None
+        The ledger file; loaded when it exists (a restart never resets it).
+    epsilon_budget : float
+        Total epsilon per individual over all aggregates and windows. Must be in (0, inf).
+    """
+
+    def __init__(self, path: str | Path | None, epsilon_budget: float):
+        if isinstance(epsilon_budget, bool) or not isinstance(epsilon_budget, (int, float)) \
+                or not (0 < epsilon_budget < math.inf):
+            raise ValueError(f"epsilon_budget: must be a finite number > 0, got {epsilon_budget!r}")
+        self.path = Path(path) if path is not None else None
+        self.epsilon_budget = float(epsilon_budget)
+        self._entries: dict[tuple[str, str], float] = {}
+        self._exhausted: dict[str, dict] = {}
+        if self.path is not None and self.path.exists():
+            data = json.loads(self.path.read_text())
+            if data.get("version") != LEDGER_VERSION:
+                raise ValueError(f"{self.path}: unsupported ledger version {data.get('version')!r}")
+            for e in data["entries"]:
+                self._entries[(e["aggregate"], str(e["window"]))] = float(e["epsilon"])
+            self._exhausted = dict(data.get("exhausted", {}))
+        self._accountant = BudgetAccountant(epsilon=self.epsilon_budget * (1 + _REL_TOL), delta=0.0,
+                                            spent_budget=[(eps, 0.0) for eps in self._entries.values()])
+
+    # -- queries ------------------------------------------------------------------------------------------
+    @property
+    def spent(self) -> float:
+        """Total epsilon charged (to the worst-case individual)."""
+        return float(sum(self._entries.values()))
+
+    @property
+    def remaining(self) -> float:
+        return max(0.0, self.epsilon_budget - self.spent)
+
+    def spent_by(self, aggregate: str) -> float:
+        return float(sum(e for (a, _), e in self._entries.items() if a == aggregate))
+
+    def is_stopped(self, aggregate: str) -> bool:
+        return aggregate in self._exhausted
+
+    def reserved(self, aggregate: str, window) -> float | None:
+        return self._entries.get((aggregate, str(window)))
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    # -- spending -----------------------------------------------------------------------------------------
+    def reserve(self, aggregate: str, window, epsilon: float, raise_on_exhausted: bool = False):
+        """Record a spend of ``epsilon`` for ``(aggregate, window)`` on disk, then return a
+        :class:`Reservation`; or a :class:`BudgetExhausted` outcome (raised as :class:`BudgetExhaustedError`
+        with ``raise_on_exhausted``) when the total would exceed the budget."""
+        out = self.reserve_many([(aggregate, window, epsilon)])[0]
+        if raise_on_exhausted and not out.ok:
+            raise BudgetExhaustedError(out)
+        return out
+
+    def reserve_many(self, requests) -> list:
+        """Several reservations (e.g. every aggregate of a window) with one durable write, in order."""
+        outcomes, dirty = [], False
+        for aggregate, window, epsilon in requests:
+            window = str(window)
+            if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon > 0:
+                raise ValueError(f"epsilon: must be > 0, got {epsilon!r}")
+            key = (aggregate, window)
+            if key in self._entries:                         # idempotent: a re-produced window spends nothing
+                if not math.isclose(self._entries[key], epsilon, rel_tol=1e-12):
+                    raise ValueError(f"{aggregate} window {window}: already reserved with epsilon "
+                                     f"{self._entries[key]}, not {epsilon}")
+                outcomes.append(Reservation(aggregate, window, float(epsilon), self.spent, self.epsilon_budget,
+                                            new=False))
+                continue
+            if aggregate in self._exhausted:
+                outcomes.append(BudgetExhausted(aggregate, window, float(epsilon), self.spent,
+                                                self.epsilon_budget, first=False))
+                continue
+            try:
+                self._accountant.spend(float(epsilon), 0.0)
+            except BudgetError:
+                self._exhausted[aggregate] = {"window": window, "epsilon": float(epsilon), "spent": self.spent}
+                dirty = True
+                outcomes.append(BudgetExhausted(aggregate, window, float(epsilon), self.spent, self.epsilon_budget))
+                continue
+            self._entries[key] = float(epsilon)
+            dirty = True
+            outcomes.append(Reservation(aggregate, window, float(epsilon), self.spent, self.epsilon_budget))
+        if dirty:
+            self.save()
+        return outcomes
+
+    # -- persistence --------------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"version": LEDGER_VERSION, "epsilon_budget": self.epsilon_budget, "spent": self.spent,
+                "entries": [{"aggregate": a, "window": w, "epsilon": e} for (a, w), e in self._entries.items()],
+                "exhausted": self._exhausted}
+
+    def save(self) -> None:
+        """Atomic durable write: temp file in the same directory, fsync, rename, fsync the directory."""
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=self.path.name + ".", suffix=".tmp", dir=self.path.parent)
+        try:
+            with os.fdopen(fd, "w") as fh:
+                json.dump(self.state_dict(), fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        dir_fd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
