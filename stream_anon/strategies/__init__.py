@@ -29,6 +29,8 @@ class Strategy(Protocol):
 
 
 STRATEGIES: dict[str, type] = {"mondrian": Mondrian}
+from stream_anon.strategies.heuristicmin import HeuristicMin  # noqa: E402
+STRATEGIES["heuristicmin"] = HeuristicMin
 
 
 def make_strategy(name: str, params: dict | None = None):
