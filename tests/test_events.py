@@ -107,3 +107,40 @@ def test_invalid_events_name_the_field(event, kind, reason):
 def test_unknown_kind_is_an_error():
     with pytest.raises(ValueError, match="unknown event kind"):
         validate_event(fare(), "bus")
+
+
+# The fast predicate decides valid/invalid on the hot path; jsonschema is the reference. They must agree on
+# every event, including the type corner cases JSON Schema defines (true is not an integer, 1.0 is).
+_ODD_VALUES = [None, True, False, 0, 1, -3, 1.0, 2.5, "", "x", "tap_in", "2009-11-09T07:31:00+00:00",
+               "2009-11-09 07:31", [], [1], {}, {"a": 1}, {"rpm": None}, {"rpm": "x"}]
+
+
+def _mutations(event: dict, kind: str):
+    schema = json.loads((SCHEMA_DIR / f"{kind}.schema.json").read_text())
+    yield event
+    for key in list(event):
+        yield without(event, key)
+        for v in _ODD_VALUES:
+            yield {**event, key: v}
+    for v in _ODD_VALUES:
+        yield {**event, "unexpected": v}
+    for key in schema["properties"]:
+        for v in _ODD_VALUES:
+            yield {**event, key: v}
+    yield [event]
+    yield "not an object"
+
+
+@pytest.mark.parametrize("kind,base", [("fare", fare()), ("vehicle", vehicle()),
+                                       ("vehicle", vehicle(signals={"rpm": 900, "coolant": None},
+                                                           payload={"any": ["thing"]}))])
+def test_fast_validator_agrees_with_jsonschema(kind, base):
+    from stream_anon.events import _fast_check
+    fast = _fast_check(kind)
+    assert fast is not None, "our schemas use only keywords the fast path compiles"
+    reference = Draft202012Validator(json.loads((SCHEMA_DIR / f"{kind}.schema.json").read_text()))
+    n = 0
+    for e in _mutations(base, kind):
+        assert fast(e) == reference.is_valid(e), e
+        n += 1
+    assert n > 300
