@@ -97,11 +97,13 @@ def dumps(doc: dict) -> str:
         subs = []
         for key, v in t.items():
             if isinstance(v, dict):
-                subs.append((f"{name}.{key}", v))
+                subs.append((f"{name}.{key}", v, False))
+            elif isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
+                subs.extend((f"{name}.{key}", x, True) for x in v)    # nested [[a.b]] follows its [[a]]
             else:
                 lines.append(f"{key} = {scalar(v)}")
-        for sub_name, sub in subs:
-            table(sub_name, sub)
+        for sub_name, sub, is_array in subs:
+            table(sub_name, sub, array=is_array)
 
     for key, v in doc.items():
         if isinstance(v, dict):

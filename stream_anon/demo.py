@@ -28,9 +28,9 @@ def derived_config(dataset: str, out_dir: Path, **anonymization) -> Path:
     """Copy configs/<dataset>.toml into out_dir with absolute hierarchy paths and parameter overrides."""
     src = CONFIG_DIR / f"{dataset}.toml"
     raw = tomllib.loads(src.read_text())
-    for qi in raw["quasi_identifiers"]:
-        if "hierarchy" in qi:
-            qi["hierarchy"] = str((src.parent / qi["hierarchy"]).resolve())
+    for table in raw["quasi_identifiers"] + [g for a in raw.get("aggregates", []) for g in a.get("group_by", [])]:
+        if "hierarchy" in table:
+            table["hierarchy"] = str((src.parent / table["hierarchy"]).resolve())
     raw["anonymization"].update({k: v for k, v in anonymization.items() if v is not None})
     out = out_dir / f"{dataset}.toml"
     out.write_text(toml_dumps(raw))

@@ -84,28 +84,19 @@ def _json_equal(a, b) -> bool:
     return type(a) is type(b) and a == b
 
 
-def _is_type(value, name: str) -> bool:
-    if name == "string":
-        return isinstance(value, str)
-    if name == "null":
-        return value is None
-    if name == "boolean":
-        return isinstance(value, bool)
-    if name == "integer":
-        return (isinstance(value, int) and not isinstance(value, bool)) or (
-            isinstance(value, float) and value.is_integer())
-    if name == "number":
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if name == "object":
-        return isinstance(value, dict)
-    if name == "array":
-        return isinstance(value, list)
-    raise ValueError(f"unknown JSON type {name!r}")
+_EXACT_TYPES = {"string": (str,), "null": (type(None),), "boolean": (bool,), "number": (int, float),
+                "object": (dict,), "array": (list,), "integer": (int,)}
 
 
 def compile_schema(schema: dict):
-    """A predicate ``value -> bool`` equivalent to validating against ``schema`` for the keywords in
-    ``_SUPPORTED``; raises ``NotImplementedError`` on any other keyword (the caller then uses jsonschema)."""
+    """A predicate ``value -> bool`` for ``schema``, restricted to the keywords in ``_SUPPORTED`` (raises
+    ``NotImplementedError`` on any other, and the caller then uses jsonschema).
+
+    Sound, not complete: ``True`` implies the value is valid; a few valid values may get ``False`` (a float
+    equal to an integer where ``integer`` is expected, a subclass such as numpy's float64), which only sends
+    them to the slower reference validator. Type checks compare exact Python types, which is what
+    ``json.loads`` produces, and which keeps ``true`` out of ``integer``/``number``.
+    """
     if schema is True or schema == {}:
         return lambda v: True
     if schema is False:
@@ -116,16 +107,14 @@ def compile_schema(schema: dict):
     checks = []
     if "type" in schema:
         names = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
-        for n in names:
-            _is_type(None, n)                                  # unknown type names fail at compile time
-        checks.append(lambda v, names=tuple(names): any(_is_type(v, n) for n in names))
+        types = frozenset(t for n in names for t in _EXACT_TYPES[n])
+        checks.append(lambda v, types=types: type(v) in types)
     if "const" in schema:
         checks.append(lambda v, c=schema["const"]: _json_equal(v, c))
     if "enum" in schema:
-        hashable = all(isinstance(e, str) or e is None for e in schema["enum"])
-        if hashable:   # strings and null only: a set lookup is exact (no bool/int confusion possible)
-            allowed = frozenset(schema["enum"])
-            checks.append(lambda v, a=allowed: (isinstance(v, str) or v is None) and v in a)
+        if all(isinstance(e, str) or e is None for e in schema["enum"]):
+            allowed = frozenset(schema["enum"])    # strings and null: a set lookup is exact
+            checks.append(lambda v, a=allowed: (v is None or type(v) is str) and v in a)
         else:
             checks.append(lambda v, e=tuple(schema["enum"]): any(_json_equal(v, x) for x in e))
     if "minLength" in schema:
@@ -140,13 +129,14 @@ def compile_schema(schema: dict):
         extra_check = (None if extra is True else (lambda v: False) if extra is False else compile_schema(extra))
 
         def check_object(v, required=required, props=props, extra_check=extra_check):
-            if not isinstance(v, dict):
-                return True                                    # object keywords ignore non-objects
+            if type(v) is not dict:
+                return not isinstance(v, dict)         # object keywords ignore non-objects
             for name in required:
                 if name not in v:
                     return False
+            get = props.get
             for name, value in v.items():
-                sub = props.get(name)
+                sub = get(name)
                 if sub is not None:
                     if not sub(value):
                         return False
@@ -154,8 +144,16 @@ def compile_schema(schema: dict):
                     return False
             return True
         checks.append(check_object)
+    if len(checks) == 1:
+        return checks[0]
     checks = tuple(checks)
-    return lambda v: all(c(v) for c in checks)
+
+    def check_all(v):
+        for c in checks:
+            if not c(v):
+                return False
+        return True
+    return check_all
 
 
 @lru_cache(maxsize=None)
