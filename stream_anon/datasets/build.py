@@ -48,6 +48,9 @@ def main() -> None:
     print(f"citibike: {n} rows -> {citibike.slice_path}")
     oyster.build_location_hierarchy(fares.full_path)
     print(f"oyster location hierarchy -> {oyster.HIERARCHY_PATH}")
+    from stream_anon.datasets import adult
+    n = adult.write_slice()
+    print(f"adult: {n} rows -> {adult.SLICE_PATH} (+ hierarchies in {adult.SLICE_HIERARCHIES})")
 
 
 if __name__ == "__main__":
