@@ -31,6 +31,8 @@ class Strategy(Protocol):
 STRATEGIES: dict[str, type] = {"mondrian": Mondrian}
 from stream_anon.strategies.heuristicmin import HeuristicMin  # noqa: E402
 STRATEGIES["heuristicmin"] = HeuristicMin
+from stream_anon.strategies.utility_clustering import UtilityClustering  # noqa: E402
+STRATEGIES["utility-clustering"] = UtilityClustering
 
 
 def make_strategy(name: str, params: dict | None = None):

@@ -47,3 +47,96 @@ def test_distortion_family():
     assert d["gamma_s"] == pytest.approx(0.2)
     assert d["gamma_tot"] == pytest.approx(d["gamma_g"] + (1 - d["gamma_g"]) * 0.2)
     assert d["per_attribute"]["stn"] == pytest.approx(0.375 + 0.625 * 0.2)
+
+
+# -- Algorithm 1 on the toy table (Table 2 -> Table 3) --------------------------------------------------------
+import numpy as np  # noqa: E402
+
+from stream_anon.strategies.tabular import frame_attributes  # noqa: E402
+from stream_anon.strategies.utility_clustering import utility_clustering  # noqa: E402
+
+PT_TREE = Hierarchy.from_nested({"Person": {"Adult": [], "Not Adult": ["Senior Citizen", "Child/Student"]}})
+# Figure 1 is an image; its text fixes sp(A, B) = 1 and sp(A, D) = 2 (Example 8) and Table 3 merges B with C
+# (one hop). Four stations on two lines: A-B-C and B-D is the smallest graph meeting all three [inference].
+FIG1 = nx.Graph([("A", "B"), ("B", "C"), ("B", "D")])
+HM = lambda h, m: h * 3600 + m * 60  # noqa: E731
+TABLE2 = pd.DataFrame({
+    "pt": ["Adult", "Adult", "Child/Student", "Adult", "Senior Citizen", "Child/Student", "Adult", "Senior Citizen"],
+    "bs": list("AABBACBA"), "as": list("CCDADDDD"),
+    "start": [HM(9, 0), HM(9, 0), HM(9, 5), HM(10, 0), HM(11, 0), HM(9, 15), HM(10, 0), HM(11, 5)],
+    "ride": [400, 400, 320, 280, 520, 340, 480, 520], "dist": [3.6, 3.6, 2.2, 2, 4.2, 3.8, 2.2, 4.2]})
+TOY_QIS = {"pt": PT_TREE, "bs": FIG1, "as": FIG1, "start": None, "ride": None, "dist": None}
+# Table 3, row by row (r_1..r_8): generalized values; a single value stays itself.
+TABLE3 = {
+    "pt": ["Adult", "Adult", "Child/Student", "Adult", "Senior Citizen", "Child/Student", "Adult", "Senior Citizen"],
+    "bs": [{"A"}, {"A"}, {"B", "C"}, {"B"}, {"A"}, {"B", "C"}, {"B"}, {"A"}],
+    "as": [{"C"}, {"C"}, {"D"}, {"A", "D"}, {"D"}, {"D"}, {"A", "D"}, {"D"}],
+    "start": [HM(9, 0), HM(9, 0), (HM(9, 5), HM(9, 15)), HM(10, 0), (HM(11, 0), HM(11, 5)), (HM(9, 5), HM(9, 15)),
+              HM(10, 0), (HM(11, 0), HM(11, 5))],
+    "ride": [400, 400, (320, 340), (280, 480), 520, (320, 340), (280, 480), 520],
+    "dist": [3.6, 3.6, (2.2, 3.8), (2, 2.2), 4.2, (2.2, 3.8), (2, 2.2), 4.2],
+}
+
+
+def _as_cell(v):
+    return set(v) if isinstance(v, frozenset) else (tuple(float(x) for x in v) if isinstance(v, tuple) else v)
+
+
+@pytest.mark.parametrize("normalization", ["max", "zscore"])
+@pytest.mark.parametrize("head", ["density", "greedy"])
+def test_toy_table2_gives_table3(normalization, head):
+    # Table 3 is reached by every configuration: the four pairs are each other's nearest neighbours.
+    res = utility_clustering(TABLE2, TOY_QIS, k=2, normalization=normalization, head=head, seed=1)
+    assert sorted(sorted(c.tolist()) for c in res.classes) == [[0, 1], [2, 5], [3, 6], [4, 7]]
+    assert len(res.suppressed) == 0
+    for col, expected in TABLE3.items():
+        got = [_as_cell(v) for v in res.released[col]]
+        want = [tuple(float(x) for x in v) if isinstance(v, tuple) else v for v in expected]
+        assert got == want, col
+
+
+def test_distances_examples_7_and_8():
+    attrs = {a.name: a for a in frame_attributes(TABLE2, TOY_QIS)}
+    # Example 7: D^T(Senior Citizen (r_5), Child/Student (r_6)) = 2 - 1 = 1
+    assert attrs["pt"].distances_to(np.array([5]), 4)[0] == 1
+    # Example 8: D^G(A (r_1), B (r_3)) = 1 on boarding; D^G(A (r_4), D (r_7)) = 2 on alighting
+    assert attrs["bs"].distances_to(np.array([2]), 0)[0] == 1
+    assert attrs["as"].distances_to(np.array([6]), 3)[0] == 2
+    # max normalization: D^T / (L^T - 1) with 3 leaves; D^G / Diam(G) with Diam = 2
+    assert attrs["pt"].max_distance == 2 and attrs["bs"].max_distance == 2
+
+
+def test_zscore_statistics_are_exact_over_all_record_pairs():
+    rng = np.random.default_rng(0)
+    df = TABLE2.sample(30, replace=True, random_state=1).reset_index(drop=True)
+    df["start"] = rng.integers(0, 86400, len(df))
+    for a in frame_attributes(df, TOY_QIS):
+        brute = a.pairwise(np.arange(len(df)))
+        mean, std = a.zscore_stats()
+        assert mean == pytest.approx(brute.mean()) and std == pytest.approx(brute.std()), a.name
+
+
+def test_c1_limit_suppresses_the_head_and_returns_the_others():
+    # Boarding limited to 0 hops: r_3 (B) and r_6 (C) can no longer share a class. Whoever of them heads a
+    # candidate class with the other is suppressed; the rest still forms 2-anonymous classes.
+    res = utility_clustering(TABLE2, TOY_QIS, k=2, normalization="max", head="density", limits={"bs": 0},
+                             leftovers="defer")
+    assert len(res.suppressed) >= 1
+    for c in res.classes:
+        assert len(c) >= 2 and TABLE2["bs"].iloc[c].nunique() == 1
+    placed = np.concatenate(res.classes)
+    assert len(set(placed.tolist()) | set(res.suppressed.tolist())) == len(TABLE2)
+
+
+def test_priority_attribute_is_distorted_least():
+    # Exp. 2's direction: giving one attribute utility factor 5 lowers its distortion against equal weights.
+    from stream_anon.metrics import distortion
+    rng = np.random.default_rng(3)
+    df = pd.DataFrame({"pt": rng.choice(PT_TREE.leaves, 200), "bs": rng.choice(list("ABCD"), 200),
+                       "as": rng.choice(list("ABCD"), 200), "start": rng.integers(0, 86400, 200)})
+    qis = {"pt": PT_TREE, "bs": FIG1, "as": FIG1, "start": (0, 86400)}
+    per = {}
+    for name, factors in (("S_EQ", None), ("S_RST", {"start": 5})):
+        res = utility_clustering(df, qis, k=5, factors=factors)
+        per[name] = distortion(res.release(df))["per_attribute"]["start"]
+    assert per["S_RST"] < per["S_EQ"]
