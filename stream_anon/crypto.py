@@ -60,3 +60,13 @@ class AuditTokenizer:
 def pseudonym(secret: bytes, unit: str) -> str:
     """Keyed pseudonym of a privacy unit (for partitioning keys and state, never for output)."""
     return _hmac_hex(secret, b"unit:", unit)
+
+
+def dp_noise_seed(secret: bytes, stream: str, partition: int) -> bytes:
+    """Secret seed of the differential-privacy noise of one stream partition (HMAC of the stream secret).
+
+    The aggregator derives each window's noise from it with a second HMAC over (aggregate, component, output,
+    window), so a restarted worker re-publishes identical noise for a window and never fresh noise for the same
+    data (which would let an observer average the noise away). Without the secret the noise is unpredictable.
+    """
+    return hmac.new(secret, f"dp-noise:{stream}:{partition}".encode(), hashlib.sha256).digest()

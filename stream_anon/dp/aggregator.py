@@ -33,6 +33,7 @@ knows it can subtract the noise.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
@@ -142,8 +143,10 @@ class DPAggregator:
         return out
 
     def _rng(self, *labels) -> np.random.RandomState:
-        digest = hashlib.sha256(b"stream-anon/dp\x00" + self.seed + b"\x00" +
-                                "\x00".join(map(str, labels)).encode()).digest()
+        # HMAC keyed by the secret seed: the noise of (aggregate, component, output, window) is reproducible by
+        # the holder of the secret (a restarted worker) and unpredictable to anyone else
+        digest = hmac.new(self.seed, b"stream-anon/dp\x00" + "\x00".join(map(str, labels)).encode(),
+                          hashlib.sha256).digest()
         return np.random.RandomState(np.frombuffer(digest, dtype=np.uint32))
 
     # -- processing ------------------------------------------------------------------------------------------
@@ -173,14 +176,17 @@ class DPAggregator:
         return [flatten(e) if any(isinstance(v, dict) for v in e.values()) else e for e in events]
 
     def _process_one(self, w: int, flats: list[dict]) -> list[dict]:
-        active = [s for s in self.specs if not self.ledger.is_stopped(s.name)]
+        active = [s for s in self.specs
+                  if not self.ledger.is_stopped(s.name) or self.ledger.exhausted_at(s.name) == str(w)]
         outcomes = self.ledger.reserve_many([(s.name, w, s.epsilon) for s in active])   # durable before release
         rows: list[dict] = []
         wm = {"type": "dp_window", "stream": self.stream, "window": w, "events": len(flats),
               "contributions_cut": {}, "out_of_domain": {}, "missing": {}, "budget_exhausted": []}
         for spec, outcome in zip(active, outcomes):
             if not outcome.ok:
-                if outcome.first:
+                # the stopping window re-processed after a restart re-emits its event (the first emission may
+                # have died with the worker between the ledger write and the delivery)
+                if outcome.first or self.ledger.exhausted_at(spec.name) == str(w):
                     rows.append(outcome.event(self.stream))
                     self.metrics["budget_exhausted_events"] += 1
                     wm["budget_exhausted"].append(spec.name)

@@ -124,6 +124,11 @@ class BudgetLedger:
     def is_stopped(self, aggregate: str) -> bool:
         return aggregate in self._exhausted
 
+    def exhausted_at(self, aggregate: str) -> str | None:
+        """The window at which the aggregate was stopped, or None."""
+        e = self._exhausted.get(aggregate)
+        return None if e is None else str(e["window"])
+
     def reserved(self, aggregate: str, window) -> float | None:
         return self._entries.get((aggregate, str(window)))
 

@@ -32,6 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from stream_anon import crypto
+from stream_anon.kafka import aggregates
 from stream_anon.kafka import checkpoint as ckpt
 
 log = logging.getLogger("stream_anon.worker")
@@ -128,6 +129,7 @@ class PartitionState:
     last_input: float = field(default_factory=time.monotonic)
     dirty_since_flush: bool = False
     events_in: int = 0
+    dp: object = None              # stream_anon.kafka.aggregates.PartitionAggregates when the stream has [dp]
 
 
 class WorkerCore:
@@ -146,7 +148,7 @@ class WorkerCore:
         self.validate = _validator()
         self.lock = asyncio.Lock()
         self.stats = {"events_in": 0, "skipped": 0, "dead_letters": 0, "releases": 0, "published": 0,
-                      "suppressed": 0, "batches": 0, "started": time.time()}
+                      "suppressed": 0, "aggregate_rows": 0, "batches": 0, "started": time.time()}
         self._last_metric = (time.monotonic(), 0)
 
     # ---- engine per partition
@@ -167,6 +169,8 @@ class WorkerCore:
             log.info("partition %s: %s", partition,
                      f"resumed from checkpoint offset {offset}" if cp else "no checkpoint, new engine")
             ps = self.parts[partition] = PartitionState(partition, engine, offset)
+            ps.dp = aggregates.for_partition(self.config, self.state_dir, self.app_id, partition, self.secret,
+                                             cp.state if cp else None)
             # records buffered in a checkpointed engine still need an idle flush (if enabled)
             ps.dirty_since_flush = bool(getattr(engine, "deferred", 0))
         return ps
@@ -233,7 +237,8 @@ class WorkerCore:
         """Synchronous part of a batch for one partition (runs in a thread: keeps faust's loop and heartbeats
         responsive): input checks, engine, serialization of every output message."""
         out: list[tuple[str, bytes, bytes]] = []
-        counts = {"skipped": 0, "events_in": 0, "dead_letters": 0, "releases": 0, "published": 0, "suppressed": 0}
+        counts = {"skipped": 0, "events_in": 0, "dead_letters": 0, "releases": 0, "published": 0, "suppressed": 0,
+                  "aggregate_rows": 0}
         good, sources = [], []
         last = ps.offset
         for off, raw in sorted(msgs, key=lambda m: m[0]):
@@ -272,6 +277,10 @@ class WorkerCore:
                 out.extend(docs)
                 for k, v in c.items():
                     counts[k] += v
+        if ps.dp is not None:     # DP aggregates: the ledger is written inside, before these are delivered
+            msgs_dp, counts["aggregate_rows"] = ps.dp.messages(good, result.rejected if result else (), flush,
+                                                               _dumps, METRICS_TOPIC)
+            out.extend(msgs_dp)
         return {"out": out, "counts": counts, "last": last, "engine_input": bool(good)}
 
     # ---- one batch: messages are (partition, offset, value bytes) in consumption order
@@ -315,8 +324,10 @@ class WorkerCore:
         if existing > offset:
             # another worker owns this partition now and is ahead of us: never move its checkpoint back
             return False
-        ckpt.write_checkpoint(self.state_dir, self.app_id, self.stream, self.topic, ps.partition, offset,
-                              ps.engine.state_dict())
+        state = ps.engine.state_dict()
+        if ps.dp is not None:
+            state["dp"] = ps.dp.state_dict()
+        ckpt.write_checkpoint(self.state_dir, self.app_id, self.stream, self.topic, ps.partition, offset, state)
         return True
 
     async def _checkpoint(self, ps: PartitionState, offset: int) -> None:
@@ -667,7 +678,8 @@ def worker_main(argv=None) -> int:
     if not args.no_create_topics:
         from stream_anon.kafka.topics import ensure_topics
         ensure_topics(args.broker, names=[config.stream.input_topic, records_topic(config.stream.name),
-                                          RELEASES_TOPIC, DEADLETTER_TOPIC, METRICS_TOPIC],
+                                          RELEASES_TOPIC, DEADLETTER_TOPIC, METRICS_TOPIC]
+                      + ([aggregates.AGGREGATES_TOPIC] if config.dp is not None else []),
                       default_partitions={config.stream.input_topic: 4, records_topic(config.stream.name): 1})
     run_worker(config, args.broker, args.state_dir, app_id=args.app_id, secret=secret, loglevel=args.loglevel,
                batch_max=args.batch_max, batch_within_s=args.batch_within, metrics_interval_s=args.metrics_interval,

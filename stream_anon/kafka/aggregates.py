@@ -1,0 +1,195 @@
+"""Differentially private aggregates in the worker: the per-partition glue between the Kafka worker and
+:class:`stream_anon.dp.DPAggregator` (issue 4). No noise, accounting or bounding logic lives here.
+
+Per input partition (one individual -> one partition, so the partitions hold disjoint sets of individuals and
+their budgets compose in parallel: McSherry, PINQ, SIGMOD 2009, Theorem 4):
+
+- **Windows** are the engine's: an event belongs to the window of the event-time watermark (largest event time
+  seen on the partition) at its arrival, ``floor(watermark / window_s)``, never to an already closed window
+  (a late event joins the open window, as in :meth:`stream_anon.engine.Engine.process`). So every accepted event
+  is counted once, and batch boundaries do not matter. When the watermark enters a new window the open window
+  closes and the aggregator releases it (and every skipped window, empty: publication never depends on data).
+- **Ledger**: ``<state_dir>/<app_id>/<stream>-p<partition>.ledger.json`` (beside the partition checkpoint), written
+  durably by :meth:`BudgetLedger.reserve_many` inside ``process`` -- i.e. **before** the worker delivers the
+  rows that spend it. The counters, the open window's projected events and the watermark go into the partition
+  checkpoint (``state["dp"]``) that the worker writes after delivery.
+- **Restarts**: the worker re-processes input after its checkpoint. The re-closed windows find their
+  reservations in the ledger (idempotent: nothing is spent twice) and get the same noise, because the noise
+  seed is ``HMAC(stream secret, stream, partition)`` and each window's generator ``HMAC(seed, aggregate,
+  component, output, window)`` (:func:`stream_anon.crypto.dp_noise_seed`). A re-produced row is identical to the
+  first copy (same ``row_id``); consumers dedupe by ``row_id``.
+
+Outputs: rows for ``anon.aggregates`` (see :func:`aggregate_row`), and for ``anon.metrics`` one ``dp_window``
+event per closed window (contribution cuts, out-of-domain and missing events, epsilon spent) plus a
+``budget_exhausted`` event when the ledger stops an aggregate.
+"""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from stream_anon import crypto
+
+AGGREGATES_TOPIC = "anon.aggregates"
+
+
+def ledger_path(state_dir, app_id: str, stream: str, partition: int) -> Path:
+    return Path(state_dir) / app_id / f"{stream}-p{partition}.ledger.json"
+
+
+def needed_fields(dp, event_time: str) -> tuple[str, ...]:
+    """Every field the aggregates read: the buffered copy of an event keeps only these."""
+    fields = [dp.privacy_unit, event_time]
+    for s in dp.aggregates:
+        for g in s.group_by:
+            fields.extend(g.fields)
+        if s.value_field:
+            fields.append(s.value_field)
+        fields.extend(k for k, _ in s.where)
+    return tuple(dict.fromkeys(fields))
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, timezone.utc).isoformat()
+
+
+class PartitionAggregates:
+    """The DP aggregates of one input partition (see the module docstring).
+
+    Parameters
+    ----------
+    config : StreamConfig
+        With a ``dp`` section (``config.dp``); windows are ``config.anonymization.window_s``.
+    partition : int
+    secret : bytes
+        The stream secret; the noise seed is derived from it and never stored.
+    ledger_file : str or Path or None
+        The partition's budget ledger (``None``: in memory, tests only).
+    state : dict, optional
+        ``state_dict()`` of a checkpoint to resume from.
+    """
+
+    def __init__(self, config, partition: int, secret: bytes, ledger_file, state: dict | None = None):
+        if config.dp is None:
+            raise ValueError("config.dp: the stream configuration has no [dp] / [[aggregates]] tables")
+        if not secret:
+            raise ValueError("secret: required (the noise seed is derived from it)")
+        # imported here: the worker module stays light for streams without aggregates (diffprivlib pulls sklearn)
+        from stream_anon.dp import BudgetLedger, DPAggregator
+        from stream_anon.engine.engine import get_path
+        from stream_anon.engine.space import parse_time
+
+        self._get_path, self._parse_time = get_path, parse_time
+        self.dp = config.dp
+        self.stream = config.stream.name
+        self.partition = int(partition)
+        self.window_s = float(config.anonymization.window_s)
+        self.time_field = config.stream.event_time
+        self.fields = needed_fields(self.dp, self.time_field)
+        self.ledger = BudgetLedger(ledger_file, self.dp.epsilon_budget)
+        seed = crypto.dp_noise_seed(secret, self.stream, self.partition)
+        if state is None:
+            self.aggregator = DPAggregator(self.dp, self.ledger, seed, stream=self.stream)
+            self.watermark, self.open_window, self.buffer = -np.inf, None, []
+        else:
+            self.aggregator = DPAggregator.from_state(self.dp, self.ledger, seed, state["aggregator"],
+                                                      stream=self.stream)
+            self.watermark = -np.inf if state["watermark"] is None else float(state["watermark"])
+            self.open_window, self.buffer = state["open_window"], list(state["buffer"])
+
+    # -- processing --------------------------------------------------------------------------------------------
+    def process(self, events) -> tuple[list[dict], list[dict]]:
+        """Feed accepted events (dicts, arrival order); returns (aggregate rows, metric events) of the windows
+        that closed. The ledger is on disk before this returns."""
+        rows: list[dict] = []
+        metrics: list[dict] = []
+        tf, ws, fields = self.time_field, self.window_s, self.fields
+        get_path, parse_time = self._get_path, self._parse_time
+        for e in events:
+            t = parse_time(get_path(e, tf))
+            if t is None:           # the engine rejects such events before they get here; never guess a window
+                continue
+            if t > self.watermark:
+                self.watermark = t
+            mark = int(self.watermark // ws)
+            if self.open_window is None:
+                self.open_window = mark
+            elif mark > self.open_window:
+                self._close(rows, metrics)
+                self.open_window = mark
+            self.buffer.append({f: get_path(e, f) for f in fields})
+        return rows, metrics
+
+    def flush(self) -> tuple[list[dict], list[dict]]:
+        """Close the open window now (end of a replay / idle input; mirrors :meth:`Engine.flush`). Later events
+        whose watermark still lies in it go to the next window."""
+        rows: list[dict] = []
+        metrics: list[dict] = []
+        if self.open_window is not None and self.buffer:
+            self._close(rows, metrics)
+            self.open_window += 1
+        return rows, metrics
+
+    def messages(self, events, rejected, flush: bool, dumps, metrics_topic: str) -> tuple[list, int]:
+        """The worker's entry point for one partition batch: ``(topic, key, value)`` messages and the number of
+        aggregate rows. ``events`` are the batch's schema-valid events, ``rejected`` the engine's rejections of
+        them (not counted, as they are dead-lettered); ``flush`` closes the open window (idle input)."""
+        if events:
+            bad = {id(r.event) for r in rejected}
+            rows, metrics = self.process([e for e in events if id(e) not in bad])
+        elif flush:
+            rows, metrics = self.flush()
+        else:
+            return [], 0
+        key = self.stream.encode()
+        out = [(AGGREGATES_TOPIC, key, dumps(r)) for r in rows]
+        out.extend((metrics_topic, key, dumps(m)) for m in metrics)
+        return out, len(rows)
+
+    def _close(self, rows: list, metrics: list) -> None:
+        w = self.open_window
+        out = self.aggregator.process_window(w, self.buffer)    # reserves (and writes) the ledger first
+        self.buffer = []
+        now = _now_iso()
+        for r in out:
+            if r["type"] == "aggregate":
+                rows.append(self.aggregate_row(r))
+            else:                                              # budget_exhausted
+                metrics.append({**r, "partition": self.partition, "ts": now})
+        wm = self.aggregator.window_metrics
+        metrics.append({**wm, "partition": self.partition, "ts": now,
+                        "window_start": _iso(w * self.window_s), "window_end": _iso((w + 1) * self.window_s),
+                        "epsilon_spent": self.ledger.spent, "epsilon_budget": self.ledger.epsilon_budget})
+
+    def aggregate_row(self, r: dict) -> dict:
+        """One ``anon.aggregates`` value: the aggregator's row plus partition, window bounds, the ledger's total
+        after this window, and ``row_id`` (dedupe key: a re-produced row is identical)."""
+        w = r["window"]
+        row = {**r, "partition": self.partition, "window_start": _iso(w * self.window_s),
+               "window_end": _iso((w + 1) * self.window_s), "ledger_epsilon_spent": self.ledger.spent,
+               "ledger_epsilon_budget": self.ledger.epsilon_budget}
+        row["row_id"] = f"{self.stream}/p{self.partition}/{r['aggregate']}/{r['output']}/w{w}/{r['group_key']}"
+        return row
+
+    # -- checkpoint --------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"aggregator": self.aggregator.state_dict(),
+                "watermark": None if not np.isfinite(self.watermark) else float(self.watermark),
+                "open_window": self.open_window, "buffer": self.buffer}
+
+
+def _now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat()
+
+
+def for_partition(config, state_dir, app_id: str, partition: int, secret: bytes,
+                  checkpoint_state: dict | None) -> PartitionAggregates | None:
+    """The partition's aggregates (resumed from ``checkpoint_state["dp"]`` when present), or None when the
+    stream has no aggregates."""
+    if config.dp is None or not config.dp.aggregates:
+        return None
+    dp_state = (checkpoint_state or {}).get("dp")
+    return PartitionAggregates(config, partition, secret,
+                               ledger_path(state_dir, app_id, config.stream.name, partition), dp_state)
