@@ -320,7 +320,12 @@ class Engine:
         loss_rejected = np.zeros(len(buf), dtype=bool)
         if len(pending) == 0:
             return [], loss_rejected
-        raw = self.strategy.form_classes(buf.X[pending], buf.units[pending], self.k, self.space, rng)
+        extra = {}
+        if getattr(self.strategy, "uses_sensitive", False):
+            # Strategies with a diversity or severity rule (seeds 002, 003) see the sensitive columns too.
+            extra["sensitive"] = {f: [buf.sensitive[i][j] for i in pending]
+                                  for j, f in enumerate(self.config.sensitive)}
+        raw = self.strategy.form_classes(buf.X[pending], buf.units[pending], self.k, self.space, rng, **extra)
         seen = np.zeros(len(pending), dtype=bool)
         classes = []
         for local in raw:

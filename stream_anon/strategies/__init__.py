@@ -6,6 +6,7 @@ A strategy is a class with ``form_classes(X, units, k, space, rng) -> list[np.nd
 - ``k``: every returned class must hold records of at least k distinct units;
 - ``space``: the QI space (bounds, widths, weights, hierarchies) for distance and loss;
 - ``rng``: a seeded ``numpy.random.Generator`` (the only source of randomness).
+A strategy with ``uses_sensitive = True`` also gets ``sensitive=`` (sensitive field -> values of the rows).
 It returns arrays of row indices; rows in no class stay deferred. The engine checks the k condition again
 before it publishes anything, so a faulty strategy can cost utility, never privacy.
 
@@ -33,6 +34,8 @@ from stream_anon.strategies.heuristicmin import HeuristicMin  # noqa: E402
 STRATEGIES["heuristicmin"] = HeuristicMin
 from stream_anon.strategies.utility_clustering import UtilityClustering  # noqa: E402
 STRATEGIES["utility-clustering"] = UtilityClustering
+from stream_anon.strategies.severity import Severity  # noqa: E402
+STRATEGIES["severity"] = Severity
 
 
 def make_strategy(name: str, params: dict | None = None):
