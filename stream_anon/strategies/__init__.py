@@ -36,6 +36,8 @@ from stream_anon.strategies.utility_clustering import UtilityClustering  # noqa:
 STRATEGIES["utility-clustering"] = UtilityClustering
 from stream_anon.strategies.severity import Severity  # noqa: E402
 STRATEGIES["severity"] = Severity
+from stream_anon.strategies.grouping import Grouping  # noqa: E402
+STRATEGIES["grouping"] = Grouping
 
 
 def make_strategy(name: str, params: dict | None = None):

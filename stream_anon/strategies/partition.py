@@ -19,11 +19,14 @@ import numpy as np
 
 
 def median_partition(keys: np.ndarray, accept: Callable[[np.ndarray], bool], width: np.ndarray | None = None,
-                     dims: list[int] | None = None) -> list[np.ndarray]:
+                     dims: list[int] | None = None, relaxed: bool = False) -> list[np.ndarray]:
     """Parts (row-index arrays, in row order of their first member) of ``keys`` (n, D).
 
     A part is split at the median of its widest dimension (span / ``width``), trying the next widest when the
     halves are not both accepted; ``dims`` restricts the split dimensions (seed 002 splits on duration only).
+    ``relaxed``: cut the part's rows sorted by the dimension (ties by row order) in two equal halves, so equal
+    values may land on both sides (LeFevre et al.'s relaxed partitioning); strict: values below the median
+    against the rest.
     """
     n = len(keys)
     if n == 0:
@@ -46,11 +49,15 @@ def median_partition(keys: np.ndarray, accept: Callable[[np.ndarray], bool], wid
             if span[j] <= 0:
                 break
             col = sub[:, j]
-            median = np.partition(col, len(col) // 2)[len(col) // 2]
-            left = col < median
-            if not left.any():
-                left = col <= median
-            if left.all():
+            if relaxed:
+                left = np.zeros(len(col), bool)
+                left[np.argsort(col, kind="stable")[: len(col) // 2]] = True
+            else:
+                median = np.partition(col, len(col) // 2)[len(col) // 2]
+                left = col < median
+                if not left.any():
+                    left = col <= median
+            if left.all() or not left.any():
                 continue
             if accept(idx[left]) and accept(idx[~left]):
                 split = left

@@ -1,0 +1,226 @@
+"""Grouping (slicing-style) anonymization of bike-sharing trips (seed 002).
+
+Hasan, Jiang & Li, "An effective grouping method for privacy-preserving bike sharing data publishing",
+Future Internet 9(4), 2017 (../shared/papers/002_*.txt), after Slicing (Li, Li, Zhang & Molloy, TKDE 2012):
+
+1. **Attribute grouping**: attributes correlated by the mean-square contingency coefficient
+   phi^2(A1, A2) = 1/(min(d1, d2) - 1) sum_ij (f_ij - f_i. f_.j)^2 / (f_i. f_.j) share a column; distance
+   1 - phi^2, clustered by k-medoids (PAM). With a dozen attributes at most, the PAM objective is minimized
+   exactly by trying every medoid set [ours: exact, deterministic]. A float attribute is first cut into
+   ``bins`` equal-width bins [ours; the paper works on value frequencies]; integers and labels are used as is.
+2. **Tuple grouping**: Mondrian-style top-down splits **without generalization** into buckets, on
+   ``bucket_by`` (the paper: trip duration, by its toy example), using relaxed median cuts (the sorted rows
+   halved; ties may straddle), which reproduces the paper's toy buckets.
+3. **Column permutation**: in each bucket, every column's values are permuted at random (a multi-attribute
+   column moves as one), breaking the links between columns.
+4. **Column generalization**: attributes in ``generalize`` are published at a given hierarchy node (the
+   paper: Gender -> "Person").
+5. **Privacy check** (Slicing's l-diversity): a split is kept only if both buckets pass. For tuple t and
+   bucket B, Slicing's p(t, s) = sum_B p(t, B) p(s | t, B) is a convex combination of the p(s | t, B), so
+   requiring p(s | t, B) <= 1/l in every bucket (the share of s among the bucket's tuples that agree with t
+   on the QI part of the sensitive column) makes every tuple l-diverse [ours: a sufficient check that is
+   local to a bucket, so a split can be tested on its own]. ``k`` additionally asks for k distinct
+   individuals per bucket (the stream's requirement: one rider has many trips).
+
+The batch form returns a DataFrame of original values permuted within buckets. The engine adapter
+(:class:`Grouping`) forms the same l-diverse buckets over a window, but the engine publishes a bucket as the
+members' generalized box, never permuted raw values: permutation keeps every exact value, which the engine's
+published-class contract does not allow. Use :func:`grouping_anonymize` for the paper's release.
+
+>>> import pandas as pd
+>>> df = pd.DataFrame({"d": [5, 1, 4, 2, 6, 3], "s": list("abcabc")})
+>>> res = grouping_anonymize(df, bucket_by=["d"], sensitive=["s"], l=3, columns=[["d"], ["s"]])
+>>> [sorted(b.tolist()) for b in res.buckets]      # longer trips (rows 0, 2, 4), shorter trips
+[[0, 2, 4], [1, 3, 5]]
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from stream_anon.strategies.mondrian import _distinct
+from stream_anon.strategies.partition import median_partition
+
+MAX_EXACT_ATTRIBUTES = 16
+
+
+def _discrete(col: pd.Series, bins: int) -> pd.Series:
+    if pd.api.types.is_float_dtype(col) and col.nunique() > bins:   # continuous values only; codes stay
+        return pd.cut(col, bins, labels=False)
+    return col.astype(str)
+
+
+def phi_squared(a: pd.Series, b: pd.Series) -> float:
+    """Mean-square contingency coefficient of two discrete columns (Slicing, Sec. 3.1), in [0, 1]."""
+    table = pd.crosstab(a, b).to_numpy(dtype=float)
+    d = min(table.shape)
+    if d < 2:
+        return 0.0
+    f = table / table.sum()
+    expected = f.sum(axis=1, keepdims=True) * f.sum(axis=0, keepdims=True)
+    return float(((f - expected) ** 2 / expected).sum() / (d - 1))
+
+
+def attribute_distances(df: pd.DataFrame, attributes: Sequence[str], bins: int = 10) -> np.ndarray:
+    """1 - phi^2 between every pair of attributes."""
+    disc = {a: _discrete(df[a], bins) for a in attributes}
+    m = len(attributes)
+    out = np.zeros((m, m))
+    for i, j in itertools.combinations(range(m), 2):
+        out[i, j] = out[j, i] = 1.0 - phi_squared(disc[attributes[i]], disc[attributes[j]])
+    return out
+
+
+def k_medoids(distance: np.ndarray, n_clusters: int) -> tuple[np.ndarray, list[int]]:
+    """Exact PAM objective minimum (sum of distances to the nearest medoid) over every medoid set; ties go
+    to the lexicographically first set. Returns labels (index of the medoid among ``medoids``) and medoids."""
+    m = len(distance)
+    if not 1 <= n_clusters <= m:
+        raise ValueError(f"grouping.n_columns: between 1 and {m} attributes, got {n_clusters}")
+    if m > MAX_EXACT_ATTRIBUTES:
+        raise ValueError(f"grouping: at most {MAX_EXACT_ATTRIBUTES} attributes for exact k-medoids, got {m}")
+    best, best_cost = None, np.inf
+    for medoids in itertools.combinations(range(m), n_clusters):
+        cost = distance[:, medoids].min(axis=1).sum()
+        if cost < best_cost - 1e-12:
+            best, best_cost = list(medoids), cost
+    labels = np.argmin(distance[:, best], axis=1)
+    labels[best] = np.arange(n_clusters)        # a medoid belongs to its own cluster, even at distance ties
+    return labels, best
+
+
+def group_attributes(df: pd.DataFrame, attributes: Sequence[str], n_columns: int, bins: int = 10
+                     ) -> list[list[str]]:
+    """Columns (lists of attributes) by k-medoids on 1 - phi^2, in the order of their first attribute."""
+    labels, _ = k_medoids(attribute_distances(df, list(attributes), bins), n_columns)
+    groups: dict[int, list[str]] = {}
+    for a, lab in zip(attributes, labels):
+        groups.setdefault(int(lab), []).append(a)
+    return list(groups.values())
+
+
+class DiversityCheck:
+    """Per-bucket l-diversity of Slicing: p(s | t, B) <= 1/l for every tuple t of the bucket (see module doc),
+    plus at least ``k`` distinct individuals."""
+
+    def __init__(self, sensitive_codes: np.ndarray, qi_part_codes: np.ndarray | None, l: int, units=None,
+                 k: int = 1):
+        self.s, self.q, self.l, self.units, self.k = sensitive_codes, qi_part_codes, l, units, k
+
+    def __call__(self, idx: np.ndarray) -> bool:
+        if self.units is not None and _distinct(self.units[idx]) < self.k:
+            return False
+        if len(idx) < self.l:
+            return False
+        s = self.s[idx]
+        if self.q is None:
+            return np.bincount(s).max() * self.l <= len(idx)
+        q = self.q[idx]
+        pair = pd.DataFrame({"q": q, "s": s})
+        per_pair = pair.groupby(["q", "s"]).size()
+        per_q = pair.groupby("q").size()
+        return bool((per_pair * self.l <= per_q.reindex(per_pair.index.get_level_values(0)).to_numpy()).all())
+
+
+def _codes(df: pd.DataFrame, cols: Sequence[str]) -> np.ndarray | None:
+    if not cols:
+        return None
+    key = df[list(cols)].astype(str).agg("\x1f".join, axis=1) if len(cols) > 1 else df[cols[0]].astype(str)
+    return pd.factorize(key)[0]
+
+
+@dataclass
+class GroupingResult:
+    buckets: list[np.ndarray]          # row positions per bucket
+    columns: list[list[str]]           # attribute groups (permuted together)
+    released: pd.DataFrame             # permuted values, ``bucket`` column; rows in bucket order
+    suppressed: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+
+
+def grouping_anonymize(df: pd.DataFrame, bucket_by: Sequence[str], sensitive: Sequence[str], l: int,
+                       columns: Sequence[Sequence[str]] | None = None, attributes: Sequence[str] | None = None,
+                       n_columns: int | None = None, individual: str | None = None, k: int = 1,
+                       generalize: Mapping[str, str] | None = None, bins: int = 10, seed: int = 0
+                       ) -> GroupingResult:
+    """Seed 002's Grouping on a DataFrame.
+
+    ``bucket_by``: numeric columns the buckets are split on (the paper: trip duration). ``sensitive``: the
+    attributes whose values must be l-diverse (the paper: start/end time); they must lie in one column.
+    ``columns``: the attribute groups, or ``None`` to compute them from ``attributes`` with ``n_columns``
+    k-medoids clusters. ``generalize``: attribute -> published label (e.g. ``{"gender": "Person"}``).
+    Rows of ``df`` outside every bucket (the whole table fails the check) are suppressed.
+    Returns the buckets and the released table: for each bucket its rows with each column's values permuted
+    together (``bucket`` column added; the released index is the source row the *first* column came from).
+    """
+    if not isinstance(l, int) or l < 1:
+        raise ValueError(f"grouping.l: a positive integer, got {l!r}")
+    if not isinstance(k, int) or k < 1:
+        raise ValueError(f"grouping.k: a positive integer, got {k!r}")
+    if columns is None:
+        if attributes is None or n_columns is None:
+            raise ValueError("grouping: give columns, or attributes and n_columns for k-medoids")
+        columns = group_attributes(df, attributes, n_columns, bins)
+    columns = [list(c) for c in columns]
+    holding = [c for c in columns if set(sensitive) & set(c)]
+    if len(holding) != 1 or not set(sensitive) <= set(holding[0]):
+        raise ValueError(f"grouping.sensitive: {list(sensitive)} must all lie in one column of {columns}")
+    qi_part = [a for a in holding[0] if a not in sensitive]
+    units = pd.factorize(df[individual])[0] if individual else None
+    check = DiversityCheck(_codes(df, sensitive), _codes(df, qi_part), l, units, k)
+    keys = df[list(bucket_by)].to_numpy(dtype=float)
+    buckets = median_partition(keys, check, relaxed=True)
+    rng = np.random.default_rng(seed)
+    parts = []
+    for b, rows in enumerate(buckets):
+        piece = {}
+        first = None
+        for cols in columns:
+            perm = rows[rng.permutation(len(rows))]
+            first = perm if first is None else first
+            for a in cols:
+                piece[a] = df[a].to_numpy()[perm]
+        out = pd.DataFrame(piece, index=df.index[first])[[a for c in columns for a in c]]
+        out["bucket"] = b
+        parts.append(out)
+    released = pd.concat(parts) if parts else pd.DataFrame(columns=[a for c in columns for a in c] + ["bucket"])
+    for a, label in (generalize or {}).items():
+        released[a] = label
+    placed = np.concatenate(buckets) if buckets else np.empty(0, np.int64)
+    return GroupingResult(buckets, columns, released, np.setdiff1d(np.arange(len(df)), placed))
+
+
+class Grouping:
+    """Engine adapter: l-diverse buckets over a window (relaxed median splits), each with k individuals.
+
+    Parameters: ``field`` (sensitive field whose values must be l-diverse per bucket), ``l``, ``split_on``
+    (QI names whose dimensions are split, default all; the paper splits on trip duration), ``relaxed``.
+    The engine publishes each bucket as its generalized box (see the module docstring for why not the
+    permuted values).
+    """
+    name = "grouping"
+    uses_sensitive = True
+
+    def __init__(self, field: str = "", l: int = 2, split_on: Sequence[str] | None = None, relaxed: bool = True):
+        if not isinstance(field, str) or not field:
+            raise ValueError("grouping.field: the sensitive field to keep l-diverse is required")
+        if isinstance(l, bool) or not isinstance(l, int) or l < 1:
+            raise ValueError(f"grouping.l: a positive integer, got {l!r}")
+        self.field, self.l, self.split_on, self.relaxed = field, l, list(split_on or []), bool(relaxed)
+
+    def form_classes(self, X, units, k, space, rng=None, sensitive=None) -> list[np.ndarray]:
+        if sensitive is None or self.field not in sensitive:
+            raise ValueError(f"grouping.field: {self.field!r} is not a configured sensitive field")
+        codes = pd.factorize(pd.Series(sensitive[self.field], dtype=object).astype(str))[0]
+        dims = None
+        if self.split_on:
+            names = [space.qis[o].name for o in space.owner]
+            unknown = set(self.split_on) - set(names)
+            if unknown:
+                raise ValueError(f"grouping.split_on: unknown quasi-identifiers {sorted(unknown)}")
+            dims = [d for d, nm in enumerate(names) if nm in self.split_on]
+        check = DiversityCheck(codes, None, self.l, np.asarray(units), k)
+        return median_partition(X, check, width=space.width, dims=dims, relaxed=self.relaxed)
