@@ -124,6 +124,11 @@ class BudgetLedger:
     def is_stopped(self, aggregate: str) -> bool:
         return aggregate in self._exhausted
 
+    def spent_through(self, window: int) -> float:
+        """Total charged for windows <= ``window`` (integer window ids): unlike :attr:`spent` it does not depend on
+        how far a crashed worker got before its restart, so a re-produced release shows the same figure."""
+        return float(sum(e for (_, w), e in self._entries.items() if int(w) <= window))
+
     def exhausted_at(self, aggregate: str) -> str | None:
         """The window at which the aggregate was stopped, or None."""
         e = self._exhausted.get(aggregate)

@@ -153,9 +153,12 @@ class PartitionAggregates:
         out = self.aggregator.process_window(w, self.buffer)    # reserves (and writes) the ledger first
         self.buffer = []
         now = _now_iso()
+        spent = {}                 # window -> ledger total through it (gap windows are released here too)
         for r in out:
             if r["type"] == "aggregate":
-                rows.append(self.aggregate_row(r))
+                if r["window"] not in spent:
+                    spent[r["window"]] = self.ledger.spent_through(r["window"])
+                rows.append(self.aggregate_row(r, spent[r["window"]]))
             else:                                              # budget_exhausted
                 metrics.append({**r, "partition": self.partition, "ts": now})
         wm = self.aggregator.window_metrics
@@ -163,12 +166,12 @@ class PartitionAggregates:
                         "window_start": _iso(w * self.window_s), "window_end": _iso((w + 1) * self.window_s),
                         "epsilon_spent": self.ledger.spent, "epsilon_budget": self.ledger.epsilon_budget})
 
-    def aggregate_row(self, r: dict) -> dict:
+    def aggregate_row(self, r: dict, spent_through: float) -> dict:
         """One ``anon.aggregates`` value: the aggregator's row plus partition, window bounds, the ledger's total
-        after this window, and ``row_id`` (dedupe key: a re-produced row is identical)."""
+        through this window, and ``row_id`` (dedupe key: a re-produced row is identical)."""
         w = r["window"]
         row = {**r, "partition": self.partition, "window_start": _iso(w * self.window_s),
-               "window_end": _iso((w + 1) * self.window_s), "ledger_epsilon_spent": self.ledger.spent,
+               "window_end": _iso((w + 1) * self.window_s), "ledger_epsilon_spent": spent_through,
                "ledger_epsilon_budget": self.ledger.epsilon_budget}
         row["row_id"] = f"{self.stream}/p{self.partition}/{r['aggregate']}/{r['output']}/w{w}/{r['group_key']}"
         return row
