@@ -38,6 +38,8 @@ from stream_anon.strategies.severity import Severity  # noqa: E402
 STRATEGIES["severity"] = Severity
 from stream_anon.strategies.grouping import Grouping  # noqa: E402
 STRATEGIES["grouping"] = Grouping
+from stream_anon.strategies.cardata import CarData  # noqa: E402
+STRATEGIES["car-data"] = CarData
 
 
 def make_strategy(name: str, params: dict | None = None):

@@ -1,0 +1,229 @@
+"""The car-data approaches of seed 004, with k counted in individuals (drivers, vehicles).
+
+Singer, "Enhancing privacy in car data: anonymization techniques and metrics evaluation", MSc thesis,
+University of Stuttgart 2023 (../shared/papers/004_*.txt, Sec. 4.3), where ARX 3.9.1 and diffprivlib 0.6 did:
+
+1. **Generalization** (:func:`cardata_generalize`, strategy ``"car-data"``): the QIs (Engine, Body, Seats,
+   derived from the VIN) are generalized along their hierarchies so that every class holds at least k
+   **individuals**; a class below k is suppressed (with its individuals' trips), up to ``suppression_limit``
+   (the thesis: 100%). ARX's search is replaced by an exhaustive walk of the generalization lattice
+   (levels = steps up each hierarchy; full-domain recoding) minimizing the loss with suppressed records
+   counted 1 [ours: deterministic and exact for the few QIs of this data]. Each class is then published as
+   the lowest common ancestor of its members (local recoding, as the thesis configured ARX): never wider
+   than the lattice node, sometimes narrower ("Gas" rather than its unary parent "Fuel").
+2. **Mode microaggregation** (:func:`cardata_microaggregate`): the same classes, each QI replaced by the most
+   frequent value among the class's individuals (each individual counted once; ties to the first leaf).
+3. **Contingency-table synthesis** (:func:`cardata_synthesize`): the per-individual QI tuples are counted over
+   the whole leaf domain (fixed by the hierarchies, so absent combinations get noise too), optionally with
+   truncated Laplace noise (diffprivlib ``LaplaceTruncated``, lower bound 0, sensitivity 1: each individual
+   adds one tuple), and every individual gets a tuple sampled from the (noisy) table. Only the QIs are
+   synthesized; the trips' other fields are kept, as in the thesis.
+
+An individual's QIs must be constant over its records (the VIN properties are); otherwise a ValueError.
+
+>>> import pandas as pd
+>>> from stream_anon.hierarchy import Hierarchy
+>>> h = Hierarchy.from_nested({"?": {"With E": ["EV", "Hybrid"], "Fuel": ["Gas"]}})
+>>> df = pd.DataFrame({"driver": [1, 2, 3, 4], "engine": ["EV", "Hybrid", "Gas", "Gas"]})
+>>> res = cardata_generalize(df, {"engine": h}, "driver", k=2)
+>>> res.released["engine"].tolist(), res.levels
+(['With E', 'With E', 'Gas', 'Gas'], {'engine': 1})
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+import pandas as pd
+
+from stream_anon.hierarchy import Hierarchy
+from stream_anon.strategies.heuristicmin import interval_hierarchy
+from stream_anon.strategies.tabular import generalize_classes
+
+MAX_LATTICE = 20_000
+
+
+def _ancestor_tables(h: Hierarchy) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Per level L (0..height): for each leaf code, the node L steps up (capped at the root), as
+    (node lo code, node loss) arrays; the node's leaf range identifies it."""
+    height = max(h.depth(leaf) for leaf in h.leaves)
+    parents = {c: p for p, c in h.graph.edges}
+    lo_tables, loss_tables = [], []
+    current = list(h.leaves)
+    for _ in range(height + 1):
+        ranges = np.array([h.node_range(n) for n in current])
+        lo_tables.append(ranges[:, 0] * (h.n_leaves + 1) + ranges[:, 1])
+        loss_tables.append((ranges[:, 1] - ranges[:, 0]) / max(h.n_leaves - 1, 1))
+        current = [parents.get(n, n) for n in current]
+    return lo_tables, loss_tables
+
+
+def lattice_classes(codes: np.ndarray, hierarchies: list[Hierarchy], units: np.ndarray, k: int,
+                    suppression_limit: float = 1.0, weights: np.ndarray | None = None
+                    ) -> tuple[tuple[int, ...], np.ndarray]:
+    """Best full-domain generalization with suppression, k counted in distinct ``units``.
+
+    ``codes``: (n, D) leaf codes (-1 = missing, generalized to the root). Returns the chosen levels and a
+    class label per record (-1 = suppressed). Loss = mean over records of the weighted node loss, 1 for a
+    suppressed record; ties go to the node with fewer generalization steps, then the first in order."""
+    n, D = codes.shape
+    w = np.ones(D) / D if weights is None else np.asarray(weights, float) / np.sum(weights)
+    tables = [_ancestor_tables(h) for h in hierarchies]
+    sizes = [len(t[0]) for t in tables]
+    if int(np.prod(sizes)) > MAX_LATTICE:
+        raise ValueError(f"car-data: generalization lattice of {int(np.prod(sizes))} nodes is too large")
+    uid = pd.factorize(units)[0]
+    best = None
+    for levels in itertools.product(*[range(s) for s in sizes]):
+        node = np.empty((n, D), np.int64)
+        loss = np.zeros(n)
+        for d, (lvl, (lo_t, loss_t)) in enumerate(zip(levels, tables)):
+            c = codes[:, d]
+            top = len(lo_t) - 1
+            node[:, d] = np.where(c >= 0, lo_t[lvl][np.clip(c, 0, None)], lo_t[top][0])
+            loss += w[d] * np.where(c >= 0, loss_t[lvl][np.clip(c, 0, None)], 1.0)
+        _, label = np.unique(node, axis=0, return_inverse=True)
+        label = label.ravel()
+        pairs = np.unique(np.stack([label, uid], axis=1), axis=0)
+        individuals = np.bincount(pairs[:, 0], minlength=label.max() + 1)
+        small = individuals[label] < k
+        if small.mean() > suppression_limit:
+            continue
+        score = (np.where(small, 1.0, loss).mean(), sum(levels))
+        if best is None or score < best[0]:
+            best = (score, levels, np.where(small, -1, label))
+    if best is None:
+        return tuple(s - 1 for s in sizes), np.full(n, -1)
+    return best[1], best[2]
+
+
+@dataclass
+class CarDataResult:
+    classes: list[np.ndarray]          # row positions per class
+    suppressed: np.ndarray             # row positions
+    levels: dict[str, int]             # generalization steps per QI
+    released: pd.DataFrame
+
+
+def _frame_codes(df: pd.DataFrame, qis: Mapping[str, Hierarchy], individual: str) -> np.ndarray:
+    per = df.groupby(individual)[list(qis)].nunique(dropna=False)
+    varying = per.columns[(per > 1).any()].tolist()
+    if varying:
+        raise ValueError(f"car-data: {varying} vary within an individual; QIs must be per individual")
+    cols = []
+    for q, h in qis.items():
+        c = h.codes(None if pd.isna(v) else str(v) for v in df[q])
+        bad = df[q][(c < 0) & df[q].notna().to_numpy()]
+        if len(bad):
+            raise ValueError(f"car-data: {q} value {bad.iloc[0]!r} is not a leaf of its hierarchy")
+        cols.append(c)
+    return np.stack(cols, axis=1)
+
+
+def cardata_generalize(df: pd.DataFrame, qis: Mapping[str, Hierarchy], individual: str, k: int,
+                       suppression_limit: float = 1.0) -> CarDataResult:
+    """Approach 1: hierarchy generalization with suppression, k in individuals (see module doc)."""
+    if not isinstance(k, int) or k < 1:
+        raise ValueError(f"car-data.k: a positive integer, got {k!r}")
+    if not 0 <= suppression_limit <= 1:
+        raise ValueError(f"car-data.suppression_limit: in [0, 1], got {suppression_limit!r}")
+    codes = _frame_codes(df, qis, individual)
+    levels, label = lattice_classes(codes, list(qis.values()), df[individual].to_numpy(), k, suppression_limit)
+    classes = [np.flatnonzero(label == c) for c in np.unique(label[label >= 0])]
+    released = generalize_classes(df, classes, qis)
+    return CarDataResult(classes, np.flatnonzero(label < 0), dict(zip(qis, map(int, levels))), released)
+
+
+def cardata_microaggregate(df: pd.DataFrame, qis: Mapping[str, Hierarchy], individual: str,
+                           generalized: CarDataResult) -> pd.DataFrame:
+    """Approach 2: the generalization's classes, each QI set to the mode over the class's individuals."""
+    out = generalized.released.copy()
+    for rows in generalized.classes:
+        people = df.iloc[rows].drop_duplicates(individual)
+        for q, h in qis.items():
+            counts = people[q].astype(str).value_counts()
+            top = counts[counts == counts.max()].index
+            mode = min(top, key=h.code)                 # ties: first leaf in hierarchy order
+            idx = df.index[rows]
+            out.loc[idx, q] = mode
+    return out
+
+
+def cardata_synthesize(df: pd.DataFrame, qis: Mapping[str, Hierarchy], individual: str,
+                       epsilon: float | None = None, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Approach 3: QIs sampled per individual from the (optionally DP) contingency table.
+
+    Returns the synthetic records (``df`` with each individual's QIs replaced) and the published table
+    (every leaf combination with its count, noisy when ``epsilon`` is given)."""
+    if epsilon is not None and not (isinstance(epsilon, (int, float)) and epsilon > 0):
+        raise ValueError(f"car-data.epsilon: a positive number or None, got {epsilon!r}")
+    codes = _frame_codes(df, qis, individual)
+    first = ~df[individual].duplicated().to_numpy()
+    people = df[individual].to_numpy()[first]
+    per_person = codes[first]
+    shape = [h.n_leaves for h in qis.values()]
+    cells = int(np.prod(shape))
+    if cells > 1_000_000:
+        raise ValueError(f"car-data: contingency table of {cells} cells is too large")
+    known = (per_person >= 0).all(axis=1)
+    flat = np.ravel_multi_index(per_person[known].T, shape) if known.any() else np.empty(0, np.int64)
+    counts = np.bincount(flat, minlength=cells).astype(float)
+    rng = np.random.default_rng(seed)
+    if epsilon is not None:
+        from diffprivlib.mechanisms import LaplaceTruncated
+
+        mech = LaplaceTruncated(epsilon=float(epsilon), sensitivity=1, lower=0, upper=len(people),
+                                random_state=np.random.RandomState(seed))
+        counts = np.array([mech.randomise(c) for c in counts])
+    p = counts / counts.sum() if counts.sum() > 0 else np.full(cells, 1.0 / cells)
+    drawn = np.unravel_index(rng.choice(cells, size=len(people), p=p), shape)
+    synth = df.copy()
+    who = pd.Series(np.arange(len(people)), index=people)
+    row_person = who.reindex(df[individual]).to_numpy()
+    for d, (q, h) in enumerate(qis.items()):
+        synth[q] = np.array(h.leaves, dtype=object)[drawn[d]][row_person]
+    grid = pd.DataFrame(list(itertools.product(*[h.leaves for h in qis.values()])), columns=list(qis))
+    grid["count"] = counts
+    return synth, grid
+
+
+class CarData:
+    """Engine adapter of approach 1: full-domain generalization with suppression over a window, k counted in
+    individuals. Categorical dimensions use their hierarchy; numeric ones a binary interval tree of
+    ``numeric_depth`` levels over the configured bounds. Records of suppressed classes stay deferred (the
+    engine suppresses them at their deadline unless an earlier class covers them)."""
+    name = "car-data"
+
+    def __init__(self, numeric_depth: int = 3, suppression_limit: float = 1.0):
+        if isinstance(numeric_depth, bool) or not isinstance(numeric_depth, int) or not 1 <= numeric_depth <= 8:
+            raise ValueError(f"car-data.numeric_depth: an integer in 1..8, got {numeric_depth!r}")
+        if not isinstance(suppression_limit, (int, float)) or not 0 <= suppression_limit <= 1:
+            raise ValueError(f"car-data.suppression_limit: in [0, 1], got {suppression_limit!r}")
+        self.numeric_depth, self.suppression_limit = numeric_depth, float(suppression_limit)
+        self._trees: dict = {}
+
+    def form_classes(self, X, units, k, space, rng=None) -> list[np.ndarray]:
+        n, D = X.shape
+        if n == 0:
+            return []
+        codes = np.empty((n, D), np.int64)
+        hier = []
+        for d in range(D):
+            qi = space.qis[space.owner[d]]
+            missing = X[:, d] < space.lower[d]
+            if qi.kind in ("categorical", "station"):
+                h = qi.hierarchy
+                codes[:, d] = np.where(missing, -1, X[:, d]).astype(np.int64)
+            else:
+                key = (float(space.lower[d]), float(space.upper[d]))
+                if key not in self._trees:
+                    self._trees[key] = interval_hierarchy(*key, self.numeric_depth)
+                h = self._trees[key]
+                pos = (X[:, d] - space.lower[d]) / (space.width[d] or 1.0) * h.n_leaves
+                codes[:, d] = np.where(missing, -1, np.clip(pos.astype(np.int64), 0, h.n_leaves - 1))
+            hier.append(h)
+        _, label = lattice_classes(codes, hier, np.asarray(units), k, self.suppression_limit,
+                                   weights=space.weight)
+        return [np.flatnonzero(label == c) for c in np.unique(label[label >= 0])]
