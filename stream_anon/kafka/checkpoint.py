@@ -1,7 +1,9 @@
 """Per-partition checkpoints of the worker (docs/contracts.md section 6).
 
-``<state_dir>/<app_id>/<stream>-p<partition>.json`` holds ``{"version", "app_id", "stream", "topic", "partition",
-"offset", "state", "written_at"}``: the engine state after processing every input offset <= ``offset``. Writes are
+``<state_dir>/<app_id>/<stream>-p<partition>.json`` holds two JSON documents, one per line: a header
+``{"version", "app_id", "stream", "topic", "partition", "offset", "written_at"}`` and then the engine state after
+processing every input offset <= ``offset``. The header comes first so that the offset can be read without parsing
+the state (the worker checks it before every write; parsing a large state there cost 10% of its time). Writes are
 atomic (temporary file in the same directory, fsync, ``os.replace``, fsync of the directory), so a crash leaves
 either the old or the new checkpoint, never a torn one. The worker acknowledges input to faust only after the
 checkpoint covering it is on disk, so faust never commits an offset past the checkpoint; on restart the worker skips
@@ -16,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-VERSION = 1
+VERSION = 2
 
 
 class CheckpointError(RuntimeError):
@@ -56,9 +58,10 @@ def write_checkpoint(state_dir: str | Path, app_id: str, stream: str, topic: str
     """Atomically write the checkpoint of one partition."""
     path = checkpoint_path(state_dir, app_id, stream, partition)
     path.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"version": VERSION, "app_id": app_id, "stream": stream, "topic": topic, "partition": partition,
-           "offset": int(offset), "written_at": time.time(), "state": state}
-    data = json.dumps(doc, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    header = {"version": VERSION, "app_id": app_id, "stream": stream, "topic": topic, "partition": partition,
+              "offset": int(offset), "written_at": time.time()}
+    data = b"\n".join(json.dumps(doc, separators=(",", ":"), allow_nan=False).encode("utf-8")
+                      for doc in (header, state))
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -76,25 +79,41 @@ def write_checkpoint(state_dir: str | Path, app_id: str, stream: str, topic: str
     return path
 
 
+def _read_header(path: Path, fh) -> dict:
+    try:
+        header = json.loads(fh.readline())
+        if header.get("version") != VERSION:
+            raise CheckpointError(f"{path}: unsupported checkpoint version {header.get('version')!r}")
+        int(header["offset"])
+        return header
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CheckpointError(f"{path}: unreadable checkpoint header: {exc}") from exc
+
+
 def read_checkpoint(state_dir: str | Path, app_id: str, stream: str, partition: int) -> Checkpoint | None:
     """The checkpoint of one partition, or None if there is none."""
     path = checkpoint_path(state_dir, app_id, stream, partition)
     try:
-        raw = path.read_bytes()
+        fh = path.open("rb")
     except FileNotFoundError:
         return None
-    try:
-        doc = json.loads(raw)
-        if doc.get("version") != VERSION:
-            raise CheckpointError(f"{path}: unsupported checkpoint version {doc.get('version')!r}")
-        return Checkpoint(offset=int(doc["offset"]), state=doc["state"], stream=doc["stream"], topic=doc["topic"],
-                          partition=int(doc["partition"]), app_id=doc["app_id"],
-                          written_at=float(doc.get("written_at", 0.0)))
-    except (ValueError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"{path}: unreadable checkpoint: {exc}") from exc
+    with fh:
+        header = _read_header(path, fh)
+        try:
+            state = json.loads(fh.read())
+            return Checkpoint(offset=int(header["offset"]), state=state, stream=header["stream"],
+                              topic=header["topic"], partition=int(header["partition"]), app_id=header["app_id"],
+                              written_at=float(header.get("written_at", 0.0)))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CheckpointError(f"{path}: unreadable checkpoint: {exc}") from exc
 
 
 def checkpointed_offset(state_dir: str | Path, app_id: str, stream: str, partition: int) -> int:
-    """Last checkpointed input offset of a partition, -1 if none (read without keeping the state)."""
-    cp = read_checkpoint(state_dir, app_id, stream, partition)
-    return -1 if cp is None else cp.offset
+    """Last checkpointed input offset of a partition, -1 if none (reads the header line only)."""
+    path = checkpoint_path(state_dir, app_id, stream, partition)
+    try:
+        fh = path.open("rb")
+    except FileNotFoundError:
+        return -1
+    with fh:
+        return int(_read_header(path, fh)["offset"])
