@@ -64,6 +64,25 @@ def emd_hierarchical(p: pd.Series, q: pd.Series, h: Hierarchy) -> float:
     return total
 
 
+def _class_equal_emd(s: pd.Series, classes: np.ndarray, q: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """Per class: (records, equal-distance EMD between the class's sensitive distribution and q), vectorized.
+
+    Same value as ``emd_equal(group.value_counts(normalize=True), q)`` per class: values absent from a class
+    contribute q_v, so EMD = 1/2 (sum over present v of |p_v - q_v| + 1 - sum over present v of q_v); a class
+    with no non-missing value has an empty p and EMD 1/2 sum q."""
+    df = pd.DataFrame({"c": classes, "s": s.to_numpy()})
+    sizes = df.groupby("c", sort=True).size()
+    present = df.dropna(subset=["s"])
+    counts = present.groupby(["c", "s"]).size()
+    p = counts / counts.groupby(level=0).transform("sum")
+    qv = q.reindex(p.index.get_level_values(1)).fillna(0.0).to_numpy()
+    diff = pd.Series(np.abs(p.to_numpy() - qv), index=p.index).groupby(level=0).sum()
+    covered = pd.Series(qv, index=p.index).groupby(level=0).sum()
+    d = 0.5 * (diff + float(q.sum()) - covered)
+    d = d.reindex(sizes.index, fill_value=0.5 * float(q.sum()))
+    return sizes.to_numpy(dtype=float), d.to_numpy(dtype=float)
+
+
 def _preorder(h: Hierarchy):
     stack = [h.root]
     while stack:
@@ -78,6 +97,9 @@ def emd(r: Release, kind: str = "equal", hierarchy: Hierarchy | None = None, bas
     Q is the sensitive distribution of the released table T' (``base="released"``, as the thesis defines
     and computes it) or of the original table (``base="original"``)."""
     s, classes, q = _distributions(r, base)
+    if kind == "equal":
+        _, d = _class_equal_emd(s, classes, q)
+        return float(max(0.0, d.max())) if len(d) else 0.0
     worst = 0.0
     for _, group in s.groupby(classes):
         p = group.value_counts(normalize=True)
@@ -96,14 +118,13 @@ def emd(r: Release, kind: str = "equal", hierarchy: Hierarchy | None = None, bas
 def g_balance(r: Release) -> float:
     """M_GB = min over classes of 1 - sum_i (c_i / sum_j c_j)^2, c_i records of individual i in the class
     (Ullah et al. 2020; thesis Sec. 4.2.10). 0 when one individual fills a class."""
-    who = r.individuals()
-    worst = 1.0
-    found = False
-    for _, group in who.groupby(r.class_ids().to_numpy()):
-        c = group.value_counts(normalize=True).to_numpy()
-        worst = min(worst, 1.0 - float((c ** 2).sum()))
-        found = True
-    return worst if found else 0.0
+    df = pd.DataFrame({"c": r.class_ids().to_numpy(), "who": r.individuals().to_numpy()})
+    if df.empty:
+        return 0.0
+    counts = df.groupby(["c", "who"]).size()
+    share = counts / counts.groupby(level=0).transform("sum")
+    balance = 1.0 - (share ** 2).groupby(level=0).sum()
+    return float(min(1.0, balance.min()))
 
 
 def h_affiliation(r: Release, ignore=()) -> float:
@@ -126,6 +147,9 @@ def knowledge_gain(r: Release, variant: str = "additive", base: str = "released"
     log 0 := 0. The definition takes p(T, .) from the original table, the thesis's worked example from the
     released one (probabilities out of 8 released trips): ``base`` chooses, default as the example."""
     s, classes, q = _distributions(r, base)
+    if variant == "additive":
+        sizes, d = _class_equal_emd(s, classes, q)
+        return float((sizes * d).sum() / len(s)) if len(s) else 0.0
     total = 0.0
     for _, group in s.groupby(classes):
         p = group.value_counts(normalize=True)
