@@ -192,11 +192,12 @@ def cardata_synthesize(df: pd.DataFrame, qis: Mapping[str, Hierarchy], individua
 class CarData:
     """Engine adapter of approach 1: full-domain generalization with suppression over a window, k counted in
     individuals. Categorical dimensions use their hierarchy; numeric ones a binary interval tree of
-    ``numeric_depth`` levels over the configured bounds. Records of suppressed classes stay deferred (the
+    ``numeric_depth`` levels over the configured bounds (2 by default: the lattice has (depth + 1) nodes per
+    numeric dimension, multiplied over dimensions, and is searched exhaustively every window). Records of suppressed classes stay deferred (the
     engine suppresses them at their deadline unless an earlier class covers them)."""
     name = "car-data"
 
-    def __init__(self, numeric_depth: int = 3, suppression_limit: float = 1.0):
+    def __init__(self, numeric_depth: int = 2, suppression_limit: float = 1.0):
         if isinstance(numeric_depth, bool) or not isinstance(numeric_depth, int) or not 1 <= numeric_depth <= 8:
             raise ValueError(f"car-data.numeric_depth: an integer in 1..8, got {numeric_depth!r}")
         if not isinstance(suppression_limit, (int, float)) or not 0 <= suppression_limit <= 1:
