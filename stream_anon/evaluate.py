@@ -270,16 +270,27 @@ class Anonymized:
     runtime_s: float
 
 
-def make(name: str, l: int | None = None):
-    """A registered strategy with default parameters (``l`` passed to strategies that take it)."""
+def make(name: str, table: EvalTable | None = None, l: int | None = None):
+    """A registered strategy with default parameters, plus what the dataset must supply:
+
+    - ``l`` to strategies that take it (default 2 for those that need one);
+    - ``field`` = the table's sensitive column to strategies with ``uses_sensitive`` (grouping, severity);
+    - severity: these data have no severity categories (seed 003's Table 1 is about crimes), so every value
+      gets severity l [our choice]: k_min stays k and the AS_e <= l_e rule becomes distinct l-diversity."""
     from stream_anon.strategies import STRATEGIES
 
     if name not in STRATEGIES:
         raise KeyError(f"unknown strategy {name!r} (registered: {sorted(STRATEGIES)})")
     cls = STRATEGIES[name]
+    accepted = inspect.signature(cls).parameters
     params = {}
-    if l is not None and "l" in inspect.signature(cls).parameters:
+    if l is not None and "l" in accepted:
         params["l"] = l
+    if getattr(cls, "uses_sensitive", False) and table is not None:
+        params["field"] = table.sensitive
+        if "severity" in accepted:
+            values = table.original[table.sensitive].dropna().astype(str).unique()
+            params["severity"] = {v: float(l or 2) for v in values}
     return cls(**params)
 
 
@@ -287,8 +298,11 @@ def anonymize(table: EvalTable, strategy, k: int, seed: int = 0, units: np.ndarr
               ) -> Anonymized:
     """Classes from ``strategy.form_classes`` over the whole table; runtime includes snapping."""
     units = table.units if units is None else units
+    kwargs = {}
+    if getattr(strategy, "uses_sensitive", False):
+        kwargs["sensitive"] = {strategy.field: table.original[strategy.field].tolist()}
     t0 = time.perf_counter()
-    classes = strategy.form_classes(table.X, units, k, table.space, np.random.default_rng(seed))
+    classes = strategy.form_classes(table.X, units, k, table.space, np.random.default_rng(seed), **kwargs)
     record_class = np.full(table.n, -1, dtype=np.int64)
     for j, idx in enumerate(classes):
         if (record_class[idx] >= 0).any():
@@ -441,7 +455,15 @@ def evaluate(table: EvalTable, strategies: list[str], ks: list[int], l: int | No
             add("mondrian-records", k, anonymize(table, Mondrian(), k, seed, units=np.arange(table.n)),
                 baseline=True)
         for name in strategies:
-            add(name, k, anonymize(table, make(name, l), k, seed), baseline=False)
+            try:
+                anon = anonymize(table, make(name, table, l), k, seed)
+            except ValueError as exc:       # a strategy that cannot run on these data: say so in the row
+                row = {**base, "strategy": name, "k": k, "baseline": False, "error": str(exc)}
+                rows.append(row)
+                if progress:
+                    progress(f"{table.name} {name} k={k}: error: {exc}")
+                continue
+            add(name, k, anon, baseline=False)
     return rows
 
 
@@ -461,7 +483,7 @@ TABLE_COLUMNS = (("dataset", "dataset", "{}"), ("strategy", "strategy", "{}"), (
                  ("classes", "classes", "{}"), ("runtime_s", "runtime s", "{:.2f}"),
                  ("count_query_error", "COUNT err", "{:.3f}"), ("kpi_error", "KPI err", "{:.4f}"),
                  ("aoi_compromised", "AOI compromised", "{}"), ("aoi_max_recall", "AOI max recall", "{:.3f}"),
-                 ("aoi_mean_recall", "AOI mean recall", "{:.3f}"))
+                 ("aoi_mean_recall", "AOI mean recall", "{:.3f}"), ("error", "error", "{}"))
 
 
 def markdown_table(rows: list[dict]) -> str:
