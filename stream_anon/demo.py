@@ -24,10 +24,14 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO_ROOT / "configs"
 
 
-def derived_config(dataset: str, out_dir: Path, **anonymization) -> Path:
-    """Copy configs/<dataset>.toml into out_dir with absolute hierarchy paths and parameter overrides."""
+def derived_config(dataset: str, out_dir: Path, dp: bool = True, **anonymization) -> Path:
+    """Copy configs/<dataset>.toml into out_dir with absolute hierarchy paths and parameter overrides
+    (``dp=False``: without the DP aggregate tables)."""
     src = CONFIG_DIR / f"{dataset}.toml"
     raw = tomllib.loads(src.read_text())
+    if not dp:
+        raw.pop("dp", None)
+        raw.pop("aggregates", None)
     for table in raw["quasi_identifiers"] + [g for a in raw.get("aggregates", []) for g in a.get("group_by", [])]:
         if "hierarchy" in table:
             table["hierarchy"] = str((src.parent / table["hierarchy"]).resolve())
@@ -60,7 +64,8 @@ def latency_seconds(bootstrap: str, raw_topic: str, records_topic: str, secret: 
 
 
 def run_demo(dataset: str = "oyster", events: int | None = None, k: int | None = None,
-             report_path: str | None = None, timeout_s: float = 600.0, full: bool = False) -> int:
+             report_path: str | None = None, timeout_s: float = 600.0, full: bool = False,
+             dp: bool = False) -> int:
     from stream_anon.audit.kafka_source import audit_from_kafka, read_outputs
     from stream_anon.broker import EmbeddedBroker
     from stream_anon.config import load_config
@@ -73,8 +78,11 @@ def run_demo(dataset: str = "oyster", events: int | None = None, k: int | None =
     _say("generated a throwaway secret for this run (audit tokens cannot be mapped back after it exits); "
          "a real deployment reads STREAM_ANON_SECRET")
     work = Path(tempfile.mkdtemp(prefix="stream-anon-demo-"))
-    config_path = derived_config(dataset, work, k=k)
+    config_path = derived_config(dataset, work, dp=dp, k=k)     # aggregates only with --dp
     config = load_config(config_path)
+    if dp and config.dp is None:
+        print(f"stream-anon demo: --dp: configs/{dataset}.toml has no [dp] / [[aggregates]] tables", file=sys.stderr)
+        return 2
     data = load_events(dataset, limit=events, full=full)
     source = "the full file in ../shared/data" if full else "the bundled slice (data/ATTRIBUTION.md)"
     _say(f"dataset {dataset}: {len(data):,} real events from {source}; "
@@ -98,6 +106,9 @@ def run_demo(dataset: str = "oyster", events: int | None = None, k: int | None =
                                   secret)
             manifests = {m["release_id"]: m for m in read_outputs(broker.bootstrap, config.stream.name,
                                                                    idle_s=1.0).manifests}
+            if dp:
+                from stream_anon.kafka.aggregates import read_dp_report
+                dp_report = read_dp_report(broker.bootstrap, config)
     finally:
         if env_secret is None:
             os.environ.pop(crypto.SECRET_ENV, None)
@@ -124,6 +135,13 @@ def run_demo(dataset: str = "oyster", events: int | None = None, k: int | None =
                              "includes waiting for the event-time window to close (the replay is faster than "
                              "real time)"},
     }
+    if dp:
+        out["dp"] = dp_report
+        _say(f"DP aggregates: {dp_report['aggregates_published']:,} rows, max epsilon per individual "
+             f"{dp_report['epsilon_spent_max_individual']:.3g} of {dp_report['epsilon_budget']:g}, "
+             f"{dp_report['budget_exhausted_events']} budget_exhausted; running-count RMSE "
+             f"{dp_report['continual_count_rmse']} (theory {dp_report['continual_count_rmse_theory']}, naive "
+             f"{dp_report['naive_count_rmse']}) over {dp_report['windows']} windows")
     print(report.format_text())
     print(f"\nstream-anon demo: {out['events_in']:,} events in -> {out['published']:,} published, "
           f"{out['suppressed']:,} suppressed, {out['dead_lettered']:,} dead-lettered, {out['deferred']:,} deferred; "

@@ -254,6 +254,12 @@ class DPAggregator:
         kept_units = {u for u, k in zip(units, keep) if k}
         return x, {"contributions_cut": cut, "out_of_domain": ood, "missing": missing}, kept_units
 
+    def true_values(self, name: str, events) -> dict[str, np.ndarray]:
+        """Bounded, noise-free cell values of one window of events for aggregate ``name`` (error measurement
+        only: never publish them). Spends nothing and changes no state."""
+        spec = next(s for s in self.specs if s.name == name)
+        return self._cell_values(spec, self._flat(events))[0]
+
     # -- output ----------------------------------------------------------------------------------------------
     def _release(self, spec: AggregateSpec, w: int, x: dict[str, np.ndarray]) -> list[dict]:
         plan = self.plans[spec.name]

@@ -196,3 +196,87 @@ def for_partition(config, state_dir, app_id: str, partition: int, secret: bytes,
     dp_state = (checkpoint_state or {}).get("dp")
     return PartitionAggregates(config, partition, secret,
                                ledger_path(state_dir, app_id, config.stream.name, partition), dp_state)
+
+
+def read_dp_report(bootstrap: str, config, idle_s: float = 1.0) -> dict:
+    """The ``dp`` section of the demo report, from what is on the broker: ``anon.aggregates`` and ``anon.metrics``
+    (deduplicated by ``row_id`` and by (partition, window) / (partition, aggregate)), and the raw input topic,
+    read partition by partition in offset order (dead-lettered offsets left out) for the true running counts.
+
+    Headline error figures: the first count aggregate with both outputs (else the first running count);
+    ``running_counts`` has every running count aggregate.
+    """
+    import json
+
+    from stream_anon.audit.kafka_source import read_topic
+    from stream_anon.dp.report import running_count_errors, true_window_values, watermark_windows
+    from stream_anon.engine.engine import get_path
+    from stream_anon.engine.space import parse_time
+    from stream_anon.kafka.worker import DEADLETTER_TOPIC, METRICS_TOPIC
+
+    stream, dp = config.stream.name, config.dp
+
+    def docs(topic):
+        for src, value in read_topic(bootstrap, topic, idle_s=idle_s):
+            try:
+                yield src, json.loads(value)
+            except ValueError:
+                continue
+
+    rows = {d["row_id"]: d for _, d in docs(AGGREGATES_TOPIC) if d.get("stream") == stream}
+    windows_m, exhausted = {}, {}
+    for _, d in docs(METRICS_TOPIC):
+        if d.get("stream") != stream:
+            continue
+        if d.get("type") == "dp_window":
+            windows_m[(d["partition"], d["window"])] = d
+        elif d.get("type") == "budget_exhausted":
+            exhausted[(d["partition"], d["aggregate"])] = d
+    dead = {(d["source"]["partition"], d["source"]["offset"]) for _, d in docs(DEADLETTER_TOPIC)
+            if d.get("stream") == stream and d.get("source")}
+    raw: dict[int, list] = {}
+    for (_, p, off), d in sorted(docs(config.stream.input_topic), key=lambda x: x[0]):
+        if (p, off) not in dead:
+            raw.setdefault(p, []).append(d)
+
+    def time_of(e):
+        return parse_time(get_path(e, config.stream.event_time))
+
+    by_partition = {p: watermark_windows(evs, time_of, config.anonymization.window_s) for p, evs in raw.items()}
+    running = []
+    for spec in dp.aggregates:
+        if spec.kind != "count" or spec.output == "per_window":
+            continue
+        truth = {(p, w): x["count"] for p, ws in by_partition.items()
+                 for w, x in true_window_values(dp, spec.name, ws).items()}
+        running.append(running_count_errors([r for r in rows.values() if r["aggregate"] == spec.name], truth, spec))
+    head = next((e for e in running if "naive_count_rmse" in e), running[0] if running else {})
+    spent = [d["epsilon_spent"] for d in windows_m.values()]
+    cut: dict[str, int] = {}
+    for d in windows_m.values():
+        for a, n in d["contributions_cut"].items():
+            cut[a] = cut.get(a, 0) + n
+    return {
+        "epsilon_budget": dp.epsilon_budget,
+        "epsilon_spent_max_individual": max(spent, default=0.0),
+        "aggregates_published": len(rows),
+        "budget_exhausted_events": len(exhausted),
+        "continual_count_rmse": head.get("continual_count_rmse"),
+        "continual_count_rmse_theory": head.get("continual_count_rmse_theory"),
+        "naive_count_rmse": head.get("naive_count_rmse"),
+        "windows": head.get("windows"),
+        "error_aggregate": head.get("aggregate"),
+        "mechanism": head.get("mechanism"),
+        "contributions_cut": cut,
+        "budget_exhausted": sorted(f"{a} (partition {p}, window {d['window']})" for (p, a), d in exhausted.items()),
+        "running_counts": running,
+        "notes": {
+            "epsilon_spent_max_individual": "largest ledger total of a partition: every release is charged to "
+                                            "every individual of the partition (worst case), and an individual "
+                                            "lives in one partition",
+            "error": "stream-wide running counts (sum over partitions) against the true bounded counts of the "
+                     "same windows, over the windows every partition published; theory = root mean of the noise "
+                     "variances stated on the rows; naive = prefix sums of the per-window rows",
+            "aggregates_published": "distinct rows (row_id) on anon.aggregates, every partition, output and key",
+        },
+    }
