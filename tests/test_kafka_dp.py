@@ -168,6 +168,40 @@ def test_ledger_is_on_disk_before_the_release_is_handed_to_the_producer(tmp_path
     assert len(checked) > 50 and core.stats["aggregate_rows"] == len(checked)
 
 
+def test_running_count_error_matches_a_direct_computation_and_the_theory(tmp_path):
+    """dp.report against (a) a direct RMSE on one partition and (b) the noise variance the rows state, averaged
+    over 24 independent secrets (running counts over ~19 windows are correlated, so one run is too noisy)."""
+    from stream_anon.dp.report import running_count_errors, true_window_values, watermark_windows
+    from stream_anon.engine.space import parse_time
+
+    cfg = load_config(dp_stream_config(tmp_path, "dprep", budget=1e6))
+    spec = cfg.dp.spec("taps_per_zone")
+    events = synthetic_fares(2000, seed=37)
+    windows = watermark_windows(events, lambda e: parse_time(e["event_time"]), WINDOW_S)
+    truth = {(0, w): x["count"] for w, x in true_window_values(cfg.dp, "taps_per_zone", windows).items()}
+    per_unit = Counter((int(parse_time(e["event_time"]) // WINDOW_S), e["journey_id"]) for e in events)
+    assert sum(x.sum() for x in truth.values()) == 2000 - sum(n - 1 for n in per_unit.values() if n > 1)
+    mse, var = [], []
+    for i in range(24):
+        pa = PartitionAggregates(cfg, 0, f"secret-{i}-0123456789abcdef".encode(), None)
+        rows = [r for r in pa.process(events)[0] + pa.flush()[0] if r["aggregate"] == "taps_per_zone"]
+        rep = running_count_errors(rows, truth, spec)
+        ws = sorted({w for _, w in truth})
+        cells = ["|".join(map(str, k)) for k in spec.domain]
+        true_run = np.cumsum([truth[(0, w)] for w in ws], axis=0)
+        got = np.array([[next(r["value"] for r in rows if r["window"] == w and r["output"] == "running"
+                              and r["group_key"] == c) for c in cells] for w in ws])
+        assert rep["windows"] == len(ws)
+        assert rep["continual_count_rmse"] == pytest.approx(float(np.sqrt(np.mean((got - true_run) ** 2))))
+        # per-window mechanism (16-window horizon): the running rows are the prefix sums of the per-window rows
+        assert rep["naive_count_rmse"] == pytest.approx(rep["continual_count_rmse"])
+        mse.append(rep["continual_count_rmse"] ** 2)
+        var.append(rep["continual_count_rmse_theory"] ** 2)
+    ratio = math.sqrt(np.mean(mse) / np.mean(var))
+    print("measured / theoretical running RMSE:", ratio)
+    assert 0.9 < ratio < 1.1
+
+
 # ------------------------------------------------------------------------------------------------ real broker
 def _read(bootstrap, topic, stream, min_count=0):
     from test_kafka_worker import read_all
@@ -305,3 +339,10 @@ def test_tiny_budget_stops_aggregates_with_an_event_and_keys_do_not_depend_on_da
                        {0: synthetic_fares(500, seed=36)})[0].values()}
     assert other == keys, "a different input (rail and bus) gives the same key set"
     assert math.isfinite(sum(r["value"] for r in by_id.values()))
+    # the demo's dp report, read back from the broker
+    from stream_anon.kafka.aggregates import read_dp_report
+    rep = read_dp_report(broker.bootstrap, cfg)
+    print("dp report:", {k: v for k, v in rep.items() if k not in ("running_counts", "notes")})
+    assert rep["aggregates_published"] == len(by_id) and rep["budget_exhausted_events"] == 8
+    assert 0.4 < rep["epsilon_spent_max_individual"] <= budget * (1 + 1e-9)
+    assert rep["windows"] >= 3 and rep["error_aggregate"] == "taps_per_zone"
