@@ -63,6 +63,10 @@ class Anonymization:
     reuse_horizon_s: float = 7200.0
     max_class_ncp: float = 1.0
     max_suppression_ratio: float = 0.05
+    m: int | None = None                   # m-invariance (stream_anon.engine.minvariance); None: off
+    m_horizon_s: float | None = None       # a signature binds its individual this long after its last release
+                                           # (event time); None: for the lifetime of the engine state
+    m_params: dict = field(default_factory=dict)   # tuning of the m-invariant class former (MInvariantParams)
 
 
 @dataclass(frozen=True)
@@ -202,6 +206,40 @@ def _parse_qi(table: dict, i: int, base_dir: Path) -> QuasiIdentifier:
     return QuasiIdentifier(name, fields, kind, (lower,), (upper,), weight)
 
 
+def _parse_m(a: dict) -> dict:
+    """``m``, ``m_horizon_s`` and ``m_params`` of the [anonymization] table (m-invariance, issue 3)."""
+    m = a.get("m")
+    if m is None:
+        for key in ("m_horizon_s", "m_params"):
+            if key in a:
+                raise ConfigError(f"anonymization.{key}: only meaningful with anonymization.m")
+        return {}
+    if not isinstance(m, int) or isinstance(m, bool) or m < 2:
+        raise ConfigError(f"anonymization.m: must be an integer >= 2, got {m!r}")
+    if a.get("reuse", "deadline") == "immediate":
+        raise ConfigError("anonymization.reuse: 'immediate' is not supported with anonymization.m (a reused class "
+                          "must be completed to its signature with counterfeits; use 'deadline' or 'never')")
+    strategy = a.get("strategy", "mondrian")
+    if strategy != "mondrian":
+        raise ConfigError(f"anonymization.strategy: with anonymization.m classes are formed by the signature-aware "
+                          f"Mondrian of stream_anon.engine.minvariance; {strategy!r} cannot be combined with it")
+    horizon = a.get("m_horizon_s")
+    if horizon is not None:
+        if not isinstance(horizon, (int, float)) or isinstance(horizon, bool):
+            raise ConfigError(f"anonymization.m_horizon_s: expected a number of seconds, got {horizon!r}")
+        _positive(horizon, "anonymization.m_horizon_s")
+        if horizon < a.get("window_s", 0):
+            raise ConfigError(f"anonymization.m_horizon_s: must be at least window_s ({a.get('window_s')}), "
+                              f"got {horizon}")
+    params = _get(a, "m_params", "anonymization", dict, required=False, default={})
+    from stream_anon.engine.minvariance import MInvariantParams   # late import: the engine imports this module
+    try:
+        MInvariantParams(**params)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"anonymization.m_params: {exc}") from None
+    return {"m": int(m), "m_horizon_s": None if horizon is None else float(horizon), "m_params": dict(params)}
+
+
 def parse_config(raw: dict, base_dir: Path = Path("."), source: Path | None = None) -> StreamConfig:
     """Validate a parsed TOML document into a StreamConfig (errors name the key)."""
     from stream_anon.strategies import STRATEGIES  # late import: strategies import the engine
@@ -263,6 +301,7 @@ def parse_config(raw: dict, base_dir: Path = Path("."), source: Path | None = No
         reuse_horizon_s=float(_positive(_get(a, "reuse_horizon_s", "anonymization", (int, float),
                                              required=False, default=7200.0), "anonymization.reuse_horizon_s")),
         max_class_ncp=max_class_ncp, max_suppression_ratio=max_supp,
+        **_parse_m(a),
     )
 
     qis_raw = raw.get("quasi_identifiers")
@@ -276,6 +315,15 @@ def parse_config(raw: dict, base_dir: Path = Path("."), source: Path | None = No
     sens = raw.get("sensitive", {})
     sensitive = _fields(sens["fields"], "sensitive.fields") if sens.get("fields") else ()
     invariant = _get(sens, "invariant", "sensitive", str, required=False, default=None)
+    if invariant is not None and not invariant:
+        raise ConfigError("sensitive.invariant: must be a non-empty field path")
+    if anonymization.m is not None:
+        if invariant is None:
+            raise ConfigError("sensitive.invariant: required when anonymization.m is set (the sensitive attribute "
+                              "that must keep one signature per individual across releases)")
+        if invariant not in sensitive:
+            raise ConfigError(f"sensitive.invariant: {invariant!r} must also be listed in sensitive.fields (its "
+                              "values are what each class publishes and what its signature is made of)")
     ids = raw.get("identifiers", {})
     drop = tuple(ids.get("drop", []))
     pseudo = tuple(ids.get("pseudonymize", []))
@@ -284,7 +332,8 @@ def parse_config(raw: dict, base_dir: Path = Path("."), source: Path | None = No
     identifiers = {stream.privacy_unit, *drop, *pseudo}
     qi_fields = {f for q in qis for f in q.fields}
     for bad, where in ((identifiers & set(sensitive), "sensitive.fields"), (identifiers & qi_fields,
-                                                                            "quasi_identifiers")):
+                                                                            "quasi_identifiers"),
+                       (identifiers & {invariant}, "sensitive.invariant")):
         if bad:
             raise ConfigError(f"{where}: identifier field(s) {sorted(bad)} would be published; "
                               "identifiers are never output")

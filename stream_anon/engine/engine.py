@@ -20,6 +20,7 @@ import numpy as np
 
 from stream_anon import crypto
 from stream_anon.config import StreamConfig
+from stream_anon.engine.minvariance import MInvariantFormer
 from stream_anon.engine.release import ClassInfo, Rejection, Release, StepResult
 from stream_anon.engine.space import QISpace, parse_time
 from stream_anon.strategies import make_strategy
@@ -132,6 +133,8 @@ class Engine:
         s = config.stream
         self._fields = (s.privacy_unit, s.event_time, *[f for q in config.quasi_identifiers for f in q.fields],
                         *config.sensitive)
+        # m-invariance (anonymization.m): releases are formed by the signature-aware former instead
+        self.minv = MInvariantFormer(self) if a.m is not None else None
 
     # -- public API -------------------------------------------------------------------------------------------
     def process(self, events) -> StepResult:
@@ -191,7 +194,8 @@ class Engine:
                 "watermark": None if not np.isfinite(self.watermark) else float(self.watermark),
                 "open_window": self.open_window, "buffer": self.buffer.to_state(),
                 "published": {"lo": self.pub_lo.tolist(), "hi": self.pub_hi.tolist(), "ids": self.pub_ids,
-                              "gen": self.pub_gen, "ncp": self.pub_ncp.tolist(), "time": self.pub_time.tolist()}}
+                              "gen": self.pub_gen, "ncp": self.pub_ncp.tolist(), "time": self.pub_time.tolist()},
+                **({"minvariance": self.minv.state_dict()} if self.minv is not None else {})}
 
     @classmethod
     def from_state(cls, config: StreamConfig, state: dict, secret: bytes | None = None) -> "Engine":
@@ -208,6 +212,11 @@ class Engine:
         engine.pub_hi = np.array(p["hi"], dtype=float).reshape(-1, d)
         engine.pub_ids, engine.pub_gen = list(p["ids"]), list(p["gen"])
         engine.pub_ncp, engine.pub_time = np.array(p["ncp"], dtype=float), np.array(p["time"], dtype=float)
+        if "minvariance" in state:
+            if engine.minv is None:
+                raise ValueError("checkpoint holds m-invariance signatures but the config has no anonymization.m: "
+                                 "dropping them would let individuals change signature")
+            engine.minv.load_state(state["minvariance"])
         return engine
 
     # -- internals --------------------------------------------------------------------------------------------
@@ -280,6 +289,8 @@ class Engine:
         self.watermark = max(self.watermark, float(times.max()))
 
     def _close(self, window_end: float, final: bool = False) -> Release:
+        if self.minv is not None:
+            return self.minv.close(window_end, final)
         a = self.config.anonymization
         rng = np.random.default_rng([a.seed, self.partition, self.seq])
         release_id = f"{self.config.stream.name}-p{self.partition}-{self.seq:06d}"

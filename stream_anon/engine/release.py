@@ -22,6 +22,8 @@ class ClassInfo:
     records: int
     ncp: float
     reused: bool           # True: records released under a class published by an earlier release
+    counterfeit_individuals: int = 0   # m-invariance: counterfeit individuals / records added to this class here
+    counterfeit_records: int = 0       # (``records`` counts real and counterfeit records)
 
 
 @dataclass
@@ -45,10 +47,22 @@ class Release:
     suppressed_tokens: dict[str, list] = field(default_factory=dict)
     deferred_tokens: list = field(default_factory=list)
     max_suppression_ratio: float = 1.0
+    record_counterfeit: np.ndarray | None = None   # m-invariance: True for counterfeit records (published like
+                                                    # real ones; manifests give only their numbers)
+    m: int | None = None                            # m of an m-invariant release (None: m-invariance off)
 
     @property
     def published(self) -> int:
-        return len(self.record_token)
+        """Real records published (input events); counterfeit records are not counted here."""
+        return len(self.record_token) - self.counterfeit_records
+
+    @property
+    def counterfeit_records(self) -> int:
+        return 0 if self.record_counterfeit is None else int(np.count_nonzero(self.record_counterfeit))
+
+    @property
+    def counterfeit_individuals(self) -> int:
+        return sum(c.counterfeit_individuals for c in self.classes)
 
     @property
     def suppressed(self) -> dict[str, int]:
@@ -60,7 +74,9 @@ class Release:
 
     @property
     def ncp_mean(self) -> float:
-        return float(self.record_ncp.mean()) if len(self.record_ncp) else 0.0
+        """Mean NCP of the real records (counterfeit records carry their class's NCP but are no data)."""
+        ncp = self.record_ncp if self.record_counterfeit is None else self.record_ncp[~self.record_counterfeit]
+        return float(ncp.mean()) if len(ncp) else 0.0
 
     @property
     def suppression_ratio(self) -> float:
@@ -81,7 +97,7 @@ class Release:
 
     def manifest(self) -> dict:
         ratio = self.suppression_ratio
-        return {
+        doc = {
             "release_id": self.release_id, "stream": self.stream, "partition": self.partition, "seq": self.seq,
             "window_start": _iso(self.window_start), "window_end": _iso(self.window_end),
             "watermark": _iso(self.watermark), "k": self.k,
@@ -94,6 +110,16 @@ class Release:
             "suppression_limit_exceeded": ratio > self.max_suppression_ratio,
             "created_at": datetime.now(timezone.utc).isoformat(),
         }
+        if self.m is not None:
+            # m-invariance: only the numbers of counterfeits are published (per class and in total), never which
+            # records they are; "published" counts real records, the records topic holds published + these.
+            doc["m"] = self.m
+            for entry, c in zip(doc["classes"], self.classes):
+                entry["counterfeit_individuals"] = c.counterfeit_individuals
+                entry["counterfeit_records"] = c.counterfeit_records
+            doc["counterfeit_individuals"] = self.counterfeit_individuals
+            doc["counterfeit_records"] = self.counterfeit_records
+        return doc
 
 
 @dataclass
