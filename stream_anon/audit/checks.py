@@ -33,6 +33,19 @@ Checks and what each one defeats
                  a raw message read, also fail it (fabricated output, or an incomplete read of the input).
 ``consistency``  Manifests agree with the records actually published (per class and in total), the class
                  generalization equals the records' ``qi``, k matches the config, counts match token lists.
+``m_invariance`` Only for a stream with ``[anonymization] m``: the independent m-invariance checker
+                 (:mod:`.minvariance`: m-uniqueness of every class of every release, one signature per individual
+                 across all releases, counterfeit accounting) runs on the same deduplicated outputs.
+
+Counterfeit records (m-invariance)
+----------------------------------
+An m-invariant release may add counterfeit records to a class (docs/contracts.md section 5); the manifest gives
+their number per class (``counterfeit_records``). They are no input events. A counterfeit record is recognised
+by its audit token, ``HMAC(secret, "counterfeit:" + release_id + "/" + class_id + "/" + n)`` for
+``n < counterfeit_records`` of its class entry, in that release and class; only then is it kept out of ``k``
+(it is no individual), ``coverage`` (it has no raw values) and ``accounting`` (it is no input event: the
+equation counts real records only). Any other record of no raw event still fails as fabricated output, and a
+class whose counterfeit records differ from its manifest count fails ``consistency``.
 
 Matching rules for ``leaks`` (to avoid false positives)
 ------------------------------------------------------
@@ -91,6 +104,24 @@ def audit_token(secret: bytes, event_id: str) -> str:
 def pseudonym(secret: bytes, unit: str) -> str:
     """hex HMAC-SHA256(secret, b"unit:" + unit)."""
     return _hmac_hex(secret, b"unit:", unit)
+
+
+def counterfeit_token(secret: bytes, release_id: str, class_id: str, n: int) -> str:
+    """hex HMAC-SHA256(secret, b"counterfeit:" + release_id + "/" + class_id + "/" + n)."""
+    return _hmac_hex(secret, b"counterfeit:", f"{release_id}/{class_id}/{n}")
+
+
+def counterfeit_tokens(manifests: list[dict], secret: bytes) -> dict[str, tuple]:
+    """Token -> (release_id, class_id) of every counterfeit record the manifests announce."""
+    out: dict[str, tuple] = {}
+    for m in manifests:
+        rid = m.get("release_id")
+        for c in m.get("classes") or []:
+            n = c.get("counterfeit_records")
+            if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+                for i in range(n):
+                    out[counterfeit_token(secret, str(rid), str(c.get("class_id")), i)] = (rid, c.get("class_id"))
+    return out
 
 
 def parse_time(value: Any) -> datetime | None:
@@ -229,6 +260,8 @@ class AuditConfig:
     sensitive_fields: list[str] = field(default_factory=list)
     stream: str | None = None
     event_time: str = "event_time"
+    m: int | None = None                 # [anonymization] m: the m-invariance check runs when set
+    invariant: str | None = None         # [sensitive] invariant
 
     def __post_init__(self) -> None:
         self.quasi_identifiers = [q if isinstance(q, QISpec) else QISpec(*q) for q in self.quasi_identifiers]
@@ -257,6 +290,8 @@ class AuditConfig:
             sensitive_fields=list(raw.get("sensitive", {}).get("fields", [])),
             stream=stream.get("name"),
             event_time=stream.get("event_time", "event_time"),
+            m=int(anon["m"]) if anon.get("m") is not None else None,
+            invariant=raw.get("sensitive", {}).get("invariant"),
         )
 
 
@@ -393,15 +428,20 @@ def _dedupe(records: list[dict], manifests: list[dict], chk: _Check) -> tuple[li
 
 
 # ----------------------------------------------------------------------------------------------- checks
-def _check_k(cfg: AuditConfig, records: list[dict], manifests: list[dict], by_token: dict[str, _Raw]) -> dict:
+def _check_k(cfg: AuditConfig, records: list[dict], manifests: list[dict], by_token: dict[str, _Raw],
+             fakes: dict[str, tuple] | None = None) -> dict:
     chk = _Check()
+    fakes = fakes or {}
     units_all: dict[Any, set] = defaultdict(set)
     units_rel: dict[tuple, set] = defaultdict(set)
     qi_of_class: dict[Any, str] = {}
+    counterfeit = 0
     for r in records:
         cid, rid = r.get("class_id"), r.get("release_id")
         raw = by_token.get(r.get("audit_token"))
-        if raw is None:
+        if raw is None and fakes.get(r.get("audit_token")) == (rid, cid):
+            counterfeit += 1        # announced counterfeit: no individual (its qi must still be the class's)
+        elif raw is None:
             chk.fail("record of unknown event", release_id=rid, class_id=cid, audit_token=r.get("audit_token"))
         elif raw.unit is not None:
             units_all[cid].add(raw.unit)
@@ -430,7 +470,8 @@ def _check_k(cfg: AuditConfig, records: list[dict], manifests: list[dict], by_to
             n0 = len(units_rel.get((rid, cid), ()))
             if n0 < cfg.k:
                 chk.fail("class below k at creation", class_id=cid, release_id=rid, individuals=n0, k=cfg.k)
-    chk.details.update(k=cfg.k, classes=len(counts), min_individuals=min(counts.values()) if counts else None)
+    chk.details.update(k=cfg.k, classes=len(counts), min_individuals=min(counts.values()) if counts else None,
+                       counterfeit_records=counterfeit)
     return chk.result()
 
 
@@ -482,10 +523,10 @@ def _strings(obj: Any, path: str = ""):
 
 
 def _check_leaks(cfg: AuditConfig, records: list[dict], manifests: list[dict], raws: list[_Raw],
-                 secret: bytes) -> dict:
+                 secret: bytes, fakes: dict[str, tuple] | None = None) -> dict:
     chk = _Check()
     exact, hexes = _needles(cfg, raws, secret)
-    tokens_known = {r.token for r in raws if r.token is not None}
+    tokens_known = {r.token for r in raws if r.token is not None} | set(fakes or ())
 
     def leaks_in(s: str) -> tuple[str, ...]:
         found = [f"leaked {exact[t]}" for t in {s, *_SPLIT_RE.split(s)} if t in exact]
@@ -620,12 +661,19 @@ def _token_list(obj: Any) -> list[str]:
 
 
 def _check_accounting(raws: list[_Raw], records: list[dict], manifests: list[dict],
-                      deadletters: list[dict]) -> tuple[dict, dict]:
+                      deadletters: list[dict], fakes: dict[str, tuple] | None = None) -> tuple[dict, dict]:
     chk = _Check()
+    fakes = fakes or {}
+    raw_tokens = {r.token for r in raws if r.token is not None}
     # places per token (published / suppressed / deferred) and per source (dead-lettered)
     placed: dict[str, list[str]] = defaultdict(list)
+    counterfeit = 0
     for r in records:
-        placed[r.get("audit_token")].append(f"published:{r.get('release_id')}")
+        t = r.get("audit_token")
+        if t not in raw_tokens and fakes.get(t) == (r.get("release_id"), r.get("class_id")):
+            counterfeit += 1        # announced counterfeit record: no input event, outside the equation
+            continue
+        placed[t].append(f"published:{r.get('release_id')}")
     suppressed_by_reason: Counter = Counter()
     for m in manifests:
         for reason, toks in (m.get("suppressed_tokens") or {}).items():
@@ -687,7 +735,7 @@ def _check_accounting(raws: list[_Raw], records: list[dict], manifests: list[dic
         "events_in": len(raws), "published": outcome["published"], "suppressed": outcome["suppressed"],
         "suppressed_by_reason": dict(suppressed_by_reason), "dead_lettered": outcome["dead_lettered"],
         "deferred": outcome["deferred"], "lost": outcome["lost"], "duplicated": outcome["duplicated"],
-        "unknown_tokens": len(unknown),
+        "unknown_tokens": len(unknown), "counterfeit_records": counterfeit,
     }
     balance = counts["published"] + counts["suppressed"] + counts["dead_lettered"] + counts["deferred"]
     equation = f"{counts['events_in']} == {counts['published']} + {counts['suppressed']} + " \
@@ -696,8 +744,12 @@ def _check_accounting(raws: list[_Raw], records: list[dict], manifests: list[dic
     return chk.result(extra_ok=balance == counts["events_in"]), counts
 
 
-def _check_consistency(cfg: AuditConfig, records: list[dict], manifests: list[dict], malformed: list) -> dict:
+def _check_consistency(cfg: AuditConfig, records: list[dict], manifests: list[dict], malformed: list,
+                       fakes: dict[str, tuple] | None = None) -> dict:
     chk = _Check()
+    fakes = fakes or {}
+    fake_per_class: Counter = Counter(fakes[r.get("audit_token")] for r in records
+                                      if fakes.get(r.get("audit_token")) == (r.get("release_id"), r.get("class_id")))
     for m in malformed[:MAX_EXAMPLES]:
         chk.fail("malformed output message", value=str(m)[:200])
     if len(malformed) > MAX_EXAMPLES:
@@ -726,11 +778,17 @@ def _check_consistency(cfg: AuditConfig, records: list[dict], manifests: list[di
         classes = m.get("classes") or []
         total = 0
         listed = set()
+        fake_total = 0
         for c in classes:
             cid = c.get("class_id")
             listed.add(cid)
             n = c.get("records") or 0
             total += n
+            n_fake = c.get("counterfeit_records") or 0
+            fake_total += n_fake
+            if fake_per_class.get((rid, cid), 0) != n_fake:
+                chk.fail("class counterfeit records differ from manifest", release_id=rid, class_id=cid,
+                         manifest=n_fake, published=fake_per_class.get((rid, cid), 0))
             if not c.get("reused"):
                 creators[cid] += 1
             if per_class.get((rid, cid), 0) != n:
@@ -745,8 +803,12 @@ def _check_consistency(cfg: AuditConfig, records: list[dict], manifests: list[di
         actual = per_release.get(rid, 0)
         if total != actual:
             chk.fail("classes' records do not sum to published records", release_id=rid, sum=total, actual=actual)
-        if m.get("published") is not None and m.get("published") != actual:
-            chk.fail("published count differs", release_id=rid, manifest=m.get("published"), actual=actual)
+        if m.get("published") is not None and m.get("published") != actual - fake_total:
+            chk.fail("published count differs", release_id=rid, manifest=m.get("published"),
+                     actual=actual - fake_total)
+        if m.get("counterfeit_records") is not None and m.get("counterfeit_records") != fake_total:
+            chk.fail("release counterfeit records differ from its classes", release_id=rid,
+                     manifest=m.get("counterfeit_records"), classes=fake_total)
         for reason, toks in (m.get("suppressed_tokens") or {}).items():
             n = (m.get("suppressed") or {}).get(reason)
             if n is not None and n != len(_token_list(toks)):
@@ -786,11 +848,14 @@ def audit(raw_events: Iterable, outputs: Any, secret: bytes, config_view: AuditC
     dup = _Check()
     records, manifests = _dedupe(records, manifests, dup)
     checks = {"duplicates": dup.result()}
-    checks["k"] = _check_k(cfg, records, manifests, by_token)
-    checks["leaks"] = _check_leaks(cfg, records, manifests, raws, secret)
+    fakes = counterfeit_tokens(manifests, secret)
+    checks["k"] = _check_k(cfg, records, manifests, by_token, fakes)
+    checks["leaks"] = _check_leaks(cfg, records, manifests, raws, secret, fakes)
     checks["coverage"] = _check_coverage(cfg, records, by_token)
-    checks["accounting"], counts = _check_accounting(raws, records, manifests, deadletters)
-    checks["consistency"] = _check_consistency(cfg, records, manifests, _outputs_part(outputs, "malformed"))
+    checks["accounting"], counts = _check_accounting(raws, records, manifests, deadletters, fakes)
+    checks["consistency"] = _check_consistency(cfg, records, manifests, _outputs_part(outputs, "malformed"), fakes)
+    if cfg.m is not None:
+        checks["m_invariance"] = _check_m_invariance(cfg, records, manifests, raws, secret)
     cfg_chk = _Check()
     for f in cfg.sensitive_fields:
         if f in cfg.identifier_fields:
@@ -802,7 +867,26 @@ def audit(raw_events: Iterable, outputs: Any, secret: bytes, config_view: AuditC
                "suppressed_by_reason": counts["suppressed_by_reason"], "releases": len(manifests),
                "records": len(records), "classes": checks["k"]["classes"],
                "min_individuals": checks["k"]["min_individuals"], "k": cfg.k}
+    if cfg.m is not None:
+        summary.update({f"m_invariance_{k}" if k in ("releases", "classes", "individuals") else k: v
+                        for k, v in checks["m_invariance"]["summary"].items()})
     return AuditReport(passed=all(c["passed"] for c in checks.values()), checks=checks, summary=summary)
+
+
+def _check_m_invariance(cfg: AuditConfig, records: list[dict], manifests: list[dict], raws: list[_Raw],
+                        secret: bytes) -> dict:
+    """The independent m-invariance checker (:mod:`.minvariance`, same package: nothing of the engine)."""
+    from .minvariance import MInvarianceConfig, check_m_invariance   # it imports this module
+
+    chk = _Check()
+    if not cfg.invariant:
+        chk.fail("anonymization.m is set but sensitive.invariant is not")
+        return chk.result()
+    mcfg = MInvarianceConfig(m=cfg.m, privacy_unit=cfg.privacy_unit, invariant=cfg.invariant, stream=cfg.stream)
+    rep = check_m_invariance(records, manifests, [r.event for r in raws if r.event is not None], secret, mcfg)
+    return {"passed": rep.passed, "violations": sum(c["violations"] for c in rep.checks.values()),
+            "summary": rep.summary, "checks": rep.checks,
+            "examples": [ex for c in rep.checks.values() for ex in c["examples"]][:MAX_EXAMPLES]}
 
 
 def qi_value(q: QISpec, event: dict) -> Any:
