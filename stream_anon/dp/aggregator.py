@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
@@ -113,7 +114,9 @@ class DPAggregator:
         self.privacy_unit = privacy_unit
         self.stream = stream
         self.plans = {s.name: plan_aggregate(s) for s in self.specs}
-        self._cells = {s.name: {k: i for i, k in enumerate(s.domain)} for s in self.specs}
+        # group key -> cell index; a histogram's cell is group cell * bins + bin (bins vary fastest in the domain)
+        self._cells = {s.name: {k: i for i, k in enumerate(itertools.product(*(g.domain for g in s.group_by)))}
+                       for s in self.specs}
         self.counters: dict[str, dict[str, dict[str, _Counter]]] = {s.name: self._new_counters(s)
                                                                     for s in self.specs}
         self.last_window: int | None = None
@@ -150,12 +153,12 @@ class DPAggregator:
         return np.random.RandomState(np.frombuffer(digest, dtype=np.uint32))
 
     # -- processing ------------------------------------------------------------------------------------------
-    def process_window(self, window_id: int, events) -> list[dict]:
+    def process_window(self, window_id: int, events, flat: bool = False) -> list[dict]:
         """Rows for one closed window (``type: aggregate``) and ``budget_exhausted`` events.
 
         ``window_id`` is the window's index (e.g. ``window_start // window_s``); windows must come in increasing
         order. Skipped windows are released as empty windows first: whether a window is published must not
-        depend on whether it held events.
+        depend on whether it held events. ``flat=True``: the events are already flat dicts keyed by dotted paths.
         """
         if isinstance(window_id, bool) or not isinstance(window_id, (int, np.integer)):
             raise TypeError(f"window_id: expected an integer window index, got {window_id!r}")
@@ -166,7 +169,7 @@ class DPAggregator:
         if self.last_window is not None:
             for gap in range(self.last_window + 1, window_id):
                 rows.extend(self._process_one(gap, []))
-        rows.extend(self._process_one(window_id, self._flat(events)))
+        rows.extend(self._process_one(window_id, list(events) if flat else self._flat(events)))
         return rows
 
     @staticmethod
@@ -229,14 +232,16 @@ class DPAggregator:
                                                            or not math.isfinite(v))):
                     missing += 1
                     continue
-            if spec.kind == "histogram":
-                b = int(np.clip(np.searchsorted(spec.bins, v, side="right") - 1, 0, len(spec.bins) - 2))
-                key = key + (spec.bin_labels[b],)
             idx.append(cells[key])
             units.append(unit)
             vals.append(v)
         keep, cut = bound_contributions(units, spec.max_contributions)
-        idx_a = np.asarray(idx, dtype=np.int64)[keep]
+        idx_a = np.asarray(idx, dtype=np.int64)
+        if spec.kind == "histogram":            # values outside the edges are clamped into the end bins
+            nb = len(spec.bins) - 1
+            b = np.clip(np.searchsorted(spec.bins, np.asarray(vals, dtype=float), side="right") - 1, 0, nb - 1)
+            idx_a = idx_a * nb + b.astype(np.int64)
+        idx_a = idx_a[keep]
         n = len(spec.domain)
         count = np.bincount(idx_a, minlength=n).astype(float)
         x: dict[str, np.ndarray] = {}

@@ -20,6 +20,7 @@ cells must be fixed in advance).
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
@@ -106,7 +107,7 @@ class AggregateSpec:
     numerator_values: tuple = ()        # ratio: an event is in the numerator when its value is one of these
     where: tuple[tuple[str, tuple], ...] = ()   # event filter: field -> allowed values
 
-    @property
+    @functools.cached_property          # computed once per spec (read for every window and row)
     def domain(self) -> tuple[tuple, ...]:
         """Every group key (a tuple, one entry per group-by dimension, plus the bin label for histograms)."""
         dims = [g.domain for g in self.group_by]
@@ -119,7 +120,7 @@ class AggregateSpec:
         names = tuple(g.name for g in self.group_by)
         return names + ("bin",) if self.kind == "histogram" else names
 
-    @property
+    @functools.cached_property
     def bin_labels(self) -> tuple[str, ...]:
         e = self.bins
         return tuple(f"[{_fmt(e[i])},{_fmt(e[i + 1])}{']' if i == len(e) - 2 else ')'}" for i in range(len(e) - 1))

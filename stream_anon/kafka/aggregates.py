@@ -150,7 +150,7 @@ class PartitionAggregates:
 
     def _close(self, rows: list, metrics: list) -> None:
         w = self.open_window
-        out = self.aggregator.process_window(w, self.buffer)    # reserves (and writes) the ledger first
+        out = self.aggregator.process_window(w, self.buffer, flat=True)   # reserves (writes) the ledger first
         self.buffer = []
         now = _now_iso()
         spent = {}                 # window -> ledger total through it (gap windows are released here too)
