@@ -40,8 +40,9 @@ def cell_ids(lat, lon, decimals: int = CELL_DECIMALS) -> np.ndarray:
     scale = 10.0 ** decimals
     ok = np.isfinite(lat) & np.isfinite(lon)
     # the small epsilon keeps 12.1234 (stored as 12.12339999...) in its own cell
-    a = np.trunc(np.where(ok, lat, 0) * scale + np.sign(lat) * 1e-6).astype(np.int64)
-    b = np.trunc(np.where(ok, lon, 0) * scale + np.sign(lon) * 1e-6).astype(np.int64)
+    lat, lon = np.where(ok, lat, 0.0), np.where(ok, lon, 0.0)
+    a = np.trunc(lat * scale + np.sign(lat) * 1e-6).astype(np.int64)
+    b = np.trunc(lon * scale + np.sign(lon) * 1e-6).astype(np.int64)
     return np.array([f"{x},{y}" if o else None for x, y, o in zip(a, b, ok)], dtype=object)
 
 
