@@ -112,6 +112,38 @@ def test_restart_from_checkpoint_republishes_identical_rows_and_spends_nothing_t
     assert len(resumed.ledger) == len(straight.ledger)
 
 
+def test_window_reclosed_with_other_events_is_a_second_paid_release_with_fresh_noise(tmp_path):
+    """An idle flush closes window 06:00 early and is delivered, the worker dies before checkpointing it, and
+    after the restart more events of that window arrive, so it closes with other content. Re-using the first
+    release's noise would publish the exact difference of the true counts (the noise cancels); the ledger keys
+    the release by a digest of its content, so this one is charged again and drawn from fresh noise."""
+    cfg = load_config(dp_stream_config(tmp_path, "dpflush", budget=50.0))
+    events = [e for e in synthetic_fares(1200, seed=38) if e["event_time"] < "2009-11-09T06:15"]
+    early, late = events[:len(events) // 2], events[len(events) // 2:]
+    closer = {**events[-1], "event_id": "closer", "journey_id": "closer", "event_time": "2009-11-09T06:16:00+00:00"}
+    secret, ledger_file = b"flush-secret-0123456789abcdef", tmp_path / "ledger.json"
+    first = PartitionAggregates(cfg, 0, secret, ledger_file)
+    first.process(early)
+    checkpoint = json.loads(json.dumps(first.state_dict()))
+    flushed = first.flush()[0]                                     # delivered, never checkpointed
+    spent_first = first.ledger.spent
+    second = PartitionAggregates(cfg, 0, secret, ledger_file, state=checkpoint)
+    reclosed = second.process(late + [closer])[0]
+    key = ("taps_per_zone", "per_window")
+    a = {r["group_key"]: r for r in flushed if (r["aggregate"], r["output"]) == key}
+    b = {r["group_key"]: r for r in reclosed if (r["aggregate"], r["output"]) == key}
+    assert {r["window"] for r in a.values()} == {r["window"] for r in b.values()}
+    assert not ({r["row_id"] for r in a.values()} & {r["row_id"] for r in b.values()})
+    assert {r["release"] for r in b.values()} == {f"{next(iter(a.values()))['window']}~1"}
+    assert second.ledger.spent == pytest.approx(2 * spent_first), "the second release is charged"
+    bus = "Routes 1-20|bus_boarding"                 # one boarding per bus journey: no contribution cut
+    true_diff = sum(e["event_type"] == "bus_boarding" for e in late)
+    assert b[bus]["value"] - a[bus]["value"] != true_diff, "fresh noise: the true difference stays hidden"
+    # the same content again (a plain replay) spends nothing and republishes the same rows
+    third = PartitionAggregates(cfg, 0, secret, ledger_file, state=checkpoint)
+    assert third.process(late + [closer])[0] == reclosed and third.ledger.spent == second.ledger.spent
+
+
 def test_averaging_restarted_releases_recovers_nothing(tmp_path):
     """Attack: re-run the same window many times (crash loops) and average what was published. With fresh
     noise per run (naive: a random seed per process) the average converges to the true count; with the noise

@@ -181,7 +181,11 @@ class DPAggregator:
     def _process_one(self, w: int, flats: list[dict]) -> list[dict]:
         active = [s for s in self.specs
                   if not self.ledger.is_stopped(s.name) or self.ledger.exhausted_at(s.name) == str(w)]
-        outcomes = self.ledger.reserve_many([(s.name, w, s.epsilon) for s in active])   # durable before release
+        values = {s.name: self._cell_values(s, flats) for s in active}
+        # durable before release; keyed by a digest of the content, so a window re-closed with other events
+        # (a restart after an uncheckpointed early flush) is a second, paid release with fresh noise
+        outcomes = self.ledger.reserve_many([(s.name, w, s.epsilon, self._digest(s.name, w, values[s.name][0]))
+                                             for s in active])
         rows: list[dict] = []
         wm = {"type": "dp_window", "stream": self.stream, "window": w, "events": len(flats),
               "contributions_cut": {}, "out_of_domain": {}, "missing": {}, "budget_exhausted": []}
@@ -194,14 +198,14 @@ class DPAggregator:
                     self.metrics["budget_exhausted_events"] += 1
                     wm["budget_exhausted"].append(spec.name)
                 continue
-            x, stats, units = self._cell_values(spec, flats)
+            x, stats, units = values[spec.name]
             for key in ("contributions_cut", "out_of_domain", "missing"):
                 self.metrics[key][spec.name] += stats[key]
                 wm[key][spec.name] = stats[key]
             if self.track_individuals:
                 for u in units:
                     self.individual_spend[u] = self.individual_spend.get(u, 0.0) + spec.epsilon
-            rows.extend(self._release(spec, w, x))
+            rows.extend(self._release(spec, w, x, outcome.window))
         self.last_window = w
         self.metrics["windows"] += 1
         self.metrics["events_in"] += len(flats)
@@ -266,7 +270,15 @@ class DPAggregator:
         return self._cell_values(spec, self._flat(events))[0]
 
     # -- output ----------------------------------------------------------------------------------------------
-    def _release(self, spec: AggregateSpec, w: int, x: dict[str, np.ndarray]) -> list[dict]:
+    def _digest(self, name: str, w: int, x: dict[str, np.ndarray]) -> str:
+        h = hmac.new(self.seed, f"stream-anon/dp-content\x00{name}\x00{w}".encode(), hashlib.sha256)
+        for comp in sorted(x):
+            h.update(comp.encode() + b"\x00" + np.ascontiguousarray(x[comp], dtype=float).tobytes())
+        return h.hexdigest()[:32]
+
+    def _release(self, spec: AggregateSpec, w: int, x: dict[str, np.ndarray], release: str) -> list[dict]:
+        """``release``: the ledger key of this release (``"<w>"``, or ``"<w>~<n>"`` for a paid re-release);
+        the noise is drawn from it."""
         plan = self.plans[spec.name]
         counters = self.counters[spec.name]
         noisy: dict[str, dict[str, np.ndarray]] = {"per_window": {}, "running": {}}
@@ -276,7 +288,7 @@ class DPAggregator:
             sens, noise = spec.component_sensitivity(comp), spec.component_noise(comp)
             if "window" in c:
                 pw = c["window"]
-                pw.update(x[comp], self._rng(spec.name, comp, "window", w))
+                pw.update(x[comp], self._rng(spec.name, comp, "window", release))
                 noisy["per_window"][comp] = pw.last_window
                 info["per_window"][comp] = {
                     "epsilon": pw.epsilon, "scale": pw.node_scale, "var": pw.window_variance(),
@@ -291,7 +303,7 @@ class DPAggregator:
                         "windows": pw.t}
             if "running" in c:
                 rc = c["running"]
-                noisy["running"][comp] = rc.update(x[comp], self._rng(spec.name, comp, "running", w))
+                noisy["running"][comp] = rc.update(x[comp], self._rng(spec.name, comp, "running", release))
                 var = rc.running_variance(rc.t)
                 if isinstance(rc, BinaryTreeCounter):
                     terms = rc.running_terms(rc.t)
@@ -306,6 +318,8 @@ class DPAggregator:
             if not noisy[output] or (output == "per_window" and spec.output == "running"):
                 continue
             rows.extend(self._rows(spec, w, output, noisy[output], info[output], plan))
+        for r in rows:
+            r["release"] = release
         return rows
 
     def _rows(self, spec, w, output, noisy, info, plan) -> list[dict]:

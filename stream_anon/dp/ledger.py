@@ -98,12 +98,15 @@ class BudgetLedger:
         self.epsilon_budget = float(epsilon_budget)
         self._entries: dict[tuple[str, str], float] = {}
         self._exhausted: dict[str, dict] = {}
+        self._content: dict[tuple[str, str], str] = {}      # digest of the released content per entry
         if self.path is not None and self.path.exists():
             data = json.loads(self.path.read_text())
             if data.get("version") != LEDGER_VERSION:
                 raise ValueError(f"{self.path}: unsupported ledger version {data.get('version')!r}")
             for e in data["entries"]:
                 self._entries[(e["aggregate"], str(e["window"]))] = float(e["epsilon"])
+                if e.get("content") is not None:
+                    self._content[(e["aggregate"], str(e["window"]))] = e["content"]
             self._exhausted = dict(data.get("exhausted", {}))
         self._accountant = BudgetAccountant(epsilon=self.epsilon_budget * (1 + _REL_TOL), delta=0.0,
                                             spent_budget=[(eps, 0.0) for eps in self._entries.values()])
@@ -127,7 +130,7 @@ class BudgetLedger:
     def spent_through(self, window: int) -> float:
         """Total charged for windows <= ``window`` (integer window ids): unlike :attr:`spent` it does not depend on
         how far a crashed worker got before its restart, so a re-produced release shows the same figure."""
-        return float(sum(e for (_, w), e in self._entries.items() if int(w) <= window))
+        return float(sum(e for (_, w), e in self._entries.items() if int(w.split("~")[0]) <= window))
 
     def exhausted_at(self, aggregate: str) -> str | None:
         """The window at which the aggregate was stopped, or None."""
@@ -151,12 +154,26 @@ class BudgetLedger:
         return out
 
     def reserve_many(self, requests) -> list:
-        """Several reservations (e.g. every aggregate of a window) with one durable write, in order."""
+        """Several reservations (e.g. every aggregate of a window) with one durable write, in order.
+
+        A request is ``(aggregate, window, epsilon)`` or ``(aggregate, window, epsilon, content)``. ``content``
+        (a keyed digest of the window's bounded true values) makes the idempotence exact: reserving the same
+        window again with the same content spends nothing, but with a **different** content (a restarted worker
+        that closed the window with other events, e.g. after an idle flush that was never checkpointed) it is a
+        second release of that window, charged again under the key ``"<window>~<n>"``; the returned
+        :attr:`Reservation.window` is that key, and the aggregator draws the release's noise from it.
+        """
         outcomes, dirty = [], False
-        for aggregate, window, epsilon in requests:
+        for aggregate, window, epsilon, *content in requests:
             window = str(window)
+            content = content[0] if content else None
             if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon > 0:
                 raise ValueError(f"epsilon: must be > 0, got {epsilon!r}")
+            base, n = window, 0
+            while content is not None and (aggregate, window) in self._entries \
+                    and self._content.get((aggregate, window)) != content:
+                n += 1
+                window = f"{base}~{n}"
             key = (aggregate, window)
             if key in self._entries:                         # idempotent: a re-produced window spends nothing
                 if not math.isclose(self._entries[key], epsilon, rel_tol=1e-12):
@@ -177,6 +194,8 @@ class BudgetLedger:
                 outcomes.append(BudgetExhausted(aggregate, window, float(epsilon), self.spent, self.epsilon_budget))
                 continue
             self._entries[key] = float(epsilon)
+            if content is not None:
+                self._content[key] = content
             dirty = True
             outcomes.append(Reservation(aggregate, window, float(epsilon), self.spent, self.epsilon_budget))
         if dirty:
@@ -186,7 +205,8 @@ class BudgetLedger:
     # -- persistence --------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {"version": LEDGER_VERSION, "epsilon_budget": self.epsilon_budget, "spent": self.spent,
-                "entries": [{"aggregate": a, "window": w, "epsilon": e} for (a, w), e in self._entries.items()],
+                "entries": [{"aggregate": a, "window": w, "epsilon": e, "content": self._content.get((a, w))}
+                            for (a, w), e in self._entries.items()],
                 "exhausted": self._exhausted}
 
     def save(self) -> None:

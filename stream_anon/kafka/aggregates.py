@@ -173,7 +173,9 @@ class PartitionAggregates:
         row = {**r, "partition": self.partition, "window_start": _iso(w * self.window_s),
                "window_end": _iso((w + 1) * self.window_s), "ledger_epsilon_spent": spent_through,
                "ledger_epsilon_budget": self.ledger.epsilon_budget}
-        row["row_id"] = f"{self.stream}/p{self.partition}/{r['aggregate']}/{r['output']}/w{w}/{r['group_key']}"
+        # release: "<window>", or "<window>~<n>" for a paid re-release of a window re-closed with other content
+        row["row_id"] = (f"{self.stream}/p{self.partition}/{r['aggregate']}/{r['output']}/w{r['release']}/"
+                         f"{r['group_key']}")
         return row
 
     # -- checkpoint --------------------------------------------------------------------------------------------
