@@ -139,20 +139,45 @@ class _Table:
                     parents.add(next(iter(h.graph.predecessors(label))))
             if not parents:
                 continue
-            # widest (shallowest) parent first; a label moves up only to a strict ancestor (unary chains
-            # share a leaf range, so containment alone is not enough)
-            targets = sorted(((h.depth(p), h.node_range(p), p) for p in parents))
-            labels = list(state[j])
-            for i, lab in enumerate(labels):
-                lo, hi = h.node_range(lab)
-                for pdepth, (plo, phi), p in targets:
-                    if plo <= lo and hi <= phi and pdepth < h.depth(lab):
-                        labels[i] = p
-                        break
-            new = state[:j] + (tuple(labels),) + state[j + 1:]
+            new = self._generalise(state, j, parents)
             if new != state:
                 out.append((a, new))
         return out
+
+    def _generalise(self, state, j: int, parents) -> tuple:
+        """``state`` with every label of column j that lies under one of ``parents`` taken to that parent."""
+        h = self.h[j]
+        # widest (shallowest) parent first; a label moves up only to a strict ancestor (unary chains
+        # share a leaf range, so containment alone is not enough)
+        targets = sorted(((h.depth(p), h.node_range(p), p) for p in parents))
+        labels = list(state[j])
+        for i, lab in enumerate(labels):
+            lo, hi = h.node_range(lab)
+            for pdepth, (plo, phi), p in targets:
+                if plo <= lo and hi <= phi and pdepth < h.depth(lab):
+                    labels[i] = p
+                    break
+        return state[:j] + (tuple(labels),) + state[j + 1:]
+
+    def lifts(self, state):
+        """One child per column not yet at its root: every label of the column taken one level up.
+
+        [ours, for the budget fallback] A row whose shield values are all at the root (a missing value
+        starts there) has no child in the paper's rule, yet it can still be joined: by generalising the
+        *other* rows' values. Lifting whole columns always reaches the all-root table, so the fallback
+        ends at a compliant table whenever one exists.
+        """
+        out = []
+        for a in self.attributes:
+            j = self.col[a]
+            h = self.h[j]
+            parents = {next(iter(h.graph.predecessors(lab))) for lab in state[j] if lab != h.root}
+            if parents:
+                out.append((a, self._generalise(state, j, parents)))
+        return out
+
+    def top_state(self) -> tuple:
+        return tuple(tuple(h.root for _ in u) for h, u in zip(self.h, self.uniq))
 
 
 def heuristicmin(df: pd.DataFrame, hierarchies: Mapping[str, Hierarchy], k: int | None = None,
@@ -176,6 +201,8 @@ def heuristicmin(df: pd.DataFrame, hierarchies: Mapping[str, Hierarchy], k: int 
             raise ValueError(f"heuristicmin: requirement {r} needs k >= 1 and a shield within {attributes}")
     t = _Table(df, hierarchies, attributes, requirements, count, unit)
 
+    if t.evaluate(t.top_state())[0]:      # the all-root table: one row, the most any generalisation can merge
+        raise ValueError("heuristicmin: requirements cannot be met even at the hierarchy roots")
     root = t.root_state()
     n, m, vio = t.evaluate(root)
     nodes = [SearchNode(0, n, m, None, None, root)]
@@ -208,11 +235,15 @@ def heuristicmin(df: pd.DataFrame, hierarchies: Mapping[str, Hierarchy], k: int 
             else:
                 info[node.order] = cvio
                 heapq.heappush(heap, (-cm, cn, node.order))
-    if best is None:       # budget exhausted: greedy descent from the most promising frontier node
-        order = heap[0][2]
+    if best is None:
+        # budget exhausted, or every branch ended at a row the paper's rule cannot generalise: greedy descent
+        # from the most promising frontier node (or, with an empty frontier, the most promising node seen)
+        order = heap[0][2] if heap else min((nd for nd in nodes if nd.n), key=lambda nd: (-nd.m, nd.n, nd.order)).order
         while nodes[order].n:
             kids = []
-            for attr, state in t.children(nodes[order].state, info.pop(order, None) or t.evaluate(nodes[order].state)[2]):
+            state_now = nodes[order].state
+            candidates = t.children(state_now, info.pop(order, None) or t.evaluate(state_now)[2]) or t.lifts(state_now)
+            for attr, state in candidates:
                 if state in seen:
                     kids.append(nodes[seen[state]])
                     continue
@@ -222,8 +253,6 @@ def heuristicmin(df: pd.DataFrame, hierarchies: Mapping[str, Hierarchy], k: int 
                 seen[state] = node.order
                 info[node.order] = cvio
                 kids.append(node)
-            if not kids:
-                raise ValueError("heuristicmin: requirements cannot be met even at the hierarchy roots")
             order = max(kids, key=lambda nd: (nd.n == 0, nd.m, -nd.n)).order
         best = order
     return _result(df, t, nodes, duplicates, expanded, best, count)
@@ -242,13 +271,26 @@ def _result(df, t, nodes, duplicates, expanded, best, count) -> HeuristicMinResu
 
 
 def interval_hierarchy(lower: float, upper: float, depth: int, name: str = "") -> Hierarchy:
-    """A binary interval tree over [lower, upper] with 2**depth leaf bins, for numeric attributes [ours]."""
+    """A binary interval tree over [lower, upper] with 2**depth leaf bins, for numeric attributes [ours].
+
+    Labels carry enough significant digits to tell adjacent bin edges apart (a 30-hour span of Unix times
+    needs 10, not the 6 of ``%g``); a degenerate range [L, L] is widened to [L, L + 1], the same unit width
+    the adapters bin a zero-width dimension with.
+    """
+    if not upper > lower:
+        upper = lower + 1.0
+    step = (upper - lower) / 2 ** depth
+    digits = max(6, int(np.ceil(np.log10(max(abs(lower), abs(upper)) / step))) + 2)
+
+    def fmt(x):
+        return f"{x:.{digits}g}"
+
     def build(lo, hi, d):
         if d == 0:
             return []
         mid = (lo + hi) / 2
-        return {f"[{lo:.6g}, {mid:.6g})": build(lo, mid, d - 1), f"[{mid:.6g}, {hi:.6g}]": build(mid, hi, d - 1)}
-    return Hierarchy.from_nested({f"[{lower:.6g}, {upper:.6g}]*": build(lower, upper, depth)}, name)
+        return {f"[{fmt(lo)}, {fmt(mid)})": build(lo, mid, d - 1), f"[{fmt(mid)}, {fmt(hi)}]": build(mid, hi, d - 1)}
+    return Hierarchy.from_nested({f"[{fmt(lower)}, {fmt(upper)}]*": build(lower, upper, depth)}, name)
 
 
 class HeuristicMin:
