@@ -6,13 +6,13 @@ import json
 import sys
 from pathlib import Path
 
-DATASET_CHOICES = ("oyster", "citibike", "obd2")
+DATASET_CHOICES = ("oyster", "citibike", "obd2", "oyster-cards")
 
 
 def _cmd_demo(args) -> int:
     from stream_anon.demo import run_demo
     return run_demo(args.dataset, events=args.events, k=args.k, report_path=args.report, timeout_s=args.timeout,
-                    dp=args.dp)
+                    dp=args.dp, m=args.m)
 
 
 def _cmd_replay(args) -> int:
@@ -101,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--dataset", choices=DATASET_CHOICES, default="oyster")
     d.add_argument("--events", type=int, default=None, help="number of events (default: the whole bundled slice)")
     d.add_argument("--k", type=int, default=None, help="override k of configs/<dataset>.toml")
+    d.add_argument("--m", type=int, default=None,
+                   help="m-invariance: every class m-unique, one signature per individual across releases "
+                        "(oyster-cards: default m of its config; citibike: bikes and their fleet contract); adds "
+                        "m, checker verdict, counterfeits and intersection-attack figures to the report")
     d.add_argument("--report", default=None, help="write the JSON report here")
     d.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for full accounting")
     d.add_argument("--dp", action="store_true",
@@ -155,7 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("evaluate", help="compare strategies: privacy, utility, attack recall, plots",
                        description="Batch-anonymize a dataset with each strategy at each k (k in distinct "
                                    "individuals); write results.json, results.md and PNG plots to --out.")
-    e.add_argument("--dataset", choices=("adult",) + DATASET_CHOICES, required=True)
+    e.add_argument("--dataset", choices=("adult",) + tuple(d for d in DATASET_CHOICES if d != "oyster-cards"),
+                   required=True)
     e.add_argument("--strategies", default="all", help="comma-separated registered names (default: all)")
     e.add_argument("--k", default="2,5,10", help="comma-separated k values")
     e.add_argument("--l", type=int, default=None, help="l for strategies that take it; rows report l_satisfied")

@@ -65,7 +65,7 @@ def latency_seconds(bootstrap: str, raw_topic: str, records_topic: str, secret: 
 
 def run_demo(dataset: str = "oyster", events: int | None = None, k: int | None = None,
              report_path: str | None = None, timeout_s: float = 600.0, full: bool = False,
-             dp: bool = False) -> int:
+             dp: bool = False, m: int | None = None) -> int:
     from stream_anon.audit.kafka_source import audit_from_kafka, read_outputs
     from stream_anon.broker import EmbeddedBroker
     from stream_anon.config import load_config
@@ -78,7 +78,7 @@ def run_demo(dataset: str = "oyster", events: int | None = None, k: int | None =
     _say("generated a throwaway secret for this run (audit tokens cannot be mapped back after it exits); "
          "a real deployment reads STREAM_ANON_SECRET")
     work = Path(tempfile.mkdtemp(prefix="stream-anon-demo-"))
-    config_path = derived_config(dataset, work, dp=dp, k=k)     # aggregates only with --dp
+    config_path = derived_config(dataset, work, dp=dp, k=k, m=m)     # aggregates only with --dp
     config = load_config(config_path)
     if dp and config.dp is None:
         print(f"stream-anon demo: --dp: configs/{dataset}.toml has no [dp] / [[aggregates]] tables", file=sys.stderr)
@@ -104,8 +104,8 @@ def run_demo(dataset: str = "oyster", events: int | None = None, k: int | None =
             report = audit_from_kafka(broker.bootstrap, config_path, secret)
             lat = latency_seconds(broker.bootstrap, config.stream.input_topic, records_topic(config.stream.name),
                                   secret)
-            manifests = {m["release_id"]: m for m in read_outputs(broker.bootstrap, config.stream.name,
-                                                                   idle_s=1.0).manifests}
+            published = read_outputs(broker.bootstrap, config.stream.name, idle_s=1.0)
+            manifests = {m["release_id"]: m for m in published.manifests}
             if dp:
                 from stream_anon.kafka.aggregates import read_dp_report
                 dp_report = read_dp_report(broker.bootstrap, config)
@@ -115,9 +115,10 @@ def run_demo(dataset: str = "oyster", events: int | None = None, k: int | None =
         else:
             os.environ[crypto.SECRET_ENV] = env_secret
     s = report.summary
-    n_rec = sum(c["records"] for m in manifests.values() for c in m["classes"])
-    classes_ncp = (round(sum(c["records"] * c["ncp"] for m in manifests.values() for c in m["classes"]) / n_rec, 4)
-                   if n_rec else None)
+    # loss of the real records (a class's counterfeit records carry its NCP but are no data)
+    real = [(c["records"] - c.get("counterfeit_records", 0), c["ncp"]) for m in manifests.values() for c in m["classes"]]
+    n_rec = sum(n for n, _ in real)
+    classes_ncp = round(sum(n * ncp for n, ncp in real) / n_rec, 4) if n_rec else None
     out = {
         "dataset": dataset, "k": config.anonymization.k, "events_in": s["events_in"], "published": s["published"],
         "suppressed": s["suppressed"], "suppressed_by_reason": s.get("suppressed_by_reason", {}),
@@ -135,6 +136,14 @@ def run_demo(dataset: str = "oyster", events: int | None = None, k: int | None =
                              "includes waiting for the event-time window to close (the replay is faster than "
                              "real time)"},
     }
+    if config.anonymization.m is not None:
+        out.update(minvariance_report(config, config_path, report, published.records, data, secret))
+        _say(f"m-invariance (m = {out['m']}): checker {'PASSED' if out['m_invariance_passed'] else 'FAILED'}, "
+             f"{out['signature_changes']} signature changes, {out['counterfeit_individuals']:,} counterfeit "
+             f"individuals (lower bound {out['counterfeit_lower_bound']:,}), {out['counterfeit_records']:,} "
+             f"counterfeit records; intersection attack pins {out['intersection_attack']['success_rate']:.1%} "
+             f"(mean {out['intersection_attack']['mean_candidates']} candidates) vs "
+             f"{out['intersection_attack']['naive_success_rate']:.1%} on naive per-window k/l releases")
     if dp:
         out["dp"] = dp_report
         _say(f"DP aggregates: {dp_report['aggregates_published']:,} rows, max epsilon per individual "
@@ -153,6 +162,45 @@ def run_demo(dataset: str = "oyster", events: int | None = None, k: int | None =
         Path(report_path).write_text(json.dumps(out, indent=2))
         print(f"report written to {report_path}")
     return 0 if report.passed else 1
+
+
+def minvariance_report(config, config_path, audit_report, records: list[dict], events: list[dict],
+                       secret: bytes) -> dict:
+    """The m-invariance part of the demo report: the independent checker's verdict (run by the audit on every
+    release) and the intersection attack on our releases and on naive per-window k-anonymous, l-diverse (l = m)
+    releases of the same events (stream_anon.attacks.intersection)."""
+    from stream_anon.attacks.intersection import intersection_attack, naive_kl_releases
+    from stream_anon.audit.checks import AuditConfig
+
+    a, s = config.anonymization, audit_report.summary
+    chk = audit_report.checks.get("m_invariance", {"passed": False})
+    unit, invariant = config.stream.privacy_unit, config.invariant_sensitive
+    ours = intersection_attack(records, events, secret, privacy_unit=unit, invariant=invariant)
+    naive, _ = naive_kl_releases(events, a.k, a.m, secret=secret, privacy_unit=unit, invariant=invariant,
+                                 window_s=a.window_s, quasi_identifiers=AuditConfig.from_toml(config_path)
+                                 .quasi_identifiers, sensitive_fields=[invariant], stream=f"naive-{config.stream.name}")
+    leak = intersection_attack(naive, events, secret, privacy_unit=unit, invariant=invariant)
+
+    def rnd(x):
+        return None if x is None else round(float(x), 4)
+
+    individuals = s.get("m_invariance_individuals") or 0
+    return {
+        "m": a.m, "invariant": invariant, "m_invariance_passed": bool(chk["passed"]),
+        "signature_changes": s.get("signature_changes"), "counterfeit_individuals": s.get("counterfeit_individuals"),
+        "counterfeit_lower_bound": s.get("counterfeit_lower_bound"),
+        "counterfeit_records": s.get("counterfeit_records"),
+        "counterfeit_records_share": rnd(s.get("counterfeit_records", 0) / max(1, s["records"])),
+        "intersection_attack": {
+            "naive_success_rate": rnd(leak["success_rate"]), "naive_mean_candidates": rnd(leak["mean_candidates"]),
+            "success_rate": rnd(ours["success_rate"]), "mean_candidates": rnd(ours["mean_candidates"]),
+            "min_candidates": ours["min_candidates"], "targets": ours["targets"], "naive_targets": leak["targets"],
+            "individuals": individuals,
+            "adversary": "knows which class holds the target in every release it appears in; intersects the "
+                         "classes' sets of published invariant values (pinned = one value left)",
+            "naive": f"per-window k = {a.k} (distinct individuals), distinct l = {a.m} diversity, no invariance",
+        },
+    }
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-from stream_anon.datasets import citibike, obd2, oyster
+from stream_anon.datasets import citibike, obd2, oyster, oyster_cards
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 DATA_DIR = REPO_ROOT / "data"
@@ -21,6 +21,7 @@ class Dataset(NamedTuple):
     read: Callable[..., list[dict]]   # read_events(path, limit=None) -> list of events
     slice_path: Path                  # bundled raw-format slice
     full_path: Path                   # full file; may be absent
+    derived: bool = False             # events built from the file's rows (not one event per raw row)
 
 
 DATASETS = {
@@ -30,6 +31,11 @@ DATASETS = {
                         SHARED_DATA / "citibike_jc" / "citibike_jc_trips.csv.gz"),
     "obd2": Dataset(obd2.read_events, DATA_DIR / "obd2_19drivers.csv.gz",
                     SHARED_DATA / "obd2" / "obd2_19drivers.csv.gz"),
+    # demo: the real Oyster journeys of the slice (or full Monday file) grouped into persistent synthetic cards
+    # (stream_anon.datasets.oyster_cards, OysterCardsParams defaults); the privacy unit comes back release after
+    # release, which is what m-invariance (issue 3) is about
+    "oyster-cards": Dataset(oyster_cards.read_events, DATA_DIR / "oyster_slice.csv.gz",
+                            SHARED_DATA / "oyster" / "oyster_events_mon.csv.gz", derived=True),
 }
 
 

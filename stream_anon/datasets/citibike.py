@@ -10,12 +10,25 @@ Data quirks handled here (see ``/work/shared/data/citibike_jc/SOURCE.md``):
   April 2017 on; not in SOURCE.md); both become null. Implausible years (25 trips before 1920, min 1887) are
   kept as published. ``usertype`` may be empty (117 rows, null); ``gender`` is 0 unknown, 1 male, 2 female.
 - ``bikeid`` is the vehicle, seen across many trips and months: the natural privacy unit.
+
+The invariant sensitive attribute for m-invariance (issue 3): ``payload.fleet_contract``
+-----------------------------------------------------------------------------------------
+m-invariance protects a property of the *vehicle* that never changes and is sensitive, like the fleet contract
+type the issue names (owned, leased, sponsor, partner: the terms a fleet operator negotiates, or for a private car
+its financing). The trip files publish nothing about a bike but its id, and every attribute derived from its trips
+(how often it rides, where it is parked) is known to the adversary the attack models, who knows the target's
+quasi-identifiers and the releases it appears in: it would protect nothing. So each REAL bike gets a contract type
+from the master data a real deployment would join on the vehicle id; here that master data is simulated by a
+fixed assignment from a hash of the bike id with the shares in ``FLEET_CONTRACT_SHARES`` (stable for the bike's
+lifetime, independent of its trips and of the order the file is read in). Trips, bikes and times stay real.
 """
 from __future__ import annotations
 
 from datetime import datetime
 from pathlib import Path
 from zoneinfo import ZoneInfo
+
+import hashlib
 
 import pandas as pd
 
@@ -24,6 +37,21 @@ MISSING = ("", "NULL")
 COLUMNS = ("tripduration", "starttime", "start station id", "start station name", "start station latitude",
            "start station longitude", "end station id", "end station name", "end station latitude",
            "end station longitude", "bikeid", "usertype", "birth year", "gender")
+
+
+# simulated fleet master data: contract type shares over bikes (see the module docstring)
+FLEET_CONTRACT_SHARES = (("owned", 0.35), ("leased", 0.30), ("sponsored", 0.20), ("partner", 0.15))
+
+
+def fleet_contract(bike_id: str) -> str:
+    """The contract type of a bike: a fixed function of its id (SHA-256 -> a point in [0, 1) -> the shares)."""
+    u = int.from_bytes(hashlib.sha256(f"fleet-contract:{bike_id}".encode()).digest()[:8], "big") / 2 ** 64
+    acc = 0.0
+    for name, share in FLEET_CONTRACT_SHARES:
+        acc += share
+        if u < acc:
+            return name
+    return FLEET_CONTRACT_SHARES[-1][0]
 
 
 def local_time(starttime: str) -> str:
@@ -65,6 +93,7 @@ def read_events(path: str | Path, limit: int | None = None) -> list[dict]:
                 "end_longitude": float(end_lon),
                 "usertype": usertype or None,
                 "gender": int(gender),
+                "fleet_contract": fleet_contract(bike),
             },
         })
     return events

@@ -394,13 +394,14 @@ class MInvariantFormer:
 
     def _template(self, v: str | None, freq: Counter) -> tuple[str, ...] | None:
         """A new signature for value v: v plus the m most frequent other values seen so far (m + 1 values: one more
-        than m leaves slack for the 1/m rule). None while fewer than m values have ever been seen (no signature
-        can be m-unique yet: the individual waits)."""
+        than m leaves slack for the 1/m rule; with exactly m values every class would have to be perfectly
+        balanced). None (the individual waits) while fewer than m + 1 values have been seen, unless 4 m k
+        individuals have been seen and the domain really seems to have m values."""
         others = sorted((w for w in freq if w is not None and w != v and freq[w] > 0),
                         key=lambda w: (-freq[w], w))
-        chosen = ([v] if v is not None else []) + others
-        chosen = chosen[: self.m + 1]
-        return tuple(sorted(chosen)) if len(chosen) >= self.m else None
+        chosen = (([v] if v is not None else []) + others)[: self.m + 1]
+        enough = sum(freq.values()) >= 4 * self.m * self.k
+        return tuple(sorted(chosen)) if len(chosen) > self.m or (enough and len(chosen) == self.m) else None
 
     def _expire(self, now: float) -> None:
         a = self.engine.config.anonymization
@@ -580,14 +581,17 @@ class MInvariantFormer:
         for ui in order:
             v = val_of[ui]
             cands = [sid for sid, sig in enumerate(self.sigs) if v is None or v in sig]
-            if not cands:
-                template = self._template(v, freq)
-                if template is None:
-                    continue                  # fewer than m values seen so far: it waits (deferred)
-                cands = [self._sig_id(template)]
-                pop.setdefault(cands[0], Counter())
+            template = self._template(v, freq)
+            fresh = template is not None and template not in self.sig_index
+            if not cands and template is None:
+                continue                      # fewer than m values seen so far: it waits (deferred)
             best, best_key = None, None
-            for sid in cands:
+            for sid in cands + ([-2] if fresh else []):
+                if sid == -2:                 # a new signature from today's frequencies (only if it helps)
+                    if best_key is not None and not best_key[0]:
+                        break                 # an existing signature takes v within the cap
+                    sid = self._sig_id(template)
+                    pop.setdefault(sid, Counter())
                 sig = self.sigs[sid]
                 vidx = {w: i for i, w in enumerate(sig)}
                 c = np.zeros(len(sig), dtype=np.int64)
@@ -603,7 +607,7 @@ class MInvariantFormer:
                 total = sum(p.values()) + 1
                 share = (p[v] + 1) / total if v is not None else 0.0
                 over = max(0.0, share - cap) if total > 1 else 0.0
-                key = (delta > 0, over > 0, delta, over, n0 == 0, share, -n0, sid)
+                key = (over > 0, delta > 0, delta, over, n0 == 0, share, -n0, sid)
                 if best_key is None or key < best_key:
                     best, best_key = sid, key
             out[ui] = best
