@@ -5,7 +5,8 @@
    producer stub that only collects the serialized messages; four partitions by the keyed pseudonym of the
    privacy unit (as ``replay`` keys them); checkpoints and the ledger are written to disk (fsync) as in the
    worker. Same input, same batches for both configurations; the two modes alternate ``--repeats`` times and
-   the best run of each is reported (the machine is shared). Default input: the full Monday file.
+   the best run of each is reported, with its CPU time (all threads; less sensitive than wall time to the other
+   jobs of a shared machine). Default input: the full Monday file.
 2. On the embedded broker: ``run_until_accounted`` (a worker subprocess until every event is published,
    suppressed or dead-lettered) for each configuration, each on its own topic with the same events. Wall time
    includes the consumer-group join (~3-4 s). Default input: the bundled slice.
@@ -66,10 +67,11 @@ def in_process(config_path: Path, messages: list, batch: int) -> dict:
         async def run():
             for i in range(0, len(messages), batch):
                 await core.process_batch(messages[i:i + batch])
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         asyncio.run(run())
-        secs = time.perf_counter() - t0
+        secs, cpu = time.perf_counter() - t0, time.process_time() - c0
     return {"events": len(messages), "seconds": round(secs, 3), "events_per_s": round(len(messages) / secs, 1),
+            "cpu_seconds": round(cpu, 3), "cpu_us_per_event": round(1e6 * cpu / len(messages), 2),
             "messages_out": sent["messages"], "aggregate_rows": sent["aggregates"],
             "releases": core.stats["releases"], "published": core.stats["published"]}
 
@@ -138,8 +140,10 @@ def main() -> None:
         ip["throughput_ratio"] = round(ip["with_dp"]["events_per_s"] / ip["without_dp"]["events_per_s"], 3)
         ip["cost_us_per_event"] = round(1e6 * (ip["with_dp"]["seconds"] - ip["without_dp"]["seconds"]) /
                                         len(messages), 2)
+        ip["cpu_cost_us_per_event"] = round(ip["with_dp"]["cpu_us_per_event"] - ip["without_dp"]["cpu_us_per_event"],
+                                            2)
         print(f"in process: with DP {ip['throughput_ratio']:.3f} x the throughput without, "
-              f"+{ip['cost_us_per_event']} us/event", flush=True)
+              f"+{ip['cost_us_per_event']} us/event wall, +{ip['cpu_cost_us_per_event']} us/event CPU", flush=True)
         if not args.no_broker:
             slice_events = load_events("oyster", limit=args.broker_events)
             result["broker"] = {"input": f"{len(slice_events)} events of the bundled slice",

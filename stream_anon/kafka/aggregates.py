@@ -92,12 +92,14 @@ class PartitionAggregates:
         seed = crypto.dp_noise_seed(secret, self.stream, self.partition)
         if state is None:
             self.aggregator = DPAggregator(self.dp, self.ledger, seed, stream=self.stream)
-            self.watermark, self.open_window, self.buffer = -np.inf, None, []
+            self.watermark, self.open_window = -np.inf, None
+            self.buffer = {f: [] for f in self.fields}     # open window's events, column by column (compact JSON)
         else:
             self.aggregator = DPAggregator.from_state(self.dp, self.ledger, seed, state["aggregator"],
                                                       stream=self.stream)
             self.watermark = -np.inf if state["watermark"] is None else float(state["watermark"])
-            self.open_window, self.buffer = state["open_window"], list(state["buffer"])
+            self.open_window = state["open_window"]
+            self.buffer = {f: list(state["buffer"][f]) for f in self.fields}
 
     # -- processing --------------------------------------------------------------------------------------------
     def process(self, events) -> tuple[list[dict], list[dict]]:
@@ -105,8 +107,9 @@ class PartitionAggregates:
         that closed. The ledger is on disk before this returns."""
         rows: list[dict] = []
         metrics: list[dict] = []
-        tf, ws, fields = self.time_field, self.window_s, self.fields
+        tf, ws = self.time_field, self.window_s
         get_path, parse_time = self._get_path, self._parse_time
+        columns = [(f, self.buffer[f].append) for f in self.fields]
         for e in events:
             t = parse_time(get_path(e, tf))
             if t is None:           # the engine rejects such events before they get here; never guess a window
@@ -119,7 +122,9 @@ class PartitionAggregates:
             elif mark > self.open_window:
                 self._close(rows, metrics)
                 self.open_window = mark
-            self.buffer.append({f: get_path(e, f) for f in fields})
+                columns = [(f, self.buffer[f].append) for f in self.fields]     # _close made new lists
+            for f, append in columns:
+                append(get_path(e, f))
         return rows, metrics
 
     def flush(self) -> tuple[list[dict], list[dict]]:
@@ -127,7 +132,7 @@ class PartitionAggregates:
         whose watermark still lies in it go to the next window."""
         rows: list[dict] = []
         metrics: list[dict] = []
-        if self.open_window is not None and self.buffer:
+        if self.open_window is not None and self.buffer[self.time_field]:
             self._close(rows, metrics)
             self.open_window += 1
         return rows, metrics
@@ -150,8 +155,10 @@ class PartitionAggregates:
 
     def _close(self, rows: list, metrics: list) -> None:
         w = self.open_window
-        out = self.aggregator.process_window(w, self.buffer, flat=True)   # reserves (writes) the ledger first
-        self.buffer = []
+        names = list(self.buffer)
+        flats = [dict(zip(names, vals)) for vals in zip(*self.buffer.values())]
+        out = self.aggregator.process_window(w, flats, flat=True)     # reserves (writes) the ledger first
+        self.buffer = {f: [] for f in self.fields}
         now = _now_iso()
         spent = {}                 # window -> ledger total through it (gap windows are released here too)
         for r in out:
