@@ -103,3 +103,25 @@ def synthetic_fares(n: int, seed: int = 1, start: datetime = START, span_s: int 
     events = events[:n]
     events.sort(key=lambda e: e["event_time"])
     return events
+
+
+def write_cards_config(directory: Path, name: str, input_topic: str, m: int = 3, k: int | None = None) -> Path:
+    """configs/oyster-cards.toml (persistent cards, m-invariance) renamed to a test stream with absolute hierarchy
+    paths; ``m``/``k`` override the file's."""
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "configs" / "oyster-cards.toml").read_text()
+    text = text.replace('name = "oyster-cards"', f'name = "{name}"')
+    text = text.replace('input_topic = "raw.fare.oyster-cards"', f'input_topic = "{input_topic}"')
+    text = text.replace('hierarchy = "hierarchies/', f'hierarchy = "{root}/configs/hierarchies/')
+    lines = []
+    for line in text.splitlines():
+        if line.startswith("m = "):
+            line = f"m = {m}"
+        elif k is not None and line.startswith("k = "):
+            line = f"k = {k}"
+        lines.append(line)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
