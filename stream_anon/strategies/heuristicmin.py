@@ -93,6 +93,7 @@ class _Table:
         self.unit = pd.factorize(df[unit])[0] if unit else None
         self.col = {a: j for j, a in enumerate(self.attributes)}
         self.node_id = [{lab: i for i, lab in enumerate(h.graph.nodes)} for h in self.h]
+        self.n_nodes = [len(ids) for ids in self.node_id]
 
     def root_state(self) -> tuple:
         return tuple(tuple(u) for u in self.uniq)
@@ -100,26 +101,42 @@ class _Table:
     def evaluate(self, state):
         gen = np.stack([np.array([self.node_id[j][lab] for lab in state[j]])[self.codes[:, j]]
                         for j in range(len(state))], axis=1)
-        _, row = np.unique(gen, axis=0, return_inverse=True)
-        row = row.ravel()
+        every = list(range(len(state)))
+        row = self._group(gen, every)
         m = int(row.max()) + 1 if len(row) else 0
         violating_by_req = []
         bad = np.zeros(m, bool)
         for req in self.requirements:
             cols = [self.col[a] for a in req.shield]
-            _, pid = np.unique(gen[:, cols], axis=0, return_inverse=True)
-            pid = pid.ravel()
+            pid = row if cols == every else self._group(gen, cols)
             if self.unit is None:
                 cnt = np.bincount(pid, weights=self.weight)
             else:
-                pairs = np.unique(np.stack([pid, self.unit], axis=1), axis=0)
-                cnt = np.bincount(pairs[:, 0], minlength=int(pid.max()) + 1)
+                n_units = int(self.unit.max()) + 1
+                pairs = np.unique(pid * n_units + self.unit)
+                cnt = np.bincount(pairs // n_units, minlength=int(pid.max()) + 1)
             rec_bad = cnt[pid] < req.k
             rows_bad = np.zeros(m, bool)
             rows_bad[row[rec_bad]] = True
             violating_by_req.append(rec_bad)
             bad |= rows_bad
         return int(bad.sum()), m, violating_by_req
+
+    def _group(self, gen, cols) -> np.ndarray:
+        """Group ids (in lexicographic order of the ``cols`` of ``gen``) of the records.
+
+        One int64 key per record in mixed radix (node ids < ``n_nodes``), re-numbered densely before it
+        could overflow: a 1-D sort instead of ``np.unique(axis=0)``'s row sort, which took 97% of the time.
+        """
+        key = np.zeros(len(gen), np.int64)
+        bound = 1
+        for j in cols:
+            if bound * self.n_nodes[j] >= 2 ** 62:
+                key = np.unique(key, return_inverse=True)[1].ravel()
+                bound = int(key.max()) + 1
+            key = key * self.n_nodes[j] + gen[:, j]
+            bound *= self.n_nodes[j]
+        return np.unique(key, return_inverse=True)[1].ravel()
 
     def children(self, state, violating_by_req):
         out = []
