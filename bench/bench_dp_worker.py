@@ -11,7 +11,7 @@
    suppressed or dead-lettered) for each configuration, each on its own topic with the same events. Wall time
    includes the consumer-group join (~3-4 s). Default input: the bundled slice.
 
-    .venv/bin/python bench/bench_dp_worker.py [--events N] [--broker-events N] [--repeats 2]
+    .venv/bin/python bench/bench_dp_worker.py [--events N] [--broker-events N] [--repeats 1]
 """
 from __future__ import annotations
 
@@ -107,7 +107,7 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=None, help="in-process input (default: the full Monday file)")
     ap.add_argument("--broker-events", type=int, default=None, help="broker input (default: the bundled slice)")
     ap.add_argument("--batch", type=int, default=2000)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--no-broker", action="store_true")
     ap.add_argument("--out", default=str(REPO / "bench/results/dp_worker.json"))
     args = ap.parse_args()
