@@ -285,7 +285,8 @@ def read_dp_report(bootstrap: str, config, idle_s: float = 1.0) -> dict:
                                             "lives in one partition",
             "error": "stream-wide running counts (sum over partitions) against the true bounded counts of the "
                      "same windows, over the windows every partition published; theory = root mean of the noise "
-                     "variances stated on the rows; naive = prefix sums of the per-window rows",
+                     "variances stated on the rows; naive = prefix sums of the per-window rows (identical to the "
+                     "continual figure when the configured horizon selects per-window noising, e.g. 96 windows)",
             "aggregates_published": "distinct rows (row_id) on anon.aggregates, every partition, output and key",
         },
     }
