@@ -144,6 +144,21 @@ def test_window_reclosed_with_other_events_is_a_second_paid_release_with_fresh_n
     assert third.process(late + [closer])[0] == reclosed and third.ledger.spent == second.ledger.spent
 
 
+def test_two_workers_holding_one_partition_share_one_ledger(tmp_path):
+    """During a rebalance two workers may both process a partition for a moment. Each ledger writing its own
+    memory would let them spend 0.6 + 0.6 of a budget of 1.0 and drop each other's entries; ours merge the file
+    under a lock before every reservation."""
+    path = tmp_path / "p0.ledger.json"
+    old_owner, new_owner = BudgetLedger(path, 1.0), BudgetLedger(path, 1.0)     # both loaded an empty ledger
+    assert new_owner.reserve("taps", 10, 0.6).ok
+    late = old_owner.reserve("taps", 11, 0.6)
+    assert not late.ok and late.event()["type"] == "budget_exhausted", "the other worker's spend counts"
+    assert old_owner.reserve("taps", 10, 0.6).new is False, "a window the other worker released spends nothing"
+    on_disk = BudgetLedger(path, 1.0)
+    assert on_disk.spent == pytest.approx(0.6) and on_disk.reserved("taps", 10) == pytest.approx(0.6)
+    assert on_disk.is_stopped("taps")
+
+
 def test_averaging_restarted_releases_recovers_nothing(tmp_path):
     """Attack: re-run the same window many times (crash loops) and average what was published. With fresh
     noise per run (naive: a random seed per process) the average converges to the true count; with the noise

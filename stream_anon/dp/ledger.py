@@ -25,6 +25,8 @@ a deterministic function of a secret seed and the window, so a re-produced relea
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import math
 import os
@@ -99,17 +101,40 @@ class BudgetLedger:
         self._entries: dict[tuple[str, str], float] = {}
         self._exhausted: dict[str, dict] = {}
         self._content: dict[tuple[str, str], str] = {}      # digest of the released content per entry
+        self._merge_from_disk()
+
+    def _merge_from_disk(self) -> None:
+        """Add the file's reservations to ours and rebuild the accountant. Called at start and, under the file
+        lock, before every reservation: during a rebalance two workers may briefly hold the same partition,
+        and a ledger written from one worker's memory alone would drop the other's spends."""
         if self.path is not None and self.path.exists():
             data = json.loads(self.path.read_text())
             if data.get("version") != LEDGER_VERSION:
                 raise ValueError(f"{self.path}: unsupported ledger version {data.get('version')!r}")
             for e in data["entries"]:
-                self._entries[(e["aggregate"], str(e["window"]))] = float(e["epsilon"])
+                key = (e["aggregate"], str(e["window"]))
+                self._entries[key] = float(e["epsilon"])
                 if e.get("content") is not None:
-                    self._content[(e["aggregate"], str(e["window"]))] = e["content"]
-            self._exhausted = dict(data.get("exhausted", {}))
+                    self._content[key] = e["content"]
+            for a, info in data.get("exhausted", {}).items():
+                self._exhausted.setdefault(a, info)
         self._accountant = BudgetAccountant(epsilon=self.epsilon_budget * (1 + _REL_TOL), delta=0.0,
                                             spent_budget=[(eps, 0.0) for eps in self._entries.values()])
+
+    @contextlib.contextmanager
+    def _locked(self):
+        """Exclusive lock on ``<ledger>.lock`` (POSIX advisory) around a read-merge-reserve-write."""
+        if self.path is None:
+            yield
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_name(self.path.name + ".lock"), "a") as fh:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+            try:
+                self._merge_from_disk()
+                yield
+            finally:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
     # -- queries ------------------------------------------------------------------------------------------
     @property
@@ -163,6 +188,11 @@ class BudgetLedger:
         second release of that window, charged again under the key ``"<window>~<n>"``; the returned
         :attr:`Reservation.window` is that key, and the aggregator draws the release's noise from it.
         """
+        with self._locked():
+            return self._reserve_many(requests)
+
+    def _reserve_many(self, requests) -> list:
+        """The body of :meth:`reserve_many`, under the file lock with the file merged in."""
         outcomes, dirty = [], False
         for aggregate, window, epsilon, *content in requests:
             window = str(window)
