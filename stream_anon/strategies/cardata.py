@@ -40,7 +40,7 @@ import pandas as pd
 
 from stream_anon.hierarchy import Hierarchy
 from stream_anon.strategies.heuristicmin import interval_hierarchy
-from stream_anon.strategies.tabular import generalize_classes
+from stream_anon.strategies.tabular import generalize_classes, row_groups
 
 MAX_LATTICE = 20_000
 
@@ -75,6 +75,8 @@ def lattice_classes(codes: np.ndarray, hierarchies: list[Hierarchy], units: np.n
     if int(np.prod(sizes)) > MAX_LATTICE:
         raise ValueError(f"car-data: generalization lattice of {int(np.prod(sizes))} nodes is too large")
     uid = pd.factorize(units)[0]
+    n_units = int(uid.max()) + 1 if n else 1
+    radices = [(h.n_leaves + 1) ** 2 for h in hierarchies]    # node ids: lo * (leaves + 1) + hi
     best = None
     for levels in itertools.product(*[range(s) for s in sizes]):
         node = np.empty((n, D), np.int64)
@@ -84,10 +86,9 @@ def lattice_classes(codes: np.ndarray, hierarchies: list[Hierarchy], units: np.n
             top = len(lo_t) - 1
             node[:, d] = np.where(c >= 0, lo_t[lvl][np.clip(c, 0, None)], lo_t[top][0])
             loss += w[d] * np.where(c >= 0, loss_t[lvl][np.clip(c, 0, None)], 1.0)
-        _, label = np.unique(node, axis=0, return_inverse=True)
-        label = label.ravel()
-        pairs = np.unique(np.stack([label, uid], axis=1), axis=0)
-        individuals = np.bincount(pairs[:, 0], minlength=label.max() + 1)
+        label = row_groups(node, radices)
+        pairs = np.unique(label * n_units + uid)
+        individuals = np.bincount(pairs // n_units, minlength=label.max() + 1)
         small = individuals[label] < k
         if small.mean() > suppression_limit:
             continue

@@ -109,6 +109,28 @@ class Attribute:
         return mean, (std if std > 0 else 1.0)
 
 
+def row_groups(values: np.ndarray, radices) -> np.ndarray:
+    """Dense group id per row of the (n, D) non-negative int ``values`` (column d below ``radices[d]``),
+    numbered in lexicographic order of the rows, as ``np.unique(values, axis=0, return_inverse=True)``.
+
+    One int64 key per row in mixed radix, re-numbered densely before it could overflow: a 1-D sort instead
+    of ``np.unique(axis=0)``'s row sort, which dominated the lattice and search strategies' run time.
+
+    >>> row_groups(np.array([[1, 0], [0, 2], [1, 0]]), [2, 3]).tolist()
+    [1, 0, 1]
+    """
+    key = np.zeros(len(values), np.int64)
+    bound = 1
+    for d, radix in enumerate(radices):
+        radix = int(radix)
+        if bound * radix >= 2 ** 62:
+            key = np.unique(key, return_inverse=True)[1].ravel()
+            bound = int(key.max()) + 1 if len(key) else 1
+        key = key * radix + values[:, d]
+        bound *= radix
+    return np.unique(key, return_inverse=True)[1].ravel()
+
+
 def tree_matrix(h: Hierarchy, leaf_codes: np.ndarray) -> np.ndarray:
     """D^T between leaves (by leaf code): leaves under their lowest common ancestor minus one."""
     u = len(leaf_codes)
