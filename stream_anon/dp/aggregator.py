@@ -216,26 +216,26 @@ class DPAggregator:
     def _cell_values(self, spec: AggregateSpec, flats: list[dict]):
         """Per component, the bounded true value of every cell; plus counts of what was left out."""
         cells = self._cells[spec.name]
+        if spec.where:
+            flats = [f for f in flats if not any(f.get(k) not in allowed for k, allowed in spec.where)]
+        pu, vf, ratio = self.privacy_unit, spec.value_field, spec.kind == "ratio"
+        all_units = [f.get(pu) for f in flats]
+        keys = (zip(*(g.keys_of(flats) for g in spec.group_by)) if spec.group_by
+                else itertools.repeat((), len(flats)))
+        all_vals = [f.get(vf) for f in flats] if vf is not None else itertools.repeat(None, len(flats))
         idx, units, vals = [], [], []
         missing = ood = 0
-        for f in flats:
-            if spec.where and any(f.get(k) not in allowed for k, allowed in spec.where):
-                continue
-            unit = f.get(self.privacy_unit)
-            key = tuple(g.key_of(f) for g in spec.group_by)
+        for unit, key, v in zip(all_units, keys, all_vals):
             if unit is None:
                 missing += 1
                 continue
-            if any(k is None for k in key):
+            if None in key:                       # keys are domain values (str, int): never equal to None
                 ood += 1
                 continue
-            v = None
-            if spec.value_field is not None:
-                v = f.get(spec.value_field)
-                if v is None or (spec.kind != "ratio" and (isinstance(v, bool) or not isinstance(v, (int, float))
-                                                           or not math.isfinite(v))):
-                    missing += 1
-                    continue
+            if vf is not None and (v is None or (not ratio and (isinstance(v, bool) or not isinstance(v, (int, float))
+                                                                or not math.isfinite(v)))):
+                missing += 1
+                continue
             idx.append(cells[key])
             units.append(unit)
             vals.append(v)
@@ -260,7 +260,7 @@ class DPAggregator:
             num = np.asarray([vals[i] in spec.numerator_values for i in np.flatnonzero(keep)], dtype=float)
             x["numerator"] = np.bincount(idx_a, weights=num, minlength=n) if len(num) else np.zeros(n)
             x["denominator"] = count
-        kept_units = {u for u, k in zip(units, keep) if k}
+        kept_units = {u for u, k in zip(units, keep) if k} if self.track_individuals else set()
         return x, {"contributions_cut": cut, "out_of_domain": ood, "missing": missing}, kept_units
 
     def true_values(self, name: str, events) -> dict[str, np.ndarray]:

@@ -63,6 +63,39 @@ class GroupKey:
             value = flat.get(f)
             if value is not None:
                 break
+        return self._value_key(value)
+
+    def keys_of(self, flats: list[dict]) -> list:
+        """``key_of`` of every event (the same values), in bulk: one mapping lookup or one time parse per
+        distinct value (a window's events repeat a few stations and minutes)."""
+        fields = self.fields
+        if len(fields) == 1:
+            f0 = fields[0]
+            raw = [f.get(f0) for f in flats]
+        elif len(fields) == 2:
+            f0, f1 = fields
+            raw = [v if (v := f.get(f0)) is not None else f.get(f1) for f in flats]
+        else:
+            raw = [next((v for v in map(f.get, fields) if v is not None), None) for f in flats]
+        if self.kind != "hour":
+            get = self.mapping.get
+            try:
+                return [get(v) for v in raw]        # get(None) is None: no domain value is null (TOML has none)
+            except TypeError:                       # an unhashable value: outside every domain
+                return [self._value_key(v) for v in raw]
+        cache: dict = {}
+        out = []
+        for v in raw:
+            try:
+                k = cache[v]
+            except KeyError:
+                k = cache[v] = self._value_key(v)
+            except TypeError:
+                k = self._value_key(v)
+            out.append(k)
+        return out
+
+    def _value_key(self, value):
         if value is None:
             return None
         if self.kind == "hour":

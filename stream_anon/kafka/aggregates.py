@@ -109,7 +109,7 @@ class PartitionAggregates:
         metrics: list[dict] = []
         tf, ws = self.time_field, self.window_s
         get_path, parse_time = self._get_path, self._parse_time
-        columns = [(f, self.buffer[f].append) for f in self.fields]
+        pending: list = []            # events of the open window in this call, copied into the buffer in bulk
         for e in events:
             t = parse_time(get_path(e, tf))
             if t is None:           # the engine rejects such events before they get here; never guess a window
@@ -120,12 +120,21 @@ class PartitionAggregates:
             if self.open_window is None:
                 self.open_window = mark
             elif mark > self.open_window:
+                self._extend(pending)
+                pending = []
                 self._close(rows, metrics)
                 self.open_window = mark
-                columns = [(f, self.buffer[f].append) for f in self.fields]     # _close made new lists
-            for f, append in columns:
-                append(get_path(e, f))
+            pending.append(e)
+        self._extend(pending)
         return rows, metrics
+
+    def _extend(self, events: list) -> None:
+        get_path = self._get_path
+        for f, column in self.buffer.items():
+            if "." in f:
+                column.extend([get_path(e, f) for e in events])
+            else:                   # a top-level field (get_path would find it the same way, one call slower)
+                column.extend([e.get(f) for e in events])
 
     def flush(self) -> tuple[list[dict], list[dict]]:
         """Close the open window now (end of a replay / idle input; mirrors :meth:`Engine.flush`). Later events
