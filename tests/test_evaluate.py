@@ -108,3 +108,15 @@ def test_reference_encoding_ncp_is_the_mean_normalized_width_of_class_codes():
     by_hand = np.mean([((X[anon.record_class == c].max(0) - X[anon.record_class == c].min(0)) / width).mean()
                        for c in anon.record_class])
     assert ncp(make_release(table, anon)) == pytest.approx(by_hand, rel=1e-12)
+
+
+def test_fit_time_bounds_spans_the_events_whole_hours():
+    from stream_anon.datasets import load_events
+    from stream_anon.engine.space import parse_time
+
+    times = [parse_time(e["event_time"]) for e in load_events("citibike", limit=300)]
+    table = load_table("citibike", limit=300, fit_time_bounds=True)
+    assert table.space.lower[0] == np.floor(min(times) / 3600) * 3600 < min(times)
+    assert max(times) < table.space.upper[0] == np.ceil(max(times) / 3600) * 3600
+    configured = load_table("citibike", limit=300)
+    assert configured.space.upper[0] > table.space.upper[0] and table.n == configured.n
