@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+import orjson
+
 from stream_anon import crypto
 from stream_anon.kafka import aggregates
 from stream_anon.kafka import checkpoint as ckpt
@@ -56,7 +58,8 @@ def _now_iso() -> str:
 
 
 def _dumps(obj) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, default=_json_default).encode("utf-8")
+    # orjson: compact UTF-8, numpy scalars and arrays natively; ~5x faster than json.dumps on the record path
+    return orjson.dumps(obj, default=_json_default, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)
 
 
 def _json_default(o):
@@ -102,7 +105,7 @@ def check_payload(raw: bytes | None, config, validate=None) -> tuple[str | None,
     if len(raw) > limit:
         return f"oversized payload: {len(raw)} bytes > limit {limit}", None
     try:
-        event = json.loads(raw)
+        event = orjson.loads(raw)     # strict RFC 8259: NaN/Infinity literals are malformed input, not numbers
     except (UnicodeDecodeError, ValueError) as exc:
         return f"malformed JSON: {exc}", None
     if not isinstance(event, dict):
@@ -341,18 +344,23 @@ class WorkerCore:
                 self.parts.pop(ps.partition)      # reload from the newer checkpoint on the next event
 
     async def flush_idle(self) -> None:
-        """Demo/end-of-input helper: flush the engines of partitions idle for ``flush_when_idle_s``.
+        """Demo/end-of-input helper: once this worker has had no input on any partition for
+        ``flush_when_idle_s``, flush the engines of its partitions.
 
         Not part of normal streaming (it closes the open window early); used by ``run_until_accounted`` so that
-        every replayed event is published or suppressed. The flushed state is checkpointed at the same offset.
+        every replayed event is published or suppressed. Idleness is judged over all partitions, not per partition:
+        the consumer may serve one partition for seconds while another waits in its fetch buffer, and flushing
+        that one early would change its releases. The flushed state is checkpointed at the same offset.
         """
         if not self.flush_when_idle_s:
             return
         loop = asyncio.get_running_loop()
         async with self.lock:
             now = time.monotonic()
+            if now - max((ps.last_input for ps in self.parts.values()), default=now) < self.flush_when_idle_s:
+                return
             for ps in list(self.parts.values()):
-                if ps.dirty_since_flush and now - ps.last_input >= self.flush_when_idle_s:
+                if ps.dirty_since_flush:
                     res = await loop.run_in_executor(None, self._compute, ps, [], True)
                     for k, v in res["counts"].items():
                         self.stats[k] += v
@@ -382,7 +390,7 @@ class WorkerCore:
 
 # --------------------------------------------------------------------------------------------- faust app
 def make_app(config, bootstrap: str, state_dir, app_id: str | None = None, secret: bytes | None = None,
-             batch_max: int = 2000, batch_within_s: float = 0.5, metrics_interval_s: float = 5.0,
+             batch_max: int = 10000, batch_within_s: float = 0.5, metrics_interval_s: float = 5.0,
              flush_when_idle_s: float | None = None, web_port: int | None = None):
     """A faust app with one agent on ``config.stream.input_topic`` (see the module docstring)."""
     import faust
@@ -411,6 +419,7 @@ def make_app(config, bootstrap: str, state_dir, app_id: str | None = None, secre
         topic_partitions=4,
         topic_replication_factor=1,
         stream_wait_empty=True,
+        Monitor="stream_anon.kafka.lean_monitor:LeanMonitor",   # no per-message statistics (see that module)
         table_standby_replicas=0,
     )
     in_topic = app.topic(config.stream.input_topic, key_type=bytes, value_type=bytes,
@@ -651,7 +660,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--broker", required=True, help="bootstrap server HOST:PORT")
     p.add_argument("--state-dir", default="state", help="checkpoint directory (default: state)")
     p.add_argument("--app-id", default=None, help="faust app id / consumer group (default: stream-anon-<stream>)")
-    p.add_argument("--batch-max", type=int, default=2000)
+    p.add_argument("--batch-max", type=int, default=10000)
     p.add_argument("--batch-within", type=float, default=0.5, help="seconds to wait to fill a batch")
     p.add_argument("--metrics-interval", type=float, default=5.0)
     p.add_argument("--flush-when-idle", type=float, default=None,
