@@ -15,7 +15,8 @@ Guarantee (checked independently by :mod:`stream_anon.audit.minvariance`)
 For every release and every class in it (a reused class is judged by the records it holds in that release):
 
 * **m-unique**: among the class's individuals (real ones, counted once each, plus counterfeit ones) there are at
-  least m distinct invariant values and no value is held by more than 1/m of them (``count * m <= individuals``);
+  least m distinct invariant values and no value (null included) is held by more than 1/m of them
+  (``count * m <= individuals``);
   the class also holds records of at least k distinct *real* individuals when it is created;
 * **invariant**: the set of invariant values published in the class equals the signature of every real individual
   in it, and an individual's signature never changes while it is bound (``anonymization.m_horizon_s`` of event time
@@ -38,11 +39,13 @@ the 1/m rule needs, so the variant keeps the guarantee above and changes how it 
 1. **Division.** The buffered records are grouped by individual. An individual with a bound signature goes to the
    bucket of that signature (a bucket is the set of present individuals sharing a signature).
 2. **Balancing and assignment.** An individual seen for the first time joins a signature that contains its value
-   (rarest values first, so they seed the buckets): the one where it lowers the counterfeits this release needs,
-   else one where it adds none, keeping every signature's population (all the individuals bound to it, present or
-   not) below ``(1 - slack) / m`` per value, so that future releases of the bucket stay m-unique without
-   counterfeits. A value no signature contains opens a new signature: the value plus the m most frequent other
-   values (m + 1 values: the extra one is slack for the 1/m rule). The signature is bound only when the
+   (rarest values first, so they seed the buckets). Among those whose population (all the individuals bound to
+   it, present or not) stays below ``(1 - slack) / m`` per value with it, so that the bucket's future releases
+   stay m-unique without counterfeits, it takes the one where it lowers the counterfeits this release needs (else
+   raises them least). If every such signature would go over that cap, it opens a new signature from the current
+   value frequencies, when that is a new value set: its value plus the m most frequent other values (m + 1
+   values: the extra one is slack for the 1/m rule; with m values every class would have to be exactly
+   balanced); otherwise it joins the signature least over the cap. The signature is bound only when the
    individual is actually published.
 3. **Split.** Each bucket holding records of at least k real individuals is split like Mondrian (widest normalized
    dimension, cut nearest the median) but a cut is taken only if both halves keep k real individuals and together
@@ -63,8 +66,9 @@ Conservative choices (documented in docs/contracts.md)
   as the signature is bound. So are the records of an individual showing two values in one release (counted under
   both, as the checker does, it could make its class infeasible). The independent checker counts an individual
   under every value it ever had.
-* **Null value.** An individual whose invariant value is null counts as an individual of its class but holds no
-  value (it can only dilute); it still gets a signature and keeps it.
+* **Null value.** An individual whose invariant value is null counts as an individual of its class; a null is
+  visible in the class, so the nulls obey the 1/m rule like a value (as the checker counts them) but are no
+  distinct value and no counterfeit gets one. The individual still gets a signature and keeps it.
 * **Horizon.** After ``m_horizon_s`` without a release, an individual's signature is forgotten; the guarantee then
   covers each chain of releases separated by less than the horizon. Unset, signatures are kept as long as the state.
 """
@@ -165,6 +169,29 @@ def counterfeit_need(counts: np.ndarray, n: np.ndarray, m: int, presence: bool =
     return out
 
 
+def need_one(counts, n: int, m: int, presence: bool = True, nulls: int = 0) -> int:
+    """:func:`counterfeit_need` for one class, in plain Python (the per-individual assignment calls it thousands of
+    times per release, where numpy's call overhead dominates).
+
+    >>> need_one([5, 5, 0], 10, 3), need_one([3, 3, 3], 9, 3), need_one([4, 3, 3], 10, 3)
+    (5, 0, 2)
+    """
+    s = len(counts)
+    if s < m:
+        raise ValueError(f"a signature needs at least m = {m} values, got {s}")
+    zeros = sum(1 for c in counts if c == 0)
+    if not presence:
+        zeros = max(m - (s - zeros), 0)
+    top = max(max(counts, default=0), nulls)
+    x = max(zeros, m * top - n, 0)
+    for _ in range(m + s + 2):
+        t = (n + x) // m
+        if top <= t and t >= 1 and sum(t - c for c in counts if c < t) >= x:
+            return x
+        x += 1
+    raise RuntimeError("need_one: no feasible count")      # pragma: no cover - impossible for s >= m
+
+
 def spread_counterfeits(counts: np.ndarray, n: int, m: int, presence: bool = True, nulls: int = 0) -> np.ndarray:
     """Counterfeit individuals per signature value for one class: the minimum number, each missing value first,
     the rest on the least represented values (the class ends as balanced as possible). With ``presence=False``
@@ -174,7 +201,7 @@ def spread_counterfeits(counts: np.ndarray, n: int, m: int, presence: bool = Tru
     [0, 0, 0, 2]
     """
     counts = np.asarray(counts, dtype=np.int64)
-    total = int(counterfeit_need(counts[None, :], np.array([n]), m, presence, np.array([nulls]))[0])
+    total = need_one(counts.tolist(), n, m, presence, nulls)
     x = np.zeros(len(counts), dtype=np.int64)
     active = counts > 0
     absent = np.flatnonzero(~active)
@@ -478,26 +505,21 @@ class MInvariantFormer:
         # -- phase 3: split each bucket into classes ---------------------------------------------------------
         new_classes: list[tuple[int, np.ndarray]] = []          # (signature id, rows)
         loss_rejected = np.zeros(n_rows, dtype=bool)
-        short = np.zeros(n_rows, dtype=bool)                    # rows of a bucket below k individuals
         width = eng.space.width
         for sid in sorted(bucket_units):
             members = bucket_units[sid]
             rows = np.array(sorted(r for ui in members for r in rows_of[ui]), dtype=np.int64)
-            if len(members) < k:
-                short[rows] = True
-                continue
             presence = sid != FREE
             sig = self.sigs[sid] if presence else tuple(sorted({v for ui in members for v in unit_vals[ui]}))
-            if len(sig) < m:
-                short[rows] = True
-                continue
+            if len(members) < k or len(sig) < m:
+                continue                                         # waits; suppressed or reused when due
             vidx = {v: i for i, v in enumerate(sig)}
             c = np.zeros(len(sig), dtype=np.int64)
             for ui in members:
                 for v in unit_vals[ui]:
                     c[vidx[v]] += 1
             z = sum(1 for ui in members if unit_null[ui])
-            need = int(counterfeit_need(c[None], np.array([len(members)]), m, presence, np.array([z]))[0])
+            need = need_one(c.tolist(), len(members), m, presence, z)
             if not final and not due[rows].any() and need > self.params.defer_counterfeit_share * len(members):
                 continue                                         # wait for more of the bucket (nothing is due)
             # local ids: individual and (individual, value) pair per row
@@ -593,16 +615,11 @@ class MInvariantFormer:
                     sid = self._sig_id(template)
                     pop.setdefault(sid, Counter())
                 sig = self.sigs[sid]
-                vidx = {w: i for i, w in enumerate(sig)}
-                c = np.zeros(len(sig), dtype=np.int64)
-                for w, n in present.get(sid, Counter()).items():
-                    c[vidx[w]] = n
+                here = present.get(sid, Counter())
+                c = [here[w] for w in sig]
                 n0 = present_n[sid]
-                c1 = c.copy()
-                if v is not None:
-                    c1[vidx[v]] += 1
-                needs = counterfeit_need(np.stack([c, c1]), np.array([n0, n0 + 1]), m)
-                delta = int(needs[1] - needs[0])
+                c1 = [here[w] + (w == v) for w in sig]
+                delta = need_one(c1, n0 + 1, m) - need_one(c, n0, m)
                 p = pop.get(sid, Counter())
                 total = sum(p.values()) + 1
                 share = (p[v] + 1) / total if v is not None else 0.0
@@ -658,13 +675,15 @@ class MInvariantFormer:
         # the pool of real sensitive tuples first includes what this release publishes
         published_rows = [r for _, rows in new_classes for r in rows.tolist()] + \
                          [r for rows in reused.values() for r in rows]
-        for r in published_rows:
+        fresh: dict[str, list] = {}              # the last pool_size published tuples per value, in order
+        for r in reversed(published_rows):
             v = values[r]
             if v is not None:
-                lst = self.pool.setdefault(v, [])
-                lst.append(list(buf.sensitive[r]))
-                if len(lst) > self.params.pool_size:
-                    del lst[0]
+                lst = fresh.setdefault(v, [])
+                if len(lst) < self.params.pool_size:
+                    lst.append(list(buf.sensitive[r]))
+        for v, lst in fresh.items():
+            self.pool[v] = (self.pool.get(v, []) + lst[::-1])[-self.params.pool_size:]
 
         groups = []      # (class id, generalization, ncp, reused, signature id, rows)
         if new_classes:
@@ -691,21 +710,21 @@ class MInvariantFormer:
             sig = self.sigs[sid]
             vidx = {v: i for i, v in enumerate(sig)}
             members, rec_counts = np.unique(unit_of_row[rows], return_counts=True)
-            vals_in_class: dict[int, set] = {}
-            for r in rows.tolist():
-                vals_in_class.setdefault(int(unit_of_row[r]), set()).add(values[r])
+            # distinct (individual, value) pairs of the class (an individual has one non-null value per release)
             counts = np.zeros(len(sig), dtype=np.int64)
-            nulls = sum(1 for ui in members.tolist() if None in vals_in_class[ui])
+            nulls = 0
+            for ui, v in {(int(unit_of_row[r]), values[r]) for r in rows.tolist()}:
+                if v is None:
+                    nulls += 1
+                elif v in vidx:
+                    counts[vidx[v]] += 1
+                else:                            # pragma: no cover - phase 1/2 guarantee it
+                    raise RuntimeError(f"{cid}: an individual's value is outside the class signature")
             rec_per_unit = rec_counts.tolist()
             for ui in members.tolist():
-                vals = vals_in_class[ui] - {None}
-                if not vals <= set(sig):         # pragma: no cover - phase 1/2 guarantee it
-                    raise RuntimeError(f"{cid}: an individual's value is outside the class signature")
                 bound = self.units.get(int(uids[ui]))
                 if bound is not None and bound[0] != sid:    # pragma: no cover - division guarantees it
                     raise RuntimeError(f"{cid}: an individual's bound signature differs from the class signature")
-                for v in vals:
-                    counts[vidx[v]] += 1
             n_real = len(members)
             x = spread_counterfeits(counts, n_real, m, nulls=nulls)
             final_counts = counts + x
@@ -713,12 +732,12 @@ class MInvariantFormer:
                     or (final_counts == 0).any()):   # pragma: no cover - spread_counterfeits guarantees it
                 raise RuntimeError(f"{cid}: not m-unique after counterfeits")
             # real records
-            for r in rows.tolist():
-                rec_class.append(ci)
-                rec_sens.append(buf.sensitive[r])
-                rec_tok.append(buf.tokens[r])
-                rec_ncp.append(ncp_c)
-                rec_cf.append(False)
+            rl = rows.tolist()
+            rec_class += [ci] * len(rl)
+            rec_sens += [buf.sensitive[r] for r in rl]
+            rec_tok += [buf.tokens[r] for r in rl]
+            rec_ncp += [ncp_c] * len(rl)
+            rec_cf += [False] * len(rl)
             # counterfeit individuals and records
             n_cf_rec = 0
             for j, v in enumerate(sig):
