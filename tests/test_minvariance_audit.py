@@ -116,3 +116,27 @@ def test_counterfeit_token_format_is_the_engines():
     from stream_anon.engine.minvariance import counterfeit_token as engine_token
     assert counterfeit_token(SECRET, "s-p0-000001", "s-p0-000001-c0003", 2) == \
         engine_token(SECRET, "s-p0-000001", "s-p0-000001-c0003", 2)
+
+
+def test_demo_report_keys_from_audited_outputs(run, tmp_path):
+    """The m part of `stream-anon demo --m M`'s report, built from audited outputs (the demo reads the same from
+    the broker)."""
+    from stream_anon.cli import build_parser
+    from stream_anon.demo import derived_config, minvariance_report
+
+    args = build_parser().parse_args(["demo", "--dataset", "oyster-cards", "--m", "3"])
+    assert (args.dataset, args.m) == ("oyster-cards", 3)
+    events, raw, outputs = run
+    path = derived_config("oyster-cards", tmp_path, dp=False, m=3)
+    config = load_config(path)
+    report = audit(raw, outputs, SECRET, AuditConfig.from_toml(path))
+    out = minvariance_report(config, path, report, outputs["records"], events, SECRET)
+    assert {"m", "m_invariance_passed", "signature_changes", "counterfeit_individuals", "counterfeit_lower_bound",
+            "counterfeit_records", "intersection_attack"} <= set(out)
+    assert {"naive_success_rate", "naive_mean_candidates", "success_rate", "mean_candidates"} <= \
+        set(out["intersection_attack"])
+    assert out["m"] == 3 and out["m_invariance_passed"] and out["signature_changes"] == 0
+    assert out["counterfeit_records"] == sum(m["counterfeit_records"] for m in outputs["manifests"]) > 0
+    attack = out["intersection_attack"]
+    assert attack["success_rate"] == 0 and attack["min_candidates"] >= 3 and attack["naive_success_rate"] > 0
+    json.dumps(out)                                               # the report is JSON
