@@ -107,19 +107,26 @@ class BudgetLedger:
         """Add the file's reservations to ours and rebuild the accountant. Called at start and, under the file
         lock, before every reservation: during a rebalance two workers may briefly hold the same partition,
         and a ledger written from one worker's memory alone would drop the other's spends."""
+        new: list[float] = []
         if self.path is not None and self.path.exists():
             data = json.loads(self.path.read_text())
             if data.get("version") != LEDGER_VERSION:
                 raise ValueError(f"{self.path}: unsupported ledger version {data.get('version')!r}")
             for e in data["entries"]:
                 key = (e["aggregate"], str(e["window"]))
+                if key not in self._entries:
+                    new.append(float(e["epsilon"]))
                 self._entries[key] = float(e["epsilon"])
                 if e.get("content") is not None:
                     self._content[key] = e["content"]
             for a, info in data.get("exhausted", {}).items():
                 self._exhausted.setdefault(a, info)
-        self._accountant = BudgetAccountant(epsilon=self.epsilon_budget * (1 + _REL_TOL), delta=0.0,
-                                            spent_budget=[(eps, 0.0) for eps in self._entries.values()])
+        if not hasattr(self, "_accountant"):
+            self._accountant = BudgetAccountant(epsilon=self.epsilon_budget * (1 + _REL_TOL), delta=0.0)
+        # only the spends we did not know (usually none): diffprivlib re-validates every past spend at each
+        # spend, so re-building the accountant for every reservation would be quadratic in the ledger's length
+        for eps in new:
+            self._accountant.spend(eps, 0.0)
 
     @contextlib.contextmanager
     def _locked(self):
