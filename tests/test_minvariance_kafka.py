@@ -3,6 +3,7 @@ and restarted from its checkpoints; signatures survive (they are engine state), 
 audit still pass on everything that was published, re-produced releases included."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -15,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _kafka_helpers import write_cards_config  # noqa: E402
 
 from stream_anon.attacks.intersection import intersection_attack  # noqa: E402
-from stream_anon.audit.kafka_source import audit_from_kafka, read_outputs  # noqa: E402
+from stream_anon.audit.kafka_source import audit_from_kafka, read_outputs, read_topic  # noqa: E402
 from stream_anon.audit.minvariance import MInvarianceConfig, check_m_invariance  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402
 from stream_anon.datasets import oyster_cards  # noqa: E402
@@ -103,3 +104,10 @@ def test_kill_between_releases_restart_checker_still_passes(broker, tmp_path, se
     attack = intersection_attack(out.records, events, secret_env, privacy_unit="card_id",
                                  invariant="product_category")
     assert attack["pinned"] == 0 and attack["min_candidates"] >= 3
+    # the release metrics carry the manifests' counterfeit counts (what monitoring sees)
+    metrics = [json.loads(v) for _, v in read_topic(broker.bootstrap, "anon.metrics", idle_s=1.0)]
+    by_release = {m["release_id"]: m for m in metrics if m.get("type") == "release" and m["stream"] == name}
+    assert set(by_release) == set(release_ids)
+    for manifest in out.manifests:
+        metric = by_release[manifest["release_id"]]
+        assert (metric["m"], metric["counterfeit_records"]) == (manifest["m"], manifest["counterfeit_records"])

@@ -225,6 +225,8 @@ class WorkerCore:
                   "release_id": rel.release_id, "seq": manifest.get("seq"), "published": manifest.get("published"),
                   "suppressed": manifest.get("suppressed"), "deferred": manifest.get("deferred"),
                   "ncp_mean": manifest.get("ncp_mean"), "suppression_ratio": manifest.get("suppression_ratio")}
+        if "m" in manifest:     # m-invariance: counterfeit counts, as in the manifest (never which records)
+            metric.update({name: manifest[name] for name in ("m", "counterfeit_individuals", "counterfeit_records")})
         out.append((METRICS_TOPIC, self.stream.encode(), _dumps(metric)))
         if manifest.get("suppression_limit_exceeded"):
             alert = {"type": "alert", "stream": self.stream, "partition": rel.partition, "ts": _now_iso(),
