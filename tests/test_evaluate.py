@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from pycanon import anonymity
 
-from stream_anon.attacks.aoi import aoi_attack, box_cells, cell_ids
+from stream_anon.attacks import aoi_attack
+from stream_anon.attacks.aoi import box_cells, cell_ids
 from stream_anon.cli import main
 from stream_anon.evaluate import (adult_table, anonymize, aoi_result, load_table, make_release, raw_release,
                                   release_frame)

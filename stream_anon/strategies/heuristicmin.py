@@ -16,7 +16,11 @@ column can mix levels. A search node is a generalised table with (n = violating 
   generalisations; the duplicates are still reported in ``HeuristicMinResult.duplicates``].
 - The largest compliant table wins, ties to the first found (fewest generalisation steps).
 - ``max_expansions`` bounds the search [ours, for streaming windows]: when it is hit without a compliant
-  table, the most promising frontier node is generalised greedily (child with the most rows) until compliant.
+  table (or every branch ended without one), the most promising node is generalised greedily (child with the
+  most rows) until compliant. A row whose shield values are all at the root already (a missing value starts
+  there) has no child in the paper's rule; the greedy finish then lifts whole columns (``_Table.lifts``),
+  which ends at the all-root table at worst. Requirements that even the all-root table violates (fewer than k
+  records or individuals in total) raise ValueError before any search.
 
 >>> import pandas as pd
 >>> from stream_anon.hierarchy import Hierarchy
