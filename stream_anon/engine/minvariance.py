@@ -82,6 +82,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from stream_anon.engine.release import ClassInfo, Release
+from stream_anon.strategies.partition import split_recursively
 
 SUPPRESSED_NO_CLASS = "fewer_than_k_individuals_by_deadline"
 SUPPRESSED_LOSS = "class_loss_above_limit"
@@ -247,17 +248,8 @@ def split_bucket(X: np.ndarray, unit: np.ndarray, pair_value: np.ndarray, pair: 
     than the node; an individual whose records fall on both sides counts on both.
     """
     width = np.where(width > 0, width, 1.0)
-    out: list[np.ndarray] = []
-    stack = [np.arange(len(X))]
-    while stack:
-        idx = stack.pop()
-        cut = _best_cut(X[idx], unit[idx], pair[idx], pair_value, s, k, m, width, tolerance, presence)
-        if cut is None:
-            out.append(idx)
-        else:
-            stack.append(idx[~cut])
-            stack.append(idx[cut])
-    return out
+    return split_recursively(np.arange(len(X)), lambda idx: _best_cut(
+        X[idx], unit[idx], pair[idx], pair_value, s, k, m, width, tolerance, presence))
 
 
 def _node_counts(unit, pair, pair_value, s):

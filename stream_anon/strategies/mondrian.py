@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from stream_anon.strategies.partition import median_left, split_recursively
+
 
 def _distinct(units: np.ndarray) -> int:
     if len(units) < 2:
@@ -39,43 +41,30 @@ class Mondrian:
         if n == 0 or _distinct(units) < k:
             return []
         width = np.where(space.width > 0, space.width, 1.0)
-        classes: list[np.ndarray] = []
-        stack = [np.arange(n)]
-        while stack:
-            idx = stack.pop()
+
+        def cut(idx):
             u = units[idx]
             if len(idx) < 2 * k:
-                classes.append(idx)
-                continue
+                return None
             n_distinct = _distinct(u)
             if n_distinct < 2 * k:
-                classes.append(idx)
-                continue
+                return None
             all_distinct = n_distinct == len(idx)
             sub = X[idx]
             span = (sub.max(axis=0) - sub.min(axis=0)) / width
-            split = None
             for dim in np.argsort(-span, kind="stable"):
                 if span[dim] <= 0:
                     break
-                col = sub[:, dim]
-                median = np.partition(col, len(col) // 2)[len(col) // 2]
-                left = col < median
-                if not left.any():
-                    left = col <= median
+                left = median_left(sub[:, dim])
                 n_left = int(np.count_nonzero(left))
-                if n_left == len(col):
+                if n_left == len(idx):
                     continue
                 if all_distinct:
-                    ok = n_left >= k and len(col) - n_left >= k
+                    ok = n_left >= k and len(idx) - n_left >= k
                 else:
                     ok = _distinct(u[left]) >= k and _distinct(u[~left]) >= k
                 if ok:
-                    split = left
-                    break
-            if split is None:
-                classes.append(idx)
-            else:
-                stack.append(idx[~split])
-                stack.append(idx[split])
-        return classes
+                    return left
+            return None
+
+        return split_recursively(np.arange(n), cut)

@@ -18,6 +18,28 @@ from typing import Callable
 import numpy as np
 
 
+def split_recursively(root: np.ndarray, cut: Callable[[np.ndarray], np.ndarray | None]) -> list[np.ndarray]:
+    """Depth-first top-down splitting shared by every Mondrian-style former: ``cut(idx)`` returns the boolean mask
+    of the left part of ``idx``, or None to keep ``idx`` as a leaf. Leaves come left part first (the order the
+    callers' class ids and seeded choices depend on)."""
+    out, stack = [], [root]
+    while stack:
+        idx = stack.pop()
+        left = cut(idx)
+        if left is None:
+            out.append(idx)
+        else:
+            stack += [idx[~left], idx[left]]
+    return out
+
+
+def median_left(col: np.ndarray) -> np.ndarray:
+    """Mondrian's strict cut of one column: values below the median, or up to it when none is below."""
+    median = np.partition(col, len(col) // 2)[len(col) // 2]
+    left = col < median
+    return left if left.any() else col <= median
+
+
 def median_partition(keys: np.ndarray, accept: Callable[[np.ndarray], bool], width: np.ndarray | None = None,
                      dims: list[int] | None = None, relaxed: bool = False) -> list[np.ndarray]:
     """Parts (row-index arrays, in row order of their first member) of ``keys`` (n, D).
@@ -39,12 +61,10 @@ def median_partition(keys: np.ndarray, accept: Callable[[np.ndarray], bool], wid
         width = np.nanmax(keys, axis=0) - np.nanmin(keys, axis=0) if n else np.ones(keys.shape[1])
     width = np.where(np.asarray(width) > 0, width, 1.0)
     candidates = np.array(dims if dims is not None else range(keys.shape[1]))
-    out, stack = [], [root]
-    while stack:
-        idx = stack.pop()
+
+    def cut(idx):
         sub = keys[idx][:, candidates]
         span = (sub.max(axis=0) - sub.min(axis=0)) / width[candidates]
-        split = None
         for j in np.argsort(-span, kind="stable"):
             if span[j] <= 0:
                 break
@@ -53,19 +73,14 @@ def median_partition(keys: np.ndarray, accept: Callable[[np.ndarray], bool], wid
                 left = np.zeros(len(col), bool)
                 left[np.argsort(col, kind="stable")[: len(col) // 2]] = True
             else:
-                median = np.partition(col, len(col) // 2)[len(col) // 2]
-                left = col < median
-                if not left.any():
-                    left = col <= median
+                left = median_left(col)
             if left.all() or not left.any():
                 continue
             if accept(idx[left]) and accept(idx[~left]):
-                split = left
-                break
-        if split is None:
-            out.append(idx)
-        else:
-            stack += [idx[~split], idx[split]]
+                return left
+        return None
+
+    out = split_recursively(root, cut)
     return sorted(out, key=lambda p: p[0])
 
 
