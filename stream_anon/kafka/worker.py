@@ -34,6 +34,7 @@ from pathlib import Path
 import orjson
 
 from stream_anon import crypto
+from stream_anon.events import validate_event
 from stream_anon.kafka import aggregates
 from stream_anon.kafka import checkpoint as ckpt
 
@@ -78,25 +79,6 @@ def _json_default(o):
 
 
 # --------------------------------------------------------------------------------------------- input checks
-def _validator():
-    try:
-        from stream_anon.events import validate_event  # written by the data helper
-        return validate_event
-    except ImportError:  # pragma: no cover - fallback until stream_anon.events exists
-        return _minimal_validate
-
-
-def _minimal_validate(event, kind):
-    if not isinstance(event, dict):
-        return "event is not a JSON object"
-    for name in ("event_id", "kind", "event_type", "event_time"):
-        if name not in event or event[name] is None:
-            return f"missing field: {name}"
-        if not isinstance(event[name], str) or not event[name]:
-            return f"field {name}: expected a non-empty string"
-    return None
-
-
 def check_payload(raw: bytes | None, config, validate=None) -> tuple[str | None, dict | None]:
     """(reason, None) for bad input, (None, event) for an event the engine may see."""
     if raw is None:
@@ -116,7 +98,7 @@ def check_payload(raw: bytes | None, config, validate=None) -> tuple[str | None,
     et = event.get("event_type")
     if isinstance(et, str) and et not in config.stream.event_types:
         return f"unknown event type: {et!r} (stream {config.stream.name} accepts {list(config.stream.event_types)})", None
-    validate = validate or _validator()
+    validate = validate or validate_event
     reason = validate(event, kind)
     if reason:
         return f"schema: {reason}", None
@@ -148,7 +130,7 @@ class WorkerCore:
         self.stream = config.stream.name
         self.topic = config.stream.input_topic
         self.parts: dict[int, PartitionState] = {}
-        self.validate = _validator()
+        self.validate = validate_event
         self.lock = asyncio.Lock()
         self.stats = {"events_in": 0, "skipped": 0, "dead_letters": 0, "releases": 0, "published": 0,
                       "suppressed": 0, "aggregate_rows": 0, "batches": 0, "started": time.time()}
