@@ -51,7 +51,7 @@ def stream_config(out_dir: Path, name: str, dp: bool) -> Path:
 def in_process(config_path: Path, messages: list, batch: int) -> dict:
     import stream_anon.dp  # noqa: F401  (imported before timing: diffprivlib/sklearn load once per process)
     from stream_anon.kafka import aggregates
-    from stream_anon.kafka.worker import WorkerCore
+    from stream_anon.kafka.core import WorkerCore
 
     # CPU time of the calling thread inside the DP glue (rows, ledger, metrics; the checkpoint's dp state):
     # the cost of the aggregates themselves, robust to what the other jobs of a shared machine do
@@ -105,7 +105,7 @@ def on_broker(events: list, work: Path) -> dict:
     from stream_anon.broker import EmbeddedBroker
     from stream_anon.kafka.replay import replay, unit_key_fn
     from stream_anon.kafka.topics import apply_topics, ensure_topics, load_topic_definitions
-    from stream_anon.kafka.worker import run_until_accounted
+    from stream_anon.kafka.harness import run_until_accounted
 
     out = {}
     os.environ[crypto.SECRET_ENV] = SECRET.decode()

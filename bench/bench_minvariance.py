@@ -5,9 +5,10 @@ and the full Monday pool when ../shared/data is present) and on the real Citi Bi
 stream is released four ways by the engine (one partition, k of the config):
 
 * ``k_only``        the engine without m (k-anonymous classes; the product category is still published);
-* ``m_unique``      every release m-unique on its own, no signature kept (``m_params.invariance = false``): the
+* ``m_unique``      every release m-unique on its own, no signature kept (``make_former(config, invariance=False)``;
+                    no configuration key reaches it): the
                     "non-invariant release" the cost of invariance is measured against;
-* ``m_invariant``   the m-invariant releases (``stream_anon.engine.minvariance``);
+* ``m_invariant``   the m-invariant releases (``stream_anon.formers.minvariant``);
 * ``naive_kl``      the attack's baseline: per-window k-anonymous, distinct l = m diverse groups
                     (``stream_anon.attacks.intersection.naive_kl_releases``).
 
@@ -40,17 +41,17 @@ from stream_anon.audit.checks import AuditConfig  # noqa: E402
 from stream_anon.audit.minvariance import MInvarianceConfig, check_m_invariance  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402
 from stream_anon.datasets import DATASETS, load_events, oyster_cards  # noqa: E402
-from stream_anon.engine import Engine, get_path  # noqa: E402
+from stream_anon.engine import Engine, make_former, get_path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = b"bench-secret-minvariance-0123456789"
 
 
-def run_engine(config, events, repeat: int = 1):
+def run_engine(config, events, repeat: int = 1, invariance: bool = True):
     """(releases, best seconds) of process + flush over the whole stream."""
     best, releases = float("inf"), None
     for _ in range(repeat):
-        engine = Engine(config, secret=SECRET)
+        engine = Engine(config, secret=SECRET, former=make_former(config, invariance=invariance))
         t0 = time.perf_counter()
         rel = engine.process(events).releases + engine.flush().releases
         best = min(best, time.perf_counter() - t0)
@@ -62,8 +63,8 @@ def r4(x):
     return None if x is None else round(float(x), 4)
 
 
-def measure(name, config, events, unit, invariant, m, repeat, attack_qis=None):
-    releases, seconds = run_engine(config, events, repeat)
+def measure(name, config, events, unit, invariant, m, repeat, attack_qis=None, invariance=True):
+    releases, seconds = run_engine(config, events, repeat, invariance)
     records = [r for rel in releases for r in rel.records]
     manifests = [rel.manifest() for rel in releases]
     published = sum(rel.published for rel in releases)
@@ -125,8 +126,8 @@ def stream_block(label, config_path, events, ms, repeat, sweep: bool, qi_attack:
         print(f"[{label}] m = {m}", flush=True)
         inv = measure("m_invariant", base.replace_anonymization(m=m), events, unit, invariant, m, repeat,
                       attack_qis=qis if qi_attack else None)
-        uniq = measure("m_unique", base.replace_anonymization(m=m, m_params={"invariance": False}), events, unit,
-                       invariant, m, repeat)
+        uniq = measure("m_unique", base.replace_anonymization(m=m), events, unit,
+                       invariant, m, repeat, invariance=False)
         kk = k_only[m]
         row = {
             "m_invariant": inv, "m_unique": uniq, "k_only": kk,
@@ -157,7 +158,7 @@ def stream_block(label, config_path, events, ms, repeat, sweep: bool, qi_attack:
                 inv = measure("m_invariant", base.replace_anonymization(m=m, m_params={"split_tolerance": tol}),
                               events, unit, invariant, m, 1)
                 uniq = measure("m_unique", base.replace_anonymization(
-                    m=m, m_params={"split_tolerance": tol, "invariance": False}), events, unit, invariant, m, 1)
+                    m=m, m_params={"split_tolerance": tol}), events, unit, invariant, m, 1, invariance=False)
                 rows.append({
                     "split_tolerance": tol, "mean_ncp": inv["mean_ncp"], "m_unique_mean_ncp": uniq["mean_ncp"],
                     "ncp_vs_m_unique": r4(inv["mean_ncp"] / uniq["mean_ncp"]),

@@ -181,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "worker":
-        from stream_anon.kafka.worker import worker_main
+        from stream_anon.kafka.app import worker_main
         return worker_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:

@@ -6,6 +6,7 @@ a scale that drifted with the data would make information loss incomparable acro
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -13,15 +14,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from stream_anon.errors import ConfigError
+from stream_anon.formers.minvariant import MInvariantParams
 from stream_anon.hierarchy import Hierarchy
+from stream_anon.strategies import STRATEGIES
 
 QI_KINDS = ("numeric", "timestamp", "categorical", "station", "geopoint")
 REUSE_POLICIES = ("deadline", "immediate", "never")
 _NAME_RE = re.compile(r"^[a-z0-9_-]+$")
-
-
-class ConfigError(ValueError):
-    """A configuration value is missing or invalid; the message starts with the key."""
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,6 @@ class Anonymization:
 @dataclass(frozen=True)
 class Limits:
     max_event_bytes: int = 65536
-    max_event_age_s: float = 365 * 86400.0
 
 
 @dataclass(frozen=True)
@@ -82,8 +81,8 @@ class StreamConfig:
     quasi_identifiers: tuple[QuasiIdentifier, ...]
     sensitive: tuple[str, ...]
     invariant_sensitive: str | None
-    drop: tuple[str, ...]
-    pseudonymize: tuple[str, ...]
+    drop: tuple[str, ...]            # identifier fields removed from dead-letter payloads
+    pseudonymize: tuple[str, ...]    # identifier fields replaced by their keyed pseudonym in dead-letter payloads
     limits: Limits
     source: Path | None = None
     raw: dict = field(default_factory=dict, repr=False)
@@ -232,18 +231,41 @@ def _parse_m(a: dict) -> dict:
             raise ConfigError(f"anonymization.m_horizon_s: must be at least window_s ({a.get('window_s')}), "
                               f"got {horizon}")
     params = _get(a, "m_params", "anonymization", dict, required=False, default={})
-    from stream_anon.engine.minvariance import MInvariantParams   # late import: the engine imports this module
-    try:
-        MInvariantParams(**params)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"anonymization.m_params: {exc}") from None
+    _make_params(MInvariantParams, params, "anonymization.m_params")
     return {"m": int(m), "m_horizon_s": None if horizon is None else float(horizon), "m_params": dict(params)}
 
 
-def parse_config(raw: dict, base_dir: Path = Path("."), source: Path | None = None) -> StreamConfig:
-    """Validate a parsed TOML document into a StreamConfig (errors name the key)."""
-    from stream_anon.strategies import STRATEGIES  # late import: strategies import the engine
+def _make_params(cls, params: dict, path: str):
+    """``cls(**params)`` for a frozen parameter dataclass, every failure a ConfigError naming the key."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    for key in params:
+        if key not in known:
+            raise ConfigError(f"{path}.{key}: unknown parameter (known: {', '.join(sorted(known)) or 'none'})")
+    try:
+        return cls(**params)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(_keyed(path, exc)) from None
 
+
+def _keyed(path: str, exc: Exception) -> str:
+    """``path.<param>: reason`` when the message starts with a parameter name, else ``path: message``."""
+    msg = str(exc)
+    head, sep, _ = msg.partition(":")
+    return f"{path}.{msg}" if sep and head.replace("_", "").replace(".", "").replace("-", "").isalnum() \
+        else f"{path}: {msg}"
+
+
+def parse_config(raw: dict, base_dir: Path = Path("."), source: Path | None = None) -> StreamConfig:
+    """Validate a parsed TOML document into a StreamConfig (errors name the key).
+
+    A configuration that loads never fails later for a configuration reason: parameters, cross-references
+    (a strategy's sensitive field, QI names) and hierarchies are all checked here.
+
+    >>> parse_config({"stream": {}})
+    Traceback (most recent call last):
+    ...
+    stream_anon.errors.ConfigError: stream.name: missing
+    """
     s = raw.get("stream")
     if not isinstance(s, dict):
         raise ConfigError("stream: missing table [stream]")
@@ -278,10 +300,7 @@ def parse_config(raw: dict, base_dir: Path = Path("."), source: Path | None = No
     if strategy not in STRATEGIES:
         raise ConfigError(f"anonymization.strategy: unknown {strategy!r}; known: {', '.join(sorted(STRATEGIES))}")
     params = _get(a, "strategy_params", "anonymization", dict, required=False, default={})
-    try:
-        STRATEGIES[strategy](**params)
-    except TypeError as exc:
-        raise ConfigError(f"anonymization.strategy_params: {exc}") from None
+    strategy_params = _make_params(STRATEGIES[strategy].Params, params, "anonymization.strategy_params")
     reuse = _get(a, "reuse", "anonymization", str, required=False, default="deadline")
     if reuse not in REUSE_POLICIES:
         raise ConfigError(f"anonymization.reuse: must be one of {', '.join(REUSE_POLICIES)}, got {reuse!r}")
@@ -337,16 +356,23 @@ def parse_config(raw: dict, base_dir: Path = Path("."), source: Path | None = No
         if bad:
             raise ConfigError(f"{where}: identifier field(s) {sorted(bad)} would be published; "
                               "identifiers are never output")
+    try:
+        strategy_params.check_config(tuple(sensitive), tuple(names))
+    except ValueError as exc:
+        raise ConfigError(_keyed("anonymization.strategy_params", exc)) from None
     lim = raw.get("limits", {})
+    for key in lim:
+        if key != "max_event_bytes":
+            raise ConfigError(f"limits.{key}: unknown key (known: max_event_bytes; event times are bounded by the "
+                              "timestamp quasi-identifiers' domains)")
     limits = Limits(
         max_event_bytes=int(_positive(_get(lim, "max_event_bytes", "limits", int, required=False,
                                            default=65536), "limits.max_event_bytes", integer=True)),
-        max_event_age_s=float(_positive(_get(lim, "max_event_age_s", "limits", (int, float), required=False,
-                                             default=365 * 86400.0), "limits.max_event_age_s")),
     )
     dp = None
     if "dp" in raw or "aggregates" in raw:
-        from stream_anon.dp.specs import parse_dp_config   # late import: dp.specs imports ConfigError
+        # imported only for streams with aggregates: stream_anon.dp pulls in diffprivlib and scikit-learn
+        from stream_anon.dp.specs import parse_dp_config
         dp = parse_dp_config(raw, base_dir)
     return StreamConfig(stream, anonymization, qis, sensitive, invariant, drop, pseudo, limits, source, raw, dp)
 

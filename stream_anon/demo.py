@@ -72,7 +72,8 @@ def run_demo(dataset: str = "oyster", events: int | None = None, k: int | None =
     from stream_anon.datasets import load_events
     from stream_anon.kafka.replay import replay, unit_key_fn
     from stream_anon.kafka.topics import apply_topics, load_topic_definitions
-    from stream_anon.kafka.worker import records_topic, run_until_accounted
+    from stream_anon.kafka.core import records_topic
+    from stream_anon.kafka.harness import run_until_accounted
 
     secret = crypto.throwaway_secret()
     _say("generated a throwaway secret for this run (audit tokens cannot be mapped back after it exits); "
@@ -107,7 +108,7 @@ def run_demo(dataset: str = "oyster", events: int | None = None, k: int | None =
             published = read_outputs(broker.bootstrap, config.stream.name, idle_s=1.0)
             manifests = {m["release_id"]: m for m in published.manifests}
             if dp:
-                from stream_anon.kafka.aggregates import read_dp_report
+                from stream_anon.kafka.harness import read_dp_report
                 dp_report = read_dp_report(broker.bootstrap, config)
     finally:
         if env_secret is None:

@@ -172,7 +172,7 @@ def stream_table(name: str, full: bool = False, limit: int | None = None, fit_ti
     """
     from stream_anon.config import load_config, parse_config
     from stream_anon.datasets import load_events
-    from stream_anon.engine.engine import get_path
+    from stream_anon.engine.records import get_path
     from stream_anon.engine.space import parse_time
 
     config = load_config(CONFIG_DIR / f"{name}.toml")

@@ -166,11 +166,9 @@ def _fast_check(kind: str):
         return None
 
 
-def validate_event(event: dict, kind: str) -> str | None:
-    """None if ``event`` conforms to the ``kind`` schema, else a short reason naming the offending field.
-
-    Beyond the schema's syntactic pattern, ``event_time`` must also be a real instant (no month 13).
-    """
+def schema_reason(event: dict, kind: str) -> str | None:
+    """None if ``event`` conforms to the ``kind`` schema, else a short reason naming the offending field (the
+    schema only: the engine's reader parses the event time)."""
     fast = _fast_check(kind)                                   # raises on an unknown kind
     if isinstance(event, dict) and "kind" in event and event["kind"] != kind:
         return f"kind: {event['kind']!r} is not {kind!r}"
@@ -178,6 +176,14 @@ def validate_event(event: dict, kind: str) -> str | None:
         error = best_match(_validator(kind).iter_errors(event))
         if error is not None:
             return _reason(error)
+    return None
+
+
+def validate_event(event: dict, kind: str) -> str | None:
+    """:func:`schema_reason`, and ``event_time`` must also be a real instant (no month 13)."""
+    reason = schema_reason(event, kind)
+    if reason:
+        return reason
     try:
         parse_event_time(event["event_time"])
     except ValueError as exc:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from stream_anon import crypto
 from stream_anon.attacks import linkage_attack
 from stream_anon.audit.checks import AuditConfig
 from stream_anon.config import load_config
@@ -36,7 +37,7 @@ def naive_records(events, config):
         gen = engine.space.describe(lo[j], hi[j], labels[j])
         for i in c:
             records.append({"class_id": f"naive-{j}", "qi": gen,
-                            "audit_token": engine._tokenize(kept[i]["event_id"])})
+                            "audit_token": crypto.audit_token(SECRET, kept[i]["event_id"])})
     return records
 
 

@@ -91,7 +91,7 @@ def test_docker_compose_uses_existing_commands_and_topics():
         if not command:
             continue
         if command[0] == "worker":
-            from stream_anon.kafka.worker import build_parser as worker_parser
+            from stream_anon.kafka.app import build_parser as worker_parser
             args = worker_parser().parse_args(command[1:])
             cfg = load_config(ROOT / args.config)
             assert cfg.stream.input_topic in topics and f"anon.{cfg.stream.name}.records" in topics

@@ -26,7 +26,9 @@ from _kafka_helpers import synthetic_fares, write_stream_config  # noqa: E402
 from stream_anon import crypto  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402
 from stream_anon.dp import BudgetLedger  # noqa: E402
-from stream_anon.kafka.aggregates import AGGREGATES_TOPIC, PartitionAggregates, ledger_path  # noqa: E402
+from stream_anon.engine import Engine  # noqa: E402
+from stream_anon.kafka.aggregates import (AGGREGATES_TOPIC, PartitionAggregates, ledger_path,  # noqa: E402
+                                          needed_fields)
 
 WINDOW_S = 900
 DP_TOML = '''
@@ -70,11 +72,32 @@ def dp_stream_config(directory: Path, name: str, budget: float) -> Path:
     return path
 
 
+class DPGlue:
+    """The worker's DP path without Kafka: the engine closes the windows, PartitionAggregates releases them;
+    ``state_dict`` is what the worker checkpoints (engine state, with the open window's fields, and DP state)."""
+
+    def __init__(self, cfg, partition: int, secret: bytes, ledger_file, state: dict | None = None):
+        carried = needed_fields(cfg.dp, cfg.stream.event_time)
+        self.engine = Engine(cfg, partition=partition, secret=secret, carried=carried) if state is None else \
+            Engine.from_state(cfg, state["engine"], secret=secret, carried=carried)
+        self.pa = PartitionAggregates(cfg, partition, secret, ledger_file, None if state is None else state["dp"])
+        self.ledger = self.pa.ledger
+
+    def process(self, events):
+        return self.pa.close_windows(self.engine.process(events).windows)
+
+    def flush(self):
+        return self.pa.close_windows(self.engine.flush().windows)
+
+    def state_dict(self) -> dict:
+        return {"engine": self.engine.state_dict(), "dp": self.pa.state_dict()}
+
+
 def recompute(cfg, secret: bytes, raw_by_partition: dict[int, list[dict]]):
     """Per partition, what an uncrashed worker publishes: (rows by row_id, in-memory ledger)."""
     rows, ledgers = {}, {}
     for p, events in raw_by_partition.items():
-        pa = PartitionAggregates(cfg, p, secret, None)
+        pa = DPGlue(cfg, p, secret, None)
         out, _ = pa.process(events)
         tail, _ = pa.flush()
         for r in out + tail:
@@ -89,16 +112,16 @@ def test_restart_from_checkpoint_republishes_identical_rows_and_spends_nothing_t
     cfg = load_config(dp_stream_config(tmp_path, "dpunit", budget=50.0))
     events = synthetic_fares(1200, seed=31)
     secret = b"unit-secret-0123456789abcdef"
-    straight = PartitionAggregates(cfg, 0, secret, tmp_path / "straight.json")
+    straight = DPGlue(cfg, 0, secret, tmp_path / "straight.json")
     expected = straight.process(events)[0] + straight.flush()[0]
 
     ledger_file = tmp_path / "crash.json"
-    first = PartitionAggregates(cfg, 0, secret, ledger_file)
+    first = DPGlue(cfg, 0, secret, ledger_file)
     published = first.process(events[:500])[0]
     checkpoint = json.loads(json.dumps(first.state_dict()))      # what the worker writes after delivery
     published += first.process(events[500:900])[0]                # delivered, then killed before its checkpoint
     spent_at_crash = BudgetLedger(ledger_file, 50.0).spent
-    resumed = PartitionAggregates(cfg, 0, secret, ledger_file, state=checkpoint)
+    resumed = DPGlue(cfg, 0, secret, ledger_file, state=checkpoint)
     replayed = resumed.process(events[500:])[0] + resumed.flush()[0]
     by_id = {r["row_id"]: r for r in expected}
     assert len(by_id) == len(expected)
@@ -122,12 +145,12 @@ def test_window_reclosed_with_other_events_is_a_second_paid_release_with_fresh_n
     early, late = events[:len(events) // 2], events[len(events) // 2:]
     closer = {**events[-1], "event_id": "closer", "journey_id": "closer", "event_time": "2009-11-09T06:16:00+00:00"}
     secret, ledger_file = b"flush-secret-0123456789abcdef", tmp_path / "ledger.json"
-    first = PartitionAggregates(cfg, 0, secret, ledger_file)
+    first = DPGlue(cfg, 0, secret, ledger_file)
     first.process(early)
     checkpoint = json.loads(json.dumps(first.state_dict()))
     flushed = first.flush()[0]                                     # delivered, never checkpointed
     spent_first = first.ledger.spent
-    second = PartitionAggregates(cfg, 0, secret, ledger_file, state=checkpoint)
+    second = DPGlue(cfg, 0, secret, ledger_file, state=checkpoint)
     reclosed = second.process(late + [closer])[0]
     key = ("taps_per_zone", "per_window")
     a = {r["group_key"]: r for r in flushed if (r["aggregate"], r["output"]) == key}
@@ -140,7 +163,7 @@ def test_window_reclosed_with_other_events_is_a_second_paid_release_with_fresh_n
     true_diff = sum(e["event_type"] == "bus_boarding" for e in late)
     assert b[bus]["value"] - a[bus]["value"] != true_diff, "fresh noise: the true difference stays hidden"
     # the same content again (a plain replay) spends nothing and republishes the same rows
-    third = PartitionAggregates(cfg, 0, secret, ledger_file, state=checkpoint)
+    third = DPGlue(cfg, 0, secret, ledger_file, state=checkpoint)
     assert third.process(late + [closer])[0] == reclosed and third.ledger.spent == second.ledger.spent
 
 
@@ -231,7 +254,7 @@ def test_averaging_restarted_releases_recovers_nothing(tmp_path):
     truth = Counter(e["event_type"] for e in events[:-1] if e["bus_route"])["bus_boarding"]   # Routes cell
 
     def bus_cell(secret: bytes) -> float:
-        pa = PartitionAggregates(cfg, 0, secret, None)
+        pa = DPGlue(cfg, 0, secret, None)
         rows, _ = pa.process(events)
         return next(r["value"] for r in rows if r["aggregate"] == "taps_per_zone" and r["output"] == "per_window"
                     and r["group_key"] == "Routes 1-20|bus_boarding")
@@ -249,7 +272,7 @@ def test_averaging_restarted_releases_recovers_nothing(tmp_path):
 def test_ledger_is_on_disk_before_the_release_is_handed_to_the_producer(tmp_path):
     """Drive WorkerCore (the worker without faust) with a producer stub that, for every anon.aggregates
     message, reads the partition's ledger file from disk: the (aggregate, window) must already be reserved."""
-    from stream_anon.kafka.worker import WorkerCore
+    from stream_anon.kafka.core import WorkerCore
 
     path = dp_stream_config(tmp_path, "dporder", budget=50.0)
     cfg = load_config(path)
@@ -279,19 +302,20 @@ def test_ledger_is_on_disk_before_the_release_is_handed_to_the_producer(tmp_path
 def test_running_count_error_matches_a_direct_computation_and_the_theory(tmp_path):
     """dp.report against (a) a direct RMSE on one partition and (b) the noise variance the rows state, averaged
     over 24 independent secrets (running counts over ~19 windows are correlated, so one run is too noisy)."""
-    from stream_anon.dp.report import running_count_errors, true_window_values, watermark_windows
+    from stream_anon.dp.report import running_count_errors, true_window_values
     from stream_anon.engine.space import parse_time
+    from stream_anon.kafka.harness import windows_by_arrival
 
     cfg = load_config(dp_stream_config(tmp_path, "dprep", budget=1e6))
     spec = cfg.dp.spec("taps_per_zone")
     events = synthetic_fares(2000, seed=37)
-    windows = watermark_windows(events, lambda e: parse_time(e["event_time"]), WINDOW_S)
+    windows = windows_by_arrival(events, cfg)
     truth = {(0, w): x["count"] for w, x in true_window_values(cfg.dp, "taps_per_zone", windows).items()}
     per_unit = Counter((int(parse_time(e["event_time"]) // WINDOW_S), e["journey_id"]) for e in events)
     assert sum(x.sum() for x in truth.values()) == 2000 - sum(n - 1 for n in per_unit.values() if n > 1)
     mse, var = [], []
     for i in range(24):
-        pa = PartitionAggregates(cfg, 0, f"secret-{i}-0123456789abcdef".encode(), None)
+        pa = DPGlue(cfg, 0, f"secret-{i}-0123456789abcdef".encode(), None)
         rows = [r for r in pa.process(events)[0] + pa.flush()[0] if r["aggregate"] == "taps_per_zone"]
         rep = running_count_errors(rows, truth, spec)
         ws = sorted({w for _, w in truth})
@@ -357,7 +381,7 @@ def _domain_rows(by_id, cfg):
 @pytest.mark.kafka
 def test_worker_restart_never_overspends_nor_republishes_different_noise(broker, tmp_path, secret_env):
     from stream_anon.kafka.replay import replay
-    from stream_anon.kafka.worker import run_until_accounted, start_worker_process
+    from stream_anon.kafka.harness import run_until_accounted, start_worker_process
 
     path = dp_stream_config(tmp_path / "cfg", "dpcrash", budget=50.0)
     cfg = _setup(broker.bootstrap, path)
@@ -407,7 +431,7 @@ def test_tiny_budget_stops_aggregates_with_an_event_and_keys_do_not_depend_on_da
     """Bus-only input (no rail tap at all) under a budget of 0.5: every rail key is still published, with noise,
     for the same key set as a different stream; after the budget the aggregates stop with budget_exhausted."""
     from stream_anon.kafka.replay import replay
-    from stream_anon.kafka.worker import run_until_accounted
+    from stream_anon.kafka.harness import run_until_accounted
 
     budget = 0.5
     path = dp_stream_config(tmp_path / "cfg", "dptiny", budget=budget)
@@ -448,7 +472,7 @@ def test_tiny_budget_stops_aggregates_with_an_event_and_keys_do_not_depend_on_da
     assert other == keys, "a different input (rail and bus) gives the same key set"
     assert math.isfinite(sum(r["value"] for r in by_id.values()))
     # the demo's dp report, read back from the broker
-    from stream_anon.kafka.aggregates import read_dp_report
+    from stream_anon.kafka.harness import read_dp_report
     rep = read_dp_report(broker.bootstrap, cfg)
     print("dp report:", {k: v for k, v in rep.items() if k not in ("running_counts", "notes")})
     assert rep["aggregates_published"] == len(by_id) and rep["budget_exhausted_events"] == 8

@@ -24,8 +24,9 @@ from stream_anon.config import load_config  # noqa: E402
 from stream_anon.kafka import checkpoint as ckpt  # noqa: E402
 from stream_anon.kafka.replay import replay  # noqa: E402
 from stream_anon.kafka.topics import ensure_topics  # noqa: E402
-from stream_anon.kafka.worker import (OutputReader, check_payload, run_until_accounted, start_worker_process,
-                                      stop_worker_process)  # noqa: E402
+from stream_anon.kafka.core import check_payload  # noqa: E402
+from stream_anon.kafka.harness import (OutputReader, run_until_accounted, start_worker_process,  # noqa: E402
+                                       stop_worker_process)
 
 pytestmark = pytest.mark.kafka
 
@@ -382,7 +383,7 @@ def test_kill9_and_restart_loses_and_duplicates_nothing(broker, tmp_path, secret
 
 
 def test_worker_refuses_to_start_without_secret(tmp_path, monkeypatch, capsys):
-    from stream_anon.kafka.worker import worker_main
+    from stream_anon.kafka.app import worker_main
 
     monkeypatch.delenv("STREAM_ANON_SECRET", raising=False)
     path = write_stream_config(tmp_path, "nosecret", "raw.nosecret")

@@ -19,8 +19,9 @@ from stream_anon.audit.minvariance import MInvarianceConfig, check_m_invariance
 from stream_anon.config import ConfigError, load_config, parse_config
 from stream_anon.datasets import oyster_cards
 from stream_anon.engine import Engine
-from stream_anon.engine.minvariance import (SUPPRESSED_VALUE_CHANGED, counterfeit_need, counterfeit_token,
-                                            need_one, spread_counterfeits)
+from stream_anon.engine import make_former
+from stream_anon.formers.base import SUPPRESSED_VALUE_CHANGED
+from stream_anon.formers.counterfeits import counterfeit_need, counterfeit_token, need_one, spread_counterfeits
 
 ROOT = Path(__file__).resolve().parent.parent
 CARDS_CONFIG = ROOT / "configs" / "oyster-cards.toml"
@@ -31,8 +32,8 @@ def cards_config(m: int = 3, **params):
     return load_config(CARDS_CONFIG).replace_anonymization(m=m, m_params=params)
 
 
-def run_engine(config, events, batch: int | None = None, secret: bytes = SECRET):
-    engine = Engine(config, secret=secret)
+def run_engine(config, events, batch: int | None = None, secret: bytes = SECRET, invariance: bool = True):
+    engine = Engine(config, secret=secret, former=make_former(config, invariance=invariance))
     releases = []
     step = batch or len(events)
     for i in range(0, len(events), step):
@@ -120,8 +121,9 @@ def base_raw(**anon):
     ({"anonymization": {"m": 2, "m_horizon_s": 10}}, "anonymization.m_horizon_s: must be at least window_s"),
     ({"anonymization": {"m_horizon_s": 600}}, "anonymization.m_horizon_s: only meaningful with anonymization.m"),
     ({"anonymization": {"m": 2, "reuse": "immediate"}}, "anonymization.reuse"),
-    ({"anonymization": {"m": 2, "m_params": {"slack": 2}}}, "anonymization.m_params: slack"),
-    ({"anonymization": {"m": 2, "m_params": {"bogus": 1}}}, "anonymization.m_params"),
+    ({"anonymization": {"m": 2, "m_params": {"slack": 2}}}, "anonymization.m_params.slack: must be in"),
+    ({"anonymization": {"m": 2, "m_params": {"bogus": 1}}}, "anonymization.m_params.bogus: unknown parameter"),
+        ({"anonymization": {"m": 2, "m_params": {"invariance": False}}}, "anonymization.m_params.invariance: unknown"),
     ({"anonymization": {"m": 2}, "sensitive": {"fields": ["reading"]}}, "sensitive.invariant: required"),
     ({"anonymization": {"m": 2}, "sensitive": {"fields": ["reading"], "invariant": "segment"}},
      "sensitive.invariant: 'segment' must also be listed in sensitive.fields"),
@@ -186,13 +188,13 @@ def test_intersection_attack_pins_naive_releases_never_ours(cards, m3):
     for knowledge in ("class", "qi"):
         ours = intersection_attack(records, cards, SECRET, knowledge=knowledge, quasi_identifiers=qis, **kw)
         assert ours["targets"] >= 1990 and ours["true_value_missed"] == 0
-        assert ours["pinned"] == 0 and ours["min_candidates"] >= engine.minv.m, ours
+        assert ours["pinned"] == 0 and ours["min_candidates"] >= engine.former.m, ours
 
 
 def test_without_invariance_each_release_is_m_unique_but_the_attack_works_again(cards):
     """The measurement mode (signatures not kept) shows what invariance buys: every release passes m-uniqueness on
     its own, the signatures change and the attack pins cards again."""
-    engine, releases = run_engine(cards_config(2, invariance=False), cards)
+    engine, releases = run_engine(cards_config(2), cards, invariance=False)
     records, manifests = outputs(releases)
     cfg = MInvarianceConfig.from_toml(CARDS_CONFIG, m=2)
     report = check_m_invariance(records, manifests, cards, SECRET, cfg)
@@ -246,15 +248,15 @@ def test_state_roundtrip_keeps_signatures_and_output(cards):
     a = Engine(cfg, secret=SECRET)
     first = [r for i in range(0, cut, 3000) for r in a.process(cards[i:min(cut, i + 3000)]).releases]
     state = json.loads(json.dumps(a.state_dict()))            # a checkpoint is JSON
-    assert state["minvariance"]["units"]["ids"] and "oyc-card" not in json.dumps(state["minvariance"])
+    assert state["former"]["units"]["ids"] and "oyc-card" not in json.dumps(state["former"])
     b = Engine.from_state(cfg, state, secret=SECRET)
-    assert b.minv.units == a.minv.units and b.minv.sigs == a.minv.sigs
+    assert b.former.units == a.former.units and b.former.sigs == a.former.sigs
     second = [r for i in range(cut, len(cards), 3000) for r in b.process(cards[i:i + 3000]).releases]
     second += b.flush().releases
     assert [r.records for r in first + second] == [r.records for r in ref]
-    assert b.minv.units == ref_engine.minv.units
+    assert b.former.units == ref_engine.former.units
     # a checkpoint with signatures refuses a config without m (signatures would be dropped), and another m
-    with pytest.raises(ValueError, match="anonymization.m"):
+    with pytest.raises(ValueError, match="former"):
         Engine.from_state(load_config(CARDS_CONFIG).replace_anonymization(m=None), state, secret=SECRET)
     with pytest.raises(ValueError, match="m = 3"):
         Engine.from_state(cards_config(4), state, secret=SECRET)
@@ -270,7 +272,7 @@ def test_output_does_not_depend_on_batching(cards):
 def test_m_unset_keeps_the_plain_engine(cards):
     plain = load_config(CARDS_CONFIG).replace_anonymization(m=None)
     engine, releases = run_engine(plain, cards[:3000])
-    assert engine.minv is None and "minvariance" not in engine.state_dict()
+    assert engine.former.m is None and engine.state_dict()["former"] == {"kind": "KAnonymousFormer"}
     m = releases[0].manifest()
     assert "m" not in m and all("counterfeit_records" not in c for c in m["classes"])
     assert all(rel.counterfeit_records == 0 for rel in releases)
@@ -293,8 +295,7 @@ def test_value_change_outside_the_signature_is_suppressed_inside_is_published():
     people = [(f"u{i}", "abc"[i % 3]) for i in range(9)]
     first = engine.process(synth(people)).releases + engine.process(synth([("x", "a")], t0=100, start=100)).releases
     assert first and first[0].published == 9
-    sig = {u: engine.minv.signature_of(engine._identify({"unit": [u], "event_id": ["q"]}, np.array([0]))[0][0])
-           for u, _ in people}
+    sig = {u: engine.former.signature_of(engine.reader.read(synth([(u, "a")]))[0].units[0]) for u, _ in people}
     u0_sig = sig["u0"]
     inside = next(v for v in u0_sig if v != "a")
     outside = next(v for v in ("a", "b", "c", "d") if v not in u0_sig)
@@ -318,9 +319,9 @@ def test_signatures_expire_after_the_horizon():
     engine = Engine(cfg, secret=SECRET)
     people = [(f"u{i}", "abc"[i % 3]) for i in range(9)]
     engine.process(synth(people) + synth([("x", "a")], t0=100, start=100))
-    assert len(engine.minv.units) == 9
+    assert len(engine.former.units) == 9
     engine.process(synth([("y", "b")], t0=2000, start=300))      # 1,900 s later: the 9 signatures expired
-    assert len(engine.minv.units) <= 1 and engine.minv.stats["signatures_expired"] == 9
+    assert len(engine.former.units) <= 1 and engine.former.stats["signatures_expired"] == 9
 
 
 def test_due_records_reuse_a_class_of_their_signature_with_counterfeits():

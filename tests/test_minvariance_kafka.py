@@ -23,7 +23,7 @@ from stream_anon.datasets import oyster_cards  # noqa: E402
 from stream_anon.kafka import checkpoint as ckpt  # noqa: E402
 from stream_anon.kafka.replay import replay  # noqa: E402
 from stream_anon.kafka.topics import ensure_topics  # noqa: E402
-from stream_anon.kafka.worker import run_until_accounted, start_worker_process  # noqa: E402
+from stream_anon.kafka.harness import run_until_accounted, start_worker_process  # noqa: E402
 
 pytestmark = pytest.mark.kafka
 

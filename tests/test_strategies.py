@@ -10,11 +10,12 @@ import pandas as pd
 import pytest
 from pycanon import anonymity
 
+from stream_anon import crypto
 from stream_anon.audit import AuditConfig, audit
 from stream_anon.config import load_config
 from stream_anon.datasets import load_events
 from stream_anon.engine import Engine
-from stream_anon.engine.engine import get_path
+from stream_anon.engine import get_path
 from stream_anon.strategies import STRATEGIES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,7 +63,7 @@ def test_strategy_end_to_end_is_audited_k_anonymous(name, dataset):
 
     # pycanon on one row per (class, individual): its k is then the minimum number of distinct individuals.
     unit_of = {e["event_id"]: get_path(e, cfg.stream.privacy_unit) for e in events}
-    token_of = {Engine(cfg, secret=SECRET)._tokenize(e["event_id"]): e["event_id"] for e in events}
+    token_of = {crypto.audit_token(SECRET, e["event_id"]): e["event_id"] for e in events}
     new_class = {c["class_id"] for m in manifests for c in m["classes"] if not c.get("reused")}
     rows = [{"qi": json.dumps(r["qi"], sort_keys=True), "unit": unit_of[token_of[r["audit_token"]]],
              "s": str(r["sensitive"].get(DIVERSE_FIELD[dataset] if name == "grouping" else SENSITIVE[dataset])),

@@ -72,7 +72,7 @@ def test_k_min_from_map_is_fixed_by_configuration():
 
 
 def test_parameters_are_validated():
-    with pytest.raises(ValueError, match="severity.field"):
+    with pytest.raises(ValueError, match="^field: the sensitive field holding the category is required"):
         Severity()
     with pytest.raises(ValueError, match="preset"):
         Severity(field="x", severity="nope")

@@ -19,23 +19,6 @@ from stream_anon.dp.ledger import BudgetLedger
 from stream_anon.dp.specs import DPConfig
 
 
-def watermark_windows(events, time_of, window_s: float) -> list[tuple[int, list]]:
-    """Events of one partition (arrival order) grouped by the worker's window rule: the window of the event-time
-    watermark at arrival, ``floor(max time so far / window_s)``. Restated here, independently of the worker."""
-    out: list[tuple[int, list]] = []
-    wm = -math.inf
-    for e in events:
-        t = time_of(e)
-        if t is None:
-            continue
-        wm = max(wm, t)
-        w = int(wm // window_s)
-        if not out or out[-1][0] != w:
-            out.append((w, []))
-        out[-1][1].append(e)
-    return out
-
-
 def true_window_values(dp: DPConfig, name: str, windows: list[tuple[int, list]]) -> dict[int, dict]:
     """Window -> component -> bounded noise-free cell values (contribution bounding and clamping as published)."""
     probe = DPAggregator(dp, BudgetLedger(None, dp.epsilon_budget), seed=b"truth-only-no-noise-drawn")

@@ -30,7 +30,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from stream_anon.config import ConfigError
+from stream_anon.errors import ConfigError
 from stream_anon.hierarchy import Hierarchy
 
 KINDS = ("count", "sum", "mean", "histogram", "ratio")

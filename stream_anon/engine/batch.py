@@ -4,6 +4,7 @@ from __future__ import annotations
 import pandas as pd
 
 from stream_anon.config import StreamConfig, parse_config
+from stream_anon.engine.engine import Engine
 
 
 def anonymize_dataframe(df: pd.DataFrame, config: StreamConfig, secret: bytes | None = None,
@@ -11,7 +12,9 @@ def anonymize_dataframe(df: pd.DataFrame, config: StreamConfig, secret: bytes | 
     """Run ``df`` (rows in arrival order, dotted column names) through the engine and flush it.
 
     Returns one row per published record (release_id, class_id, ``qi.<name>`` generalizations,
-    ``sensitive.<field>`` values, audit_token) and a report with the accounting and information loss.
+    ``sensitive.<field>`` values, audit_token, and with m-invariance ``counterfeit``: True for a counterfeit
+    record) and a report with the accounting and the information loss of the real records (counterfeit records
+    are no data: they count neither in ``published`` nor in ``mean_ncp``).
 
     >>> import pandas as pd
     >>> df = pd.DataFrame({"event_id": [f"e{i}" for i in range(6)], "event_type": "reading",
@@ -21,18 +24,19 @@ def anonymize_dataframe(df: pd.DataFrame, config: StreamConfig, secret: bytes | 
     >>> report["published"], report["min_individuals_per_class"]
     (6, 3)
     """
-    from stream_anon.engine.engine import Engine
-
     engine = Engine(config, partition=partition, secret=secret)
     result = engine.process(df)
     result.extend(engine.flush())
     rows = []
     for release in result.releases:
-        for rec in release.records:
+        flags = release.record_counterfeit
+        for i, rec in enumerate(release.records):
             flat = {"release_id": rec["release_id"], "class_id": rec["class_id"]}
             flat.update({f"qi.{k}": v for k, v in rec["qi"].items()})
             flat.update({f"sensitive.{k}": v for k, v in rec["sensitive"].items()})
             flat["audit_token"] = rec["audit_token"]
+            if flags is not None:
+                flat["counterfeit"] = bool(flags[i])
             rows.append(flat)
     published = sum(r.published for r in result.releases)
     suppressed: dict[str, int] = {}
@@ -40,10 +44,12 @@ def anonymize_dataframe(df: pd.DataFrame, config: StreamConfig, secret: bytes | 
         for reason, n in r.suppressed.items():
             suppressed[reason] = suppressed.get(reason, 0) + n
     new_classes = [c for r in result.releases for c in r.classes if not c.reused]
-    ncp_sum = sum(float(r.record_ncp.sum()) for r in result.releases)
+    ncp_sum = sum(float((r.record_ncp if r.record_counterfeit is None else r.record_ncp[~r.record_counterfeit]
+                         ).sum()) for r in result.releases)      # real records only
     report = {
         "events_in": len(df), "published": published, "suppressed": suppressed,
         "rejected": len(result.rejected), "deferred": engine.deferred, "releases": len(result.releases),
+        "counterfeit_records": sum(r.counterfeit_records for r in result.releases),
         "classes": len(new_classes),
         "min_individuals_per_class": min((c.individuals for c in new_classes), default=None),
         "mean_ncp": ncp_sum / published if published else None,

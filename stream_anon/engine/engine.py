@@ -1,47 +1,62 @@
 """The incremental anonymization engine: plain Python and numpy, no Kafka, no faust.
 
-Model (after CASTLE, Cao et al., ICDE 2008 / TDSC 2011, with Mondrian as the class former):
-- Records are buffered per event-time window of ``window_s``. When the event-time watermark (the largest event
-  time seen) enters a new window, the open window closes and one **release** is made.
-- At a close, the strategy forms classes over the whole buffer; a class is published only if it holds records
-  of at least k **distinct individuals** (checked here again, whatever the strategy did).
-- A record left over stays deferred while its deadline (event time + ``max_delay_s``) is after the next close.
-  When it is due, it is released under a **randomly chosen** earlier published class whose box covers it
-  (choosing the lowest-loss one would leak the true value: CASTLE's Example 4), or else suppressed with a reason.
-- ``reuse = "immediate"`` releases any buffered record covered by an earlier class at the next close instead.
+The engine is a **window core** with a pluggable **former** (``stream_anon.formers``):
+
+- The core owns the buffer of deferred records, the event-time watermark, the release sequence, the random
+  generator of each release, the registry of published classes and the release builder. Records are buffered per
+  event-time window of ``window_s``. When the watermark (the largest event time seen) enters a new window, the
+  open window closes: the core emits a :class:`ClosedWindow` (the records that arrived in it, for window
+  consumers such as the DP aggregates) and makes one **release**.
+- At a close the former forms classes over the whole buffer: k-anonymous classes with a strategy
+  (:class:`~stream_anon.formers.kanon.KAnonymousFormer`), or m-invariant ones with counterfeits
+  (:class:`~stream_anon.formers.minvariant.MInvariantFormer`). A record left over stays deferred while its deadline
+  (event time + ``max_delay_s``) is after the next close. When it is due, the former may place it in a **randomly
+  chosen** earlier published class that covers it (choosing the lowest-loss one would leak the true value: CASTLE,
+  Cao et al., ICDE 2008, Example 4); otherwise the core suppresses it with a reason.
 
 Output does not depend on how the input is cut into batches: a batch is split at the events whose time moves
 the watermark into a new window, and the randomness of a release comes from (seed, partition, sequence number).
 """
 from __future__ import annotations
 
-import hashlib
+from dataclasses import dataclass, field
+
 import numpy as np
 
 from stream_anon import crypto
 from stream_anon.config import StreamConfig
-from stream_anon.engine.minvariance import MInvariantFormer
+from stream_anon.engine.records import RecordReader, Records
+from stream_anon.engine.registry import PublishedClasses
 from stream_anon.engine.release import ClassInfo, Rejection, Release, StepResult
-from stream_anon.engine.space import QISpace, parse_time
+from stream_anon.engine.space import QISpace
+from stream_anon.formers.base import (SUPPRESSED_END, SUPPRESSED_LOSS, SUPPRESSED_NO_CLASS, NewClass,
+                                      WindowView)
+from stream_anon.formers.counterfeits import counterfeit_token
+from stream_anon.formers.kanon import KAnonymousFormer
+from stream_anon.formers.minvariant import MInvariantFormer, MInvariantParams
 from stream_anon.strategies import make_strategy
 
-SUPPRESSED_NO_CLASS = "fewer_than_k_individuals_by_deadline"
-SUPPRESSED_LOSS = "class_loss_above_limit"
-SUPPRESSED_END = "end_of_stream"
+STATE_VERSION = 2
 
 
-def get_path(event: dict, path: str):
-    """Value at a dotted path of a nested event, or of a flat event whose keys are dotted paths."""
-    if path in event:
-        return event[path]
-    value = event
-    for part in path.split("."):
-        if not isinstance(value, dict):
-            return None
-        value = value.get(part)
-        if value is None:
-            return None
-    return value
+@dataclass
+class ClosedWindow:
+    """A window the core closed: its index and the carried fields of the records that arrived while it was open
+    (in arrival order). The DP aggregates consume these; nothing else derives windows."""
+    index: int
+    start: float
+    end: float
+    carried: dict[str, list] = field(default_factory=dict)
+
+
+def arrival_windows(times: np.ndarray, window_s: float, watermark: float = -np.inf) -> np.ndarray:
+    """Window index of each record in arrival order: the window of the event-time watermark (largest event time
+    seen so far, starting from ``watermark``) when it arrives. The one definition of a record's window.
+
+    >>> arrival_windows(np.array([5.0, 65.0, 30.0, 130.0]), 60.0).tolist()
+    [0, 1, 1, 2]
+    """
+    return np.floor(np.maximum.accumulate(np.maximum(times, watermark)) / window_s).astype(np.int64)
 
 
 class _Buffer:
@@ -57,30 +72,23 @@ class _Buffer:
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def append(self, X, units, times, tokens, sensitive) -> None:
-        self.X = np.concatenate([self.X, X])
-        self.units = np.concatenate([self.units, units])
-        self.times = np.concatenate([self.times, times])
-        self.tokens += tokens
-        self.sensitive += sensitive
+    def append(self, rec: Records) -> None:
+        self.X = np.concatenate([self.X, rec.X])
+        self.units = np.concatenate([self.units, rec.units])
+        self.times = np.concatenate([self.times, rec.times])
+        self.tokens += rec.tokens
+        self.sensitive += rec.sensitive
 
-    def take(self, mask: np.ndarray) -> "_Buffer":
-        """Split off the rows in mask (returned) and keep the rest."""
-        out = _Buffer(self.X.shape[1])
-        idx = np.flatnonzero(mask)
+    def drop(self, mask: np.ndarray) -> None:
+        """Forget the rows in mask (resolved) and keep the rest."""
         keep = np.flatnonzero(~mask)
-        out.X, out.units, out.times = self.X[idx], self.units[idx], self.times[idx]
-        out.tokens = [self.tokens[i] for i in idx]
-        out.sensitive = [self.sensitive[i] for i in idx]
         self.X, self.units, self.times = self.X[keep], self.units[keep], self.times[keep]
         self.tokens = [self.tokens[i] for i in keep]
         self.sensitive = [self.sensitive[i] for i in keep]
-        return out
 
     def to_state(self) -> dict:
         return {"X": self.X.tolist(), "units": self.units.tolist(), "times": self.times.tolist(),
-                "tokens": self.tokens,
-                "sensitive": [list(s) for s in self.sensitive]}
+                "tokens": self.tokens, "sensitive": [list(s) for s in self.sensitive]}
 
     @classmethod
     def from_state(cls, state: dict, dims: int) -> "_Buffer":
@@ -94,8 +102,22 @@ class _Buffer:
         return b
 
 
+def make_former(config: StreamConfig, invariance: bool = True):
+    """The former the configuration asks for (``anonymization.m`` set: m-invariant, else k-anonymous).
+    ``invariance=False`` only measures what m-invariance costs (benchmarks); no configuration key reaches it."""
+    a = config.anonymization
+    if a.m is not None:
+        return MInvariantFormer(a.m, a.k, MInvariantParams(**a.m_params), config.sensitive,
+                                config.invariant_sensitive, a.m_horizon_s, a.max_class_ncp, a.reuse, invariance)
+    return KAnonymousFormer(make_strategy(a.strategy, a.strategy_params), a.k, a.max_class_ncp, a.reuse,
+                            config.sensitive)
+
+
 class Engine:
     """Anonymizes one partition of one stream.
+
+    ``carried``: fields of accepted events handed to window consumers with each :class:`ClosedWindow`
+    (the worker passes the DP aggregates' fields). ``former``: defaults to :func:`make_former`.
 
     >>> from stream_anon.engine import Engine, demo_config
     >>> engine = Engine(demo_config(k=2), secret=b"0123456789abcdef")
@@ -103,69 +125,59 @@ class Engine:
     ...            "time": 10.0 * i, "value": float(i)} for i in range(8)]
     >>> result = engine.process(events + [{"event_id": "e9", "event_type": "reading", "unit": "u1",
     ...                                    "time": 100.0, "value": 1.0}])
-    >>> [r.published for r in result.releases]
-    [6]
+    >>> [r.published for r in result.releases], [w.index for w in result.windows]
+    ([6], [0])
     >>> min(c.individuals for c in result.releases[0].classes) >= 2
     True
     """
 
-    def __init__(self, config: StreamConfig, partition: int = 0, secret: bytes | None = None):
+    def __init__(self, config: StreamConfig, partition: int = 0, secret: bytes | None = None,
+                 carried: tuple[str, ...] = (), former=None):
         self.config = config
         self.partition = int(partition)
         self.secret = secret if secret is not None else crypto.throwaway_secret()
         self.space = QISpace(config)
-        self.strategy = make_strategy(config.anonymization.strategy, config.anonymization.strategy_params)
-        self.buffer = _Buffer(self.space.dims)
+        self.reader = RecordReader(config, self.space, self.secret, carried)
+        self.former = former if former is not None else make_former(config)
         a = config.anonymization
         self.k, self.window_s, self.max_delay_s = a.k, a.window_s, a.max_delay_s
+        self.buffer = _Buffer(self.space.dims)
+        self.registry = PublishedClasses(self.space, a.reuse_horizon_s, a.reuse_max_classes)
         self.seq = 0
         self.watermark = -np.inf
         self.open_window: int | None = None     # index of the open window (floor(t / window_s))
-        # Published classes that may be reused: snapped boxes, ids, generalizations, creation time.
-        self.pub_lo = np.empty((0, self.space.dims))
-        self.pub_hi = np.empty((0, self.space.dims))
-        self.pub_ids: list[str] = []
-        self.pub_gen: list[dict] = []
-        self.pub_ncp = np.empty(0)
-        self.pub_time = np.empty(0)
-        self._tokenize = crypto.AuditTokenizer(self.secret)
-        self._mac_key = hashlib.sha256(b"unit-id:" + self.secret).digest()[:32]
-        s = config.stream
-        self._fields = (s.privacy_unit, s.event_time, *[f for q in config.quasi_identifiers for f in q.fields],
-                        *config.sensitive)
-        # m-invariance (anonymization.m): releases are formed by the signature-aware former instead
-        self.minv = MInvariantFormer(self) if a.m is not None else None
+        self.window_carried = {f: [] for f in self.reader.carried}   # open window's carried fields
 
     # -- public API -------------------------------------------------------------------------------------------
     def process(self, events) -> StepResult:
         """Feed a batch (list of event dicts, or a DataFrame with dotted column names) in arrival order."""
-        columns, n = self._columns(events)
+        records, rejected = self.reader.read(events)
+        result = self.process_records(records)
+        if rejected:
+            if isinstance(events, list):
+                result.rejected = [Rejection(events[i], reason) for i, reason in rejected]
+            else:
+                cols, _ = self.reader.columns(events)
+                result.rejected = [Rejection({c: cols[c][i] for c in cols}, reason) for i, reason in rejected]
+        return result
+
+    def process_records(self, rec: Records) -> StepResult:
+        """Feed records read by ``self.reader`` (the worker reads them itself to keep input positions)."""
         result = StepResult()
-        if n == 0:
+        if len(rec) == 0:
             return result
-        good, times, reasons, X_all = self._validate(columns, n)
-        originals = events if isinstance(events, list) else None
-        for i in np.flatnonzero(~good):
-            event = originals[i] if originals is not None else {c: columns[c][i] for c in columns}
-            result.rejected.append(Rejection(event, reasons[i]))
-        rows = np.flatnonzero(good)
-        if len(rows) == 0:
-            return result
-        X = X_all[rows]
-        units, tokens = self._identify(columns, rows)
-        t = times[rows]
+        t = rec.times
         # Split the batch where the watermark enters a new window, so batch boundaries do not matter.
-        marks = np.floor(np.maximum.accumulate(np.maximum(t, self.watermark)) / self.window_s).astype(np.int64)
+        marks = arrival_windows(t, self.window_s, self.watermark)
         if self.open_window is None:
             self.open_window = int(marks[0])
         cuts = np.flatnonzero(marks > np.concatenate([[self.open_window], marks[:-1]]))
         start = 0
-        for cut in list(cuts) + [len(rows)]:
+        for cut in list(cuts) + [len(rec)]:
             if cut > start:
-                self._add(columns, rows[start:cut], X[start:cut], units[start:cut], t[start:cut],
-                          tokens[start:cut])
-            if cut < len(rows):
-                result.releases.append(self._close(window_end=marks[cut] * self.window_s))
+                self._add(rec.slice(start, cut))
+            if cut < len(rec):
+                self._close_window(result, window_end=marks[cut] * self.window_s)
                 self.open_window = int(marks[cut])
             start = cut
         return result
@@ -174,7 +186,7 @@ class Engine:
         """End of stream: close the open window and resolve every deferred record now."""
         result = StepResult()
         if self.open_window is not None and (len(self.buffer) or self.seq == 0):
-            result.releases.append(self._close((self.open_window + 1) * self.window_s, final=True))
+            self._close_window(result, (self.open_window + 1) * self.window_s, final=True)
             self.open_window += 1
         return result
 
@@ -190,238 +202,141 @@ class Engine:
     # -- state ------------------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """JSON-serializable checkpoint (no secret in it)."""
-        return {"version": 1, "stream": self.config.stream.name, "partition": self.partition, "seq": self.seq,
-                "watermark": None if not np.isfinite(self.watermark) else float(self.watermark),
+        return {"version": STATE_VERSION, "stream": self.config.stream.name, "partition": self.partition,
+                "seq": self.seq, "watermark": None if not np.isfinite(self.watermark) else float(self.watermark),
                 "open_window": self.open_window, "buffer": self.buffer.to_state(),
-                "published": {"lo": self.pub_lo.tolist(), "hi": self.pub_hi.tolist(), "ids": self.pub_ids,
-                              "gen": self.pub_gen, "ncp": self.pub_ncp.tolist(), "time": self.pub_time.tolist()},
-                **({"minvariance": self.minv.state_dict()} if self.minv is not None else {})}
+                "window_carried": self.window_carried, "published": self.registry.state_dict(),
+                "former": {"kind": type(self.former).__name__, **self.former.state_dict()}}
 
     @classmethod
-    def from_state(cls, config: StreamConfig, state: dict, secret: bytes | None = None) -> "Engine":
-        engine = cls(config, state["partition"], secret)
+    def from_state(cls, config: StreamConfig, state: dict, secret: bytes | None = None,
+                   carried: tuple[str, ...] = ()) -> "Engine":
+        engine = cls(config, state["partition"], secret, carried)
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"engine state version {state.get('version')!r} is not {STATE_VERSION}")
         if state["stream"] != config.stream.name:
             raise ValueError(f"checkpoint is for stream {state['stream']!r}, not {config.stream.name!r}")
+        former = dict(state["former"])
+        kind = former.pop("kind")
+        if kind != type(engine.former).__name__:
+            raise ValueError(f"checkpoint was made by the {kind} former, the config asks for "
+                             f"{type(engine.former).__name__}: switching would drop or invent m-invariance "
+                             "signatures")
+        engine.former.load_state(former)
         engine.seq = state["seq"]
         engine.watermark = -np.inf if state["watermark"] is None else state["watermark"]
         engine.open_window = state["open_window"]
         engine.buffer = _Buffer.from_state(state["buffer"], engine.space.dims)
-        p = state["published"]
-        d = engine.space.dims
-        engine.pub_lo = np.array(p["lo"], dtype=float).reshape(-1, d)
-        engine.pub_hi = np.array(p["hi"], dtype=float).reshape(-1, d)
-        engine.pub_ids, engine.pub_gen = list(p["ids"]), list(p["gen"])
-        engine.pub_ncp, engine.pub_time = np.array(p["ncp"], dtype=float), np.array(p["time"], dtype=float)
-        if "minvariance" in state:
-            if engine.minv is None:
-                raise ValueError("checkpoint holds m-invariance signatures but the config has no anonymization.m: "
-                                 "dropping them would let individuals change signature")
-            engine.minv.load_state(state["minvariance"])
+        engine.registry.load_state(state["published"])
+        saved = state.get("window_carried", {})
+        engine.window_carried = {f: list(saved.get(f, [])) for f in engine.reader.carried}
         return engine
 
     # -- internals --------------------------------------------------------------------------------------------
-    def _columns(self, events) -> tuple[dict, int]:
-        needed = ("event_id", "event_type", *self._fields)
-        if hasattr(events, "columns"):   # pandas DataFrame: dotted column names
-            n = len(events)
-            cols = {}
-            for f in dict.fromkeys(needed):
-                if f in events.columns:
-                    col = events[f].astype(object)
-                    cols[f] = col.where(col.notna(), None).tolist()
-                else:
-                    cols[f] = [None] * n
-            return cols, n
-        n = len(events)
-        cols = {}
-        for f in dict.fromkeys(needed):
-            if "." in f:
-                cols[f] = [get_path(e, f) for e in events]
-            else:   # top-level field: a plain dict lookup (hot path)
-                cols[f] = [e.get(f) for e in events]
-        return cols, n
+    def _add(self, rec: Records) -> None:
+        self.buffer.append(rec)
+        for f, col in rec.carried.items():
+            self.window_carried[f].extend(col)
+        self.watermark = max(self.watermark, float(rec.times.max()))
 
-    def _validate(self, columns: dict, n: int) -> tuple[np.ndarray, np.ndarray, list]:
-        s = self.config.stream
-        reasons: list[str | None] = [None] * n
-        times = np.zeros(n)
-        allowed = set(s.event_types)
-        for i, (eid, etype, unit, ts) in enumerate(zip(columns["event_id"], columns["event_type"],
-                                                      columns[s.privacy_unit], columns[s.event_time])):
-            if not isinstance(eid, str) or not eid:
-                reasons[i] = "event_id: missing or not a string"
-            elif etype not in allowed:
-                reasons[i] = f"event_type: {etype!r} is not one of {sorted(allowed)}"
-            elif unit is None or unit == "":
-                reasons[i] = f"{s.privacy_unit}: privacy unit missing"
-            else:
-                t = parse_time(ts)
-                if t is None:
-                    reasons[i] = f"{s.event_time}: not an ISO-8601 time with UTC offset: {ts!r}"
-                else:
-                    times[i] = t
-        X, qi_reasons = self.space.encode({f: columns[f] for q in self.config.quasi_identifiers for f in q.fields})
-        for i, r in enumerate(qi_reasons):
-            if r is not None and reasons[i] is None:
-                reasons[i] = r
-        good = np.fromiter((r is None for r in reasons), dtype=bool, count=n)
-        return good, times, reasons, X
+    def _close_window(self, result: StepResult, window_end: float, final: bool = False) -> None:
+        start = (self.open_window if self.open_window is not None else 0) * self.window_s
+        result.windows.append(ClosedWindow(self.open_window, start, start + self.window_s, self.window_carried))
+        self.window_carried = {f: [] for f in self.reader.carried}
+        result.releases.append(self._release(window_end, final))
 
-    def _identify(self, columns: dict, rows: np.ndarray):
-        """Per-record unit ids (keyed 64-bit hashes: a collision can only merge two people, which makes the
-        k check stricter, never weaker) and audit tokens."""
-        key = self._mac_key
-        unit_col = columns[self.config.stream.privacy_unit]
-        rows = rows.tolist()
-        blake2b = hashlib.blake2b
-        units = np.fromiter(
-            (int.from_bytes(blake2b(str(unit_col[i]).encode(), key=key, digest_size=8).digest(),
-                            "little", signed=True) for i in rows), dtype=np.int64, count=len(rows))
-        eid = columns["event_id"]
-        tokenize = self._tokenize
-        tokens = [tokenize(eid[i]) for i in rows]
-        return units, tokens
-
-    def _add(self, columns, rows, X, units, times, tokens) -> None:
-        rows = rows.tolist()
-        sens = [[col[i] for i in rows] for col in (columns[f] for f in self.config.sensitive)]
-        self.buffer.append(X, units, times, tokens, list(zip(*sens)) if sens else [()] * len(rows))
-        self.watermark = max(self.watermark, float(times.max()))
-
-    def _close(self, window_end: float, final: bool = False) -> Release:
-        if self.minv is not None:
-            return self.minv.close(window_end, final)
+    def _release(self, window_end: float, final: bool) -> Release:
         a = self.config.anonymization
         rng = np.random.default_rng([a.seed, self.partition, self.seq])
         release_id = f"{self.config.stream.name}-p{self.partition}-{self.seq:06d}"
         window_start = (self.open_window if self.open_window is not None else 0) * self.window_s
-        buf = self.buffer
-        self._expire_published(window_end)
-
-        reused_rows: dict[int, list[int]] = {}   # published class index -> buffer rows
-        assigned = np.zeros(len(buf), dtype=bool)
-        if a.reuse == "immediate":
-            self._reuse(np.arange(len(buf)), rng, reused_rows, assigned)
-
-        # Form new classes over what is left.
-        pending = np.flatnonzero(~assigned)
-        new_classes, loss_rejected = self._form(pending, rng)
-        for rows in new_classes:
-            assigned[rows] = True
-
-        # Due leftovers: reuse at random, else suppress.
+        buf, former = self.buffer, self.former
+        self.registry.expire(window_end)
+        former.expire(window_end)
         due = (buf.times + self.max_delay_s < window_end + self.window_s) | final
-        leftover_due = np.flatnonzero(due & ~assigned)
-        if a.reuse != "never":
-            self._reuse(leftover_due, rng, reused_rows, assigned)
-        suppressed: dict[str, list] = {}
-        for i in np.flatnonzero(due & ~assigned):
-            reason = SUPPRESSED_LOSS if loss_rejected[i] else (SUPPRESSED_END if final else SUPPRESSED_NO_CLASS)
-            suppressed.setdefault(reason, []).append(buf.tokens[i])
-            assigned[i] = True
-
-        release = self._make_release(release_id, window_start, window_end, new_classes, reused_rows, suppressed)
-        self.buffer.take(assigned)     # drop everything resolved; the rest stays deferred
-        release.deferred_tokens = list(self.buffer.tokens)
+        view = WindowView(buf.X, buf.units, buf.times, buf.sensitive, due, final, window_end, self.space, rng,
+                          self.registry)
+        plan = former.form(view)
+        placed = np.zeros(len(buf), dtype=bool)
+        for nc in plan.new_classes:
+            placed[nc.rows] = True
+        reused = plan.reused
+        for rows in reused.values():
+            placed[rows] = True
+        suppressed_rows = {reason: list(rows) for reason, rows in plan.suppressed.items()}
+        resolved = np.zeros(len(buf), dtype=bool)
+        for rows in suppressed_rows.values():
+            resolved[rows] = True
+        # due leftovers: an earlier class chosen by the former, else suppressed
+        for c, rows in former.reuse(view, np.flatnonzero(due & ~placed & ~resolved), plan).items():
+            reused.setdefault(c, []).extend(rows)
+            placed[rows] = True
+        loss = plan.loss_rejected
+        for i in np.flatnonzero(due & ~placed & ~resolved).tolist():
+            reason = SUPPRESSED_LOSS if loss is not None and loss[i] else (SUPPRESSED_END if final
+                                                                           else SUPPRESSED_NO_CLASS)
+            suppressed_rows.setdefault(reason, []).append(i)
+            resolved[i] = True
+        release = self._build_release(view, release_id, window_start, plan.new_classes, reused, suppressed_rows)
+        buf.drop(placed | resolved)     # everything resolved leaves the buffer; the rest stays deferred
+        release.deferred_tokens = list(buf.tokens)
         self.seq += 1
         return release
 
-    def _form(self, pending: np.ndarray, rng) -> tuple[list[np.ndarray], np.ndarray]:
-        buf = self.buffer
-        loss_rejected = np.zeros(len(buf), dtype=bool)
-        if len(pending) == 0:
-            return [], loss_rejected
-        extra = {}
-        if getattr(self.strategy, "uses_sensitive", False):
-            # Strategies with a diversity or severity rule (seeds 002, 003) see the sensitive columns too.
-            extra["sensitive"] = {f: [buf.sensitive[i][j] for i in pending]
-                                  for j, f in enumerate(self.config.sensitive)}
-        raw = self.strategy.form_classes(buf.X[pending], buf.units[pending], self.k, self.space, rng, **extra)
-        seen = np.zeros(len(pending), dtype=bool)
-        classes = []
-        for local in raw:
-            local = np.asarray(local, dtype=np.int64)
-            if len(local) == 0 or seen[local].any():
-                raise RuntimeError(f"strategy {self.strategy.name!r} returned overlapping or empty classes")
-            seen[local] = True
-            rows = pending[local]
-            # Enforcement, independent of the strategy: k distinct individuals.
-            if len(np.unique(buf.units[rows])) < self.k:
-                continue
-            lo, hi, _ = self.space.snap(buf.X[rows].min(axis=0, keepdims=True), buf.X[rows].max(axis=0,
-                                                                                               keepdims=True))
-            if self.space.ncp(lo, hi)[0] > self.config.anonymization.max_class_ncp:
-                loss_rejected[rows] = True
-                continue
-            classes.append(rows)
-        return classes, loss_rejected
-
-    def _reuse(self, rows: np.ndarray, rng, reused_rows: dict, assigned: np.ndarray) -> None:
-        if len(rows) == 0 or len(self.pub_ids) == 0:
-            return
-        clo, chi = self.space.coverage_box(self.pub_lo, self.pub_hi)
-        x = self.buffer.X[rows]
-        cover = ((x[:, None, :] >= clo[None]) & (x[:, None, :] <= chi[None])).all(axis=2)
-        ok = cover.any(axis=1)
-        if not ok.any():
-            return
-        # Uniform choice among the covering classes (CASTLE Example 4: never the best-fitting one).
-        choice = np.argmax(rng.random(cover.shape) * cover, axis=1)
-        for r, c in zip(rows[ok], choice[ok]):
-            reused_rows.setdefault(int(c), []).append(int(r))
-            assigned[r] = True
-
-    def _expire_published(self, now: float) -> None:
-        a = self.config.anonymization
-        keep = self.pub_time >= now - a.reuse_horizon_s
-        keep &= np.arange(len(keep)) >= len(keep) - a.reuse_max_classes
-        if not keep.all():
-            self.pub_lo, self.pub_hi = self.pub_lo[keep], self.pub_hi[keep]
-            self.pub_ncp, self.pub_time = self.pub_ncp[keep], self.pub_time[keep]
-            idx = np.flatnonzero(keep)
-            self.pub_ids = [self.pub_ids[i] for i in idx]
-            self.pub_gen = [self.pub_gen[i] for i in idx]
-
-    def _make_release(self, release_id, window_start, window_end, new_classes, reused_rows, suppressed):
-        buf = self.buffer
-        classes: list[ClassInfo] = []
-        rec_rows, rec_class, rec_ncp = [], [], []
+    def _build_release(self, view: WindowView, release_id: str, window_start: float, new_classes: list[NewClass],
+                       reused: dict[int, list[int]], suppressed_rows: dict[str, list[int]]) -> Release:
+        buf, reg, former = self.buffer, self.registry, self.former
+        groups = []     # (class id, generalization, ncp, reused, tag, rows) in release order
         if new_classes:
-            lo = np.stack([buf.X[r].min(axis=0) for r in new_classes])
-            hi = np.stack([buf.X[r].max(axis=0) for r in new_classes])
+            lo = np.stack([buf.X[nc.rows].min(axis=0) for nc in new_classes])
+            hi = np.stack([buf.X[nc.rows].max(axis=0) for nc in new_classes])
             lo, hi, labels = self.space.snap(lo, hi)
             ncp = self.space.ncp(lo, hi)
-            for j, rows in enumerate(new_classes):
-                cid = f"{release_id}-c{j:04d}"
-                gen = self.space.describe(lo[j], hi[j], labels[j])
-                classes.append(ClassInfo(cid, gen, len(np.unique(buf.units[rows])), len(rows), float(ncp[j]), False))
-                rec_rows.append(rows)
-                rec_class.append(np.full(len(rows), len(classes) - 1))
-                rec_ncp.append(np.full(len(rows), ncp[j]))
-            cw = np.full(len(new_classes), window_end)
-            self.pub_lo = np.concatenate([self.pub_lo, lo])
-            self.pub_hi = np.concatenate([self.pub_hi, hi])
-            self.pub_ncp = np.concatenate([self.pub_ncp, ncp])
-            self.pub_time = np.concatenate([self.pub_time, cw])
-            self.pub_ids += [c.class_id for c in classes]
-            self.pub_gen += [c.generalization for c in classes]
-        for c, rows in sorted(reused_rows.items()):
-            rows = np.array(rows, dtype=np.int64)
-            classes.append(ClassInfo(self.pub_ids[c], self.pub_gen[c], len(np.unique(buf.units[rows])), len(rows),
-                                     float(self.pub_ncp[c]), True))
-            rec_rows.append(rows)
-            rec_class.append(np.full(len(rows), len(classes) - 1))
-            rec_ncp.append(np.full(len(rows), self.pub_ncp[c]))
-        rows = np.concatenate(rec_rows) if rec_rows else np.empty(0, dtype=np.int64)
+            for j, nc in enumerate(new_classes):
+                groups.append((f"{release_id}-c{j:04d}", self.space.describe(lo[j], hi[j], labels[j]),
+                               float(ncp[j]), False, nc.tag, nc.rows))
+            reg.register(lo, hi, [g[0] for g in groups], [g[1] for g in groups], ncp, view.window_end,
+                         [nc.tag for nc in new_classes] if former.registry_tags else None)
+        for c, rows in sorted(reused.items()):
+            groups.append((reg.ids[c], reg.gen[c], float(reg.ncp[c]), True, int(reg.tag[c]),
+                           np.array(rows, dtype=np.int64)))
+        published_rows = [r for nc in new_classes for r in nc.rows.tolist()] + \
+                         [r for rows in reused.values() for r in rows]
+        extras = former.complete(view, [(g[0], g[5], g[4]) for g in groups], published_rows)
+        classes: list[ClassInfo] = []
+        rec_class, rec_sens, rec_tok, rec_ncp, rec_cf = [], [], [], [], []
+        for ci, ((cid, gen, ncp_c, is_reused, _, rows), extra) in enumerate(zip(groups, extras)):
+            rl = rows.tolist()
+            n_real = len(np.unique(buf.units[rows]))
+            rec_class += [ci] * len(rl)
+            rec_sens += [buf.sensitive[r] for r in rl]
+            rec_tok += [buf.tokens[r] for r in rl]
+            rec_ncp += [ncp_c] * len(rl)
+            rec_cf += [False] * len(rl)
+            n_cf_ind, n_cf_rec = 0, 0
+            if extra is not None:
+                n_cf_ind, n_cf_rec = extra.individuals, len(extra.sensitive)
+                rec_class += [ci] * n_cf_rec
+                rec_sens += extra.sensitive
+                rec_tok += [counterfeit_token(self.secret, release_id, cid, n) for n in range(n_cf_rec)]
+                rec_ncp += [ncp_c] * n_cf_rec
+                rec_cf += [True] * n_cf_rec
+            classes.append(ClassInfo(cid, gen, n_real, len(rl) + n_cf_rec, ncp_c, is_reused,
+                                     counterfeit_individuals=n_cf_ind, counterfeit_records=n_cf_rec))
+        m = getattr(former, "m", None)
+        order = view.rng.permutation(len(rec_tok)) if former.shuffle_records else np.arange(len(rec_tok))
         return Release(
             release_id=release_id, stream=self.config.stream.name, partition=self.partition, seq=self.seq,
-            window_start=window_start, window_end=window_end, watermark=self.watermark, k=self.k,
+            window_start=window_start, window_end=view.window_end, watermark=self.watermark, k=self.k,
             classes=classes,
-            record_class=np.concatenate(rec_class) if rec_class else np.empty(0, dtype=np.int64),
-            record_sensitive=[buf.sensitive[i] for i in rows],
-            record_token=[buf.tokens[i] for i in rows],
-            record_ncp=np.concatenate(rec_ncp) if rec_ncp else np.empty(0),
+            record_class=np.array(rec_class, dtype=np.int64)[order] if rec_tok else np.empty(0, dtype=np.int64),
+            record_sensitive=[rec_sens[i] for i in order],
+            record_token=[rec_tok[i] for i in order],
+            record_ncp=np.array(rec_ncp, dtype=float)[order] if rec_tok else np.empty(0),
             sensitive_fields=self.config.sensitive,
-            suppressed_tokens=suppressed,
+            suppressed_tokens={reason: [buf.tokens[i] for i in rows] for reason, rows in suppressed_rows.items()},
             max_suppression_ratio=self.config.anonymization.max_suppression_ratio,
+            record_counterfeit=(np.array(rec_cf, dtype=bool)[order] if rec_tok else np.empty(0, dtype=bool))
+            if m is not None else None,
+            m=m,
         )

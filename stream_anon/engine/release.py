@@ -6,6 +6,8 @@ from datetime import datetime, timezone
 
 import numpy as np
 
+from stream_anon.engine.space import iso
+
 
 @dataclass
 class Rejection:
@@ -126,14 +128,16 @@ class Release:
 class StepResult:
     releases: list[Release] = field(default_factory=list)
     rejected: list[Rejection] = field(default_factory=list)
+    windows: list = field(default_factory=list)        # stream_anon.engine.engine.ClosedWindow, one per release
 
     def extend(self, other: "StepResult") -> "StepResult":
         self.releases += other.releases
         self.rejected += other.rejected
+        self.windows += other.windows
         return self
 
 
 def _iso(ts: float) -> str | None:
     if ts is None or not np.isfinite(ts):
         return None
-    return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat()
+    return iso(ts)

@@ -25,7 +25,16 @@ from stream_anon.config import QuasiIdentifier, StreamConfig
 
 
 def iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat()
+    """ISO-8601 UTC form of epoch seconds; a time outside datetime's years 1-9999 (a schema-valid
+    ``9999-12-31T23:59:59-23:59`` is one) keeps its number rather than raise inside a dead-letter reason.
+
+    >>> iso(0.0), iso(253402387140.0)
+    ('1970-01-01T00:00:00+00:00', '253402387140.0 s since the epoch')
+    """
+    try:
+        return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat()
+    except (ValueError, OverflowError, OSError):
+        return f"{ts!r} s since the epoch"
 
 
 class QISpace:

@@ -2,8 +2,12 @@
 
 - ``stream_anon.kafka.topics``: ``load_topic_definitions(dir)``, ``apply_topics(bootstrap, defs)`` (idempotent).
 - ``stream_anon.kafka.replay``: ``replay(bootstrap, topic, events, key_fn)``, ``replay_file(path, topic, ...)``.
-- ``stream_anon.kafka.worker``: ``make_app(...)`` (faust), ``run_worker(...)``, ``run_until_accounted(...)``,
-  ``worker_main(argv)`` (``stream-anon worker``).
+- ``stream_anon.kafka.core``: ``WorkerCore``, the worker without faust or a Kafka client (batch in -> output
+  messages + checkpoint), and the input checks.
+- ``stream_anon.kafka.app``: ``make_app(...)`` (faust), ``run_worker(...)``, ``worker_main(argv)``
+  (``stream-anon worker``).
+- ``stream_anon.kafka.harness``: tests and benchmarks only: worker subprocesses, the output reader,
+  ``run_until_accounted(...)``, the demo's DP figures.
 - ``stream_anon.kafka.checkpoint``: atomic per-partition checkpoints (docs/contracts.md section 6).
 
 Importing this package does not import faust or kafka-python; the submodules do.

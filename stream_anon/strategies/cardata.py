@@ -190,6 +190,25 @@ def cardata_synthesize(df: pd.DataFrame, qis: Mapping[str, Hierarchy], individua
     return synth, grid
 
 
+@dataclass(frozen=True)
+class CarDataParams:
+    """``[anonymization.strategy_params]`` of ``car-data``: ``numeric_depth`` (1..8) and ``suppression_limit``
+    (share of records the lattice search may suppress, in [0, 1])."""
+    numeric_depth: int = 2
+    suppression_limit: float = 1.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.numeric_depth, bool) or not isinstance(self.numeric_depth, int) \
+                or not 1 <= self.numeric_depth <= 8:
+            raise ValueError(f"numeric_depth: an integer in 1..8, got {self.numeric_depth!r}")
+        if isinstance(self.suppression_limit, bool) or not isinstance(self.suppression_limit, (int, float)) \
+                or not 0 <= self.suppression_limit <= 1:
+            raise ValueError(f"suppression_limit: in [0, 1], got {self.suppression_limit!r}")
+
+    def check_config(self, sensitive: tuple[str, ...], qi_names: tuple[str, ...]) -> None:
+        pass
+
+
 class CarData:
     """Engine adapter of approach 1: full-domain generalization with suppression over a window, k counted in
     individuals. Categorical dimensions use their hierarchy; numeric ones a binary interval tree of
@@ -197,13 +216,12 @@ class CarData:
     numeric dimension, multiplied over dimensions, and is searched exhaustively every window). Records of suppressed classes stay deferred (the
     engine suppresses them at their deadline unless an earlier class covers them)."""
     name = "car-data"
+    uses_sensitive = False
+    Params = CarDataParams
 
-    def __init__(self, numeric_depth: int = 2, suppression_limit: float = 1.0):
-        if isinstance(numeric_depth, bool) or not isinstance(numeric_depth, int) or not 1 <= numeric_depth <= 8:
-            raise ValueError(f"car-data.numeric_depth: an integer in 1..8, got {numeric_depth!r}")
-        if not isinstance(suppression_limit, (int, float)) or not 0 <= suppression_limit <= 1:
-            raise ValueError(f"car-data.suppression_limit: in [0, 1], got {suppression_limit!r}")
-        self.numeric_depth, self.suppression_limit = numeric_depth, float(suppression_limit)
+    def __init__(self, **params):
+        self.params = p = CarDataParams(**params)
+        self.numeric_depth, self.suppression_limit = p.numeric_depth, float(p.suppression_limit)
         self._trees: dict = {}
 
     def form_classes(self, X, units, k, space, rng=None) -> list[np.ndarray]:

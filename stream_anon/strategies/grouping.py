@@ -193,6 +193,40 @@ def grouping_anonymize(df: pd.DataFrame, bucket_by: Sequence[str], sensitive: Se
     return GroupingResult(buckets, columns, released, np.setdiff1d(np.arange(len(df)), placed))
 
 
+@dataclass(frozen=True)
+class GroupingParams:
+    """``[anonymization.strategy_params]`` of ``grouping``: ``field`` (a sensitive field, required), ``l``
+    (distinct values per bucket), ``split_on`` (QI names whose dimensions are split; default all), ``relaxed``.
+
+    >>> GroupingParams(field="payload.usertype", l=0)
+    Traceback (most recent call last):
+    ...
+    ValueError: l: a positive integer, got 0
+    """
+    field: str = ""
+    l: int = 2
+    split_on: Sequence[str] = ()
+    relaxed: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.field, str) or not self.field:
+            raise ValueError("field: the sensitive field to keep l-diverse is required")
+        if isinstance(self.l, bool) or not isinstance(self.l, int) or self.l < 1:
+            raise ValueError(f"l: a positive integer, got {self.l!r}")
+        if isinstance(self.split_on, str) or not all(isinstance(x, str) for x in self.split_on or ()):
+            raise ValueError(f"split_on: a list of quasi-identifier names, got {self.split_on!r}")
+        if not isinstance(self.relaxed, bool):
+            raise ValueError(f"relaxed: true or false, got {self.relaxed!r}")
+        object.__setattr__(self, "split_on", tuple(self.split_on or ()))
+
+    def check_config(self, sensitive: tuple[str, ...], qi_names: tuple[str, ...]) -> None:
+        if self.field not in sensitive:
+            raise ValueError(f"field: {self.field!r} is not listed in sensitive.fields")
+        unknown = set(self.split_on) - set(qi_names)
+        if unknown:
+            raise ValueError(f"split_on: unknown quasi-identifiers {sorted(unknown)}")
+
+
 class Grouping:
     """Engine adapter: l-diverse buckets over a window (relaxed median splits), each with k individuals.
 
@@ -203,13 +237,11 @@ class Grouping:
     """
     name = "grouping"
     uses_sensitive = True
+    Params = GroupingParams
 
-    def __init__(self, field: str = "", l: int = 2, split_on: Sequence[str] | None = None, relaxed: bool = True):
-        if not isinstance(field, str) or not field:
-            raise ValueError("grouping.field: the sensitive field to keep l-diverse is required")
-        if isinstance(l, bool) or not isinstance(l, int) or l < 1:
-            raise ValueError(f"grouping.l: a positive integer, got {l!r}")
-        self.field, self.l, self.split_on, self.relaxed = field, l, list(split_on or []), bool(relaxed)
+    def __init__(self, **params):
+        self.params = p = GroupingParams(**params)
+        self.field, self.l, self.split_on, self.relaxed = p.field, p.l, list(p.split_on), p.relaxed
 
     def form_classes(self, X, units, k, space, rng=None, sensitive=None) -> list[np.ndarray]:
         if sensitive is None or self.field not in sensitive:
@@ -224,3 +256,4 @@ class Grouping:
             dims = [d for d, nm in enumerate(names) if nm in self.split_on]
         check = DiversityCheck(codes, None, self.l, np.asarray(units), k)
         return median_partition(X, check, width=space.width, dims=dims, relaxed=self.relaxed)
+

@@ -302,6 +302,23 @@ def interval_hierarchy(lower: float, upper: float, depth: int, name: str = "") -
     return Hierarchy.from_nested({f"[{fmt(lower)}, {fmt(upper)}]*": build(lower, upper, depth)}, name)
 
 
+@dataclass(frozen=True)
+class HeuristicMinParams:
+    """``[anonymization.strategy_params]`` of ``heuristicmin``: ``numeric_depth`` (interval-tree levels for
+    numeric QIs, >= 1) and ``max_expansions`` (best-first expansions before the greedy finish, >= 1)."""
+    numeric_depth: int = 4
+    max_expansions: int = 200
+
+    def __post_init__(self) -> None:
+        for name in ("numeric_depth", "max_expansions"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name}: an integer >= 1, got {v!r}")
+
+    def check_config(self, sensitive: tuple[str, ...], qi_names: tuple[str, ...]) -> None:
+        pass
+
+
 class HeuristicMin:
     """Engine adapter: HeuristicMin over a window's buffer, requirement <all QI dimensions, k individuals>.
 
@@ -310,12 +327,12 @@ class HeuristicMin:
     grouped by generalised tuple; a group below k individuals stays unassigned (deferred).
     """
     name = "heuristicmin"
+    uses_sensitive = False
+    Params = HeuristicMinParams
 
-    def __init__(self, numeric_depth: int = 4, max_expansions: int = 200):
-        if numeric_depth < 1:
-            raise ValueError("heuristicmin.numeric_depth: must be at least 1")
-        self.numeric_depth = numeric_depth
-        self.max_expansions = max_expansions
+    def __init__(self, **params):
+        self.params = p = HeuristicMinParams(**params)
+        self.numeric_depth, self.max_expansions = p.numeric_depth, p.max_expansions
         self._trees: dict = {}
 
     def _hierarchy(self, space, d: int) -> Hierarchy:

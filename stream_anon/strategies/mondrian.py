@@ -18,6 +18,8 @@ k individuals, and it is the offline reference the streaming loss is compared ag
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from stream_anon.strategies.partition import median_left, split_recursively
@@ -30,11 +32,21 @@ def _distinct(units: np.ndarray) -> int:
     return int(np.count_nonzero(s[1:] != s[:-1])) + 1
 
 
+@dataclass(frozen=True)
+class MondrianParams:
+    """Strict Mondrian takes no parameters."""
+
+    def check_config(self, sensitive: tuple[str, ...], qi_names: tuple[str, ...]) -> None:
+        pass
+
+
 class Mondrian:
     name = "mondrian"
+    uses_sensitive = False
+    Params = MondrianParams
 
-    def __init__(self):
-        pass
+    def __init__(self, **params):
+        self.params = MondrianParams(**params)
 
     def form_classes(self, X, units, k, space, rng=None) -> list[np.ndarray]:
         n = len(X)

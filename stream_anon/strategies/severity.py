@@ -99,6 +99,33 @@ class SeverityRule:
         return accept
 
 
+@dataclass(frozen=True)
+class SeverityParams:
+    """``[anonymization.strategy_params]`` of ``severity``: ``field`` (the sensitive field holding the category,
+    required), ``severity`` (value -> severity, or ``"crime"``), ``default_severity``, ``cap``, ``l_floor``,
+    ``diversity``, ``k_min_from``; validated by building the rule once."""
+    field: str = ""
+    severity: Mapping | str = "crime"
+    default_severity: float | None = None
+    cap: int | None = None
+    l_floor: int = 1
+    diversity: bool = True
+    k_min_from: str = "map"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.field, str) or not self.field:
+            raise ValueError("field: the sensitive field holding the category is required")
+        self.rule()
+
+    def rule(self) -> "SeverityRule":
+        return SeverityRule(self.severity, self.default_severity, self.cap, self.l_floor, self.diversity,
+                            self.k_min_from)
+
+    def check_config(self, sensitive: tuple[str, ...], qi_names: tuple[str, ...]) -> None:
+        if self.field not in sensitive:
+            raise ValueError(f"field: {self.field!r} is not listed in sensitive.fields")
+
+
 class Severity:
     """Engine adapter: severity-sized classes with the AS_e <= l_e rule over a window's buffer.
 
@@ -108,13 +135,12 @@ class Severity:
     """
     name = "severity"
     uses_sensitive = True
+    Params = SeverityParams
 
-    def __init__(self, field: str = "", severity: Mapping | str = "crime", default_severity: float | None = None,
-                 cap: int | None = None, l_floor: int = 1, diversity: bool = True, k_min_from: str = "map"):
-        if not isinstance(field, str) or not field:
-            raise ValueError("severity.field: the sensitive field holding the category is required")
-        self.field = field
-        self.rule = SeverityRule(severity, default_severity, cap, l_floor, diversity, k_min_from)
+    def __init__(self, **params):
+        self.params = p = SeverityParams(**params)
+        self.field = p.field
+        self.rule = p.rule()
 
     def form_classes(self, X, units, k, space, rng=None, sensitive=None) -> list[np.ndarray]:
         if sensitive is None or self.field not in sensitive:

@@ -293,6 +293,28 @@ def load_station_graph(path: str | Path) -> nx.Graph:
     return g
 
 
+@dataclass(frozen=True)
+class UtilityClusteringParams:
+    """``[anonymization.strategy_params]`` of ``utility-clustering`` (see the class docstring for each)."""
+    factors: Mapping[str, int] | str | None = None
+    normalization: str = "zscore"
+    head: str = "density"
+    limits: Mapping[str, float] | None = None
+    leftovers: str = "defer"
+    graphs: Mapping[str, object] | None = None
+    max_block: int = 1000
+
+    def __post_init__(self) -> None:
+        _validate(1, self.factors, self.normalization, self.head, self.leftovers, self.max_block, self.limits)
+
+    def check_config(self, sensitive: tuple[str, ...], qi_names: tuple[str, ...]) -> None:
+        for key in ("factors", "limits", "graphs"):
+            table = getattr(self, key)
+            unknown = set(table) - set(qi_names) if isinstance(table, Mapping) else set()
+            if unknown:
+                raise ValueError(f"{key}: unknown quasi-identifiers {sorted(unknown)}")
+
+
 class UtilityClustering:
     """Engine adapter of seed 000 over a window's buffer (one attribute per QI-space dimension).
 
@@ -305,15 +327,15 @@ class UtilityClustering:
     earlier class covers it.
     """
     name = "utility-clustering"
+    uses_sensitive = False
+    Params = UtilityClusteringParams
 
-    def __init__(self, factors: Mapping[str, int] | str | None = None, normalization: str = "zscore",
-                 head: str = "density", limits: Mapping[str, float] | None = None, leftovers: str = "defer",
-                 graphs: Mapping[str, str] | None = None, max_block: int = 1000):
-        _validate(1, factors, normalization, head, leftovers, max_block, limits)
-        self.factors, self.normalization, self.head = factors, normalization, head
-        self.limits, self.leftovers, self.max_block = dict(limits or {}), leftovers, max_block
+    def __init__(self, **params):
+        self.params = p = UtilityClusteringParams(**params)
+        self.factors, self.normalization, self.head = p.factors, p.normalization, p.head
+        self.limits, self.leftovers, self.max_block = dict(p.limits or {}), p.leftovers, p.max_block
         self.graphs = {}
-        for name, g in (graphs or {}).items():
+        for name, g in (p.graphs or {}).items():
             if isinstance(g, nx.Graph):
                 self.graphs[name] = g
             elif not Path(g).exists():

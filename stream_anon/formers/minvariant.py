@@ -74,22 +74,17 @@ Conservative choices (documented in docs/contracts.md)
 """
 from __future__ import annotations
 
-import hashlib
-import hmac
 from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
 
-from stream_anon.engine.release import ClassInfo, Release
+from stream_anon.formers.base import (SUPPRESSED_VALUE_CHANGED, Counterfeits, NewClass, Plan, WindowView)
+from stream_anon.formers.counterfeits import counterfeit_need, need_one, spread_counterfeits
 from stream_anon.strategies.partition import split_recursively
 
-SUPPRESSED_NO_CLASS = "fewer_than_k_individuals_by_deadline"
-SUPPRESSED_LOSS = "class_loss_above_limit"
-SUPPRESSED_END = "end_of_stream"
-SUPPRESSED_VALUE_CHANGED = "invariant_value_changed"
-STATE_VERSION = 1
-FREE = -1            # bucket of the measurement mode without invariance (MInvariantParams.invariance = False)
+STATE_VERSION = 2
+FREE = -1            # bucket of the measurement mode without invariance (``invariance=False``)
 
 
 @dataclass(frozen=True)
@@ -103,132 +98,34 @@ class MInvariantParams:
                              ones waits for the next release while none of its records is due
     pool_size                per invariant value, how many published sensitive tuples are kept to dress
                              counterfeit records
-    invariance               False only to MEASURE what invariance costs: every release is m-unique on its own
-                             (one bucket, each class's signature is whatever values it holds), no signature is kept,
-                             and the intersection attack works again (the checker fails ``invariance``)
+
+    >>> MInvariantParams(slack=1.5)
+    Traceback (most recent call last):
+    ...
+    ValueError: slack: must be in [0, 1), got 1.5
     """
 
     slack: float = 0.1
     split_tolerance: int = 0
     defer_counterfeit_share: float = 0.5
     pool_size: int = 32
-    invariance: bool = True
 
     def __post_init__(self) -> None:
-        if not 0 <= self.slack < 1:
+        if isinstance(self.slack, bool) or not isinstance(self.slack, (int, float)) or not 0 <= self.slack < 1:
             raise ValueError(f"slack: must be in [0, 1), got {self.slack}")
-        if not isinstance(self.split_tolerance, int) or self.split_tolerance < 0:
+        if isinstance(self.split_tolerance, bool) or not isinstance(self.split_tolerance, int) \
+                or self.split_tolerance < 0:
             raise ValueError(f"split_tolerance: must be an integer >= 0, got {self.split_tolerance!r}")
-        if self.defer_counterfeit_share < 0:
+        if isinstance(self.defer_counterfeit_share, bool) or not isinstance(self.defer_counterfeit_share,
+                                                                            (int, float)) \
+                or self.defer_counterfeit_share < 0:
             raise ValueError(f"defer_counterfeit_share: must be >= 0, got {self.defer_counterfeit_share}")
-        if not isinstance(self.pool_size, int) or self.pool_size < 1:
+        if isinstance(self.pool_size, bool) or not isinstance(self.pool_size, int) or self.pool_size < 1:
             raise ValueError(f"pool_size: must be a positive integer, got {self.pool_size!r}")
-        if not isinstance(self.invariance, bool):
-            raise ValueError(f"invariance: must be true or false, got {self.invariance!r}")
 
 
-# ------------------------------------------------------------------------------------------ counterfeit arithmetic
-def counterfeit_need(counts: np.ndarray, n: np.ndarray, m: int, presence: bool = True,
-                     nulls: np.ndarray | None = None) -> np.ndarray:
-    """Fewest counterfeit individuals that make classes m-unique with exactly their signature's values.
-
-    ``counts``: (C, s) real individuals per signature value (s >= m), ``n``: (C,) real individuals (an individual
-    with a null value counts in ``n`` only). We need x_v >= 0 with every value present (counts + x >= 1) and
-    ``(counts_v + x_v) * m <= n + X`` for X = sum x. With T = floor((n + X) / m) that is feasible iff
-    ``max counts <= T``, ``zeros <= X <= sum(T - counts)``; the smallest X is at most m + s above
-    ``max(zeros, m * max - n)``. With ``presence=False`` (no fixed signature: the columns are the value domain) a
-    value may stay absent, but at least m values must be present: ``max(0, m - nonzero)`` counterfeits go to
-    absent values. ``nulls`` (C,): individuals holding a null value; a null is visible in the class, so it obeys
-    the 1/m rule too (``nulls <= T``) but is no distinct value and no counterfeit gets it.
-
-    >>> counterfeit_need(np.array([[5, 5, 0], [3, 3, 3], [4, 3, 3]]), np.array([10, 9, 10]), 3).tolist()
-    [5, 0, 2]
-    """
-    counts = np.atleast_2d(np.asarray(counts, dtype=np.int64))
-    n = np.asarray(n, dtype=np.int64).reshape(-1)
-    s = counts.shape[1]
-    if s < m:
-        raise ValueError(f"a signature needs at least m = {m} values, got {s}")
-    zeros = (counts == 0).sum(axis=1)
-    if not presence:
-        zeros = np.maximum(m - (s - zeros), 0)
-    top = counts.max(axis=1) if s else np.zeros(len(n), dtype=np.int64)
-    if nulls is not None:
-        top = np.maximum(top, np.asarray(nulls, dtype=np.int64).reshape(-1))
-    x0 = np.maximum(np.maximum(zeros, m * top - n), 0)
-    out = np.full(len(n), -1, dtype=np.int64)
-    for extra in range(m + s + 2):
-        x = x0 + extra
-        t = (n + x) // m
-        room = np.maximum(t[:, None] - counts, 0).sum(axis=1)
-        ok = (out < 0) & (top <= t) & (t >= 1) & (room >= x)
-        out[ok] = x[ok]
-        if (out >= 0).all():
-            break
-    if (out < 0).any():        # pragma: no cover - impossible for s >= m (see the docstring)
-        raise RuntimeError("counterfeit_need: no feasible count")
-    return out
-
-
-def need_one(counts, n: int, m: int, presence: bool = True, nulls: int = 0) -> int:
-    """:func:`counterfeit_need` for one class, in plain Python (the per-individual assignment calls it thousands of
-    times per release, where numpy's call overhead dominates).
-
-    >>> need_one([5, 5, 0], 10, 3), need_one([3, 3, 3], 9, 3), need_one([4, 3, 3], 10, 3)
-    (5, 0, 2)
-    """
-    s = len(counts)
-    if s < m:
-        raise ValueError(f"a signature needs at least m = {m} values, got {s}")
-    zeros = sum(1 for c in counts if c == 0)
-    if not presence:
-        zeros = max(m - (s - zeros), 0)
-    top = max(max(counts, default=0), nulls)
-    x = max(zeros, m * top - n, 0)
-    for _ in range(m + s + 2):
-        t = (n + x) // m
-        if top <= t and t >= 1 and sum(t - c for c in counts if c < t) >= x:
-            return x
-        x += 1
-    raise RuntimeError("need_one: no feasible count")      # pragma: no cover - impossible for s >= m
-
-
-def spread_counterfeits(counts: np.ndarray, n: int, m: int, presence: bool = True, nulls: int = 0) -> np.ndarray:
-    """Counterfeit individuals per signature value for one class: the minimum number, each missing value first,
-    the rest on the least represented values (the class ends as balanced as possible). With ``presence=False``
-    absent values get one only as far as needed to reach m values (or room), in column order.
-
-    >>> spread_counterfeits(np.array([4, 3, 3, 0]), 10, 3).tolist()
-    [0, 0, 0, 2]
-    """
-    counts = np.asarray(counts, dtype=np.int64)
-    total = need_one(counts.tolist(), n, m, presence, nulls)
-    x = np.zeros(len(counts), dtype=np.int64)
-    active = counts > 0
-    absent = np.flatnonzero(~active)
-    first = absent if presence else absent[: max(0, m - int(np.count_nonzero(active)))]
-    x[first] = 1
-    active[first] = True
-    t = (n + total) // m
-    for _ in range(total - int(x.sum())):
-        cur = counts + x
-        room = active & (cur < t)
-        if not room.any():                      # presence=False: open another absent value
-            room = ~active & (t >= 1)
-            active[np.flatnonzero(room)[0]] = True
-            room = active & (cur < t)
-        j = int(np.flatnonzero(room)[np.argmin(cur[room])])
-        x[j] += 1
-    return x
-
-
-def counterfeit_token(secret: bytes, release_id: str, class_id: str, n: int) -> str:
-    """Audit token of the n-th counterfeit record of a class in a release (hex HMAC-SHA256)."""
-    return hmac.new(secret, f"counterfeit:{release_id}/{class_id}/{n}".encode(), hashlib.sha256).hexdigest()
-
-
-def _text(v) -> str | None:
-    """The text form of an invariant value (as the checker compares them)."""
+def invariant_text(v) -> str | None:
+    """The text form of an invariant value (as the checker compares them); None for null and containers."""
     if v is None or isinstance(v, (dict, list, tuple)):
         return None
     if isinstance(v, bool):
@@ -320,19 +217,27 @@ def _first(a: np.ndarray) -> np.ndarray:
 
 # ------------------------------------------------------------------------------------------ the former
 class MInvariantFormer:
-    """m-invariant release formation for one :class:`~stream_anon.engine.Engine` (one stream partition)."""
+    """m-invariant release formation for one engine (one stream partition); see the module docstring.
 
-    def __init__(self, engine):
-        self.engine = engine
-        cfg = engine.config
-        a = cfg.anonymization
-        self.m = int(a.m)
-        self.k = a.k
-        self.horizon_s = a.m_horizon_s
-        self.params = MInvariantParams(**a.m_params)
-        self.inv_field = cfg.invariant_sensitive
-        self.inv_col = cfg.sensitive.index(self.inv_field)
-        self.secret = engine.secret
+    ``invariance=False`` exists only to MEASURE what invariance costs and is not reachable from a configuration
+    file (benchmarks construct it in code): every release is m-unique on its own (one bucket, each class's
+    signature is whatever values it holds), no signature is kept, and the intersection attack works again (the
+    checker fails ``invariance``).
+    """
+
+    shuffle_records = True        # counterfeit records must not sit at a recognizable position
+    registry_tags = True          # a registered class carries its signature id
+
+    def __init__(self, m: int, k: int, params: MInvariantParams, sensitive_fields: tuple[str, ...],
+                 invariant_field: str, horizon_s: float | None, max_class_ncp: float, reuse: str,
+                 invariance: bool = True):
+        self.m, self.k = int(m), int(k)
+        self.params = params
+        self.horizon_s = horizon_s
+        self.max_class_ncp, self.reuse_policy = float(max_class_ncp), reuse
+        self.invariance = bool(invariance)
+        self.inv_field = invariant_field
+        self.inv_col = tuple(sensitive_fields).index(invariant_field)
         # signatures: id -> sorted tuple of value texts; population (bound individuals) per signature and value
         self.sigs: list[tuple[str, ...]] = []
         self.sig_index: dict[tuple[str, ...], int] = {}
@@ -342,13 +247,8 @@ class MInvariantFormer:
         self.freq: Counter = Counter()       # bound individuals per value (for new signatures' companions)
         self.pool: dict[str, list] = {}       # value -> recent published sensitive tuples (dress counterfeits)
         self.repr: dict[str, object] = {}     # value text -> a raw value with that text
-        d = engine.space.dims
-        self.pub_lo, self.pub_hi = np.empty((0, d)), np.empty((0, d))
-        self.pub_ids: list[str] = []
-        self.pub_gen: list[dict] = []
-        self.pub_ncp, self.pub_time = np.empty(0), np.empty(0)
-        self.pub_sig = np.empty(0, dtype=np.int64)
         self.stats = Counter()                # counterfeit individuals/records, value changes, signatures made
+        self._close = None                    # what form() learnt about the current close, for reuse/complete
 
     # -- state ----------------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -362,9 +262,6 @@ class MInvariantFormer:
                       "value": [-1 if self.units[u][1] is None else vindex[self.units[u][1]] for u in ids],
                       "values": values, "last": [self.units[u][2] for u in ids]},
             "pool": self.pool, "repr": self.repr, "stats": dict(self.stats),
-            "published": {"lo": self.pub_lo.tolist(), "hi": self.pub_hi.tolist(), "ids": self.pub_ids,
-                          "gen": self.pub_gen, "ncp": self.pub_ncp.tolist(), "time": self.pub_time.tolist(),
-                          "sig": self.pub_sig.tolist()},
         }
 
     def load_state(self, state: dict) -> None:
@@ -388,13 +285,6 @@ class MInvariantFormer:
         self.pool = {k: [list(t) for t in v] for k, v in state["pool"].items()}
         self.repr = dict(state["repr"])
         self.stats = Counter(state.get("stats", {}))
-        p = state["published"]
-        d = self.engine.space.dims
-        self.pub_lo = np.array(p["lo"], dtype=float).reshape(-1, d)
-        self.pub_hi = np.array(p["hi"], dtype=float).reshape(-1, d)
-        self.pub_ids, self.pub_gen = list(p["ids"]), list(p["gen"])
-        self.pub_ncp, self.pub_time = np.array(p["ncp"], dtype=float), np.array(p["time"], dtype=float)
-        self.pub_sig = np.array(p["sig"], dtype=np.int64)
 
     # -- helpers --------------------------------------------------------------------------------------------
     def signature_of(self, unit_id: int) -> tuple[str, ...] | None:
@@ -422,16 +312,8 @@ class MInvariantFormer:
         enough = sum(freq.values()) >= 4 * self.m * self.k
         return tuple(sorted(chosen)) if len(chosen) > self.m or (enough and len(chosen) == self.m) else None
 
-    def _expire(self, now: float) -> None:
-        a = self.engine.config.anonymization
-        keep = self.pub_time >= now - a.reuse_horizon_s
-        keep &= np.arange(len(keep)) >= len(keep) - a.reuse_max_classes
-        if not keep.all():
-            idx = np.flatnonzero(keep)
-            self.pub_lo, self.pub_hi = self.pub_lo[idx], self.pub_hi[idx]
-            self.pub_ncp, self.pub_time, self.pub_sig = self.pub_ncp[idx], self.pub_time[idx], self.pub_sig[idx]
-            self.pub_ids = [self.pub_ids[i] for i in idx]
-            self.pub_gen = [self.pub_gen[i] for i in idx]
+    def expire(self, now: float) -> None:
+        """Forget the signatures of individuals not released for ``m_horizon_s`` (module docstring: Horizon)."""
         if self.horizon_s is not None:
             for uid in [u for u, (_, _, last) in self.units.items() if last < now - self.horizon_s]:
                 sid, v, _ = self.units.pop(uid)
@@ -439,35 +321,23 @@ class MInvariantFormer:
                 self.freq[v] -= 1
                 self.stats["signatures_expired"] += 1
 
-    # -- one release ----------------------------------------------------------------------------------------
-    def close(self, window_end: float, final: bool) -> Release:
-        eng = self.engine
-        a = eng.config.anonymization
+    # -- phases 1-3 -----------------------------------------------------------------------------------------
+    def form(self, view: WindowView) -> Plan:
         m, k = self.m, self.k
-        rng = np.random.default_rng([a.seed, eng.partition, eng.seq])
-        release_id = f"{eng.config.stream.name}-p{eng.partition}-{eng.seq:06d}"
-        window_start = (eng.open_window if eng.open_window is not None else 0) * eng.window_s
-        buf = eng.buffer
-        self._expire(window_end)
-        n_rows = len(buf)
-        values = [_text(s[self.inv_col]) for s in buf.sensitive]
-        for s, v in zip(buf.sensitive, values):
+        rng = view.rng
+        n_rows = len(view)
+        values = [invariant_text(s[self.inv_col]) for s in view.sensitive]
+        for s, v in zip(view.sensitive, values):
             if v is not None:
                 self.repr.setdefault(v, s[self.inv_col])
-        due = (buf.times + eng.max_delay_s < window_end + eng.window_s) | final
-        uids, unit_of_row = np.unique(buf.units, return_inverse=True) if n_rows else (np.empty(0, np.int64),
-                                                                                       np.empty(0, np.int64))
+        due = view.due
+        uids, unit_of_row = np.unique(view.units, return_inverse=True) if n_rows else (np.empty(0, np.int64),
+                                                                                        np.empty(0, np.int64))
         rows_of = [[] for _ in uids]
         for r, u in enumerate(unit_of_row.tolist()):
             rows_of[u].append(r)
-
-        suppressed: dict[str, list] = {}
+        plan = Plan(loss_rejected=np.zeros(n_rows, dtype=bool))
         resolved = np.zeros(n_rows, dtype=bool)
-
-        def suppress(rows, reason):
-            for r in rows:
-                suppressed.setdefault(reason, []).append(buf.tokens[r])
-                resolved[r] = True
 
         # -- phase 1: division ------------------------------------------------------------------------------
         bucket_units: dict[int, list[int]] = {}        # signature id -> local unit indices (present, bound)
@@ -478,10 +348,11 @@ class MInvariantFormer:
             vals = {values[r] for r in rows_of[ui]} - {None}
             unit_vals.append(vals)
             unit_null.append(any(values[r] is None for r in rows_of[ui]))
-            bound = self.units.get(uid) if self.params.invariance else None
+            bound = self.units.get(uid) if self.invariance else None
             if len(vals) > 1 or (bound is not None and not vals <= set(self.sigs[bound[0]])):
                 # two values at once, or a value outside the bound signature: suppressed (module docstring)
-                suppress(rows_of[ui], SUPPRESSED_VALUE_CHANGED)
+                plan.suppressed.setdefault(SUPPRESSED_VALUE_CHANGED, []).extend(rows_of[ui])
+                resolved[rows_of[ui]] = True
                 self.stats["value_changed_individuals"] += 1
             elif bound is not None:
                 bucket_units.setdefault(bound[0], []).append(ui)
@@ -489,15 +360,13 @@ class MInvariantFormer:
                 new_units.append(ui)
 
         # -- phase 2: balancing and assignment of new individuals -------------------------------------------
-        if self.params.invariance:
+        if self.invariance:
             self._assign(new_units, unit_vals, bucket_units, rng)
         elif new_units:
             bucket_units[FREE] = new_units          # measurement mode: one bucket, classes choose their values
 
         # -- phase 3: split each bucket into classes ---------------------------------------------------------
-        new_classes: list[tuple[int, np.ndarray]] = []          # (signature id, rows)
-        loss_rejected = np.zeros(n_rows, dtype=bool)
-        width = eng.space.width
+        width = view.space.width
         for sid in sorted(bucket_units):
             members = bucket_units[sid]
             rows = np.array(sorted(r for ui in members for r in rows_of[ui]), dtype=np.int64)
@@ -512,7 +381,7 @@ class MInvariantFormer:
                     c[vidx[v]] += 1
             z = sum(1 for ui in members if unit_null[ui])
             need = need_one(c.tolist(), len(members), m, presence, z)
-            if not final and not due[rows].any() and need > self.params.defer_counterfeit_share * len(members):
+            if not view.final and not due[rows].any() and need > self.params.defer_counterfeit_share * len(members):
                 continue                                         # wait for more of the bucket (nothing is due)
             # local ids: individual and (individual, value) pair per row
             local_unit = unit_of_row[rows]
@@ -523,15 +392,15 @@ class MInvariantFormer:
             for (_, v), pid in pair_id.items():
                 if v is not None:
                     pair_value[pid] = vidx[v]
-            for local in split_bucket(buf.X[rows], local_unit, pair_value, pair, len(sig), k, m, width,
+            for local in split_bucket(view.X[rows], local_unit, pair_value, pair, len(sig), k, m, width,
                                       self.params.split_tolerance, presence):
                 cls_rows = rows[local]
-                if len(np.unique(buf.units[cls_rows])) < k:      # enforcement, independent of the split
+                if len(np.unique(view.units[cls_rows])) < k:      # enforcement, independent of the split
                     continue
-                lo, hi, _ = eng.space.snap(buf.X[cls_rows].min(axis=0, keepdims=True),
-                                           buf.X[cls_rows].max(axis=0, keepdims=True))
-                if eng.space.ncp(lo, hi)[0] > a.max_class_ncp:
-                    loss_rejected[cls_rows] = True
+                lo, hi, _ = view.space.snap(view.X[cls_rows].min(axis=0, keepdims=True),
+                                            view.X[cls_rows].max(axis=0, keepdims=True))
+                if view.space.ncp(lo, hi)[0] > self.max_class_ncp:
+                    plan.loss_rejected[cls_rows] = True
                     continue
                 if not presence:     # the class's own values, plus the absent ones its counterfeits get
                     cc = np.zeros(len(sig), dtype=np.int64)
@@ -542,33 +411,16 @@ class MInvariantFormer:
                         else:
                             zz += 1
                     x = spread_counterfeits(cc, len(np.unique(unit_of_row[cls_rows])), m, presence=False, nulls=zz)
-                    new_classes.append((self._sig_id([v for v, n in zip(sig, cc + x) if n > 0]), cls_rows))
+                    plan.new_classes.append(NewClass(cls_rows, self._sig_id([v for v, n in zip(sig, cc + x)
+                                                                             if n > 0])))
                     continue
-                new_classes.append((sid, cls_rows))
-        placed = np.zeros(n_rows, dtype=bool)
+                plan.new_classes.append(NewClass(cls_rows, sid))
         placed_sig: dict[int, int] = {}                         # local unit -> signature of its class here
-        for sid, rows in new_classes:
-            placed[rows] = True
-            for ui in np.unique(unit_of_row[rows]).tolist():
-                placed_sig[ui] = sid
-
-        # -- phase 4: due leftovers -> an earlier class of the same signature, else suppressed ------------------
-        reused: dict[int, list[int]] = {}                        # published class index -> rows
-        leftover_due = np.flatnonzero(due & ~placed & ~resolved)
-        if len(leftover_due) and a.reuse != "never" and len(self.pub_ids):
-            self._reuse(leftover_due, unit_of_row, uids, unit_vals, placed_sig, rng, reused)
-        for c_idx, rows in reused.items():
-            placed[rows] = True
-        for r in np.flatnonzero(due & ~placed & ~resolved):
-            reason = SUPPRESSED_LOSS if loss_rejected[r] else (SUPPRESSED_END if final else SUPPRESSED_NO_CLASS)
-            suppress([r], reason)
-
-        release = self._make_release(release_id, window_start, window_end, new_classes, reused, suppressed,
-                                     unit_of_row, uids, unit_vals, values, rng)
-        buf.take(placed | resolved)
-        release.deferred_tokens = list(buf.tokens)
-        eng.seq += 1
-        return release
+        for nc in plan.new_classes:
+            for ui in np.unique(unit_of_row[nc.rows]).tolist():
+                placed_sig[ui] = nc.tag
+        self._close = (unit_of_row, uids, unit_vals, values, placed_sig)
+        return plan
 
     def _assign(self, new_units, unit_vals, bucket_units, rng) -> dict[int, int]:
         """Phase 2: put every new individual in a bucket (tentatively: bound only once published)."""
@@ -624,14 +476,17 @@ class MInvariantFormer:
             present.setdefault(best, Counter()).update([v] if v is not None else [])
             present_n[best] += 1
             pop.setdefault(best, Counter())[v] += 1
-        return out
 
-    def _reuse(self, rows, unit_of_row, uids, unit_vals, placed_sig, rng, reused) -> None:
-        """Phase 4: due rows -> a random covering earlier class whose signature fits the individual."""
-        eng = self.engine
-        clo, chi = eng.space.coverage_box(self.pub_lo, self.pub_hi)
-        x = eng.buffer.X[rows]
-        cover = ((x[:, None, :] >= clo[None]) & (x[:, None, :] <= chi[None])).all(axis=2)
+    # -- phase 4 --------------------------------------------------------------------------------------------
+    def reuse(self, view: WindowView, rows: np.ndarray, plan: Plan) -> dict[int, list[int]]:
+        """Due rows -> a random covering earlier class whose signature fits the individual (all of an
+        individual's due records go into one class)."""
+        reused: dict[int, list[int]] = {}
+        registry = view.registry
+        if len(rows) == 0 or self.reuse_policy == "never" or len(registry) == 0:
+            return reused
+        unit_of_row, uids, unit_vals, _, placed_sig = self._close
+        cover = registry.cover(view.X[rows])
         by_unit: dict[int, list[int]] = {}
         for i, r in enumerate(rows.tolist()):
             by_unit.setdefault(int(unit_of_row[r]), []).append(i)
@@ -641,64 +496,42 @@ class MInvariantFormer:
             bound = self.units.get(uid)
             vals = unit_vals[ui]
             if bound is not None or ui in placed_sig:
-                fits = self.pub_sig == (bound[0] if bound is not None else placed_sig[ui])
+                fits = registry.tag == (bound[0] if bound is not None else placed_sig[ui])
             else:
-                fits = np.array([vals <= set(self.sigs[s]) for s in self.pub_sig.tolist()], dtype=bool)
+                fits = np.array([vals <= set(self.sigs[s]) for s in registry.tag.tolist()], dtype=bool)
             local = by_unit[ui]
             ok = cover[local].all(axis=0) & fits
             if not ok.any():
-                continue          # suppressed by the caller (no class of its signature covers all its due records)
+                continue          # suppressed by the core (no class of its signature covers all its due records)
             cand = np.flatnonzero(ok)
             again = [c for c in cand.tolist() if c in chosen]
             pick = again if again else cand.tolist()
-            c = int(pick[int(rng.integers(len(pick)))])        # uniform: never the best-fitting class
+            c = int(pick[int(view.rng.integers(len(pick)))])        # uniform: never the best-fitting class
             chosen.add(c)
             reused.setdefault(c, []).extend(int(rows[i]) for i in local)
             if bound is None:
-                placed_sig[ui] = int(self.pub_sig[c])
+                placed_sig[ui] = int(registry.tag[c])
+        return reused
 
-    def _make_release(self, release_id, window_start, window_end, new_classes, reused, suppressed, unit_of_row,
-                      uids, unit_vals, values, rng) -> Release:
-        eng = self.engine
-        buf = eng.buffer
-        m = self.m
-        classes: list[ClassInfo] = []
-        rec_class, rec_sens, rec_tok, rec_ncp, rec_cf = [], [], [], [], []
-        # the pool of real sensitive tuples first includes what this release publishes
-        published_rows = [r for _, rows in new_classes for r in rows.tolist()] + \
-                         [r for rows in reused.values() for r in rows]
+    # -- counterfeits and binding ---------------------------------------------------------------------------
+    def complete(self, view: WindowView, groups: list, published_rows: list[int]) -> list[Counterfeits]:
+        """Counterfeits per class of the release (``groups``: ``(class_id, rows, signature id)`` in release
+        order), then bind the signatures of the real individuals published. ``published_rows`` (new classes'
+        rows, then reused rows, in placement order) refresh the pool that dresses counterfeit records."""
+        unit_of_row, uids, unit_vals, values, _ = self._close
+        self._close = None
+        m, rng = self.m, view.rng
         fresh: dict[str, list] = {}              # the last pool_size published tuples per value, in order
         for r in reversed(published_rows):
             v = values[r]
             if v is not None:
                 lst = fresh.setdefault(v, [])
                 if len(lst) < self.params.pool_size:
-                    lst.append(list(buf.sensitive[r]))
+                    lst.append(list(view.sensitive[r]))
         for v, lst in fresh.items():
             self.pool[v] = (self.pool.get(v, []) + lst[::-1])[-self.params.pool_size:]
-
-        groups = []      # (class id, generalization, ncp, reused, signature id, rows)
-        if new_classes:
-            lo = np.stack([buf.X[r].min(axis=0) for _, r in new_classes])
-            hi = np.stack([buf.X[r].max(axis=0) for _, r in new_classes])
-            lo, hi, labels = eng.space.snap(lo, hi)
-            ncp = eng.space.ncp(lo, hi)
-            for j, (sid, rows) in enumerate(new_classes):
-                cid = f"{release_id}-c{j:04d}"
-                gen = eng.space.describe(lo[j], hi[j], labels[j])
-                groups.append((cid, gen, float(ncp[j]), False, sid, rows))
-            self.pub_lo = np.concatenate([self.pub_lo, lo])
-            self.pub_hi = np.concatenate([self.pub_hi, hi])
-            self.pub_ncp = np.concatenate([self.pub_ncp, ncp])
-            self.pub_time = np.concatenate([self.pub_time, np.full(len(new_classes), window_end)])
-            self.pub_sig = np.concatenate([self.pub_sig, np.array([s for s, _ in new_classes], dtype=np.int64)])
-            self.pub_ids += [g[0] for g in groups]
-            self.pub_gen += [g[1] for g in groups]
-        for c, rows in sorted(reused.items()):
-            groups.append((self.pub_ids[c], self.pub_gen[c], float(self.pub_ncp[c]), True, int(self.pub_sig[c]),
-                           np.array(rows, dtype=np.int64)))
-
-        for ci, (cid, gen, ncp_c, is_reused, sid, rows) in enumerate(groups):
+        out = []
+        for cid, rows, sid in groups:
             sig = self.sigs[sid]
             vidx = {v: i for i, v in enumerate(sig)}
             members, rec_counts = np.unique(unit_of_row[rows], return_counts=True)
@@ -710,9 +543,8 @@ class MInvariantFormer:
                     nulls += 1
                 elif v in vidx:
                     counts[vidx[v]] += 1
-                else:                            # pragma: no cover - phase 1/2 guarantee it
+                else:                            # pragma: no cover - phases 1 and 2 guarantee it
                     raise RuntimeError(f"{cid}: an individual's value is outside the class signature")
-            rec_per_unit = rec_counts.tolist()
             for ui in members.tolist():
                 bound = self.units.get(int(uids[ui]))
                 if bound is not None and bound[0] != sid:    # pragma: no cover - division guarantees it
@@ -723,64 +555,35 @@ class MInvariantFormer:
             if (np.count_nonzero(final_counts) < m or max(final_counts.max(), nulls) * m > n_real + x.sum()
                     or (final_counts == 0).any()):   # pragma: no cover - spread_counterfeits guarantees it
                 raise RuntimeError(f"{cid}: not m-unique after counterfeits")
-            # real records
-            rl = rows.tolist()
-            rec_class += [ci] * len(rl)
-            rec_sens += [buf.sensitive[r] for r in rl]
-            rec_tok += [buf.tokens[r] for r in rl]
-            rec_ncp += [ncp_c] * len(rl)
-            rec_cf += [False] * len(rl)
-            # counterfeit individuals and records
-            n_cf_rec = 0
+            rec_per_unit = rec_counts.tolist()
+            dressed = []
             for j, v in enumerate(sig):
                 for _ in range(int(x[j])):
                     n_rec = int(rec_per_unit[int(rng.integers(len(rec_per_unit)))])
-                    for _ in range(n_rec):
-                        rec_class.append(ci)
-                        rec_sens.append(self._dress(v, rng))
-                        rec_tok.append(counterfeit_token(self.secret, release_id, cid, n_cf_rec))
-                        rec_ncp.append(ncp_c)
-                        rec_cf.append(True)
-                        n_cf_rec += 1
-            classes.append(ClassInfo(cid, gen, n_real, len(rows) + n_cf_rec, ncp_c, is_reused,
-                                     counterfeit_individuals=int(x.sum()), counterfeit_records=n_cf_rec))
+                    dressed += [self._dress(v, rng) for _ in range(n_rec)]
+            out.append(Counterfeits(int(x.sum()), dressed))
             self.stats["counterfeit_individuals"] += int(x.sum())
-            self.stats["counterfeit_records"] += n_cf_rec
-            # bind signatures of the real individuals published here
-            for ui in (members.tolist() if self.params.invariance else []):
-                uid = int(uids[ui])
-                vals = unit_vals[ui]
-                v = next(iter(vals)) if len(vals) == 1 else None
-                bound = self.units.get(uid)
-                if bound is None:
-                    self.units[uid] = [sid, v, float(window_end)]
-                    self.sig_pop[sid][v] += 1
-                    self.freq[v] += 1
-                else:
-                    if v is not None and v != bound[1]:
-                        self.sig_pop[sid][bound[1]] -= 1
-                        self.sig_pop[sid][v] += 1
-                        self.freq[bound[1]] -= 1
-                        self.freq[v] += 1
-                        bound[1] = v
-                        self.stats["value_changes_within_signature"] += 1
-                    bound[2] = float(window_end)
-        # shuffle: counterfeit records must not sit at a recognizable position
-        perm = rng.permutation(len(rec_tok))
-        return Release(
-            release_id=release_id, stream=eng.config.stream.name, partition=eng.partition, seq=eng.seq,
-            window_start=window_start, window_end=window_end, watermark=eng.watermark, k=self.k,
-            classes=classes,
-            record_class=np.array(rec_class, dtype=np.int64)[perm] if rec_tok else np.empty(0, dtype=np.int64),
-            record_sensitive=[rec_sens[i] for i in perm],
-            record_token=[rec_tok[i] for i in perm],
-            record_ncp=np.array(rec_ncp, dtype=float)[perm] if rec_tok else np.empty(0),
-            sensitive_fields=eng.config.sensitive,
-            suppressed_tokens=suppressed,
-            max_suppression_ratio=eng.config.anonymization.max_suppression_ratio,
-            record_counterfeit=np.array(rec_cf, dtype=bool)[perm] if rec_tok else np.empty(0, dtype=bool),
-            m=self.m,
-        )
+            self.stats["counterfeit_records"] += len(dressed)
+            for ui in (members.tolist() if self.invariance else []):
+                self._bind(int(uids[ui]), unit_vals[ui], sid, view.window_end)
+        return out
+
+    def _bind(self, uid: int, vals: set, sid: int, window_end: float) -> None:
+        v = next(iter(vals)) if len(vals) == 1 else None
+        bound = self.units.get(uid)
+        if bound is None:
+            self.units[uid] = [sid, v, float(window_end)]
+            self.sig_pop[sid][v] += 1
+            self.freq[v] += 1
+            return
+        if v is not None and v != bound[1]:
+            self.sig_pop[sid][bound[1]] -= 1
+            self.sig_pop[sid][v] += 1
+            self.freq[bound[1]] -= 1
+            self.freq[v] += 1
+            bound[1] = v
+            self.stats["value_changes_within_signature"] += 1
+        bound[2] = float(window_end)
 
     def _dress(self, v: str, rng) -> tuple:
         """Sensitive tuple of a counterfeit record with invariant value v: a real published tuple with that value

@@ -1,0 +1,84 @@
+"""The contract between the engine's window core and a class former.
+
+At every window close the core hands the former a :class:`WindowView` of the buffered records. The former
+decides which rows form new equivalence classes (:class:`Plan`), and which due leftovers go into an earlier
+published class; the core owns everything else (buffer, watermark, sequence numbers, the random generator, the
+published-class registry, the release builder and the suppression reasons below).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+# Why a record was suppressed (published in manifests; the audit counts them by reason).
+SUPPRESSED_NO_CLASS = "fewer_than_k_individuals_by_deadline"
+SUPPRESSED_LOSS = "class_loss_above_limit"
+SUPPRESSED_END = "end_of_stream"
+SUPPRESSED_VALUE_CHANGED = "invariant_value_changed"
+
+
+@dataclass
+class WindowView:
+    """The buffered records at a window close (read-only for the former; rows are buffer indices)."""
+    X: np.ndarray              # (n, D) QI codes
+    units: np.ndarray          # (n,) keyed 64-bit ids of the privacy unit
+    times: np.ndarray          # (n,) event times (epoch seconds)
+    sensitive: list            # n tuples aligned with the config's sensitive fields
+    due: np.ndarray            # (n,) True: must be placed or suppressed at this close
+    final: bool                # end of stream: everything is due
+    window_end: float
+    space: object              # stream_anon.engine.space.QISpace
+    rng: np.random.Generator   # the release's generator (seed, partition, sequence)
+    registry: object           # stream_anon.engine.registry.PublishedClasses (read-only here)
+
+    def __len__(self) -> int:
+        return len(self.units)
+
+
+@dataclass
+class NewClass:
+    rows: np.ndarray           # buffer rows of the class
+    tag: int = -1              # registry tag (m-invariance: the class's signature id)
+
+
+@dataclass
+class Plan:
+    """A former's decision for one close: new classes, rows it suppresses itself (with a reason), and rows whose
+    class was refused for its information loss (suppressed as ``class_loss_above_limit`` when due)."""
+    new_classes: list[NewClass] = field(default_factory=list)
+    reused: dict[int, list[int]] = field(default_factory=dict)    # registry index -> rows (placed before forming)
+    suppressed: dict[str, list[int]] = field(default_factory=dict)
+    loss_rejected: np.ndarray | None = None
+
+
+@dataclass
+class Counterfeits:
+    """Counterfeit records a former adds to one class of a release (m-invariance)."""
+    individuals: int
+    sensitive: list            # one sensitive tuple per counterfeit record
+
+
+class Former(Protocol):
+    """Forms a release's classes. Implementations: :class:`~stream_anon.formers.kanon.KAnonymousFormer` and
+    :class:`~stream_anon.formers.minvariant.MInvariantFormer`."""
+
+    shuffle_records: bool      # True: the release's records are shuffled (counterfeits must not be findable)
+    registry_tags: bool        # True: registered classes carry the tag of their NewClass
+
+    def form(self, view: WindowView) -> Plan: ...
+
+    def reuse(self, view: WindowView, rows: np.ndarray, plan: Plan) -> dict[int, list[int]]:
+        """Due rows left over after forming -> registry index of an earlier class that takes them."""
+
+    def complete(self, view: WindowView, groups: list, published_rows: list[int]) -> list[Counterfeits | None]:
+        """Called once per release with its classes in release order ``(class_id, rows, tag)`` and the rows it
+        publishes in placement order; returns the counterfeits per class (or None) and updates the former's own
+        state (e.g. binds signatures)."""
+
+    def expire(self, now: float) -> None: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state(self, state: dict) -> None: ...

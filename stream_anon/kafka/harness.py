@@ -1,0 +1,285 @@
+"""Test and benchmark harness of the worker (not used by the worker itself): worker subprocess control, an
+output reader with the accounting equation, run-until-accounted, the DP figures of the demo report, and a
+crashing wrapper that kills a worker between delivering a batch and checkpointing it (the worst moment).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from stream_anon.audit.kafka_source import read_topic
+from stream_anon.config import load_config
+from stream_anon.dp.report import running_count_errors, true_window_values
+from stream_anon.engine import arrival_windows, get_path
+from stream_anon.engine.space import parse_time
+from stream_anon.kafka.aggregates import AGGREGATES_TOPIC
+from stream_anon.kafka.core import DEADLETTER_TOPIC, METRICS_TOPIC, RELEASES_TOPIC
+
+KILL_AFTER_ENV = "STREAM_ANON_TEST_KILL_AFTER_BATCHES"
+
+
+class OutputReader:
+    """Incrementally reads anon.releases and anon.deadletter (from the beginning; no reliance on end offsets)."""
+
+    def __init__(self, bootstrap: str, stream: str):
+        from kafka import KafkaConsumer, TopicPartition
+
+        self.stream = stream
+        self.consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
+                                      auto_offset_reset="earliest", client_id="stream-anon-accounting")
+        tps = []
+        for topic in (RELEASES_TOPIC, DEADLETTER_TOPIC):
+            parts = self.consumer.partitions_for_topic(topic) or {0}
+            tps += [TopicPartition(topic, p) for p in sorted(parts)]
+        self.consumer.assign(tps)
+        self.consumer.seek_to_beginning(*tps)
+        self.manifests: dict[str, dict] = {}
+        self.deadletters: dict[tuple, dict] = {}
+
+    def poll(self, timeout_ms: int = 500) -> None:
+        batch = self.consumer.poll(timeout_ms=timeout_ms, max_records=10000)
+        for tp, recs in batch.items():
+            for r in recs:
+                try:
+                    doc = json.loads(r.value)
+                except ValueError:
+                    continue
+                if doc.get("stream") != self.stream:
+                    continue
+                if tp.topic == RELEASES_TOPIC:
+                    self.manifests.setdefault(doc["release_id"], doc)
+                else:
+                    src = doc.get("source") or {}
+                    key = (src.get("topic"), src.get("partition"), src.get("offset"))
+                    if src.get("offset") is None:
+                        key = key + (doc.get("reason"), doc.get("payload"))
+                    self.deadletters.setdefault(key, doc)
+
+    def accounting(self) -> dict:
+        published = sum(m.get("published", 0) for m in self.manifests.values())
+        suppressed = sum(sum((m.get("suppressed") or {}).values()) for m in self.manifests.values())
+        latest: dict[int, dict] = {}
+        for m in self.manifests.values():
+            p = m.get("partition")
+            if p not in latest or m.get("seq", -1) > latest[p].get("seq", -1):
+                latest[p] = m
+        deferred = sum(m.get("deferred", 0) for m in latest.values())
+        dead = len(self.deadletters)
+        return {"releases": len(self.manifests), "published": published, "suppressed": suppressed,
+                "deferred": deferred, "dead_lettered": dead,
+                "accounted": published + suppressed + deferred + dead}
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def worker_command(config_path, bootstrap: str, state_dir, app_id: str | None = None,
+                   flush_when_idle_s: float | None = None, extra: list[str] | None = None,
+                   kill_after_batches: int | None = None) -> list[str]:
+    """``python -m stream_anon.kafka.app ...``, or with ``kill_after_batches`` this module's crashing wrapper."""
+    entry = ["-m", "stream_anon.kafka.app"] if not kill_after_batches else \
+        ["-m", "stream_anon.kafka.harness", "--kill-after-batches", str(kill_after_batches)]
+    cmd = [sys.executable, *entry, "--config", str(config_path), "--broker", bootstrap,
+           "--state-dir", str(state_dir)]
+    if app_id:
+        cmd += ["--app-id", app_id]
+    if flush_when_idle_s:
+        cmd += ["--flush-when-idle", str(flush_when_idle_s)]
+    return cmd + list(extra or [])
+
+
+def start_worker_process(config_path, bootstrap: str, state_dir, app_id: str | None = None,
+                         flush_when_idle_s: float | None = None, log_path=None, env=None, extra=None):
+    """Start a worker subprocess (own process group). ``STREAM_ANON_TEST_KILL_AFTER_BATCHES=N`` in ``env`` starts
+    the crashing wrapper instead (:func:`crash_main`)."""
+    env = env or os.environ.copy()
+    kill_after = int(env.get(KILL_AFTER_ENV, "0") or 0)
+    cmd = worker_command(config_path, bootstrap, state_dir, app_id, flush_when_idle_s, extra, kill_after)
+    out = open(log_path, "ab") if log_path else subprocess.DEVNULL
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            env=env, start_new_session=True,
+                            cwd=str(Path(__file__).resolve().parents[2]))
+    if log_path:
+        out.close()
+    return proc
+
+
+def stop_worker_process(proc, timeout_s: float = 20.0) -> int:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+    return proc.returncode
+
+
+def run_until_accounted(config, bootstrap: str, state_dir, expected_events: int, timeout_s: float = 120.0,
+                        app_id: str | None = None, flush_when_idle_s: float = 2.0, log_path=None,
+                        progress: bool = False) -> dict:
+    """Run a worker subprocess until every input event is accounted for, then stop it.
+
+    ``config`` is the path of the stream's TOML (or a StreamConfig with ``.source``). Accounted = published +
+    suppressed (over manifests deduped by release_id) + deferred (latest manifest per partition) + dead-lettered
+    (deduped by source offset), read back from ``anon.releases`` and ``anon.deadletter``. The worker flushes a
+    partition's engine after ``flush_when_idle_s`` without input (end of a replay). Returns the accounting plus
+    ``seconds`` and ``events_per_s``; raises TimeoutError (with the accounting) when not reached in time.
+    """
+    config_path = getattr(config, "source", None) or config
+    cfg = config if hasattr(config, "stream") else load_config(config_path)
+    t0 = time.monotonic()
+    proc = start_worker_process(config_path, bootstrap, state_dir, app_id, flush_when_idle_s, log_path)
+    reader = OutputReader(bootstrap, cfg.stream.name)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=expected_events, desc=f"accounted {cfg.stream.name}", unit="ev")
+    try:
+        acc = reader.accounting()
+        while time.monotonic() - t0 < timeout_s:
+            reader.poll(500)
+            acc = reader.accounting()
+            if bar is not None:
+                bar.n = min(acc["accounted"], expected_events)
+                bar.refresh()
+            if acc["accounted"] >= expected_events and acc["deferred"] == 0:
+                break
+            if proc.poll() is not None:
+                raise RuntimeError(f"worker exited with code {proc.returncode} before all events were accounted "
+                                   f"for: {acc}" + (f" (log: {log_path})" if log_path else ""))
+        else:
+            raise TimeoutError(f"not all {expected_events} events accounted for within {timeout_s}s: {acc}")
+        acc["seconds"] = round(time.monotonic() - t0, 3)
+        acc["events_per_s"] = round(expected_events / acc["seconds"], 1) if acc["seconds"] else None
+        acc["expected"] = expected_events
+        return acc
+    finally:
+        if bar is not None:
+            bar.close()
+        reader.close()
+        stop_worker_process(proc)
+
+
+
+
+
+def read_dp_report(bootstrap: str, config, idle_s: float = 1.0) -> dict:
+    """The ``dp`` section of the demo report, from what is on the broker: ``anon.aggregates`` and ``anon.metrics``
+    (deduplicated by ``row_id`` and by (partition, window) / (partition, aggregate)), and the raw input topic,
+    read partition by partition in offset order (dead-lettered offsets left out) for the true running counts.
+
+    Headline error figures: the first count aggregate with both outputs (else the first running count);
+    ``running_counts`` has every running count aggregate.
+    """
+    stream, dp = config.stream.name, config.dp
+
+    def docs(topic):
+        for src, value in read_topic(bootstrap, topic, idle_s=idle_s):
+            try:
+                yield src, json.loads(value)
+            except ValueError:
+                continue
+
+    rows = {d["row_id"]: d for _, d in docs(AGGREGATES_TOPIC) if d.get("stream") == stream}
+    windows_m, exhausted = {}, {}
+    for _, d in docs(METRICS_TOPIC):
+        if d.get("stream") != stream:
+            continue
+        if d.get("type") == "dp_window":
+            windows_m[(d["partition"], d["window"])] = d
+        elif d.get("type") == "budget_exhausted":
+            exhausted[(d["partition"], d["aggregate"])] = d
+    dead = {(d["source"]["partition"], d["source"]["offset"]) for _, d in docs(DEADLETTER_TOPIC)
+            if d.get("stream") == stream and d.get("source")}
+    raw: dict[int, list] = {}
+    for (_, p, off), d in sorted(docs(config.stream.input_topic), key=lambda x: x[0]):
+        if (p, off) not in dead:
+            raw.setdefault(p, []).append(d)
+
+    by_partition = {p: windows_by_arrival(evs, config) for p, evs in raw.items()}
+    running = []
+    for spec in dp.aggregates:
+        if spec.kind != "count" or spec.output == "per_window":
+            continue
+        truth = {(p, w): x["count"] for p, ws in by_partition.items()
+                 for w, x in true_window_values(dp, spec.name, ws).items()}
+        running.append(running_count_errors([r for r in rows.values() if r["aggregate"] == spec.name], truth, spec))
+    head = next((e for e in running if "naive_count_rmse" in e), running[0] if running else {})
+    spent = [d["epsilon_spent"] for d in windows_m.values()]
+    cut: dict[str, int] = {}
+    for d in windows_m.values():
+        for a, n in d["contributions_cut"].items():
+            cut[a] = cut.get(a, 0) + n
+    return {
+        "epsilon_budget": dp.epsilon_budget,
+        "epsilon_spent_max_individual": max(spent, default=0.0),
+        "aggregates_published": len(rows),
+        "budget_exhausted_events": len(exhausted),
+        "continual_count_rmse": head.get("continual_count_rmse"),
+        "continual_count_rmse_theory": head.get("continual_count_rmse_theory"),
+        "naive_count_rmse": head.get("naive_count_rmse"),
+        "windows": head.get("windows"),
+        "error_aggregate": head.get("aggregate"),
+        "mechanism": head.get("mechanism"),
+        "contributions_cut": cut,
+        "budget_exhausted": sorted(f"{a} (partition {p}, window {d['window']})" for (p, a), d in exhausted.items()),
+        "running_counts": running,
+        "notes": {
+            "epsilon_spent_max_individual": "largest ledger total of a partition: every release is charged to "
+                                            "every individual of the partition (worst case), and an individual "
+                                            "lives in one partition",
+            "error": "stream-wide running counts (sum over partitions) against the true bounded counts of the "
+                     "same windows, over the windows every partition published; theory = root mean of the noise "
+                     "variances stated on the rows; naive = prefix sums of the per-window rows (identical to the "
+                     "continual figure when the configured horizon selects per-window noising, e.g. 96 windows)",
+            "aggregates_published": "distinct rows (row_id) on anon.aggregates, every partition, output and key",
+        },
+    }
+
+
+def windows_by_arrival(events: list, config) -> list[tuple[int, list]]:
+    """One partition's events (arrival order) grouped by the engine's window rule."""
+    times = [parse_time(get_path(e, config.stream.event_time)) for e in events]
+    kept = [(t, e) for t, e in zip(times, events) if t is not None]
+    if not kept:
+        return []
+    marks = arrival_windows(np.array([t for t, _ in kept]), config.anonymization.window_s).tolist()
+    out: list[tuple[int, list]] = []
+    for w, (_, e) in zip(marks, kept):
+        if not out or out[-1][0] != w:
+            out.append((w, []))
+        out[-1][1].append(e)
+    return out
+
+
+def crash_main(argv=None) -> int:
+    """``python -m stream_anon.kafka.harness --kill-after-batches N <worker options>``: a worker that SIGKILLs
+    itself right after delivering the outputs of its N-th batch, before checkpointing it (tests of restarts)."""
+    from stream_anon.kafka import app
+    from stream_anon.kafka.core import WorkerCore
+
+    ap = argparse.ArgumentParser(add_help=False)
+    ap.add_argument("--kill-after-batches", type=int, required=True)
+    args, rest = ap.parse_known_args(argv)
+    deliver = WorkerCore._deliver
+
+    async def deliver_then_die(self, messages):
+        await deliver(self, messages)
+        if self.stats["batches"] >= args.kill_after_batches:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    WorkerCore._deliver = deliver_then_die
+    return app.worker_main(rest)
+
+
+if __name__ == "__main__":
+    sys.exit(crash_main(sys.argv[1:]))
