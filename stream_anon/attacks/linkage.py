@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from stream_anon.audit.checks import AuditConfig, audit_token, covers, get_path, qi_value
+from stream_anon.audit.config import AuditConfig
+from stream_anon.audit.primitives import audit_token, covers, get_path, qi_value
 
 
 def linkage_attack(records: list[dict], raw_events: list[dict], cfg: AuditConfig, secret: bytes,

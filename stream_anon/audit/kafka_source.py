@@ -12,7 +12,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .checks import AuditConfig, AuditOutputs, AuditReport, audit
+from .config import AuditConfig
+from .inputs import AuditOutputs
+from .report import AuditReport
+from .run import audit
 
 RELEASES_TOPIC = "anon.releases"
 DEADLETTER_TOPIC = "anon.deadletter"
@@ -76,7 +79,7 @@ def read_topic(bootstrap: str, topic: str, idle_s: float = 3.0, max_wait_s: floa
 def _decode(value: Any) -> Any:
     try:
         obj = json.loads(value.decode("utf-8") if isinstance(value, (bytes, bytearray)) else value)
-    except (UnicodeDecodeError, ValueError, TypeError, AttributeError):
+    except (UnicodeDecodeError, ValueError, TypeError, AttributeError, RecursionError):
         return None
     return obj if isinstance(obj, dict) else None
 
