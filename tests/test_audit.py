@@ -336,3 +336,55 @@ def test_raw_event_type_beside_class_fails():
     raw, out = scenario()
     out["records"][0]["event_type"] = "tap_in"
     assert "coverage" in failed(run(raw, out))
+
+
+# ----------------------------------------------------------------------------------------------- hostile input
+DEPTH = 100_000
+
+
+def with_raw(raw, out, payload, dead_lettered: bool):
+    """The scenario plus one raw message at the next offset, dead-lettered by the engine or not."""
+    offset = len(raw)
+    raw = [*raw, ((TOPIC, 0, offset), payload)]
+    if dead_lettered:
+        out["deadletters"].append({"reason": "malformed_json", "stream": "test", "payload": "...",
+                                   "source": {"topic": TOPIC, "partition": 0, "offset": offset}})
+    return raw, out
+
+
+@pytest.mark.parametrize("dead_lettered", [True, False])
+def test_deeply_nested_raw_json_is_reported_not_a_crash(dead_lettered):
+    nested = b'{"event_id": "e9", "journey_id": "J1009", "x": ' + b"[" * DEPTH + b"]" * DEPTH + b"}"
+    raw, out = with_raw(*scenario(), nested, dead_lettered)
+    report = run(raw, out)
+    assert report.summary["events_in"] == 9
+    if dead_lettered:      # the worker's decoder refuses it too: one more dead letter, nothing lost
+        assert report.passed, report.format_text()
+        assert report.summary["dead_lettered"] == 2
+    else:                  # unparseable for the audit and found nowhere: lost
+        assert failed(report) == ["accounting"] and report.summary["lost"] == 1
+
+
+@pytest.mark.parametrize("dead_lettered", [True, False])
+def test_lone_surrogate_event_id_is_reported_not_a_crash(dead_lettered):
+    event = ev("e9\ud800", "J10\udc09", "Bank", 30)           # JSON escapes may carry lone surrogates
+    raw, out = with_raw(*scenario(), json.dumps(event).encode(), dead_lettered)
+    report = run(raw, out)
+    assert report.summary["events_in"] == 9
+    if dead_lettered:
+        assert report.passed, report.format_text()
+        assert report.summary["dead_lettered"] == 2
+    else:
+        assert failed(report) == ["accounting"] and report.summary["lost"] == 1
+
+
+def test_deeply_nested_output_record_is_malformed_not_a_crash():
+    raw, out = scenario()
+    deep: list = []
+    for _ in range(DEPTH):
+        deep = [deep]
+    out["records"].append({**copy.deepcopy(out["records"][0]), "audit_token": tok("e9"), "extra": deep})
+    report = run(raw, out)
+    assert failed(report) == ["consistency"]
+    assert report.checks["consistency"]["violations_by_kind"] == {"malformed output message": 1}
+    assert report.summary["records"] == 5              # the other records are audited as before
