@@ -306,6 +306,7 @@ drop = ["journey_id", "card_id"]
 """)
     c = AuditConfig.from_toml(tmp_path / "test.toml")
     assert c.k == 2 and c.stream == "test" and c.identifier_fields == ["journey_id", "card_id"]
+    assert c.input_topic == "raw.fare.test" and c.m is None and c.invariant is None
     assert c.quasi_identifiers[1].hierarchy.covers("Rail", "Bank")
     assert not c.quasi_identifiers[1].hierarchy.covers("Zone 3", "Bank")
     raw, out = scenario()
@@ -336,6 +337,23 @@ def test_raw_event_type_beside_class_fails():
     raw, out = scenario()
     out["records"][0]["event_type"] = "tap_in"
     assert "coverage" in failed(run(raw, out))
+
+
+def test_m_without_invariant_fails_the_m_invariance_check():
+    raw, out = scenario()
+    c = cfg()
+    c.m = 2
+    report = audit(raw, out, SECRET, c)
+    assert failed(report) == ["m_invariance"]
+    assert report.checks["m_invariance"]["violations_by_kind"] == {
+        "anonymization.m is set but sensitive.invariant is not": 1}
+
+
+def test_hierarchy_keeps_the_tree_order():
+    """Labels in pre-order as written: the naive baseline orders leaves by it."""
+    h = QISpec("location", "station", "station", HIER).hierarchy
+    assert list(h.parent) == ["*", "Rail", "Zone 1", "Aldgate", "Bank", "Zone 3", "Ealing", "Bus", "Routes 1-99", "7"]
+    assert h.roots == {"*"} and h.parent["Bank"] == "Zone 1" and h.parent["7"] == "Routes 1-99"
 
 
 # ----------------------------------------------------------------------------------------------- hostile input

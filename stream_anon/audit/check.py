@@ -34,7 +34,7 @@ class AuditContext:
     deadletters: list[dict]
     malformed: list[Any]                 # output messages that were not JSON objects (or nested too deep)
     counterfeits: dict[str, tuple]       # token -> (release_id, class_id) of announced counterfeit records
-    by_token: dict[str, RawEvent] = field(default_factory=dict)
+    by_token: dict[str, RawEvent] = field(init=False, default_factory=dict)   # first raw event per token
 
     def __post_init__(self) -> None:
         for raw in self.raws:

@@ -104,10 +104,9 @@ def audit_from_kafka(bootstrap: str, config_path: str | Path, secret: bytes | st
     """Read raw input and outputs from the broker and audit them against the stream config."""
     cfg = AuditConfig.from_toml(config_path)
     if raw_topic is None:
-        import tomllib
-
-        with Path(config_path).open("rb") as fh:
-            raw_topic = tomllib.load(fh)["stream"]["input_topic"]
+        raw_topic = cfg.input_topic
+    if raw_topic is None:
+        raise ValueError(f"{config_path}: [stream] input_topic is required to find the raw topic")
     if cfg.stream is None:
         raise ValueError(f"{config_path}: [stream] name is required to find the output topics")
     raw = read_topic(bootstrap, raw_topic, idle_s=idle_s, max_wait_s=max_wait_s)
