@@ -4,9 +4,10 @@ Nothing here comes from the engine: a bug in the engine's HMAC helpers, hierarch
 otherwise be checked by itself. The attacks (:mod:`stream_anon.attacks`) use the same toolkit, so an attack and
 the audit agree on what "covers" and "the token of an event" mean.
 
-Hostile input never raises here: strings are encoded with ``surrogatepass`` (a lone surrogate, which JSON
-escapes can produce, gets a token instead of a ``UnicodeEncodeError``; every other string encodes exactly as
-the engine's strict UTF-8 does, so the tokens agree), and every walk over nested data is iterative.
+A hostile raw message does not make these helpers raise: strings are encoded with ``surrogatepass`` (a lone
+surrogate, which a JSON escape can produce, gets a token instead of a ``UnicodeEncodeError``; every other string
+encodes exactly as the engine's strict UTF-8 in stream_anon/crypto.py does, so the tokens agree), JSON nested
+too deep for the decoder is not an object, and every walk over nested data is iterative.
 
 >>> as_text(True), as_text(3), as_text("x"), as_text([1]), as_text(None)
 ('true', '3', 'x', None, None)
@@ -35,13 +36,13 @@ EPS = 1e-9          # float slack of numeric and geo interval bounds
 
 
 # ----------------------------------------------------------------------------------------------- keyed tokens
-def utf8(value: str) -> bytes:
+def _utf8(value: str) -> bytes:
     """UTF-8 bytes of a string; a lone surrogate is kept as its code unit instead of raising."""
     return value.encode("utf-8", "surrogatepass")
 
 
 def _hmac_hex(secret: bytes, label: bytes, value: str) -> str:
-    return hmac.new(secret, label + utf8(value), hashlib.sha256).hexdigest()
+    return hmac.new(secret, label + _utf8(value), hashlib.sha256).hexdigest()
 
 
 def audit_token(secret: bytes, event_id: str) -> str:

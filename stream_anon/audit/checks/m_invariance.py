@@ -102,6 +102,8 @@ def _events(raw_events: Iterable) -> list[dict]:
 
 
 def _dedupe(records: list[dict], manifests: list[dict]) -> tuple[list[dict], list[dict]]:
+    """First copy per release_id / (release_id, audit_token). Unlike the audit's ``inputs.deduplicate`` it does
+    not compare copies (the audit reports conflicting copies; run on its own this checker judges m only)."""
     m_by_id: dict[Any, dict] = {}
     for m in manifests:
         m_by_id.setdefault(m.get("release_id"), m)
