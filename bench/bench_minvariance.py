@@ -37,8 +37,7 @@ from collections import Counter  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from stream_anon.attacks.intersection import intersection_attack, naive_kl_releases  # noqa: E402
-from stream_anon.audit.checks import AuditConfig  # noqa: E402
-from stream_anon.audit.minvariance import MInvarianceConfig, check_m_invariance  # noqa: E402
+from stream_anon.audit import AuditConfig, MInvarianceConfig, check_m_invariance  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402
 from stream_anon.datasets import DATASETS, load_events, oyster_cards  # noqa: E402
 from stream_anon.engine import Engine, make_former, get_path  # noqa: E402

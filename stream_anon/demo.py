@@ -171,7 +171,7 @@ def minvariance_report(config, config_path, audit_report, records: list[dict], e
     release) and the intersection attack on our releases and on naive per-window k-anonymous, l-diverse (l = m)
     releases of the same events (stream_anon.attacks.intersection)."""
     from stream_anon.attacks.intersection import intersection_attack, naive_kl_releases
-    from stream_anon.audit.checks import AuditConfig
+    from stream_anon.audit import AuditConfig
 
     a, s = config.anonymization, audit_report.summary
     chk = audit_report.checks.get("m_invariance", {"passed": False})

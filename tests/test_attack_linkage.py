@@ -11,7 +11,7 @@ import numpy as np
 
 from stream_anon import crypto
 from stream_anon.attacks import linkage_attack
-from stream_anon.audit.checks import AuditConfig
+from stream_anon.audit import AuditConfig
 from stream_anon.config import load_config
 from stream_anon.datasets import load_events
 from stream_anon.engine import Engine

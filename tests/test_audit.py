@@ -306,6 +306,7 @@ drop = ["journey_id", "card_id"]
 """)
     c = AuditConfig.from_toml(tmp_path / "test.toml")
     assert c.k == 2 and c.stream == "test" and c.identifier_fields == ["journey_id", "card_id"]
+    assert c.input_topic == "raw.fare.test" and c.m is None and c.invariant is None
     assert c.quasi_identifiers[1].hierarchy.covers("Rail", "Bank")
     assert not c.quasi_identifiers[1].hierarchy.covers("Zone 3", "Bank")
     raw, out = scenario()
@@ -336,3 +337,72 @@ def test_raw_event_type_beside_class_fails():
     raw, out = scenario()
     out["records"][0]["event_type"] = "tap_in"
     assert "coverage" in failed(run(raw, out))
+
+
+def test_m_without_invariant_fails_the_m_invariance_check():
+    raw, out = scenario()
+    c = cfg()
+    c.m = 2
+    report = audit(raw, out, SECRET, c)
+    assert failed(report) == ["m_invariance"]
+    assert report.checks["m_invariance"]["violations_by_kind"] == {
+        "anonymization.m is set but sensitive.invariant is not": 1}
+
+
+def test_hierarchy_keeps_the_tree_order():
+    """Labels in pre-order as written: the naive baseline orders leaves by it."""
+    h = QISpec("location", "station", "station", HIER).hierarchy
+    assert list(h.parent) == ["*", "Rail", "Zone 1", "Aldgate", "Bank", "Zone 3", "Ealing", "Bus", "Routes 1-99", "7"]
+    assert h.roots == {"*"} and h.parent["Bank"] == "Zone 1" and h.parent["7"] == "Routes 1-99"
+
+
+# ----------------------------------------------------------------------------------------------- hostile input
+DEPTH = 100_000
+
+
+def with_raw(raw, out, payload, dead_lettered: bool):
+    """The scenario plus one raw message at the next offset, dead-lettered by the engine or not."""
+    offset = len(raw)
+    raw = [*raw, ((TOPIC, 0, offset), payload)]
+    if dead_lettered:
+        out["deadletters"].append({"reason": "malformed_json", "stream": "test", "payload": "...",
+                                   "source": {"topic": TOPIC, "partition": 0, "offset": offset}})
+    return raw, out
+
+
+@pytest.mark.parametrize("dead_lettered", [True, False])
+def test_deeply_nested_raw_json_is_reported_not_a_crash(dead_lettered):
+    nested = b'{"event_id": "e9", "journey_id": "J1009", "x": ' + b"[" * DEPTH + b"]" * DEPTH + b"}"
+    raw, out = with_raw(*scenario(), nested, dead_lettered)
+    report = run(raw, out)
+    assert report.summary["events_in"] == 9
+    if dead_lettered:      # the worker's decoder refuses it too: one more dead letter, nothing lost
+        assert report.passed, report.format_text()
+        assert report.summary["dead_lettered"] == 2
+    else:                  # unparseable for the audit and found nowhere: lost
+        assert failed(report) == ["accounting"] and report.summary["lost"] == 1
+
+
+@pytest.mark.parametrize("dead_lettered", [True, False])
+def test_lone_surrogate_event_id_is_reported_not_a_crash(dead_lettered):
+    event = ev("e9\ud800", "J10\udc09", "Bank", 30)           # JSON escapes may carry lone surrogates
+    raw, out = with_raw(*scenario(), json.dumps(event).encode(), dead_lettered)
+    report = run(raw, out)
+    assert report.summary["events_in"] == 9
+    if dead_lettered:
+        assert report.passed, report.format_text()
+        assert report.summary["dead_lettered"] == 2
+    else:
+        assert failed(report) == ["accounting"] and report.summary["lost"] == 1
+
+
+def test_deeply_nested_output_record_is_malformed_not_a_crash():
+    raw, out = scenario()
+    deep: list = []
+    for _ in range(DEPTH):
+        deep = [deep]
+    out["records"].append({**copy.deepcopy(out["records"][0]), "audit_token": tok("e9"), "extra": deep})
+    report = run(raw, out)
+    assert failed(report) == ["consistency"]
+    assert report.checks["consistency"]["violations_by_kind"] == {"malformed output message": 1}
+    assert report.summary["records"] == 5              # the other records are audited as before

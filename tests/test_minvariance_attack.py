@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 
 from stream_anon.attacks.intersection import intersection_attack, naive_kl_releases, signatures
-from stream_anon.audit.checks import AuditConfig, QISpec, audit_token
-from stream_anon.audit.minvariance import (MInvarianceConfig, check_m_invariance, counterfeit_lower_bound,
-                                           m_from_config)
+from stream_anon.audit import AuditConfig, MInvarianceConfig, QISpec, check_m_invariance, counterfeit_lower_bound
+from stream_anon.audit.primitives import audit_token
 from stream_anon.datasets import oyster_cards
 from stream_anon.events import validate_event
 
@@ -176,7 +175,7 @@ def test_counterfeit_lower_bound_formula():
 
 
 def test_config_m_is_read_from_the_raw_toml():
-    assert m_from_config(CARDS_CONFIG) == 3
+    assert AuditConfig.from_toml(CARDS_CONFIG).m == 3
     cfg = MInvarianceConfig.from_toml(CARDS_CONFIG)
     assert (cfg.m, cfg.privacy_unit, cfg.invariant, cfg.stream) == (3, "card_id", "product_category", "oyster-cards")
     assert MInvarianceConfig.from_toml(CARDS_CONFIG, m=4).m == 4

@@ -14,8 +14,7 @@ from hypothesis import strategies as st
 
 from stream_anon import crypto
 from stream_anon.attacks.intersection import intersection_attack, naive_kl_releases
-from stream_anon.audit.checks import AuditConfig
-from stream_anon.audit.minvariance import MInvarianceConfig, check_m_invariance
+from stream_anon.audit import AuditConfig, MInvarianceConfig, check_m_invariance
 from stream_anon.config import ConfigError, load_config, parse_config
 from stream_anon.datasets import oyster_cards
 from stream_anon.engine import Engine

@@ -17,7 +17,7 @@ from _kafka_helpers import write_cards_config  # noqa: E402
 
 from stream_anon.attacks.intersection import intersection_attack  # noqa: E402
 from stream_anon.audit.kafka_source import audit_from_kafka, read_outputs, read_topic  # noqa: E402
-from stream_anon.audit.minvariance import MInvarianceConfig, check_m_invariance  # noqa: E402
+from stream_anon.audit import MInvarianceConfig, check_m_invariance  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402
 from stream_anon.datasets import oyster_cards  # noqa: E402
 from stream_anon.kafka import checkpoint as ckpt  # noqa: E402

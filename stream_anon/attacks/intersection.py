@@ -39,22 +39,14 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from stream_anon.audit.checks import QISpec, audit_token, covers, get_path, qi_value
-
-
-def _text(v: Any) -> str | None:
-    if v is None or isinstance(v, (dict, list)):
-        return None
-    if isinstance(v, bool):
-        return str(v).lower()
-    return v if isinstance(v, str) else str(v)
+from stream_anon.audit.primitives import QISpec, as_text, audit_token, covers, get_path, parse_time, qi_value
 
 
 def signatures(records: Iterable[dict], invariant: str) -> dict[tuple, frozenset]:
     """(release_id, class_id) -> set of non-null invariant values published in that class in that release."""
     sigs: dict[tuple, set] = defaultdict(set)
     for r in records:
-        v = _text(get_path(r.get("sensitive") or {}, invariant))
+        v = as_text(get_path(r.get("sensitive") or {}, invariant))
         s = sigs[(r.get("release_id"), r.get("class_id"))]
         if v is not None:
             s.add(v)
@@ -72,7 +64,7 @@ def intersection_attack(records: list[dict], raw_events: list[dict], secret: byt
 
     Targets are the individuals with published real records in at least ``min_releases`` releases (or the given
     ``targets`` units), sampled down to ``n_targets`` with ``seed``. ``knowledge="qi"`` needs
-    ``quasi_identifiers`` (``AuditConfig.from_toml(path).quasi_identifiers``).
+    ``quasi_identifiers`` (``stream_anon.audit.AuditConfig.from_toml(path).quasi_identifiers``).
     """
     if knowledge not in ("class", "qi"):
         raise ValueError(f"knowledge: 'class' or 'qi', got {knowledge!r}")
@@ -88,11 +80,11 @@ def intersection_attack(records: list[dict], raw_events: list[dict], secret: byt
         event = by_token.get(r.get("audit_token"))
         if event is None:
             continue                                   # counterfeit: no individual behind it
-        unit = _text(get_path(event, privacy_unit))
+        unit = as_text(get_path(event, privacy_unit))
         if unit is None:
             continue
         seen[unit][r.get("release_id")].append(((r.get("release_id"), r.get("class_id")), event))
-        true_values[unit].add(_text(get_path(event, invariant)))
+        true_values[unit].add(as_text(get_path(event, invariant)))
     if targets is not None:
         pool = [t for t in targets if t in seen]
     else:
@@ -141,13 +133,8 @@ def intersection_attack(records: list[dict], raw_events: list[dict], secret: byt
 
 # ----------------------------------------------------------------------------------------------- naive baseline
 def _epoch(s: Any) -> float | None:
-    if not isinstance(s, str):
-        return None
-    try:
-        dt = datetime.fromisoformat(s.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return (dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)).timestamp()
+    t = parse_time(s)
+    return None if t is None else t.timestamp()
 
 
 def _leaf_order(q: QISpec) -> dict[str, int]:
@@ -177,7 +164,7 @@ def _generalize(q: QISpec, values: list[Any]) -> dict:
             return {"lat": [q.lower[0], q.upper[0]], "lon": [q.lower[1], q.upper[1]]} if q.lower else {}
         return {"lat": [min(v[0] for v in values), max(v[0] for v in values)],
                 "lon": [min(v[1] for v in values), max(v[1] for v in values)]}
-    texts = {_text(v) for v in values}
+    texts = {as_text(v) for v in values}
     if None in texts:
         return {"label": _root(q)}
     if q.hierarchy is None:
@@ -214,7 +201,7 @@ def naive_kl_releases(events: list[dict], k: int, l: int, *, secret: bytes | str
         for q in qis:
             v = qi_value(q, e)
             if q.kind in ("categorical", "station"):
-                cat.append(orders[q.name].get(_text(v), -1))
+                cat.append(orders[q.name].get(as_text(v), -1))
             elif q.kind == "timestamp":
                 num.append(_epoch(v) or 0.0)
             elif q.kind == "geopoint":
@@ -230,7 +217,7 @@ def naive_kl_releases(events: list[dict], k: int, l: int, *, secret: bytes | str
         by_unit: dict[str, list[dict]] = defaultdict(list)
         unitless = []
         for e in windows[w]:
-            u = _text(get_path(e, privacy_unit))
+            u = as_text(get_path(e, privacy_unit))
             (by_unit[u] if u is not None else unitless).append(e)
         units = sorted(by_unit, key=lambda u: (sort_key(min(by_unit[u], key=lambda e: e["event_time"])), u))
         groups: list[list[str]] = []
@@ -238,7 +225,7 @@ def naive_kl_releases(events: list[dict], k: int, l: int, *, secret: bytes | str
         cur_vals: set = set()
         for u in units:
             cur.append(u)
-            v = _text(get_path(by_unit[u][0], invariant))
+            v = as_text(get_path(by_unit[u][0], invariant))
             if v is not None:
                 cur_vals.add(v)
             if len(cur) >= k and len(cur_vals) >= l:

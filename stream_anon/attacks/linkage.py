@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from stream_anon.audit.checks import AuditConfig, audit_token, covers, get_path, qi_value
+from stream_anon.audit.config import AuditConfig
+from stream_anon.audit.primitives import as_text, audit_token, covers, get_path, qi_value
 
 
 def linkage_attack(records: list[dict], raw_events: list[dict], cfg: AuditConfig, secret: bytes,
@@ -31,7 +32,7 @@ def linkage_attack(records: list[dict], raw_events: list[dict], cfg: AuditConfig
         if event is None:
             continue
         unit = get_path(event, cfg.privacy_unit)
-        classes.setdefault(r["class_id"], (r["qi"], set()))[1].add(str(unit))
+        classes.setdefault(r["class_id"], (r["qi"], set()))[1].add(as_text(unit))
         published.append(event)
     if not published:
         return {"targets": 0, "reidentified": 0, "success_rate": 0.0, "mean_candidates": None,

@@ -12,7 +12,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .checks import AuditConfig, AuditOutputs, AuditReport, audit
+from .config import AuditConfig
+from .inputs import AuditOutputs
+from .report import AuditReport
+from .run import audit
 
 RELEASES_TOPIC = "anon.releases"
 DEADLETTER_TOPIC = "anon.deadletter"
@@ -76,7 +79,7 @@ def read_topic(bootstrap: str, topic: str, idle_s: float = 3.0, max_wait_s: floa
 def _decode(value: Any) -> Any:
     try:
         obj = json.loads(value.decode("utf-8") if isinstance(value, (bytes, bytearray)) else value)
-    except (UnicodeDecodeError, ValueError, TypeError, AttributeError):
+    except (UnicodeDecodeError, ValueError, TypeError, AttributeError, RecursionError):
         return None
     return obj if isinstance(obj, dict) else None
 
@@ -101,10 +104,9 @@ def audit_from_kafka(bootstrap: str, config_path: str | Path, secret: bytes | st
     """Read raw input and outputs from the broker and audit them against the stream config."""
     cfg = AuditConfig.from_toml(config_path)
     if raw_topic is None:
-        import tomllib
-
-        with Path(config_path).open("rb") as fh:
-            raw_topic = tomllib.load(fh)["stream"]["input_topic"]
+        raw_topic = cfg.input_topic
+    if raw_topic is None:
+        raise ValueError(f"{config_path}: [stream] input_topic is required to find the raw topic")
     if cfg.stream is None:
         raise ValueError(f"{config_path}: [stream] name is required to find the output topics")
     raw = read_topic(bootstrap, raw_topic, idle_s=idle_s, max_wait_s=max_wait_s)

@@ -1,8 +1,9 @@
-"""Independent m-invariance checker (issue 3): m-uniqueness, signature invariance and counterfeit accounting.
+"""Privacy criterion ``m_invariance`` (issue 3): m-uniqueness, signature invariance and counterfeit accounting.
 
-Like :mod:`stream_anon.audit.checks` it imports nothing from the engine or the strategies: it re-derives
-everything from the published records and release manifests (docs/contracts.md section 5), the raw input
-events and the secret, plus three settings read from the stream's raw TOML (:meth:`MInvarianceConfig.from_toml`:
+It runs on its own (:func:`check_m_invariance`, for benchmarks and tests) and as one check of the audit
+(:class:`MInvariance`, for a stream with ``[anonymization] m``, on the audit's deduplicated outputs). It
+re-derives everything from the published records and release manifests (docs/contracts.md section 5), the raw
+input events and the secret, plus three settings of the stream's TOML (:class:`..config.MInvarianceConfig`:
 ``[anonymization] m``, ``[stream] privacy_unit``, ``[sensitive] invariant``).
 
 Definitions used here
@@ -42,53 +43,14 @@ Checks
 """
 from __future__ import annotations
 
-import copy
-import hashlib
-import hmac
-import json
-import tomllib
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable
 
-from stream_anon.audit.checks import audit_token, get_path
-
-MAX_EXAMPLES = 10
-
-
-# ----------------------------------------------------------------------------------------------- config
-@dataclass(frozen=True)
-class MInvarianceConfig:
-    m: int
-    privacy_unit: str
-    invariant: str
-    stream: str | None = None
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.m, int) or self.m < 2:
-            raise ValueError(f"anonymization.m: must be an integer >= 2, got {self.m!r}")
-
-    @classmethod
-    def from_toml(cls, path: str | Path, m: int | None = None) -> "MInvarianceConfig":
-        """Read the raw TOML (the validated StreamConfig may not know ``m``); ``m`` overrides the file's."""
-        with Path(path).open("rb") as fh:
-            raw = tomllib.load(fh)
-        stream, anon, sens = raw.get("stream", {}), raw.get("anonymization", {}), raw.get("sensitive", {})
-        m = m if m is not None else anon.get("m")
-        if m is None:
-            raise ValueError(f"anonymization.m: missing in {path}")
-        if not sens.get("invariant"):
-            raise ValueError(f"sensitive.invariant: missing in {path}")
-        return cls(m=int(m), privacy_unit=stream["privacy_unit"], invariant=sens["invariant"],
-                   stream=stream.get("name"))
-
-
-def m_from_config(path: str | Path) -> int | None:
-    """``[anonymization] m`` from a stream's raw TOML, or None."""
-    with Path(path).open("rb") as fh:
-        m = tomllib.load(fh).get("anonymization", {}).get("m")
-    return int(m) if m is not None else None
+from ..check import MAX_EXAMPLES, AuditContext, ViolationLog
+from ..config import MInvarianceConfig
+from ..measures import counterfeit_lower_bound
+from ..primitives import as_text, audit_token, get_path, json_object, report_alias
 
 
 # ----------------------------------------------------------------------------------------------- report
@@ -101,7 +63,7 @@ class MInvarianceReport:
     release_value_counts: dict[str, Counter] = field(default_factory=dict, repr=False)
 
     def counterfeit_lower_bound(self, m: int | None = None) -> int:
-        """Minimum counterfeit individuals the value distribution forces (see :func:`counterfeit_lower_bound`)."""
+        """Minimum counterfeit individuals the value distribution forces (:func:`..measures.counterfeit_lower_bound`)."""
         return counterfeit_lower_bound(self.release_value_counts.values(), m or self.summary["m"])
 
     def to_dict(self) -> dict:
@@ -121,37 +83,6 @@ class MInvarianceReport:
         return "\n".join(lines)
 
 
-def counterfeit_lower_bound(releases: Iterable[Any], m: int) -> int:
-    """Sum over releases of ``max(0, m*c - n)``: a release of n individuals whose most common invariant value is
-    held by c of them needs at least that many counterfeit individuals to be m-unique (any split into classes
-    needs at least as many). Each release is either a mapping value -> number of individuals, or an iterable of
-    values with one item per individual."""
-    total = 0
-    for rel in releases:
-        counts = Counter(dict(rel)) if isinstance(rel, Mapping) else Counter(rel)
-        n = sum(counts.values())
-        c = max(counts.values(), default=0)
-        total += max(0, m * c - n)
-    return total
-
-
-class _Check:
-    def __init__(self) -> None:
-        self.violations: Counter = Counter()
-        self.examples: list[dict] = []
-        self.details: dict[str, Any] = {}
-
-    def fail(self, kind: str, **info: Any) -> None:
-        self.violations[kind] += 1
-        if len(self.examples) < MAX_EXAMPLES:
-            self.examples.append({"violation": kind, **info})
-
-    def result(self) -> dict:
-        n = sum(self.violations.values())
-        return {"passed": n == 0, "violations": n, "violations_by_kind": dict(self.violations), **self.details,
-                "examples": self.examples}
-
-
 # ----------------------------------------------------------------------------------------------- input
 def _events(raw_events: Iterable) -> list[dict]:
     """Raw events as dicts: accepts event dicts or ``(source, payload)`` pairs as read from the raw topic."""
@@ -162,24 +93,17 @@ def _events(raw_events: Iterable) -> list[dict]:
             continue
         try:
             _, payload = item
-            text = payload.decode("utf-8") if isinstance(payload, (bytes, bytearray)) else payload
-            obj = json.loads(text) if isinstance(text, str) else text
         except (TypeError, ValueError):
             continue
-        if isinstance(obj, dict):
-            out.append(obj)
+        event = json_object(payload)
+        if event is not None:
+            out.append(event)
     return out
 
 
-def _text(v: Any) -> str | None:
-    if v is None or isinstance(v, (dict, list)):
-        return None
-    if isinstance(v, bool):
-        return str(v).lower()
-    return v if isinstance(v, str) else str(v)
-
-
 def _dedupe(records: list[dict], manifests: list[dict]) -> tuple[list[dict], list[dict]]:
+    """First copy per release_id / (release_id, audit_token). Unlike the audit's ``inputs.deduplicate`` it does
+    not compare copies (the audit reports conflicting copies; run on its own this checker judges m only)."""
     m_by_id: dict[Any, dict] = {}
     for m in manifests:
         m_by_id.setdefault(m.get("release_id"), m)
@@ -204,7 +128,7 @@ def check_m_invariance(records: list[dict], manifests: list[dict], raw_events: I
     """Verify m-uniqueness, invariance and counterfeit accounting (module docstring)."""
     cfg = config
     secret = secret.encode() if isinstance(secret, str) else secret
-    records, manifests = _dedupe(copy.deepcopy(list(records)), copy.deepcopy(list(manifests)))
+    records, manifests = _dedupe(list(records), list(manifests))
     if cfg.stream is not None:
         manifests = [m for m in manifests if m.get("stream") in (None, cfg.stream)]
     by_token: dict[str, dict] = {}
@@ -213,17 +137,14 @@ def check_m_invariance(records: list[dict], manifests: list[dict], raw_events: I
         if isinstance(eid, str) and eid:
             by_token.setdefault(audit_token(secret, eid), e)
 
-    def alias(unit: str) -> str:   # names an individual in examples without revealing it
-        return "ind-" + hmac.new(secret, b"minv-report:" + unit.encode(), hashlib.sha256).hexdigest()[:10]
-
-    uniq, inv, cf = _Check(), _Check(), _Check()
+    uniq, inv, cf = ViolationLog(), ViolationLog(), ViolationLog()
     groups: dict[tuple, _Group] = defaultdict(_Group)
     values_of_unit: dict[str, set] = defaultdict(set)
     cf_total = 0
     for r in records:
         key = (r.get("release_id"), r.get("class_id"))
         g = groups[key]
-        pub = _text(get_path(r.get("sensitive") or {}, cfg.invariant))
+        pub = as_text(get_path(r.get("sensitive") or {}, cfg.invariant))
         if pub is not None:
             g.signature.add(pub)
         event = by_token.get(r.get("audit_token"))
@@ -232,8 +153,8 @@ def check_m_invariance(records: list[dict], manifests: list[dict], raw_events: I
             cf_total += 1
             g.cf_values[pub] += 1
             continue
-        unit = _text(get_path(event, cfg.privacy_unit))
-        raw_value = _text(get_path(event, cfg.invariant))
+        unit = as_text(get_path(event, cfg.privacy_unit))
+        raw_value = as_text(get_path(event, cfg.invariant))
         if pub != raw_value:
             uniq.fail("published invariant value differs from raw", release_id=key[0], class_id=key[1],
                       audit_token=r.get("audit_token"))
@@ -306,7 +227,7 @@ def check_m_invariance(records: list[dict], manifests: list[dict], raw_events: I
     for unit, sigs in sigs_of_unit.items():
         if len(sigs) > 1:
             changes += 1
-            inv.fail("signature change", individual=alias(unit),
+            inv.fail("signature change", individual=report_alias(secret, unit),
                      signatures=sorted(sorted(s) for s in sigs)[:4])
     value_changes = sum(1 for vals in values_of_unit.values() if len(vals) > 1)
     inv.details.update(signature_changes=changes, individuals=len(sigs_of_unit), value_changes=value_changes)
@@ -341,3 +262,24 @@ def _one_over_m_feasible(real_counts: Counter, cf_records: dict[str, int], n_cf:
         return True                    # fewer individuals than values is reported by the counterfeit check
     room = sum(min(cf_records[v] - 1, cap - load[v]) for v in cf_records)
     return room >= surplus
+
+
+class MInvariance:
+    """The m-invariance criterion as one check of the audit (on its parsed raw input and deduplicated outputs)."""
+
+    name = "m_invariance"
+
+    def applies(self, ctx: AuditContext) -> bool:
+        return ctx.config.m is not None
+
+    def run(self, ctx: AuditContext) -> dict:
+        cfg = ctx.config
+        if not cfg.invariant:
+            log = ViolationLog()
+            log.fail("anonymization.m is set but sensitive.invariant is not")
+            return log.result()
+        rep = check_m_invariance(ctx.records, ctx.manifests, [r.event for r in ctx.raws if r.event is not None],
+                                 ctx.secret, cfg.m_invariance())
+        return {"passed": rep.passed, "violations": sum(c["violations"] for c in rep.checks.values()),
+                "summary": rep.summary, "checks": rep.checks,
+                "examples": [ex for c in rep.checks.values() for ex in c["examples"]][:MAX_EXAMPLES]}

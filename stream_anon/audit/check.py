@@ -1,0 +1,79 @@
+"""The interface every audit check implements: what a check is given (:class:`AuditContext`), what it returns
+(a result dict built with :class:`ViolationLog`), and the :class:`Check` protocol itself."""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .config import AuditConfig
+
+MAX_EXAMPLES = 10
+
+
+@dataclass
+class RawEvent:
+    """One message of the raw topic: its source, the event if it parsed, its audit token and privacy unit."""
+
+    source: tuple[str, int, int] | None
+    event: dict | None
+    token: str | None
+    unit: str | None
+
+
+@dataclass
+class AuditContext:
+    """Everything a check may read: the config view, the secret, the parsed raw input and the deduplicated
+    outputs of this stream."""
+
+    config: AuditConfig
+    secret: bytes
+    raws: list[RawEvent]
+    records: list[dict]
+    manifests: list[dict]
+    deadletters: list[dict]
+    malformed: list[Any]                 # output messages that were not JSON objects (or nested too deep)
+    counterfeits: dict[str, tuple]       # token -> (release_id, class_id) of announced counterfeit records
+    by_token: dict[str, RawEvent] = field(init=False, default_factory=dict)   # first raw event per token
+
+    def __post_init__(self) -> None:
+        for raw in self.raws:
+            if raw.token is not None:
+                self.by_token.setdefault(raw.token, raw)
+
+    def is_counterfeit(self, record: dict) -> bool:
+        """An announced counterfeit record of its own release and class (never a raw event's record)."""
+        token = record.get("audit_token")
+        return token not in self.by_token and \
+            self.counterfeits.get(token) == (record.get("release_id"), record.get("class_id"))
+
+
+class Check(Protocol):
+    """One audit check: ``name`` is its key in the report's ``checks``."""
+
+    name: str
+
+    def applies(self, ctx: AuditContext) -> bool:
+        """Whether the check is part of this audit (m-invariance only runs for a stream with m)."""
+
+    def run(self, ctx: AuditContext) -> dict:
+        """The result: ``passed``, ``violations``, ``violations_by_kind``, details, ``examples``."""
+
+
+class ViolationLog:
+    """Collects violations (counted by kind, first MAX_EXAMPLES kept) and extra details of one check."""
+
+    def __init__(self) -> None:
+        self.violations: Counter = Counter()
+        self.examples: list[dict] = []
+        self.details: dict[str, Any] = {}
+
+    def fail(self, kind: str, **info: Any) -> None:
+        self.violations[kind] += 1
+        if len(self.examples) < MAX_EXAMPLES:
+            self.examples.append({"violation": kind, **info})
+
+    def result(self, extra_ok: bool = True) -> dict:
+        n = sum(self.violations.values())
+        return {"passed": n == 0 and extra_ok, "violations": n,
+                "violations_by_kind": dict(self.violations), **self.details, "examples": self.examples}

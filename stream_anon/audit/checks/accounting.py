@@ -1,0 +1,99 @@
+"""Check ``accounting``: each raw message ends in exactly one place: published, suppressed, dead-lettered or
+still deferred (latest manifest per partition). Defeats silent loss and double publication.
+
+Published/suppressed/deferred tokens of no raw event, and dead letters whose source is not a raw message read,
+also fail it (fabricated output, or an incomplete read of the input). An announced counterfeit record is no
+input event: the equation counts real records only. A raw message that did not parse (not JSON, nested too deep
+for the decoder) or has no ``event_id`` has no token: it must be dead-lettered, else it is lost.
+"""
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+from ..check import AuditContext, RawEvent, ViolationLog
+from ..inputs import source_key
+from ..primitives import string_values
+
+
+class Accounting:
+    name = "accounting"
+
+    def applies(self, ctx: AuditContext) -> bool:
+        return True
+
+    def run(self, ctx: AuditContext) -> dict:
+        log = ViolationLog()
+        raws = ctx.raws
+        # places per token (published / suppressed / deferred) and per source (dead-lettered)
+        placed: dict[str, list[str]] = defaultdict(list)
+        counterfeit = 0
+        for r in ctx.records:
+            if ctx.is_counterfeit(r):
+                counterfeit += 1        # announced counterfeit record: no input event, outside the equation
+                continue
+            placed[r.get("audit_token")].append(f"published:{r.get('release_id')}")
+        suppressed_by_reason: Counter = Counter()
+        for m in ctx.manifests:
+            for reason, toks in (m.get("suppressed_tokens") or {}).items():
+                for t in string_values(toks):
+                    placed[t].append(f"suppressed:{reason}")
+        latest: dict[tuple, dict] = {}
+        for m in ctx.manifests:
+            key = (m.get("stream"), m.get("partition"))
+            if key not in latest or (m.get("seq") or 0) > (latest[key].get("seq") or 0):
+                latest[key] = m
+        for m in latest.values():
+            for t in string_values(m.get("deferred_tokens")):
+                placed[t].append("deferred")
+        dl_by_source: Counter = Counter(source_key(d.get("source")) for d in ctx.deadletters)
+        sources = Counter(r.source for r in raws)
+        for src, n in sources.items():
+            if n > 1:
+                log.fail("raw source read twice", source=src)
+        for src in dl_by_source:
+            if src not in sources:
+                log.fail("dead letter of unknown source", source=src)
+        raws_by_token: dict[str, list[RawEvent]] = defaultdict(list)
+        outcome: Counter = Counter()
+        for raw in raws:
+            n_dl = dl_by_source.get(raw.source, 0)
+            if n_dl:
+                outcome["dead_lettered"] += 1
+                if n_dl > 1:
+                    outcome["duplicated"] += 1
+                    log.fail("duplicated", source=raw.source, places=["deadletter"] * n_dl)
+            if raw.token is None:
+                if not n_dl:
+                    outcome["lost"] += 1
+                    log.fail("lost", source=raw.source, note="unparseable or no event_id, not dead-lettered")
+                continue
+            raws_by_token[raw.token].append(raw)
+        for token, group in raws_by_token.items():
+            open_ = [r for r in group if not dl_by_source.get(r.source)]
+            places = placed.get(token, [])
+            for p in places[: len(open_)]:
+                kind = p.split(":", 1)[0]
+                outcome[kind] += 1
+                if kind == "suppressed":
+                    suppressed_by_reason[p.split(":", 1)[1]] += 1
+            if len(places) < len(open_):
+                for r in open_[len(places):]:
+                    outcome["lost"] += 1
+                    log.fail("lost", source=r.source, audit_token=token)
+            elif len(places) > len(open_):
+                outcome["duplicated"] += len(places) - len(open_)
+                log.fail("duplicated", source=group[0].source, audit_token=token, places=places)
+        unknown = [t for t in placed if t not in raws_by_token]
+        for t in unknown:
+            log.fail("token of no raw event", audit_token=t, places=placed[t])
+        counts = {
+            "events_in": len(raws), "published": outcome["published"], "suppressed": outcome["suppressed"],
+            "suppressed_by_reason": dict(suppressed_by_reason), "dead_lettered": outcome["dead_lettered"],
+            "deferred": outcome["deferred"], "lost": outcome["lost"], "duplicated": outcome["duplicated"],
+            "unknown_tokens": len(unknown), "counterfeit_records": counterfeit,
+        }
+        balance = counts["published"] + counts["suppressed"] + counts["dead_lettered"] + counts["deferred"]
+        equation = f"{counts['events_in']} == {counts['published']} + {counts['suppressed']} + " \
+                   f"{counts['dead_lettered']} + {counts['deferred']}"
+        log.details.update(counts, equation=equation, balanced=balance == counts["events_in"])
+        return log.result(extra_ok=balance == counts["events_in"])

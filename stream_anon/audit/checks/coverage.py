@@ -1,0 +1,44 @@
+"""Check ``coverage``: every record's generalized QIs contain the raw event's true values. Defeats
+generalizations that are "anonymous" only because they are wrong (shifted intervals, sibling labels).
+
+Null raw QI values: a raw QI that is null (or absent) is covered when the published QI is absent/null, a dict of
+only nulls, a label equal to ``"*"`` or the hierarchy root, or an interval/box covering the configured domain
+``[lower, upper]``. Unknown categorical values (not in the hierarchy) are only covered by ``"*"``/the root.
+Intervals are inclusive; numeric and geo bounds allow 1e-9 of float slack (:func:`..primitives.cover_test`).
+"""
+from __future__ import annotations
+
+from ..check import AuditContext, ViolationLog
+from ..primitives import cover_test, qi_value
+
+
+class Coverage:
+    name = "coverage"
+
+    def applies(self, ctx: AuditContext) -> bool:
+        return True
+
+    def run(self, ctx: AuditContext) -> dict:
+        log = ViolationLog()
+        checked = 0
+        for r in ctx.records:
+            raw = ctx.by_token.get(r.get("audit_token"))
+            if raw is None or raw.event is None:
+                continue  # reported by k / accounting
+            # A raw event type beside a class box would split the class (contracts.md section 5): it may appear
+            # only generalized, as a configured QI.
+            if "event_type" in r:
+                log.fail("raw event_type published outside the QIs", release_id=r.get("release_id"),
+                         audit_token=r.get("audit_token"))
+            qi = r.get("qi") or {}
+            if not isinstance(qi, dict):
+                log.fail("malformed qi", release_id=r.get("release_id"), audit_token=r.get("audit_token"))
+                continue
+            for q in ctx.config.quasi_identifiers:
+                checked += 1
+                ok, why = cover_test(q, qi.get(q.name), qi_value(q, raw.event))
+                if not ok:
+                    log.fail(f"{q.name}: {why}", release_id=r.get("release_id"), class_id=r.get("class_id"),
+                             audit_token=r.get("audit_token"), published=qi.get(q.name))
+        log.details.update(records=len(ctx.records), qi_values_checked=checked)
+        return log.result()

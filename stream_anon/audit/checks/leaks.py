@@ -1,0 +1,90 @@
+"""Check ``leaks``: no raw identifier, privacy unit or pseudonym in any string value or key of records and
+manifests (dead letters are internal and carry raw payloads).
+
+Matching rules (to avoid false positives); only string-typed output values and dict keys are searched (numbers
+such as fares never match an id):
+
+* Pseudonyms (64 hex chars) and their 16/32-char prefixes: substring search inside maximal lowercase-hex runs
+  (a random 16-hex collision with an audit token is ~1e-8 even for 1e5 x 1e5 pairs).
+* Raw identifier / unit values: the value (``str()``) must equal the whole output string, or one of its tokens
+  when split on whitespace and ``, ; : / | = ( ) [ ] { } " '`` (not on ``- _ .`` so ISO times, decimals and
+  release/class ids stay whole). Values shorter than 4 chars are skipped, as are values that equal a hierarchy
+  label or a raw value of a configured (non-identifier) sensitive field: those are published legitimately.
+"""
+from __future__ import annotations
+
+import re
+
+from ..check import AuditContext, ViolationLog
+from ..primitives import as_text, get_path, pseudonym, strings_in
+
+MIN_NEEDLE_LEN = 4
+_SPLIT_RE = re.compile(r"[\s,;:/|=()\[\]{}\"']+")
+_HEX_RUN_RE = re.compile(r"[0-9a-f]{16,}")
+
+
+def needles(ctx: AuditContext) -> tuple[dict[str, str], dict[str, str]]:
+    """(exact-value needles -> description, hex prefixes/pseudonyms -> description)."""
+    cfg = ctx.config
+    allow: set[str] = set()
+    for q in cfg.quasi_identifiers:
+        if q.hierarchy is not None:
+            allow.update(q.hierarchy.parent)
+    legit_sensitive = [f for f in cfg.sensitive_fields if f not in cfg.identifier_fields]
+    exact: dict[str, str] = {}
+    hexes: dict[str, str] = {}
+    events = [raw for raw in ctx.raws if raw.event is not None]
+    for raw in events:
+        for f in legit_sensitive:
+            v = as_text(get_path(raw.event, f))
+            if v is not None:
+                allow.add(v)
+    for raw in events:
+        for f in cfg.identifier_fields:
+            v = as_text(get_path(raw.event, f))
+            if v is not None and len(v) >= MIN_NEEDLE_LEN:
+                exact.setdefault(v, f"raw {f}")
+        if raw.unit is not None:
+            p = pseudonym(ctx.secret, raw.unit)
+            hexes[p] = "pseudonym"
+            hexes.setdefault(p[:32], "pseudonym[:32]")
+            hexes.setdefault(p[:16], "pseudonym[:16]")
+    for v in allow:
+        exact.pop(v, None)
+    return exact, hexes
+
+
+class Leaks:
+    name = "leaks"
+
+    def applies(self, ctx: AuditContext) -> bool:
+        return True
+
+    def run(self, ctx: AuditContext) -> dict:
+        log = ViolationLog()
+        exact, hexes = needles(ctx)
+        tokens_known = {r.token for r in ctx.raws if r.token is not None} | set(ctx.counterfeits)
+
+        def leaks_in(s: str) -> tuple[str, ...]:
+            found = [f"leaked {exact[t]}" for t in {s, *_SPLIT_RE.split(s)} if t in exact]
+            if s not in tokens_known:  # an audit token is an HMAC of its own: no pseudonym inside
+                for run in _HEX_RUN_RE.findall(s):
+                    for i in range(len(run) - 15):
+                        if run[i:i + 16] in hexes:  # every needle starts with its pseudonym's 16-char prefix
+                            n = next(n for n in (64, 32, 16) if run[i:i + n] in hexes)
+                            found.append(f"leaked {hexes[run[i:i + n]]}")
+            return tuple(found)  # () is a shared singleton: the cache stays small
+
+        cache: dict[str, tuple[str, ...]] = {}  # keys, labels and times repeat across records
+        scanned = 0
+        for kind, items in (("record", ctx.records), ("manifest", ctx.manifests)):
+            for item in items:
+                for path, s in strings_in(item):
+                    scanned += 1
+                    found = cache.get(s)
+                    if found is None:
+                        found = cache[s] = leaks_in(s)
+                    for what in found:
+                        log.fail(what, where=kind, release_id=item.get("release_id"), path=path)
+        log.details.update(strings_scanned=scanned, identifier_values=len(exact), pseudonym_needles=len(hexes))
+        return log.result()

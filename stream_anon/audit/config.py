@@ -1,0 +1,90 @@
+"""The audit's view of a stream config, read from the TOML with :mod:`tomllib` (the one place the audit reads it).
+
+The audit does not use :mod:`stream_anon.config`: a bug in the engine's config parsing (a k read wrongly, a
+hierarchy misparsed) would otherwise make the engine and its checker agree on the wrong thing.
+"""
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .primitives import Hierarchy, QISpec
+
+
+@dataclass(frozen=True)
+class MInvarianceConfig:
+    """What the m-invariance check needs: ``[anonymization] m``, the privacy unit and ``[sensitive] invariant``."""
+
+    m: int
+    privacy_unit: str
+    invariant: str
+    stream: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.m, int) or self.m < 2:
+            raise ValueError(f"anonymization.m: must be an integer >= 2, got {self.m!r}")
+
+    @classmethod
+    def from_toml(cls, path: str | Path, m: int | None = None) -> "MInvarianceConfig":
+        """The stream's m-invariance settings; ``m`` overrides the file's (benchmarks compare several m)."""
+        return AuditConfig.from_toml(path).m_invariance(m, source=path)
+
+
+@dataclass
+class AuditConfig:
+    """What the audit needs from a stream config, nothing more."""
+
+    k: int
+    privacy_unit: str
+    identifier_fields: list[str] = field(default_factory=list)
+    quasi_identifiers: list[Any] = field(default_factory=list)  # QISpec or (name, field, kind, hierarchy)
+    sensitive_fields: list[str] = field(default_factory=list)
+    stream: str | None = None
+    event_time: str = "event_time"
+    m: int | None = None                 # [anonymization] m: the m-invariance check runs when set
+    invariant: str | None = None         # [sensitive] invariant
+    input_topic: str | None = None       # [stream] input_topic: the raw topic the audit reads from a broker
+
+    def __post_init__(self) -> None:
+        self.quasi_identifiers = [q if isinstance(q, QISpec) else QISpec(*q) for q in self.quasi_identifiers]
+        if self.privacy_unit not in self.identifier_fields:
+            self.identifier_fields = [self.privacy_unit, *self.identifier_fields]
+
+    def m_invariance(self, m: int | None = None, source: Any = "the config") -> MInvarianceConfig:
+        """The m-invariance settings of this stream (``m`` overrides the config's)."""
+        m = m if m is not None else self.m
+        if m is None:
+            raise ValueError(f"anonymization.m: missing in {source}")
+        if not self.invariant:
+            raise ValueError(f"sensitive.invariant: missing in {source}")
+        return MInvarianceConfig(m=int(m), privacy_unit=self.privacy_unit, invariant=self.invariant,
+                                 stream=self.stream)
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> "AuditConfig":
+        path = Path(path)
+        with path.open("rb") as fh:
+            raw = tomllib.load(fh)
+        stream, anon = raw.get("stream", {}), raw.get("anonymization", {})
+        ids, sensitive = raw.get("identifiers", {}), raw.get("sensitive", {})
+        qis = []
+        for q in raw.get("quasi_identifiers", []):
+            hier = None
+            if q.get("hierarchy"):
+                hier = Hierarchy.load((path.parent / q["hierarchy"]).resolve())
+            qis.append(QISpec(q["name"], q["field"], q["kind"], hier, q.get("lower"), q.get("upper")))
+        identifiers = list(dict.fromkeys([*ids.get("drop", []), *ids.get("pseudonymize", [])]))
+        return cls(
+            k=int(anon["k"]),
+            privacy_unit=stream["privacy_unit"],
+            identifier_fields=identifiers,
+            quasi_identifiers=qis,
+            sensitive_fields=list(sensitive.get("fields", [])),
+            stream=stream.get("name"),
+            event_time=stream.get("event_time", "event_time"),
+            m=int(anon["m"]) if anon.get("m") is not None else None,
+            invariant=sensitive.get("invariant"),
+            input_topic=stream.get("input_topic"),
+        )

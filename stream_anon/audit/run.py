@@ -1,0 +1,76 @@
+"""``audit()``: parse the input once, then run every applicable check on the same context.
+
+Why independent: the engine enforces k-anonymity, generalization and accounting; a bug in it would go unnoticed
+by any check that reuses its code (its hierarchy parser, its HMAC helpers, its idea of "the unit of an event").
+The audit therefore imports nothing of the engine, the strategies or the engine's config. It re-derives
+everything from three things only:
+
+* the raw input messages exactly as produced to the raw topic (``((topic, partition, offset), payload)``),
+* the secret (to recompute audit tokens ``HMAC(secret, "audit:" + event_id)`` and pseudonyms
+  ``HMAC(secret, "unit:" + unit)``),
+* the published outputs (records, release manifests, dead letters; docs/contracts.md section 5),
+
+plus the stream's TOML config (:mod:`.config`).
+
+Checks, in report order (each module's docstring says what it defeats): ``duplicates`` (:mod:`.inputs`:
+identical copies from restarted workers merged, differing copies fail), ``k`` (:mod:`.checks.k_individuals`),
+``leaks``, ``coverage``, ``accounting``, ``consistency``, ``m_invariance`` (only for a stream with
+``[anonymization] m``) and ``config`` (only when it finds something).
+
+Counterfeit records (m-invariance)
+----------------------------------
+An m-invariant release may add counterfeit records to a class (docs/contracts.md section 5); the manifest gives
+their number per class (``counterfeit_records``). They are no input events. A counterfeit record is recognised
+by its audit token, ``HMAC(secret, "counterfeit:" + release_id + "/" + class_id + "/" + n)`` for
+``n < counterfeit_records`` of its class entry, in that release and class; only then is it kept out of ``k``
+(it is no individual), ``coverage`` (it has no raw values) and ``accounting`` (it is no input event: the
+equation counts real records only). Any other record of no raw event still fails as fabricated output, and a
+class whose counterfeit records differ from its manifest count fails ``consistency``.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from .check import Check
+from .checks.accounting import Accounting
+from .checks.config_sanity import ConfigSanity
+from .checks.consistency import Consistency
+from .checks.coverage import Coverage
+from .checks.k_individuals import KInIndividuals
+from .checks.leaks import Leaks
+from .checks.m_invariance import MInvariance
+from .config import AuditConfig
+from .inputs import build_context
+from .report import AuditReport
+
+CHECKS: tuple[Check, ...] = (KInIndividuals(), Leaks(), Coverage(), Accounting(), Consistency(), MInvariance(),
+                             ConfigSanity())
+_M_SUMMARY_RENAMED = ("releases", "classes", "individuals")   # the audit's own summary has these names
+
+
+def audit(raw_events: Iterable, outputs: Any, secret: bytes | str, config_view: AuditConfig) -> AuditReport:
+    """Audit published outputs against the raw input. See the module docstring for the checks.
+
+    raw_events: iterable of ``((topic, partition, offset), payload)`` with payload bytes/str (may be malformed).
+    outputs: dict or object with lists ``records``, ``manifests``, ``deadletters`` (and optional ``malformed``).
+    """
+    cfg = config_view
+    if isinstance(secret, str):
+        secret = secret.encode()
+    ctx, duplicates = build_context(raw_events, outputs, secret, cfg)
+    checks = {"duplicates": duplicates}
+    for check in CHECKS:
+        if check.applies(ctx):
+            checks[check.name] = check.run(ctx)
+
+    accounting = checks["accounting"]
+    counts = {key: accounting[key] for key in ("events_in", "published", "suppressed", "dead_lettered",
+                                               "deferred", "lost", "duplicated", "unknown_tokens",
+                                               "counterfeit_records")}
+    summary = {**counts, "suppressed_by_reason": accounting["suppressed_by_reason"],
+               "releases": len(ctx.manifests), "records": len(ctx.records), "classes": checks["k"]["classes"],
+               "min_individuals": checks["k"]["min_individuals"], "k": cfg.k}
+    if "m_invariance" in checks and "summary" in checks["m_invariance"]:
+        summary.update({f"m_invariance_{k}" if k in _M_SUMMARY_RENAMED else k: v
+                        for k, v in checks["m_invariance"]["summary"].items()})
+    return AuditReport(passed=all(c["passed"] for c in checks.values()), checks=checks, summary=summary)
