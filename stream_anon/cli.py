@@ -71,7 +71,15 @@ def _cmd_calibrate(args) -> int:
     from stream_anon.datasets import load_events
     from stream_anon.kafka.replay import read_jsonl
     events = load_events(args.dataset, limit=args.events, full=args.full) if args.dataset else read_jsonl(args.file)
-    bounds = calibrate(resolve_config(args.config), events, args.out, margin=args.margin)
+    source = resolve_config(args.config)
+    if source != Path(args.config):
+        # a bundled config by name: its hierarchy paths are relative to the installed package, so the calibrated
+        # copy written elsewhere gets them absolute (the demo's derived config)
+        import tempfile
+
+        from stream_anon.demo import derived_config
+        source = derived_config(args.config, Path(tempfile.mkdtemp(prefix="stream-anon-calibrate-")))
+    bounds = calibrate(source, events, args.out, margin=args.margin)
     for name, (lo, hi) in bounds.items():
         print(f"{name}: [{lo}, {hi}]")
     print(f"wrote {args.out}")
