@@ -6,7 +6,10 @@ import json
 import sys
 from pathlib import Path
 
+from stream_anon.contract import resolve_config
+
 DATASET_CHOICES = ("oyster", "citibike", "obd2", "oyster-cards")
+CONFIG_HELP = "stream config: a TOML file, or the name of a bundled config (oyster, citibike, obd2, oyster-cards)"
 
 
 def _cmd_demo(args) -> int:
@@ -29,27 +32,34 @@ def _cmd_replay(args) -> int:
     else:
         print("stream-anon replay: give a JSONL FILE or --dataset NAME", file=sys.stderr)
         return 2
-    unit = load_config(args.config).stream.privacy_unit if args.config else args.key_field
+    unit = load_config(resolve_config(args.config)).stream.privacy_unit if args.config else args.key_field
     counts = replay(args.broker, args.topic, events, key_fn=unit_key_fn(unit) if unit else None, secret=secret,
                     progress=not args.quiet)
     print(json.dumps(counts))
     return 0
 
 
-def _cmd_topics(args) -> int:
+def _cmd_topics_apply(args) -> int:
     from stream_anon.kafka.topics import apply_topics, load_topic_definitions
-    defs = load_topic_definitions(args.dir) if args.dir else load_topic_definitions()
-    result = apply_topics(args.broker, defs)
+    result = apply_topics(args.broker, load_topic_definitions(args.dir))
     for name, status in sorted(result.items()):
         print(f"{name}: {status}")
+    return 0
+
+
+def _cmd_topics_list(args) -> int:
+    from stream_anon.kafka.topics import load_topic_definitions
+    for t in sorted(load_topic_definitions(args.dir).values(), key=lambda t: t.name):
+        value = f"schema {t.value_schema.name}" if t.value_schema else t.value
+        print(f"{t.name}\tpartitions={t.partitions}\tretention_ms={t.retention_ms}\t{value}")
     return 0
 
 
 def _cmd_audit(args) -> int:
     from stream_anon import crypto
     from stream_anon.audit.kafka_source import audit_from_kafka
-    report = audit_from_kafka(args.broker, args.config, crypto.load_secret(), raw_topic=args.raw_topic,
-                              idle_s=args.idle)
+    report = audit_from_kafka(args.broker, resolve_config(args.config), crypto.load_secret(),
+                              raw_topic=args.raw_topic, idle_s=args.idle)
     print(report.format_text())
     if args.report:
         Path(args.report).write_text(json.dumps(report.to_dict(), indent=2))
@@ -61,7 +71,15 @@ def _cmd_calibrate(args) -> int:
     from stream_anon.datasets import load_events
     from stream_anon.kafka.replay import read_jsonl
     events = load_events(args.dataset, limit=args.events, full=args.full) if args.dataset else read_jsonl(args.file)
-    bounds = calibrate(args.config, events, args.out, margin=args.margin)
+    source = resolve_config(args.config)
+    if source != Path(args.config):
+        # a bundled config by name: its hierarchy paths are relative to the installed package, so the calibrated
+        # copy written elsewhere gets them absolute (the demo's derived config)
+        import tempfile
+
+        from stream_anon.demo import derived_config
+        source = derived_config(args.config, Path(tempfile.mkdtemp(prefix="stream-anon-calibrate-")))
+    bounds = calibrate(source, events, args.out, margin=args.margin)
     for name, (lo, hi) in bounds.items():
         print(f"{name}: [{lo}, {hi}]")
     print(f"wrote {args.out}")
@@ -124,21 +142,24 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--dataset", choices=DATASET_CHOICES, help="replay a bundled dataset instead of a file")
     r.add_argument("--full", action="store_true", help="with --dataset: the full file under ../shared/data")
     r.add_argument("--events", type=int, default=None)
-    r.add_argument("--config", help="stream config (its privacy unit keys the messages)")
+    r.add_argument("--config", help=CONFIG_HELP + "; its privacy unit keys the messages")
     r.add_argument("--key-field", default=None, help="privacy-unit field when no --config is given")
     r.add_argument("--quiet", action="store_true")
     r.set_defaults(func=_cmd_replay)
 
     t = sub.add_parser("topics", help="topic administration")
     tsub = t.add_subparsers(dest="topics_command", required=True)
-    ta = tsub.add_parser("apply", help="create the topics declared in topics/ (idempotent)")
+    ta = tsub.add_parser("apply", help="create the defined topics (idempotent)")
     ta.add_argument("--broker", required=True)
-    ta.add_argument("--dir", default=None, help="topic definitions directory (default: topics/)")
-    ta.set_defaults(func=_cmd_topics)
+    ta.add_argument("--dir", default=None, help="topic definitions directory (default: the bundled definitions)")
+    ta.set_defaults(func=_cmd_topics_apply)
+    tl = tsub.add_parser("list", help="print the topic definitions (no broker needed)")
+    tl.add_argument("--dir", default=None, help="topic definitions directory (default: the bundled definitions)")
+    tl.set_defaults(func=_cmd_topics_list)
 
     a = sub.add_parser("audit", help="verify the output topics against the raw topic (independent of the engine)",
                        description="Needs STREAM_ANON_SECRET. Exit status 1 when any check fails.")
-    a.add_argument("--config", required=True)
+    a.add_argument("--config", required=True, help=CONFIG_HELP)
     a.add_argument("--broker", required=True)
     a.add_argument("--raw-topic", default=None, help="default: the config's input topic")
     a.add_argument("--idle", type=float, default=3.0, help="quiet seconds that mark the end of a topic")
@@ -147,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("calibrate", help="write fixed domain bounds from a sample into a config file",
                        description="Bounds never drift with the stream: calibrate once, review, deploy.")
-    c.add_argument("--config", required=True)
+    c.add_argument("--config", required=True, help=CONFIG_HELP)
     c.add_argument("--out", required=True)
     c.add_argument("--dataset", choices=DATASET_CHOICES)
     c.add_argument("--file", help="JSONL sample of events")
@@ -178,18 +199,30 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _bundled_config_resolved(argv: list[str]) -> list[str]:
+    """``--config NAME`` of a bundled config -> ``--config <its path>`` (the worker parses its own options)."""
+    out = list(argv)
+    for i, arg in enumerate(out):
+        if arg == "--config" and i + 1 < len(out):
+            out[i + 1] = str(resolve_config(out[i + 1]))
+        elif arg.startswith("--config="):
+            out[i] = "--config=" + str(resolve_config(arg.split("=", 1)[1]))
+    return out
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "worker":
         from stream_anon.kafka.app import worker_main
-        return worker_main(argv[1:])
+        return worker_main(_bundled_config_resolved(argv[1:]))
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except Exception as exc:  # a clear one-line error for configuration and secret problems
         from stream_anon.config import ConfigError
+        from stream_anon.contract import ContractError
         from stream_anon.crypto import SecretError
-        if isinstance(exc, (ConfigError, SecretError, FileNotFoundError)):
+        if isinstance(exc, (ConfigError, ContractError, SecretError, FileNotFoundError)):
             print(f"stream-anon {args.command}: {exc}", file=sys.stderr)
             return 2
         raise

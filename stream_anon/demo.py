@@ -17,17 +17,14 @@ from pathlib import Path
 
 import numpy as np
 
-from stream_anon import crypto
+from stream_anon import contract, crypto
 from stream_anon.calibrate import dumps as toml_dumps
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-CONFIG_DIR = REPO_ROOT / "configs"
 
 
 def derived_config(dataset: str, out_dir: Path, dp: bool = True, **anonymization) -> Path:
-    """Copy configs/<dataset>.toml into out_dir with absolute hierarchy paths and parameter overrides
-    (``dp=False``: without the DP aggregate tables)."""
-    src = CONFIG_DIR / f"{dataset}.toml"
+    """Copy the bundled config of ``dataset`` (configs/<dataset>.toml) into out_dir with absolute hierarchy paths
+    and parameter overrides (``dp=False``: without the DP aggregate tables)."""
+    src = contract.config_path(dataset)
     raw = tomllib.loads(src.read_text())
     if not dp:
         raw.pop("dp", None)
@@ -72,7 +69,6 @@ def run_demo(dataset: str = "oyster", events: int | None = None, k: int | None =
     from stream_anon.datasets import load_events
     from stream_anon.kafka.replay import replay, unit_key_fn
     from stream_anon.kafka.topics import apply_topics, load_topic_definitions
-    from stream_anon.kafka.core import records_topic
     from stream_anon.kafka.harness import run_until_accounted
 
     secret = crypto.throwaway_secret()
@@ -95,7 +91,7 @@ def run_demo(dataset: str = "oyster", events: int | None = None, k: int | None =
             _say(f"embedded Tansu broker on {broker.bootstrap}")
             apply_topics(broker.bootstrap, load_topic_definitions())
             t0 = time.monotonic()
-            replay(broker.bootstrap, config.stream.input_topic, data,
+            replay(broker.bootstrap, contract.Topics.raw(config), data,
                    key_fn=unit_key_fn(config.stream.privacy_unit), secret=secret, progress=True)
             replay_s = time.monotonic() - t0
             _say(f"replayed {len(data):,} events in {replay_s:.1f}s; starting a worker")
@@ -103,8 +99,8 @@ def run_demo(dataset: str = "oyster", events: int | None = None, k: int | None =
                                       log_path=work / "worker.log", progress=True)
             _say("every event accounted for; auditing the output topics against the raw topic")
             report = audit_from_kafka(broker.bootstrap, config_path, secret)
-            lat = latency_seconds(broker.bootstrap, config.stream.input_topic, records_topic(config.stream.name),
-                                  secret)
+            lat = latency_seconds(broker.bootstrap, contract.Topics.raw(config),
+                                  contract.topics().records(config.stream.name), secret)
             published = read_outputs(broker.bootstrap, config.stream.name, idle_s=1.0)
             manifests = {m["release_id"]: m for m in published.manifests}
             if dp:

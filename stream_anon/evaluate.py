@@ -30,13 +30,13 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
+from stream_anon import contract
 from stream_anon.config import QuasiIdentifier
 from stream_anon.engine.space import QISpace
 from stream_anon.hierarchy import Hierarchy
 
 EVAL_DATASETS = ("adult", "oyster", "citibike", "obd2")
 BASELINES = ("raw", "mondrian-records")
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 # The public reference (qiyuangong/Basic_Mondrian README: "12.19% (strict)" on Adult at k = 10) codes
 # education as UCI's education_num; this is that order.
 EDUCATION_NUM = ("Preschool", "1st-4th", "5th-6th", "7th-8th", "9th", "10th", "11th", "12th", "HS-grad",
@@ -175,7 +175,7 @@ def stream_table(name: str, full: bool = False, limit: int | None = None, fit_ti
     from stream_anon.engine.records import get_path
     from stream_anon.engine.space import parse_time
 
-    config = load_config(CONFIG_DIR / f"{name}.toml")
+    config = load_config(contract.config_path(name))
     spec = _STREAM_SPECS[name]
     events = load_events(name, limit=limit, full=full)
     if fit_time_bounds:

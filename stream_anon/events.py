@@ -11,18 +11,18 @@ events). A failure is reported as one short reason naming the field (``"event_ti
 """
 from __future__ import annotations
 
-import json
 import re
 from datetime import datetime
 from functools import lru_cache
-from pathlib import Path
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
+from stream_anon import contract
+
 EVENT_KINDS = ("fare", "vehicle")
 
-SCHEMA_DIR = Path(__file__).resolve().parent.parent / "topics" / "schemas"
+SCHEMA_DIR = contract.topics_dir() / "schemas"   # read through contract.schema; kept for tests/test_events.py
 
 _JSON_TYPE = {str: "string", bool: "boolean", int: "integer", float: "number", type(None): "null",
               dict: "object", list: "array"}
@@ -65,7 +65,7 @@ def parse_event_time(s) -> float:
 def _validator(kind: str) -> Draft202012Validator:
     if kind not in EVENT_KINDS:
         raise ValueError(f"unknown event kind {kind!r} (expected one of {EVENT_KINDS})")
-    schema = json.loads((SCHEMA_DIR / f"{kind}.schema.json").read_text())
+    schema = contract.schema(kind)
     Draft202012Validator.check_schema(schema)
     return Draft202012Validator(schema)
 
@@ -159,7 +159,7 @@ def compile_schema(schema: dict):
 @lru_cache(maxsize=None)
 def _fast_check(kind: str):
     _validator(kind)                                           # same kind check, schema verified once
-    schema = json.loads((SCHEMA_DIR / f"{kind}.schema.json").read_text())
+    schema = contract.schema(kind)
     try:
         return compile_schema(schema)
     except NotImplementedError:

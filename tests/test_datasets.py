@@ -10,7 +10,8 @@ from collections import Counter
 import pandas as pd
 import pytest
 
-from stream_anon.datasets import DATA_DIR, DATASETS, load_events, oyster
+from stream_anon import contract
+from stream_anon.datasets import DATASETS, load_events, oyster
 from stream_anon.datasets.citibike import local_time
 from stream_anon.datasets.obd2 import parse_coordinate, parse_epoch_ms, parse_number, parse_runtime
 from stream_anon.events import parse_event_time, validate_event
@@ -59,7 +60,7 @@ def test_slices_are_small_and_attributed():
     for dataset in DATASETS.values():
         assert dataset.slice_path.exists()
         assert dataset.slice_path.stat().st_size < 1_000_000
-    attribution = (DATA_DIR / "ATTRIBUTION.md").read_text()
+    attribution = contract.data_path("ATTRIBUTION.md").read_text()
     for needle in ("Powered by TfL Open Data", "Citi Bike data use policy", "Cephas Barreto",
                    "oyster_slice.csv.gz", "citibike_slice.csv.gz", "obd2_19drivers.csv.gz", "london_stations.csv"):
         assert needle in attribution
@@ -283,5 +284,5 @@ def test_bundled_obd2_is_the_full_file():
 
 
 def test_london_stations_copy_is_complete():
-    with open(DATA_DIR / "london_stations.csv", newline="") as fh:
+    with open(contract.data_path("london_stations.csv"), newline="") as fh:
         assert sum(1 for _ in csv.DictReader(fh)) == 653

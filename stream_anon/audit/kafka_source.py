@@ -12,13 +12,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from stream_anon.contract import topics
+
 from .config import AuditConfig
 from .inputs import AuditOutputs
 from .report import AuditReport
 from .run import audit
-
-RELEASES_TOPIC = "anon.releases"
-DEADLETTER_TOPIC = "anon.deadletter"
 
 
 def _partitions(consumer: Any, topic: str, wait_s: float) -> list[int]:
@@ -87,9 +86,10 @@ def _decode(value: Any) -> Any:
 def read_outputs(bootstrap: str, stream: str, idle_s: float = 3.0, max_wait_s: float = 120.0) -> AuditOutputs:
     """Records of ``anon.<stream>.records`` and this stream's manifests and dead letters (duplicates kept)."""
     out = AuditOutputs()
-    for topic, target, filter_stream in ((f"anon.{stream}.records", out.records, False),
-                                         (RELEASES_TOPIC, out.manifests, True),
-                                         (DEADLETTER_TOPIC, out.deadletters, True)):
+    names = topics()
+    for topic, target, filter_stream in ((names.records(stream), out.records, False),
+                                         (names.releases, out.manifests, True),
+                                         (names.deadletter, out.deadletters, True)):
         for _src, value in read_topic(bootstrap, topic, idle_s=idle_s, max_wait_s=max_wait_s):
             obj = _decode(value)
             if obj is None:

@@ -1,8 +1,9 @@
 """Adapters from the real public datasets to input events (docs/contracts.md section 1).
 
-Each dataset has a small raw-format slice committed under ``data/`` (a user's clone has no ``../shared``; see
-``data/ATTRIBUTION.md``) and, on a development machine, the full file under ``../shared/data`` (overridable
-with ``STREAM_ANON_SHARED_DATA``). Both are read by the same adapter.
+Each dataset has a small raw-format slice shipped inside the package (``stream_anon.data``, the repository's
+``data/``; a user's clone has no ``../shared``; see ``data/ATTRIBUTION.md``) and, on a development machine, the
+full file under ``../shared/data`` next to the checkout (overridable with ``STREAM_ANON_SHARED_DATA``). Both are
+read by the same adapter.
 """
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ import os
 from pathlib import Path
 from typing import Callable, NamedTuple
 
+from stream_anon import contract
 from stream_anon.datasets import citibike, obd2, oyster, oyster_cards
 
-REPO_ROOT = Path(__file__).resolve().parent.parent.parent
-DATA_DIR = REPO_ROOT / "data"
-SHARED_DATA = Path(os.environ.get("STREAM_ANON_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
+# Full files of a development machine (never shipped): ../shared/data beside the repository checkout.
+SHARED_DATA = Path(os.environ.get("STREAM_ANON_SHARED_DATA",
+                                  Path(__file__).resolve().parents[3] / "shared" / "data"))
 
 
 class Dataset(NamedTuple):
@@ -25,16 +27,16 @@ class Dataset(NamedTuple):
 
 
 DATASETS = {
-    "oyster": Dataset(oyster.read_events, DATA_DIR / "oyster_slice.csv.gz",
+    "oyster": Dataset(oyster.read_events, oyster.SLICE_PATH,
                       SHARED_DATA / "oyster" / "oyster_events_mon.csv.gz"),
-    "citibike": Dataset(citibike.read_events, DATA_DIR / "citibike_slice.csv.gz",
+    "citibike": Dataset(citibike.read_events, contract.data_path("citibike_slice.csv.gz"),
                         SHARED_DATA / "citibike_jc" / "citibike_jc_trips.csv.gz"),
-    "obd2": Dataset(obd2.read_events, DATA_DIR / "obd2_19drivers.csv.gz",
+    "obd2": Dataset(obd2.read_events, contract.data_path("obd2_19drivers.csv.gz"),
                     SHARED_DATA / "obd2" / "obd2_19drivers.csv.gz"),
     # demo: the real Oyster journeys of the slice (or full Monday file) grouped into persistent synthetic cards
     # (stream_anon.datasets.oyster_cards, OysterCardsParams defaults); the privacy unit comes back release after
     # release, which is what m-invariance (issue 3) is about
-    "oyster-cards": Dataset(oyster_cards.read_events, DATA_DIR / "oyster_slice.csv.gz",
+    "oyster-cards": Dataset(oyster_cards.read_events, oyster.SLICE_PATH,
                             SHARED_DATA / "oyster" / "oyster_events_mon.csv.gz", derived=True),
 }
 

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from stream_anon.datasets import DATA_DIR, SHARED_DATA
+from stream_anon import contract
+from stream_anon.datasets import SHARED_DATA
 from stream_anon.hierarchy import Hierarchy
 
 COLUMNS = ("sex", "age", "race", "marital-status", "education", "native-country", "workclass", "occupation",
@@ -33,8 +34,8 @@ NUMERIC = ("age",)
 SENSITIVE = "salary-class"
 SLICE_ROWS = 2000
 
-SLICE_PATH = DATA_DIR / "adult_slice.csv.gz"
-SLICE_HIERARCHIES = DATA_DIR / "adult_hierarchies"
+SLICE_PATH = contract.data_path("adult_slice.csv.gz")
+SLICE_HIERARCHIES = contract.data_path("adult_hierarchies")
 FULL_PATH = SHARED_DATA / "adult" / "adult.csv.gz"
 FULL_HIERARCHIES = SHARED_DATA / "adult"
 
@@ -63,15 +64,3 @@ def paths(full: bool = False) -> tuple[Path, Path]:
                                 (" (full data lives in ../shared/data, absent from a plain clone)" if full else ""))
     return table, hierarchies
 
-
-def write_slice() -> int:
-    """Write the bundled prefix and copy the hierarchies (called by ``python -m stream_anon.datasets.build``)."""
-    import shutil
-
-    from stream_anon.datasets.build import write_prefix
-
-    n = write_prefix(FULL_PATH, SLICE_PATH, lambda i, line: i < SLICE_ROWS)
-    SLICE_HIERARCHIES.mkdir(parents=True, exist_ok=True)
-    for c in COLUMNS:
-        shutil.copyfile(FULL_HIERARCHIES / f"adult_hierarchy_{c}.csv", SLICE_HIERARCHIES / f"adult_hierarchy_{c}.csv")
-    return n

@@ -1,6 +1,8 @@
-"""Regenerate the committed data artifacts from the full files in ``../shared/data``.
+"""Regenerate the committed data artifacts from the full files in ``../shared/data`` (a development tool: run
+it in a checkout, where ``stream_anon.data`` and ``stream_anon.configs`` are the repository's ``data/`` and
+``configs/``).
 
-- the raw-format slices under ``data/`` (``data/ATTRIBUTION.md`` records the cuts);
+- the raw-format slices under ``data/`` (``data/ATTRIBUTION.md`` records the cuts) and the Adult hierarchies;
 - ``configs/hierarchies/oyster_location.json`` (from the full Monday file, so every station and route of the
   day is a leaf).
 
@@ -12,8 +14,11 @@ from __future__ import annotations
 
 import gzip
 import io
+import shutil
 from pathlib import Path
 from typing import Callable
+
+from stream_anon.datasets import DATASETS, adult, oyster
 
 OYSTER_BEFORE = "07:30"      # Oyster: every row before 07:30, i.e. the night, early morning and start of the peak
 CITIBIKE_TRIPS = 20_000      # Citi Bike: the first 20,000 trips (January to mid-February 2017)
@@ -38,9 +43,17 @@ def write_prefix(src: str | Path, dst: str | Path, keep: Callable[[int, str], bo
     return n
 
 
-def main() -> None:
-    from stream_anon.datasets import DATASETS, oyster
+def write_adult_slice() -> int:
+    """Write the bundled Adult prefix (``adult.SLICE_ROWS`` rows) and copy ARX's hierarchies next to it."""
+    n = write_prefix(adult.FULL_PATH, adult.SLICE_PATH, lambda i, line: i < adult.SLICE_ROWS)
+    adult.SLICE_HIERARCHIES.mkdir(parents=True, exist_ok=True)
+    for c in adult.COLUMNS:
+        name = f"adult_hierarchy_{c}.csv"
+        shutil.copyfile(adult.FULL_HIERARCHIES / name, adult.SLICE_HIERARCHIES / name)
+    return n
 
+
+def main() -> None:
     fares, citibike = DATASETS["oyster"], DATASETS["citibike"]
     n = write_prefix(fares.full_path, fares.slice_path, lambda i, line: line.split(",", 2)[1] < OYSTER_BEFORE)
     print(f"oyster: {n} rows -> {fares.slice_path}")
@@ -48,8 +61,7 @@ def main() -> None:
     print(f"citibike: {n} rows -> {citibike.slice_path}")
     oyster.build_location_hierarchy(fares.full_path)
     print(f"oyster location hierarchy -> {oyster.HIERARCHY_PATH}")
-    from stream_anon.datasets import adult
-    n = adult.write_slice()
+    n = write_adult_slice()
     print(f"adult: {n} rows -> {adult.SLICE_PATH} (+ hierarchies in {adult.SLICE_HIERARCHIES})")
 
 

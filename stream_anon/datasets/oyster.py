@@ -16,6 +16,7 @@ Data quirks handled here (see ``/work/shared/data/oyster/SOURCE.md`` and ``data/
 from __future__ import annotations
 
 import csv
+import importlib.resources
 import json
 import re
 from datetime import datetime, timedelta, timezone
@@ -25,11 +26,12 @@ from pathlib import Path
 import networkx as nx
 import pandas as pd
 
-HERE = Path(__file__).resolve().parent
-REPO_ROOT = HERE.parent.parent
-ALIASES_PATH = HERE / "oyster_station_aliases.csv"
-STATIONS_PATH = REPO_ROOT / "data" / "london_stations.csv"
-HIERARCHY_PATH = REPO_ROOT / "configs" / "hierarchies" / "oyster_location.json"
+from stream_anon import contract
+
+ALIASES_PATH = importlib.resources.files(__package__) / "oyster_station_aliases.csv"
+STATIONS_PATH = contract.data_path("london_stations.csv")
+SLICE_PATH = contract.data_path("oyster_slice.csv.gz")     # bundled Monday prefix (data/ATTRIBUTION.md)
+HIERARCHY_PATH = contract.configs_dir() / "hierarchies" / "oyster_location.json"
 
 NOMINAL_DATE = datetime(2009, 11, 9, tzinfo=timezone.utc)   # a Monday; nominal, see module docstring
 EVENT_TYPES = {"BEGINTRIP": "tap_in", "ENDTRIP": "tap_out", "BUSTRIP": "bus_boarding"}

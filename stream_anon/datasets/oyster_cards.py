@@ -56,9 +56,6 @@ import numpy as np
 
 from stream_anon.datasets import oyster
 
-HERE = Path(__file__).resolve().parent
-REPO_ROOT = HERE.parent.parent
-SLICE_PATH = REPO_ROOT / "data" / "oyster_slice.csv.gz"
 MIN_GAP_S = 300          # a card's journeys are at least 5 minutes apart
 MAX_TRIES = 30           # attempts per journey draw before it is dropped
 
@@ -232,7 +229,7 @@ def read_events(path: str | Path | None = None, params: OysterCardsParams = Oyst
     """The oyster-cards stream: real Oyster journeys from ``path`` (default: the committed slice) grouped into
     ``params.cards`` persistent cards over ``params.days`` days, sorted by event time. ``limit`` caps the
     events returned (the first ``limit`` in time order; the whole pool is always used)."""
-    real = oyster.read_events(path if path is not None else SLICE_PATH)
+    real = oyster.read_events(path if path is not None else oyster.SLICE_PATH)
     events = generate(real, params)
     return events if limit is None else events[:limit]
 

@@ -1,4 +1,5 @@
-"""Topic definitions (``topics/*.toml``) and idempotent provisioning with kafka-python's admin client.
+"""Topic definitions (``*.toml`` of the package's ``stream_anon.topics``, the repository's ``topics/``; see
+:mod:`stream_anon.contract`) and idempotent provisioning with kafka-python's admin client.
 
 The Tansu broker returns no error when asked to create a topic that exists, and auto-creates topics with several
 partitions on first use, so :func:`apply_topics` lists the existing topics first, creates only the missing ones and
@@ -14,9 +15,9 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-log = logging.getLogger(__name__)
+from stream_anon import contract
 
-DEFAULT_TOPICS_DIR = Path(__file__).resolve().parents[2] / "topics"
+log = logging.getLogger(__name__)
 
 
 class TopicError(RuntimeError):
@@ -59,9 +60,10 @@ def _parse(entry: dict, base: Path, source: Path) -> TopicDef:
     )
 
 
-def load_topic_definitions(directory: str | Path = DEFAULT_TOPICS_DIR) -> dict[str, TopicDef]:
-    """Read every ``*.toml`` in ``directory``: each holds ``[[topic]]`` tables (or one topic at top level)."""
-    directory = Path(directory)
+def load_topic_definitions(directory: str | Path | None = None) -> dict[str, TopicDef]:
+    """Read every ``*.toml`` in ``directory`` (default: the bundled definitions): each holds ``[[topic]]`` tables
+    (or one topic at top level)."""
+    directory = contract.topics_dir() if directory is None else Path(directory)
     files = sorted(directory.glob("*.toml"))
     if not files:
         raise TopicError(f"no topic definitions (*.toml) in {directory}")
@@ -151,13 +153,14 @@ def apply_topics(bootstrap: str, defs, timeout_s: float = 15.0) -> dict[str, str
         admin.close()
 
 
-def ensure_topics(bootstrap: str, directory: str | Path = DEFAULT_TOPICS_DIR, names=None,
+def ensure_topics(bootstrap: str, directory: str | Path | None = None, names=None,
                   default_partitions: dict[str, int] | None = None) -> dict[str, str]:
-    """Load the definitions from ``directory`` and apply them (only ``names`` if given).
+    """Load the definitions from ``directory`` (default: the bundled ones) and apply them (only ``names`` if given).
 
     A name without a definition is an error unless ``default_partitions`` gives its partition count (then it is
     created with that count and the default retention, and a warning is logged).
     """
+    directory = contract.topics_dir() if directory is None else Path(directory)
     defs = load_topic_definitions(directory)
     if names is not None:
         default_partitions = default_partitions or {}

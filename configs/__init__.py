@@ -1,0 +1,1 @@
+"""Package data (shipped as stream_anon.configs); read through stream_anon.contract."""

@@ -1,0 +1,1 @@
+"""Package data (shipped as stream_anon.data); read through stream_anon.contract."""
