@@ -381,15 +381,6 @@ def test_kill9_and_restart_loses_and_duplicates_nothing(broker, tmp_path, secret
     assert not missing and len(resolved) == 8000
 
 
-def test_worker_refuses_to_start_without_secret(tmp_path, monkeypatch, capsys):
-    from stream_anon.kafka.worker import worker_main
-
-    monkeypatch.delenv("STREAM_ANON_SECRET", raising=False)
-    path = write_stream_config(tmp_path, "nosecret", "raw.nosecret")
-    assert worker_main(["--config", str(path), "--broker", "127.0.0.1:1"]) == 2
-    assert "STREAM_ANON_SECRET" in capsys.readouterr().err
-
-
 def test_checkpoint_atomic_roundtrip(tmp_path):
     assert ckpt.read_checkpoint(tmp_path, "app", "s", 0) is None
     assert ckpt.checkpointed_offset(tmp_path, "app", "s", 0) == -1
