@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _kafka_helpers import synthetic_fares, write_stream_config  # noqa: E402
+from _kafka_helpers import read_all, synthetic_fares, write_stream_config  # noqa: E402
 
 from stream_anon import crypto  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402
@@ -38,31 +38,6 @@ def setup_stream(tmp_path, bootstrap, name):
                                     "anon.deadletter", "anon.metrics"],
                   default_partitions={cfg.stream.input_topic: 4, f"anon.{name}.records": 1})
     return path, cfg
-
-
-def read_all(bootstrap, topic, stream=None, min_count=0, idle_s=1.5, max_wait_s=30.0):
-    """Every message of ``topic`` (from the beginning, by quiet time: never by end offsets)."""
-    from kafka import KafkaConsumer, TopicPartition
-
-    c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                      auto_offset_reset="earliest")
-    tps = [TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic) or {0})]
-    c.assign(tps)
-    c.seek_to_beginning(*tps)
-    out = []
-    start = last = time.monotonic()
-    while time.monotonic() - start < max_wait_s:
-        batch = c.poll(timeout_ms=300, max_records=20000)
-        for recs in batch.values():
-            for r in recs:
-                doc = json.loads(r.value)
-                if stream is None or doc.get("stream", stream) == stream:
-                    out.append((r.key.decode() if r.key else None, doc, r.partition, r.offset))
-                last = time.monotonic()
-        if len(out) >= min_count and time.monotonic() - last > idle_s:
-            break
-    c.close()
-    return out
 
 
 def collect(bootstrap, name, events_expected_published=None):
