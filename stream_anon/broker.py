@@ -50,7 +50,11 @@ class EmbeddedBroker:
     """Run Tansu on a free loopback port for the lifetime of a ``with`` block.
 
     >>> with EmbeddedBroker() as broker:
-    ...     print(broker.bootstrap)   # "127.0.0.1:PORT"
+    ...     host, port = broker.bootstrap.rsplit(":", 1)
+    ...     (host, port.isdigit(), _port_open(host, int(port)))
+    ('127.0.0.1', True, True)
+    >>> broker.proc is None                 # stopped when the block ends
+    True
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int | None = None, startup_timeout_s: float = 20.0,

@@ -1,8 +1,10 @@
-"""Synthetic fare stream and a small stream configuration for the Kafka tests (not collected by pytest)."""
+"""Helpers shared by the Kafka tests (not collected by pytest): a synthetic fare stream, a small stream
+configuration, and reading a topic back from the broker."""
 from __future__ import annotations
 
 import json
 import random
+import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -125,3 +127,28 @@ def write_cards_config(directory: Path, name: str, input_topic: str, m: int = 3,
     path = directory / f"{name}.toml"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def read_all(bootstrap, topic, stream=None, min_count=0, idle_s=1.5, max_wait_s=30.0):
+    """Every message of ``topic`` (from the beginning, by quiet time: never by end offsets)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                      auto_offset_reset="earliest")
+    tps = [TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic) or {0})]
+    c.assign(tps)
+    c.seek_to_beginning(*tps)
+    out = []
+    start = last = time.monotonic()
+    while time.monotonic() - start < max_wait_s:
+        batch = c.poll(timeout_ms=300, max_records=20000)
+        for recs in batch.values():
+            for r in recs:
+                doc = json.loads(r.value)
+                if stream is None or doc.get("stream", stream) == stream:
+                    out.append((r.key.decode() if r.key else None, doc, r.partition, r.offset))
+                last = time.monotonic()
+        if len(out) >= min_count and time.monotonic() - last > idle_s:
+            break
+    c.close()
+    return out

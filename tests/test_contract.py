@@ -27,16 +27,6 @@ def test_topic_names_come_from_topics_toml_and_are_defined():
         assert (t.aggregates in t.of_stream(cfg)) == (cfg.dp is not None)
 
 
-def test_modules_not_yet_on_the_contract_use_the_same_names():
-    """kafka/worker.py and kafka/aggregates.py still hard-code the names; they must agree until they switch."""
-    from stream_anon.kafka import aggregates, worker
-
-    t = contract.topics()
-    assert (worker.RELEASES_TOPIC, worker.DEADLETTER_TOPIC, worker.METRICS_TOPIC, aggregates.AGGREGATES_TOPIC) \
-        == (t.releases, t.deadletter, t.metrics, t.aggregates)
-    assert worker.records_topic("x") == t.records("x")
-
-
 SHARED = 'releases = "r"\ndeadletter = "d"\nmetrics = "m"\naggregates = "a"\n'
 
 

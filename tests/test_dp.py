@@ -272,13 +272,54 @@ def test_oyster_example_config_runs_on_real_events(tmp_path):
 
 
 # -- thesis Table 4.14 ----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("epsilon", [0.1, 1.0, 10.0])
-def test_table_4_14_relative_error_is_sensitivity_over_epsilon_value(epsilon):
-    sensitivity, kpi = 0.03, 0.42                                  # the thesis's overall touchscreen KPI
+# Table 4.14 of the thesis (../shared/papers/004_57f69dc18ae0f7e2.txt): KPI sensitivity and the mean relative error
+# |y - y'| / y over 100,000 runs, as printed; the true KPI values y are Table 4.10's ("UD" rows of the raw data).
+TABLE_4_14 = {            # KPI: (sensitivity, true KPI, {epsilon: printed mean relative error})
+    "Overall": (0.03, 0.4215, {10.0: "0.007", 1.0: "0.07", 0.1: "0.57"}),
+    "Electric": (0.0466, 0.3805, {10.0: "0.01", 1.0: "0.12", 0.1: "0.79"}),
+    "Gas": (0.0496, 0.4736, {10.0: "0.01", 1.0: "0.1", 0.1: "0.66"}),
+    "Hybrid": (0.3889, 0.3889, {10.0: "0.1", 1.0: "0.71", 0.1: "1.2"}),
+}
+# cells where the printed value is not sensitivity / (epsilon * KPI) at the printed precision (see the docstring)
+FORMULA_DISAGREES = {("Overall", 0.1), ("Electric", 0.1), ("Gas", 0.1), ("Hybrid", 1.0), ("Hybrid", 0.1)}
+CELLS = [(kpi, eps) for kpi, (_, _, printed) in TABLE_4_14.items() for eps in printed]
+
+
+def _half_unit(printed: str) -> float:
+    """Half a unit of the last printed digit: the rounding the thesis applied."""
+    decimals = len(printed.split(".")[1]) if "." in printed else 0
+    return 0.5 * 10 ** -decimals
+
+
+@pytest.mark.parametrize("kpi, epsilon", CELLS, ids=[f"{k}-eps{e:g}" for k, e in CELLS])
+def test_table_4_14_relative_error_is_sensitivity_over_epsilon_value(kpi, epsilon):
+    """E|Lap(b)| = b with b = sensitivity / epsilon, so the mean relative error of the plain Laplace mechanism is
+    sensitivity / (epsilon * KPI). Checked at every epsilon Table 4.14 prints (10, 1, 0.1), for its four KPIs.
+
+    The printed value and the formula disagree in five cells (printed -> formula):
+    Overall eps 0.1: 0.57 -> 0.71; Electric eps 0.1: 0.79 -> 1.22; Gas eps 0.1: 0.66 -> 1.05;
+    Hybrid eps 1: 0.71 -> 1.00; Hybrid eps 0.1: 1.2 -> 10.0.
+    The other seven agree at the printed precision (e.g. Overall: 0.007, 0.07 printed; 0.0071, 0.071 by the
+    formula). The thesis truncates the mechanism's output to [0, 1] (section 4.4.3: "setting the lower bound to
+    0 and the upper bound to 1"), which caps the error at max(y, 1 - y) and matters once b is comparable to the
+    KPI; the formula holds for the untruncated mechanism. So the test asserts the formula for our (untruncated)
+    Laplace noise in every cell, the formula against the printed value where they agree, and, where they
+    disagree, that the truncated mechanism reproduces the printed value (the disagreement is the truncation,
+    not a different noise scale)."""
+    sensitivity, y, printed_cells = TABLE_4_14[kpi]
+    printed = printed_cells[epsilon]
+    tol = _half_unit(printed)
+    formula = sensitivity / (epsilon * y)
     mech = make_mechanism("laplace", epsilon, sensitivity, np.random.RandomState(11))
-    rel = np.mean(np.abs(draw_noise(mech, 200000))) / kpi          # E|Lap(b)| = b = sensitivity / epsilon
-    expected = sensitivity / (epsilon * kpi)
-    print(f"epsilon {epsilon}: relative error {rel:.4f}, sensitivity/(epsilon*value) {expected:.4f}")
-    assert rel == pytest.approx(expected, rel=0.02)
-    if epsilon == 1.0:
-        assert round(rel, 2) == 0.07
+    noise = draw_noise(mech, 200_000)
+    rel = np.abs(noise) / y                                           # untruncated: |y' - y| / y
+    truncated = np.abs(clamp(y + noise, 0.0, 1.0) - y) / y            # the thesis's released value, clipped
+    se = rel.std() / math.sqrt(len(rel))
+    se_t = truncated.std() / math.sqrt(len(truncated))
+    print(f"{kpi} eps {epsilon}: printed {printed}, formula {formula:.4f}, untruncated {rel.mean():.4f}, "
+          f"truncated {truncated.mean():.4f}")
+    assert rel.mean() == pytest.approx(formula, abs=4 * se)            # our mechanism follows the formula
+    assert abs(truncated.mean() - float(printed)) <= tol + 4 * se_t   # the truncated one gives the table
+    agrees = abs(formula - float(printed)) <= tol
+    assert agrees == ((kpi, epsilon) not in FORMULA_DISAGREES), \
+        f"{kpi} eps {epsilon}: printed {printed}, formula {formula:.4f} (docstring out of date)"

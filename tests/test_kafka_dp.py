@@ -1,9 +1,13 @@
 """DP aggregates in the streaming worker (issue 4): restarts, budget exhaustion, contribution cuts, key domains.
 
 The Kafka tests run real worker subprocesses against the embedded Tansu broker. What the worker published is
-checked against an independent recomputation: the raw topic read back partition by partition, in offset order,
-through :class:`PartitionAggregates` without any crash (so a restart may neither change a value nor spend twice),
-and contribution cuts against a plain count of events per (journey, event-time window).
+checked against an independent recount in plain Python (:func:`independent_recount`, no stream_anon.dp or
+stream_anon.kafka code): the raw topic read back partition by partition, in offset order, gives each partition's
+windows (the watermark rule), the bounded true counts and fare sums per window and cell, the epsilon a ledger
+must hold (one charge per aggregate and window: a restart may not spend twice) and the noise the rows must state;
+the published values must be the true values plus noise of that size. Re-produced copies of a row must be
+identical (same row_id, same value: no fresh noise on a restart). Contribution cuts are checked against a plain
+count of events per (journey, event-time window).
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _kafka_helpers import synthetic_fares, write_stream_config  # noqa: E402
+from _kafka_helpers import ROUTES, ZONES, read_all, synthetic_fares, write_stream_config  # noqa: E402
 
 from stream_anon import crypto  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402
@@ -38,7 +42,7 @@ epsilon_budget = {budget}
 [[aggregates]]
 name = "taps_per_zone"
 kind = "count"
-epsilon = 0.1
+epsilon = {epsilon}
 max_contributions = 1          # a journey's tap-in and tap-out in one window: the second is cut
 output = "both"
 horizon_windows = 16
@@ -58,7 +62,7 @@ kind = "sum"
 value = "full_fare_pence"
 lower = 0
 upper = 500
-epsilon = 0.1
+epsilon = {epsilon}
 max_contributions = 2
 output = "running"
 mechanism = "binary_tree"
@@ -66,9 +70,10 @@ horizon_windows = 64
 '''
 
 
-def dp_stream_config(directory: Path, name: str, budget: float) -> Path:
+def dp_stream_config(directory: Path, name: str, budget: float, epsilon: float = 0.1) -> Path:
+    """``epsilon``: per window, of each of the two aggregates."""
     path = write_stream_config(directory, name, f"raw.test.{name}", window_s=WINDOW_S)
-    path.write_text(path.read_text() + DP_TOML.format(budget=budget))
+    path.write_text(path.read_text() + DP_TOML.format(budget=budget, epsilon=epsilon))
     return path
 
 
@@ -93,18 +98,108 @@ class DPGlue:
         return {"engine": self.engine.state_dict(), "dp": self.pa.state_dict()}
 
 
-def recompute(cfg, secret: bytes, raw_by_partition: dict[int, list[dict]]):
-    """Per partition, what an uncrashed worker publishes: (rows by row_id, in-memory ledger)."""
-    rows, ledgers = {}, {}
+def aggregate_directly(cfg, secret: bytes, raw_by_partition: dict[int, list[dict]]) -> dict:
+    """Rows by row_id of the worker's aggregation run directly (no broker) on the given input."""
+    rows = {}
     for p, events in raw_by_partition.items():
         pa = DPGlue(cfg, p, secret, None)
-        out, _ = pa.process(events)
-        tail, _ = pa.flush()
-        for r in out + tail:
+        for r in pa.process(events)[0] + pa.flush()[0]:
             assert r["row_id"] not in rows
             rows[r["row_id"]] = r
-        ledgers[p] = pa.ledger
-    return rows, ledgers
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------ independent recount
+# DP_TOML's aggregates, written out again by hand: taps per (zone, event type), at most one tap per journey and
+# window, two-sided geometric noise of epsilon per window (16-window horizon: per-window noising, the running
+# rows are prefix sums); fares clamped to [0, 500], at most two per journey and window, summed and released as a
+# running total by a binary tree over 64 windows with Laplace noise. The recount tests use epsilon 2: noise small
+# enough that the published counts pin down the true ones (std 0.6), large enough that a fresh draw on a
+# restart would differ in many cells (a draw is non-zero with probability 0.24).
+RECOUNT_EPS = 2.0
+TAP_TYPES = ("tap_in", "tap_out", "bus_boarding")
+ZONE_OF = {**{s: z for z, stations in ZONES.items() for s in stations}, **{r: "Routes 1-20" for r in ROUTES}}
+TAP_CELLS = [f"{z}|{t}" for z in (*ZONES, "Routes 1-20") for t in TAP_TYPES]
+FARE_SENSITIVITY = 500 * 2
+TREE_LEVELS = int(math.log2(64)) + 1
+
+
+def geometric_std(eps: float) -> float:
+    """Standard deviation of the two-sided geometric noise of sensitivity 1: sqrt(2q) / (1 - q), q = e^-eps."""
+    return math.sqrt(2 * math.exp(-eps)) / (1 - math.exp(-eps))
+
+
+def independent_recount(raw_by_partition: dict[int, list[dict]]) -> dict[int, dict]:
+    """Per partition: windows (first..last, gaps included), bounded tap counts per (window, cell), bounded fare
+    sums per window. An event joins the window of the partition's watermark (largest event time so far)."""
+    out = {}
+    for p, events in raw_by_partition.items():
+        mark = -math.inf
+        taps, fares = Counter(), Counter()
+        seen_tap, seen_fare = Counter(), Counter()
+        windows = []
+        for e in events:
+            mark = max(mark, datetime.fromisoformat(e["event_time"]).timestamp())
+            w = int(mark // WINDOW_S)
+            windows.append(w)
+            who = (w, e["journey_id"])
+            seen_tap[who] += 1
+            if seen_tap[who] <= 1:
+                taps[(w, f"{ZONE_OF[e['station'] or e['bus_route']]}|{e['event_type']}")] += 1
+            seen_fare[who] += 1
+            if seen_fare[who] <= 2:
+                fares[w] += min(max(e["full_fare_pence"], 0), 500)
+        out[p] = {"windows": list(range(min(windows), max(windows) + 1)), "taps": taps, "fares": fares}
+    return out
+
+
+def check_rows_against_recount(by_id: dict, recount: dict[int, dict], ledgers: dict[int, BudgetLedger],
+                               eps: float) -> None:
+    """The published rows, and each partition's ledger, against :func:`independent_recount` (``eps``: the
+    configured epsilon per window of each aggregate)."""
+    noise_std = geometric_std(eps)
+    tail = math.ceil(math.log(1e-9) / -eps)        # P(|noise| > tail) < 1e-9 per cell
+    expected_keys = set()
+    for p, rc in recount.items():
+        for w in rc["windows"]:
+            expected_keys |= {(p, "taps_per_zone", o, w, c) for o in ("per_window", "running") for c in TAP_CELLS}
+            expected_keys.add((p, "fares_running", "running", w, ""))
+    got = {(r["partition"], r["aggregate"], r["output"], r["window"], r["group_key"]): r for r in by_id.values()}
+    assert len(got) == len(by_id), "two releases of one (partition, aggregate, output, window, key)"
+    assert set(got) == expected_keys, (sorted(set(got) - expected_keys)[:5], sorted(expected_keys - set(got))[:5])
+    assert all(r["release"] == str(r["window"]) for r in by_id.values()), "a window released twice"
+
+    residuals, covered = [], 0
+    for p, rc in recount.items():
+        # one charge of epsilon per aggregate and window, whatever the restarts
+        assert ledgers[p].spent == pytest.approx(2 * eps * len(rc["windows"])), f"partition {p}: ledger"
+        assert len(ledgers[p]) == 2 * len(rc["windows"]), f"partition {p}: ledger entries"
+        for c in TAP_CELLS:
+            per_window = np.array([got[(p, "taps_per_zone", "per_window", w, c)]["value"] for w in rc["windows"]])
+            running = np.array([got[(p, "taps_per_zone", "running", w, c)]["value"] for w in rc["windows"]])
+            np.testing.assert_allclose(running, np.cumsum(per_window))     # post-processing, no second noise
+            truth = np.array([rc["taps"][(w, c)] for w in rc["windows"]])
+            residuals.extend(per_window - truth)
+            for w, v in zip(rc["windows"], per_window):
+                row = got[(p, "taps_per_zone", "per_window", w, c)]
+                assert row["noise_std"] == pytest.approx(noise_std) and row["epsilon_window"] == eps
+                assert abs(v - rc["taps"][(w, c)]) <= tail, (p, w, c, v, rc["taps"][(w, c)])
+                covered += row["ci95"][0] <= rc["taps"][(w, c)] <= row["ci95"][1]
+        true_total = np.cumsum([rc["fares"][w] for w in rc["windows"]])
+        for t, (w, total) in enumerate(zip(rc["windows"], true_total), start=1):
+            row = got[(p, "fares_running", "running", w, "")]
+            # the running total at window t sums one tree node per set bit of t, each Laplace(levels * 1000 / eps)
+            std = math.sqrt(2 * bin(t).count("1")) * TREE_LEVELS * FARE_SENSITIVITY / eps
+            assert row["noise_std"] == pytest.approx(std), (p, w, t)
+            assert abs(row["value"] - total) < 6 * std, (p, w, row["value"], total)
+    residuals = np.array(residuals, dtype=float)
+    n = len(residuals)
+    print(f"tap residuals: n {n}, mean {residuals.mean():.2f}, std {residuals.std():.2f} "
+          f"(noise std {noise_std:.2f}), ci95 coverage {covered / n:.3f}")
+    assert np.all(residuals == np.round(residuals)), "count noise is integer"
+    assert abs(residuals.mean()) < 4 * noise_std / math.sqrt(n), "published counts are biased"
+    assert abs(residuals.std() / noise_std - 1) < 0.2, "published noise is not of the stated size"
+    assert covered / n > 0.92
 
 
 # ------------------------------------------------------------------------------------------------ no broker
@@ -165,6 +260,23 @@ def test_window_reclosed_with_other_events_is_a_second_paid_release_with_fresh_n
     # the same content again (a plain replay) spends nothing and republishes the same rows
     third = DPGlue(cfg, 0, secret, ledger_file, state=checkpoint)
     assert third.process(late + [closer])[0] == reclosed and third.ledger.spent == second.ledger.spent
+
+
+def test_partition_aggregates_match_an_independent_recount(tmp_path):
+    """The aggregation the worker runs, fed directly (four partitions, no broker), against the plain recount."""
+    cfg = load_config(dp_stream_config(tmp_path, "dprecount", budget=1000.0, epsilon=RECOUNT_EPS))
+    events = synthetic_fares(4000, seed=40)
+    journeys = sorted({e["journey_id"] for e in events})
+    part_of = {j: i % 4 for i, j in enumerate(journeys)}        # one journey, one partition (as keyed on Kafka)
+    parts = {p: [e for e in events if part_of[e["journey_id"]] == p] for p in range(4)}
+    secret = b"recount-secret-0123456789abcdef"
+    rows, ledgers = {}, {}
+    for p, evs in parts.items():
+        pa = DPGlue(cfg, p, secret, tmp_path / f"p{p}.json")
+        for r in pa.process(evs)[0] + pa.flush()[0]:
+            rows[r["row_id"]] = r
+        ledgers[p] = BudgetLedger(tmp_path / f"p{p}.json", 1000.0)
+    check_rows_against_recount(rows, independent_recount(parts), ledgers, RECOUNT_EPS)
 
 
 def test_two_workers_holding_one_partition_share_one_ledger(tmp_path):
@@ -336,12 +448,10 @@ def test_running_count_error_matches_a_direct_computation_and_the_theory(tmp_pat
 
 # ------------------------------------------------------------------------------------------------ real broker
 def _read(bootstrap, topic, stream, min_count=0):
-    from test_kafka_worker import read_all
     return [(doc, part, off) for _, doc, part, off in read_all(bootstrap, topic, stream=stream, min_count=min_count)]
 
 
 def _raw_by_partition(bootstrap, topic) -> dict[int, list[dict]]:
-    from test_kafka_worker import read_all
     out = defaultdict(list)
     for _, doc, part, off in sorted(read_all(bootstrap, topic), key=lambda x: (x[2], x[3])):
         out[part].append(doc)
@@ -383,7 +493,7 @@ def test_worker_restart_never_overspends_nor_republishes_different_noise(broker,
     from stream_anon.kafka.replay import replay
     from stream_anon.kafka.harness import run_until_accounted, start_worker_process
 
-    path = dp_stream_config(tmp_path / "cfg", "dpcrash", budget=50.0)
+    path = dp_stream_config(tmp_path / "cfg", "dpcrash", budget=1000.0, epsilon=RECOUNT_EPS)
     cfg = _setup(broker.bootstrap, path)
     events = synthetic_fares(4000, seed=34)
     replay(broker.bootstrap, cfg.stream.input_topic, events, "journey_id", progress=False)
@@ -394,26 +504,25 @@ def test_worker_restart_never_overspends_nor_republishes_different_noise(broker,
                               extra=["--batch-max", "250", "--batch-within", "0.2"])
     p1.wait(timeout=90)
     assert p1.returncode == -signal.SIGKILL
-    ledgers_after_kill = {p: BudgetLedger(ledger_path(state, app_id, "dpcrash", p), 50.0).spent for p in range(4)}
+    ledgers_after_kill = {p: BudgetLedger(ledger_path(state, app_id, "dpcrash", p), 1000.0).spent for p in range(4)}
     assert sum(ledgers_after_kill.values()) > 0
     acc = run_until_accounted(path, broker.bootstrap, state, 4000, timeout_s=120, app_id=app_id,
                               flush_when_idle_s=5.0, log_path=tmp_path / "w2.log")
     assert acc["accounted"] == 4000
 
-    expected, exp_ledgers = recompute(cfg, secret_env, _raw_by_partition(broker.bootstrap, cfg.stream.input_topic))
-    by_id, copies = _dedupe(_read(broker.bootstrap, AGGREGATES_TOPIC, "dpcrash", min_count=len(expected)))
+    raw = _raw_by_partition(broker.bootstrap, cfg.stream.input_topic)
+    assert sum(map(len, raw.values())) == 4000 and set(raw) == {0, 1, 2, 3}
+    recount = independent_recount(raw)
+    n_rows = sum(len(rc["windows"]) * (2 * len(TAP_CELLS) + 1) for rc in recount.values())
+    by_id, copies = _dedupe(_read(broker.bootstrap, AGGREGATES_TOPIC, "dpcrash", min_count=n_rows))
     print("aggregate rows:", len(by_id), "re-produced:", sum(c > 1 for c in copies.values()),
           "ledgers after kill:", ledgers_after_kill)
     assert any(c > 1 for c in copies.values()), "the kill re-produced at least one window"
-    assert set(by_id) == set(expected)
-    for rid, row in by_id.items():
-        assert row == expected[rid], f"{rid}: differs from the uncrashed recomputation"
+    ledgers = {p: BudgetLedger(ledger_path(state, app_id, "dpcrash", p), 1000.0) for p in range(4)}
+    check_rows_against_recount(by_id, recount, ledgers, RECOUNT_EPS)
     _domain_rows(by_id, cfg)
     for p in range(4):
-        disk = BudgetLedger(ledger_path(state, app_id, "dpcrash", p), 50.0)
-        assert disk.spent == pytest.approx(exp_ledgers[p].spent), f"partition {p}: spent twice or lost"
-        assert len(disk) == len(exp_ledgers[p]) and disk.spent <= 50.0
-        assert disk.spent >= ledgers_after_kill[p]
+        assert ledgers[p].spent >= ledgers_after_kill[p]
     # contribution cuts on anon.metrics (deduped by partition and window) against a plain recount
     dpw = {(d["partition"], d["window"]): d for d, _, _ in _read(broker.bootstrap, "anon.metrics", "dpcrash")
            if d["type"] == "dp_window"}
@@ -467,8 +576,7 @@ def test_tiny_budget_stops_aggregates_with_an_event_and_keys_do_not_depend_on_da
                    for o in (("per_window", "running") if s.output == "both" else (s.output,)) for k in s.domain}
     assert keys == from_config
     other = {(r["aggregate"], r["output"], r["group_key"]) for r in
-             recompute(cfg, b"another-secret-0123456789abcdef",
-                       {0: synthetic_fares(500, seed=36)})[0].values()}
+             aggregate_directly(cfg, b"another-secret-0123456789abcdef", {0: synthetic_fares(500, seed=36)}).values()}
     assert other == keys, "a different input (rail and bus) gives the same key set"
     assert math.isfinite(sum(r["value"] for r in by_id.values()))
     # the demo's dp report, read back from the broker

@@ -27,10 +27,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from stream_anon import crypto
+from stream_anon.contract import topics
 from stream_anon.dp import BudgetLedger, DPAggregator
-
-AGGREGATES_TOPIC = "anon.aggregates"
-
 
 def ledger_path(state_dir, app_id: str, stream: str, partition: int) -> Path:
     return Path(state_dir) / app_id / f"{stream}-p{partition}.ledger.json"
@@ -50,6 +48,9 @@ def needed_fields(dp, event_time: str) -> tuple[str, ...]:
 
 def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, timezone.utc).isoformat()
+
+
+AGGREGATES_TOPIC = topics().aggregates
 
 
 class PartitionAggregates:

@@ -20,8 +20,7 @@ import faust
 from stream_anon import crypto
 from stream_anon.config import load_config
 from stream_anon.kafka import aggregates
-from stream_anon.kafka.core import (DEADLETTER_TOPIC, METRICS_TOPIC, RELEASES_TOPIC, WorkerCore, dumps,
-                                    records_topic)
+from stream_anon.kafka.core import TOPICS, WorkerCore, dumps
 
 log = logging.getLogger("stream_anon.worker")
 
@@ -106,7 +105,7 @@ def make_app(config, bootstrap: str, state_dir, app_id: str | None = None, secre
             pass
         doc = core.throughput_metric(positions, highwaters)
         try:
-            await (await send(METRICS_TOPIC, core.stream.encode(), dumps(doc)))
+            await (await send(TOPICS.metrics, core.stream.encode(), dumps(doc)))
         except Exception as exc:  # pragma: no cover
             log.warning("metrics not delivered: %r", exc)
 
@@ -181,10 +180,10 @@ def worker_main(argv=None) -> int:
         return 2
     if not args.no_create_topics:
         from stream_anon.kafka.topics import ensure_topics
-        ensure_topics(args.broker, names=[config.stream.input_topic, records_topic(config.stream.name),
-                                          RELEASES_TOPIC, DEADLETTER_TOPIC, METRICS_TOPIC]
-                      + ([aggregates.AGGREGATES_TOPIC] if config.dp is not None else []),
-                      default_partitions={config.stream.input_topic: 4, records_topic(config.stream.name): 1})
+        ensure_topics(args.broker, names=[config.stream.input_topic, TOPICS.records(config.stream.name),
+                                          TOPICS.releases, TOPICS.deadletter, TOPICS.metrics]
+                      + ([TOPICS.aggregates] if config.dp is not None else []),
+                      default_partitions={config.stream.input_topic: 4, TOPICS.records(config.stream.name): 1})
     run_worker(config, args.broker, args.state_dir, app_id=args.app_id, secret=secret, loglevel=args.loglevel,
                batch_max=args.batch_max, batch_within_s=args.batch_within, metrics_interval_s=args.metrics_interval,
                flush_when_idle_s=args.flush_when_idle, raw_deadletters=args.deadletter_raw_payload)

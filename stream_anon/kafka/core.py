@@ -31,6 +31,7 @@ from pathlib import Path
 import orjson
 
 from stream_anon import crypto
+from stream_anon.contract import topics
 from stream_anon.engine import Engine, get_path
 from stream_anon.events import schema_reason
 from stream_anon.kafka import aggregates
@@ -38,16 +39,10 @@ from stream_anon.kafka import checkpoint as ckpt
 
 log = logging.getLogger("stream_anon.worker")
 
-DEADLETTER_TOPIC = "anon.deadletter"
-RELEASES_TOPIC = "anon.releases"
-METRICS_TOPIC = "anon.metrics"
+TOPICS = topics()           # the topic contract (topics/topics.toml), shipped inside the package
 LAG_NOTE = ("approximate: computed from the consumed position and the broker's reported end offset, which the "
             "Tansu broker under-reports for multi-record batches")
 DEADLETTER_PAYLOAD_MAX = 4096   # characters of an oversized payload kept in its dead letter
-
-
-def records_topic(stream_name: str) -> str:
-    return f"anon.{stream_name}.records"
 
 
 def _now_iso() -> str:
@@ -197,7 +192,7 @@ class WorkerCore:
             if len(text) > DEADLETTER_PAYLOAD_MAX:
                 doc["payload_truncated"] = True
                 doc["payload_bytes"] = len(raw) if raw is not None else len(text)
-        return DEADLETTER_TOPIC, self.stream.encode(), dumps(doc)
+        return TOPICS.deadletter, self.stream.encode(), dumps(doc)
 
     def _redact(self, event: dict) -> dict:
         event = copy.deepcopy(event)
@@ -216,22 +211,22 @@ class WorkerCore:
     def _release_docs(self, rel) -> tuple[list[tuple[str, bytes, bytes]], dict]:
         """(messages to produce, counters) for one release: records, manifest, release metric, alert."""
         key = rel.release_id.encode()
-        out = [(records_topic(self.stream), key, dumps(r)) for r in rel.records]
+        out = [(TOPICS.records(self.stream), key, dumps(r)) for r in rel.records]
         manifest = rel.manifest()
-        out.append((RELEASES_TOPIC, key, dumps(manifest)))
+        out.append((TOPICS.releases, key, dumps(manifest)))
         metric = {"type": "release", "stream": self.stream, "partition": rel.partition, "ts": _now_iso(),
                   "release_id": rel.release_id, "seq": manifest.get("seq"), "published": manifest.get("published"),
                   "suppressed": manifest.get("suppressed"), "deferred": manifest.get("deferred"),
                   "ncp_mean": manifest.get("ncp_mean"), "suppression_ratio": manifest.get("suppression_ratio")}
         if "m" in manifest:     # m-invariance: counterfeit counts, as in the manifest (never which records)
             metric.update({name: manifest[name] for name in ("m", "counterfeit_individuals", "counterfeit_records")})
-        out.append((METRICS_TOPIC, self.stream.encode(), dumps(metric)))
+        out.append((TOPICS.metrics, self.stream.encode(), dumps(metric)))
         if manifest.get("suppression_limit_exceeded"):
             alert = {"type": "alert", "stream": self.stream, "partition": rel.partition, "ts": _now_iso(),
                      "alert": "suppression_limit_exceeded", "release_id": rel.release_id,
                      "suppression_ratio": manifest.get("suppression_ratio"),
                      "limit": self.config.anonymization.max_suppression_ratio}
-            out.append((METRICS_TOPIC, self.stream.encode(), dumps(alert)))
+            out.append((TOPICS.metrics, self.stream.encode(), dumps(alert)))
         counts = {"releases": 1, "published": manifest.get("published", 0),
                   "suppressed": sum((manifest.get("suppressed") or {}).values())}
         return out, counts
@@ -273,7 +268,7 @@ class WorkerCore:
                 for k, v in c.items():
                     counts[k] += v
             if ps.dp is not None:   # DP aggregates of the closed windows; the ledger is written before delivery
-                msgs_dp, counts["aggregate_rows"] = ps.dp.messages(result.windows, dumps, METRICS_TOPIC)
+                msgs_dp, counts["aggregate_rows"] = ps.dp.messages(result.windows, dumps, TOPICS.metrics)
                 out.extend(msgs_dp)
         return {"out": out, "counts": counts, "last": last, "engine_input": bool(good)}
 

@@ -20,8 +20,7 @@ from stream_anon.config import load_config
 from stream_anon.dp.report import running_count_errors, true_window_values
 from stream_anon.engine import arrival_windows, get_path
 from stream_anon.engine.space import parse_time
-from stream_anon.kafka.aggregates import AGGREGATES_TOPIC
-from stream_anon.kafka.core import DEADLETTER_TOPIC, METRICS_TOPIC, RELEASES_TOPIC
+from stream_anon.kafka.core import TOPICS
 
 KILL_AFTER_ENV = "STREAM_ANON_TEST_KILL_AFTER_BATCHES"
 
@@ -36,7 +35,7 @@ class OutputReader:
         self.consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
                                       auto_offset_reset="earliest", client_id="stream-anon-accounting")
         tps = []
-        for topic in (RELEASES_TOPIC, DEADLETTER_TOPIC):
+        for topic in (TOPICS.releases, TOPICS.deadletter):
             parts = self.consumer.partitions_for_topic(topic) or {0}
             tps += [TopicPartition(topic, p) for p in sorted(parts)]
         self.consumer.assign(tps)
@@ -54,7 +53,7 @@ class OutputReader:
                     continue
                 if doc.get("stream") != self.stream:
                     continue
-                if tp.topic == RELEASES_TOPIC:
+                if tp.topic == TOPICS.releases:
                     self.manifests.setdefault(doc["release_id"], doc)
                 else:
                     src = doc.get("source") or {}
@@ -189,16 +188,16 @@ def read_dp_report(bootstrap: str, config, idle_s: float = 1.0) -> dict:
             except ValueError:
                 continue
 
-    rows = {d["row_id"]: d for _, d in docs(AGGREGATES_TOPIC) if d.get("stream") == stream}
+    rows = {d["row_id"]: d for _, d in docs(TOPICS.aggregates) if d.get("stream") == stream}
     windows_m, exhausted = {}, {}
-    for _, d in docs(METRICS_TOPIC):
+    for _, d in docs(TOPICS.metrics):
         if d.get("stream") != stream:
             continue
         if d.get("type") == "dp_window":
             windows_m[(d["partition"], d["window"])] = d
         elif d.get("type") == "budget_exhausted":
             exhausted[(d["partition"], d["aggregate"])] = d
-    dead = {(d["source"]["partition"], d["source"]["offset"]) for _, d in docs(DEADLETTER_TOPIC)
+    dead = {(d["source"]["partition"], d["source"]["offset"]) for _, d in docs(TOPICS.deadletter)
             if d.get("stream") == stream and d.get("source")}
     raw: dict[int, list] = {}
     for (_, p, off), d in sorted(docs(config.stream.input_topic), key=lambda x: x[0]):

@@ -1,0 +1,241 @@
+"""The package's import graph, read with ``ast`` (no module is imported to build it): no cycles, and no import
+from a lower layer into a higher one.
+
+Every ``import`` / ``from ... import`` anywhere in a module counts (module level, inside functions, methods and
+``if`` blocks: a function-level import still makes the dependency, and is the usual way to hide a cycle), as do
+``importlib.import_module("literal")`` calls. ``from pkg import name`` is an edge to ``pkg.name`` when that is a
+module of the package, else to ``pkg``; relative imports are resolved against the importing module's package.
+
+Layers (issue 9), from the bottom: strategies, formers and dp (each section's parameter declarations) <- config
+<- engine <- kafka; the audit stands apart:
+- ``stream_anon.engine`` imports nothing from ``stream_anon.kafka`` nor faust / aiokafka / kafka / confluent_kafka;
+- ``stream_anon.config`` imports nothing from engine, kafka, audit (it may read the parameter dataclasses of the
+  strategies and formers and the DP specs, which import nothing above them);
+- ``stream_anon.strategies``, ``stream_anon.formers`` and ``stream_anon.dp`` import nothing from config, engine,
+  kafka (and the strategies nothing from the formers);
+- ``stream_anon.audit`` imports nothing from engine, strategies, formers, config, kafka.
+Checked twice: on the direct imports of the layer's modules, and at run time (a fresh interpreter imports every
+module of the layer and must not have loaded a forbidden module through any chain).
+"""
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import networkx as nx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = "stream_anon"
+KAFKA_CLIENTS = ("faust", "aiokafka", "kafka", "confluent_kafka")
+
+# layer -> forbidden internal prefixes and forbidden third-party top-level packages
+LAYERS = {
+    "stream_anon.engine": (("stream_anon.kafka",), KAFKA_CLIENTS),
+    "stream_anon.config": (("stream_anon.engine", "stream_anon.kafka", "stream_anon.audit"), KAFKA_CLIENTS),
+    "stream_anon.strategies": (("stream_anon.config", "stream_anon.engine", "stream_anon.kafka",
+                                "stream_anon.formers"), KAFKA_CLIENTS),
+    "stream_anon.formers": (("stream_anon.config", "stream_anon.engine", "stream_anon.kafka"), KAFKA_CLIENTS),
+    "stream_anon.dp": (("stream_anon.config", "stream_anon.engine", "stream_anon.kafka"), KAFKA_CLIENTS),
+    "stream_anon.audit": (("stream_anon.engine", "stream_anon.strategies", "stream_anon.formers", "stream_anon.config",
+                           "stream_anon.kafka"), ()),
+}
+
+
+@dataclass(frozen=True)
+class Edge:
+    source: str
+    target: str          # a module of the package, or a third-party top-level name
+    internal: bool
+    line: int
+    function_level: bool
+
+    def where(self) -> str:
+        return f"{self.source}:{self.line}{' (function-level)' if self.function_level else ''}"
+
+
+def package_modules(root: Path = ROOT, package: str = PACKAGE) -> dict[str, tuple[Path, bool]]:
+    """Dotted module name -> (file, is_package)."""
+    out = {}
+    for path in sorted((root / package).rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        is_pkg = parts[-1] == "__init__"
+        if is_pkg:
+            parts = parts[:-1]
+        out[".".join(parts)] = (path, is_pkg)
+    return out
+
+
+def _resolve_relative(module: str, is_pkg: bool, level: int, name: str | None) -> str:
+    base = module.split(".") if is_pkg else module.split(".")[:-1]
+    if level - 1 > len(base) - 1:
+        raise ValueError(f"{module}: relative import beyond the top-level package")
+    base = base[:len(base) - (level - 1)]
+    return ".".join(base + ([name] if name else []))
+
+
+def _in_function(parents: dict, node: ast.AST) -> bool:
+    node = parents.get(node)
+    while node is not None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            return True
+        node = parents.get(node)
+    return False
+
+
+def module_edges(module: str, path: Path, is_pkg: bool, modules) -> list[Edge]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    edges = []
+
+    def add(target: str, node: ast.AST):
+        top = target.split(".")[0]
+        internal = top == PACKAGE
+        if internal:
+            # the longest prefix that is a module of the package (``import stream_anon.x.Name`` never occurs,
+            # but ``from stream_anon.x import Name`` resolves here to stream_anon.x)
+            parts = target.split(".")
+            while parts and ".".join(parts) not in modules:
+                parts.pop()
+            if not parts:
+                raise AssertionError(f"{module}:{node.lineno}: import of unknown module {target}")
+            target = ".".join(parts)
+        else:
+            target = top
+        if target != module:
+            edges.append(Edge(module, target, internal, node.lineno, _in_function(parents, node)))
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                add(alias.name, node)
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve_relative(module, is_pkg, node.level, node.module) if node.level else node.module
+            for alias in node.names:
+                candidate = f"{base}.{alias.name}"
+                add(candidate if candidate in modules else base, node)
+        elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+              and isinstance(node.args[0].value, str)
+              and ((isinstance(node.func, ast.Attribute) and node.func.attr == "import_module")
+                   or (isinstance(node.func, ast.Name) and node.func.id in ("import_module", "__import__")))):
+            name = node.args[0].value
+            if name.startswith("."):
+                level = len(name) - len(name.lstrip("."))
+                name = _resolve_relative(module, is_pkg, level, name.lstrip(".") or None)
+            add(name, node)
+    return edges
+
+
+def import_graph(root: Path = ROOT, package: str = PACKAGE) -> tuple[nx.MultiDiGraph, list[Edge]]:
+    modules = package_modules(root, package)
+    edges = [e for m, (path, is_pkg) in modules.items() for e in module_edges(m, path, is_pkg, modules)]
+    g = nx.MultiDiGraph()
+    g.add_nodes_from(modules)
+    for e in edges:
+        if e.internal:
+            g.add_edge(e.source, e.target, edge=e)
+    return g, edges
+
+
+def cycles_of(g) -> list[tuple[str, ...]]:
+    """Every elementary cycle, each rotated to start at its smallest module name, sorted."""
+    out = []
+    for c in nx.simple_cycles(nx.DiGraph(g)):
+        i = c.index(min(c))
+        out.append(tuple(c[i:] + c[:i]))
+    return sorted(out)
+
+
+def in_layer(module: str, layer: str) -> bool:
+    return module == layer or module.startswith(layer + ".")
+
+
+# ------------------------------------------------------------------------------------------------ the checker
+def test_graph_builder_resolves_relative_function_level_and_from_imports(tmp_path):
+    """The reader itself, on a throw-away package: the architecture tests below can only fail if it sees edges."""
+    pkg = tmp_path / PACKAGE
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("from .a import X\n")
+    (pkg / "sub" / "a.py").write_text("X = 1\ndef f():\n    from ..b import Y\n    import kafka.admin\n")
+    (pkg / "b.py").write_text("from stream_anon.sub import a\nfrom stream_anon import sub\nY = 2\n"
+                              "import importlib\nM = importlib.import_module('stream_anon.sub.a')\n")
+    g, edges = import_graph(tmp_path)
+    got = {(e.source, e.target, e.function_level) for e in edges}
+    assert got == {("stream_anon.sub", "stream_anon.sub.a", False),
+                   ("stream_anon.sub.a", "stream_anon.b", True),
+                   ("stream_anon.sub.a", "kafka", True),
+                   ("stream_anon.b", "stream_anon.sub.a", False),
+                   ("stream_anon.b", "stream_anon.sub", False),
+                   ("stream_anon.b", "importlib", False)}
+    assert cycles_of(g) == [("stream_anon.b", "stream_anon.sub", "stream_anon.sub.a"),
+                            ("stream_anon.b", "stream_anon.sub.a")]
+
+
+# ------------------------------------------------------------------------------------------------ the package
+def _cycle_report(g: nx.MultiDiGraph, cycle: list[str]) -> str:
+    hops = []
+    for a, b in zip(cycle, cycle[1:] + cycle[:1]):
+        where = ", ".join(sorted({d["edge"].where() for d in g.get_edge_data(a, b).values()}))
+        hops.append(f"{a} -> {b} [{where}]")
+    return "cycle: " + "; ".join(hops)
+
+
+def test_import_graph_has_no_cycles():
+    g, _ = import_graph()
+    cycles = cycles_of(g)
+    report = [_cycle_report(g, list(c)) for c in cycles]
+    print("\n".join(report))
+    assert not cycles, f"{len(cycles)} import cycle(s):\n" + "\n".join(report)
+
+
+@pytest.mark.parametrize("layer", sorted(LAYERS))
+def test_layer_imports_nothing_from_a_higher_layer(layer):
+    forbidden_internal, forbidden_external = LAYERS[layer]
+    _, edges = import_graph()
+    bad = [e for e in edges if in_layer(e.source, layer) and (
+        (e.internal and any(in_layer(e.target, f) for f in forbidden_internal))
+        or (not e.internal and e.target in forbidden_external))]
+    report = [f"{e.where()} imports {e.target}" for e in sorted(bad, key=lambda e: (e.source, e.line))]
+    print("\n".join(report))
+    assert not bad, f"{layer} imports from a higher layer:\n" + "\n".join(report)
+
+
+_RUNTIME_PROBE = r"""
+import importlib, json, pkgutil, sys
+layer = sys.argv[1]
+pkg = importlib.import_module(layer)
+names = [layer] + ([m.name for m in pkgutil.walk_packages(pkg.__path__, layer + ".")]
+                   if hasattr(pkg, "__path__") else [])
+for name in names:
+    importlib.import_module(name)
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+@pytest.mark.parametrize("layer", sorted(LAYERS))
+def test_importing_a_layer_loads_no_higher_layer(layer):
+    """Run time, through any chain (parent packages' ``__init__`` included): a fresh interpreter imports every
+    module of the layer and must not have loaded a forbidden module."""
+    forbidden_internal, forbidden_external = LAYERS[layer]
+    out = subprocess.run([sys.executable, "-c", _RUNTIME_PROBE, layer], capture_output=True, text=True, cwd=ROOT,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    loaded = json.loads(out.stdout.splitlines()[-1])
+    assert any(in_layer(m, layer) for m in loaded)
+    bad = sorted(m for m in loaded if any(in_layer(m, f) for f in forbidden_internal)
+                 or m.split(".")[0] in forbidden_external)
+    if bad:   # say through which direct import each forbidden module came in
+        g, _ = import_graph()
+        own = [m for m in g if in_layer(m, layer)]
+        chains = []
+        for target in (b for b in bad if b in g):
+            paths = [nx.shortest_path(g, s, target) for s in own if nx.has_path(g, s, target)]
+            if paths:
+                chains.append(" -> ".join(min(paths, key=len)))
+        print("\n".join(chains))
+    assert not bad, f"importing {layer} loads {bad}"
