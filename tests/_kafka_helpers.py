@@ -73,7 +73,6 @@ drop = ["journey_id", "card_id", "event_id"]
 
 [limits]
 max_event_bytes = 4096
-max_event_age_s = 86400
 ''')
     return path
 

@@ -113,7 +113,7 @@ def test_a_signature_change_is_caught(run):
 
 
 def test_counterfeit_token_format_is_the_engines():
-    from stream_anon.engine.minvariance import counterfeit_token as engine_token
+    from stream_anon.formers.counterfeits import counterfeit_token as engine_token
     assert counterfeit_token(SECRET, "s-p0-000001", "s-p0-000001-c0003", 2) == \
         engine_token(SECRET, "s-p0-000001", "s-p0-000001-c0003", 2)
 

@@ -35,9 +35,9 @@ def signatures(state_dir, app_id, stream) -> dict[int, tuple]:
     out = {}
     for p in range(4):
         cp = ckpt.read_checkpoint(state_dir, app_id, stream, p)
-        if cp is None or "minvariance" not in cp.state:
+        if cp is None or "units" not in cp.state["former"]:
             continue
-        mv = cp.state["minvariance"]
+        mv = cp.state["former"]
         sigs = [tuple(s) for s in mv["sigs"]]
         for uid, sid in zip(mv["units"]["ids"], mv["units"]["sig"]):
             out[(p, uid)] = sigs[sid]

@@ -104,18 +104,18 @@ class _CountingRNG:
 
 def fingerprint(name: str, strategy_params: dict, seed: int) -> dict:
     """Every published record (class, generalized QIs, token) of a run on the citibike slice, and the number of
-    random draws made by the strategy and by the engine's reuse (the only two users of the seeded rng)."""
+    random draws made by the strategy and by the registry's random choice of a class to reuse (the only two users of the seeded rng)."""
     from stream_anon.engine.engine import Engine as EngineClass
 
     base = load_config(ROOT / "configs" / "citibike.toml")
     cfg = base.replace_anonymization(strategy=name, strategy_params=strategy_params, seed=seed)
     engine = EngineClass(cfg, secret=SECRET)
     draws: dict = {}
-    form = engine.strategy.form_classes
-    engine.strategy.form_classes = lambda X, u, k, space, rng, **kw: form(X, u, k, space,
+    form = engine.former.strategy.form_classes
+    engine.former.strategy.form_classes = lambda X, u, k, space, rng, **kw: form(X, u, k, space,
                                                                           _CountingRNG(rng, draws, "strategy"), **kw)
-    reuse = engine._reuse
-    engine._reuse = lambda rows, rng, *a: reuse(rows, _CountingRNG(rng, draws, "reuse"), *a)
+    choose = engine.registry.choose_random
+    engine.registry.choose_random = lambda X, rng: choose(X, _CountingRNG(rng, draws, "reuse"))
     result = engine.process(load_events("citibike", limit=N_EVENTS))
     result.extend(engine.flush())
     records = [[r["class_id"], json.dumps(r["qi"], sort_keys=True), r["audit_token"]]

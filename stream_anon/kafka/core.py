@@ -165,10 +165,10 @@ class WorkerCore:
     # ---- outputs
     def _deadletter_doc(self, reason, partition, offset, raw: bytes | None = None,
                         event: dict | None = None) -> tuple[str, bytes, bytes]:
-        """A dead letter: reason, source coordinates and the payload with the identifier fields (privacy unit,
-        ``identifiers.pseudonymize``) replaced by their keyed pseudonyms and ``identifiers.drop`` removed. A
-        payload that is not a JSON object cannot be searched for identifiers: it is withheld (size and digest
-        only) unless ``raw_deadletters`` was asked for."""
+        """A dead letter: reason, source coordinates, the event's audit token when it has an event id, and the
+        payload with the identifier fields (privacy unit, ``identifiers.pseudonymize``) replaced by their keyed
+        pseudonyms and ``identifiers.drop`` removed. A payload that is not a JSON object cannot be searched for
+        identifiers: it is withheld (size and digest only) unless ``raw_deadletters`` was asked for."""
         doc = {"reason": reason, "stream": self.stream,
                "source": {"topic": self.topic, "partition": partition, "offset": offset},
                "received_at": _now_iso()}
@@ -178,6 +178,12 @@ class WorkerCore:
             except ValueError:
                 event = None
         if isinstance(event, dict):
+            eid = event.get("event_id")
+            if isinstance(eid, str) and eid:
+                try:    # the event's audit token: dead letters are accounted for like published records
+                    doc["audit_token"] = crypto.audit_token(self.secret, eid)
+                except UnicodeEncodeError:
+                    pass
             text = orjson.dumps(self._redact(event), default=str).decode()
         elif self.raw_deadletters and raw is not None:
             text = raw.decode("utf-8", errors="replace")
