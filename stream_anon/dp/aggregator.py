@@ -71,6 +71,8 @@ def plan_aggregate(spec: AggregateSpec, max_windows: int | None = None) -> _Plan
     min(release_every, W)`` of its windows (sensitivity ``m`` times the per-window one); noise calibrated to
     ``epsilon * m / W`` per release keeps the unit's loss over the whole period at ``epsilon`` (the sum over
     its releases; Dwork & Roth 2014, Theorem 3.16), whatever the number of windows in the period."""
+    if max_windows is not None and spec.max_windows is not None:
+        max_windows = spec.max_windows
     m = 1 if max_windows is None else min(spec.release_every, max_windows)
     eps = spec.epsilon if max_windows is None else spec.epsilon * m / max_windows
     eps_c = eps / len(spec.components)
@@ -152,6 +154,7 @@ class DPAggregator:
         if self.clock is not None:
             self.metrics["windows_cut"] = {s.name: 0 for s in self.specs}
             self.metrics["units_window_capped"] = {s.name: 0 for s in self.specs}
+        self._w = {s.name: (s.max_windows or self.max_windows) for s in self.specs}
         self._unit_key = hmac.new(self.seed, b"stream-anon/dp-unit-hash", hashlib.sha256).digest()
 
     # -- construction ----------------------------------------------------------------------------------------
@@ -321,7 +324,7 @@ class DPAggregator:
         for u in dict.fromkeys(units):
             h = self._unit_hash(u)
             c = counts.get(h, 0)
-            admitted[u] = c < self.max_windows
+            admitted[u] = c < self._w[name]
             if admitted[u] and commit:
                 counts[h] = c + 1
         mask = [admitted[u] for u in units]

@@ -81,9 +81,12 @@ def draw_noise(mech: DPMechanism, n: int) -> np.ndarray:
 
 
 def snapping_grid(epsilon: float, sensitivity: float) -> float:
-    """Snapping's output grid ``Lambda``: the smallest power of two >= ``1/epsilon``, in units of the
-    sensitivity (Mironov 2012, section 5.2)."""
-    return 2.0 ** math.ceil(math.log2(1.0 / float(epsilon))) * float(sensitivity)
+    """Snapping's output grid ``Lambda``: the smallest power of two >= ``1/epsilon'``, in units of the
+    sensitivity (Mironov 2012, section 5.2), where ``epsilon'`` is diffprivlib's effective epsilon (slightly
+    below ``epsilon``, so an epsilon whose inverse is a power of two gets twice that grid)."""
+    eta = np.finfo(float).epsneg
+    eff = (float(epsilon) - 2 * eta) / (1 + 12 * SNAP_BOUND * eta)
+    return 2.0 ** math.ceil(math.log2(1.0 / eff)) * float(sensitivity)
 
 
 def noise_variance(noise: str, epsilon: float, sensitivity: float) -> float:

@@ -143,6 +143,7 @@ class AggregateSpec:
     where: tuple[tuple[str, tuple], ...] = ()   # event filter: field -> allowed values
     release_every: int = 1              # windows per release (period mode: aligned to the period's start)
     resolution: float = 1.0             # sum/mean: values rounded to multiples of it (integer noise on them)
+    max_windows: int | None = None      # period mode: W for this aggregate (default: dp.max_windows_per_period)
 
     @functools.cached_property          # computed once per spec (read for every window and row)
     def domain(self) -> tuple[tuple, ...]:
@@ -384,7 +385,7 @@ def parse_aggregate(table: Any, i: int, base_dir: Path, event_time: str = "event
     path = f"aggregates.{name}"
     known = {"name", "kind", "group_by", "epsilon", "max_contributions", "output", "horizon_windows", "mechanism",
              "noise", "value", "lower", "upper", "bins", "numerator_values", "where", "release_every_windows",
-             "resolution"}
+             "resolution", "max_windows_per_period"}
     unknown = sorted(set(table) - known)
     if unknown:
         raise ConfigError(f"{path}.{unknown[0]}: unknown key (expected one of {', '.join(sorted(known))})")
@@ -456,8 +457,11 @@ def parse_aggregate(table: Any, i: int, base_dir: Path, event_time: str = "event
         if abs(ratio - round(ratio)) > 1e-9:
             raise ConfigError(f"{path}.resolution: max(|lower|, |upper|) must be a multiple of it (integer noise "
                               f"on values in units of the resolution), got {resolution!r}")
+    w_own = table.get("max_windows_per_period")
+    if w_own is not None and (isinstance(w_own, bool) or not isinstance(w_own, int) or w_own < 1):
+        raise ConfigError(f"{path}.max_windows_per_period: must be a positive integer, got {w_own!r}")
     return AggregateSpec(name, kind, groups, float(epsilon), mc, output, horizon, mechanism, noise, value_field,
-                         lower, upper, bins, numerator, where, every, float(resolution))
+                         lower, upper, bins, numerator, where, every, float(resolution), w_own)
 
 
 def parse_dp_config(raw: dict, base_dir: str | Path = ".") -> DPConfig:
@@ -557,6 +561,10 @@ def parse_dp_config(raw: dict, base_dir: str | Path = ".") -> DPConfig:
                               f"restart every period); remove it")
         if period_mode and unit == "event" and s.max_contributions != 1:
             raise ConfigError(f"aggregates.{s.name}.max_contributions: must be 1 when dp.unit = 'event'")
+        if s.max_windows is not None and (not period_mode or unit == "event"
+                                          or s.max_windows > PERIODS[period] // window_s):
+            raise ConfigError(f"aggregates.{s.name}.max_windows_per_period: needs dp.period and a unit other "
+                              f"than 'event', and at most the windows of a period")
         if not period_mode and s.release_every != 1:
             raise ConfigError(f"aggregates.{s.name}.release_every_windows: needs dp.period (releases are aligned "
                               f"to the period's start)")
@@ -568,15 +576,15 @@ def parse_dp_config(raw: dict, base_dir: str | Path = ".") -> DPConfig:
         cfg = DPConfig(float(budget), (), unit_field, str(stream.get("name", "")), unit, period, tz, w_max,
                        float(window_s))
         per = cfg.clock.max_windows()
-        specs = tuple(_with_horizon(s, -(-per // s.release_every)) for s in specs)
+        specs = tuple(_with_horizon(s, -(-per // s.release_every), s.max_windows or w_max) for s in specs)
         return DPConfig(float(budget), specs, unit_field, str(stream.get("name", "")), unit, period, tz, w_max,
                         float(window_s))
     return DPConfig(float(budget), specs, unit_field, str(stream.get("name", "")))
 
 
-def _with_horizon(spec: AggregateSpec, horizon: int) -> AggregateSpec:
+def _with_horizon(spec: AggregateSpec, horizon: int, max_windows: int) -> AggregateSpec:
     from dataclasses import replace
-    return replace(spec, horizon_windows=horizon)
+    return replace(spec, horizon_windows=horizon, max_windows=max_windows)
 
 
 def load_dp_config(path: str | Path, extra: str | Path | None = None) -> DPConfig:
