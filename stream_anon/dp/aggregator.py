@@ -491,6 +491,7 @@ class DPAggregator:
                 row["components"] = {comps[0]: a, comps[1]: b}
                 row["noise_ci95"] = [-half, half]
                 row["ci95"] = [max(lo, r - half), min(hi, r + half)]
+                row["bounds"] = [lo, hi]
             rows.append(row)
         return rows
 

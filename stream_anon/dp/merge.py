@@ -131,7 +131,8 @@ def merge_rows(rows, level: float = 0.95) -> list[dict]:
         m = {f: v for f, v in zip(KEY_FIELDS, key)}
         m.update({"type": "aggregate_merged", "group": first.get("group"), "kind": first.get("kind"),
                   "partitions": [r.get("partition") for r in rs], "interval_level": level})
-        for f in ("period", "span_start_window", "window_start", "window_end", "unit"):
+        for f in ("period", "span_start_window", "windows_in_release", "window_start", "window_end", "unit",
+                  "epsilon_period"):
             if f in first:
                 m[f] = first[f]
         if "components" in first:                        # mean / ratio: merge the components, then divide
@@ -141,7 +142,7 @@ def merge_rows(rows, level: float = 0.95) -> list[dict]:
             a, b = sums[comps[0]], sums[comps[1]]
             d = max(b, 1.0)
             v = a / d
-            lo_b, hi_b = (0.0, 1.0) if first.get("kind") == "ratio" else (-math.inf, math.inf)
+            lo_b, hi_b = first.get("bounds") or ((0.0, 1.0) if first.get("kind") == "ratio" else (-math.inf, math.inf))
             v = min(max(v, lo_b), hi_b)
             half = z * math.sqrt(var[comps[0]] + v * v * var[comps[1]]) / d
             m.update({"value": v, "components": sums, "noise_std": {c: math.sqrt(x) for c, x in var.items()},
