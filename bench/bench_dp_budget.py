@@ -193,6 +193,35 @@ def errors(dp, merged, events_by_w, per_period_first: dict) -> dict:
     return out
 
 
+def legacy_days(ledger, days) -> dict:
+    """Epsilon a legacy ledger charged per calendar day (its windows' reservations, worst-case individual)."""
+    out = {}
+    for i, (label, first) in enumerate(days):
+        end = days[i + 1][1] - 1 if i + 1 < len(days) else 10 ** 12
+        out[label] = ledger.spent_through(end) - (ledger.spent_through(first - 1) if first else 0.0)
+    return out
+
+
+def hour_totals(tag, merged, truth_by_hour, w_lo, day_end_windows) -> dict:
+    """Tap-ins per hour of the day, all zones: new = sum over zones of the hourly release (stream_anon.dp.merge
+    .marginal); legacy = the tap_ins_per_hour running count of each hour cell at the end of its day."""
+    from stream_anon.dp.merge import marginal
+    est = {}
+    if tag == "new":
+        rs = [m for m in merged if m["aggregate"] == "tap_ins_zone_hour" and m["output"] == "per_window"]
+        span = {m["window"]: m["span_start_window"] for m in rs}
+        for t in marginal(rs, over="zone"):
+            est[span[t["window"]]] = t["value"]
+    else:
+        for m in merged:
+            if m["aggregate"] == "tap_ins_per_hour" and m["window"] in day_end_windows:
+                first = day_end_windows[m["window"]]
+                h0 = first + 4 * int(m["group"]["hour"])             # UTC hours = London hours in November
+                est[h0] = m["value"]
+    err = [est[h] - t for h, t in truth_by_hour.items() if h in est]
+    return {"rmse": float(np.sqrt(np.mean(np.square(err)))) if err else None, "hours": len(err)}
+
+
 def coarse_rmse(spec, merged_legacy, spans, events_by_w) -> dict:
     """RMSE of the legacy per-window rows of ``spec`` summed over the new config's release spans (the best a
     legacy consumer gets at the new granularity: sums of counts; means and ratios from summed components)."""
@@ -323,10 +352,12 @@ def main() -> None:
                          "events": len(events), "partitions": args.partitions, "windows": w_hi - w_lo,
                          "generate_s": round(gen_s, 1)}}
     merged_by: dict = {}
+    dp_days = sorted({new.clock.period_of(w)[:2] for w in range(w_lo, w_hi)}, key=lambda x: x[1])
     for tag, dp in (("new", new), ("legacy", old)):
         rows, ledgers, secs = run(dp, events, args.partitions, w_lo, w_hi, tag)
         merged = merge_rows(rows)
-        eps = {p: (lg.spent_by_period() if lg.period_mode else {"all": lg.spent}) for p, (lg, _) in ledgers.items()}
+        eps = {p: (lg.spent_by_period() if lg.period_mode else legacy_days(lg, dp_days))
+               for p, (lg, _) in ledgers.items()}
         cuts = {}
         for _, agg in ledgers.values():
             for key in ("contributions_cut", "windows_cut"):
@@ -356,6 +387,12 @@ def main() -> None:
                     key = (h0, m["group"]["zone"])
                     hourly[key] = hourly.get(key, 0.0) + m["value"]
         res["hourly_tap_ins_per_zone"] = zone_hour_errors(hourly, truth)
+        by_hour: dict = {}
+        for (h0, _), v in truth.items():
+            by_hour[h0] = by_hour.get(h0, 0) + v
+        day_end = {first + n - 1: first for first, n in
+                   {new.clock.period_of(w)[1:] for w in range(w_lo, w_hi)}}
+        res["tap_ins_per_hour_all_zones"] = hour_totals(tag, merged, by_hour, w_lo, day_end)
         common = [k for k in truth if k in hourly]
         res["hourly_tap_ins_per_zone"]["rmse_all_zone_hours"] = float(np.sqrt(np.mean(
             [(hourly[k] - truth[k]) ** 2 for k in common])))
@@ -371,7 +408,10 @@ def main() -> None:
         result["legacy"]["aggregates"][spec.name]["at_new_granularity"] = coarse_rmse(spec, merged_by["legacy"],
                                                                                       spans, by_w)
     t1 = time.perf_counter()
-    result["membership"] = attack(new, events, args.attack_cards, seed=14)
+    if args.attack_cards:
+        result["membership"] = attack(new, events, args.attack_cards, seed=14)
+    else:
+        result["membership"] = {"auc_no_noise": math.nan, "auc_default_budget": math.nan}
     result["membership"]["seconds"] = round(time.perf_counter() - t1, 1)
     result["targets"] = {
         "epsilon_per_card_per_day_le_1": result["new"]["epsilon_max_per_card_per_day"] <= 1.0 + 1e-9,
