@@ -85,3 +85,23 @@ def test_stated_interval_covers_the_truth_at_the_stated_rate(noise, method):
     print(f"{noise}: coverage of the stated 90% interval {rate:.3f} over {total} merged cells, "
           f"mean width {np.mean(widths):.1f}")
     assert 0.9 - 3 * se <= rate <= 0.9 + 5 * se            # not below the level, and not vacuously wide
+
+
+def test_least_squares_consistency_is_consistent_and_more_accurate():
+    """Hay et al. 2010: zone x hour cells plus separately released zone and hour totals, combined by least
+    squares, give a table whose sums equal the totals and whose cells are more accurate than the raw ones."""
+    from stream_anon.dp.consistency import two_way
+    rng = np.random.default_rng(7)
+    truth = rng.poisson(50, size=(6, 8)).astype(float)
+    raw_err, ls_err = [], []
+    for _ in range(200):
+        cells = truth + rng.laplace(0, 10, truth.shape)
+        rows = truth.sum(1) + rng.laplace(0, 10, 6)
+        cols = truth.sum(0) + rng.laplace(0, 10, 8)
+        est, var = two_way(cells, 200.0, rows, 200.0, cols, 200.0)
+        raw_err.append(np.mean((cells - truth) ** 2))
+        ls_err.append(np.mean((est - truth) ** 2))
+    assert np.mean(ls_err) < 0.9 * np.mean(raw_err)
+    assert np.mean(ls_err) == pytest.approx(var.mean(), rel=0.1)        # stated variance matches
+    est, _ = two_way(truth, 1.0, truth.sum(1), 1.0, truth.sum(0), 1.0)      # exact inputs are a fixed point
+    np.testing.assert_allclose(est, truth, atol=1e-9)
