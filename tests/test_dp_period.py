@@ -186,3 +186,15 @@ def test_snapping_noise_distribution_and_stated_variance():
     assert abs(out.var() / noise_variance("snapping", c.node_epsilon, 3.0) - 1) < 0.05
     mech = make_mechanism("snapping", 0.5, 1.0, np.random.RandomState(0))
     assert mech.effective_epsilon() == pytest.approx(0.5, rel=1e-5)          # the bound costs nothing measurable
+
+
+def test_event_unit_needs_no_unit_field_and_counts_every_event():
+    raw = _raw([_count("n", 1e6)], unit="event", epsilon_per_period=1e6)
+    del raw["dp"]["max_windows_per_period"]
+    cfg = parse_dp_config(raw)
+    assert cfg.max_windows_per_period == 1 and cfg.unit == "event"
+    agg = DPAggregator(cfg, BudgetLedger(None, 1e6), seed=b"s")
+    rows = agg.process_window(W0, [{"line": "a"}] * 3 + [{"card": "x", "line": "a"}] * 2)
+    assert next(r["value"] for r in rows if r["group_key"] == "a") == 5      # no unit field needed, none cut
+    with pytest.raises(ConfigError, match=r"^aggregates\.n\.max_contributions"):
+        parse_dp_config({**raw, "aggregates": [_count("n", 0.5, max_contributions=2)]})

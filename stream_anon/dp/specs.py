@@ -520,7 +520,10 @@ def parse_dp_config(raw: dict, base_dir: str | Path = ".") -> DPConfig:
         if PERIODS[period] % window_s:
             raise ConfigError(f"dp.period: a {period} must hold a whole number of windows of {window_s} s")
         if unit == "event":
-            unit_field = None
+            # every event is its own unit: the aggregator ignores the field; it stays set (the stream's unit
+            # field, else the event time) so field projections that list it keep working
+            unit_field = unit_field if isinstance(unit_field, str) and unit_field else stream.get("event_time",
+                                                                                                  "event_time")
             if "max_windows_per_period" in dp and dp["max_windows_per_period"] != 1:
                 raise ConfigError("dp.max_windows_per_period: an event is in one window (omit it or set 1)")
             w_max = 1
