@@ -214,3 +214,23 @@ def test_restart_mid_release_resumes_partial_sums_and_reproduces_rows(tmp_path):
     assert [(r["window"], r["output"], r["group_key"], r["value"]) for r in got] == \
         [(r["window"], r["output"], r["group_key"], r["value"]) for r in want]
     assert BudgetLedger(tmp_path / "b.json", 1.0).spent == pytest.approx(0.5)   # W = 4: one release is worst case
+
+
+def test_report_running_errors_restart_every_period_and_match_the_stated_noise():
+    from stream_anon.dp.report import running_count_errors
+    cfg = parse_dp_config(_raw([_count("h", 1.0, release_every_windows=4, output="running", mechanism="binary_tree")],
+                               max_windows_per_period=2))
+    spec = cfg.aggregates[0]
+    rng = np.random.default_rng(31)
+    rows, truth = [], {}
+    for p in range(3):
+        agg = DPAggregator(cfg, BudgetLedger(None, 1.0), seed=f"s{p}".encode())
+        for i in range(96 * 2):                                            # two days
+            lines = rng.choice(["a", "b"], size=rng.poisson(20))
+            evs = [{"card": f"{p}-{i}-{j}", "line": str(l)} for j, l in enumerate(lines)]
+            truth[(p, W0 + i)] = np.array([(lines == "a").sum(), (lines == "b").sum()], dtype=float)
+            rows += [{**r, "partition": p} for r in agg.process_window(W0 + i, evs)]
+    out = running_count_errors(rows, truth, spec)
+    print(out)
+    assert out["windows"] == 48 and out["mechanism"] == ["binary_tree/geometric"]
+    assert abs(out["continual_count_rmse"] / out["continual_count_rmse_theory"] - 1) < 0.25
