@@ -9,6 +9,7 @@ and a batch whose engine call raises is bisected to its culprit.
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 import json
 import random
 from collections import Counter
@@ -18,17 +19,18 @@ import pytest
 
 from stream_anon import crypto
 from stream_anon.config import load_config
-from stream_anon.contract import config_path
 from stream_anon.datasets import load_events
 from stream_anon.engine import Engine
 from stream_anon.kafka.core import TOPICS, WorkerCore
 
+# this checkout's bundled config (an installed stream_anon.configs may belong to another checkout)
+OYSTER = Path(__file__).resolve().parents[1] / "configs" / "oyster.toml"
 SECRET = b"fuzz-secret-6f1d0c9a8b7e2d4c3b5a69788f0e1d2c"
 POISON_TIMES = ("9999-12-31T23:59:59-23:59", "0001-01-01T00:00:00+23:59")
 
 
 def oyster_config():
-    return load_config(config_path("oyster"))
+    return load_config(OYSTER)
 
 
 class Sink:
