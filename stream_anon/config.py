@@ -154,6 +154,18 @@ def _shown(v, limit: int = 40) -> str:
     return r if len(r) <= limit else r[:limit] + "...'"
 
 
+def _flat_domains(table: dict, prefix: str = "") -> dict:
+    """Domains by dotted field path: ``"a.b" = {...}`` and the nested form TOML makes of an unquoted dotted key
+    (``a.b = {...}``, ``[sensitive.domains.a] b = {...}``) are the same."""
+    out = {}
+    for key, value in table.items():
+        if isinstance(value, dict) and "type" not in value and value:
+            out.update(_flat_domains(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def _parse_domain(name: str, table) -> SensitiveDomain:
     path = f"sensitive.domains.{name}"
     if not isinstance(table, dict):
@@ -470,7 +482,7 @@ def parse_config(raw: dict, base_dir: Path = Path("."), source: Path | None = No
         if invariant not in sensitive:
             raise ConfigError(f"sensitive.invariant: {invariant!r} must also be listed in sensitive.fields (its "
                               "values are what each class publishes and what its signature is made of)")
-    domains_raw = _get(sens, "domains", "sensitive", dict, required=False, default={})
+    domains_raw = _flat_domains(_get(sens, "domains", "sensitive", dict, required=False, default={}))
     for name in domains_raw:
         if name not in sensitive:
             raise ConfigError(f"sensitive.domains.{name}: not one of sensitive.fields")
