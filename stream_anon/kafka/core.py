@@ -60,7 +60,15 @@ def dumps(obj) -> bytes:
 def check_payload(raw: bytes | None, config) -> tuple[str | None, dict | None]:
     """(reason, None) for bad input, (None, event) for an event the engine's reader may see: size, JSON, kind and
     the kind's schema. Event type, privacy unit, time and quasi-identifiers are checked once, by the reader
-    (:class:`stream_anon.engine.RecordReader`)."""
+    (:class:`stream_anon.engine.RecordReader`). Never raises: an exception while checking one payload is its
+    reason (``unreadable payload: <exception class>``)."""
+    try:
+        return _check_payload(raw, config)
+    except Exception as exc:   # noqa: BLE001 - one message never stops the partition
+        return f"unreadable payload: {type(exc).__name__}", None
+
+
+def _check_payload(raw: bytes | None, config) -> tuple[str | None, dict | None]:
     if raw is None:
         return "empty payload", None
     limit = config.limits.max_event_bytes
@@ -171,7 +179,7 @@ class WorkerCore:
         identifiers: it is withheld (size and digest only) unless ``raw_deadletters`` was asked for."""
         doc = {"reason": reason, "stream": self.stream,
                "source": {"topic": self.topic, "partition": partition, "offset": offset},
-               "received_at": _now_iso()}
+               "received_at": _now_iso(), "kid": crypto.key_id(self.secret)}
         if event is None and raw is not None:
             try:
                 event = orjson.loads(raw)
@@ -184,7 +192,14 @@ class WorkerCore:
                     doc["audit_token"] = crypto.audit_token(self.secret, eid)
                 except UnicodeEncodeError:
                     pass
-            text = orjson.dumps(self._redact(event), default=str).decode()
+            try:
+                text = orjson.dumps(self._redact(event), default=str).decode()
+            except Exception as exc:   # noqa: BLE001 - e.g. nested deeper than the encoder allows
+                text = None
+                doc["payload_withheld"] = f"cannot be redacted: {type(exc).__name__}"
+                if raw is not None:
+                    doc["payload_bytes"] = len(raw)
+                    doc["payload_sha256"] = hashlib.sha256(raw).hexdigest()
         elif self.raw_deadletters and raw is not None:
             text = raw.decode("utf-8", errors="replace")
         else:
@@ -260,15 +275,15 @@ class WorkerCore:
                 offsets.append(off)
         result = None
         if good:
-            records, rejected = ps.engine.reader.read(good)
-            for i, reason in rejected:
-                out.append(self._deadletter_doc(reason, ps.partition, offsets[i], event=good[i]))
-            counts["dead_letters"] += len(rejected)
-            result = ps.engine.process_records(records)
+            docs, c = self._process_isolated(ps, good, offsets)
+            out.extend(docs)
+            for k, v in c.items():
+                counts[k] += v
         elif flush:
             result = ps.engine.flush()
         if result is not None:
             for rel in result.releases:
+                rel.kid = crypto.key_id(self.secret)
                 docs, c = self._release_docs(rel)
                 out.extend(docs)
                 for k, v in c.items():
@@ -277,6 +292,118 @@ class WorkerCore:
                 msgs_dp, counts["aggregate_rows"] = ps.dp.messages(result.windows, dumps, TOPICS.metrics)
                 out.extend(msgs_dp)
         return {"out": out, "counts": counts, "last": last, "engine_input": bool(good)}
+
+    ISOLATION_TRIES = 2            # attempts of a single event before it is dead-lettered as a processing error
+    ISOLATION_MAX_FAILURES = 64    # failed attempts per batch; beyond, a failing part is dead-lettered whole
+
+    def _process_isolated(self, ps: PartitionState, good: list, offsets: list) -> tuple[list, dict]:
+        """Reader, engine and output serialization of a partition batch's checked events: (messages, counts).
+
+        If this raises for the batch, no event is lost and the partition does not stop: the partition's state is
+        reloaded from its checkpoint (the state before this batch) and the batch is split in halves, processed in
+        order, each part from a snapshot of the state before it, until the events that fail alone are found
+        (``ISOLATION_TRIES`` attempts each); those are dead-lettered with ``processing error: <exception
+        class>``. Since output does not depend on how input is cut into batches, the other events give what they
+        give without the culprits. After ``ISOLATION_MAX_FAILURES`` failed attempts, a part that fails is
+        dead-lettered whole (bounded work). If the state cannot be reloaded, the exception propagates (the worker
+        stops before acknowledging the batch, as before).
+        """
+        kid = crypto.key_id(self.secret)
+
+        def attempt(idx: list[int]) -> tuple[list, dict]:
+            out, counts = [], dict.fromkeys(("dead_letters", "releases", "published", "suppressed",
+                                             "aggregate_rows"), 0)
+            events = [good[i] for i in idx]
+            records, rejected = ps.engine.reader.read(events)
+            for j, reason in rejected:
+                out.append(self._deadletter_doc(reason, ps.partition, offsets[idx[j]], event=events[j]))
+            counts["dead_letters"] += len(rejected)
+            result = ps.engine.process_records(records)
+            for rel in result.releases:
+                rel.kid = kid
+                docs, c = self._release_docs(rel)
+                out.extend(docs)
+                for k, v in c.items():
+                    counts[k] += v
+            if ps.dp is not None:   # DP aggregates of the closed windows; the ledger is written before delivery
+                msgs_dp, n_rows = ps.dp.messages(result.windows, dumps, TOPICS.metrics)
+                out.extend(msgs_dp)
+                counts["aggregate_rows"] += n_rows
+            return out, counts
+
+        everything = list(range(len(good)))
+        try:
+            return attempt(everything)
+        except Exception as exc:   # noqa: BLE001
+            first = exc
+        log.error("partition %s: batch of %d events failed (%s); isolating the culprit(s)", ps.partition,
+                  len(good), type(first).__name__)
+        self.parts.pop(ps.partition, None)
+        before = self.part(ps.partition)        # the checkpointed state: the state before this batch
+        self.parts[ps.partition] = ps
+        if before.offset != ps.offset:
+            raise first
+        ps.engine, ps.dp = before.engine, before.dp
+        carried = ps.engine.reader.carried
+
+        def snapshot():
+            dp = None if ps.dp is None else orjson.loads(dumps(ps.dp.state_dict()))
+            return orjson.loads(dumps(ps.engine.state_dict())), dp
+
+        def restore(snap) -> None:
+            state, dp = snap
+            ps.engine = Engine.from_state(self.config, state, secret=self.secret, carried=carried)
+            if dp is not None:
+                ps.dp = aggregates.for_partition(self.config, self.state_dir, self.app_id, ps.partition,
+                                                 self.secret, {"dp": dp})
+
+        out: list = []
+        counts: dict = {}
+        failures = 1
+        isolated = 0
+
+        def dead(idx: list[int], reason: str) -> None:
+            for i in idx:
+                try:
+                    out.append(self._deadletter_doc(reason, ps.partition, offsets[i], event=good[i]))
+                except Exception:   # noqa: BLE001 - the payload itself cannot be written: keep the coordinates
+                    out.append(self._deadletter_doc(reason, ps.partition, offsets[i]))
+            counts["dead_letters"] = counts.get("dead_letters", 0) + len(idx)
+
+        def run(idx: list[int], tries: int = 0) -> None:
+            nonlocal failures, isolated
+            snap = snapshot()
+            try:
+                o, c = attempt(idx)
+            except Exception as exc:   # noqa: BLE001
+                failures += 1
+                restore(snap)
+                if failures > self.ISOLATION_MAX_FAILURES:
+                    dead(idx, f"processing error: {type(exc).__name__} (isolation gave up after {failures} "
+                              f"failed attempts)")
+                elif len(idx) > 1:
+                    mid = len(idx) // 2
+                    run(idx[:mid])
+                    run(idx[mid:])
+                elif tries + 1 < self.ISOLATION_TRIES:
+                    run(idx, tries + 1)
+                else:
+                    isolated += 1
+                    dead(idx, f"processing error: {type(exc).__name__}")
+                return
+            out.extend(o)
+            for k, v in c.items():
+                counts[k] = counts.get(k, 0) + v
+
+        mid = len(everything) // 2
+        if len(everything) == 1:
+            run(everything, 1)
+        else:
+            run(everything[:mid])
+            run(everything[mid:])
+        log.error("partition %s: %d event(s) dead-lettered as processing errors after %d failed attempts",
+                  ps.partition, isolated, failures)
+        return out, counts
 
     # ---- one batch: messages are (partition, offset, value bytes) in consumption order
     async def process_batch(self, messages) -> None:
