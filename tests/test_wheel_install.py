@@ -45,6 +45,11 @@ def test_pyproject_lists_every_package():
         assert (ROOT / directory / "__init__.py").is_file()
 
 
+def _clean_env() -> dict:
+    """The environment without what would put the checkout's package on the path."""
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+
+
 @dataclass
 class Installed:
     venv: Path
@@ -58,7 +63,7 @@ class Installed:
         return self._run([str(self.venv / "bin" / "python"), "-c", code], timeout)
 
     def _run(self, cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+        env = _clean_env()
         proc = subprocess.run(cmd, cwd=self.workdir, env=env, capture_output=True, text=True, timeout=timeout)
         assert proc.returncode == 0, f"{cmd} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
         return proc
@@ -74,11 +79,14 @@ def installed(tmp_path_factory) -> Installed:
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(tmp / "dist"),
-                    str(src)], check=True, timeout=300)
+                    str(src)], check=True, timeout=300, cwd=tmp)
     wheel, = (tmp / "dist").glob("stream_anon-*.whl")
     venv.create(tmp / "venv", with_pip=True)
+    # neither the checkout nor PYTHONPATH (tests/conftest.py puts the checkout there for worker subprocesses) may
+    # be on pip's path: it would take the checkout's stream_anon.egg-info for an installed stream-anon and skip
+    # the wheel
     subprocess.run([str(tmp / "venv" / "bin" / "python"), "-m", "pip", "install", "--quiet",
-                    f"{wheel}[eval]"], check=True, timeout=600)
+                    f"{wheel}[eval]"], check=True, timeout=600, cwd=tmp, env=_clean_env())
     workdir = tmp / "work"
     workdir.mkdir()
     return Installed(tmp / "venv", workdir)
