@@ -377,7 +377,7 @@ class Engine:
         placed = np.zeros(len(work), dtype=bool)
         for nc in plan.new_classes:
             placed[nc.rows] = True
-        reused = plan.reused
+        reused = self._exact_cover(plan.reused, work.X)
         for rows in reused.values():
             placed[rows] = True
         suppressed_rows = {reason: list(rows) for reason, rows in plan.suppressed.items()}
@@ -386,7 +386,7 @@ class Engine:
             resolved[rows] = True
         # due leftovers: an earlier class chosen by the former, else suppressed
         leftovers = np.flatnonzero(due & ~placed[:nv] & ~resolved[:nv])
-        for c, rows in former.reuse(view, leftovers, plan).items():
+        for c, rows in self._exact_cover(former.reuse(view, leftovers, plan), work.X).items():
             reused.setdefault(c, []).extend(rows)
             placed[rows] = True
         loss = plan.loss_rejected
@@ -401,7 +401,7 @@ class Engine:
             if self.late_policy == "next_release":
                 late_view = WindowView(work.X, work.units, work.times, work.sensitive, np.ones(len(work), bool),
                                        final, window_end, self.space, rng, self.registry)
-                for c, rows in former.reuse(late_view, late_rows, Plan()).items():
+                for c, rows in self._exact_cover(former.reuse(late_view, late_rows, Plan()), work.X).items():
                     reused.setdefault(c, []).extend(rows)
                     placed[rows] = True
             for i in late_rows[~placed[late_rows]].tolist():
@@ -417,6 +417,18 @@ class Engine:
         self.seq += 1
         return release
 
+    def _exact_cover(self, reused: dict[int, list[int]], X: np.ndarray) -> dict[int, list[int]]:
+        """Reuse decisions kept only where the earlier class's published H3 cells hold the record (the registry's
+        boxes for H3 geopoints lie inside their cells; this is the exact test). Without H3 QIs: unchanged."""
+        if not self.space.h3_qis:
+            return reused
+        out: dict[int, list[int]] = {}
+        for c, rows in reused.items():
+            ok = [r for r in rows if self.space.in_published_cells(X[r], self.registry.gen[c])]
+            if ok:
+                out[c] = ok
+        return out
+
     def _build_release(self, buf: _Buffer, view: WindowView, release_id: str, window_start: float,
                        new_classes: list[NewClass], reused: dict[int, list[int]],
                        suppressed_rows: dict[str, list[int]]) -> Release:
@@ -425,8 +437,8 @@ class Engine:
         if new_classes:
             lo = np.stack([buf.X[nc.rows].min(axis=0) for nc in new_classes])
             hi = np.stack([buf.X[nc.rows].max(axis=0) for nc in new_classes])
-            lo, hi, labels = self.space.snap(lo, hi)
-            ncp = self.space.ncp(lo, hi)
+            lo, hi, labels = self.space.snap(lo, hi, [buf.X[nc.rows] for nc in new_classes])
+            ncp = self.space.ncp(lo, hi, labels)
             for j, nc in enumerate(new_classes):
                 groups.append((f"{release_id}-c{j:04d}", self.space.describe(lo[j], hi[j], labels[j]),
                                float(ncp[j]), False, nc.tag, nc.rows))

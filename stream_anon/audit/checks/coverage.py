@@ -5,6 +5,9 @@ Null raw QI values: a raw QI that is null (or absent) is covered when the publis
 only nulls, a label equal to ``"*"`` or the hierarchy root, or an interval/box covering the configured domain
 ``[lower, upper]``. Unknown categorical values (not in the hierarchy) are only covered by ``"*"``/the root.
 Intervals are inclusive; numeric and geo bounds allow 1e-9 of float slack (:func:`..primitives.cover_test`).
+A geopoint published as an H3 cell (``{"h3": cell, "resolution": r}``) covers a position when the position's cell at
+that resolution is the cell (:func:`..primitives.h3_cell_covers`, with the h3 package, exact); ``{"h3": "*"}`` is
+the whole domain.
 """
 from __future__ import annotations
 
