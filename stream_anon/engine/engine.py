@@ -320,10 +320,12 @@ class Engine:
     # -- internals --------------------------------------------------------------------------------------------
     def _add(self, rec: Records, late: np.ndarray, wins: list[int]) -> None:
         """Buffer records (in canonical order) and file the carried fields of the on-time ones by window."""
+        n_old = len(self.buffer)
         self.buffer.append(rec, late)
-        order = self.buffer.canonical_order(self.lateness > 0)
-        if not np.array_equal(order, np.arange(len(order))):
-            self.buffer = self.buffer.take(order)
+        step = np.diff(self.buffer.times[max(n_old - 1, 0):])
+        # already canonical when the new rows continue the time order (strictly, when ties are ordered by token)
+        if not ((step > 0).all() if self.lateness > 0 else (step >= 0).all()):
+            self.buffer = self.buffer.take(self.buffer.canonical_order(self.lateness > 0))
         n_late = int(late.sum())
         self.late_unreported += n_late
         self.late_total += n_late
