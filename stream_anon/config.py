@@ -22,6 +22,8 @@ from stream_anon.strategies import STRATEGIES
 
 QI_KINDS = ("numeric", "timestamp", "categorical", "station", "geopoint")
 REUSE_POLICIES = ("deadline", "immediate", "never")
+LATE_POLICIES = ("suppress", "next_release")
+H3_RESOLUTIONS = (0, 15)             # the resolutions H3 defines
 _NAME_RE = re.compile(r"^[a-z0-9_-]+$")
 
 
@@ -35,6 +37,7 @@ class QuasiIdentifier:
     weight: float = 1.0
     hierarchy: Hierarchy | None = None
     grid: float | None = None        # geopoint: boxes widen to this grid (degrees)
+    h3: tuple[int, int] | None = None  # geopoint with hierarchy = "h3": (min, max) resolution of published cells
 
     @property
     def dims(self) -> int:
@@ -49,6 +52,8 @@ class StreamSection:
     privacy_unit: str
     event_time: str
     event_types: tuple[str, ...]
+    allowed_lateness_s: float = 0.0  # watermark = largest event time seen - allowed_lateness_s
+    late_policy: str = "next_release"  # an event for an already released window: "next_release" or "suppress"
 
 
 @dataclass(frozen=True)
@@ -325,8 +330,12 @@ def _parse_qi(table: dict, i: int, base_dir: Path) -> QuasiIdentifier:
         grid = table.get("grid_deg")
         if grid is not None:
             _positive(grid, f"{path}.grid_deg")
+        h3 = _parse_h3(table, path, grid)
         return QuasiIdentifier(name, fields, kind, tuple(map(float, lower)), tuple(map(float, upper)), weight,
-                               grid=float(grid) if grid is not None else None)
+                               grid=float(grid) if grid is not None else None, h3=h3)
+    for key in ("resolutions",):
+        if key in table:
+            raise ConfigError(f"{path}.{key}: only meaningful for a geopoint with hierarchy = \"h3\"")
     if len(fields) > 1 and kind == "timestamp":
         raise ConfigError(f"{path}.field: a timestamp takes one field")
     conv = _time_value if kind == "timestamp" else (
@@ -340,6 +349,45 @@ def _parse_qi(table: dict, i: int, base_dir: Path) -> QuasiIdentifier:
     if not lower < upper:
         raise ConfigError(f"{path}: lower ({table['lower']}) must be below upper ({table['upper']})")
     return QuasiIdentifier(name, fields, kind, (lower,), (upper,), weight)
+
+
+def _parse_h3(table: dict, path: str, grid) -> tuple[int, int] | None:
+    """``hierarchy = "h3"`` and ``resolutions = [min, max]`` of a geopoint (positions generalize along the H3
+    hexagon hierarchy; docs/contracts.md, "Positions along H3")."""
+    hierarchy = table.get("hierarchy")
+    if hierarchy is None:
+        if "resolutions" in table:
+            raise ConfigError(f"{path}.resolutions: only meaningful with hierarchy = \"h3\"")
+        return None
+    if hierarchy != "h3":
+        raise ConfigError(f"{path}.hierarchy: a geopoint takes hierarchy = \"h3\" (or none: a lat/lon box), "
+                          f"got {hierarchy!r}")
+    if grid is not None:
+        raise ConfigError(f"{path}.grid_deg: not combinable with hierarchy = \"h3\" (cells are H3 hexagons)")
+    res = table.get("resolutions")
+    lo_r, hi_r = H3_RESOLUTIONS
+    if not (isinstance(res, list) and len(res) == 2
+            and all(isinstance(r, int) and not isinstance(r, bool) for r in res)):
+        raise ConfigError(f"{path}.resolutions: expected [min, max] H3 resolutions (integers {lo_r}-{hi_r}), "
+                          f"got {res!r}")
+    if not lo_r <= res[0] <= res[1] <= hi_r:
+        raise ConfigError(f"{path}.resolutions: need {lo_r} <= min <= max <= {hi_r}, got {res}")
+    try:
+        import h3  # noqa: F401  (the dependency is checked when the configuration loads, not at the first close)
+    except ImportError:
+        raise ConfigError(f"{path}.hierarchy: \"h3\" needs the h3 package (pip install h3)") from None
+    return int(res[0]), int(res[1])
+
+
+def _parse_lateness(s: dict) -> dict:
+    """``allowed_lateness_s`` and ``late_policy`` of the [stream] table (event time, watermarks, lateness)."""
+    lateness = _get(s, "allowed_lateness_s", "stream", (int, float), required=False, default=0)
+    if not math.isfinite(lateness) or lateness < 0:
+        raise ConfigError(f"stream.allowed_lateness_s: must be a finite number of seconds >= 0, got {lateness!r}")
+    policy = _get(s, "late_policy", "stream", str, required=False, default="next_release")
+    if policy not in LATE_POLICIES:
+        raise ConfigError(f"stream.late_policy: must be one of {', '.join(LATE_POLICIES)}, got {policy!r}")
+    return {"allowed_lateness_s": float(lateness), "late_policy": policy}
 
 
 def _parse_m(a: dict) -> dict:
@@ -421,6 +469,7 @@ def parse_config(raw: dict, base_dir: Path = Path("."), source: Path | None = No
         privacy_unit=_get(s, "privacy_unit", "stream", str),
         event_time=_get(s, "event_time", "stream", str),
         event_types=tuple(event_types),
+        **_parse_lateness(s),
     )
 
     a = raw.get("anonymization")

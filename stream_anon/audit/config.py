@@ -72,7 +72,7 @@ class AuditConfig:
         qis = []
         for q in raw.get("quasi_identifiers", []):
             hier = None
-            if q.get("hierarchy"):
+            if q.get("hierarchy") and q.get("kind") != "geopoint":     # a geopoint's "h3" is no file
                 hier = Hierarchy.load((path.parent / q["hierarchy"]).resolve())
             qis.append(QISpec(q["name"], q["field"], q["kind"], hier, q.get("lower"), q.get("upper")))
         identifiers = list(dict.fromkeys([*ids.get("drop", []), *ids.get("pseudonymize", [])]))

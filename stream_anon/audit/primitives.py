@@ -309,6 +309,8 @@ def is_full(q: QISpec, pub: Any) -> bool:
     if q.kind in ("categorical", "station"):
         label = pub.get("label")
         return label == "*" or (q.hierarchy is not None and label in q.hierarchy.roots)
+    if q.kind == "geopoint" and "h3" in pub:
+        return pub["h3"] == "*"
     if q.kind == "geopoint" and isinstance(q.lower, list) and isinstance(q.upper, list):
         try:
             return (pub["lat"][0] <= q.lower[0] + EPS and pub["lat"][1] >= q.upper[0] - EPS
@@ -360,6 +362,8 @@ def cover_test(q: QISpec, pub: Any, value: Any) -> tuple[bool, str]:
         lat, lon = value
         if lat is None or lon is None:
             return is_full(q, pub), "null raw value"
+        if "h3" in pub:
+            return h3_cell_covers(pub, lat, lon), "H3 cell"
         try:
             (a0, a1), (o0, o1) = pub["lat"], pub["lon"]
             ok = a0 - EPS <= lat <= a1 + EPS and o0 - EPS <= lon <= o1 + EPS
@@ -367,6 +371,22 @@ def cover_test(q: QISpec, pub: Any, value: Any) -> tuple[bool, str]:
             return False, "malformed box"
         return ok, "box"
     return False, f"unknown QI kind {q.kind!r}"
+
+
+def h3_cell_covers(pub: dict, lat: float, lon: float) -> bool:
+    """A published H3 cell ``{"h3": cell, "resolution": r}`` holds (lat, lon): the position's cell at the
+    cell's own resolution is that cell (``"*"``: the whole domain). The resolution is read from the cell id; a
+    ``resolution`` that disagrees with it, or an invalid id, fails. Imports h3 itself (not the engine's code)."""
+    import h3
+    cell = pub.get("h3")
+    if cell == "*":
+        return True
+    if not isinstance(cell, str) or not h3.is_valid_cell(cell):
+        return False
+    res = h3.get_resolution(cell)
+    if "resolution" in pub and pub["resolution"] != res:
+        return False
+    return h3.latlng_to_cell(float(lat), float(lon), res) == cell
 
 
 def covers(q: QISpec, published: Any, value: Any) -> bool:

@@ -2,23 +2,39 @@
 
 The engine is a **window core** with a pluggable **former** (``stream_anon.formers``):
 
-- The core owns the buffer of deferred records, the event-time watermark, the release sequence, the random
-  generator of each release, the registry of published classes and the release builder. Records are buffered per
-  event-time window of ``window_s``. When the watermark (the largest event time seen) enters a new window, the
-  open window closes: the core emits a :class:`ClosedWindow` (the records that arrived in it, for window
-  consumers such as the DP aggregates) and makes one **release**.
-- At a close the former forms classes over the whole buffer: k-anonymous classes with a strategy
-  (:class:`~stream_anon.formers.kanon.KAnonymousFormer`), or m-invariant ones with counterfeits
+- **Event time.** A record belongs to the window of its event time, ``floor(t / window_s)``. The **watermark**
+  is the largest event time seen minus ``[stream] allowed_lateness_s``. A window with records closes when the
+  watermark has passed its end and the next window holding records is known (its start is at or below the
+  watermark); the close makes one **release** whose ``window_end`` is that next window's start (empty windows in
+  between make no release, as before), and emits a :class:`ClosedWindow` (the carried fields of the window's
+  records, for window consumers such as the DP aggregates). With ``allowed_lateness_s = 0`` and events in time
+  order this is exactly the earlier rule (a window closes when the first event of a later window arrives).
+- At a close the former forms classes over the buffered records whose event time is before ``window_end``:
+  the closing window's and the deferred ones (records of later windows wait for theirs). k-anonymous classes
+  with a strategy (:class:`~stream_anon.formers.kanon.KAnonymousFormer`), or m-invariant ones with counterfeits
   (:class:`~stream_anon.formers.minvariant.MInvariantFormer`). A record left over stays deferred while its deadline
   (event time + ``max_delay_s``) is after the next close. When it is due, the former may place it in a **randomly
   chosen** earlier published class that covers it (choosing the lowest-loss one would leak the true value: CASTLE,
   Cao et al., ICDE 2008, Example 4); otherwise the core suppresses it with a reason.
+- **Late events**: an event whose time is below the end of the last release (its window is released) is late.
+  It never joins a window or a new class: it waits in the buffer (listed as deferred) and the next release
+  handles it by ``[stream] late_policy``: ``"suppress"`` (suppressed with reason ``late``) or ``"next_release"``
+  (published under a randomly chosen earlier class whose box covers it, as deadline reuse does; else suppressed
+  as ``late``). With m-invariance a signature can only be checked in the former's close, so under
+  ``next_release`` a late record enters the next close as a due record (a class of that release, or a random
+  earlier class of its signature completed with counterfeits; else suppressed as ``late``). A late event's
+  carried fields enter no closed window; :attr:`ClosedWindow.late` and ``Release.late`` count them.
 
-Output does not depend on how the input is cut into batches: a batch is split at the events whose time moves
-the watermark into a new window, and the randomness of a release comes from (seed, partition, sequence number).
+Output does not depend on how the input is cut into batches, and, within the allowed lateness (every event at or
+above the watermark when it arrives), not on the arrival order either: the buffer is kept in a canonical order
+(event time, then audit token when ``allowed_lateness_s > 0``; event time, then arrival, when it is 0 so that
+time-ordered input keeps today's releases), and the randomness of a release comes from (seed, partition,
+sequence number).
 """
 from __future__ import annotations
 
+import bisect
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,29 +45,33 @@ from stream_anon.engine.records import RecordReader, Records
 from stream_anon.engine.registry import PublishedClasses
 from stream_anon.engine.release import ClassInfo, Rejection, Release, StepResult
 from stream_anon.engine.space import QISpace
-from stream_anon.formers.base import (SUPPRESSED_END, SUPPRESSED_LOSS, SUPPRESSED_NO_CLASS, NewClass,
+from stream_anon.formers.base import (SUPPRESSED_END, SUPPRESSED_LOSS, SUPPRESSED_NO_CLASS, NewClass, Plan,
                                       WindowView)
 from stream_anon.formers.counterfeits import counterfeit_token
 from stream_anon.formers.kanon import KAnonymousFormer
 from stream_anon.formers.minvariant import MInvariantFormer, MInvariantParams
 from stream_anon.strategies import make_strategy
 
-STATE_VERSION = 2
+STATE_VERSION = 3
+LATE = "late"      # suppression reason of a late event (an event for a window already released)
 
 
 @dataclass
 class ClosedWindow:
-    """A window the core closed: its index and the carried fields of the records that arrived while it was open
-    (in arrival order). The DP aggregates consume these; nothing else derives windows."""
+    """A window the core closed: its index and the carried fields of the records whose event time falls in it
+    (in the buffer's canonical order, see the module docstring). The DP aggregates consume these; nothing else
+    derives windows. ``late``: late events that arrived since the previous closed window (they enter none)."""
     index: int
     start: float
     end: float
     carried: dict[str, list] = field(default_factory=dict)
+    late: int = 0
 
 
 def arrival_windows(times: np.ndarray, window_s: float, watermark: float = -np.inf) -> np.ndarray:
-    """Window index of each record in arrival order: the window of the event-time watermark (largest event time
-    seen so far, starting from ``watermark``) when it arrives. The one definition of a record's window.
+    """Window index of the watermark (largest event time seen so far, starting from ``watermark``) when each
+    record arrives. For events in time order (and ``allowed_lateness_s = 0``) it is each record's window in the
+    engine; the engine itself assigns records to the window of their own event time (:func:`event_windows`).
 
     >>> arrival_windows(np.array([5.0, 65.0, 30.0, 130.0]), 60.0).tolist()
     [0, 1, 1, 2]
@@ -59,8 +79,17 @@ def arrival_windows(times: np.ndarray, window_s: float, watermark: float = -np.i
     return np.floor(np.maximum.accumulate(np.maximum(times, watermark)) / window_s).astype(np.int64)
 
 
+def event_windows(times: np.ndarray, window_s: float) -> np.ndarray:
+    """The engine's window of each record: the window of its event time.
+
+    >>> event_windows(np.array([5.0, 65.0, 30.0, 130.0]), 60.0).tolist()
+    [0, 1, 0, 2]
+    """
+    return np.floor(np.asarray(times, dtype=float) / window_s).astype(np.int64)
+
+
 class _Buffer:
-    """Deferred records, column by column."""
+    """Deferred records, column by column (``late``: arrived for a window already released)."""
 
     def __init__(self, dims: int):
         self.X = np.empty((0, dims))
@@ -68,27 +97,37 @@ class _Buffer:
         self.times = np.empty(0)
         self.tokens: list[str] = []
         self.sensitive: list = []
+        self.late = np.empty(0, dtype=bool)
 
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def append(self, rec: Records) -> None:
+    def append(self, rec: Records, late: np.ndarray) -> None:
         self.X = np.concatenate([self.X, rec.X])
         self.units = np.concatenate([self.units, rec.units])
         self.times = np.concatenate([self.times, rec.times])
         self.tokens += rec.tokens
         self.sensitive += rec.sensitive
+        self.late = np.concatenate([self.late, late])
 
-    def drop(self, mask: np.ndarray) -> None:
-        """Forget the rows in mask (resolved) and keep the rest."""
-        keep = np.flatnonzero(~mask)
-        self.X, self.units, self.times = self.X[keep], self.units[keep], self.times[keep]
-        self.tokens = [self.tokens[i] for i in keep]
-        self.sensitive = [self.sensitive[i] for i in keep]
+    def take(self, rows: np.ndarray) -> "_Buffer":
+        """The rows ``rows`` (in that order) as a new buffer."""
+        rows = np.asarray(rows, dtype=np.int64)
+        b = _Buffer(self.X.shape[1])
+        b.X, b.units, b.times, b.late = self.X[rows], self.units[rows], self.times[rows], self.late[rows]
+        b.tokens = [self.tokens[i] for i in rows]
+        b.sensitive = [self.sensitive[i] for i in rows]
+        return b
+
+    def canonical_order(self, by_token: bool) -> np.ndarray:
+        """Rows in the buffer's canonical order: event time, then audit token (``by_token``) or current order."""
+        if by_token and len(self):
+            return np.lexsort((np.array(self.tokens), self.times))
+        return np.argsort(self.times, kind="stable")
 
     def to_state(self) -> dict:
         return {"X": self.X.tolist(), "units": self.units.tolist(), "times": self.times.tolist(),
-                "tokens": self.tokens, "sensitive": [list(s) for s in self.sensitive]}
+                "tokens": self.tokens, "sensitive": [list(s) for s in self.sensitive], "late": self.late.tolist()}
 
     @classmethod
     def from_state(cls, state: dict, dims: int) -> "_Buffer":
@@ -99,6 +138,7 @@ class _Buffer:
         b.times = np.array(state["times"], dtype=float)
         b.tokens = list(state["tokens"])
         b.sensitive = [tuple(s) for s in state["sensitive"]]
+        b.late = np.array(state.get("late", [False] * len(b.tokens)), dtype=bool)
         return b
 
 
@@ -141,12 +181,27 @@ class Engine:
         self.former = former if former is not None else make_former(config)
         a = config.anonymization
         self.k, self.window_s, self.max_delay_s = a.k, a.window_s, a.max_delay_s
+        self.lateness = float(config.stream.allowed_lateness_s)
+        self.late_policy = config.stream.late_policy
         self.buffer = _Buffer(self.space.dims)
         self.registry = PublishedClasses(self.space, a.reuse_horizon_s, a.reuse_max_classes)
         self.seq = 0
-        self.watermark = -np.inf
-        self.open_window: int | None = None     # index of the open window (floor(t / window_s))
-        self.window_carried = {f: [] for f in self.reader.carried}   # open window's carried fields
+        self.max_event_time = -np.inf     # largest event time seen
+        self.closed_until = -np.inf       # end of the last release: an event time below it is late
+        # windows with records not released yet: index -> {"times", "tokens", "carried": {field: values}}
+        self.pending: dict[int, dict] = {}
+        self.late_unreported = 0          # late events since the last ClosedWindow
+        self.late_total = 0               # late events ever (metrics)
+
+    @property
+    def watermark(self) -> float:
+        """Largest event time seen minus the allowed lateness."""
+        return self.max_event_time - self.lateness
+
+    def _watermark_window(self) -> float:
+        """Index of the window holding the watermark (-inf before any event)."""
+        wm = self.watermark
+        return math.floor(wm / self.window_s) if np.isfinite(wm) else -np.inf
 
     # -- public API -------------------------------------------------------------------------------------------
     def process(self, events) -> StepResult:
@@ -162,32 +217,55 @@ class Engine:
         return result
 
     def process_records(self, rec: Records) -> StepResult:
-        """Feed records read by ``self.reader`` (the worker reads them itself to keep input positions)."""
+        """Feed records read by ``self.reader`` (the worker reads them itself to keep input positions).
+
+        Records are taken one by one in arrival order (a batch is cut where a release becomes possible, so
+        batch boundaries do not matter): a record below ``closed_until`` is late, any other joins the window of
+        its event time; after it, every window that can close closes (module docstring)."""
         result = StepResult()
-        if len(rec) == 0:
+        n = len(rec)
+        if n == 0:
             return result
-        t = rec.times
-        # Split the batch where the watermark enters a new window, so batch boundaries do not matter.
-        marks = arrival_windows(t, self.window_s, self.watermark)
-        if self.open_window is None:
-            self.open_window = int(marks[0])
-        cuts = np.flatnonzero(marks > np.concatenate([[self.open_window], marks[:-1]]))
+        ws = self.window_s
+        times = rec.times.tolist()
+        wins = event_windows(rec.times, ws).tolist()
+        late = np.zeros(n, dtype=bool)
+        keys = sorted(self.pending)
+        opened: set[int] = set()
         start = 0
-        for cut in list(cuts) + [len(rec)]:
-            if cut > start:
-                self._add(rec.slice(start, cut))
-            if cut < len(rec):
-                self._close_window(result, window_end=marks[cut] * self.window_s)
-                self.open_window = int(marks[cut])
-            start = cut
+        c = self._watermark_window()
+        for i in range(n):
+            t = times[i]
+            if t < self.closed_until:
+                late[i] = True
+                continue
+            w = wins[i]
+            if w not in self.pending and w not in opened:
+                bisect.insort(keys, w)
+                opened.add(w)
+            if t > self.max_event_time:
+                self.max_event_time = t
+                c = self._watermark_window()
+            if len(keys) >= 2 and keys[1] <= c:
+                self._add(rec.slice(start, i + 1), late[start:i + 1], wins[start:i + 1])
+                opened.clear()
+                start = i + 1
+                while len(keys) >= 2 and keys[1] <= c:
+                    self._close(result, keys.pop(0), keys[0] * ws, final=False)
+        if start < n:
+            self._add(rec.slice(start, n), late[start:n], wins[start:n])
         return result
 
     def flush(self) -> StepResult:
-        """End of stream: close the open window and resolve every deferred record now."""
+        """End of stream: close every window with records and resolve every deferred (and late) record now."""
         result = StepResult()
-        if self.open_window is not None and (len(self.buffer) or self.seq == 0):
-            self._close_window(result, (self.open_window + 1) * self.window_s, final=True)
-            self.open_window += 1
+        keys = sorted(self.pending)
+        for j, w in enumerate(keys):
+            end = keys[j + 1] * self.window_s if j + 1 < len(keys) else (w + 1) * self.window_s
+            self._close(result, w, end, final=j + 1 == len(keys))
+        if not keys and len(self.buffer):       # only deferred or late records left (a flush after a flush)
+            w = int(np.floor(self.closed_until / self.window_s))
+            self._close(result, w, (w + 1) * self.window_s, final=True)
         return result
 
     @property
@@ -196,16 +274,18 @@ class Engine:
 
     @property
     def deferred_tokens(self) -> list[str]:
-        """Audit tokens of the records still waiting for a class."""
+        """Audit tokens of the records still waiting for a class (late ones included)."""
         return list(self.buffer.tokens)
 
     # -- state ------------------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """JSON-serializable checkpoint (no secret in it)."""
         return {"version": STATE_VERSION, "stream": self.config.stream.name, "partition": self.partition,
-                "seq": self.seq, "watermark": None if not np.isfinite(self.watermark) else float(self.watermark),
-                "open_window": self.open_window, "buffer": self.buffer.to_state(),
-                "window_carried": self.window_carried, "published": self.registry.state_dict(),
+                "seq": self.seq, "max_event_time": _finite_or_none(self.max_event_time),
+                "closed_until": _finite_or_none(self.closed_until), "buffer": self.buffer.to_state(),
+                "pending": {str(w): p for w, p in sorted(self.pending.items())},
+                "late_unreported": self.late_unreported, "late_total": self.late_total,
+                "published": self.registry.state_dict(),
                 "former": {"kind": type(self.former).__name__, **self.former.state_dict()}}
 
     @classmethod
@@ -224,74 +304,143 @@ class Engine:
                              "signatures")
         engine.former.load_state(former)
         engine.seq = state["seq"]
-        engine.watermark = -np.inf if state["watermark"] is None else state["watermark"]
-        engine.open_window = state["open_window"]
+        engine.max_event_time = -np.inf if state["max_event_time"] is None else float(state["max_event_time"])
+        engine.closed_until = -np.inf if state["closed_until"] is None else float(state["closed_until"])
         engine.buffer = _Buffer.from_state(state["buffer"], engine.space.dims)
         engine.registry.load_state(state["published"])
-        saved = state.get("window_carried", {})
-        engine.window_carried = {f: list(saved.get(f, [])) for f in engine.reader.carried}
+        engine.pending = {}
+        for w, p in state["pending"].items():
+            saved = p.get("carried", {})
+            engine.pending[int(w)] = {"times": list(p["times"]), "tokens": list(p["tokens"]),
+                                      "carried": {f: list(saved.get(f, [])) for f in engine.reader.carried}}
+        engine.late_unreported = int(state.get("late_unreported", 0))
+        engine.late_total = int(state.get("late_total", 0))
         return engine
 
     # -- internals --------------------------------------------------------------------------------------------
-    def _add(self, rec: Records) -> None:
-        self.buffer.append(rec)
-        for f, col in rec.carried.items():
-            self.window_carried[f].extend(col)
-        self.watermark = max(self.watermark, float(rec.times.max()))
+    def _add(self, rec: Records, late: np.ndarray, wins: list[int]) -> None:
+        """Buffer records (in canonical order) and file the carried fields of the on-time ones by window."""
+        n_old = len(self.buffer)
+        self.buffer.append(rec, late)
+        step = np.diff(self.buffer.times[max(n_old - 1, 0):])
+        # already canonical when the new rows continue the time order (strictly, when ties are ordered by token)
+        if not ((step > 0).all() if self.lateness > 0 else (step >= 0).all()):
+            self.buffer = self.buffer.take(self.buffer.canonical_order(self.lateness > 0))
+        n_late = int(late.sum())
+        self.late_unreported += n_late
+        self.late_total += n_late
+        fields = list(rec.carried)
+        for i, w in enumerate(wins):
+            if late[i]:
+                continue
+            p = self.pending.get(w)
+            if p is None:
+                p = self.pending[w] = {"times": [], "tokens": [], "carried": {f: [] for f in self.reader.carried}}
+            p["times"].append(float(rec.times[i]))
+            p["tokens"].append(rec.tokens[i])
+            for f in fields:
+                p["carried"][f].append(rec.carried[f][i])
 
-    def _close_window(self, result: StepResult, window_end: float, final: bool = False) -> None:
-        start = (self.open_window if self.open_window is not None else 0) * self.window_s
-        result.windows.append(ClosedWindow(self.open_window, start, start + self.window_s, self.window_carried))
-        self.window_carried = {f: [] for f in self.reader.carried}
-        result.releases.append(self._release(window_end, final))
+    def _close(self, result: StepResult, w: int, window_end: float, final: bool) -> None:
+        """Release window ``w`` (records before ``window_end``) and hand its carried fields on."""
+        p = self.pending.pop(w, None) or {"times": [], "tokens": [], "carried": {f: [] for f in self.reader.carried}}
+        if self.lateness > 0:
+            order = np.lexsort((np.array(p["tokens"]), np.array(p["times"]))) if p["tokens"] else []
+        else:
+            order = np.argsort(np.array(p["times"]), kind="stable")
+        carried = {f: [col[i] for i in order] for f, col in p["carried"].items()}
+        start = w * self.window_s
+        result.windows.append(ClosedWindow(w, start, start + self.window_s, carried, self.late_unreported))
+        self.late_unreported = 0
+        result.releases.append(self._release(start, window_end, final))
+        self.closed_until = max(self.closed_until, window_end)
 
-    def _release(self, window_end: float, final: bool) -> Release:
+    def _release(self, window_start: float, window_end: float, final: bool) -> Release:
         a = self.config.anonymization
         rng = np.random.default_rng([a.seed, self.partition, self.seq])
         release_id = f"{self.config.stream.name}-p{self.partition}-{self.seq:06d}"
-        window_start = (self.open_window if self.open_window is not None else 0) * self.window_s
         buf, former = self.buffer, self.former
+        eligible = ~buf.late & (buf.times < window_end)
+        form_idx, late_idx = np.flatnonzero(eligible), np.flatnonzero(buf.late)
+        rest = buf.take(np.flatnonzero(~eligible & ~buf.late))      # later windows' records: they wait
+        work = buf.take(np.concatenate([form_idx, late_idx])) if len(rest) or len(late_idx) else buf
+        nf, nl = len(form_idx), len(late_idx)
+        # with m-invariance a late record goes through the former's close as a due record (its signature can only
+        # be checked there); otherwise the former never sees it when forming (handled below)
+        in_view = nl if self.late_policy == "next_release" and getattr(former, "m", None) is not None else 0
+        nv = nf + in_view
         self.registry.expire(window_end)
         former.expire(window_end)
-        due = (buf.times + self.max_delay_s < window_end + self.window_s) | final
-        view = WindowView(buf.X, buf.units, buf.times, buf.sensitive, due, final, window_end, self.space, rng,
-                          self.registry)
+        due = np.concatenate([(work.times[:nf] + self.max_delay_s < window_end + self.window_s) | final,
+                              np.ones(in_view, dtype=bool)])
+        view = WindowView(work.X[:nv], work.units[:nv], work.times[:nv], work.sensitive[:nv], due, final,
+                          window_end, self.space, rng, self.registry)
         plan = former.form(view)
-        placed = np.zeros(len(buf), dtype=bool)
+        placed = np.zeros(len(work), dtype=bool)
         for nc in plan.new_classes:
             placed[nc.rows] = True
-        reused = plan.reused
+        reused = self._exact_cover(plan.reused, work.X)
         for rows in reused.values():
             placed[rows] = True
         suppressed_rows = {reason: list(rows) for reason, rows in plan.suppressed.items()}
-        resolved = np.zeros(len(buf), dtype=bool)
+        resolved = np.zeros(len(work), dtype=bool)
         for rows in suppressed_rows.values():
             resolved[rows] = True
         # due leftovers: an earlier class chosen by the former, else suppressed
-        for c, rows in former.reuse(view, np.flatnonzero(due & ~placed & ~resolved), plan).items():
+        leftovers = np.flatnonzero(due & ~placed[:nv] & ~resolved[:nv])
+        for c, rows in self._exact_cover(former.reuse(view, leftovers, plan), work.X).items():
             reused.setdefault(c, []).extend(rows)
             placed[rows] = True
         loss = plan.loss_rejected
-        for i in np.flatnonzero(due & ~placed & ~resolved).tolist():
-            reason = SUPPRESSED_LOSS if loss is not None and loss[i] else (SUPPRESSED_END if final
-                                                                           else SUPPRESSED_NO_CLASS)
+        for i in np.flatnonzero(due & ~placed[:nv] & ~resolved[:nv]).tolist():
+            reason = LATE if i >= nf else SUPPRESSED_LOSS if loss is not None and loss[i] else (
+                SUPPRESSED_END if final else SUPPRESSED_NO_CLASS)
             suppressed_rows.setdefault(reason, []).append(i)
             resolved[i] = True
-        release = self._build_release(view, release_id, window_start, plan.new_classes, reused, suppressed_rows)
-        buf.drop(placed | resolved)     # everything resolved leaves the buffer; the rest stays deferred
-        release.deferred_tokens = list(buf.tokens)
+        if nl > in_view:
+            # late records: never in a new class; a random earlier class covering them, or suppressed as late
+            late_rows = np.arange(nf, nf + nl)
+            if self.late_policy == "next_release":
+                late_view = WindowView(work.X, work.units, work.times, work.sensitive, np.ones(len(work), bool),
+                                       final, window_end, self.space, rng, self.registry)
+                for c, rows in self._exact_cover(former.reuse(late_view, late_rows, Plan()), work.X).items():
+                    reused.setdefault(c, []).extend(rows)
+                    placed[rows] = True
+            for i in late_rows[~placed[late_rows]].tolist():
+                suppressed_rows.setdefault(LATE, []).append(i)
+                resolved[i] = True
+        release = self._build_release(work, view, release_id, window_start, plan.new_classes, reused,
+                                      suppressed_rows)
+        release.late = nl       # late events this release handled (published under next_release or suppressed)
+        keep = work.take(np.flatnonzero(~(placed | resolved)))     # deferred (late ones never stay)
+        self.buffer = _concat(keep, rest)
+        # deferred: records a close has seen and left waiting (the records of open windows are in no manifest yet)
+        release.deferred_tokens = list(keep.tokens)
         self.seq += 1
         return release
 
-    def _build_release(self, view: WindowView, release_id: str, window_start: float, new_classes: list[NewClass],
-                       reused: dict[int, list[int]], suppressed_rows: dict[str, list[int]]) -> Release:
-        buf, reg, former = self.buffer, self.registry, self.former
+    def _exact_cover(self, reused: dict[int, list[int]], X: np.ndarray) -> dict[int, list[int]]:
+        """Reuse decisions kept only where the earlier class's published H3 cells hold the record (the registry's
+        boxes for H3 geopoints lie inside their cells; this is the exact test). Without H3 QIs: unchanged."""
+        if not self.space.h3_qis:
+            return reused
+        out: dict[int, list[int]] = {}
+        for c, rows in reused.items():
+            ok = [r for r in rows if self.space.in_published_cells(X[r], self.registry.gen[c])]
+            if ok:
+                out[c] = ok
+        return out
+
+    def _build_release(self, buf: _Buffer, view: WindowView, release_id: str, window_start: float,
+                       new_classes: list[NewClass], reused: dict[int, list[int]],
+                       suppressed_rows: dict[str, list[int]]) -> Release:
+        reg, former = self.registry, self.former
         groups = []     # (class id, generalization, ncp, reused, tag, rows) in release order
         if new_classes:
             lo = np.stack([buf.X[nc.rows].min(axis=0) for nc in new_classes])
             hi = np.stack([buf.X[nc.rows].max(axis=0) for nc in new_classes])
-            lo, hi, labels = self.space.snap(lo, hi)
-            ncp = self.space.ncp(lo, hi)
+            lo, hi, labels = self.space.snap(lo, hi, [buf.X[nc.rows] for nc in new_classes])
+            ncp = self.space.ncp(lo, hi, labels)
             for j, nc in enumerate(new_classes):
                 groups.append((f"{release_id}-c{j:04d}", self.space.describe(lo[j], hi[j], labels[j]),
                                float(ncp[j]), False, nc.tag, nc.rows))
@@ -327,7 +476,10 @@ class Engine:
         order = view.rng.permutation(len(rec_tok)) if former.shuffle_records else np.arange(len(rec_tok))
         return Release(
             release_id=release_id, stream=self.config.stream.name, partition=self.partition, seq=self.seq,
-            window_start=window_start, window_end=view.window_end, watermark=self.watermark, k=self.k,
+            window_start=window_start, window_end=view.window_end,
+            # the largest event time of the records the release closed over: with time-ordered input the
+            # watermark at the close, and independent of the arrival order within the allowed lateness
+            watermark=float(view.times.max()) if len(view) else self.watermark, k=self.k,
             classes=classes,
             record_class=np.array(rec_class, dtype=np.int64)[order] if rec_tok else np.empty(0, dtype=np.int64),
             record_sensitive=[rec_sens[i] for i in order],
@@ -340,3 +492,19 @@ class Engine:
             if m is not None else None,
             m=m,
         )
+
+
+def _concat(a: _Buffer, b: _Buffer) -> _Buffer:
+    if not len(b):
+        return a
+    if not len(a):
+        return b
+    out = _Buffer(a.X.shape[1])
+    out.X, out.units = np.concatenate([a.X, b.X]), np.concatenate([a.units, b.units])
+    out.times, out.late = np.concatenate([a.times, b.times]), np.concatenate([a.late, b.late])
+    out.tokens, out.sensitive = a.tokens + b.tokens, a.sensitive + b.sensitive
+    return out
+
+
+def _finite_or_none(x: float):
+    return float(x) if np.isfinite(x) else None

@@ -13,6 +13,15 @@ Published time intervals are half-open, ``[from, to)``, and snapped outward to t
 g``. A class whose members share one exact minute publishes ``[t, t + 60 s)``, never a zero-width interval; the
 whole-domain interval of a missing time is snapped the same way. Numeric intervals stay closed ``[from, to]``.
 
+**Positions along H3** (``hierarchy = "h3"``, ``resolutions = [rmin, rmax]``): a geopoint is still encoded as
+latitude and longitude (partitioning strategies split on them), but a class publishes one H3 cell: the cell of
+the finest resolution r in [rmin, rmax] at which all its members' positions fall in the same cell
+(``h3.latlng_to_cell(lat, lon, r)``), else the whole domain (``"*"``). Its NCP counts cells:
+``(7 ** (rmax - r) - 1) / (N - 1)`` (capped at 1), the share of the domain's finest cells it stands for, where N is
+the number of resolution-rmax cells whose centres lie in the configured [lower, upper] box (1 for ``"*"``, 0 for a
+cell at rmax). Its box for reuse tests is an axis-aligned box inside the cell (a record in it is in the cell; the
+engine checks reuse exactly with h3 as well).
+
 Normalized certainty penalty (NCP) per dimension is (hi - lo) / (U - L) of the published (snapped) interval
 (Xu et al., "Utility-based anonymization using local recoding", KDD 2006; categorical form
 (leaves(node) - 1) / (leaves(root) - 1) as in CASTLE, Cao et al., ICDE 2008). A record's NCP is the
@@ -74,6 +83,13 @@ class QISpace:
         self.granularity = g
         self.time_dims = np.array([d for d, qi_index in enumerate(owner)
                                    if self.qis[qi_index].kind == "timestamp"], dtype=np.int64)
+        # H3 geopoints: (qi index, first dim, rmin, rmax, number of rmax cells of the domain)
+        self.h3_qis: list[tuple[int, int, int, int, int]] = []
+        d = 0
+        for qi_index, qi in enumerate(self.qis):
+            if qi.kind == "geopoint" and qi.h3 is not None:
+                self.h3_qis.append((qi_index, d, qi.h3[0], qi.h3[1], h3_domain_cells(qi.lower, qi.upper, qi.h3[1])))
+            d += qi.dims
 
     # -- encoding ---------------------------------------------------------------------------------------------
     def encode(self, columns: dict[str, list]) -> tuple[np.ndarray, list[str | None]]:
@@ -129,10 +145,14 @@ class QISpace:
         return out
 
     # -- generalization ---------------------------------------------------------------------------------------
-    def snap(self, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, list]:
-        """Snap raw class boxes (m, D) to publishable intervals; also returns category labels per box."""
+    def snap(self, lo: np.ndarray, hi: np.ndarray, members: list | None = None) -> tuple[np.ndarray, np.ndarray, list]:
+        """Snap raw class boxes (m, D) to publishable intervals; also returns category labels per box (and the
+        H3 cell of an H3 geopoint). ``members``: per box, the (n_j, D) codes of its records; with them an H3 cell
+        is exact (every member in it), without them it is the common cell of the box's corners (an estimate,
+        for the formers' loss tests)."""
         lo = lo.copy()
         hi = hi.copy()
+        raw_lo = lo.copy()
         missing = lo < self.lower
         lo[missing] = self.lower[np.nonzero(missing)[1]]
         hi[missing] = self.upper[np.nonzero(missing)[1]]
@@ -144,6 +164,20 @@ class QISpace:
                     nlo, nhi, label = qi.hierarchy.generalize(lo[j, d], hi[j, d])
                     lo[j, d], hi[j, d] = nlo, nhi
                     labels[j][qi.name] = label
+            elif qi.kind == "geopoint" and qi.h3 is not None:
+                for j in range(len(lo)):
+                    if raw_lo[j, d] < self.lower[d] or raw_lo[j, d + 1] < self.lower[d + 1]:
+                        cell = None                                     # a missing position: the whole domain
+                    elif members is not None:
+                        cell = common_cell(members[j][:, d], members[j][:, d + 1], qi.h3)
+                    else:
+                        cell = common_cell(np.array([lo[j, d], lo[j, d], hi[j, d], hi[j, d]]),
+                                           np.array([lo[j, d + 1], hi[j, d + 1], lo[j, d + 1], hi[j, d + 1]]), qi.h3)
+                    labels[j][qi.name] = cell
+                    if cell is None:
+                        lo[j, d:d + 2], hi[j, d:d + 2] = self.lower[d:d + 2], self.upper[d:d + 2]
+                    else:
+                        (lo[j, d], hi[j, d]), (lo[j, d + 1], hi[j, d + 1]) = inner_box(cell)
             elif qi.kind == "geopoint" and qi.grid:
                 for axis in (d, d + 1):
                     lo[:, axis] = np.maximum(self.lower[axis], np.floor(lo[:, axis] / qi.grid) * qi.grid)
@@ -153,10 +187,25 @@ class QISpace:
             d += qi.dims
         return lo, hi, labels
 
-    def ncp(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-        """Weighted NCP of snapped boxes (m, D) -> (m,)."""
+    def ncp(self, lo: np.ndarray, hi: np.ndarray, labels: list | None = None) -> np.ndarray:
+        """Weighted NCP of snapped boxes (m, D) -> (m,); an H3 geopoint counts cells (module docstring): from
+        ``labels`` (of :meth:`snap`), else from the common cell of the snapped box's corners."""
         # a snapped time interval may reach past the domain by less than one granule: at most the whole domain
-        return np.minimum((hi - lo) / self.width, 1.0) @ self.weight
+        per_dim = np.minimum((hi - lo) / self.width, 1.0)
+        if self.h3_qis:
+            per_dim = per_dim.copy()
+            for qi_index, d, rmin, rmax, n_cells in self.h3_qis:
+                name = self.qis[qi_index].name
+                for j in range(len(lo)):
+                    if labels is not None:
+                        cell = labels[j][name]
+                    elif lo[j, d] <= self.lower[d] and hi[j, d] >= self.upper[d]:
+                        cell = None
+                    else:
+                        cell = common_cell(np.array([lo[j, d], hi[j, d]]), np.array([lo[j, d + 1], hi[j, d + 1]]),
+                                           (rmin, rmax))
+                    per_dim[j, d] = per_dim[j, d + 1] = h3_ncp(cell, rmax, n_cells)
+        return per_dim @ self.weight
 
     def describe(self, lo: np.ndarray, hi: np.ndarray, labels: dict) -> dict:
         """The published form of one snapped box (docs/contracts.md section 5)."""
@@ -165,6 +214,9 @@ class QISpace:
         for qi in self.qis:
             if qi.kind in ("categorical", "station"):
                 out[qi.name] = {"label": labels[qi.name]}
+            elif qi.kind == "geopoint" and qi.h3 is not None:
+                cell = labels.get(qi.name)
+                out[qi.name] = {"h3": "*"} if cell is None else {"h3": cell, "resolution": h3_resolution(cell)}
             elif qi.kind == "geopoint":
                 out[qi.name] = {"lat": [_num(lo[d]), _num(hi[d])], "lon": [_num(lo[d + 1]), _num(hi[d + 1])]}
             elif qi.kind == "timestamp":
@@ -173,6 +225,18 @@ class QISpace:
                 out[qi.name] = {"from": _num(lo[d]), "to": _num(hi[d])}
             d += qi.dims
         return out
+
+    def in_published_cells(self, x: np.ndarray, generalization: dict) -> bool:
+        """Whether a record's codes ``x`` lie in the H3 cells of a published generalization (True without H3)."""
+        for qi_index, d, _, _, _ in self.h3_qis:
+            cell = generalization[self.qis[qi_index].name].get("h3")
+            if cell == "*":
+                continue
+            if x[d] < self.lower[d] or x[d + 1] < self.lower[d + 1]:
+                return False                                      # a missing position: only "*" covers it
+            if _h3().latlng_to_cell(float(x[d]), float(x[d + 1]), h3_resolution(cell)) != cell:
+                return False
+        return True
 
     def coverage_box(self, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Boxes for reuse tests: a dimension published as the whole domain also covers missing values."""
@@ -191,6 +255,75 @@ def snap_time(lo, hi, granularity: float):
     """
     g = float(granularity)
     return np.floor(lo / g) * g, (np.floor(hi / g) + 1.0) * g
+
+
+# -- H3 -----------------------------------------------------------------------------------------------------------
+def _h3():
+    import h3       # only streams with an H3 geopoint need the package (checked when their config loads)
+    return h3
+
+
+def common_cell(lat: np.ndarray, lon: np.ndarray, resolutions: tuple[int, int]) -> str | None:
+    """The cell of the finest resolution in [rmin, rmax] holding every (lat, lon), or None (none does).
+    Coarser is searched downwards from rmax: H3 children do not tile their parent exactly, so sharing a cell at
+    one resolution does not imply sharing one at every coarser resolution (tests/test_h3.py)."""
+    h3 = _h3()
+    rmin, rmax = resolutions
+    pts = set(zip(np.asarray(lat, dtype=float).tolist(), np.asarray(lon, dtype=float).tolist()))
+    for r in range(rmax, rmin - 1, -1):
+        cells = {h3.latlng_to_cell(a, o, r) for a, o in pts}
+        if len(cells) == 1:
+            return cells.pop()
+    return None
+
+
+def h3_resolution(cell: str) -> int:
+    return int(_h3().get_resolution(cell))
+
+
+@lru_cache(maxsize=1 << 16)
+def inner_box(cell: str, margin: float = 0.98) -> tuple[tuple[float, float], tuple[float, float]]:
+    """An axis-aligned (lat, lon) box inside ``cell``: centred on the cell centre, with the aspect of the cell's
+    extent, grown by bisection while its corners and edge midpoints stay in the cell, then shrunk by ``margin``."""
+    h3 = _h3()
+    r = h3.get_resolution(cell)
+    clat, clon = h3.cell_to_latlng(cell)
+    boundary = np.array(h3.cell_to_boundary(cell))
+    half = (boundary.max(axis=0) - boundary.min(axis=0)) / 2
+
+    def inside(s: float) -> bool:
+        a, o = s * half
+        pts = [(clat + da * a, clon + do * o) for da in (-1, 0, 1) for do in (-1, 0, 1)]
+        return all(h3.latlng_to_cell(p, q, r) == cell for p, q in pts)
+
+    lo_s, hi_s = 0.0, 1.0
+    for _ in range(30):
+        mid = (lo_s + hi_s) / 2
+        lo_s, hi_s = (mid, hi_s) if inside(mid) else (lo_s, mid)
+    a, o = lo_s * margin * half
+    return (clat - a, clat + a), (clon - o, clon + o)
+
+
+@lru_cache(maxsize=64)
+def h3_domain_cells(lower: tuple, upper: tuple, rmax: int) -> int:
+    """N of the H3 NCP: resolution-rmax cells whose centres lie in the domain box (by the domain's area over the
+    average cell area when that is above 2 million cells), at least 2."""
+    h3 = _h3()
+    (la0, lo0), (la1, lo1) = lower, upper
+    lat_km = (la1 - la0) * 111.32
+    lon_km = (lo1 - lo0) * 111.32 * math.cos(math.radians((la0 + la1) / 2))
+    estimate = lat_km * lon_km / h3.average_hexagon_area(rmax, "km^2")
+    if estimate > 2e6:
+        return max(2, int(round(estimate)))
+    poly = h3.LatLngPoly([(la0, lo0), (la0, lo1), (la1, lo1), (la1, lo0)])
+    return max(2, len(h3.h3shape_to_cells(poly, rmax)))
+
+
+def h3_ncp(cell: str | None, rmax: int, n_cells: int) -> float:
+    """NCP of a published H3 cell: (7^(rmax - r) - 1) / (N - 1), capped at 1; 1 for the whole domain."""
+    if cell is None:
+        return 1.0
+    return min(1.0, (7.0 ** (rmax - h3_resolution(cell)) - 1.0) / (n_cells - 1.0))
 
 
 def _num(x: float):

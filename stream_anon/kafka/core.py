@@ -238,7 +238,8 @@ class WorkerCore:
         metric = {"type": "release", "stream": self.stream, "partition": rel.partition, "ts": _now_iso(),
                   "release_id": rel.release_id, "seq": manifest.get("seq"), "published": manifest.get("published"),
                   "suppressed": manifest.get("suppressed"), "deferred": manifest.get("deferred"),
-                  "ncp_mean": manifest.get("ncp_mean"), "suppression_ratio": manifest.get("suppression_ratio")}
+                  "ncp_mean": manifest.get("ncp_mean"), "suppression_ratio": manifest.get("suppression_ratio"),
+                  "late": getattr(rel, "late", 0)}     # late events this release handled (stream_anon.engine)
         if "m" in manifest:     # m-invariance: counterfeit counts, as in the manifest (never which records)
             metric.update({name: manifest[name] for name in ("m", "counterfeit_individuals", "counterfeit_records")})
         out.append((TOPICS.metrics, self.stream.encode(), dumps(metric)))

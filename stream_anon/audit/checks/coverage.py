@@ -7,6 +7,9 @@ only nulls, a label equal to ``"*"`` or the hierarchy root, or an interval/box c
 Time intervals are half-open, ``[from, to)`` (the engine snaps them outward to ``time_granularity_s``: a zero-width
 interval is malformed and covers nothing); numeric intervals and geo boxes are closed and allow 1e-9 of float slack
 (:func:`..primitives.cover_test`).
+A geopoint published as an H3 cell (``{"h3": cell, "resolution": r}``) covers a position when the position's cell at
+that resolution is the cell (:func:`..primitives.h3_cell_covers`, with the h3 package, exact); ``{"h3": "*"}`` is
+the whole domain.
 """
 from __future__ import annotations
 
