@@ -53,7 +53,7 @@ def test_bundled_config_loads_with_its_hierarchies():
     cfg = load_config(contract.config_path("oyster"))
     location = next(q for q in cfg.quasi_identifiers if q.name == "location")
     assert location.hierarchy is not None and location.hierarchy.n_leaves > 100
-    with pytest.raises(ContractError, match="bundled: citibike, obd2, oyster, oyster-cards"):
+    with pytest.raises(ContractError, match="bundled: citibike, citibike-h3, obd2, obd2-h3, oyster, oyster-cards"):
         contract.config_path("taxi")
 
 

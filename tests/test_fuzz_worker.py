@@ -229,7 +229,9 @@ def test_fuzz_20000_messages_no_exception_every_message_accounted(tmp_path, capl
     msgs = fuzzed_messages(20_000, seed=10)
     core, sink = run_worker(oyster_config(), tmp_path, msgs)     # raises if anything escapes the worker
     counts = accounted(core, sink, msgs)
-    assert counts["dead_letters"] > 5000 and counts["published"] > 9000
+    # the good half is published, or suppressed as late when a mutated but valid time moved event time ahead
+    # (event-time windows: one far-ahead time makes the events after it late; see the lateness section)
+    assert counts["dead_letters"] > 5000 and counts["published"] + counts["suppressed"] > 9000
     reasons = Counter(d["reason"].split(":")[0] for d in sink.docs(TOPICS.deadletter))
     assert "processing error" not in reasons, reasons      # the reader, not the bisection, catches bad input
     assert not any("isolating" in r.message for r in caplog.records)
