@@ -79,6 +79,8 @@ class PartitionAggregates:
         self.partition = int(partition)
         self.window_s = float(config.anonymization.window_s)
         self.ledger = BudgetLedger(ledger_file, self.dp.epsilon_budget)
+        if state is not None and "ledger" in state:       # the worker keeps the ledger in its state (Kafka)
+            self.ledger.merge_state(state["ledger"])
         seed = crypto.dp_noise_seed(secret, self.stream, self.partition)
         if state is None:
             self.aggregator = DPAggregator(self.dp, self.ledger, seed, stream=self.stream)
@@ -137,8 +139,12 @@ class PartitionAggregates:
         return row
 
     # -- checkpoint --------------------------------------------------------------------------------------------
-    def state_dict(self) -> dict:
-        return {"aggregator": self.aggregator.state_dict()}
+    def state_dict(self, with_ledger: bool = True) -> dict:
+        """Counters, and the ledger (written in the same transaction as the rows that spend it)."""
+        doc = {"aggregator": self.aggregator.state_dict()}
+        if with_ledger:
+            doc["ledger"] = self.ledger.state_dict()
+        return doc
 
 
 def _now_iso() -> str:

@@ -245,6 +245,38 @@ def read_dp_report(bootstrap: str, config, idle_s: float = 1.0) -> dict:
     }
 
 
+def committed_offsets(bootstrap: str, group: str, topic: str, partitions) -> dict[int, int | None]:
+    """The group's committed offsets of ``topic`` (None where nothing is committed)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        got = c.committed([TopicPartition(topic, p) for p in partitions], timeout=30)
+    finally:
+        c.close()
+    return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in got}
+
+
+def committed_states(bootstrap: str, app_id: str, stream: str, partitions, idle_s: float = 1.0) -> dict[int, dict]:
+    """Each partition's committed state document (read back as a recovering worker would, for tests and
+    benchmarks of a stopped worker: the state topic is read until idle rather than to a barrier)."""
+    from stream_anon.kafka import state as st
+
+    topic = st.state_topic(app_id)
+    markers = committed_offsets(bootstrap, app_id, topic, partitions)
+    by_part: dict[int, list] = {}
+    for (_, p, _), value in read_topic(bootstrap, topic, idle_s=idle_s):
+        h = st.header(value)
+        if h is not None and h[0] == st.KIND_STATE:
+            by_part.setdefault(p, []).append(value)
+    out = {}
+    for p in partitions:
+        rec = st.choose_state(by_part.get(p, []), markers.get(p), None)
+        if rec.doc is not None:
+            out[p] = rec.doc
+    return out
+
+
 def windows_by_arrival(events: list, config) -> list[tuple[int, list]]:
     """One partition's events (arrival order) grouped by the engine's window rule."""
     times = [parse_time(get_path(e, config.stream.event_time)) for e in events]
@@ -262,21 +294,23 @@ def windows_by_arrival(events: list, config) -> list[tuple[int, list]]:
 
 def crash_main(argv=None) -> int:
     """``python -m stream_anon.kafka.harness --kill-after-batches N <worker options>``: a worker that SIGKILLs
-    itself right after delivering the outputs of its N-th batch, before checkpointing it (tests of restarts)."""
+    itself inside its N-th transaction, after its output and state records reached the broker and before the
+    commit (tests of restarts: the transaction stays open until the restarted worker fences it)."""
     from stream_anon.kafka import app
-    from stream_anon.kafka.core import WorkerCore
+    from stream_anon.kafka.loop import KafkaLoop
 
     ap = argparse.ArgumentParser(add_help=False)
     ap.add_argument("--kill-after-batches", type=int, required=True)
     args, rest = ap.parse_known_args(argv)
-    deliver = WorkerCore._deliver
+    end = KafkaLoop._end_transaction
 
-    async def deliver_then_die(self, messages):
-        await deliver(self, messages)
-        if self.stats["batches"] >= args.kill_after_batches:
+    def end_or_die(self, prod, offsets):
+        if self.counters["transactions"] + 1 >= args.kill_after_batches:
+            prod.flush(10)
             os.kill(os.getpid(), signal.SIGKILL)
+        return end(self, prod, offsets)
 
-    WorkerCore._deliver = deliver_then_die
+    KafkaLoop._end_transaction = end_or_die
     return app.worker_main(rest)
 
 
