@@ -7,6 +7,7 @@ a scale that drifted with the data would make information loss incomparable acro
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -67,6 +68,141 @@ class Anonymization:
     m_horizon_s: float | None = None       # a signature binds its individual this long after its last release
                                            # (event time); None: for the lifetime of the engine state
     m_params: dict = field(default_factory=dict)   # tuning of the m-invariant class former (MInvariantParams)
+    time_granularity_s: float = 60.0       # published time bounds are snapped outward to this grid (> 0)
+
+
+SENSITIVE_TYPES = ("category", "number", "boolean", "text")
+DEFAULT_TEXT_CHARSET = r"A-Za-z0-9 .,:/()&+#%_-"   # no quotes, < > ; \\ = or control characters
+DEFAULT_TEXT_MAX_LENGTH = 64
+_MAX_SAFE_NUMBER = 2.0 ** 53          # undeclared numbers: beyond this a float no longer holds every integer
+
+
+@dataclass(frozen=True)
+class SensitiveDomain:
+    """The values a sensitive field may publish (``[sensitive.domains]``; docs/contracts.md section 2).
+
+    ``type``: ``category`` (``values``; a value outside goes to the dead letters, or is published as ``other``
+    when one is declared), ``number`` (``lower``..``upper``, ``integer``), ``boolean``, ``text`` (at most
+    ``max_length`` characters of the ``charset`` character class), or ``scalar``: the default of a field without
+    a declared domain (null, a boolean, a number of magnitude <= 2**53, or text as ``text`` with the defaults).
+    Null is always allowed (a missing value is published as null).
+
+    >>> d = SensitiveDomain("p", "category", values=("payg", "travelcard"), other="other")
+    >>> d.check("payg"), d.check("<script>"), d.check(["payg"])[1]
+    (('payg', None), ('other', None), 'p: a list is not a category value')
+    >>> SensitiveDomain("t", "text", max_length=8).check("<b>")[1]
+    "t: text '<b>' has characters outside [A-Za-z0-9 .,:/()&+#%_-]"
+    """
+    field: str
+    type: str = "scalar"
+    values: tuple[str, ...] = ()
+    other: str | None = None
+    lower: float | None = None
+    upper: float | None = None
+    integer: bool = False
+    max_length: int = DEFAULT_TEXT_MAX_LENGTH
+    charset: str = DEFAULT_TEXT_CHARSET
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_values", frozenset(self.values))
+        object.__setattr__(self, "_text", re.compile(f"[{self.charset}]*"))
+
+    def check(self, v) -> tuple[object, str | None]:
+        """(the value to publish, None) or (None, the reason the event is rejected)."""
+        if v is None:
+            return None, None
+        t = self.type
+        if t == "category":
+            if not isinstance(v, str):
+                return None, f"{self.field}: a {_kind(v)} is not a category value"
+            if v in self._values:
+                return v, None
+            if self.other is not None:
+                return self.other, None
+            return None, f"{self.field}: value {_shown(v)} is not in its declared categories"
+        if t == "boolean":
+            return (v, None) if isinstance(v, bool) else (None, f"{self.field}: a {_kind(v)} is not a boolean")
+        if t == "number" or (t == "scalar" and isinstance(v, (int, float)) and not isinstance(v, bool)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                return None, f"{self.field}: a {_kind(v)} is not a number"
+            if not math.isfinite(v):
+                return None, f"{self.field}: number is not finite"
+            lo, hi = (self.lower, self.upper) if t == "number" else (-_MAX_SAFE_NUMBER, _MAX_SAFE_NUMBER)
+            if not lo <= v <= hi:
+                return None, f"{self.field}: number {_shown(v)} outside its domain [{lo:g}, {hi:g}]"
+            if self.integer and float(v) != int(v):
+                return None, f"{self.field}: number {_shown(v)} is not an integer"
+            return v, None
+        if t == "scalar" and isinstance(v, bool):
+            return v, None
+        if not isinstance(v, str):
+            return None, f"{self.field}: a {_kind(v)} is not text"
+        if len(v) > self.max_length:
+            return None, f"{self.field}: text of {len(v)} characters, more than {self.max_length}"
+        if not self._text.fullmatch(v):
+            return None, f"{self.field}: text {_shown(v)} has characters outside [{self.charset}]"
+        return v, None
+
+
+def _kind(v) -> str:
+    return {dict: "object", list: "list", str: "string", bool: "boolean"}.get(type(v), type(v).__name__)
+
+
+def _shown(v, limit: int = 40) -> str:
+    """A value for a reason: repr (escapes control characters and lone surrogates), cut to ``limit``."""
+    r = repr(v)
+    return r if len(r) <= limit else r[:limit] + "...'"
+
+
+def _flat_domains(table: dict, prefix: str = "") -> dict:
+    """Domains by dotted field path: ``"a.b" = {...}`` and the nested form TOML makes of an unquoted dotted key
+    (``a.b = {...}``, ``[sensitive.domains.a] b = {...}``) are the same."""
+    out = {}
+    for key, value in table.items():
+        if isinstance(value, dict) and "type" not in value and value:
+            out.update(_flat_domains(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _parse_domain(name: str, table) -> SensitiveDomain:
+    path = f"sensitive.domains.{name}"
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: expected a table {{ type = ... }}")
+    t = _get(table, "type", path, str)
+    if t not in SENSITIVE_TYPES:
+        raise ConfigError(f"{path}.type: must be one of {', '.join(SENSITIVE_TYPES)}, got {t!r}")
+    known = {"category": {"type", "values", "other"}, "number": {"type", "lower", "upper", "integer"},
+             "boolean": {"type"}, "text": {"type", "max_length", "charset"}}[t]
+    for key in table:
+        if key not in known:
+            raise ConfigError(f"{path}.{key}: not a key of a {t} domain (known: {', '.join(sorted(known))})")
+    if t == "category":
+        values = _get(table, "values", path, list)
+        if not values or not all(isinstance(v, str) for v in values):
+            raise ConfigError(f"{path}.values: expected a non-empty list of strings")
+        other = _get(table, "other", path, str, required=False, default=None)
+        if other is not None and other not in values:
+            raise ConfigError(f"{path}.other: {other!r} must be one of the declared values")
+        return SensitiveDomain(name, t, values=tuple(values), other=other)
+    if t == "number":
+        lower = float(_get(table, "lower", path, (int, float)))
+        upper = float(_get(table, "upper", path, (int, float)))
+        if not (math.isfinite(lower) and math.isfinite(upper) and lower <= upper):
+            raise ConfigError(f"{path}: lower ({lower}) must be finite and not above upper ({upper})")
+        return SensitiveDomain(name, t, lower=lower, upper=upper,
+                               integer=_get(table, "integer", path, bool, required=False, default=False))
+    if t == "text":
+        max_length = _get(table, "max_length", path, int, required=False, default=DEFAULT_TEXT_MAX_LENGTH)
+        _positive(max_length, f"{path}.max_length", integer=True)
+        charset = _get(table, "charset", path, str, required=False, default=DEFAULT_TEXT_CHARSET)
+        try:
+            re.compile(f"[{charset}]*")
+        except re.error as exc:
+            raise ConfigError(f"{path}.charset: not a regular-expression character class: {exc}") from None
+        return SensitiveDomain(name, t, max_length=max_length, charset=charset)
+    return SensitiveDomain(name, t)
 
 
 @dataclass(frozen=True)
@@ -87,6 +223,7 @@ class StreamConfig:
     source: Path | None = None
     raw: dict = field(default_factory=dict, repr=False)
     dp: "DPConfig | None" = None            # the [dp] / [[aggregates]] tables, when the stream has any
+    domains: tuple[SensitiveDomain, ...] = ()   # aligned with ``sensitive`` (undeclared: the ``scalar`` domain)
 
     @property
     def identifiers(self) -> tuple[str, ...]:
@@ -320,6 +457,8 @@ def parse_config(raw: dict, base_dir: Path = Path("."), source: Path | None = No
         reuse_horizon_s=float(_positive(_get(a, "reuse_horizon_s", "anonymization", (int, float),
                                              required=False, default=7200.0), "anonymization.reuse_horizon_s")),
         max_class_ncp=max_class_ncp, max_suppression_ratio=max_supp,
+        time_granularity_s=float(_positive(_get(a, "time_granularity_s", "anonymization", (int, float),
+                                                required=False, default=60.0), "anonymization.time_granularity_s")),
         **_parse_m(a),
     )
 
@@ -343,6 +482,12 @@ def parse_config(raw: dict, base_dir: Path = Path("."), source: Path | None = No
         if invariant not in sensitive:
             raise ConfigError(f"sensitive.invariant: {invariant!r} must also be listed in sensitive.fields (its "
                               "values are what each class publishes and what its signature is made of)")
+    domains_raw = _flat_domains(_get(sens, "domains", "sensitive", dict, required=False, default={}))
+    for name in domains_raw:
+        if name not in sensitive:
+            raise ConfigError(f"sensitive.domains.{name}: not one of sensitive.fields")
+    domains = tuple(_parse_domain(f, domains_raw[f]) if f in domains_raw else SensitiveDomain(f)
+                    for f in sensitive)
     ids = raw.get("identifiers", {})
     drop = tuple(ids.get("drop", []))
     pseudo = tuple(ids.get("pseudonymize", []))
@@ -374,7 +519,8 @@ def parse_config(raw: dict, base_dir: Path = Path("."), source: Path | None = No
         # imported only for streams with aggregates: stream_anon.dp pulls in diffprivlib and scikit-learn
         from stream_anon.dp.specs import parse_dp_config
         dp = parse_dp_config(raw, base_dir)
-    return StreamConfig(stream, anonymization, qis, sensitive, invariant, drop, pseudo, limits, source, raw, dp)
+    return StreamConfig(stream, anonymization, qis, sensitive, invariant, drop, pseudo, limits, source, raw, dp,
+                        domains)
 
 
 def load_config(path: str | Path) -> StreamConfig:

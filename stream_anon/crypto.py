@@ -1,7 +1,10 @@
 """Keyed HMAC-SHA256 pseudonyms and audit tokens.
 
-Both are keyed with one secret held outside the data (env ``STREAM_ANON_SECRET``): without it nobody can map a
-token back to an event or a key back to an individual. Pseudonyms are used for Kafka keys and in state only;
+Both are keyed with one secret held outside the data (a file named by env ``STREAM_ANON_SECRET_FILE``, e.g. a
+mounted Kubernetes/Docker secret, or env ``STREAM_ANON_SECRET``): without it nobody can map a token back to an
+event or a key back to an individual. A weak secret is refused (:func:`check_secret`). Manifests and dead letters
+carry the secret's key id (:func:`key_id`), so tokens made under different secrets can be told apart when the
+secret is rotated (docs/contracts.md section 8). Pseudonyms are used for Kafka keys and in state only;
 no pseudonym is ever published, because a stable per-individual pseudonym would link an individual across
 releases.
 """
@@ -9,26 +12,76 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import os
 import secrets
+from collections import Counter
+from pathlib import Path
 
 SECRET_ENV = "STREAM_ANON_SECRET"
+SECRET_FILE_ENV = "STREAM_ANON_SECRET_FILE"
 _MIN_SECRET_BYTES = 16
+_MIN_SECRET_BITS = 80.0     # estimated entropy (see estimated_bits); a random 32-byte hex secret has ~230
+_HOW = "e.g. `python -c 'import secrets; print(secrets.token_hex(32))'`"
 
 
 class SecretError(RuntimeError):
     """Raised when no usable secret is configured."""
 
 
-def load_secret(env: str = SECRET_ENV) -> bytes:
-    """Read the HMAC secret from the environment; refuse to run without one."""
-    value = os.environ.get(env, "")
-    if len(value.encode()) < _MIN_SECRET_BYTES:
-        raise SecretError(
-            f"{env} is not set or shorter than {_MIN_SECRET_BYTES} bytes: set a random secret, e.g. "
-            f"`export {env}=$(python -c 'import secrets; print(secrets.token_hex(32))')`"
-        )
-    return value.encode()
+def estimated_bits(secret: bytes) -> float:
+    """A simple entropy estimate: length x the empirical Shannon entropy of the secret's bytes (bits). An upper
+    bound for anything a person types (it sees no words or sequences); it catches repeated characters and short
+    alphabets, not a weak passphrase.
+
+    >>> estimated_bits(b" " * 16), estimated_bits(b"abab"), round(estimated_bits(b"0123456789abcdef"))
+    (0.0, 4.0, 64)
+    """
+    n = len(secret)
+    if n == 0:
+        return 0.0
+    return n * -sum(c / n * math.log2(c / n) for c in Counter(secret).values()) + 0.0
+
+
+def check_secret(secret: bytes, where: str) -> bytes:
+    """The secret, or SecretError when it is too weak: under 16 bytes, or under 80 estimated bits."""
+    if len(secret) < _MIN_SECRET_BYTES:
+        raise SecretError(f"{where}: the secret is missing or shorter than {_MIN_SECRET_BYTES} bytes; use a random "
+                          f"secret, {_HOW}")
+    bits = estimated_bits(secret)
+    if bits < _MIN_SECRET_BITS:
+        raise SecretError(f"{where}: the secret is too weak (about {bits:.0f} bits estimated, at least "
+                          f"{_MIN_SECRET_BITS:.0f} needed); use a random secret, {_HOW}")
+    return secret
+
+
+def load_secret(env: str = SECRET_ENV, file_env: str = SECRET_FILE_ENV) -> bytes:
+    """The HMAC secret: the content of the file named by ``$STREAM_ANON_SECRET_FILE`` (one trailing newline
+    removed) or ``$STREAM_ANON_SECRET``; refuse to run without one, with both, or with a weak one."""
+    path, value = os.environ.get(file_env), os.environ.get(env)
+    if path and value:
+        raise SecretError(f"both {env} and {file_env} are set: set one")
+    if path:
+        try:
+            data = Path(path).read_bytes()
+        except OSError as exc:
+            raise SecretError(f"{file_env}: cannot read the secret file: {type(exc).__name__}") from None
+        if data.endswith(b"\r\n"):
+            data = data[:-2]
+        elif data.endswith(b"\n"):
+            data = data[:-1]
+        return check_secret(data, file_env)
+    return check_secret((value or "").encode(), env)
+
+
+def key_id(secret: bytes) -> str:
+    """Public id of a secret: the first 8 hex digits of HMAC-SHA256(secret, "kid"). It tells which secret made a
+    token (for rotation) and reveals nothing usable about the secret.
+
+    >>> key_id(b"test-secret-0123456789abcdef0123456789")
+    '51639562'
+    """
+    return hmac.new(secret, b"kid", hashlib.sha256).hexdigest()[:8]
 
 
 def throwaway_secret() -> bytes:

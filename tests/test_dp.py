@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from stream_anon.config import ConfigError
+from stream_anon.errors import ConfigError
 from stream_anon.dp import (BinaryTreeCounter, BudgetExhausted, BudgetExhaustedError, BudgetLedger, DPAggregator,
                             HybridCounter, PerWindowCounter, bound_contributions, choose_mechanism, clamp,
                             draw_noise, make_mechanism, parse_dp_config, split_outputs)

@@ -343,7 +343,7 @@ def cover_test(q: QISpec, pub: Any, value: Any) -> tuple[bool, str]:
         t, lo, hi = parse_time(value), parse_time(pub.get("from")), parse_time(pub.get("to"))
         if None in (t, lo, hi):
             return False, "unparseable time"
-        return lo <= t <= hi, "time interval"
+        return lo <= t < hi, "time interval [from, to)"
     if q.kind == "numeric":
         x, lo, hi = as_float(value), as_float(pub.get("from")), as_float(pub.get("to"))
         if None in (x, lo, hi):

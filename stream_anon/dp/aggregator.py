@@ -32,6 +32,7 @@ knows it can subtract the noise.
 """
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import itertools
@@ -43,7 +44,7 @@ import numpy as np
 import pandas as pd
 
 from stream_anon.dp.continual import (BinaryTreeCounter, HybridCounter, PerWindowCounter, _Counter,
-                                      choose_mechanism, noise_variance, sum_ci95_half_width, Z95)
+                                      choose_mechanism, noise_ci95_half_width, Z95)
 from stream_anon.dp.contribution import bound_contributions
 from stream_anon.dp.ledger import BudgetLedger
 from stream_anon.dp.specs import AggregateSpec, DPConfig
@@ -58,25 +59,38 @@ class _Plan:
     window_epsilon: float                # per component, per-window counter (0: no per-window counter)
     running_epsilon: float               # per component, running counter (0: running = prefix of per-window)
     reason: str
+    release_epsilon: float = 0.0         # charged to the worst-case unit by one release (all components)
+    sens_factor: int = 1                 # windows of one unit one release can hold: min(release_every, W)
 
 
-def plan_aggregate(spec: AggregateSpec) -> _Plan:
-    """Split the aggregate's epsilon over its components and outputs and pick the running mechanism."""
-    eps_c = spec.epsilon / len(spec.components)
+def plan_aggregate(spec: AggregateSpec, max_windows: int | None = None) -> _Plan:
+    """Split the aggregate's epsilon over its components and outputs and pick the running mechanism.
+
+    Legacy mode (``max_windows=None``): ``spec.epsilon`` per window. Period mode: a unit contributes to at most
+    ``W = max_windows`` windows of a period, so to at most ``W`` releases, each holding at most ``m =
+    min(release_every, W)`` of its windows (sensitivity ``m`` times the per-window one); noise calibrated to
+    ``epsilon * m / W`` per release keeps the unit's loss over the whole period at ``epsilon`` (the sum over
+    its releases; Dwork & Roth 2014, Theorem 3.16), whatever the number of windows in the period."""
+    if max_windows is not None and spec.max_windows is not None:
+        max_windows = spec.max_windows
+    m = 1 if max_windows is None else min(spec.release_every, max_windows)
+    eps = spec.epsilon if max_windows is None else spec.epsilon * m / max_windows
+    eps_c = eps / len(spec.components)
     if spec.output == "per_window":
-        return _Plan(spec, None, eps_c, 0.0, "per-window output only")
-    sens = max(spec.component_sensitivity(c) for c in spec.components)
+        return _Plan(spec, None, eps_c, 0.0, "per-window output only", eps, m)
+    sens = max(spec.component_sensitivity(c) for c in spec.components) * m
     noise = spec.component_noise(spec.components[0])
     if spec.mechanism == "auto":
-        choice = choose_mechanism(spec.horizon_windows, eps_c, sens, noise, spec.output)
+        exact = noise == "geometric" and float(sens).is_integer()
+        choice = choose_mechanism(spec.horizon_windows, eps_c, sens, noise if exact else "laplace", spec.output)
         mech, reason = choice["mechanism"], choice["reason"]
     else:
         mech, reason = spec.mechanism, "configured"
     if mech == "per_window":                  # running totals are prefix sums of the per-window releases
-        return _Plan(spec, "per_window", eps_c, 0.0, reason)
+        return _Plan(spec, "per_window", eps_c, 0.0, reason, eps, m)
     if spec.output == "both":
-        return _Plan(spec, mech, eps_c / 2, eps_c / 2, reason)
-    return _Plan(spec, mech, 0.0, eps_c, reason)
+        return _Plan(spec, mech, eps_c / 2, eps_c / 2, reason, eps, m)
+    return _Plan(spec, mech, 0.0, eps_c, reason, eps, m)
 
 
 class DPAggregator:
@@ -99,12 +113,16 @@ class DPAggregator:
 
     def __init__(self, config: DPConfig | Sequence[AggregateSpec], ledger: BudgetLedger, seed,
                  privacy_unit: str | None = None, stream: str = "", track_individuals: bool = False):
+        self.config = config if isinstance(config, DPConfig) else None
+        self.clock = self.config.clock if self.config is not None else None
+        self.max_windows = self.config.max_windows_per_period if self.clock is not None else None
+        self.event_unit = self.clock is not None and self.config.unit == "event"
         if isinstance(config, DPConfig):
             specs, privacy_unit, stream = config.aggregates, privacy_unit or config.privacy_unit, \
                 stream or config.stream
         else:
             specs = tuple(config)
-        if not privacy_unit:
+        if not privacy_unit and not self.event_unit:
             raise ValueError("privacy_unit: required (contribution bounding counts events per individual)")
         if seed is None:
             raise ValueError("seed: required and secret (noise must be reproducible after a restart)")
@@ -113,7 +131,7 @@ class DPAggregator:
         self.ledger = ledger
         self.privacy_unit = privacy_unit
         self.stream = stream
-        self.plans = {s.name: plan_aggregate(s) for s in self.specs}
+        self.plans = {s.name: plan_aggregate(s, self.max_windows) for s in self.specs}
         # group key -> cell index; a histogram's cell is group cell * bins + bin (bins vary fastest in the domain)
         self._cells = {s.name: {k: i for i, k in enumerate(itertools.product(*(g.domain for g in s.group_by)))}
                        for s in self.specs}
@@ -127,21 +145,33 @@ class DPAggregator:
                         "out_of_domain": {s.name: 0 for s in self.specs},
                         "missing": {s.name: 0 for s in self.specs}}
         self.window_metrics: dict = {}
+        # period mode: the current period, each unit's windows used in it per aggregate (keyed 64-bit hashes of
+        # the unit, never the unit), and the bounded values accumulated towards the next release
+        self.period: str | None = None
+        self.unit_windows: dict[str, dict[int, int]] = {s.name: {} for s in self.specs}
+        self.pending: dict[str, dict[str, np.ndarray]] = {}
+        self.pending_units: dict[str, set] = {}
+        if self.clock is not None:
+            self.metrics["windows_cut"] = {s.name: 0 for s in self.specs}
+            self.metrics["units_window_capped"] = {s.name: 0 for s in self.specs}
+        self._w = {s.name: (s.max_windows or self.max_windows) for s in self.specs}
+        self._unit_key = hmac.new(self.seed, b"stream-anon/dp-unit-hash", hashlib.sha256).digest()
 
     # -- construction ----------------------------------------------------------------------------------------
     def _new_counters(self, spec: AggregateSpec) -> dict[str, dict[str, _Counter]]:
         plan, n = self.plans[spec.name], len(spec.domain)
         out: dict[str, dict[str, _Counter]] = {}
         for comp in spec.components:
-            sens, noise = spec.component_sensitivity(comp), spec.component_noise(comp)
+            sens, noise = spec.component_sensitivity(comp) * plan.sens_factor, spec.component_noise(comp)
+            res = spec.component_resolution(comp)
             c: dict[str, _Counter] = {}
             if plan.window_epsilon > 0:
-                c["window"] = PerWindowCounter(n, plan.window_epsilon, sens, noise)
+                c["window"] = PerWindowCounter(n, plan.window_epsilon, sens, noise, res)
             if plan.running_epsilon > 0:
                 if plan.running_mechanism == "binary_tree":
-                    c["running"] = BinaryTreeCounter(n, plan.running_epsilon, sens, noise, spec.horizon_windows)
+                    c["running"] = BinaryTreeCounter(n, plan.running_epsilon, sens, noise, spec.horizon_windows, res)
                 else:
-                    c["running"] = HybridCounter(n, plan.running_epsilon, sens, noise)
+                    c["running"] = HybridCounter(n, plan.running_epsilon, sens, noise, res)
             out[comp] = c
         return out
 
@@ -179,6 +209,8 @@ class DPAggregator:
         return [flatten(e) if any(isinstance(v, dict) for v in e.values()) else e for e in events]
 
     def _process_one(self, w: int, flats: list[dict]) -> list[dict]:
+        if self.clock is not None:
+            return self._process_one_period(w, flats)
         active = [s for s in self.specs
                   if not self.ledger.is_stopped(s.name) or self.ledger.exhausted_at(s.name) == str(w)]
         values = {s.name: self._cell_values(s, flats) for s in active}
@@ -213,13 +245,98 @@ class DPAggregator:
         self.window_metrics = wm
         return rows
 
-    def _cell_values(self, spec: AggregateSpec, flats: list[dict]):
+    def _process_one_period(self, w: int, flats: list[dict]) -> list[dict]:
+        """Period mode: bound each unit to ``W`` windows of the period (per aggregate) and ``C`` events per
+        window, accumulate the bounded values, and release on the aggregate's schedule (every
+        ``release_every_windows`` windows from the period's start, and at its last window)."""
+        label, first, n = self.clock.period_of(w)
+        if label != self.period:
+            self._new_period(label)
+        pos = w - first
+        wm = {"type": "dp_window", "stream": self.stream, "window": w, "events": len(flats), "period": label,
+              "contributions_cut": {}, "out_of_domain": {}, "missing": {}, "windows_cut": {},
+              "units_window_capped": {}, "budget_exhausted": []}
+        releasing = []
+        for spec in self.specs:
+            stop = f"{spec.name}@{label}"
+            if self.ledger.is_stopped(stop) and self.ledger.exhausted_at(stop) != str(w):
+                continue
+            x, stats, units = self._cell_values(spec, flats)
+            for key in ("contributions_cut", "out_of_domain", "missing", "windows_cut", "units_window_capped"):
+                self.metrics[key][spec.name] += stats[key]
+                wm[key][spec.name] = stats[key]
+            acc = self.pending.setdefault(spec.name, {c: np.zeros_like(v) for c, v in x.items()})
+            for c, v in x.items():
+                acc[c] += v
+            if self.track_individuals:
+                self.pending_units.setdefault(spec.name, set()).update(units)
+            if (pos + 1) % spec.release_every == 0 or pos == n - 1:
+                releasing.append(spec)
+        outcomes = self.ledger.reserve_many([
+            (s.name, w, self.plans[s.name].release_epsilon, self._digest(s.name, w, self.pending[s.name]), label,
+             s.epsilon) for s in releasing])
+        rows: list[dict] = []
+        for spec, outcome in zip(releasing, outcomes):
+            x = self.pending.pop(spec.name)
+            units = self.pending_units.pop(spec.name, set())
+            if not outcome.ok:
+                if outcome.first or self.ledger.exhausted_at(f"{spec.name}@{label}") == str(w):
+                    rows.append({**outcome.event(self.stream), "period": label})
+                    self.metrics["budget_exhausted_events"] += 1
+                    wm["budget_exhausted"].append(spec.name)
+                continue
+            if self.track_individuals:
+                for u in units:
+                    k = (label, u, spec.name)
+                    self.individual_spend[k] = min(spec.epsilon, self.individual_spend.get(k, 0.0)
+                                                   + self.plans[spec.name].release_epsilon)
+            start = first + (pos // spec.release_every) * spec.release_every
+            for r in self._release(spec, w, x, outcome.window):
+                r.update({"period": label, "unit": self.config.unit, "epsilon_period": spec.epsilon,
+                          "span_start_window": start, "windows_in_release": w - start + 1})
+                rows.append(r)
+        self.last_window = w
+        self.metrics["windows"] += 1
+        self.metrics["events_in"] += len(flats)
+        self.metrics["aggregates_published"] += sum(r["type"] == "aggregate" for r in rows)
+        self.window_metrics = wm
+        return rows
+
+    def _new_period(self, label: str) -> None:
+        """A new period: window counts, running counters and partial releases start again (the budget is per
+        period; the ledger keeps the previous periods' charges)."""
+        self.period = label
+        self.unit_windows = {s.name: {} for s in self.specs}
+        self.counters = {s.name: self._new_counters(s) for s in self.specs}
+        self.pending, self.pending_units = {}, {}
+
+    def _unit_hash(self, unit) -> int:
+        """Keyed 64-bit hash of a unit (BLAKE2b keyed by the secret seed): the state never holds a raw id."""
+        return int.from_bytes(hashlib.blake2b(str(unit).encode(), key=self._unit_key, digest_size=8).digest(),
+                              "little")
+
+    def _window_cap(self, name: str, units: list, commit: bool) -> tuple[list[bool], int, int]:
+        """Mask of the events whose unit may still contribute a window to ``name`` in this period (at most
+        ``max_windows_per_period``: the first windows in time, a choice that depends on the unit's own events
+        only); events and units cut. ``commit``: count this window for the admitted units."""
+        counts = self.unit_windows[name]
+        admitted: dict = {}
+        for u in dict.fromkeys(units):
+            h = self._unit_hash(u)
+            c = counts.get(h, 0)
+            admitted[u] = c < self._w[name]
+            if admitted[u] and commit:
+                counts[h] = c + 1
+        mask = [admitted[u] for u in units]
+        return mask, len(mask) - sum(mask), sum(not ok for ok in admitted.values())
+
+    def _cell_values(self, spec: AggregateSpec, flats: list[dict], commit: bool = True):
         """Per component, the bounded true value of every cell; plus counts of what was left out."""
         cells = self._cells[spec.name]
         if spec.where:
             flats = [f for f in flats if not any(f.get(k) not in allowed for k, allowed in spec.where)]
         pu, vf, ratio = self.privacy_unit, spec.value_field, spec.kind == "ratio"
-        all_units = [f.get(pu) for f in flats]
+        all_units = list(range(len(flats))) if self.event_unit else [f.get(pu) for f in flats]
         keys = (zip(*(g.keys_of(flats) for g in spec.group_by)) if spec.group_by
                 else itertools.repeat((), len(flats)))
         all_vals = [f.get(vf) for f in flats] if vf is not None else itertools.repeat(None, len(flats))
@@ -239,6 +356,16 @@ class DPAggregator:
             idx.append(cells[key])
             units.append(unit)
             vals.append(v)
+        extra = {}
+        if self.clock is not None:
+            wcut = ucut = 0
+            if not self.event_unit and units:
+                mask, wcut, ucut = self._window_cap(spec.name, units, commit)
+                if wcut:
+                    idx = [i for i, k in zip(idx, mask) if k]
+                    units = [u for u, k in zip(units, mask) if k]
+                    vals = [v for v, k in zip(vals, mask) if k]
+            extra = {"windows_cut": wcut, "units_window_capped": ucut}
         keep, cut = bound_contributions(units, spec.max_contributions)
         idx_a = np.asarray(idx, dtype=np.int64)
         if spec.kind == "histogram":            # values outside the edges are clamped into the end bins
@@ -253,6 +380,7 @@ class DPAggregator:
             x["count"] = count
         elif spec.kind in ("sum", "mean"):
             v = np.clip(np.asarray([vals[i] for i in np.flatnonzero(keep)], dtype=float), spec.lower, spec.upper)
+            v = np.round(v / spec.resolution) * spec.resolution      # integer noise in units of the resolution
             x["sum"] = np.bincount(idx_a, weights=v, minlength=n) if len(v) else np.zeros(n)
             if spec.kind == "mean":
                 x["count"] = count
@@ -261,13 +389,13 @@ class DPAggregator:
             x["numerator"] = np.bincount(idx_a, weights=num, minlength=n) if len(num) else np.zeros(n)
             x["denominator"] = count
         kept_units = {u for u, k in zip(units, keep) if k} if self.track_individuals else set()
-        return x, {"contributions_cut": cut, "out_of_domain": ood, "missing": missing}, kept_units
+        return x, {"contributions_cut": cut, "out_of_domain": ood, "missing": missing, **extra}, kept_units
 
     def true_values(self, name: str, events) -> dict[str, np.ndarray]:
         """Bounded, noise-free cell values of one window of events for aggregate ``name`` (error measurement
         only: never publish them). Spends nothing and changes no state."""
         spec = next(s for s in self.specs if s.name == name)
-        return self._cell_values(spec, self._flat(events))[0]
+        return self._cell_values(spec, self._flat(events), commit=False)[0]
 
     # -- output ----------------------------------------------------------------------------------------------
     def _digest(self, name: str, w: int, x: dict[str, np.ndarray]) -> str:
@@ -285,20 +413,20 @@ class DPAggregator:
         info: dict[str, dict[str, dict]] = {"per_window": {}, "running": {}}
         for comp in spec.components:
             c = counters[comp]
-            sens, noise = spec.component_sensitivity(comp), spec.component_noise(comp)
+            noise = spec.component_noise(comp)
             if "window" in c:
                 pw = c["window"]
                 pw.update(x[comp], self._rng(spec.name, comp, "window", release))
                 noisy["per_window"][comp] = pw.last_window
                 info["per_window"][comp] = {
                     "epsilon": pw.epsilon, "scale": pw.node_scale, "var": pw.window_variance(),
-                    "half": sum_ci95_half_width(1, noise, pw.epsilon, sens), "method": "exact",
+                    "half": _half(pw, 1, pw.epsilon), "method": "exact",
                     "mechanism": f"per_window/{noise}"}
                 if plan.running_mechanism == "per_window":
                     noisy["running"][comp] = pw.running
                     info["running"][comp] = {
                         "epsilon": 0.0, "scale": pw.node_scale, "var": pw.running_variance(pw.t),
-                        "half": sum_ci95_half_width(pw.t, noise, pw.epsilon, sens),
+                        "half": _half(pw, pw.t, pw.epsilon),
                         "method": "exact" if pw.t == 1 else "normal", "mechanism": f"per_window/{noise}",
                         "windows": pw.t}
             if "running" in c:
@@ -307,7 +435,7 @@ class DPAggregator:
                 var = rc.running_variance(rc.t)
                 if isinstance(rc, BinaryTreeCounter):
                     terms = rc.running_terms(rc.t)
-                    half = sum_ci95_half_width(terms, noise, rc.node_epsilon, sens)
+                    half = _half(rc, terms, rc.node_epsilon)
                     method = "exact" if terms == 1 else "normal"
                 else:
                     half, method = Z95 * math.sqrt(var), "normal"
@@ -328,19 +456,19 @@ class DPAggregator:
         eps = sum(i["epsilon"] for i in info.values())
         base = {"type": "aggregate", "stream": self.stream, "window": w, "aggregate": spec.name, "kind": spec.kind,
                 "output": output, "mechanism": first["mechanism"], "mechanism_reason": plan.reason,
-                "epsilon": eps, "epsilon_window": spec.epsilon, "max_contributions": spec.max_contributions}
+                "epsilon": eps, "epsilon_window": plan.release_epsilon, "max_contributions": spec.max_contributions}
         if output == "running":
             base["windows_covered"] = first["windows"]
             if eps == 0.0:
                 base["epsilon_note"] = "post-processing of the per-window releases"
         if len(comps) == 1:
             base.update({"noise_scale": first["scale"], "noise_std": math.sqrt(first["var"]),
-                         "sensitivity": spec.component_sensitivity(comps[0]),
+                         "sensitivity": spec.component_sensitivity(comps[0]) * plan.sens_factor,
                          "noise_ci95": [-first["half"], first["half"]], "ci95_method": first["method"]})
         else:
             base.update({"noise_scale": {c: info[c]["scale"] for c in comps},
                          "noise_std": {c: math.sqrt(info[c]["var"]) for c in comps},
-                         "sensitivity": {c: spec.component_sensitivity(c) for c in comps},
+                         "sensitivity": {c: spec.component_sensitivity(c) * plan.sens_factor for c in comps},
                          "ci95_method": "delta"})
         integer = all(spec.component_noise(c) == "geometric" for c in comps)
         rows = []
@@ -363,6 +491,7 @@ class DPAggregator:
                 row["components"] = {comps[0]: a, comps[1]: b}
                 row["noise_ci95"] = [-half, half]
                 row["ci95"] = [max(lo, r - half), min(hi, r + half)]
+                row["bounds"] = [lo, hi]
             rows.append(row)
         return rows
 
@@ -372,7 +501,12 @@ class DPAggregator:
         """Largest epsilon charged to an individual actually present (``track_individuals``), else the
         ledger's worst-case total."""
         if self.track_individuals and self.individual_spend:
-            return max(self.individual_spend.values())
+            if self.clock is None:
+                return max(self.individual_spend.values())
+            per: dict = {}                              # (period, unit) -> sum over aggregates
+            for (label, u, _), e in self.individual_spend.items():
+                per[(label, u)] = per.get((label, u), 0.0) + e
+            return max(per.values())
         return self.ledger.spent
 
     def summary(self) -> dict:
@@ -384,21 +518,63 @@ class DPAggregator:
                 "mechanisms": {n: (p.running_mechanism or "per_window") for n, p in self.plans.items()}}
 
     def state_dict(self) -> dict:
-        """JSON-serializable checkpoint (counters and metrics; the ledger has its own file)."""
-        return {"last_window": self.last_window, "metrics": self.metrics,
-                "counters": {a: {comp: {k: c.state_dict() for k, c in cs.items()} for comp, cs in comps.items()}
-                             for a, comps in self.counters.items()}}
+        """JSON-serializable checkpoint (counters and metrics; the ledger has its own file). Period mode adds the
+        period, the partial releases and each unit's window count in the period: DP state (without it a restart
+        would let units contribute W more windows), reset at every period boundary and stored compactly as
+        sorted keyed 64-bit unit hashes and counts (base64 of little-endian uint64 / uint16), never raw ids."""
+        out = {"last_window": self.last_window, "metrics": self.metrics,
+               "counters": {a: {comp: {k: c.state_dict() for k, c in cs.items()} for comp, cs in comps.items()}
+                            for a, comps in self.counters.items()}}
+        if self.clock is not None:
+            out["period"] = self.period
+            out["pending"] = {a: {c: v.tolist() for c, v in x.items()} for a, x in self.pending.items()}
+            out["unit_windows"] = {a: _pack_counts(d) for a, d in self.unit_windows.items()}
+        return out
 
     @classmethod
     def from_state(cls, config, ledger: BudgetLedger, seed, state: dict, **kwargs) -> "DPAggregator":
         agg = cls(config, ledger, seed, **kwargs)
         agg.last_window = state["last_window"]
         agg.metrics = state["metrics"]
+        if agg.clock is not None and state.get("period") is not None:
+            agg.period = state["period"]
+            agg.pending = {a: {c: np.asarray(v, dtype=float) for c, v in x.items()}
+                           for a, x in state.get("pending", {}).items() if a in agg.counters}
+            for a, packed in state.get("unit_windows", {}).items():
+                if a in agg.unit_windows:
+                    agg.unit_windows[a] = _unpack_counts(packed)
         for a, comps in state["counters"].items():
             if a in agg.counters:
                 for comp, cs in comps.items():
                     agg.counters[a][comp] = {k: _Counter.from_state(s) for k, s in cs.items()}
         return agg
+
+
+def _pack_counts(d: dict[int, int]) -> dict:
+    keys = np.fromiter(d.keys(), dtype=np.uint64, count=len(d))
+    vals = np.fromiter(d.values(), dtype=np.uint16, count=len(d))
+    order = np.argsort(keys)
+    return {"n": len(d), "hashes": base64.b64encode(keys[order].astype("<u8").tobytes()).decode(),
+            "counts": base64.b64encode(vals[order].astype("<u2").tobytes()).decode()}
+
+
+def _unpack_counts(p: dict) -> dict[int, int]:
+    keys = np.frombuffer(base64.b64decode(p["hashes"]), dtype="<u8")
+    vals = np.frombuffer(base64.b64decode(p["counts"]), dtype="<u2")
+    return dict(zip(map(int, keys), map(int, vals)))
+
+
+def _half(counter: _Counter, terms: int, epsilon: float) -> float:
+    """95% half-width of the noise of a sum of ``terms`` draws of ``counter`` at ``epsilon``: exact for one draw,
+    normal approximation for several (see :func:`stream_anon.dp.continual.sum_ci95_half_width`)."""
+    if terms <= 0:
+        return 0.0
+    if terms == 1:
+        if counter.noise == "geometric" and counter.resolution != 1.0:
+            steps = round(float(counter.sensitivity) / counter.resolution)
+            return noise_ci95_half_width("geometric", epsilon, steps) * counter.resolution
+        return noise_ci95_half_width(counter.noise, epsilon, counter.sensitivity)
+    return Z95 * math.sqrt(terms * counter._var(epsilon))
 
 
 def split_outputs(rows: Iterable[dict]) -> tuple[list[dict], list[dict]]:

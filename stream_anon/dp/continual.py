@@ -36,17 +36,27 @@ import math
 from typing import Any
 
 import numpy as np
-from diffprivlib.mechanisms import Geometric, Laplace
+from diffprivlib.mechanisms import Geometric, Laplace, Snapping
 from diffprivlib.mechanisms.base import DPMechanism
 
 Z95 = 1.959963984540054
 
 
 # -- mechanisms -----------------------------------------------------------------------------------------------
+SNAP_BOUND = 2.0 ** 30     # Snapping's clamp, in units of the sensitivity: far above any count or sum released
+
+
 def make_mechanism(noise: str, epsilon: float, sensitivity: float, random_state=None) -> DPMechanism:
-    """A diffprivlib mechanism: ``Geometric`` (Ghosh, Roughgarden & Sundararajan, STOC 2009) for integer
-    counts, ``Laplace`` (Dwork, McSherry, Nissim & Smith, TCC 2006) otherwise. Both unbiased and symmetric, so
-    sums of node noises in a tree stay unbiased (the truncated variants would bias running totals)."""
+    """A diffprivlib mechanism: ``Geometric`` (Ghosh, Roughgarden & Sundararajan, STOC 2009) for integers (counts,
+    and sums in units of their resolution), ``Snapping`` (Mironov, *On Significance of the Least Significant Bits
+    for Differential Privacy*, CCS 2012) for real values. ``Laplace`` (Dwork, McSherry, Nissim & Smith, TCC
+    2006) is kept for reference and tests only: sampled on doubles, its output's low-order bits reveal the input
+    (Mironov's attack), so no release path uses it. Geometric noise is unbiased and symmetric, so sums of node
+    noises in a tree stay unbiased; Snapping clamps at ``+-SNAP_BOUND * sensitivity`` (never reached)."""
+    if noise == "snapping":
+        bound = SNAP_BOUND * float(sensitivity)
+        return Snapping(epsilon=float(epsilon), sensitivity=float(sensitivity), lower=-bound, upper=bound,
+                        random_state=random_state)
     if noise == "geometric":
         if float(sensitivity) != int(sensitivity):
             raise ValueError(f"geometric noise needs an integer sensitivity, got {sensitivity}")
@@ -70,8 +80,22 @@ def draw_noise(mech: DPMechanism, n: int) -> np.ndarray:
     return np.fromiter((mech.randomise(0) for _ in range(n)), dtype=float, count=n)
 
 
+def snapping_grid(epsilon: float, sensitivity: float) -> float:
+    """Snapping's output grid ``Lambda``: the smallest power of two >= ``1/epsilon'``, in units of the
+    sensitivity (Mironov 2012, section 5.2), where ``epsilon'`` is diffprivlib's effective epsilon (slightly
+    below ``epsilon``, so an epsilon whose inverse is a power of two gets twice that grid)."""
+    eta = np.finfo(float).epsneg
+    eff = (float(epsilon) - 2 * eta) / (1 + 12 * SNAP_BOUND * eta)
+    return 2.0 ** math.ceil(math.log2(1.0 / eff)) * float(sensitivity)
+
+
 def noise_variance(noise: str, epsilon: float, sensitivity: float) -> float:
-    """Variance of one draw, from diffprivlib (``2 b^2`` for Laplace; the two-sided geometric's variance)."""
+    """Variance of one draw, from diffprivlib (``2 b^2`` for Laplace; the two-sided geometric's variance).
+    Snapping (no variance in diffprivlib): Laplace's ``2 b^2`` plus ``Lambda^2 / 12`` for the rounding to the
+    grid (rounding error taken as uniform; checked by test_dp_noise)."""
+    if noise == "snapping":
+        b = float(sensitivity) / float(epsilon)
+        return 2 * b * b + snapping_grid(epsilon, sensitivity) ** 2 / 12
     return float(make_mechanism(noise, epsilon, sensitivity, random_state=0).variance(0))
 
 
@@ -83,6 +107,8 @@ def noise_ci95_half_width(noise: str, epsilon: float, sensitivity: float) -> flo
     """
     if noise == "laplace":
         return float(sensitivity) / float(epsilon) * math.log(20.0)
+    if noise == "snapping":             # Laplace's band widened by half a grid step (the rounding)
+        return float(sensitivity) / float(epsilon) * math.log(20.0) + snapping_grid(epsilon, sensitivity) / 2
     p = math.exp(-float(epsilon) / float(sensitivity))
     if p <= 0.0:
         return 0.0
@@ -107,22 +133,53 @@ def sum_ci95_half_width(n_terms: int, noise: str, epsilon: float, sensitivity: f
 class _Counter:
     name = ""
 
-    def __init__(self, n_cells: int, epsilon: float, sensitivity: float, noise: str):
+    def __init__(self, n_cells: int, epsilon: float, sensitivity: float, noise: str, resolution: float = 1.0):
         if isinstance(n_cells, bool) or not isinstance(n_cells, (int, np.integer)) or n_cells < 1:
             raise ValueError(f"n_cells: must be a positive integer, got {n_cells!r}")
         if not (isinstance(epsilon, (int, float)) and epsilon > 0 and math.isfinite(epsilon)):
             raise ValueError(f"epsilon: must be > 0, got {epsilon!r}")
         if not (isinstance(sensitivity, (int, float)) and sensitivity > 0):
             raise ValueError(f"sensitivity: must be > 0, got {sensitivity!r}")
-        if noise not in ("geometric", "laplace"):
-            raise ValueError(f"noise: expected 'geometric' or 'laplace', got {noise!r}")
-        if noise == "geometric" and float(sensitivity) != int(sensitivity):
-            raise ValueError(f"sensitivity: geometric noise needs an integer, got {sensitivity!r}")
+        if noise not in ("geometric", "laplace", "snapping"):
+            raise ValueError(f"noise: expected 'geometric', 'snapping' or 'laplace', got {noise!r}")
+        if not (isinstance(resolution, (int, float)) and resolution > 0):
+            raise ValueError(f"resolution: must be > 0, got {resolution!r}")
+        steps = float(sensitivity) / float(resolution)
+        if noise == "geometric" and abs(steps - round(steps)) > 1e-9:
+            raise ValueError(f"sensitivity: geometric noise needs a whole number of resolution steps, got "
+                             f"{sensitivity!r} / {resolution!r}")
         self.n_cells, self.epsilon, self.sensitivity, self.noise = int(n_cells), float(epsilon), sensitivity, noise
+        self.resolution = float(resolution)
         self.t = 0
 
-    def _noise(self, epsilon: float, random_state) -> np.ndarray:
-        return draw_noise(make_mechanism(self.noise, epsilon, self.sensitivity, random_state), self.n_cells)
+    def _noisy(self, values, epsilon: float, random_state) -> np.ndarray:
+        """``values`` (one per cell) plus fresh noise of this counter's mechanism at ``epsilon``.
+
+        geometric: integer noise on values in units of ``resolution`` (exact: integers below 2^53 are exact
+        doubles); snapping: diffprivlib's ``Snapping.randomise`` on each value (it rounds the value and the noisy
+        result to its grid, which is what defeats Mironov's attack, so it cannot be an added noise vector);
+        laplace: reference only (not floating-point safe)."""
+        values = np.asarray(values, dtype=float)
+        if self.noise == "snapping":
+            mech = make_mechanism("snapping", epsilon, self.sensitivity, random_state)
+            return np.fromiter((mech.randomise(float(v)) for v in values), dtype=float, count=len(values))
+        if self.noise == "geometric" and self.resolution != 1.0:
+            mech = make_mechanism("geometric", epsilon, round(float(self.sensitivity) / self.resolution),
+                                  random_state)
+            steps = np.round(values / self.resolution)
+            return (steps + draw_noise(mech, len(values))) * self.resolution
+        return values + draw_noise(make_mechanism(self.noise, epsilon, self.sensitivity, random_state), len(values))
+
+    def _var(self, epsilon: float) -> float:
+        """Variance of one noise draw of this counter at ``epsilon`` (in the values' units)."""
+        if self.noise == "geometric" and self.resolution != 1.0:
+            return noise_variance("geometric", epsilon, round(float(self.sensitivity) / self.resolution)) \
+                * self.resolution ** 2
+        return noise_variance(self.noise, epsilon, self.sensitivity)
+
+    def _base_state(self) -> dict:
+        return {"mechanism": self.name, "n_cells": self.n_cells, "epsilon": self.epsilon,
+                "sensitivity": self.sensitivity, "noise": self.noise, "resolution": self.resolution, "t": self.t}
 
     def _check_x(self, x) -> np.ndarray:
         x = np.asarray(x, dtype=float)
@@ -149,8 +206,8 @@ class PerWindowCounter(_Counter):
     """
     name = "per_window"
 
-    def __init__(self, n_cells, epsilon, sensitivity, noise):
-        super().__init__(n_cells, epsilon, sensitivity, noise)
+    def __init__(self, n_cells, epsilon, sensitivity, noise, resolution=1.0):
+        super().__init__(n_cells, epsilon, sensitivity, noise, resolution)
         self.running = np.zeros(self.n_cells)
         self.last_window = np.zeros(self.n_cells)
 
@@ -161,13 +218,13 @@ class PerWindowCounter(_Counter):
     def update(self, x, random_state) -> np.ndarray:
         """Add one window; returns the noisy running total (the noisy window value is ``last_window``)."""
         x = self._check_x(x)
-        self.last_window = x + self._noise(self.epsilon, random_state)
+        self.last_window = self._noisy(x, self.epsilon, random_state)
         self.running = self.running + self.last_window
         self.t += 1
         return self.running.copy()
 
     def window_variance(self) -> float:
-        return noise_variance(self.noise, self.epsilon, self.sensitivity)
+        return self._var(self.epsilon)
 
     def running_variance(self, t: int) -> float:
         return t * self.window_variance()
@@ -176,13 +233,11 @@ class PerWindowCounter(_Counter):
         return t
 
     def state_dict(self) -> dict:
-        return {"mechanism": self.name, "n_cells": self.n_cells, "epsilon": self.epsilon,
-                "sensitivity": self.sensitivity, "noise": self.noise, "t": self.t,
-                "running": self.running.tolist(), "last_window": self.last_window.tolist()}
+        return {**self._base_state(), "running": self.running.tolist(), "last_window": self.last_window.tolist()}
 
     @classmethod
     def _from_state(cls, s: dict) -> "PerWindowCounter":
-        c = cls(s["n_cells"], s["epsilon"], s["sensitivity"], s["noise"])
+        c = cls(s["n_cells"], s["epsilon"], s["sensitivity"], s["noise"], s.get("resolution", 1.0))
         c.t, c.running, c.last_window = s["t"], np.array(s["running"], float), np.array(s["last_window"], float)
         return c
 
@@ -197,8 +252,8 @@ class BinaryTreeCounter(_Counter):
     """
     name = "binary_tree"
 
-    def __init__(self, n_cells, epsilon, sensitivity, noise, horizon: int):
-        super().__init__(n_cells, epsilon, sensitivity, noise)
+    def __init__(self, n_cells, epsilon, sensitivity, noise, horizon: int, resolution=1.0):
+        super().__init__(n_cells, epsilon, sensitivity, noise, resolution)
         if isinstance(horizon, bool) or not isinstance(horizon, (int, np.integer)) or horizon < 1:
             raise ValueError(f"horizon: must be a positive integer, got {horizon!r}")
         self.horizon = int(horizon)
@@ -228,7 +283,7 @@ class BinaryTreeCounter(_Counter):
         self.alpha[i] = self.alpha[:i].sum(axis=0) + x
         self.alpha[:i] = 0
         self.alpha_hat[:i] = 0
-        self.alpha_hat[i] = self.alpha[i] + self._noise(self.node_epsilon, random_state)
+        self.alpha_hat[i] = self._noisy(self.alpha[i], self.node_epsilon, random_state)
         return self._prefix()
 
     def _prefix(self) -> np.ndarray:
@@ -236,7 +291,7 @@ class BinaryTreeCounter(_Counter):
         return self.base + (self.alpha_hat[bits].sum(axis=0) if bits else 0.0)
 
     def node_variance(self) -> float:
-        return noise_variance(self.noise, self.node_epsilon, self.sensitivity)
+        return self._var(self.node_epsilon)
 
     def running_terms(self, t: int) -> int:
         """Number of noisy p-sums in the running total at step ``t`` (earlier trees included)."""
@@ -249,14 +304,12 @@ class BinaryTreeCounter(_Counter):
         return self.running_terms(t) * self.node_variance()
 
     def state_dict(self) -> dict:
-        return {"mechanism": self.name, "n_cells": self.n_cells, "epsilon": self.epsilon,
-                "sensitivity": self.sensitivity, "noise": self.noise, "horizon": self.horizon, "t": self.t,
-                "t_epoch": self.t_epoch, "epochs": self.epochs, "alpha": self.alpha.tolist(),
+        return {**self._base_state(), "horizon": self.horizon, "t_epoch": self.t_epoch, "epochs": self.epochs, "alpha": self.alpha.tolist(),
                 "alpha_hat": self.alpha_hat.tolist(), "base": self.base.tolist()}
 
     @classmethod
     def _from_state(cls, s: dict) -> "BinaryTreeCounter":
-        c = cls(s["n_cells"], s["epsilon"], s["sensitivity"], s["noise"], s["horizon"])
+        c = cls(s["n_cells"], s["epsilon"], s["sensitivity"], s["noise"], s["horizon"], s.get("resolution", 1.0))
         c.t, c.t_epoch, c.epochs = s["t"], s["t_epoch"], s["epochs"]
         c.alpha = np.array(s["alpha"], float).reshape(c.levels, c.n_cells)
         c.alpha_hat = np.array(s["alpha_hat"], float).reshape(c.levels, c.n_cells)
@@ -275,8 +328,8 @@ class HybridCounter(_Counter):
     """
     name = "hybrid"
 
-    def __init__(self, n_cells, epsilon, sensitivity, noise):
-        super().__init__(n_cells, epsilon, sensitivity, noise)
+    def __init__(self, n_cells, epsilon, sensitivity, noise, resolution=1.0):
+        super().__init__(n_cells, epsilon, sensitivity, noise, resolution)
         self.beta = np.zeros(self.n_cells)
         self.beta_snap = np.zeros(self.n_cells)
         self.tree: BinaryTreeCounter | None = None
@@ -291,10 +344,10 @@ class HybridCounter(_Counter):
         self.t += 1
         self.beta = self.beta + x
         if self.t & (self.t - 1) == 0:             # power of two: logarithmic mechanism releases
-            self.beta = self.beta + self._noise(self.epsilon / 2, random_state)
+            self.beta = self._noisy(self.beta, self.epsilon / 2, random_state)
             self.beta_snap = self.beta.copy()
             self.tree = BinaryTreeCounter(self.n_cells, self.epsilon / 2, self.sensitivity, self.noise,
-                                          horizon=self.t)
+                                          horizon=self.t, resolution=self.resolution)
             return self.beta_snap.copy()
         return self.beta_snap + self.tree.update(x, random_state)
 
@@ -307,19 +360,18 @@ class HybridCounter(_Counter):
             return 0.0
         n_log, n_tree = self.running_terms(t)
         k = t.bit_length() - 1
-        var = n_log * noise_variance(self.noise, self.epsilon / 2, self.sensitivity)
+        var = n_log * self._var(self.epsilon / 2)
         if n_tree:
-            var += n_tree * noise_variance(self.noise, self.epsilon / 2 / (k + 1), self.sensitivity)
+            var += n_tree * self._var(self.epsilon / 2 / (k + 1))
         return var
 
     def state_dict(self) -> dict:
-        return {"mechanism": self.name, "n_cells": self.n_cells, "epsilon": self.epsilon,
-                "sensitivity": self.sensitivity, "noise": self.noise, "t": self.t, "beta": self.beta.tolist(),
+        return {**self._base_state(), "beta": self.beta.tolist(),
                 "beta_snap": self.beta_snap.tolist(), "tree": self.tree.state_dict() if self.tree else None}
 
     @classmethod
     def _from_state(cls, s: dict) -> "HybridCounter":
-        c = cls(s["n_cells"], s["epsilon"], s["sensitivity"], s["noise"])
+        c = cls(s["n_cells"], s["epsilon"], s["sensitivity"], s["noise"], s.get("resolution", 1.0))
         c.t, c.beta, c.beta_snap = s["t"], np.array(s["beta"], float), np.array(s["beta_snap"], float)
         c.tree = BinaryTreeCounter._from_state(s["tree"]) if s["tree"] else None
         return c

@@ -14,6 +14,15 @@ disk. A reservation is keyed by ``(aggregate, window)``: reserving it again (a r
 same window) returns the existing reservation and spends nothing. That is sound because the aggregator's noise is
 a deterministic function of a secret seed and the window, so a re-produced release is identical to the first.
 
+Periods (``[dp] period``, the unit of privacy explicit). A reservation may carry the period it belongs to and a
+cap: the most that aggregate can charge one unit in that period. The aggregator calibrates the noise so that a
+unit contributing to at most ``W`` windows of a period loses at most the aggregate's ``epsilon`` over all of the
+period's releases, and charges each release its share ``epsilon * m / W`` (``m`` windows per release); the
+ledger then charges a period ``sum over aggregates of min(sum of its releases, cap)`` and keeps that total below
+the budget, which is per unit **and period**. Periods are disjoint in time, so a unit's loss over ``k`` periods
+is at most ``k`` times the per-period budget (sequential composition; Dwork & Roth 2014, Theorem 3.16). A paid
+re-release (``"<window>~<n>"``) is charged outside the cap: it releases the same data a second time.
+
 >>> import tempfile, os
 >>> path = os.path.join(tempfile.mkdtemp(), "ledger.json")
 >>> ledger = BudgetLedger(path, epsilon_budget=1.0)
@@ -101,7 +110,44 @@ class BudgetLedger:
         self._entries: dict[tuple[str, str], float] = {}
         self._exhausted: dict[str, dict] = {}
         self._content: dict[tuple[str, str], str] = {}      # digest of the released content per entry
+        self._period: dict[tuple[str, str], tuple[str, float]] = {}   # entry -> (period, cap) in period mode
+        self._psum: dict[tuple[str, str], float] = {}       # (period, aggregate) -> capped part: sum of releases
+        self._pcap: dict[tuple[str, str], float] = {}       # (period, aggregate) -> cap
+        self._pextra: dict[str, float] = {}                 # period -> paid re-releases (uncapped)
         self._merge_from_disk()
+
+    def _index(self, key: tuple[str, str], epsilon: float, period: str, cap: float) -> None:
+        a, w = key
+        self._period[key] = (period, float(cap))
+        if "~" in w:
+            self._pextra[period] = self._pextra.get(period, 0.0) + epsilon
+        else:
+            self._psum[(period, a)] = self._psum.get((period, a), 0.0) + epsilon
+            self._pcap[(period, a)] = float(cap)
+
+    def period_spent(self, period: str, extra: tuple[str, float, float, bool] | None = None) -> float:
+        """Epsilon charged to the worst-case unit in ``period`` (optionally with one more release ``(aggregate,
+        epsilon, cap, rerelease)``)."""
+        total = self._pextra.get(period, 0.0)
+        aggs = {a for (p, a) in self._psum if p == period}
+        if extra is not None:
+            aggs.add(extra[0])
+            if extra[3]:
+                total += extra[1]
+        for a in aggs:
+            v, cap = self._psum.get((period, a), 0.0), self._pcap.get((period, a), math.inf)
+            if extra is not None and extra[0] == a and not extra[3]:
+                v, cap = v + extra[1], extra[2]
+            total += min(v, cap)
+        return total
+
+    def spent_by_period(self) -> dict[str, float]:
+        """Period -> epsilon charged to the worst-case unit (period mode)."""
+        return {p: self.period_spent(p) for p in sorted({p for p, _ in self._psum} | set(self._pextra))}
+
+    @property
+    def period_mode(self) -> bool:
+        return bool(self._period)
 
     def _merge_from_disk(self) -> None:
         """Add the file's reservations to ours and rebuild the accountant. Called at start and, under the file
@@ -119,7 +165,10 @@ class BudgetLedger:
             for e in data["entries"]:
                 key = (e["aggregate"], str(e["window"]))
                 if key not in self._entries:
-                    new.append(float(e["epsilon"]))
+                    if e.get("period") is not None:
+                        self._index(key, float(e["epsilon"]), e["period"], e["cap"])
+                    else:
+                        new.append(float(e["epsilon"]))
                 self._entries[key] = float(e["epsilon"])
                 if e.get("content") is not None:
                     self._content[key] = e["content"]
@@ -150,7 +199,10 @@ class BudgetLedger:
     # -- queries ------------------------------------------------------------------------------------------
     @property
     def spent(self) -> float:
-        """Total epsilon charged (to the worst-case individual)."""
+        """Total epsilon charged (to the worst-case individual); in period mode the largest per-period charge
+        (the budget is per period)."""
+        if self._period:
+            return max(self.spent_by_period().values(), default=0.0)
         return float(sum(self._entries.values()))
 
     @property
@@ -165,7 +217,21 @@ class BudgetLedger:
 
     def spent_through(self, window: int) -> float:
         """Total charged for windows <= ``window`` (integer window ids): unlike :attr:`spent` it does not depend on
-        how far a crashed worker got before its restart, so a re-produced release shows the same figure."""
+        how far a crashed worker got before its restart, so a re-produced release shows the same figure. In
+        period mode: the charge of ``window``'s period through ``window`` (capped as in :meth:`period_spent`)."""
+        if self._period:
+            period = next((p for (a, w), (p, _) in self._period.items() if int(w.split("~")[0]) == window), None)
+            if period is None:
+                return 0.0
+            total, sums, caps = 0.0, {}, {}
+            for (a, w), (p, cap) in self._period.items():
+                if p != period or int(w.split("~")[0]) > window:
+                    continue
+                if "~" in w:
+                    total += self._entries[(a, w)]
+                else:
+                    sums[a], caps[a] = sums.get(a, 0.0) + self._entries[(a, w)], cap
+            return float(total + sum(min(v, caps[a]) for a, v in sums.items()))
         return float(sum(e for (_, w), e in self._entries.items() if int(w.split("~")[0]) <= window))
 
     def exhausted_at(self, aggregate: str) -> str | None:
@@ -192,7 +258,10 @@ class BudgetLedger:
     def reserve_many(self, requests) -> list:
         """Several reservations (e.g. every aggregate of a window) with one durable write, in order.
 
-        A request is ``(aggregate, window, epsilon)`` or ``(aggregate, window, epsilon, content)``. ``content``
+        A request is ``(aggregate, window, epsilon)``, ``(aggregate, window, epsilon, content)`` or, in period
+        mode, ``(aggregate, window, epsilon, content, period, cap)``: the budget then applies to ``period``'s
+        capped total (:meth:`period_spent`) and a stopped aggregate is stopped for that period only (key
+        ``"<aggregate>@<period>"`` in :meth:`is_stopped`). ``content``
         (a keyed digest of the window's bounded true values) makes the idempotence exact: reserving the same
         window again with the same content spends nothing, but with a **different** content (a restarted worker
         that closed the window with other events, e.g. after an idle flush that was never checkpointed) it is a
@@ -205,9 +274,10 @@ class BudgetLedger:
     def _reserve_many(self, requests) -> list:
         """The body of :meth:`reserve_many`, under the file lock with the file merged in."""
         outcomes, dirty = [], False
-        for aggregate, window, epsilon, *content in requests:
+        for aggregate, window, epsilon, *rest in requests:
             window = str(window)
-            content = content[0] if content else None
+            content = rest[0] if rest else None
+            period, cap = (rest[1], float(rest[2])) if len(rest) >= 3 and rest[1] is not None else (None, None)
             if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon > 0:
                 raise ValueError(f"epsilon: must be > 0, got {epsilon!r}")
             base, n = window, 0
@@ -223,18 +293,26 @@ class BudgetLedger:
                 outcomes.append(Reservation(aggregate, window, float(epsilon), self.spent, self.epsilon_budget,
                                             new=False))
                 continue
-            if aggregate in self._exhausted:
+            stop_key = aggregate if period is None else f"{aggregate}@{period}"
+            if stop_key in self._exhausted:
                 outcomes.append(BudgetExhausted(aggregate, window, float(epsilon), self.spent,
                                                 self.epsilon_budget, first=False))
                 continue
             try:
-                self._accountant.spend(float(epsilon), 0.0)
+                if period is None:
+                    self._accountant.spend(float(epsilon), 0.0)
+                else:                     # the period's capped total with this release, checked by diffprivlib
+                    after = self.period_spent(period, (aggregate, float(epsilon), cap, "~" in window))
+                    BudgetAccountant(epsilon=self.epsilon_budget * (1 + _REL_TOL), delta=0.0).check(after, 0.0)
             except BudgetError:
-                self._exhausted[aggregate] = {"window": window, "epsilon": float(epsilon), "spent": self.spent}
+                spent_now = self.spent if period is None else self.period_spent(period)
+                self._exhausted[stop_key] = {"window": window, "epsilon": float(epsilon), "spent": spent_now}
                 dirty = True
-                outcomes.append(BudgetExhausted(aggregate, window, float(epsilon), self.spent, self.epsilon_budget))
+                outcomes.append(BudgetExhausted(aggregate, window, float(epsilon), spent_now, self.epsilon_budget))
                 continue
             self._entries[key] = float(epsilon)
+            if period is not None:
+                self._index(key, float(epsilon), period, cap)
             if content is not None:
                 self._content[key] = content
             dirty = True
@@ -246,7 +324,9 @@ class BudgetLedger:
     # -- persistence --------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {"version": LEDGER_VERSION, "epsilon_budget": self.epsilon_budget, "spent": self.spent,
-                "entries": [{"aggregate": a, "window": w, "epsilon": e, "content": self._content.get((a, w))}
+                "entries": [{"aggregate": a, "window": w, "epsilon": e, "content": self._content.get((a, w)),
+                             **({"period": self._period[(a, w)][0], "cap": self._period[(a, w)][1]}
+                                if (a, w) in self._period else {})}
                             for (a, w), e in self._entries.items()],
                 "exhausted": self._exhausted}
 

@@ -33,6 +33,20 @@ def running_count_errors(rows: list[dict], truth: dict[tuple[int, int], np.ndarr
     (budget exhausted) are left out: its running count would stand still while the truth grows.
     """
     cells = {"|".join(map(str, k)): i for i, k in enumerate(spec.domain)}
+    period_of: dict = {}
+    if any("period" in r for r in rows):
+        # period mode: a row covers the windows span_start_window..window, and running totals restart every
+        # period; the truth is summed over each release's span
+        spans = sorted({(r["window"], r.get("span_start_window", r["window"]), r["period"]) for r in rows})
+        ends = [w for w, _, _ in spans]
+        period_of = {w: per for w, _, per in spans}
+        start_of = {w: st for w, st, _ in spans}
+        merged: dict = {}
+        for (p, w), x in truth.items():
+            k = int(np.searchsorted(ends, w))
+            if k < len(ends) and start_of[ends[k]] <= w:
+                merged[(p, ends[k])] = merged.get((p, ends[k]), 0) + np.asarray(x, dtype=float)
+        truth = merged
     parts = sorted({p for p, _ in truth} | {r["partition"] for r in rows})
     last = {p: max((r["window"] for r in rows if r["partition"] == p and r["output"] == "running"), default=None)
             for p in parts}
@@ -42,6 +56,15 @@ def running_count_errors(rows: list[dict], truth: dict[tuple[int, int], np.ndarr
     end = min(last.values())
     windows = [w for w in windows if w <= end]
     wi = {w: i for i, w in enumerate(windows)}
+    seg = np.array([hash(period_of.get(w)) for w in windows])
+    same = np.concatenate([[False], seg[1:] == seg[:-1]]) if len(seg) else np.zeros(0, bool)
+
+    def cumsum(a):                            # prefix sums restarting at every period boundary
+        out = a.copy()
+        for i in range(1, len(out)):
+            if same[i]:
+                out[i] += out[i - 1]
+        return out
     shape = (len(windows), len(cells))
     run, run_var, naive, naive_var, true_run = (np.zeros(shape) for _ in range(5))
     has_per_window = any(r["output"] == "per_window" for r in rows)
@@ -63,13 +86,13 @@ def running_count_errors(rows: list[dict], truth: dict[tuple[int, int], np.ndarr
                 tr[wi[w]] = x
         for a in (r_val, r_var):          # carry each partition's latest running release forward; 0 before it
             for i in range(len(windows)):
-                prev = a[i - 1] if i else np.zeros(len(cells))
+                prev = a[i - 1] if i and same[i] else np.zeros(len(cells))
                 a[i] = np.where(np.isnan(a[i]), prev, a[i])
         run += r_val
         run_var += r_var
-        naive += np.cumsum(pw_val, axis=0)
-        naive_var += np.cumsum(pw_var, axis=0)
-        true_run += np.cumsum(tr, axis=0)
+        naive += cumsum(pw_val)
+        naive_var += cumsum(pw_var)
+        true_run += cumsum(tr)
     out = {"aggregate": spec.name, "mechanism": sorted(mechanisms), "windows": len(windows), "cells": len(cells),
            "partitions": len(parts),
            "continual_count_rmse": float(np.sqrt(np.mean((run - true_run) ** 2))),

@@ -36,7 +36,9 @@ from stream_anon.hierarchy import Hierarchy
 KINDS = ("count", "sum", "mean", "histogram", "ratio")
 OUTPUTS = ("per_window", "running", "both")
 MECHANISMS = ("auto", "binary_tree", "per_window", "hybrid")
-NOISES = ("auto", "geometric", "laplace")
+NOISES = ("auto", "geometric", "snapping", "laplace")   # "laplace" = "snapping" (floating-point safe, issue 10)
+UNITS = ("event", "journey", "individual")
+PERIODS = {"hour": 3600, "day": 86400, "week": 7 * 86400}
 GROUP_KINDS = ("values", "hierarchy", "hour")
 _NAME_RE = re.compile(r"^[a-z0-9_-]+$")
 MISSING = object()
@@ -139,6 +141,9 @@ class AggregateSpec:
     bins: tuple[float, ...] = ()        # histogram: bin edges over the value field
     numerator_values: tuple = ()        # ratio: an event is in the numerator when its value is one of these
     where: tuple[tuple[str, tuple], ...] = ()   # event filter: field -> allowed values
+    release_every: int = 1              # windows per release (period mode: aligned to the period's start)
+    resolution: float = 1.0             # sum/mean: values rounded to multiples of it (integer noise on them)
+    max_windows: int | None = None      # period mode: W for this aggregate (default: dp.max_windows_per_period)
 
     @functools.cached_property          # computed once per spec (read for every window and row)
     def domain(self) -> tuple[tuple, ...]:
@@ -175,25 +180,101 @@ class AggregateSpec:
         return self.component_sensitivity(self.components[0])
 
     def component_noise(self, component: str) -> str:
-        """``geometric`` for integer counts (diffprivlib Geometric), ``laplace`` for sums or when configured."""
-        if self.noise != "auto":
-            return self.noise if component != "sum" else "laplace"
-        return "laplace" if component == "sum" else "geometric"
+        """Every mechanism is floating-point safe (Mironov, *On Significance of the Least Significant Bits for
+        Differential Privacy*, CCS 2012): ``geometric`` (diffprivlib Geometric, integer-valued) for counts and,
+        by default, for sums on values rounded to multiples of ``resolution`` (an integer mechanism on scaled
+        values); ``snapping`` (diffprivlib Snapping, Mironov's fix of the Laplace mechanism) when configured
+        (``noise = "laplace"`` means ``snapping``)."""
+        if self.noise in ("snapping", "laplace"):
+            return "snapping"
+        return "geometric"
+
+    def component_resolution(self, component: str) -> float:
+        """Unit of the integer noise: ``resolution`` for sums, 1 for counts."""
+        return self.resolution if component == "sum" else 1.0
 
 
 @dataclass(frozen=True)
 class DPConfig:
-    """The ``[dp]`` table plus every aggregate of a stream."""
+    """The ``[dp]`` table plus every aggregate of a stream.
+
+    Period mode (``dp.period`` set): ``epsilon_budget`` is the epsilon per unit of privacy (``unit``: event,
+    journey or individual, identified by ``privacy_unit``) per period (``period`` in ``timezone``); each unit
+    contributes to at most ``max_windows_per_period`` windows of a period per aggregate. Legacy mode
+    (no ``period``): ``epsilon_budget`` is the total over every window, each aggregate's ``epsilon`` per window.
+    """
     epsilon_budget: float
     aggregates: tuple[AggregateSpec, ...]
-    privacy_unit: str
+    privacy_unit: str | None
     stream: str = ""
+    unit: str = "individual"
+    period: str | None = None
+    timezone: str = "UTC"
+    max_windows_per_period: int | None = None
+    window_s: float | None = None
+
+    @property
+    def period_mode(self) -> bool:
+        return self.period is not None
+
+    @functools.cached_property
+    def clock(self) -> "PeriodClock | None":
+        return PeriodClock(self.period, self.timezone, self.window_s) if self.period else None
 
     def spec(self, name: str) -> AggregateSpec:
         for s in self.aggregates:
             if s.name == name:
                 return s
         raise KeyError(name)
+
+
+class PeriodClock:
+    """Maps window indices (``window_start = index * window_s``, UTC epoch seconds) to periods: calendar hours,
+    days or weeks (weeks start on Monday) in an IANA time zone. A window belongs to the period containing its
+    start. DST days have 23 or 25 hours: :meth:`max_windows` is the largest number of windows a period can hold.
+
+    >>> c = PeriodClock("day", "Europe/London", 900)
+    >>> label, first, n = c.period_of(int(1257753600 // 900) + 5)      # 2009-11-09T01:15Z
+    >>> label, n, c.max_windows()
+    ('2009-11-09', 96, 100)
+    """
+
+    def __init__(self, period: str, tz: str, window_s: float):
+        from zoneinfo import ZoneInfo
+        self.period, self.tz_name, self.window_s = period, tz, float(window_s)
+        self.tz = ZoneInfo(tz)
+        self._cache: dict[int, tuple[str, int, int]] = {}
+
+    def _bounds(self, t: float):
+        from datetime import timedelta
+        local = datetime.fromtimestamp(t, self.tz)
+        if self.period == "hour":
+            start = local.replace(minute=0, second=0, microsecond=0)
+            return start.strftime("%Y-%m-%dT%H"), start.timestamp(), start.timestamp() + 3600
+        day = local.replace(hour=0, minute=0, second=0, microsecond=0)
+        if self.period == "week":
+            day = day - timedelta(days=day.weekday())
+            end = day + timedelta(days=7)
+        else:
+            end = day + timedelta(days=1)
+        start_t = day.replace(tzinfo=None).replace(tzinfo=self.tz).timestamp()
+        end_t = end.replace(tzinfo=None).replace(tzinfo=self.tz).timestamp()
+        return day.strftime("%Y-%m-%d"), start_t, end_t
+
+    def period_of(self, window: int) -> tuple[str, int, int]:
+        """(label, first window index, number of windows) of the period holding ``window``."""
+        hit = self._cache.get(window)
+        if hit is None:
+            label, start, end = self._bounds(window * self.window_s)
+            first = math.ceil(start / self.window_s)
+            hit = (label, first, math.ceil(end / self.window_s) - first)
+            if len(self._cache) > 100_000:
+                self._cache.clear()
+            self._cache[window] = hit
+        return hit
+
+    def max_windows(self) -> int:
+        return math.ceil((PERIODS[self.period] + 3600) / self.window_s)
 
 
 def _fmt(x: float) -> str:
@@ -292,7 +373,8 @@ def _parse_group(table: Any, path: str, base_dir: Path, event_time: str) -> Grou
     return GroupKey(name, fields, "hierarchy", domain, mapping)
 
 
-def parse_aggregate(table: Any, i: int, base_dir: Path, event_time: str = "event_time") -> AggregateSpec:
+def parse_aggregate(table: Any, i: int, base_dir: Path, event_time: str = "event_time",
+                    period_mode: bool = False) -> AggregateSpec:
     """One ``[[aggregates]]`` table -> :class:`AggregateSpec` (raises :class:`ConfigError` naming the key)."""
     path = f"aggregates[{i}]"
     if not isinstance(table, dict):
@@ -302,7 +384,8 @@ def parse_aggregate(table: Any, i: int, base_dir: Path, event_time: str = "event
         raise ConfigError(f"{path}.name: use lowercase letters, digits, '_' or '-', got {name!r}")
     path = f"aggregates.{name}"
     known = {"name", "kind", "group_by", "epsilon", "max_contributions", "output", "horizon_windows", "mechanism",
-             "noise", "value", "lower", "upper", "bins", "numerator_values", "where"}
+             "noise", "value", "lower", "upper", "bins", "numerator_values", "where", "release_every_windows",
+             "resolution", "max_windows_per_period"}
     unknown = sorted(set(table) - known)
     if unknown:
         raise ConfigError(f"{path}.{unknown[0]}: unknown key (expected one of {', '.join(sorted(known))})")
@@ -322,7 +405,7 @@ def parse_aggregate(table: Any, i: int, base_dir: Path, event_time: str = "event
         raise ConfigError(f"{path}.horizon_windows: must be a positive integer (omit it for an unknown horizon), "
                           f"got {horizon!r}")
     mechanism = _choice(table, "mechanism", path, MECHANISMS, "auto")
-    if mechanism == "binary_tree" and horizon is None:
+    if mechanism == "binary_tree" and horizon is None and not period_mode:
         raise ConfigError(f"{path}.mechanism: binary_tree needs horizon_windows (use hybrid for an unknown horizon)")
     noise = _choice(table, "noise", path, NOISES, "auto")
     groups_raw = table.get("group_by", [])
@@ -363,40 +446,148 @@ def parse_aggregate(table: Any, i: int, base_dir: Path, event_time: str = "event
     if not isinstance(where_raw, dict) or not all(isinstance(v, list) and v for v in where_raw.values()):
         raise ConfigError(f"{path}.where: expected a table of field = [allowed values]")
     where = tuple((k, tuple(v)) for k, v in where_raw.items())
+    every = table.get("release_every_windows", 1)
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise ConfigError(f"{path}.release_every_windows: must be a positive integer, got {every!r}")
+    resolution = _num(table, "resolution", path, required=False, default=1.0)
+    if not resolution > 0:
+        raise ConfigError(f"{path}.resolution: must be > 0, got {resolution!r}")
+    if kind in ("sum", "mean"):
+        ratio = max(abs(lower), abs(upper)) / resolution
+        if abs(ratio - round(ratio)) > 1e-9:
+            raise ConfigError(f"{path}.resolution: max(|lower|, |upper|) must be a multiple of it (integer noise "
+                              f"on values in units of the resolution), got {resolution!r}")
+    w_own = table.get("max_windows_per_period")
+    if w_own is not None and (isinstance(w_own, bool) or not isinstance(w_own, int) or w_own < 1):
+        raise ConfigError(f"{path}.max_windows_per_period: must be a positive integer, got {w_own!r}")
     return AggregateSpec(name, kind, groups, float(epsilon), mc, output, horizon, mechanism, noise, value_field,
-                         lower, upper, bins, numerator, where)
+                         lower, upper, bins, numerator, where, every, float(resolution), w_own)
 
 
 def parse_dp_config(raw: dict, base_dir: str | Path = ".") -> DPConfig:
     """The ``[dp]`` and ``[[aggregates]]`` tables of a stream configuration's raw TOML dict.
 
-    ``[dp] epsilon_budget``: the total epsilon one individual may be charged, over every aggregate and window
-    (sequential composition; the ledger enforces it).
+    Period mode (the unit of privacy and the period are explicit)::
+
+        [dp]
+        unit = "individual"            # event | journey | individual (field: stream.privacy_unit or dp.unit_field)
+        period = "day"                 # hour | day | week, calendar periods in `timezone`
+        timezone = "Europe/London"
+        epsilon_per_period = 1.0       # per unit and period, over every aggregate (the ledger enforces it)
+        max_windows_per_period = 8     # W: windows of a period a unit contributes to, per aggregate
+
+    and each ``[[aggregates]] epsilon`` is that aggregate's share of ``epsilon_per_period`` (the shares must add up
+    to at most the budget: the split is stated in the configuration). Legacy mode (no ``period``):
+    ``epsilon_budget`` is the total epsilon one individual may be charged over every aggregate and window, and
+    ``epsilon`` is per window (sequential composition over windows).
     """
     base_dir = Path(base_dir)
     stream = raw.get("stream", {}) if isinstance(raw.get("stream", {}), dict) else {}
-    unit = stream.get("privacy_unit")
-    if not isinstance(unit, str) or not unit:
-        raise ConfigError("stream.privacy_unit: missing (contribution bounding counts events per individual)")
+    unit_field = stream.get("privacy_unit")
     dp = raw.get("dp", {})
     if not isinstance(dp, dict):
         raise ConfigError("dp: expected a table")
-    budget = _num(dp, "epsilon_budget", "dp")
-    if not budget > 0:
-        raise ConfigError(f"dp.epsilon_budget: must be > 0, got {budget!r}")
+    known = {"epsilon_budget", "epsilon_per_period", "unit", "unit_field", "period", "timezone",
+             "max_windows_per_period"}
+    unknown = sorted(set(dp) - known)
+    if unknown:
+        raise ConfigError(f"dp.{unknown[0]}: unknown key (expected one of {', '.join(sorted(known))})")
+    period_mode = "period" in dp or "unit" in dp or "epsilon_per_period" in dp
+    unit, period, tz, w_max, window_s = "individual", None, "UTC", None, None
+    if period_mode:
+        if "epsilon_budget" in dp:
+            raise ConfigError("dp.epsilon_budget: with dp.period use dp.epsilon_per_period (epsilon per unit and "
+                              "period)")
+        unit = _choice(dp, "unit", "dp", UNITS, dp.get("unit", MISSING) if "unit" in dp else None)
+        period = _choice(dp, "period", "dp", tuple(PERIODS), dp.get("period") if "period" in dp else None)
+        tz = dp.get("timezone", MISSING)
+        if not isinstance(tz, str):
+            raise ConfigError("dp.timezone: missing (an IANA time zone such as 'Europe/London'; periods are "
+                              "calendar periods there)")
+        try:
+            from zoneinfo import ZoneInfo
+            ZoneInfo(tz)
+        except Exception:                                   # ZoneInfoNotFoundError, ValueError
+            raise ConfigError(f"dp.timezone: unknown time zone {tz!r}") from None
+        budget = _num(dp, "epsilon_per_period", "dp")
+        if not budget > 0:
+            raise ConfigError(f"dp.epsilon_per_period: must be > 0, got {budget!r}")
+        anon = raw.get("anonymization", {}) if isinstance(raw.get("anonymization", {}), dict) else {}
+        window_s = anon.get("window_s")
+        if isinstance(window_s, bool) or not isinstance(window_s, (int, float)) or not window_s > 0:
+            raise ConfigError(f"anonymization.window_s: dp.period needs the window length in seconds, got "
+                              f"{window_s!r}")
+        if PERIODS[period] % window_s:
+            raise ConfigError(f"dp.period: a {period} must hold a whole number of windows of {window_s} s")
+        if unit == "event":
+            # every event is its own unit: the aggregator ignores the field; it stays set (the stream's unit
+            # field, else the event time) so field projections that list it keep working
+            unit_field = unit_field if isinstance(unit_field, str) and unit_field else stream.get("event_time",
+                                                                                                  "event_time")
+            if "max_windows_per_period" in dp and dp["max_windows_per_period"] != 1:
+                raise ConfigError("dp.max_windows_per_period: an event is in one window (omit it or set 1)")
+            w_max = 1
+        else:
+            unit_field = dp.get("unit_field", unit_field)
+            if not isinstance(unit_field, str) or not unit_field:
+                raise ConfigError(f"dp.unit_field: missing (the field identifying the {unit}; default "
+                                  f"stream.privacy_unit)")
+            w_max = dp.get("max_windows_per_period", MISSING)
+            if w_max is MISSING:
+                raise ConfigError("dp.max_windows_per_period: missing (W: windows of a period one unit "
+                                  "contributes to; it sets the per-period sensitivity)")
+            per = int(PERIODS[period] // window_s)
+            if isinstance(w_max, bool) or not isinstance(w_max, int) or not 1 <= w_max <= per:
+                raise ConfigError(f"dp.max_windows_per_period: must be an integer in [1, {per}] (windows per "
+                                  f"{period}), got {w_max!r}")
+    else:
+        if not isinstance(unit_field, str) or not unit_field:
+            raise ConfigError("stream.privacy_unit: missing (contribution bounding counts events per individual)")
+        budget = _num(dp, "epsilon_budget", "dp")
+        if not budget > 0:
+            raise ConfigError(f"dp.epsilon_budget: must be > 0, got {budget!r}")
     tables = raw.get("aggregates", [])
     if not isinstance(tables, list):
         raise ConfigError("aggregates: expected an array of tables ([[aggregates]])")
-    specs = tuple(parse_aggregate(t, i, base_dir, stream.get("event_time", "event_time"))
+    specs = tuple(parse_aggregate(t, i, base_dir, stream.get("event_time", "event_time"), period_mode)
                   for i, t in enumerate(tables))
     names = [s.name for s in specs]
     dup = next((n for n in names if names.count(n) > 1), None)
     if dup:
         raise ConfigError(f"aggregates.{dup}.name: duplicate aggregate name")
-    for s in specs:
+    for s, t in zip(specs, tables):
         if s.epsilon > budget:
-            raise ConfigError(f"aggregates.{s.name}.epsilon: {s.epsilon} exceeds dp.epsilon_budget ({budget})")
-    return DPConfig(float(budget), specs, unit, str(stream.get("name", "")))
+            key = "epsilon_per_period" if period_mode else "epsilon_budget"
+            raise ConfigError(f"aggregates.{s.name}.epsilon: {s.epsilon} exceeds dp.{key} ({budget})")
+        if period_mode and "horizon_windows" in t:
+            raise ConfigError(f"aggregates.{s.name}.horizon_windows: set by dp.period (the running counters "
+                              f"restart every period); remove it")
+        if period_mode and unit == "event" and s.max_contributions != 1:
+            raise ConfigError(f"aggregates.{s.name}.max_contributions: must be 1 when dp.unit = 'event'")
+        if s.max_windows is not None and (not period_mode or unit == "event"
+                                          or s.max_windows > PERIODS[period] // window_s):
+            raise ConfigError(f"aggregates.{s.name}.max_windows_per_period: needs dp.period and a unit other "
+                              f"than 'event', and at most the windows of a period")
+        if not period_mode and s.release_every != 1:
+            raise ConfigError(f"aggregates.{s.name}.release_every_windows: needs dp.period (releases are aligned "
+                              f"to the period's start)")
+    if period_mode:
+        total = sum(s.epsilon for s in specs)
+        if total > budget * (1 + 1e-9):
+            raise ConfigError(f"dp.epsilon_per_period: the aggregates' epsilons add up to {total:g}, above the "
+                              f"budget {budget:g} (the split across aggregates must fit one period's budget)")
+        cfg = DPConfig(float(budget), (), unit_field, str(stream.get("name", "")), unit, period, tz, w_max,
+                       float(window_s))
+        per = cfg.clock.max_windows()
+        specs = tuple(_with_horizon(s, -(-per // s.release_every), s.max_windows or w_max) for s in specs)
+        return DPConfig(float(budget), specs, unit_field, str(stream.get("name", "")), unit, period, tz, w_max,
+                        float(window_s))
+    return DPConfig(float(budget), specs, unit_field, str(stream.get("name", "")))
+
+
+def _with_horizon(spec: AggregateSpec, horizon: int, max_windows: int) -> AggregateSpec:
+    from dataclasses import replace
+    return replace(spec, horizon_windows=horizon, max_windows=max_windows)
 
 
 def load_dp_config(path: str | Path, extra: str | Path | None = None) -> DPConfig:

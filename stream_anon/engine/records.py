@@ -4,6 +4,11 @@ Every field the engine needs (event id, event type, privacy unit, event time, qu
 fields) and every field a window consumer asks for (``carried``: the DP aggregates' group-by, value and filter
 fields) is extracted here, in one pass, and every reason to reject an event is found here: a rejected event
 gets one short reason naming the field.
+
+Reading never raises for a reason of one event: an exception while reading a batch makes the reader read the
+events one by one, and the event whose reading raises is rejected with ``unreadable event: <exception class>``.
+Sensitive values are checked against their declared domains (``[sensitive.domains]``) and only values inside
+them are kept (a category outside its values may be mapped to the declared ``other``).
 """
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from stream_anon import crypto
+from stream_anon.config import SensitiveDomain
 from stream_anon.engine.space import QISpace, parse_time
 
 
@@ -64,6 +70,7 @@ class RecordReader:
         self.unit_field, self.time_field = s.privacy_unit, s.event_time
         self.qi_fields = tuple(dict.fromkeys(f for q in config.quasi_identifiers for f in q.fields))
         self.sensitive_fields = tuple(config.sensitive)
+        self.domains = tuple(config.domains) or tuple(SensitiveDomain(f) for f in self.sensitive_fields)
         self.carried = tuple(carried)
         self.fields = tuple(dict.fromkeys(("event_id", "event_type", self.unit_field, self.time_field,
                                            *self.qi_fields, *self.sensitive_fields, *self.carried)))
@@ -92,7 +99,37 @@ class RecordReader:
         return cols, n
 
     def read(self, events) -> tuple[Records, list[tuple[int, str]]]:
-        """(accepted records, [(input position, reason)] for the rejected ones)."""
+        """(accepted records, [(input position, reason)] for the rejected ones). Never raises for an event's
+        content: see the module docstring."""
+        try:
+            return self._read(events)
+        except Exception:   # noqa: BLE001 - isolate the event(s) that raised
+            pass
+        n = len(events)
+        parts, rejected = [], []
+        for i in range(n):
+            one = events.iloc[i:i + 1] if hasattr(events, "iloc") else events[i:i + 1]
+            try:
+                rec, rej = self._read(one)
+            except Exception as exc:   # noqa: BLE001
+                rejected.append((i, f"unreadable event: {type(exc).__name__}"))
+                continue
+            rejected += [(i, r) for _, r in rej]
+            if len(rec):
+                rec.index = np.array([i], dtype=rec.index.dtype)
+                parts.append(rec)
+        return self._concat(parts), rejected
+
+    def _concat(self, parts: list[Records]) -> Records:
+        if not parts:
+            return Records(np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64), [], np.empty(0),
+                           np.empty((0, self.space.dims)), [], {f: [] for f in self.carried})
+        return Records(np.concatenate([p.index for p in parts]), np.concatenate([p.units for p in parts]),
+                       [t for p in parts for t in p.tokens], np.concatenate([p.times for p in parts]),
+                       np.concatenate([p.X for p in parts]), [s for p in parts for s in p.sensitive],
+                       {f: [v for p in parts for v in p.carried[f]] for f in self.carried})
+
+    def _read(self, events) -> tuple[Records, list[tuple[int, str]]]:
         cols, n = self.columns(events)
         reasons: list[str | None] = [None] * n
         times = np.zeros(n)
@@ -104,8 +141,8 @@ class RecordReader:
                 reasons[i] = "event_id: missing or not a string"
             elif not _utf8(eid):
                 reasons[i] = "event_id: not valid Unicode text"
-            elif etype not in allowed:
-                reasons[i] = f"unknown event type: {etype!r} (stream {self.config.stream.name} accepts " \
+            elif not isinstance(etype, str) or etype not in allowed:
+                reasons[i] = f"unknown event type: {_short(etype)} (stream {self.config.stream.name} accepts " \
                              f"{sorted(allowed)})"
             elif unit is None or unit == "":
                 reasons[i] = f"{self.unit_field}: privacy unit missing"
@@ -114,13 +151,22 @@ class RecordReader:
             else:
                 t = parse_time(ts)
                 if t is None:
-                    reasons[i] = f"{tf}: not an ISO-8601 time with UTC offset: {ts!r}"
+                    reasons[i] = f"{tf}: not an ISO-8601 time with UTC offset: {_short(ts)}"
                 else:
                     times[i] = t
         X, qi_reasons = self.space.encode({f: cols[f] for f in self.qi_fields})
         for i, r in enumerate(qi_reasons):
             if r is not None and reasons[i] is None:
                 reasons[i] = r
+        sens_cols = []
+        for dom in self.domains:   # sensitive values: only values inside the declared domain are kept
+            col = list(cols[dom.field])
+            for i, v in enumerate(col):
+                if reasons[i] is None:
+                    col[i], why = dom.check(v)
+                    if why is not None:
+                        reasons[i] = f"sensitive {why}"
+            sens_cols.append(col)
         rejected = [(i, r) for i, r in enumerate(reasons) if r is not None]
         rows = np.fromiter((r is None for r in reasons), dtype=bool, count=n)
         idx = np.flatnonzero(rows)
@@ -131,7 +177,6 @@ class RecordReader:
         units = np.fromiter((int.from_bytes(blake2b(str(unit_col[i]).encode(), key=key, digest_size=8).digest(),
                                             "little", signed=True) for i in il), dtype=np.int64, count=len(il))
         tokenize, eid = self._tokenize, cols["event_id"]
-        sens_cols = [cols[f] for f in self.sensitive_fields]
         sensitive = [tuple(c[i] for c in sens_cols) for i in il] if sens_cols else [()] * len(il)
         records = Records(idx, units, [tokenize(eid[i]) for i in il], times[idx], X[idx], sensitive,
                           {f: [cols[f][i] for i in il] for f in self.carried})
@@ -144,3 +189,8 @@ def _utf8(text: str) -> bool:
     except UnicodeEncodeError:     # lone surrogates: no token or key can be made from them
         return False
     return True
+
+
+def _short(v, limit: int = 40) -> str:
+    r = repr(v)
+    return r if len(r) <= limit else r[:limit] + "..."

@@ -52,6 +52,7 @@ class Release:
     record_counterfeit: np.ndarray | None = None   # m-invariance: True for counterfeit records (published like
                                                     # real ones; manifests give only their numbers)
     m: int | None = None                            # m of an m-invariant release (None: m-invariance off)
+    kid: str | None = None                          # key id of the secret of the audit tokens (crypto.key_id)
 
     @property
     def published(self) -> int:
@@ -65,6 +66,19 @@ class Release:
     @property
     def counterfeit_individuals(self) -> int:
         return sum(c.counterfeit_individuals for c in self.classes)
+
+    @property
+    def published_watermark(self) -> float | None:
+        """The watermark as published: rounded down to the start of its window, never the exact time of the
+        partition's latest event. At a release the watermark lies in the closed window (the event that moves it
+        into the next window is processed after the close), so this is ``window_start``; a watermark outside the
+        window (never seen) is rounded down to its minute."""
+        wm = self.watermark
+        if wm is None or not np.isfinite(wm):
+            return None
+        if self.window_start <= wm:
+            return float(self.window_start)
+        return float(np.floor(wm / 60.0) * 60.0)
 
     @property
     def suppressed(self) -> dict[str, int]:
@@ -102,7 +116,7 @@ class Release:
         doc = {
             "release_id": self.release_id, "stream": self.stream, "partition": self.partition, "seq": self.seq,
             "window_start": _iso(self.window_start), "window_end": _iso(self.window_end),
-            "watermark": _iso(self.watermark), "k": self.k,
+            "watermark": _iso(self.published_watermark), "k": self.k,
             "classes": [{"class_id": c.class_id, "generalization": c.generalization, "individuals": c.individuals,
                          "records": c.records, "ncp": round(c.ncp, 6), "reused": c.reused} for c in self.classes],
             "published": self.published, "suppressed": self.suppressed,
@@ -112,6 +126,8 @@ class Release:
             "suppression_limit_exceeded": ratio > self.max_suppression_ratio,
             "created_at": datetime.now(timezone.utc).isoformat(),
         }
+        if self.kid is not None:
+            doc["kid"] = self.kid
         if self.m is not None:
             # m-invariance: only the numbers of counterfeits are published (per class and in total), never which
             # records they are; "published" counts real records, the records topic holds published + these.

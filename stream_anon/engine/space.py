@@ -8,6 +8,11 @@ A missing value is encoded one domain width below L, so partitioning strategies 
 values first; a class holding a missing value publishes the whole domain for that attribute (it covers
 "unknown" honestly).
 
+Published time intervals are half-open, ``[from, to)``, and snapped outward to the configured granularity
+(``[anonymization] time_granularity_s``, default 60 s): ``from = floor(min / g) * g``, ``to = floor(max / g) * g +
+g``. A class whose members share one exact minute publishes ``[t, t + 60 s)``, never a zero-width interval; the
+whole-domain interval of a missing time is snapped the same way. Numeric intervals stay closed ``[from, to]``.
+
 Normalized certainty penalty (NCP) per dimension is (hi - lo) / (U - L) of the published (snapped) interval
 (Xu et al., "Utility-based anonymization using local recoding", KDD 2006; categorical form
 (leaves(node) - 1) / (leaves(root) - 1) as in CASTLE, Cao et al., ICDE 2008). A record's NCP is the
@@ -65,6 +70,10 @@ class QISpace:
         self.owner = np.array(owner)
         self.missing_code = self.lower - self.width   # below the domain: see module docstring
         self.dims = len(lower)
+        g = float(getattr(getattr(config, "anonymization", None), "time_granularity_s", 60.0))
+        self.granularity = g
+        self.time_dims = np.array([d for d, qi_index in enumerate(owner)
+                                   if self.qis[qi_index].kind == "timestamp"], dtype=np.int64)
 
     # -- encoding ---------------------------------------------------------------------------------------------
     def encode(self, columns: dict[str, list]) -> tuple[np.ndarray, list[str | None]]:
@@ -139,12 +148,15 @@ class QISpace:
                 for axis in (d, d + 1):
                     lo[:, axis] = np.maximum(self.lower[axis], np.floor(lo[:, axis] / qi.grid) * qi.grid)
                     hi[:, axis] = np.minimum(self.upper[axis], np.ceil(hi[:, axis] / qi.grid) * qi.grid)
+            elif qi.kind == "timestamp":
+                lo[:, d], hi[:, d] = snap_time(lo[:, d], hi[:, d], self.granularity)
             d += qi.dims
         return lo, hi, labels
 
     def ncp(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
         """Weighted NCP of snapped boxes (m, D) -> (m,)."""
-        return ((hi - lo) / self.width) @ self.weight
+        # a snapped time interval may reach past the domain by less than one granule: at most the whole domain
+        return np.minimum((hi - lo) / self.width, 1.0) @ self.weight
 
     def describe(self, lo: np.ndarray, hi: np.ndarray, labels: dict) -> dict:
         """The published form of one snapped box (docs/contracts.md section 5)."""
@@ -165,7 +177,20 @@ class QISpace:
     def coverage_box(self, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Boxes for reuse tests: a dimension published as the whole domain also covers missing values."""
         full = (lo <= self.lower) & (hi >= self.upper)
+        if len(self.time_dims):     # half-open [from, to): the closed test x <= hi must exclude ``to`` itself
+            hi = hi.copy()
+            hi[..., self.time_dims] = np.nextafter(hi[..., self.time_dims], -np.inf)
         return np.where(full, -np.inf, lo), np.where(full, np.inf, hi)
+
+
+def snap_time(lo, hi, granularity: float):
+    """Half-open time bounds ``[from, to)`` snapped outward to ``granularity`` seconds (never zero width).
+
+    >>> snap_time(np.array([3600.0, 30.0]), np.array([3600.0, 150.0]), 60.0)
+    (array([3600.,    0.]), array([3660.,  180.]))
+    """
+    g = float(granularity)
+    return np.floor(lo / g) * g, (np.floor(hi / g) + 1.0) * g
 
 
 def _num(x: float):

@@ -54,7 +54,15 @@ def dumps(obj) -> bytes:
 def check_payload(raw: bytes | None, config) -> tuple[str | None, dict | None]:
     """(reason, None) for bad input, (None, event) for an event the engine's reader may see: size, JSON, kind and
     the kind's schema. Event type, privacy unit, time and quasi-identifiers are checked once, by the reader
-    (:class:`stream_anon.engine.RecordReader`)."""
+    (:class:`stream_anon.engine.RecordReader`). Never raises: an exception while checking one payload is its
+    reason (``unreadable payload: <exception class>``)."""
+    try:
+        return _check_payload(raw, config)
+    except Exception as exc:   # noqa: BLE001 - one message never stops the partition
+        return f"unreadable payload: {type(exc).__name__}", None
+
+
+def _check_payload(raw: bytes | None, config) -> tuple[str | None, dict | None]:
     if raw is None:
         return "empty payload", None
     limit = config.limits.max_event_bytes
@@ -85,6 +93,7 @@ class PartitionState:
     seq: int = 0                   # committed state transactions of this partition (0: none)
     input_topic_id: str | None = None
     flush_pending: bool = False    # a committed decision to flush, not yet carried out (see loop.py)
+    committed: dict | None = None  # the last committed state document (the state before the batch in flight)
     last_input: float = field(default_factory=time.monotonic)
     dirty_since_flush: bool = False
     events_in: int = 0
@@ -108,6 +117,7 @@ class WorkerCore:
         self.config = config
         self.app_id = app_id
         self.secret = secret
+        self.kid = crypto.key_id(secret)          # published with releases and dead letters (secret rotation)
         self.flush_when_idle_s = flush_when_idle_s
         self.raw_deadletters = raw_deadletters     # opt-in: keep payloads that are not JSON objects verbatim
         self.stream = config.stream.name
@@ -139,6 +149,7 @@ class WorkerCore:
                                 input_topic_id=doc.get("input_topic_id"), flush_pending=doc.get("flush_pending",
                                                                                                   False))
             ps.dp = self._aggregates(partition, doc.get("dp"))
+            ps.committed = doc
             ps.dirty_since_flush = engine.deferred > 0      # buffered records still need an idle flush
         self.parts[partition] = ps
         return ps
@@ -169,7 +180,7 @@ class WorkerCore:
         identifiers: it is withheld (size and digest only) unless ``raw_deadletters`` was asked for."""
         doc = {"reason": reason, "stream": self.stream,
                "source": {"topic": self.topic, "partition": partition, "offset": offset},
-               "received_at": _now_iso()}
+               "received_at": _now_iso(), "kid": self.kid}
         if event is None and raw is not None:
             try:
                 event = orjson.loads(raw)
@@ -182,7 +193,14 @@ class WorkerCore:
                     doc["audit_token"] = crypto.audit_token(self.secret, eid)
                 except UnicodeEncodeError:
                     pass
-            text = orjson.dumps(self._redact(event), default=str).decode()
+            try:
+                text = orjson.dumps(self._redact(event), default=str).decode()
+            except Exception as exc:   # noqa: BLE001 - e.g. nested deeper than the encoder allows
+                text = None
+                doc["payload_withheld"] = f"cannot be redacted: {type(exc).__name__}"
+                if raw is not None:
+                    doc["payload_bytes"] = len(raw)
+                    doc["payload_sha256"] = hashlib.sha256(raw).hexdigest()
         elif self.raw_deadletters and raw is not None:
             text = raw.decode("utf-8", errors="replace")
         else:
@@ -271,14 +289,84 @@ class WorkerCore:
         ps.dirty_since_flush = False
         return out
 
+    ISOLATION_TRIES = 2            # attempts of a single event before it is dead-lettered as a processing error
+    ISOLATION_MAX_FAILURES = 64    # failed attempts per batch; beyond, a failing part is dead-lettered whole
+
     def _process_events(self, ps: PartitionState, events: list, offsets: list, out: BatchOutput) -> None:
-        records, rejected = ps.engine.reader.read(events)
-        for i, reason in rejected:
-            self._deadletter(out, reason, ps.partition, offsets[i], event=events[i])
+        """Reader, engine and output of a batch's checked events. If this raises, no event is lost and the
+        partition does not stop: see :meth:`_isolate`."""
+        first = len(out.messages)
+        try:
+            self._attempt(ps, events, offsets, range(len(events)), out)
+        except Exception as exc:   # noqa: BLE001 - one event never stops the partition
+            del out.messages[first:]
+            out.releases.clear()
+            self._isolate(ps, events, offsets, out, exc)
+
+    def _attempt(self, ps: PartitionState, events: list, offsets: list, idx, out: BatchOutput) -> None:
+        idx = list(idx)
+        part = [events[i] for i in idx]
+        records, rejected = ps.engine.reader.read(part)
+        for j, reason in rejected:
+            self._deadletter(out, reason, ps.partition, offsets[idx[j]], event=part[j])
         self._emit(ps, ps.engine.process_records(records), out)
+
+    def _isolate(self, ps: PartitionState, events: list, offsets: list, out: BatchOutput, first: Exception):
+        """The batch failed as a whole: go back to the state before it (``ps.committed``: the last committed state
+        document) and split the batch in halves, processed in order, each part from a snapshot of the state before
+        it, until the events that fail alone are found (``ISOLATION_TRIES`` attempts each); those are
+        dead-lettered with ``processing error: <exception class>``. Output does not depend on how input is cut
+        into batches, so the other events give what they give without the culprits. After
+        ``ISOLATION_MAX_FAILURES`` failed attempts a part that fails is dead-lettered whole (bounded work)."""
+        log.error("partition %s: batch of %d events failed (%s); isolating the culprit(s)", ps.partition,
+                  len(events), type(first).__name__)
+        self._restore(ps, ps.committed)
+        failures, isolated = 1, 0
+
+        def snapshot():
+            return self.state_doc(ps, ps.seq, ps.offset)
+
+        def run(idx: list[int], tries: int = 0) -> None:
+            nonlocal failures, isolated
+            snap, mark = snapshot(), len(out.messages)
+            counts = dict(out.counts)
+            try:
+                self._attempt(ps, events, offsets, idx, out)
+                return
+            except Exception as exc:   # noqa: BLE001
+                failures += 1
+                del out.messages[mark:]
+                out.counts.update(counts)
+                self._restore(ps, snap)
+                if failures > self.ISOLATION_MAX_FAILURES:
+                    for i in idx:
+                        self._deadletter(out, f"processing error: {type(exc).__name__} (isolation gave up after "
+                                              f"{failures} failed attempts)", ps.partition, offsets[i],
+                                         event=events[i])
+                elif len(idx) > 1:
+                    mid = len(idx) // 2
+                    run(idx[:mid])
+                    run(idx[mid:])
+                elif tries + 1 < self.ISOLATION_TRIES:
+                    run(idx, tries + 1)
+                else:
+                    isolated += 1
+                    self._deadletter(out, f"processing error: {type(exc).__name__}", ps.partition, offsets[idx[0]],
+                                     event=events[idx[0]])
+
+        run(list(range(len(events))))
+        log.error("partition %s: %d event(s) dead-lettered as processing errors after %d failed attempts",
+                  ps.partition, isolated, failures)
+
+    def _restore(self, ps: PartitionState, doc: dict | None) -> None:
+        """Put the partition back into the state of ``doc`` (None: a new partition), keeping its bookkeeping."""
+        fresh = self.open_partition(ps.partition, doc)
+        self.parts[ps.partition] = ps
+        ps.engine, ps.dp = fresh.engine, fresh.dp
 
     def _emit(self, ps: PartitionState, result, out: BatchOutput) -> None:
         for rel in result.releases:
+            rel.kid = self.kid
             docs, c = self._release_docs(rel)
             out.messages.extend(docs)
             out.releases.append(rel)

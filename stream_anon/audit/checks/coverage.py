@@ -4,7 +4,9 @@ generalizations that are "anonymous" only because they are wrong (shifted interv
 Null raw QI values: a raw QI that is null (or absent) is covered when the published QI is absent/null, a dict of
 only nulls, a label equal to ``"*"`` or the hierarchy root, or an interval/box covering the configured domain
 ``[lower, upper]``. Unknown categorical values (not in the hierarchy) are only covered by ``"*"``/the root.
-Intervals are inclusive; numeric and geo bounds allow 1e-9 of float slack (:func:`..primitives.cover_test`).
+Time intervals are half-open, ``[from, to)`` (the engine snaps them outward to ``time_granularity_s``: a zero-width
+interval is malformed and covers nothing); numeric intervals and geo boxes are closed and allow 1e-9 of float slack
+(:func:`..primitives.cover_test`).
 """
 from __future__ import annotations
 
