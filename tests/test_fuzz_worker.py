@@ -1,14 +1,13 @@
 """Per-event code never kills the worker (issue 10 item 1): in-process fuzz of ``WorkerCore`` (no broker).
 
 20,000 messages mutated from real Oyster events (byte flips, field deletions, type swaps, extreme times and numbers,
-deep nesting, lone surrogates, huge strings) go through ``WorkerCore.process_batch`` -> ``_compute`` with a stub
+deep nesting, lone surrogates, huge strings) go through ``WorkerCore.handle`` (the worker without Kafka) with a stub
 ``send``: no exception may leave it, and every message must be accounted for: dead-lettered (by source offset) or,
 by its audit token, published, suppressed or still deferred. The two poison-pill timestamps are explicit cases,
 and a batch whose engine call raises is bisected to its culprit.
 """
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 import json
 import random
@@ -34,16 +33,10 @@ def oyster_config():
 
 
 class Sink:
-    """A producer stub: keeps every (topic, key, value) and acknowledges it at once."""
+    """The output messages of a run."""
 
     def __init__(self):
         self.messages: list[tuple[str, bytes, bytes]] = []
-
-    async def send(self, topic, key, value):
-        self.messages.append((topic, key, value))
-        fut = asyncio.get_running_loop().create_future()
-        fut.set_result(None)
-        return fut
 
     def docs(self, topic) -> list[dict]:
         return [orjson.loads(v) for t, _, v in self.messages if t == topic]
@@ -52,13 +45,11 @@ class Sink:
 def run_worker(config, state_dir, messages, batch=500, flush=True) -> tuple[WorkerCore, Sink]:
     """Feed (partition, offset, bytes) messages in batches, then flush every partition (end of input)."""
     sink = Sink()
-    core = WorkerCore(config, state_dir, "fuzz", SECRET, sink.send, flush_when_idle_s=1e-9 if flush else None)
-
-    async def go():
-        for i in range(0, len(messages), batch):
-            await core.process_batch(messages[i:i + batch])
-        await core.flush_idle()
-    asyncio.run(go())
+    core = WorkerCore(config, "fuzz", SECRET, flush_when_idle_s=1e-9 if flush else None)
+    for i in range(0, len(messages), batch):
+        sink.messages.extend(core.handle(messages[i:i + batch]))
+    if flush:
+        sink.messages.extend(core.flush_all())
     return core, sink
 
 

@@ -397,6 +397,37 @@ class WorkerCore:
             ps.last_input = time.monotonic()
             ps.dirty_since_flush = ps.dirty_since_flush or out.engine_input
 
+    # ---- without Kafka (tests, benchmarks, library use)
+    def handle(self, messages) -> list:
+        """``(partition, offset, value)`` messages in consumption order -> output messages, every partition
+        batch's new state taken as committed (what the loop does with a transaction)."""
+        by_part: dict[int, list] = {}
+        for p, off, raw in messages:
+            by_part.setdefault(p, []).append((off, raw))
+        out = []
+        for p, msgs in by_part.items():
+            ps = self.parts.get(p) or self.open_partition(p)
+            batch = self.process(ps, msgs)
+            out.extend(batch.messages)
+            self.committed(ps, batch.last_offset)
+        return out
+
+    def flush_all(self) -> list:
+        """Flush every partition holding records (end of input), each flush taken as committed."""
+        out = []
+        for ps in list(self.parts.values()):
+            if ps.dirty_since_flush:
+                out.extend(self.flush(ps).messages)
+                self.committed(ps, ps.offset)
+        return out
+
+    def committed(self, ps: PartitionState, offset: int) -> dict:
+        """Record a commit of the partition's current state at ``offset``: its state document."""
+        ps.seq += 1
+        ps.offset = offset
+        ps.committed = self.state_doc(ps, ps.seq, offset)
+        return ps.committed
+
     def idle_partitions(self) -> list[PartitionState]:
         """Partitions to flush: every partition of this worker has had no input for ``flush_when_idle_s``
         (judged over all partitions: one may wait in the fetch buffer while another is served, and flushing it

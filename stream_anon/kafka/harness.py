@@ -23,6 +23,7 @@ from stream_anon.engine.space import parse_time
 from stream_anon.kafka.core import TOPICS
 
 KILL_AFTER_ENV = "STREAM_ANON_TEST_KILL_AFTER_BATCHES"
+KILL_IN_FLUSH_ENV = "STREAM_ANON_TEST_KILL_IN_FLUSH"
 
 
 class OutputReader:
@@ -82,10 +83,12 @@ class OutputReader:
 
 def worker_command(config_path, bootstrap: str, state_dir, app_id: str | None = None,
                    flush_when_idle_s: float | None = None, extra: list[str] | None = None,
-                   kill_after_batches: int | None = None) -> list[str]:
-    """``python -m stream_anon.kafka.app ...``, or with ``kill_after_batches`` this module's crashing wrapper."""
-    entry = ["-m", "stream_anon.kafka.app"] if not kill_after_batches else \
-        ["-m", "stream_anon.kafka.harness", "--kill-after-batches", str(kill_after_batches)]
+                   kill_after_batches: int | None = None, kill_in_flush: bool = False) -> list[str]:
+    """``python -m stream_anon.kafka.app ...``, or this module's crashing wrapper (:func:`crash_main`)."""
+    entry = ["-m", "stream_anon.kafka.app"]
+    if kill_after_batches or kill_in_flush:
+        entry = ["-m", "stream_anon.kafka.harness"] + (["--kill-in-flush"] if kill_in_flush else []) + \
+            (["--kill-after-batches", str(kill_after_batches)] if kill_after_batches else [])
     cmd = [sys.executable, *entry, "--config", str(config_path), "--broker", bootstrap,
            "--state-dir", str(state_dir)]
     if app_id:
@@ -101,7 +104,8 @@ def start_worker_process(config_path, bootstrap: str, state_dir, app_id: str | N
     the crashing wrapper instead (:func:`crash_main`)."""
     env = env or os.environ.copy()
     kill_after = int(env.get(KILL_AFTER_ENV, "0") or 0)
-    cmd = worker_command(config_path, bootstrap, state_dir, app_id, flush_when_idle_s, extra, kill_after)
+    cmd = worker_command(config_path, bootstrap, state_dir, app_id, flush_when_idle_s, extra, kill_after,
+                         env.get(KILL_IN_FLUSH_ENV) == "1")
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             env=env, start_new_session=True,
@@ -124,7 +128,7 @@ def stop_worker_process(proc, timeout_s: float = 20.0) -> int:
 
 def run_until_accounted(config, bootstrap: str, state_dir, expected_events: int, timeout_s: float = 120.0,
                         app_id: str | None = None, flush_when_idle_s: float = 2.0, log_path=None,
-                        progress: bool = False) -> dict:
+                        progress: bool = False, extra: list[str] | None = None) -> dict:
     """Run a worker subprocess until every input event is accounted for, then stop it.
 
     ``config`` is the path of the stream's TOML (or a StreamConfig with ``.source``). Accounted = published +
@@ -136,7 +140,7 @@ def run_until_accounted(config, bootstrap: str, state_dir, expected_events: int,
     config_path = getattr(config, "source", None) or config
     cfg = config if hasattr(config, "stream") else load_config(config_path)
     t0 = time.monotonic()
-    proc = start_worker_process(config_path, bootstrap, state_dir, app_id, flush_when_idle_s, log_path)
+    proc = start_worker_process(config_path, bootstrap, state_dir, app_id, flush_when_idle_s, log_path, extra=extra)
     reader = OutputReader(bootstrap, cfg.stream.name)
     bar = None
     if progress:
@@ -293,24 +297,38 @@ def windows_by_arrival(events: list, config) -> list[tuple[int, list]]:
 
 
 def crash_main(argv=None) -> int:
-    """``python -m stream_anon.kafka.harness --kill-after-batches N <worker options>``: a worker that SIGKILLs
-    itself inside its N-th transaction, after its output and state records reached the broker and before the
-    commit (tests of restarts: the transaction stays open until the restarted worker fences it)."""
+    """A worker that SIGKILLs itself at the worst moments (tests of restarts), then the usual worker options:
+
+    ``--kill-after-batches N``: inside its N-th transaction, after the output and state records reached the
+    broker and before the commit (the transaction stays open until the restarted worker fences it);
+    ``--kill-in-flush``: inside the transaction that carries an idle flush's output, after the decision to flush
+    was committed."""
     from stream_anon.kafka import app
     from stream_anon.kafka.loop import KafkaLoop
 
     ap = argparse.ArgumentParser(add_help=False)
-    ap.add_argument("--kill-after-batches", type=int, required=True)
+    ap.add_argument("--kill-after-batches", type=int, default=0)
+    ap.add_argument("--kill-in-flush", action="store_true")
     args, rest = ap.parse_known_args(argv)
-    end = KafkaLoop._end_transaction
+    end, flush = KafkaLoop._end_transaction, KafkaLoop._flush
 
     def end_or_die(self, prod, offsets):
-        if self.counters["transactions"] + 1 >= args.kill_after_batches:
+        due = (args.kill_after_batches and self.counters["transactions"] + 1 >= args.kill_after_batches) or \
+            (args.kill_in_flush and getattr(self, "_flushing", False) and not self._flush_decided_now)
+        if due:
             prod.flush(10)
             os.kill(os.getpid(), signal.SIGKILL)
+        self._flush_decided_now = False
         return end(self, prod, offsets)
 
-    KafkaLoop._end_transaction = end_or_die
+    def flush_marked(self, ps):
+        self._flushing, self._flush_decided_now = True, not ps.flush_pending
+        try:
+            return flush(self, ps)
+        finally:
+            self._flushing = False
+
+    KafkaLoop._end_transaction, KafkaLoop._flush = end_or_die, flush_marked
     return app.worker_main(rest)
 
 

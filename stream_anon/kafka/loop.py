@@ -198,7 +198,7 @@ class KafkaLoop:
         except KafkaException as exc:
             self._failed(ps, prod, exc)
             return False
-        ps.seq, ps.offset, ps.flush_pending, ps.committed = seq, offset, flush_pending, doc
+        ps.seq, ps.offset, ps.flush_pending, ps.committed = seq, offset, flush_pending, doc   # see core.committed
         self.counters["transactions"] += 1
         self._connected()
         self._write_cache(ps)
