@@ -30,10 +30,17 @@ def test_a_new_partition_starts_empty():
     assert rec.halt is None and rec.doc is None
 
 
+def test_aborted_first_attempts_are_no_history():
+    """A worker killed inside a partition's first transaction leaves sequence-1 records (visible on a broker that
+    shows aborted records) and no marker: a committed first transaction would have committed marker 1 with it."""
+    rec = st.choose_state(enc(doc(1, 99, tag="a"), doc(1, 149, tag="b")), marker=None, committed_input=None)
+    assert rec.halt is None and rec.doc is None
+
+
 @pytest.mark.parametrize("states, marker, committed, cached, topic_id, reason", [
     ([], 5, 600, None, "T1", st.HALT_MARKER_WITHOUT_STATE),          # committed state lost
     ([], None, 600, None, "T1", st.HALT_OFFSETS_WITHOUT_STATE),      # offsets without any state
-    (enc(doc(1, 99)), None, None, None, "T1", st.HALT_STATE_WITHOUT_MARKER),   # group offsets lost
+    (enc(doc(1, 99), doc(2, 199)), None, None, None, "T1", st.HALT_STATE_WITHOUT_MARKER),   # offsets lost
     ([], None, None, {"seq": 7, "offset": 700, "input_topic_id": "T1"}, "T1", st.HALT_STATE_RESET),  # broker reset
     (enc(doc(2, 199)), 2, 200, {"seq": 9, "offset": 900, "input_topic_id": "T1"}, "T1", st.HALT_STATE_RESET),
     (enc(doc(2, 199)), 2, 150, None, "T1", st.HALT_OFFSET_MISMATCH),

@@ -114,10 +114,13 @@ def choose_state(states: list[bytes], marker: int | None, committed_input: int |
     'committed_offsets_without_state'
     """
     if marker is None:
-        if states:
+        seqs = {h[1] for h in map(header, states) if h is not None}
+        if seqs and seqs != {1}:
             return Recovery(halt=HALT_STATE_WITHOUT_MARKER,
-                            detail=f"{len(states)} state records but no committed marker: the group's offsets "
-                                   "were lost or reset")
+                            detail=f"{len(states)} state records (transactions {sorted(seqs)[:5]}...) but no "
+                                   "committed marker: the group's offsets were lost or reset")
+        # only first attempts (sequence 1) and no marker: the partition never committed (a committed first
+        # transaction commits marker 1 with it); these records come from aborted attempts
         if committed_input is not None:
             return Recovery(halt=HALT_OFFSETS_WITHOUT_STATE,
                             detail=f"input offset {committed_input} committed but the state topic holds no state")
