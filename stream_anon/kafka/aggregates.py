@@ -129,8 +129,8 @@ class PartitionAggregates:
     def aggregate_row(self, r: dict, spent_through: float) -> dict:
         """One ``anon.aggregates`` value: the aggregator's row plus partition, window bounds, the ledger's total
         through this window, and ``row_id`` (dedupe key: a re-produced row is identical)."""
-        w = r["window"]
-        row = {**r, "partition": self.partition, "window_start": _iso(w * self.window_s),
+        w = r["window"]              # the release's last window; a release may span several (period mode)
+        row = {**r, "partition": self.partition, "window_start": _iso(r.get("span_start_window", w) * self.window_s),
                "window_end": _iso((w + 1) * self.window_s), "ledger_epsilon_spent": spent_through,
                "ledger_epsilon_budget": self.ledger.epsilon_budget}
         # release: "<window>", or "<window>~<n>" for a paid re-release of a window re-closed with other content
