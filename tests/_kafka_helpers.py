@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from collections import Counter, defaultdict
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -151,3 +152,92 @@ def read_all(bootstrap, topic, stream=None, min_count=0, idle_s=1.5, max_wait_s=
             break
     c.close()
     return out
+
+
+def setup_stream(tmp_path, bootstrap, name):
+    from stream_anon.config import load_config
+    from stream_anon.kafka.topics import ensure_topics
+
+    path = write_stream_config(tmp_path / "cfg", name, f"raw.test.{name}")
+    cfg = load_config(path)
+    ensure_topics(bootstrap, names=[cfg.stream.input_topic, f"anon.{name}.records", "anon.releases",
+                                    "anon.deadletter", "anon.metrics"],
+                  default_partitions={cfg.stream.input_topic: 4, f"anon.{name}.records": 1})
+    return path, cfg
+
+
+def collect(bootstrap, name, events_expected_published=None):
+    """(manifests by release_id, copies per release_id, record tokens by release_id, dead letters by source)."""
+    manifests, copies = {}, Counter()
+    for key, doc, _, _ in read_all(bootstrap, "anon.releases", stream=name):
+        assert key == doc["release_id"]
+        copies[doc["release_id"]] += 1
+        if doc["release_id"] in manifests:     # a re-produced release is identical (deterministic engine)
+            a = {k: v for k, v in manifests[doc["release_id"]].items() if k != "created_at"}
+            b = {k: v for k, v in doc.items() if k != "created_at"}
+            assert a == b, f"release {doc['release_id']} re-produced with different content"
+        manifests.setdefault(doc["release_id"], doc)
+    need = sum(m["published"] * copies[r] for r, m in manifests.items())
+    records = defaultdict(list)
+    raw_records = read_all(bootstrap, f"anon.{name}.records", min_count=need)
+    for key, doc, _, _ in raw_records:
+        assert key == doc["release_id"]
+        records[doc["release_id"]].append(doc)
+    dead = {}
+    for _, doc, _, _ in read_all(bootstrap, "anon.deadletter", stream=name):
+        s = doc["source"]
+        dead.setdefault((s["topic"], s["partition"], s["offset"]), doc)
+    return manifests, copies, records, dead
+
+
+def account(events, secret, manifests, records, dead):
+    """Every event is published, suppressed or dead-lettered exactly once (after dedupe by release_id).
+
+    Returns (resolved tokens, tokens of events neither resolved nor dead-lettered)."""
+    from stream_anon import crypto
+
+    dead_tokens = {doc["audit_token"] for doc in dead.values() if "audit_token" in doc}
+    expected = {crypto.audit_token(secret, e["event_id"]) for e in events} - dead_tokens
+    published = Counter()
+    for rid, recs in records.items():
+        assert rid in manifests, f"records of release {rid} without a manifest"
+        tokens = {r["audit_token"] for r in recs}          # dedupe re-produced copies of the release
+        assert len(tokens) == manifests[rid]["published"]
+        published.update(tokens)
+    suppressed = Counter(t for m in manifests.values() for ts in m["suppressed_tokens"].values() for t in ts)
+    assert all(v == 1 for v in published.values()), "a record published in two releases"
+    assert all(v == 1 for v in suppressed.values()), "a record suppressed twice"
+    assert not (set(published) & set(suppressed)), "a record both published and suppressed"
+    resolved = set(published) | set(suppressed)
+    assert resolved <= expected, "a published/suppressed token that is not an input event (or was dead-lettered)"
+    return resolved, expected - resolved
+
+
+def committed_offsets(bootstrap, group, topic):
+    """The group's committed offsets of ``topic`` (by kafka-python, independently of the worker's client)."""
+    from kafka.admin import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        offs = admin.list_group_offsets(group).get(group, {})
+    finally:
+        admin.close()
+    return {tp.partition: om.offset for tp, om in offs.items() if tp.topic == topic and om.offset >= 0}
+
+
+def state_offsets(bootstrap, app_id, stream) -> dict[int, int]:
+    """Per partition, the last input offset covered by the committed state (-1: none), from the state topic."""
+    from stream_anon.kafka.harness import committed_states
+
+    states = committed_states(bootstrap, app_id, stream, range(4), idle_s=0.3)
+    return {p: states[p]["offset"] if p in states else -1 for p in range(4)}
+
+
+def wait_for(pred, timeout_s, what):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.3)
+    raise AssertionError(f"timeout waiting for {what}")

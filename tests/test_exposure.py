@@ -2,7 +2,6 @@
 letters with pseudonyms and the key id."""
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 import copy
 
@@ -149,20 +148,9 @@ def test_domain_errors_name_the_key(domain, message):
 
 # ---------------------------------------------------------------------------------------------- dead letters, kid
 def _worker(cfg, tmp_path, messages):
-    sent = []
-
-    async def send(topic, key, value):
-        sent.append((topic, orjson.loads(value)))
-        fut = asyncio.get_running_loop().create_future()
-        fut.set_result(None)
-        return fut
-    core = WorkerCore(cfg, tmp_path, "exp", SECRET, send, flush_when_idle_s=1e-9)
-
-    async def go():
-        await core.process_batch(messages)
-        await core.flush_idle()
-    asyncio.run(go())
-    return sent
+    core = WorkerCore(cfg, "exp", SECRET, flush_when_idle_s=1e-9)
+    out = core.handle(messages) + core.flush_all()
+    return [(topic, orjson.loads(value)) for topic, _, value in out]
 
 
 def test_dead_letters_carry_pseudonyms_for_pseudonymized_identifiers_and_the_key_id(tmp_path):

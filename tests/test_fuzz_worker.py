@@ -1,14 +1,13 @@
 """Per-event code never kills the worker (issue 10 item 1): in-process fuzz of ``WorkerCore`` (no broker).
 
 20,000 messages mutated from real Oyster events (byte flips, field deletions, type swaps, extreme times and numbers,
-deep nesting, lone surrogates, huge strings) go through ``WorkerCore.process_batch`` -> ``_compute`` with a stub
+deep nesting, lone surrogates, huge strings) go through ``WorkerCore.handle`` (the worker without Kafka) with a stub
 ``send``: no exception may leave it, and every message must be accounted for: dead-lettered (by source offset) or,
 by its audit token, published, suppressed or still deferred. The two poison-pill timestamps are explicit cases,
 and a batch whose engine call raises is bisected to its culprit.
 """
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 import json
 import random
@@ -22,11 +21,11 @@ from stream_anon.config import load_config
 from stream_anon.datasets import load_events
 from stream_anon.engine import Engine
 from stream_anon.kafka.core import TOPICS, WorkerCore
+from stream_anon.kafka.harness import POISON_TIMES, mutate
 
 # this checkout's bundled config (an installed stream_anon.configs may belong to another checkout)
 OYSTER = Path(__file__).resolve().parents[1] / "configs" / "oyster.toml"
 SECRET = b"fuzz-secret-6f1d0c9a8b7e2d4c3b5a69788f0e1d2c"
-POISON_TIMES = ("9999-12-31T23:59:59-23:59", "0001-01-01T00:00:00+23:59")
 
 
 def oyster_config():
@@ -34,16 +33,10 @@ def oyster_config():
 
 
 class Sink:
-    """A producer stub: keeps every (topic, key, value) and acknowledges it at once."""
+    """The output messages of a run."""
 
     def __init__(self):
         self.messages: list[tuple[str, bytes, bytes]] = []
-
-    async def send(self, topic, key, value):
-        self.messages.append((topic, key, value))
-        fut = asyncio.get_running_loop().create_future()
-        fut.set_result(None)
-        return fut
 
     def docs(self, topic) -> list[dict]:
         return [orjson.loads(v) for t, _, v in self.messages if t == topic]
@@ -52,13 +45,11 @@ class Sink:
 def run_worker(config, state_dir, messages, batch=500, flush=True) -> tuple[WorkerCore, Sink]:
     """Feed (partition, offset, bytes) messages in batches, then flush every partition (end of input)."""
     sink = Sink()
-    core = WorkerCore(config, state_dir, "fuzz", SECRET, sink.send, flush_when_idle_s=1e-9 if flush else None)
-
-    async def go():
-        for i in range(0, len(messages), batch):
-            await core.process_batch(messages[i:i + batch])
-        await core.flush_idle()
-    asyncio.run(go())
+    core = WorkerCore(config, "fuzz", SECRET, flush_when_idle_s=1e-9 if flush else None)
+    for i in range(0, len(messages), batch):
+        sink.messages.extend(core.handle(messages[i:i + batch]))
+    if flush:
+        sink.messages.extend(core.flush_all())
     return core, sink
 
 
@@ -87,60 +78,6 @@ def accounted(core: WorkerCore, sink: Sink, messages) -> dict:
     deferred = sum(m["deferred"] for m in latest.values())
     assert published + suppressed + deferred + len(dead) == len(messages)
     return {"dead_letters": len(dead), "published": published, "suppressed": suppressed, "deferred": deferred}
-
-
-# ------------------------------------------------------------------------------------------------ mutations
-def _deep(depth: int) -> bytes:
-    """JSON text nested ``depth`` levels (objects or arrays), built as text: encoders refuse such depths."""
-    return (b'{"a":' * depth + b'"x"' + b"}" * depth) if depth % 2 else (b"[" * depth + b'"x"' + b"]" * depth)
-
-
-EXTREME_TIMES = [*POISON_TIMES, "0001-01-01T00:00:00+00:00", "9999-12-31T23:59:59+00:00", "2009-11-09T07:00:00",
-                 "2009-13-45T99:99:99+00:00", "", "2009-11-09T07:00:00+99:00", 1e308, -1e308, 10 ** 30, 2 ** 63,
-                 -(2 ** 63), 0, 1257750000, 1.5e9, True, "NaN", "\ud800", "2009-11-09T07:00:00.123456789+00:00"]
-EXTREME_VALUES = [1e308, -1e308, 10 ** 18, 2 ** 63 - 1, -(2 ** 63), -1, 0.5, 1e-308, 5e-324, True, False, None, "",
-                  "<script>alert(1)</script>", "'; DROP TABLE fares; --", "a\x00b", "\ud800", "\udfff\ud800",
-                  "x" * 10_000, "\u202e\u0000", [], {}, [1, [2, [3]]], {"$ne": None}, "LUL Travelcard-7 Day"]
-
-
-def mutate(event: dict, rng: random.Random) -> bytes:
-    """One hostile message derived from a real event."""
-    e = json.loads(json.dumps(event))
-    kind = rng.randrange(9)
-    keys = list(e)
-    if kind == 0:       # random byte flips in the serialized message
-        raw = bytearray(orjson.dumps(e))
-        for _ in range(rng.randint(1, 6)):
-            raw[rng.randrange(len(raw))] = rng.randrange(256)
-        return bytes(raw)
-    if kind == 1:       # field deletions
-        for k in rng.sample(keys, rng.randint(1, 3)):
-            del e[k]
-    elif kind == 2:     # type swaps
-        for k in rng.sample(keys, rng.randint(1, 3)):
-            e[k] = rng.choice([[e[k]], {"v": e[k]}, 7, "7", 7.5, True, None, str(e[k])])
-    elif kind == 3:     # extreme times
-        e["event_time"] = rng.choice(EXTREME_TIMES)
-    elif kind == 4:     # extreme numbers and hostile values in any field
-        for k in rng.sample(keys, rng.randint(1, 2)):
-            e[k] = rng.choice(EXTREME_VALUES)
-    elif kind == 5:     # deep nesting
-        e[rng.choice(keys + ["extra"])] = "__deep__"
-        return orjson.dumps(e).replace(b'"__deep__"', _deep(rng.choice([10, 201, 254, 300, 999, 1000, 1100])))
-    elif kind == 6:     # lone surrogates (JSON escapes: valid JSON, not valid Unicode text)
-        k = rng.choice(["event_id", "journey_id", "station", "fare_product", "bus_route", "event_type"])
-        e[k] = f"{e.get(k) or ''}\ud800"
-        return json.dumps(e, ensure_ascii=True).encode()
-    elif kind == 7:     # huge strings (some over the size limit)
-        e[rng.choice(keys)] = "A" * rng.choice([1000, 60_000, 70_000])
-    else:               # structural: not an object, duplicate keys, trailing garbage
-        return rng.choice([b"[]", b"null", b"1e999", b'{"a":NaN}', orjson.dumps(e) + b"}", b"",
-                           orjson.dumps(e)[:-1], b'{"event_id":"x","event_id":"y"}', b"\xff\xfe",
-                           orjson.dumps([e])])
-    try:
-        return orjson.dumps(e)
-    except orjson.JSONEncodeError:    # lone surrogates, integers beyond 64 bits
-        return json.dumps(e).encode()
 
 
 def fuzzed_messages(n: int, seed: int, share: float = 0.5) -> list[tuple[int, int, bytes]]:

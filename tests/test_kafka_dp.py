@@ -31,8 +31,7 @@ from stream_anon import crypto  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402
 from stream_anon.dp import BudgetLedger  # noqa: E402
 from stream_anon.engine import Engine  # noqa: E402
-from stream_anon.kafka.aggregates import (AGGREGATES_TOPIC, PartitionAggregates, ledger_path,  # noqa: E402
-                                          needed_fields)
+from stream_anon.kafka.aggregates import AGGREGATES_TOPIC, PartitionAggregates, needed_fields  # noqa: E402
 
 WINDOW_S = 900
 DP_TOML = '''
@@ -381,33 +380,25 @@ def test_averaging_restarted_releases_recovers_nothing(tmp_path):
     assert np.std(naive) > 10
 
 
-def test_ledger_is_on_disk_before_the_release_is_handed_to_the_producer(tmp_path):
-    """Drive WorkerCore (the worker without faust) with a producer stub that, for every anon.aggregates
-    message, reads the partition's ledger file from disk: the (aggregate, window) must already be reserved."""
+def test_every_row_is_committed_with_the_ledger_spend_that_pays_for_it(tmp_path):
+    """The worker writes a batch's rows and its state (with the ledger) in one transaction: drive WorkerCore
+    (the worker without Kafka) batch by batch and check that the state committed with each batch's rows has
+    already reserved every (aggregate, window) those rows release."""
     from stream_anon.kafka.core import WorkerCore
 
-    path = dp_stream_config(tmp_path, "dporder", budget=50.0)
-    cfg = load_config(path)
-    state = tmp_path / "state"
-    checked = []
-
-    async def send(topic, key, value):
-        if topic == AGGREGATES_TOPIC:
-            row = json.loads(value)
-            disk = BudgetLedger(ledger_path(state, "app", "dporder", row["partition"]), 50.0)
-            assert disk.reserved(row["aggregate"], row["window"]) == pytest.approx(row["epsilon_window"])
-            checked.append(row["row_id"])
-        fut = asyncio.get_running_loop().create_future()
-        fut.set_result(None)
-        return fut
-
-    core = WorkerCore(cfg, state, "app", b"order-secret-0123456789abcdef", send)
+    cfg = load_config(dp_stream_config(tmp_path, "dporder", budget=50.0))
+    core = WorkerCore(cfg, "app", b"order-secret-0123456789abcdef")
     events = synthetic_fares(800, seed=33)
-
-    async def run():
-        for i in range(0, len(events), 100):
-            await core.process_batch([(0, i + j, json.dumps(e).encode()) for j, e in enumerate(events[i:i + 100])])
-    asyncio.run(run())
+    checked = []
+    for i in range(0, len(events), 100):
+        out = core.handle([(0, i + j, json.dumps(e).encode()) for j, e in enumerate(events[i:i + 100])])
+        ledger = BudgetLedger(None, 50.0)
+        ledger.merge_state(core.parts[0].committed["dp"]["ledger"])
+        for topic, _, value in out:
+            if topic == AGGREGATES_TOPIC:
+                row = json.loads(value)
+                assert ledger.reserved(row["aggregate"], row["window"]) == pytest.approx(row["epsilon_window"])
+                checked.append(row["row_id"])
     assert len(checked) > 50 and core.stats["aggregate_rows"] == len(checked)
 
 
@@ -477,6 +468,17 @@ def _dedupe(rows):
     return by_id, copies
 
 
+def _ledger(bootstrap, app_id, stream, partition, budget) -> BudgetLedger:
+    """The partition's committed DP ledger, read from the worker's state topic."""
+    from stream_anon.kafka.harness import committed_states
+
+    ledger = BudgetLedger(None, budget)
+    doc = committed_states(bootstrap, app_id, stream, [partition]).get(partition)
+    if doc is not None:
+        ledger.merge_state(doc["dp"]["ledger"])
+    return ledger
+
+
 def _domain_rows(by_id, cfg):
     """(partition, aggregate, output, window) -> group keys; each must hold the whole configured domain."""
     cells = defaultdict(list)
@@ -498,13 +500,13 @@ def test_worker_restart_never_overspends_nor_republishes_different_noise(broker,
     events = synthetic_fares(4000, seed=34)
     replay(broker.bootstrap, cfg.stream.input_topic, events, "journey_id", progress=False)
     state, app_id = tmp_path / "state", "dpcrash-app"
-    # the worker dies (SIGKILL) after delivering batch 6's outputs, before its checkpoint: the worst moment
+    # the worker dies (SIGKILL) inside its 6th transaction, its output and state sent but not committed
     env = {**os.environ, "STREAM_ANON_TEST_KILL_AFTER_BATCHES": "6"}
     p1 = start_worker_process(path, broker.bootstrap, state, app_id, None, tmp_path / "w1.log", env=env,
                               extra=["--batch-max", "250", "--batch-within", "0.2"])
     p1.wait(timeout=90)
     assert p1.returncode == -signal.SIGKILL
-    ledgers_after_kill = {p: BudgetLedger(ledger_path(state, app_id, "dpcrash", p), 1000.0).spent for p in range(4)}
+    ledgers_after_kill = {p: _ledger(broker.bootstrap, app_id, "dpcrash", p, 1000.0).spent for p in range(4)}
     assert sum(ledgers_after_kill.values()) > 0
     acc = run_until_accounted(path, broker.bootstrap, state, 4000, timeout_s=120, app_id=app_id,
                               flush_when_idle_s=5.0, log_path=tmp_path / "w2.log")
@@ -518,7 +520,7 @@ def test_worker_restart_never_overspends_nor_republishes_different_noise(broker,
     print("aggregate rows:", len(by_id), "re-produced:", sum(c > 1 for c in copies.values()),
           "ledgers after kill:", ledgers_after_kill)
     assert any(c > 1 for c in copies.values()), "the kill re-produced at least one window"
-    ledgers = {p: BudgetLedger(ledger_path(state, app_id, "dpcrash", p), 1000.0) for p in range(4)}
+    ledgers = {p: _ledger(broker.bootstrap, app_id, "dpcrash", p, 1000.0) for p in range(4)}
     check_rows_against_recount(by_id, recount, ledgers, RECOUNT_EPS)
     _domain_rows(by_id, cfg)
     for p in range(4):
@@ -563,7 +565,7 @@ def test_tiny_budget_stops_aggregates_with_an_event_and_keys_do_not_depend_on_da
         assert ev["epsilon_spent"] + ev["epsilon_requested"] > budget * (1 + 1e-9)
         windows = sorted(w for (pp, aa, _, w) in cells if pp == p and aa == a)
         assert windows and max(windows) < int(ev["window"]), f"{a} p{p} published at or after its stop"
-        disk = BudgetLedger(ledger_path(tmp_path / "state", "dptiny-app", "dptiny", p), budget)
+        disk = _ledger(broker.bootstrap, "dptiny-app", "dptiny", p, budget)
         assert disk.spent <= budget * (1 + 1e-9) and disk.is_stopped(a)
     n_windows = {p: len({w for (pp, _, _, w) in cells if pp == p}) for p in partitions}
     assert all(n == 3 for n in n_windows.values()), n_windows      # taps_per_zone 0.3 + fares 0.2 = 0.5

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _kafka_helpers import read_all, synthetic_fares, write_stream_config  # noqa: E402
+from _kafka_helpers import (account, collect, committed_offsets, read_all, setup_stream,  # noqa: E402
+                            state_offsets, synthetic_fares, wait_for, write_stream_config)
 
 from stream_anon import crypto  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402
@@ -29,82 +30,6 @@ from stream_anon.kafka.harness import (OutputReader, run_until_accounted, start_
                                        stop_worker_process)
 
 pytestmark = pytest.mark.kafka
-
-
-# ------------------------------------------------------------------------------------------------ helpers
-def setup_stream(tmp_path, bootstrap, name):
-    path = write_stream_config(tmp_path / "cfg", name, f"raw.test.{name}")
-    cfg = load_config(path)
-    ensure_topics(bootstrap, names=[cfg.stream.input_topic, f"anon.{name}.records", "anon.releases",
-                                    "anon.deadletter", "anon.metrics"],
-                  default_partitions={cfg.stream.input_topic: 4, f"anon.{name}.records": 1})
-    return path, cfg
-
-
-def collect(bootstrap, name, events_expected_published=None):
-    """(manifests by release_id, copies per release_id, record tokens by release_id, dead letters by source)."""
-    manifests, copies = {}, Counter()
-    for key, doc, _, _ in read_all(bootstrap, "anon.releases", stream=name):
-        assert key == doc["release_id"]
-        copies[doc["release_id"]] += 1
-        if doc["release_id"] in manifests:     # a re-produced release is identical (deterministic engine)
-            a = {k: v for k, v in manifests[doc["release_id"]].items() if k != "created_at"}
-            b = {k: v for k, v in doc.items() if k != "created_at"}
-            assert a == b, f"release {doc['release_id']} re-produced with different content"
-        manifests.setdefault(doc["release_id"], doc)
-    need = sum(m["published"] * copies[r] for r, m in manifests.items())
-    records = defaultdict(list)
-    raw_records = read_all(bootstrap, f"anon.{name}.records", min_count=need)
-    for key, doc, _, _ in raw_records:
-        assert key == doc["release_id"]
-        records[doc["release_id"]].append(doc)
-    dead = {}
-    for _, doc, _, _ in read_all(bootstrap, "anon.deadletter", stream=name):
-        s = doc["source"]
-        dead.setdefault((s["topic"], s["partition"], s["offset"]), doc)
-    return manifests, copies, records, dead
-
-
-def account(events, secret, manifests, records, dead):
-    """Every event is published, suppressed or dead-lettered exactly once (after dedupe by release_id).
-
-    Returns (resolved tokens, tokens of events neither resolved nor dead-lettered)."""
-    dead_tokens = {doc["audit_token"] for doc in dead.values() if "audit_token" in doc}
-    expected = {crypto.audit_token(secret, e["event_id"]) for e in events} - dead_tokens
-    published = Counter()
-    for rid, recs in records.items():
-        assert rid in manifests, f"records of release {rid} without a manifest"
-        tokens = {r["audit_token"] for r in recs}          # dedupe re-produced copies of the release
-        assert len(tokens) == manifests[rid]["published"]
-        published.update(tokens)
-    suppressed = Counter(t for m in manifests.values() for ts in m["suppressed_tokens"].values() for t in ts)
-    assert all(v == 1 for v in published.values()), "a record published in two releases"
-    assert all(v == 1 for v in suppressed.values()), "a record suppressed twice"
-    assert not (set(published) & set(suppressed)), "a record both published and suppressed"
-    resolved = set(published) | set(suppressed)
-    assert resolved <= expected, "a published/suppressed token that is not an input event (or was dead-lettered)"
-    return resolved, expected - resolved
-
-
-def committed_offsets(bootstrap, group, topic):
-    from kafka.admin import KafkaAdminClient
-
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
-    try:
-        offs = admin.list_group_offsets(group).get(group, {})
-    finally:
-        admin.close()
-    return {tp.partition: om.offset for tp, om in offs.items() if tp.topic == topic and om.offset >= 0}
-
-
-def wait_for(pred, timeout_s, what):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.3)
-    raise AssertionError(f"timeout waiting for {what}")
 
 
 # ------------------------------------------------------------------------------------------------ tests
@@ -181,14 +106,13 @@ def test_replay_and_worker_end_to_end(broker, tmp_path, secret_env):
     metrics = [d for _, d, _, _ in read_all(broker.bootstrap, "anon.metrics", stream="e2e")]
     assert sum(1 for d in metrics if d["type"] == "release") >= len(manifests)
     assert all("approximate" in d["lag_note"] for d in metrics if d["type"] == "throughput")
-    # the checkpoints on disk cover the last offset of every partition
-    for p, count in rep["partitions"].items():
-        assert ckpt.checkpointed_offset(tmp_path / "state", "stream-anon-e2e", "e2e", p) == count - 1
-    # after the clean stop faust has committed exactly what was checkpointed (acked), never more
+    # the state committed in the state topic covers the last offset of every partition, and the consumer offsets
+    # committed in the same transactions are exactly one past it
+    states = state_offsets(broker.bootstrap, "stream-anon-e2e", "e2e")
     committed = committed_offsets(broker.bootstrap, "stream-anon-e2e", cfg.stream.input_topic)
-    print("committed after clean stop:", committed)
-    for p, off in committed.items():
-        assert off <= rep["partitions"][p]
+    print("committed after clean stop:", committed, "states:", states)
+    for p, count in rep["partitions"].items():
+        assert states[p] == count - 1 and committed[p] == count
 
 
 def test_bad_input_goes_to_deadletter(broker, tmp_path, secret_env):
@@ -252,7 +176,7 @@ def test_bad_input_goes_to_deadletter(broker, tmp_path, secret_env):
 
 def test_two_workers_split_partitions(broker, tmp_path, secret_env):
     path, cfg = setup_stream(tmp_path, broker.bootstrap, "split")
-    state = tmp_path / "state"       # shared: a partition that moves resumes from its checkpoint
+    state = tmp_path / "state"       # a partition that moves resumes from its state in the state topic
     events = synthetic_fares(6000, seed=13)
     extra = ["--metrics-interval", "1"]
 
@@ -264,7 +188,7 @@ def test_two_workers_split_partitions(broker, tmp_path, secret_env):
         return latest
 
     def checkpointed_total():
-        return sum(ckpt.checkpointed_offset(state, "split-app", "split", p) + 1 for p in range(4))
+        return sum(v + 1 for v in state_offsets(broker.bootstrap, "split-app", "split").values())
 
     procs = [start_worker_process(path, broker.bootstrap, state, "split-app", 2.0, tmp_path / "w1.log", extra=extra)]
     try:
@@ -272,7 +196,7 @@ def test_two_workers_split_partitions(broker, tmp_path, secret_env):
         rep1 = replay(broker.bootstrap, cfg.stream.input_topic, events[:3000], "journey_id", progress=False)
         wait_for(lambda: checkpointed_total() == 3000, 60, "first half processed by worker 1")
         # 2) a second worker with the same app id joins: the group rebalances, two partitions move to it and it
-        #    resumes them from the checkpoints in the shared state dir
+        #    resumes them from their state in the state topic
         procs.append(start_worker_process(path, broker.bootstrap, state, "split-app", 2.0, tmp_path / "w2.log",
                                           extra=extra))
 
@@ -322,9 +246,9 @@ def test_kill9_and_restart_loses_and_duplicates_nothing(broker, tmp_path, secret
     replay(broker.bootstrap, topic, events, "journey_id", progress=False)
 
     def checkpoints():
-        return {p: ckpt.checkpointed_offset(state, app_id, "crash", p) for p in range(4)}
+        return state_offsets(broker.bootstrap, app_id, "crash")
 
-    # 1) worst moment: the worker dies (SIGKILL) after delivering batch 6's outputs, before checkpointing it
+    # 1) worst moment: the worker dies (SIGKILL) inside its 6th transaction, output and state sent, not committed
     env = {**os.environ, "STREAM_ANON_TEST_KILL_AFTER_BATCHES": "6"}
     p1 = start_worker_process(path, broker.bootstrap, state, app_id, 2.0, tmp_path / "w1.log", env=env,
                               extra=["--batch-max", "250", "--batch-within", "0.2"])
@@ -334,16 +258,15 @@ def test_kill9_and_restart_loses_and_duplicates_nothing(broker, tmp_path, secret
     committed = committed_offsets(broker.bootstrap, app_id, topic)
     print("after hook kill: checkpoints", cps, "committed", committed)
     assert any(v >= 0 for v in cps.values())
-    for p, off in committed.items():          # faust never committed past the checkpoint
-        assert off <= cps[p] + 1, (p, off, cps)
+    for p, off in committed.items():          # offsets are committed with the state, never past it
+        assert off == cps[p] + 1, (p, off, cps)
 
     # 2) kill -9 from outside while it is in the middle of the stream
     p2 = start_worker_process(path, broker.bootstrap, state, app_id, 2.0, tmp_path / "w2.log",
-                              extra=["--batch-max", "250", "--batch-within", "0.2"])
+                              extra=["--batch-max", "40", "--batch-within", "0.2"])
     try:
-        wait_for(lambda: sum(v + 1 for v in checkpoints().values()) > sum(v + 1 for v in cps.values()) + 500,
+        wait_for(lambda: sum(v + 1 for v in checkpoints().values()) > sum(v + 1 for v in cps.values()) + 100,
                  60, "progress after restart")
-        time.sleep(0.3)
     finally:
         os.kill(p2.pid, signal.SIGKILL)
         p2.wait(timeout=10)
@@ -352,7 +275,7 @@ def test_kill9_and_restart_loses_and_duplicates_nothing(broker, tmp_path, secret
     print("after kill -9: checkpoints", cps2, "committed", committed2)
     assert sum(v + 1 for v in cps2.values()) < 8000, "the kill did not land mid-stream"
     for p, off in committed2.items():
-        assert off <= cps2[p] + 1, (p, off, cps2)
+        assert off == cps2[p] + 1, (p, off, cps2)
 
     # 3) restart and run to the end
     acc = run_until_accounted(path, broker.bootstrap, state, 8000, timeout_s=90, app_id=app_id,

@@ -20,24 +20,22 @@ from stream_anon.audit.kafka_source import audit_from_kafka, read_outputs, read_
 from stream_anon.audit import MInvarianceConfig, check_m_invariance  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402
 from stream_anon.datasets import oyster_cards  # noqa: E402
-from stream_anon.kafka import checkpoint as ckpt  # noqa: E402
 from stream_anon.kafka.replay import replay  # noqa: E402
 from stream_anon.kafka.topics import ensure_topics  # noqa: E402
-from stream_anon.kafka.harness import run_until_accounted, start_worker_process  # noqa: E402
+from stream_anon.kafka.harness import committed_states, run_until_accounted, start_worker_process  # noqa: E402
 
 pytestmark = pytest.mark.kafka
 
 N_EVENTS = 9000          # the first 9,000 events of the oyster-cards slice: two mornings, about 24 windows
 
 
-def signatures(state_dir, app_id, stream) -> dict[int, tuple]:
-    """unit id -> signature, from every partition's checkpoint (keyed unit ids only: no card id in state)."""
+def signatures(bootstrap, app_id, stream) -> dict[int, tuple]:
+    """unit id -> signature, from every partition's committed state (keyed unit ids only: no card id in state)."""
     out = {}
-    for p in range(4):
-        cp = ckpt.read_checkpoint(state_dir, app_id, stream, p)
-        if cp is None or "units" not in cp.state["former"]:
+    for p, doc in committed_states(bootstrap, app_id, stream, range(4), idle_s=0.3).items():
+        mv = doc["engine"]["former"]
+        if "units" not in mv:
             continue
-        mv = cp.state["former"]
         sigs = [tuple(s) for s in mv["sigs"]]
         for uid, sid in zip(mv["units"]["ids"], mv["units"]["sig"]):
             out[(p, uid)] = sigs[sid]
@@ -56,12 +54,12 @@ def test_kill_between_releases_restart_checker_still_passes(broker, tmp_path, se
     state, app_id = tmp_path / "state", "mcards-app"
     small = ["--batch-max", "300", "--batch-within", "0.2"]
 
-    # 1) the worst moment: SIGKILL right after delivering batch 8's releases, before its checkpoint
+    # 1) the worst moment: SIGKILL inside the 8th transaction, releases and state sent but not committed
     env = {**os.environ, "STREAM_ANON_TEST_KILL_AFTER_BATCHES": "8"}
     p1 = start_worker_process(path, broker.bootstrap, state, app_id, 2.0, tmp_path / "w1.log", env=env, extra=small)
     p1.wait(timeout=90)
     assert p1.returncode == -signal.SIGKILL
-    before = signatures(state, app_id, name)
+    before = signatures(broker.bootstrap, app_id, name)
     assert before, "signatures were checkpointed before the kill"
     assert "oyc-card" not in "".join(str(v) for v in before)
 
@@ -69,7 +67,8 @@ def test_kill_between_releases_restart_checker_still_passes(broker, tmp_path, se
     p2 = start_worker_process(path, broker.bootstrap, state, app_id, 2.0, tmp_path / "w2.log", extra=small)
     try:
         def progressed():
-            return sum(ckpt.checkpointed_offset(state, app_id, name, p) + 1 for p in range(4)) > N_EVENTS // 2
+            states = committed_states(broker.bootstrap, app_id, name, range(4), idle_s=0.3)
+            return sum(d["offset"] + 1 for d in states.values()) > N_EVENTS // 2
         deadline = time.monotonic() + 90
         while not progressed():
             assert time.monotonic() < deadline, "no progress after the restart"
@@ -78,14 +77,14 @@ def test_kill_between_releases_restart_checker_still_passes(broker, tmp_path, se
     finally:
         os.kill(p2.pid, signal.SIGKILL)
         p2.wait(timeout=10)
-    middle = signatures(state, app_id, name)
+    middle = signatures(broker.bootstrap, app_id, name)
     assert all(middle[u] == sig for u, sig in before.items() if u in middle), "a signature changed over a restart"
 
     # 3) restart and run to the end
     acc = run_until_accounted(path, broker.bootstrap, state, N_EVENTS, timeout_s=120, app_id=app_id,
                               log_path=tmp_path / "w3.log")
     assert acc["accounted"] == N_EVENTS
-    after = signatures(state, app_id, name)
+    after = signatures(broker.bootstrap, app_id, name)
     assert set(before) <= set(after) and all(after[u] == sig for u, sig in before.items())
 
     # the independent checker on everything published (re-produced releases deduplicated by release_id)

@@ -153,11 +153,15 @@ class BudgetLedger:
         """Add the file's reservations to ours and rebuild the accountant. Called at start and, under the file
         lock, before every reservation: during a rebalance two workers may briefly hold the same partition,
         and a ledger written from one worker's memory alone would drop the other's spends."""
+        self.merge_state(json.loads(self.path.read_text()) if self.path is not None and self.path.exists()
+                         else None)
+
+    def merge_state(self, data: dict | None) -> None:
+        """Add the reservations of a :meth:`state_dict` (a file's, or the worker's state in Kafka) to ours."""
         new: list[float] = []
-        if self.path is not None and self.path.exists():
-            data = json.loads(self.path.read_text())
+        if data is not None:
             if data.get("version") != LEDGER_VERSION:
-                raise ValueError(f"{self.path}: unsupported ledger version {data.get('version')!r}")
+                raise ValueError(f"{self.path or 'ledger state'}: unsupported ledger version {data.get('version')!r}")
             for e in data["entries"]:
                 key = (e["aggregate"], str(e["window"]))
                 if key not in self._entries:

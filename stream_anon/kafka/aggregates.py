@@ -79,6 +79,8 @@ class PartitionAggregates:
         self.partition = int(partition)
         self.window_s = float(config.anonymization.window_s)
         self.ledger = BudgetLedger(ledger_file, self.dp.epsilon_budget)
+        if state is not None and "ledger" in state:       # the worker keeps the ledger in its state (Kafka)
+            self.ledger.merge_state(state["ledger"])
         seed = crypto.dp_noise_seed(secret, self.stream, self.partition)
         if state is None:
             self.aggregator = DPAggregator(self.dp, self.ledger, seed, stream=self.stream)
@@ -127,8 +129,8 @@ class PartitionAggregates:
     def aggregate_row(self, r: dict, spent_through: float) -> dict:
         """One ``anon.aggregates`` value: the aggregator's row plus partition, window bounds, the ledger's total
         through this window, and ``row_id`` (dedupe key: a re-produced row is identical)."""
-        w = r["window"]
-        row = {**r, "partition": self.partition, "window_start": _iso(w * self.window_s),
+        w = r["window"]              # the release's last window; a release may span several (period mode)
+        row = {**r, "partition": self.partition, "window_start": _iso(r.get("span_start_window", w) * self.window_s),
                "window_end": _iso((w + 1) * self.window_s), "ledger_epsilon_spent": spent_through,
                "ledger_epsilon_budget": self.ledger.epsilon_budget}
         # release: "<window>", or "<window>~<n>" for a paid re-release of a window re-closed with other content
@@ -137,8 +139,12 @@ class PartitionAggregates:
         return row
 
     # -- checkpoint --------------------------------------------------------------------------------------------
-    def state_dict(self) -> dict:
-        return {"aggregator": self.aggregator.state_dict()}
+    def state_dict(self, with_ledger: bool = True) -> dict:
+        """Counters, and the ledger (written in the same transaction as the rows that spend it)."""
+        doc = {"aggregator": self.aggregator.state_dict()}
+        if with_ledger:
+            doc["ledger"] = self.ledger.state_dict()
+        return doc
 
 
 def _now_iso() -> str:

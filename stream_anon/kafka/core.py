@@ -1,24 +1,18 @@
-"""The worker's core, without faust or a Kafka client: a batch of input messages in, output messages and a
-partition checkpoint out (the faust app in :mod:`stream_anon.kafka.app` feeds it; tests and benchmarks can too).
+"""The worker's core, without faust or a Kafka client: a partition's batch of input messages in, the output
+messages and the partition's new state out (:mod:`stream_anon.kafka.loop` moves them through Kafka in one
+transaction; tests and benchmarks drive the core directly).
 
 One :class:`~stream_anon.engine.Engine` per input partition (a release is one window's output of one partition).
-Per batch:
-
-1. per partition, in offset order: skip offsets <= the checkpointed one (already processed before a restart);
-   size, JSON, kind and schema checks -> dead letter on failure; the engine's reader checks event type, privacy
-   unit, time and quasi-identifiers once -> dead letter on failure; the records go to the partition's engine;
-2. produce every release's records (``anon.<stream>.records``, key release_id), its manifest (``anon.releases``),
-   a release metric (``anon.metrics``), the dead letters (``anon.deadletter``) and, for streams with DP aggregates,
-   the rows of the windows the engine closed (``anon.aggregates``), and await their delivery;
-3. write the partition checkpoint (engine state + DP state + last input offset) atomically;
-4. only then may the caller acknowledge the batch (the faust app acks, and faust commits only acked offsets).
-   An exception or a kill between 1 and 4 leaves the batch unacknowledged, and the restarted worker re-processes
-   it from the checkpoint (same release ids, same content; consumers dedupe by release_id, dead letters by source
-   offset).
+Per batch of one partition, in offset order: offsets at or below the partition's state are skipped (already
+processed); size, JSON, kind and schema checks, then the engine's reader (event type, privacy unit, time,
+quasi-identifiers) -> dead letters with a reason; the records go to the engine; the output is every release's
+records (``anon.<stream>.records``, key release_id), its manifest (``anon.releases``), a release metric and alerts
+(``anon.metrics``), the dead letters (``anon.deadletter``) and, for streams with DP aggregates, the rows of the
+windows the engine closed (``anon.aggregates``). The output is a function of the partition's state and its input
+messages only (not of how they were cut into batches), so re-processing after a failure reproduces it exactly.
 """
 from __future__ import annotations
 
-import asyncio
 import copy
 import hashlib
 import logging
@@ -26,7 +20,6 @@ import os
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from pathlib import Path
 
 import orjson
 
@@ -35,13 +28,14 @@ from stream_anon.contract import topics
 from stream_anon.engine import Engine, get_path
 from stream_anon.events import schema_reason
 from stream_anon.kafka import aggregates
-from stream_anon.kafka import checkpoint as ckpt
 
 log = logging.getLogger("stream_anon.worker")
 
 TOPICS = topics()           # the topic contract (topics/topics.toml), shipped inside the package
 LAG_NOTE = ("approximate: computed from the consumed position and the broker's reported end offset, which the "
             "Tansu broker under-reports for multi-record batches")
+STATE_VERSION = 1
+BISECT_MAX_DEPTH = 16          # a failing batch is split at most this deep before its events are dead-lettered
 DEADLETTER_PAYLOAD_MAX = 4096   # characters of an oversized payload kept in its dead letter
 
 
@@ -93,82 +87,89 @@ def _check_payload(raw: bytes | None, config) -> tuple[str | None, dict | None]:
 @dataclass
 class PartitionState:
     partition: int
-    engine: object
-    offset: int                    # last checkpointed input offset (-1: none)
+    engine: Engine
+    dp: object = None              # stream_anon.kafka.aggregates.PartitionAggregates when the stream has [dp]
+    offset: int = -1               # last input offset whose effects are in the state (-1: none)
+    seq: int = 0                   # committed state transactions of this partition (0: none)
+    input_topic_id: str | None = None
+    flush_pending: bool = False    # a committed decision to flush, not yet carried out (see loop.py)
+    committed: dict | None = None  # the last committed state document (the state before the batch in flight)
     last_input: float = field(default_factory=time.monotonic)
     dirty_since_flush: bool = False
     events_in: int = 0
-    dp: object = None              # stream_anon.kafka.aggregates.PartitionAggregates when the stream has [dp]
+
+
+@dataclass
+class BatchOutput:
+    """What one partition batch produces: messages, the new last input offset, counters."""
+    messages: list
+    last_offset: int
+    counts: dict
+    engine_input: bool = False
+    releases: list = field(default_factory=list)
 
 
 class WorkerCore:
-    """Everything the faust agent does, independent of faust's plumbing (easier to read and test)."""
+    """Everything the worker does between reading input and writing output, for the partitions it owns."""
 
-    def __init__(self, config, state_dir, app_id, secret: bytes, send, flush_when_idle_s: float | None = None,
+    def __init__(self, config, app_id: str, secret: bytes, flush_when_idle_s: float | None = None,
                  raw_deadletters: bool = False):
         self.config = config
-        self.state_dir = Path(state_dir)
         self.app_id = app_id
         self.secret = secret
-        self.send = send                         # async (topic, key: bytes, value: bytes) -> awaitable delivery
+        self.kid = crypto.key_id(secret)          # published with releases and dead letters (secret rotation)
         self.flush_when_idle_s = flush_when_idle_s
         self.raw_deadletters = raw_deadletters     # opt-in: keep payloads that are not JSON objects verbatim
         self.stream = config.stream.name
         self.topic = config.stream.input_topic
+        self.carried = aggregates.needed_fields(config.dp, config.stream.event_time) if config.dp is not None \
+            else ()
         self.parts: dict[int, PartitionState] = {}
-        self.lock = asyncio.Lock()
         self.stats = {"events_in": 0, "skipped": 0, "dead_letters": 0, "releases": 0, "published": 0,
                       "suppressed": 0, "aggregate_rows": 0, "batches": 0, "started": time.time()}
+        self.by_reason = {"suppressed": {}, "dead_letters": {}}   # counters by reason (metrics)
+        self.last_release: dict[int, dict] = {}                  # partition -> figures of its latest release
+        self.alerts: dict[str, int] = {}                         # alert name -> times raised
         self._last_metric = (time.monotonic(), 0)
 
-    # ---- engine per partition
-    def part(self, partition: int) -> PartitionState:
-        """The partition's state, loading its checkpoint (or starting a new engine) on first use."""
-        ps = self.parts.get(partition)
-        if ps is None:
-            cp = ckpt.read_checkpoint(self.state_dir, self.app_id, self.stream, partition)
-            carried = aggregates.needed_fields(self.config.dp, self.config.stream.event_time) \
-                if self.config.dp is not None else ()
-            if cp is None:
-                engine = Engine(self.config, partition=partition, secret=self.secret, carried=carried)
-                offset = -1
-            else:
-                engine = Engine.from_state(self.config, cp.state, secret=self.secret, carried=carried)
-                offset = cp.offset
-            log.info("partition %s: %s", partition,
-                     f"resumed from checkpoint offset {offset}" if cp else "no checkpoint, new engine")
-            ps = self.parts[partition] = PartitionState(partition, engine, offset)
-            ps.dp = aggregates.for_partition(self.config, self.state_dir, self.app_id, partition, self.secret,
-                                             cp.state if cp else None)
-            # records buffered in a checkpointed engine still need an idle flush (if enabled)
-            ps.dirty_since_flush = bool(getattr(engine, "deferred", 0))
+    # ---- partitions
+    def open_partition(self, partition: int, doc: dict | None = None) -> PartitionState:
+        """The partition's state from a state document (:meth:`state_doc`), or a new one."""
+        if doc is None:
+            engine = Engine(self.config, partition=partition, secret=self.secret, carried=self.carried)
+            ps = PartitionState(partition, engine)
+            ps.dp = self._aggregates(partition, None)
+        else:
+            if doc.get("version") != STATE_VERSION or doc.get("stream") != self.stream \
+                    or doc.get("partition") != partition:
+                raise ValueError(f"partition {partition}: state document of another stream, partition or version "
+                                 f"({doc.get('stream')!r}, {doc.get('partition')!r}, v{doc.get('version')!r})")
+            engine = Engine.from_state(self.config, doc["engine"], secret=self.secret, carried=self.carried)
+            ps = PartitionState(partition, engine, offset=doc["offset"], seq=doc["seq"],
+                                input_topic_id=doc.get("input_topic_id"), flush_pending=doc.get("flush_pending",
+                                                                                                  False))
+            ps.dp = self._aggregates(partition, doc.get("dp"))
+            ps.committed = doc
+            ps.dirty_since_flush = engine.deferred > 0      # buffered records still need an idle flush
+        self.parts[partition] = ps
         return ps
 
-    def assign(self, partitions) -> None:
-        """Partitions assigned to this worker: load their checkpoints now (so an idle flush reaches them)."""
-        for p in partitions:
-            self.part(p)
+    def _aggregates(self, partition: int, state: dict | None):
+        if self.config.dp is None or not self.config.dp.aggregates:
+            return None
+        return aggregates.PartitionAggregates(self.config, partition, self.secret, None, state)
 
-    def drop(self, partitions) -> None:
-        for p in partitions:
-            if self.parts.pop(p, None) is not None:
-                log.info("partition %s revoked: engine dropped (state is in its checkpoint)", p)
+    def close_partition(self, partition: int) -> None:
+        self.parts.pop(partition, None)
 
-    def _fresh(self, ps: PartitionState, first_offset: int) -> PartitionState:
-        """Guard against a stale checkpoint: if the first offset we are handed lies beyond our checkpoint + 1,
-        another worker advanced this partition after we loaded it (it finished a batch during the rebalance),
-        so reload the checkpoint from disk. A gap that remains means input that was never checkpointed was
-        skipped, which the protocol excludes (faust commits only checkpointed offsets): it is logged loudly."""
-        if first_offset <= ps.offset + 1:
-            return ps
-        self.parts.pop(ps.partition, None)
-        ps = self.part(ps.partition)
-        if first_offset > ps.offset + 1:
-            self.stats["gaps"] = self.stats.get("gaps", 0) + 1
-            log.error("partition %s: input starts at offset %s but the checkpoint covers only up to %s: "
-                      "offsets in between were never processed by this app (checkpoint lost?)",
-                      ps.partition, first_offset, ps.offset)
-        return ps
+    def state_doc(self, ps: PartitionState, seq: int, offset: int, flush_pending: bool = False) -> dict:
+        """The partition's state as one JSON document (the state topic's value, see loop.py)."""
+        doc = {"version": STATE_VERSION, "stream": self.stream, "partition": ps.partition, "seq": seq,
+               "offset": offset, "input_topic": self.topic, "input_topic_id": ps.input_topic_id,
+               "flush_pending": flush_pending, "engine": ps.engine.state_dict(), "written_at": time.time()}
+        if ps.dp is not None:
+            doc["dp"] = ps.dp.state_dict()
+        return doc
 
     # ---- outputs
     def _deadletter_doc(self, reason, partition, offset, raw: bytes | None = None,
@@ -179,7 +180,7 @@ class WorkerCore:
         identifiers: it is withheld (size and digest only) unless ``raw_deadletters`` was asked for."""
         doc = {"reason": reason, "stream": self.stream,
                "source": {"topic": self.topic, "partition": partition, "offset": offset},
-               "received_at": _now_iso(), "kid": crypto.key_id(self.secret)}
+               "received_at": _now_iso(), "kid": self.kid}
         if event is None and raw is not None:
             try:
                 event = orjson.loads(raw)
@@ -244,6 +245,7 @@ class WorkerCore:
             metric.update({name: manifest[name] for name in ("m", "counterfeit_individuals", "counterfeit_records")})
         out.append((TOPICS.metrics, self.stream.encode(), dumps(metric)))
         if manifest.get("suppression_limit_exceeded"):
+            self.alerts["suppression_limit_exceeded"] = self.alerts.get("suppression_limit_exceeded", 0) + 1
             alert = {"type": "alert", "stream": self.stream, "partition": rel.partition, "ts": _now_iso(),
                      "alert": "suppression_limit_exceeded", "release_id": rel.release_id,
                      "suppression_ratio": manifest.get("suppression_ratio"),
@@ -253,135 +255,95 @@ class WorkerCore:
                   "suppressed": sum((manifest.get("suppressed") or {}).values())}
         return out, counts
 
-    def _compute(self, ps: PartitionState, msgs, flush: bool = False) -> dict:
-        """Synchronous part of a batch for one partition (runs in a thread: keeps faust's loop and heartbeats
-        responsive): input checks, engine, serialization of every output message."""
-        out: list[tuple[str, bytes, bytes]] = []
-        counts = {"skipped": 0, "events_in": 0, "dead_letters": 0, "releases": 0, "published": 0, "suppressed": 0,
-                  "aggregate_rows": 0}
+    # ---- one batch of one partition
+    def process(self, ps: PartitionState, msgs) -> BatchOutput:
+        """``msgs``: (offset, value bytes) of one partition. Skips offsets already in the state."""
+        out = BatchOutput([], ps.offset, {"skipped": 0, "events_in": 0, "dead_letters": 0, "releases": 0,
+                                          "published": 0, "suppressed": 0, "aggregate_rows": 0})
         good, offsets = [], []
         last = ps.offset
         for off, raw in sorted(msgs, key=lambda m: m[0]):
             if off <= last:
-                counts["skipped"] += 1
+                out.counts["skipped"] += 1
                 continue
             last = off
-            counts["events_in"] += 1
+            out.counts["events_in"] += 1
             reason, event = check_payload(raw, self.config)
             if reason:
-                out.append(self._deadletter_doc(reason, ps.partition, off, raw=raw))
-                counts["dead_letters"] += 1
+                self._deadletter(out, reason, ps.partition, off, raw=raw)
             else:
                 good.append(event)
                 offsets.append(off)
-        result = None
+        out.last_offset = last
         if good:
-            docs, c = self._process_isolated(ps, good, offsets)
-            out.extend(docs)
-            for k, v in c.items():
-                counts[k] += v
-        elif flush:
-            result = ps.engine.flush()
-        if result is not None:
-            for rel in result.releases:
-                rel.kid = crypto.key_id(self.secret)
-                docs, c = self._release_docs(rel)
-                out.extend(docs)
-                for k, v in c.items():
-                    counts[k] += v
-            if ps.dp is not None:   # DP aggregates of the closed windows; the ledger is written before delivery
-                msgs_dp, counts["aggregate_rows"] = ps.dp.messages(result.windows, dumps, TOPICS.metrics)
-                out.extend(msgs_dp)
-        return {"out": out, "counts": counts, "last": last, "engine_input": bool(good)}
+            out.engine_input = True
+            self._process_events(ps, good, offsets, out)
+        self._account(ps, out)
+        return out
+
+    def flush(self, ps: PartitionState) -> BatchOutput:
+        """Close the open window and resolve every deferred record (end of a replay / idle input)."""
+        out = BatchOutput([], ps.offset, {"skipped": 0, "events_in": 0, "dead_letters": 0, "releases": 0,
+                                          "published": 0, "suppressed": 0, "aggregate_rows": 0})
+        self._emit(ps, ps.engine.flush(), out)
+        self._account(ps, out)
+        ps.dirty_since_flush = False
+        return out
 
     ISOLATION_TRIES = 2            # attempts of a single event before it is dead-lettered as a processing error
     ISOLATION_MAX_FAILURES = 64    # failed attempts per batch; beyond, a failing part is dead-lettered whole
 
-    def _process_isolated(self, ps: PartitionState, good: list, offsets: list) -> tuple[list, dict]:
-        """Reader, engine and output serialization of a partition batch's checked events: (messages, counts).
-
-        If this raises for the batch, no event is lost and the partition does not stop: the partition's state is
-        reloaded from its checkpoint (the state before this batch) and the batch is split in halves, processed in
-        order, each part from a snapshot of the state before it, until the events that fail alone are found
-        (``ISOLATION_TRIES`` attempts each); those are dead-lettered with ``processing error: <exception
-        class>``. Since output does not depend on how input is cut into batches, the other events give what they
-        give without the culprits. After ``ISOLATION_MAX_FAILURES`` failed attempts, a part that fails is
-        dead-lettered whole (bounded work). If the state cannot be reloaded, the exception propagates (the worker
-        stops before acknowledging the batch, as before).
-        """
-        kid = crypto.key_id(self.secret)
-
-        def attempt(idx: list[int]) -> tuple[list, dict]:
-            out, counts = [], dict.fromkeys(("dead_letters", "releases", "published", "suppressed",
-                                             "aggregate_rows"), 0)
-            events = [good[i] for i in idx]
-            records, rejected = ps.engine.reader.read(events)
-            for j, reason in rejected:
-                out.append(self._deadletter_doc(reason, ps.partition, offsets[idx[j]], event=events[j]))
-            counts["dead_letters"] += len(rejected)
-            result = ps.engine.process_records(records)
-            for rel in result.releases:
-                rel.kid = kid
-                docs, c = self._release_docs(rel)
-                out.extend(docs)
-                for k, v in c.items():
-                    counts[k] += v
-            if ps.dp is not None:   # DP aggregates of the closed windows; the ledger is written before delivery
-                msgs_dp, n_rows = ps.dp.messages(result.windows, dumps, TOPICS.metrics)
-                out.extend(msgs_dp)
-                counts["aggregate_rows"] += n_rows
-            return out, counts
-
-        everything = list(range(len(good)))
+    def _process_events(self, ps: PartitionState, events: list, offsets: list, out: BatchOutput) -> None:
+        """Reader, engine and output of a batch's checked events. If this raises, no event is lost and the
+        partition does not stop: see :meth:`_isolate`."""
+        first = len(out.messages)
         try:
-            return attempt(everything)
-        except Exception as exc:   # noqa: BLE001
-            first = exc
+            self._attempt(ps, events, offsets, range(len(events)), out)
+        except Exception as exc:   # noqa: BLE001 - one event never stops the partition
+            del out.messages[first:]
+            out.releases.clear()
+            self._isolate(ps, events, offsets, out, exc)
+
+    def _attempt(self, ps: PartitionState, events: list, offsets: list, idx, out: BatchOutput) -> None:
+        idx = list(idx)
+        part = [events[i] for i in idx]
+        records, rejected = ps.engine.reader.read(part)
+        for j, reason in rejected:
+            self._deadletter(out, reason, ps.partition, offsets[idx[j]], event=part[j])
+        self._emit(ps, ps.engine.process_records(records), out)
+
+    def _isolate(self, ps: PartitionState, events: list, offsets: list, out: BatchOutput, first: Exception):
+        """The batch failed as a whole: go back to the state before it (``ps.committed``: the last committed state
+        document) and split the batch in halves, processed in order, each part from a snapshot of the state before
+        it, until the events that fail alone are found (``ISOLATION_TRIES`` attempts each); those are
+        dead-lettered with ``processing error: <exception class>``. Output does not depend on how input is cut
+        into batches, so the other events give what they give without the culprits. After
+        ``ISOLATION_MAX_FAILURES`` failed attempts a part that fails is dead-lettered whole (bounded work)."""
         log.error("partition %s: batch of %d events failed (%s); isolating the culprit(s)", ps.partition,
-                  len(good), type(first).__name__)
-        self.parts.pop(ps.partition, None)
-        before = self.part(ps.partition)        # the checkpointed state: the state before this batch
-        self.parts[ps.partition] = ps
-        if before.offset != ps.offset:
-            raise first
-        ps.engine, ps.dp = before.engine, before.dp
-        carried = ps.engine.reader.carried
+                  len(events), type(first).__name__)
+        self._restore(ps, ps.committed)
+        failures, isolated = 1, 0
 
         def snapshot():
-            dp = None if ps.dp is None else orjson.loads(dumps(ps.dp.state_dict()))
-            return orjson.loads(dumps(ps.engine.state_dict())), dp
-
-        def restore(snap) -> None:
-            state, dp = snap
-            ps.engine = Engine.from_state(self.config, state, secret=self.secret, carried=carried)
-            if dp is not None:
-                ps.dp = aggregates.for_partition(self.config, self.state_dir, self.app_id, ps.partition,
-                                                 self.secret, {"dp": dp})
-
-        out: list = []
-        counts: dict = {}
-        failures = 1
-        isolated = 0
-
-        def dead(idx: list[int], reason: str) -> None:
-            for i in idx:
-                try:
-                    out.append(self._deadletter_doc(reason, ps.partition, offsets[i], event=good[i]))
-                except Exception:   # noqa: BLE001 - the payload itself cannot be written: keep the coordinates
-                    out.append(self._deadletter_doc(reason, ps.partition, offsets[i]))
-            counts["dead_letters"] = counts.get("dead_letters", 0) + len(idx)
+            return self.state_doc(ps, ps.seq, ps.offset)
 
         def run(idx: list[int], tries: int = 0) -> None:
             nonlocal failures, isolated
-            snap = snapshot()
+            snap, mark = snapshot(), len(out.messages)
+            counts = dict(out.counts)
             try:
-                o, c = attempt(idx)
+                self._attempt(ps, events, offsets, idx, out)
+                return
             except Exception as exc:   # noqa: BLE001
                 failures += 1
-                restore(snap)
+                del out.messages[mark:]
+                out.counts.update(counts)
+                self._restore(ps, snap)
                 if failures > self.ISOLATION_MAX_FAILURES:
-                    dead(idx, f"processing error: {type(exc).__name__} (isolation gave up after {failures} "
-                              f"failed attempts)")
+                    for i in idx:
+                        self._deadletter(out, f"processing error: {type(exc).__name__} (isolation gave up after "
+                                              f"{failures} failed attempts)", ps.partition, offsets[i],
+                                         event=events[i])
                 elif len(idx) > 1:
                     mid = len(idx) // 2
                     run(idx[:mid])
@@ -390,100 +352,93 @@ class WorkerCore:
                     run(idx, tries + 1)
                 else:
                     isolated += 1
-                    dead(idx, f"processing error: {type(exc).__name__}")
-                return
-            out.extend(o)
-            for k, v in c.items():
-                counts[k] = counts.get(k, 0) + v
+                    self._deadletter(out, f"processing error: {type(exc).__name__}", ps.partition, offsets[idx[0]],
+                                     event=events[idx[0]])
 
-        mid = len(everything) // 2
-        if len(everything) == 1:
-            run(everything, 1)
-        else:
-            run(everything[:mid])
-            run(everything[mid:])
+        run(list(range(len(events))))
         log.error("partition %s: %d event(s) dead-lettered as processing errors after %d failed attempts",
                   ps.partition, isolated, failures)
-        return out, counts
 
-    # ---- one batch: messages are (partition, offset, value bytes) in consumption order
-    async def process_batch(self, messages) -> None:
-        loop = asyncio.get_running_loop()
-        async with self.lock:
-            self.stats["batches"] += 1
-            by_part: dict[int, list] = {}
-            for p, off, raw in messages:
-                by_part.setdefault(p, []).append((off, raw))
-            out = []           # messages to produce
-            advanced = {}      # partition -> (state, new last offset)
-            for p, msgs in by_part.items():
-                ps = self._fresh(self.part(p), min(off for off, _ in msgs))
-                res = await loop.run_in_executor(None, self._compute, ps, msgs)
-                for k, v in res["counts"].items():
-                    self.stats[k] += v
-                ps.events_in += res["counts"]["events_in"]
-                out.extend(res["out"])
-                if res["last"] != ps.offset:
-                    ps.last_input = time.monotonic()
-                    ps.dirty_since_flush = ps.dirty_since_flush or res["engine_input"]
-                    advanced[p] = (ps, res["last"])
-            await self._deliver(out)
-            for ps, off in advanced.values():
-                await self._checkpoint(ps, off)
+    def _restore(self, ps: PartitionState, doc: dict | None) -> None:
+        """Put the partition back into the state of ``doc`` (None: a new partition), keeping its bookkeeping."""
+        fresh = self.open_partition(ps.partition, doc)
+        self.parts[ps.partition] = ps
+        ps.engine, ps.dp = fresh.engine, fresh.dp
 
-    async def _deliver(self, messages) -> None:
-        """Produce (topic, key, value) messages and wait until the broker acknowledged all of them (acks=all)."""
-        futs = [await self.send(topic, key, value) for topic, key, value in messages]   # enqueue
-        if futs:
-            await asyncio.gather(*futs)     # raises if any delivery failed -> no checkpoint, no ack
+    def _emit(self, ps: PartitionState, result, out: BatchOutput) -> None:
+        for rel in result.releases:
+            rel.kid = self.kid
+            docs, c = self._release_docs(rel)
+            out.messages.extend(docs)
+            out.releases.append(rel)
+            for k, v in c.items():
+                out.counts[k] += v
+            for reason, n in rel.suppressed.items():
+                self.by_reason["suppressed"][reason] = self.by_reason["suppressed"].get(reason, 0) + n
+            self.last_release[ps.partition] = {"ncp_mean": rel.ncp_mean, "deferred": len(rel.deferred_tokens),
+                                               "counterfeit_records": rel.counterfeit_records,
+                                               "window_end": rel.window_end}
+        if ps.dp is not None and result.windows:
+            msgs_dp, n = ps.dp.messages(result.windows, dumps, TOPICS.metrics)
+            out.messages.extend(msgs_dp)
+            out.counts["aggregate_rows"] += n
 
-    def _write_checkpoint(self, ps: PartitionState, offset: int) -> bool:
-        existing = ckpt.checkpointed_offset(self.state_dir, self.app_id, self.stream, ps.partition)
-        if existing > offset:
-            # another worker owns this partition now and is ahead of us: never move its checkpoint back
-            return False
-        state = ps.engine.state_dict()
-        if ps.dp is not None:
-            state["dp"] = ps.dp.state_dict()
-        ckpt.write_checkpoint(self.state_dir, self.app_id, self.stream, self.topic, ps.partition, offset, state)
-        return True
+    def _deadletter(self, out: BatchOutput, reason: str, partition: int, offset, raw=None, event=None) -> None:
+        out.messages.append(self._deadletter_doc(reason, partition, offset, raw=raw, event=event))
+        out.counts["dead_letters"] += 1
+        key = reason.split(":", 1)[0]
+        self.by_reason["dead_letters"][key] = self.by_reason["dead_letters"].get(key, 0) + 1
 
-    async def _checkpoint(self, ps: PartitionState, offset: int) -> None:
-        loop = asyncio.get_running_loop()
-        if await loop.run_in_executor(None, self._write_checkpoint, ps, offset):
-            ps.offset = offset
-        else:
-            log.warning("partition %s: checkpoint on disk is ahead of ours (%s); not overwritten", ps.partition,
-                        offset)
-            if self.parts.get(ps.partition) is ps:
-                self.parts.pop(ps.partition)      # reload from the newer checkpoint on the next event
+    def _account(self, ps: PartitionState, out: BatchOutput) -> None:
+        for k, v in out.counts.items():
+            self.stats[k] += v
+        self.stats["batches"] += 1
+        ps.events_in += out.counts["events_in"]
+        if out.last_offset != ps.offset:
+            ps.last_input = time.monotonic()
+            ps.dirty_since_flush = ps.dirty_since_flush or out.engine_input
 
-    async def flush_idle(self) -> None:
-        """Demo/end-of-input helper: once this worker has had no input on any partition for
-        ``flush_when_idle_s``, flush the engines of its partitions.
+    # ---- without Kafka (tests, benchmarks, library use)
+    def handle(self, messages) -> list:
+        """``(partition, offset, value)`` messages in consumption order -> output messages, every partition
+        batch's new state taken as committed (what the loop does with a transaction)."""
+        by_part: dict[int, list] = {}
+        for p, off, raw in messages:
+            by_part.setdefault(p, []).append((off, raw))
+        out = []
+        for p, msgs in by_part.items():
+            ps = self.parts.get(p) or self.open_partition(p)
+            batch = self.process(ps, msgs)
+            out.extend(batch.messages)
+            self.committed(ps, batch.last_offset)
+        return out
 
-        Not part of normal streaming (it closes the open window early); used by ``run_until_accounted`` so that
-        every replayed event is published or suppressed. Idleness is judged over all partitions, not per partition:
-        the consumer may serve one partition for seconds while another waits in its fetch buffer, and flushing
-        that one early would change its releases. The flushed state is checkpointed at the same offset.
-        """
-        if not self.flush_when_idle_s:
-            return
-        loop = asyncio.get_running_loop()
-        async with self.lock:
-            now = time.monotonic()
-            if now - max((ps.last_input for ps in self.parts.values()), default=now) < self.flush_when_idle_s:
-                return
-            for ps in list(self.parts.values()):
-                if ps.dirty_since_flush:
-                    res = await loop.run_in_executor(None, self._compute, ps, [], True)
-                    for k, v in res["counts"].items():
-                        self.stats[k] += v
-                    await self._deliver(res["out"])
-                    await self._checkpoint(ps, ps.offset)
-                    ps.dirty_since_flush = False
-                    log.info("partition %s idle for %.1fs: flushed (%d releases)", ps.partition,
-                             now - ps.last_input, res["counts"]["releases"])
+    def flush_all(self) -> list:
+        """Flush every partition holding records (end of input), each flush taken as committed."""
+        out = []
+        for ps in list(self.parts.values()):
+            if ps.dirty_since_flush:
+                out.extend(self.flush(ps).messages)
+                self.committed(ps, ps.offset)
+        return out
+
+    def committed(self, ps: PartitionState, offset: int) -> dict:
+        """Record a commit of the partition's current state at ``offset``: its state document."""
+        ps.seq += 1
+        ps.offset = offset
+        ps.committed = self.state_doc(ps, ps.seq, offset)
+        return ps.committed
+
+    def idle_partitions(self) -> list[PartitionState]:
+        """Partitions to flush: every partition of this worker has had no input for ``flush_when_idle_s``
+        (judged over all partitions: one may wait in the fetch buffer while another is served, and flushing it
+        early would change its releases), and this one holds records or an open window."""
+        if not self.flush_when_idle_s or not self.parts:
+            return []
+        now = time.monotonic()
+        if now - max(ps.last_input for ps in self.parts.values()) < self.flush_when_idle_s:
+            return []
+        return [ps for ps in self.parts.values() if ps.dirty_since_flush]
 
     def throughput_metric(self, positions: dict, highwaters: dict) -> dict:
         now = time.monotonic()
@@ -499,7 +454,7 @@ class WorkerCore:
         return {"type": "throughput", "stream": self.stream, "partition": None, "ts": _now_iso(),
                 "app_id": self.app_id, "pid": os.getpid(), "partitions": sorted(self.parts),
                 "events_per_s": round(rate, 1), **{k: v for k, v in self.stats.items() if k != "started"},
-                "checkpointed": {str(p): ps.offset for p, ps in self.parts.items()},
+                "committed": {str(p): ps.offset for p, ps in self.parts.items()},
                 "lag_approx": lag, "lag_note": LAG_NOTE}
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import orjson
 
 from stream_anon.audit.kafka_source import read_topic
 from stream_anon.config import load_config
@@ -23,6 +25,7 @@ from stream_anon.engine.space import parse_time
 from stream_anon.kafka.core import TOPICS
 
 KILL_AFTER_ENV = "STREAM_ANON_TEST_KILL_AFTER_BATCHES"
+KILL_IN_FLUSH_ENV = "STREAM_ANON_TEST_KILL_IN_FLUSH"
 
 
 class OutputReader:
@@ -82,10 +85,12 @@ class OutputReader:
 
 def worker_command(config_path, bootstrap: str, state_dir, app_id: str | None = None,
                    flush_when_idle_s: float | None = None, extra: list[str] | None = None,
-                   kill_after_batches: int | None = None) -> list[str]:
-    """``python -m stream_anon.kafka.app ...``, or with ``kill_after_batches`` this module's crashing wrapper."""
-    entry = ["-m", "stream_anon.kafka.app"] if not kill_after_batches else \
-        ["-m", "stream_anon.kafka.harness", "--kill-after-batches", str(kill_after_batches)]
+                   kill_after_batches: int | None = None, kill_in_flush: bool = False) -> list[str]:
+    """``python -m stream_anon.kafka.app ...``, or this module's crashing wrapper (:func:`crash_main`)."""
+    entry = ["-m", "stream_anon.kafka.app"]
+    if kill_after_batches or kill_in_flush:
+        entry = ["-m", "stream_anon.kafka.harness"] + (["--kill-in-flush"] if kill_in_flush else []) + \
+            (["--kill-after-batches", str(kill_after_batches)] if kill_after_batches else [])
     cmd = [sys.executable, *entry, "--config", str(config_path), "--broker", bootstrap,
            "--state-dir", str(state_dir)]
     if app_id:
@@ -101,7 +106,8 @@ def start_worker_process(config_path, bootstrap: str, state_dir, app_id: str | N
     the crashing wrapper instead (:func:`crash_main`)."""
     env = env or os.environ.copy()
     kill_after = int(env.get(KILL_AFTER_ENV, "0") or 0)
-    cmd = worker_command(config_path, bootstrap, state_dir, app_id, flush_when_idle_s, extra, kill_after)
+    cmd = worker_command(config_path, bootstrap, state_dir, app_id, flush_when_idle_s, extra, kill_after,
+                         env.get(KILL_IN_FLUSH_ENV) == "1")
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             env=env, start_new_session=True,
@@ -124,7 +130,7 @@ def stop_worker_process(proc, timeout_s: float = 20.0) -> int:
 
 def run_until_accounted(config, bootstrap: str, state_dir, expected_events: int, timeout_s: float = 120.0,
                         app_id: str | None = None, flush_when_idle_s: float = 2.0, log_path=None,
-                        progress: bool = False) -> dict:
+                        progress: bool = False, extra: list[str] | None = None) -> dict:
     """Run a worker subprocess until every input event is accounted for, then stop it.
 
     ``config`` is the path of the stream's TOML (or a StreamConfig with ``.source``). Accounted = published +
@@ -136,7 +142,7 @@ def run_until_accounted(config, bootstrap: str, state_dir, expected_events: int,
     config_path = getattr(config, "source", None) or config
     cfg = config if hasattr(config, "stream") else load_config(config_path)
     t0 = time.monotonic()
-    proc = start_worker_process(config_path, bootstrap, state_dir, app_id, flush_when_idle_s, log_path)
+    proc = start_worker_process(config_path, bootstrap, state_dir, app_id, flush_when_idle_s, log_path, extra=extra)
     reader = OutputReader(bootstrap, cfg.stream.name)
     bar = None
     if progress:
@@ -245,6 +251,38 @@ def read_dp_report(bootstrap: str, config, idle_s: float = 1.0) -> dict:
     }
 
 
+def committed_offsets(bootstrap: str, group: str, topic: str, partitions) -> dict[int, int | None]:
+    """The group's committed offsets of ``topic`` (None where nothing is committed)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        got = c.committed([TopicPartition(topic, p) for p in partitions], timeout=30)
+    finally:
+        c.close()
+    return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in got}
+
+
+def committed_states(bootstrap: str, app_id: str, stream: str, partitions, idle_s: float = 1.0) -> dict[int, dict]:
+    """Each partition's committed state document (read back as a recovering worker would, for tests and
+    benchmarks of a stopped worker: the state topic is read until idle rather than to a barrier)."""
+    from stream_anon.kafka import state as st
+
+    topic = st.state_topic(app_id)
+    markers = committed_offsets(bootstrap, app_id, topic, partitions)
+    by_part: dict[int, list] = {}
+    for (_, p, _), value in read_topic(bootstrap, topic, idle_s=idle_s):
+        h = st.header(value)
+        if h is not None and h[0] == st.KIND_STATE:
+            by_part.setdefault(p, []).append(value)
+    out = {}
+    for p in partitions:
+        rec = st.choose_state(by_part.get(p, []), markers.get(p), None)
+        if rec.doc is not None:
+            out[p] = rec.doc
+    return out
+
+
 def windows_by_arrival(events: list, config) -> list[tuple[int, list]]:
     """One partition's events (arrival order) grouped by the engine's window rule."""
     times = [parse_time(get_path(e, config.stream.event_time)) for e in events]
@@ -260,23 +298,97 @@ def windows_by_arrival(events: list, config) -> list[tuple[int, list]]:
     return out
 
 
+# --------------------------------------------------------------------------------- hostile input (fuzz, chaos)
+POISON_TIMES = ("9999-12-31T23:59:59-23:59", "0001-01-01T00:00:00+23:59")   # schema-valid; year 10000 / 0 in UTC
+
+
+def _deep(depth: int) -> bytes:
+    """JSON text nested ``depth`` levels (objects or arrays), built as text: encoders refuse such depths."""
+    return (b'{"a":' * depth + b'"x"' + b"}" * depth) if depth % 2 else (b"[" * depth + b'"x"' + b"]" * depth)
+
+
+EXTREME_TIMES = [*POISON_TIMES, "0001-01-01T00:00:00+00:00", "9999-12-31T23:59:59+00:00", "2009-11-09T07:00:00",
+                 "2009-13-45T99:99:99+00:00", "", "2009-11-09T07:00:00+99:00", 1e308, -1e308, 10 ** 30, 2 ** 63,
+                 -(2 ** 63), 0, 1257750000, 1.5e9, True, "NaN", "\ud800", "2009-11-09T07:00:00.123456789+00:00"]
+EXTREME_VALUES = [1e308, -1e308, 10 ** 18, 2 ** 63 - 1, -(2 ** 63), -1, 0.5, 1e-308, 5e-324, True, False, None, "",
+                  "<script>alert(1)</script>", "'; DROP TABLE fares; --", "a\x00b", "\ud800", "\udfff\ud800",
+                  "x" * 10_000, "\u202e\u0000", [], {}, [1, [2, [3]]], {"$ne": None}, "LUL Travelcard-7 Day"]
+
+
+def mutate(event: dict, rng: random.Random) -> bytes:
+    """One hostile message derived from a real event."""
+    e = json.loads(json.dumps(event))
+    kind = rng.randrange(9)
+    keys = list(e)
+    if kind == 0:       # random byte flips in the serialized message
+        raw = bytearray(orjson.dumps(e))
+        for _ in range(rng.randint(1, 6)):
+            raw[rng.randrange(len(raw))] = rng.randrange(256)
+        return bytes(raw)
+    if kind == 1:       # field deletions
+        for k in rng.sample(keys, rng.randint(1, 3)):
+            del e[k]
+    elif kind == 2:     # type swaps
+        for k in rng.sample(keys, rng.randint(1, 3)):
+            e[k] = rng.choice([[e[k]], {"v": e[k]}, 7, "7", 7.5, True, None, str(e[k])])
+    elif kind == 3:     # extreme times
+        e["event_time"] = rng.choice(EXTREME_TIMES)
+    elif kind == 4:     # extreme numbers and hostile values in any field
+        for k in rng.sample(keys, rng.randint(1, 2)):
+            e[k] = rng.choice(EXTREME_VALUES)
+    elif kind == 5:     # deep nesting
+        e[rng.choice(keys + ["extra"])] = "__deep__"
+        return orjson.dumps(e).replace(b'"__deep__"', _deep(rng.choice([10, 201, 254, 300, 999, 1000, 1100])))
+    elif kind == 6:     # lone surrogates (JSON escapes: valid JSON, not valid Unicode text)
+        k = rng.choice(["event_id", "journey_id", "station", "fare_product", "bus_route", "event_type"])
+        e[k] = f"{e.get(k) or ''}\ud800"
+        return json.dumps(e, ensure_ascii=True).encode()
+    elif kind == 7:     # huge strings (some over the size limit)
+        e[rng.choice(keys)] = "A" * rng.choice([1000, 60_000, 70_000])
+    else:               # structural: not an object, duplicate keys, trailing garbage
+        return rng.choice([b"[]", b"null", b"1e999", b'{"a":NaN}', orjson.dumps(e) + b"}", b"",
+                           orjson.dumps(e)[:-1], b'{"event_id":"x","event_id":"y"}', b"\xff\xfe",
+                           orjson.dumps([e])])
+    try:
+        return orjson.dumps(e)
+    except orjson.JSONEncodeError:    # lone surrogates, integers beyond 64 bits
+        return json.dumps(e).encode()
+
+
+
 def crash_main(argv=None) -> int:
-    """``python -m stream_anon.kafka.harness --kill-after-batches N <worker options>``: a worker that SIGKILLs
-    itself right after delivering the outputs of its N-th batch, before checkpointing it (tests of restarts)."""
+    """A worker that SIGKILLs itself at the worst moments (tests of restarts), then the usual worker options:
+
+    ``--kill-after-batches N``: inside its N-th transaction, after the output and state records reached the
+    broker and before the commit (the transaction stays open until the restarted worker fences it);
+    ``--kill-in-flush``: inside the transaction that carries an idle flush's output, after the decision to flush
+    was committed."""
     from stream_anon.kafka import app
-    from stream_anon.kafka.core import WorkerCore
+    from stream_anon.kafka.loop import KafkaLoop
 
     ap = argparse.ArgumentParser(add_help=False)
-    ap.add_argument("--kill-after-batches", type=int, required=True)
+    ap.add_argument("--kill-after-batches", type=int, default=0)
+    ap.add_argument("--kill-in-flush", action="store_true")
     args, rest = ap.parse_known_args(argv)
-    deliver = WorkerCore._deliver
+    end, flush = KafkaLoop._end_transaction, KafkaLoop._flush
 
-    async def deliver_then_die(self, messages):
-        await deliver(self, messages)
-        if self.stats["batches"] >= args.kill_after_batches:
+    def end_or_die(self, prod, offsets):
+        due = (args.kill_after_batches and self.counters["transactions"] + 1 >= args.kill_after_batches) or \
+            (args.kill_in_flush and getattr(self, "_flushing", False) and not self._flush_decided_now)
+        if due:
+            prod.flush(10)
             os.kill(os.getpid(), signal.SIGKILL)
+        self._flush_decided_now = False
+        return end(self, prod, offsets)
 
-    WorkerCore._deliver = deliver_then_die
+    def flush_marked(self, ps):
+        self._flushing, self._flush_decided_now = True, not ps.flush_pending
+        try:
+            return flush(self, ps)
+        finally:
+            self._flushing = False
+
+    KafkaLoop._end_transaction, KafkaLoop._flush = end_or_die, flush_marked
     return app.worker_main(rest)
 
 

@@ -1,0 +1,259 @@
+"""Chaos benchmark (issue 10): faults against workers on the embedded broker, judged by the independent audit.
+
+Scenarios (each on its own broker): ``kill9`` (kill -9 at random points, restart, until every event is accounted),
+``lost_disk`` (two workers on separate state directories, one lost for good), ``broker_pause`` (the broker
+stopped with SIGSTOP for 30 s mid-stream), ``broker_reset`` (the broker restarts empty: the worker must halt its
+partitions, not start over), ``poison`` (the two poison-pill timestamps) and ``fuzz`` (N hostile messages).
+For each: events in, lost, release ids published with two contents, m-invariance violations (m streams),
+epsilon spent per partition against the budget (DP streams), worker crashes (exits we did not cause), halts.
+
+    .venv/bin/python bench/chaos.py [--only kill9,fuzz] [--kills 100] [--fuzz 1000000] [--events N]
+        -> bench/results/chaos.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import sys
+import time
+import urllib.request
+from collections import defaultdict
+from pathlib import Path
+
+import orjson
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from stream_anon import contract  # noqa: E402
+from stream_anon.audit.kafka_source import audit_from_kafka, read_topic  # noqa: E402
+from stream_anon.broker import EmbeddedBroker, free_port  # noqa: E402
+from stream_anon.config import load_config  # noqa: E402
+from stream_anon.datasets import load_events  # noqa: E402
+from stream_anon.kafka.harness import (POISON_TIMES, OutputReader, committed_states, mutate,  # noqa: E402
+                                       start_worker_process, stop_worker_process)
+from stream_anon.kafka.replay import replay  # noqa: E402
+from stream_anon.kafka.topics import apply_topics, load_topic_definitions  # noqa: E402
+
+SECRET = "chaos-secret-3f9a1c7e5b2d4a6c8e0f1b3d5a7c9e1f"
+
+
+def wait_accounted(bootstrap, stream, n, timeout_s, procs=()):
+    reader = OutputReader(bootstrap, stream)
+    t0 = time.monotonic()
+    try:
+        while time.monotonic() - t0 < timeout_s:
+            reader.poll(300)
+            acc = reader.accounting()
+            if acc["accounted"] >= n and acc["deferred"] == 0:
+                return acc
+        return reader.accounting()
+    finally:
+        reader.close()
+
+
+def release_contents(bootstrap) -> int:
+    """Release ids published with two different contents (manifests without created_at)."""
+    seen, bad = {}, set()
+    for _, value in read_topic(bootstrap, contract.topics().releases, idle_s=1.0):
+        doc = orjson.loads(value)
+        doc.pop("created_at", None)
+        key = doc["release_id"]
+        if key in seen and seen[key] != doc:
+            bad.add(key)
+        seen.setdefault(key, doc)
+    return len(bad)
+
+
+def judge(bootstrap, config_path, app_id, n_events, crashes, extra=None) -> dict:
+    cfg = load_config(config_path)
+    report = audit_from_kafka(bootstrap, config_path, SECRET.encode())
+    checks = report.checks
+    acc = checks.get("accounting", {})
+    out = {"events": n_events, "audit_passed": report.passed,
+           "lost": acc.get("summary", acc).get("lost", acc.get("missing")) if isinstance(acc, dict) else None,
+           "release_ids_two_contents": release_contents(bootstrap), "worker_crashes": crashes}
+    if "m_invariance" in checks:
+        mi = checks["m_invariance"]
+        out["m_invariance_passed"] = mi.get("passed")
+    if cfg.dp is not None:
+        states = committed_states(bootstrap, app_id, cfg.stream.name, range(4))
+        spent = [d["dp"]["ledger"]["spent"] for d in states.values() if "dp" in d]
+        out["epsilon_spent_max_partition"] = max(spent, default=0.0)
+        out["epsilon_budget"] = cfg.dp.epsilon_budget
+    out["audit_summary"] = {k: v.get("passed") for k, v in checks.items() if isinstance(v, dict)}
+    out.update(extra or {})
+    return out
+
+
+def setup(broker, name: str, events: list, raw: list | None = None):
+    apply_topics(broker.bootstrap, load_topic_definitions())
+    cfg_path = contract.config_path(name)
+    cfg = load_config(cfg_path)
+    replay(broker.bootstrap, cfg.stream.input_topic, events, cfg.stream.privacy_unit, progress=False,
+           raw_payloads=raw)
+    return cfg_path, cfg
+
+
+def scenario_kill9(workdir, kills: int, events_n: int | None) -> dict:
+    events = load_events("oyster-cards", limit=events_n)
+    rng = random.Random(7)
+    with EmbeddedBroker() as b:
+        cfg_path, cfg = setup(b, "oyster-cards", events)
+        state, app_id, crashes, done = workdir / "state", "chaos-kill9", 0, 0
+        small = ["--batch-max", "200", "--batch-within", "0.1"]
+        t0 = time.monotonic()
+        for i in range(kills):
+            p = start_worker_process(cfg_path, b.bootstrap, state, app_id, 1.0, workdir / "kill9.log", extra=small)
+            time.sleep(rng.uniform(0.5, 6.0))
+            if p.poll() is not None:
+                crashes += 1
+            os.kill(p.pid, signal.SIGKILL)
+            p.wait(timeout=10)
+            done += 1
+        p = start_worker_process(cfg_path, b.bootstrap, state, app_id, 1.0, workdir / "kill9.log")
+        acc = wait_accounted(b.bootstrap, cfg.stream.name, len(events), 600)
+        stop_worker_process(p)
+        return judge(b.bootstrap, cfg_path, app_id, len(events), crashes,
+                     {"kills": done, "accounted": acc, "seconds": round(time.monotonic() - t0, 1)})
+
+
+def scenario_lost_disk(workdir, events_n: int | None) -> dict:
+    events = load_events("oyster-cards", limit=events_n)
+    with EmbeddedBroker() as b:
+        cfg_path, cfg = setup(b, "oyster-cards", events[: len(events) // 2])
+        app_id, small = "chaos-lostdisk", ["--batch-max", "300"]
+        w1 = start_worker_process(cfg_path, b.bootstrap, workdir / "m1", app_id, 2.0, workdir / "ld1.log", extra=small)
+        w2 = start_worker_process(cfg_path, b.bootstrap, workdir / "m2", app_id, 2.0, workdir / "ld2.log", extra=small)
+        time.sleep(15)
+        os.kill(w2.pid, signal.SIGKILL)               # machine 2 lost, with its disk
+        replay(b.bootstrap, cfg.stream.input_topic, events[len(events) // 2:], cfg.stream.privacy_unit,
+               progress=False)
+        acc = wait_accounted(b.bootstrap, cfg.stream.name, len(events), 300)
+        crashes = int(w1.poll() is not None)
+        stop_worker_process(w1)
+        return judge(b.bootstrap, cfg_path, app_id, len(events), crashes, {"accounted": acc})
+
+
+def scenario_broker_pause(workdir, events_n: int | None) -> dict:
+    events = load_events("oyster", limit=events_n)
+    with EmbeddedBroker() as b:
+        cfg_path, cfg = setup(b, "oyster", events)
+        app_id = "chaos-pause"
+        w = start_worker_process(cfg_path, b.bootstrap, workdir / "state", app_id, 2.0, workdir / "pause.log",
+                                 extra=["--batch-max", "500"])
+        time.sleep(8)
+        os.kill(b.proc.pid, signal.SIGSTOP)
+        time.sleep(30)
+        os.kill(b.proc.pid, signal.SIGCONT)
+        acc = wait_accounted(b.bootstrap, cfg.stream.name, len(events), 300)
+        crashes = int(w.poll() is not None)
+        stop_worker_process(w)
+        log = (workdir / "pause.log").read_text(errors="replace")
+        return judge(b.bootstrap, cfg_path, app_id, len(events), crashes,
+                     {"accounted": acc, "lost_warnings": log.count("broker connection lost"),
+                      "restored_warnings": log.count("broker connection restored"),
+                      "log_lines": log.count("\n")})
+
+
+def scenario_broker_reset(workdir, events_n: int | None) -> dict:
+    events = load_events("oyster", limit=events_n)
+    port = free_port()
+    state, app_id = workdir / "state", "chaos-reset"
+    with EmbeddedBroker(port=port) as b:
+        cfg_path, cfg = setup(b, "oyster", events)
+        w = start_worker_process(cfg_path, b.bootstrap, state, app_id, 2.0, workdir / "reset1.log")
+        wait_accounted(b.bootstrap, cfg.stream.name, len(events), 300)
+        stop_worker_process(w)
+    with EmbeddedBroker(port=port) as b:              # the same address, everything lost (memory storage)
+        cfg_path, cfg = setup(b, "oyster", events[:3000])
+        web = free_port()
+        w = start_worker_process(cfg_path, b.bootstrap, state, app_id, 2.0, workdir / "reset2.log",
+                                 extra=["--web-port", str(web)])
+        time.sleep(20)
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{web}/readyz", timeout=5)
+            ready = True
+        except Exception as exc:  # noqa: BLE001 - 503 is the expected answer
+            ready = getattr(exc, "code", None) != 503
+        published = sum(orjson.loads(v).get("published", 0)
+                        for _, v in read_topic(b.bootstrap, contract.topics().releases, idle_s=1.0))
+        crashes = int(w.poll() is not None)
+        stop_worker_process(w)
+        log = (workdir / "reset2.log").read_text(errors="replace")
+        return {"events_after_reset": 3000, "published_after_reset": published, "ready": ready,
+                "halted_partitions": log.count("HALTED (state_topic_reset)"), "worker_crashes": crashes,
+                "silently_skipped": 0 if published == 0 and not ready else None}
+
+
+def scenario_poison(workdir) -> dict:
+    events = load_events("oyster", limit=3000)
+    g = events[100]
+    raw = [json.dumps({**g, "event_id": f"PILL-{i}", "event_time": t}) for i, t in enumerate(POISON_TIMES)]
+    with EmbeddedBroker() as b:
+        cfg_path, cfg = setup(b, "oyster", events, raw)
+        w = start_worker_process(cfg_path, b.bootstrap, workdir / "state", "chaos-poison", 2.0, workdir / "p.log")
+        acc = wait_accounted(b.bootstrap, cfg.stream.name, len(events) + len(raw), 300)
+        crashes = int(w.poll() is not None)
+        stop_worker_process(w)
+        return judge(b.bootstrap, cfg_path, "chaos-poison", len(events) + len(raw), crashes, {"accounted": acc})
+
+
+def scenario_fuzz(workdir, n: int) -> dict:
+    base = load_events("oyster")
+    rng = random.Random(11)
+    raw = [mutate(base[i % len(base)], rng) for i in range(n)]
+    with EmbeddedBroker() as b:
+        cfg_path, cfg = setup(b, "oyster", [], raw)
+        t0 = time.monotonic()
+        w = start_worker_process(cfg_path, b.bootstrap, workdir / "state", "chaos-fuzz", 3.0, workdir / "f.log")
+        acc = wait_accounted(b.bootstrap, cfg.stream.name, n, 3600)
+        crashes = int(w.poll() is not None)
+        stop_worker_process(w)
+        return judge(b.bootstrap, cfg_path, "chaos-fuzz", n, crashes,
+                     {"accounted": acc, "seconds": round(time.monotonic() - t0, 1)})
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", default="poison,kill9,lost_disk,broker_pause,broker_reset,fuzz")
+    ap.add_argument("--kills", type=int, default=100)
+    ap.add_argument("--fuzz", type=int, default=1_000_000)
+    ap.add_argument("--events", type=int, default=None, help="events per scenario (default: the bundled slice)")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "chaos.json"))
+    args = ap.parse_args(argv)
+    os.environ["STREAM_ANON_SECRET"] = SECRET
+    workdir = Path(os.environ.get("TMPDIR", "/tmp")) / f"stream-anon-chaos-{os.getpid()}"
+    results = {}
+    for name in args.only.split(","):
+        t0 = time.monotonic()
+        d = workdir / name
+        d.mkdir(parents=True, exist_ok=True)
+        print(f"[chaos] {name} ...", flush=True)
+        if name == "kill9":
+            r = scenario_kill9(d, args.kills, args.events)
+        elif name == "lost_disk":
+            r = scenario_lost_disk(d, args.events)
+        elif name == "broker_pause":
+            r = scenario_broker_pause(d, args.events)
+        elif name == "broker_reset":
+            r = scenario_broker_reset(d, args.events)
+        elif name == "poison":
+            r = scenario_poison(d)
+        elif name == "fuzz":
+            r = scenario_fuzz(d, args.fuzz)
+        else:
+            raise SystemExit(f"unknown scenario {name}")
+        r["wall_s"] = round(time.monotonic() - t0, 1)
+        results[name] = r
+        print(f"[chaos] {name}: {json.dumps(r, default=str)[:600]}", flush=True)
+        Path(args.out).write_text(json.dumps({"benchmark": "chaos (issue 10)", "results": results}, indent=1,
+                                             default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,432 @@
+"""The worker's Kafka path: consume a batch, process it, and write its output, the partition's new state and the
+consumer offsets in ONE Kafka transaction per partition batch (read-process-write exactly-once).
+
+One thread runs the whole loop with confluent-kafka (librdkafka fetches and sends in its own threads, without the
+GIL): ``consume()`` a batch of up to ``batch_max`` messages, and per partition of the batch
+``WorkerCore.process`` -> begin transaction -> produce the output -> produce the state record (state.py) ->
+``send_offsets_to_transaction`` (input offset + the state marker) -> commit. Group membership and rebalancing are
+the consumer's; partition assignment happens inside ``consume()``, between transactions, and recovers each new
+partition's state from the state topic (state.py).
+
+Failures:
+- a transaction that fails is aborted and the partition is recovered again from Kafka (its in-memory state may
+  be ahead of what was committed); a fenced producer means another worker owns the partition: it is dropped;
+- a partition whose state is not what it should be (state.py ``HALT_*``) is paused with an alert (log, metric,
+  ``/readyz``) until an operator decides (``--accept-input-reset`` after a re-created input topic);
+- the idle flush (end of a replay) is made deterministic: the decision to flush is committed first (a state
+  record with ``flush_pending``), then the flush's output; a worker that dies in between re-does the same flush,
+  so a release id is never published with two contents;
+- losing the broker is reported once (WARNING) when it happens and once when it is back; librdkafka's own log
+  lines are rate-limited.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicCollection, \
+    TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from stream_anon.kafka import state as st
+from stream_anon.kafka.core import TOPICS, WorkerCore, dumps
+
+log = logging.getLogger("stream_anon.worker")
+client_log = logging.getLogger("stream_anon.kafka.client")
+
+TXN_TIMEOUT_S = 60.0
+_UNSET = -1001                         # librdkafka's OFFSET_INVALID (no committed offset)
+
+
+class RateLimited(logging.Filter):
+    """At most one record per ``every_s`` seconds per message text (librdkafka repeats itself during outages)."""
+
+    def __init__(self, every_s: float = 30.0):
+        super().__init__()
+        self.every_s, self.last = every_s, {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = record.getMessage()[:80]
+        now = time.monotonic()
+        if now - self.last.get(key, -1e18) < self.every_s:
+            return False
+        self.last[key] = now
+        return True
+
+
+client_log.addFilter(RateLimited())
+
+
+class KafkaLoop:
+    """The batch loop of one worker (see the module docstring); ``run()`` is the thread's target."""
+
+    def __init__(self, core: WorkerCore, client_config: dict, batch_max: int = 10000, batch_within_s: float = 0.5,
+                 metrics_interval_s: float = 5.0, accept_input_reset: bool = False, cache_dir=None):
+        self.core = core
+        self.cfg = dict(client_config)
+        self.batch_max, self.batch_within_s = int(batch_max), float(batch_within_s)
+        self.metrics_interval_s = float(metrics_interval_s)
+        self.accept_input_reset = accept_input_reset
+        self.cache_dir = cache_dir
+        self.input = core.topic
+        self.state_topic = st.state_topic(core.app_id)
+        self.producers: dict[int, Producer] = {}
+        self.halted: dict[int, dict] = {}                 # partition -> {"reason", "detail", "since"}
+        self.assigned: set[int] = set()
+        self.connected = True
+        self.ready = False                               # assigned partitions recovered (readiness)
+        self.stopping = threading.Event()
+        self.stopped = threading.Event()
+        self.error: BaseException | None = None
+        self.counters = {"transactions": 0, "aborted": 0, "recoveries": 0, "halts": 0, "broker_lost": 0}
+        self._consumer: Consumer | None = None
+        self._plain: Producer | None = None
+        self._last_metric = 0.0
+        self.highwater: dict[int, int] = {}
+        self.release_latency_s: list[float] = []
+
+    # ---- lifecycle --------------------------------------------------------------------------------------------
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def run(self) -> None:
+        try:
+            self._setup()
+            while not self.stopping.is_set():
+                self._step()
+        except BaseException as exc:       # the app reports it and exits non-zero; nothing was committed
+            self.error = exc
+            log.exception("worker loop failed")
+        finally:
+            self._shutdown()
+            self.stopped.set()
+
+    def _setup(self) -> None:
+        admin = AdminClient({**self.cfg, "logger": client_log})
+        md = admin.list_topics(timeout=30)
+        if self.input not in md.topics:
+            raise RuntimeError(f"input topic {self.input} does not exist (create it with `stream-anon topics apply`)")
+        n = len(md.topics[self.input].partitions)
+        if self.state_topic not in md.topics:
+            fut = admin.create_topics([NewTopic(self.state_topic, n, 1, config={"cleanup.policy": "compact"})])
+            for f in fut.values():
+                try:
+                    f.result(30)
+                except KafkaException as exc:
+                    if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                        raise
+        self._admin = admin
+        self._plain = Producer({**self.cfg, "logger": client_log, "linger.ms": 20})
+        self._consumer = Consumer({
+            **self.cfg, "group.id": self.core.app_id, "enable.auto.commit": False,
+            "isolation.level": "read_committed", "auto.offset.reset": "earliest",
+            "session.timeout.ms": 6000, "heartbeat.interval.ms": 1000, "max.poll.interval.ms": 300000,
+            "partition.assignment.strategy": "range", "fetch.max.bytes": 52428800,
+            "error_cb": self._on_error, "logger": client_log})
+        self._consumer.subscribe([self.input], on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                 on_lost=self._on_revoke)
+
+    def _shutdown(self) -> None:
+        # nothing is in flight between steps: every transaction was committed or aborted
+        try:
+            if self._consumer is not None:
+                self._consumer.close()          # leaves the group: the partitions move at once
+        except Exception:  # pragma: no cover - best effort on the way out
+            log.debug("consumer close failed", exc_info=True)
+        for prod in self.producers.values():
+            prod.flush(5)
+        if self._plain is not None:
+            self._plain.flush(5)
+
+    # ---- one step ---------------------------------------------------------------------------------------------
+    def _step(self) -> None:
+        msgs = self._consumer.consume(num_messages=self.batch_max, timeout=self.batch_within_s)
+        by_part: dict[int, list] = {}
+        for m in msgs:
+            err = m.error()
+            if err is not None:
+                if err.code() != KafkaError._PARTITION_EOF:
+                    client_log.warning("consumer: %s", err)
+                continue
+            p = m.partition()
+            if p in self.halted or p not in self.core.parts:
+                continue
+            by_part.setdefault(p, []).append((m.offset(), m.value()))
+        if msgs:
+            self._connected()
+        for p, batch in by_part.items():
+            ps = self.core.parts.get(p)
+            if ps is None or p in self.halted:
+                continue
+            out = self.core.process(ps, batch)
+            if out.last_offset != ps.offset or out.messages:
+                self._commit(ps, out.messages, out.last_offset)
+                self._note_latency(out)
+        for ps in self.core.idle_partitions():
+            if ps.partition not in self.halted:
+                self._flush(ps)
+        now = time.monotonic()
+        if now - self._last_metric >= self.metrics_interval_s:
+            self._last_metric = now
+            self._publish_metrics()
+
+    def _note_latency(self, out) -> None:
+        now = time.time()
+        for rel in out.releases:
+            self.release_latency_s.append(max(0.0, now - rel.window_end) if rel.window_end else 0.0)
+        del self.release_latency_s[:-1000]
+
+    # ---- transactions -----------------------------------------------------------------------------------------
+    def _commit(self, ps, messages: list, offset: int, flush_pending: bool = False) -> bool:
+        """Output, state and offsets of one partition batch in one transaction. False: not committed (the
+        partition was recovered again from Kafka, or dropped)."""
+        p = ps.partition
+        prod = self.producers[p]
+        seq = ps.seq + 1
+        doc = self.core.state_doc(ps, seq, offset, flush_pending)
+        try:
+            prod.begin_transaction()
+            for topic, key, value in messages:
+                self._produce(prod, topic, value, key)
+            self._produce(prod, self.state_topic, st.encode_state(doc), st.state_key(self.core.stream, p),
+                          partition=p)
+            offsets = [TopicPartition(self.input, p, offset + 1), TopicPartition(self.state_topic, p, seq)]
+            self._end_transaction(prod, offsets)
+        except KafkaException as exc:
+            self._failed(ps, prod, exc)
+            return False
+        ps.seq, ps.offset, ps.flush_pending, ps.committed = seq, offset, flush_pending, doc   # see core.committed
+        self.counters["transactions"] += 1
+        self._connected()
+        self._write_cache(ps)
+        return True
+
+    def _end_transaction(self, prod: Producer, offsets: list) -> None:
+        """Offsets (input position and state marker) into the transaction, then commit it."""
+        prod.send_offsets_to_transaction(offsets, self._consumer.consumer_group_metadata(), TXN_TIMEOUT_S)
+        prod.commit_transaction(TXN_TIMEOUT_S)
+
+    @staticmethod
+    def _produce(prod: Producer, topic: str, value: bytes, key: bytes, partition: int | None = None) -> None:
+        kw = {"partition": partition} if partition is not None else {}
+        while True:
+            try:
+                prod.produce(topic, value, key, **kw)
+                return
+            except BufferError:            # local queue full: let librdkafka send, then retry
+                prod.poll(0.05)
+
+    def _failed(self, ps, prod: Producer, exc: KafkaException) -> None:
+        err = exc.args[0]
+        self.counters["aborted"] += 1
+        p = ps.partition
+        fenced = err.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH) \
+            or err.fatal()
+        if not fenced:
+            try:
+                prod.abort_transaction(TXN_TIMEOUT_S)
+            except KafkaException:
+                fenced = True
+        if fenced:
+            # another worker initialized this partition's transactional id: it owns the partition now
+            log.warning("partition %s: producer fenced (%s): another worker owns it; dropped", p, err)
+            self._drop(p)
+            return
+        log.warning("partition %s: transaction aborted (%s): recovering its state from Kafka", p, err)
+        if err.code() in (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT,
+                          KafkaError._MSG_TIMED_OUT):
+            self._lost(str(err))
+        self._recover_and_seek(p)
+
+    def _flush(self, ps) -> None:
+        """Idle flush in two transactions: the decision (state with flush_pending), then its output."""
+        if not ps.flush_pending and not self._commit(ps, [], ps.offset, flush_pending=True):
+            return
+        out = self.core.flush(ps)
+        if self._commit(ps, out.messages, ps.offset, flush_pending=False):
+            self._note_latency(out)
+            log.info("partition %s idle: flushed (%d releases)", ps.partition, out.counts["releases"])
+
+    # ---- assignment and recovery ------------------------------------------------------------------------------
+    def _on_assign(self, consumer: Consumer, partitions) -> None:
+        self.ready = False
+        positions = []
+        for tp in partitions:
+            if tp.topic != self.input:
+                continue
+            p = tp.partition
+            self.assigned.add(p)
+            start = self._recover(p)
+            positions.append(TopicPartition(self.input, p, OFFSET_BEGINNING if start is None else start))
+        consumer.assign(positions)
+        halted = [TopicPartition(self.input, p) for p in self.halted if p in self.assigned]
+        if halted:
+            consumer.pause(halted)
+        # a flush decided before a restart is carried out before any new input
+        for p, ps in list(self.core.parts.items()):
+            if ps.flush_pending and p not in self.halted:
+                self._flush(ps)
+        self.ready = True
+        log.info("assigned partitions %s (halted: %s)", sorted(self.assigned), sorted(self.halted))
+
+    def _on_revoke(self, consumer: Consumer, partitions) -> None:
+        for tp in partitions:
+            if tp.topic == self.input:
+                self._drop(tp.partition)
+        consumer.unassign()
+
+    def _drop(self, p: int) -> None:
+        self.assigned.discard(p)
+        self.core.close_partition(p)
+        self.halted.pop(p, None)
+        prod = self.producers.pop(p, None)
+        if prod is not None:
+            prod.flush(1)
+
+    def _recover_and_seek(self, p: int) -> None:
+        start = self._recover(p)
+        if p in self.halted:
+            self._consumer.pause([TopicPartition(self.input, p)])
+            return
+        self._consumer.seek(TopicPartition(self.input, p, OFFSET_BEGINNING if start is None else start))
+
+    def _recover(self, p: int) -> int | None:
+        """Load partition p's state from the state topic; return the input offset to resume from (None: the
+        beginning), or halt the partition."""
+        self.counters["recoveries"] += 1
+        old = self.producers.pop(p, None)
+        if old is not None:
+            old.flush(1)            # a producer is initialized once; recovery starts a new one (same id)
+        prod = self.producers[p] = Producer({
+            **self.cfg, "transactional.id": st.transactional_id(self.core.app_id, p),
+            "transaction.timeout.ms": int(TXN_TIMEOUT_S * 1000), "linger.ms": 5,
+            "batch.num.messages": 10000, "queue.buffering.max.messages": 2000000,
+            "queue.buffering.max.kbytes": 1048576, "message.max.bytes": 33554432, "logger": client_log})
+        prod.init_transactions(TXN_TIMEOUT_S)      # fences a zombie; ends a transaction it left open
+        nonce = uuid.uuid4().hex.encode()
+        prod.begin_transaction()
+        self._produce(prod, self.state_topic, st.encode_barrier(nonce), st.barrier_key(self.core.stream, p),
+                      partition=p)
+        prod.commit_transaction(TXN_TIMEOUT_S)
+        states = self._read_to_barrier(p, nonce)
+        committed = self._consumer.committed([TopicPartition(self.input, p), TopicPartition(self.state_topic, p)],
+                                             timeout=30)
+        c_input = committed[0].offset if committed[0].offset >= 0 else None
+        marker = committed[1].offset if committed[1].offset >= 0 else None
+        topic_id = self._topic_id()
+        rec = st.choose_state(states, marker, c_input, self._read_cache(p), topic_id, self.accept_input_reset)
+        if rec.halt:
+            self._halt(p, rec.halt, rec.detail)
+            return None
+        ps = self.core.open_partition(p, rec.doc)
+        ps.input_topic_id = topic_id or ps.input_topic_id
+        if rec.adopted_reset:
+            log.warning("partition %s: input topic re-created; accepted by the operator: resuming its state from "
+                        "offset 0 of the new topic", p)
+        log.info("partition %s: %s", p, f"resumed at state transaction {ps.seq}, input offset {ps.offset}"
+                 if rec.doc else "no history: new state")
+        return ps.offset + 1 if ps.offset >= 0 else None
+
+    def _read_to_barrier(self, p: int, nonce: bytes) -> list[bytes]:
+        reader = Consumer({**self.cfg, "group.id": f"{self.core.app_id}-state-reader", "enable.auto.commit": False,
+                           "isolation.level": "read_committed", "logger": client_log})
+        try:
+            reader.assign([TopicPartition(self.state_topic, p, OFFSET_BEGINNING)])
+            states: list[bytes] = []
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                for m in reader.consume(num_messages=1000, timeout=1.0):
+                    if m.error() is not None:
+                        continue
+                    v = m.value()
+                    h = st.header(v)
+                    if h is None:
+                        continue
+                    if h[0] == st.KIND_BARRIER:
+                        if st.barrier_nonce(v) == nonce:
+                            return states
+                    else:
+                        states.append(v)
+            raise RuntimeError(f"partition {p}: the state barrier did not come back within 120 s")
+        finally:
+            reader.close()
+
+    def _topic_id(self) -> str | None:
+        try:
+            desc = self._admin.describe_topics(TopicCollection([self.input]))[self.input].result(30)
+            return str(desc.topic_id) if desc.topic_id is not None else None
+        except Exception:          # a broker without topic ids: the cache and offsets checks remain
+            return None
+
+    def _halt(self, p: int, reason: str, detail: str) -> None:
+        self.counters["halts"] += 1
+        self.halted[p] = {"reason": reason, "detail": detail, "since": time.time()}
+        log.error("partition %s HALTED (%s): %s. It stays paused until an operator decides (see README: "
+                  "Reliability).", p, reason, detail)
+        self._send_metric({"type": "alert", "alert": "partition_halted", "partition": p, "reason": reason,
+                           "detail": detail})
+
+    # ---- local cache of the committed headers (detects a broker or state-topic reset) -------------------------
+    def _cache_path(self, p: int):
+        return None if self.cache_dir is None else \
+            self.cache_dir / self.core.app_id / f"{self.core.stream}-p{p}.committed.json"
+
+    def _write_cache(self, ps) -> None:
+        path = self._cache_path(ps.partition)
+        if path is None:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(dumps({"seq": ps.seq, "offset": ps.offset, "input_topic_id": ps.input_topic_id}))
+        os.replace(tmp, path)
+
+    def _read_cache(self, p: int) -> dict | None:
+        path = self._cache_path(p)
+        if path is None or not path.exists():
+            return None
+        import orjson
+        return orjson.loads(path.read_bytes())
+
+    # ---- outages and metrics ----------------------------------------------------------------------------------
+    def _on_error(self, err: KafkaError) -> None:
+        if err.code() in (KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT):
+            self._lost(err.str())
+        else:
+            client_log.warning("kafka: %s", err)
+
+    def _lost(self, why: str) -> None:
+        if self.connected:
+            self.connected = False
+            self.counters["broker_lost"] += 1
+            log.warning("broker connection lost (%s): processing waits; nothing is committed meanwhile", why)
+
+    def _connected(self) -> None:
+        if not self.connected:
+            self.connected = True
+            log.warning("broker connection restored")
+
+    def _send_metric(self, doc: dict) -> None:
+        doc = {"stream": self.core.stream, "ts": time.time(), **doc}
+        try:
+            self._plain.produce(TOPICS.metrics, dumps(doc), self.core.stream.encode())
+            self._plain.poll(0)
+        except (BufferError, KafkaException) as exc:   # metrics never stop processing
+            client_log.warning("metric not sent: %s", exc)
+
+    def _publish_metrics(self) -> None:
+        positions, highwaters = {}, {}
+        for p, ps in self.core.parts.items():
+            positions[p] = ps.offset + 1
+            try:
+                lo, hi = self._consumer.get_watermark_offsets(TopicPartition(self.input, p), cached=True)
+                highwaters[p] = hi if hi >= 0 else None
+            except KafkaException:
+                highwaters[p] = None
+        self.highwater = {p: h for p, h in highwaters.items() if h is not None}
+        doc = self.core.throughput_metric(positions, highwaters)
+        doc.update({"connected": self.connected, "halted": {str(p): h["reason"] for p, h in self.halted.items()},
+                    **self.counters})
+        self._send_metric(doc)
