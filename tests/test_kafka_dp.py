@@ -407,12 +407,12 @@ def test_running_count_error_matches_a_direct_computation_and_the_theory(tmp_pat
     over 24 independent secrets (running counts over ~19 windows are correlated, so one run is too noisy)."""
     from stream_anon.dp.report import running_count_errors, true_window_values
     from stream_anon.engine.space import parse_time
-    from stream_anon.kafka.harness import windows_by_arrival
+    from stream_anon.kafka.harness import windows_by_event_time
 
     cfg = load_config(dp_stream_config(tmp_path, "dprep", budget=1e6))
     spec = cfg.dp.spec("taps_per_zone")
     events = synthetic_fares(2000, seed=37)
-    windows = windows_by_arrival(events, cfg)
+    windows = windows_by_event_time(events, cfg)
     truth = {(0, w): x["count"] for w, x in true_window_values(cfg.dp, "taps_per_zone", windows).items()}
     per_unit = Counter((int(parse_time(e["event_time"]) // WINDOW_S), e["journey_id"]) for e in events)
     assert sum(x.sum() for x in truth.values()) == 2000 - sum(n - 1 for n in per_unit.values() if n > 1)

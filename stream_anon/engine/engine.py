@@ -68,17 +68,6 @@ class ClosedWindow:
     late: int = 0
 
 
-def arrival_windows(times: np.ndarray, window_s: float, watermark: float = -np.inf) -> np.ndarray:
-    """Window index of the watermark (largest event time seen so far, starting from ``watermark``) when each
-    record arrives. For events in time order (and ``allowed_lateness_s = 0``) it is each record's window in the
-    engine; the engine itself assigns records to the window of their own event time (:func:`event_windows`).
-
-    >>> arrival_windows(np.array([5.0, 65.0, 30.0, 130.0]), 60.0).tolist()
-    [0, 1, 1, 2]
-    """
-    return np.floor(np.maximum.accumulate(np.maximum(times, watermark)) / window_s).astype(np.int64)
-
-
 def event_windows(times: np.ndarray, window_s: float) -> np.ndarray:
     """The engine's window of each record: the window of its event time.
 

@@ -20,7 +20,7 @@ import orjson
 from stream_anon.audit.kafka_source import read_topic
 from stream_anon.config import load_config
 from stream_anon.dp.report import running_count_errors, true_window_values
-from stream_anon.engine import arrival_windows, get_path
+from stream_anon.engine import event_windows, get_path
 from stream_anon.engine.space import parse_time
 from stream_anon.kafka.core import TOPICS
 
@@ -210,7 +210,7 @@ def read_dp_report(bootstrap: str, config, idle_s: float = 1.0) -> dict:
         if (p, off) not in dead:
             raw.setdefault(p, []).append(d)
 
-    by_partition = {p: windows_by_arrival(evs, config) for p, evs in raw.items()}
+    by_partition = {p: windows_by_event_time(evs, config) for p, evs in raw.items()}
     running = []
     for spec in dp.aggregates:
         if spec.kind != "count" or spec.output == "per_window":
@@ -283,19 +283,17 @@ def committed_states(bootstrap: str, app_id: str, stream: str, partitions, idle_
     return out
 
 
-def windows_by_arrival(events: list, config) -> list[tuple[int, list]]:
-    """One partition's events (arrival order) grouped by the engine's window rule."""
+def windows_by_event_time(events: list, config) -> list[tuple[int, list]]:
+    """One partition's events grouped by the engine's window rule (the window of their event time), in order."""
     times = [parse_time(get_path(e, config.stream.event_time)) for e in events]
     kept = [(t, e) for t, e in zip(times, events) if t is not None]
     if not kept:
         return []
-    marks = arrival_windows(np.array([t for t, _ in kept]), config.anonymization.window_s).tolist()
-    out: list[tuple[int, list]] = []
+    marks = event_windows(np.array([t for t, _ in kept]), config.anonymization.window_s).tolist()
+    by_window: dict[int, list] = {}
     for w, (_, e) in zip(marks, kept):
-        if not out or out[-1][0] != w:
-            out.append((w, []))
-        out[-1][1].append(e)
-    return out
+        by_window.setdefault(w, []).append(e)
+    return sorted(by_window.items())
 
 
 # --------------------------------------------------------------------------------- hostile input (fuzz, chaos)
