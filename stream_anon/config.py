@@ -48,6 +48,10 @@ class StreamSection:
     privacy_unit: str
     event_time: str
     event_types: tuple[str, ...]
+    # Partitions of the input topic: classes form within a partition (one engine each), so more partitions mean
+    # more parallel workers and fewer individuals per class candidate set (more loss and suppression on sparse
+    # data; README "Partitions"). None: not declared (stream_anon.kafka.topics.input_partitions decides).
+    partitions: int | None = None
 
 
 @dataclass(frozen=True)
@@ -123,6 +127,25 @@ def _positive(value, path: str, integer=False):
     if value <= 0 or (integer and int(value) != value):
         raise ConfigError(f"{path}: must be a positive {'integer' if integer else 'number'}, got {value!r}")
     return value
+
+
+def _partitions(s: dict) -> int | None:
+    """``[stream] partitions``: a positive integer (at most 1024), or absent.
+
+    >>> _partitions({"partitions": 2}), _partitions({})
+    (2, None)
+    >>> _partitions({"partitions": 0})
+    Traceback (most recent call last):
+    ...
+    stream_anon.errors.ConfigError: stream.partitions: must be a positive integer, got 0
+    """
+    n = _get(s, "partitions", "stream", int, required=False, default=None)
+    if n is None:
+        return None
+    _positive(n, "stream.partitions", integer=True)
+    if n > 1024:
+        raise ConfigError(f"stream.partitions: at most 1024 (one engine and checkpoint per partition), got {n}")
+    return int(n)
 
 
 def _time_value(value, path: str) -> float:
@@ -284,6 +307,7 @@ def parse_config(raw: dict, base_dir: Path = Path("."), source: Path | None = No
         privacy_unit=_get(s, "privacy_unit", "stream", str),
         event_time=_get(s, "event_time", "stream", str),
         event_types=tuple(event_types),
+        partitions=_partitions(s),
     )
 
     a = raw.get("anonymization")

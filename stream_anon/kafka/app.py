@@ -17,7 +17,9 @@ from pathlib import Path
 
 import faust
 
-from stream_anon import crypto
+from stream_anon import crypto, logsetup
+from stream_anon import connection as kafka_connection
+from stream_anon.connection import as_connection
 from stream_anon.config import load_config
 from stream_anon.kafka import aggregates
 from stream_anon.kafka.core import TOPICS, WorkerCore, dumps
@@ -35,7 +37,7 @@ def make_app(config, bootstrap: str, state_dir, app_id: str | None = None, secre
     (state_dir / app_id).mkdir(parents=True, exist_ok=True)
     app = faust.App(
         app_id,
-        broker=f"kafka://{bootstrap}",
+        **as_connection(bootstrap).faust_settings(),     # broker URL and, for TLS/SASL, broker_credentials
         store="memory://",
         datadir=str(state_dir / app_id / "faust-data"),
         web_enabled=web_port is not None,
@@ -117,9 +119,8 @@ def make_app(config, bootstrap: str, state_dir, app_id: str | None = None, secre
     return app
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
-                        format="[%(asctime)s] %(levelname)s %(name)s: %(message)s")
+def _setup_logging(level: str, fmt: str = "text") -> None:
+    logsetup.setup_logging(level, fmt)
 
 
 def run_worker(config, bootstrap: str, state_dir, stop_when=None, app_id: str | None = None,
@@ -148,7 +149,7 @@ def run_worker(config, bootstrap: str, state_dir, stop_when=None, app_id: str | 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="stream-anon worker", description="Run the faust anonymization worker.")
     p.add_argument("--config", required=True, help="stream configuration (TOML)")
-    p.add_argument("--broker", required=True, help="bootstrap server HOST:PORT")
+    kafka_connection.add_arguments(p)
     p.add_argument("--state-dir", default="state", help="checkpoint directory (default: state)")
     p.add_argument("--app-id", default=None, help="faust app id / consumer group (default: stream-anon-<stream>)")
     p.add_argument("--batch-max", type=int, default=10000)
@@ -161,13 +162,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep payloads that are not JSON objects verbatim in dead letters (they may hold "
                         "identifiers; by default only their size and digest are kept)")
     p.add_argument("--loglevel", default="warning")
+    logsetup.add_arguments(p)
     return p
 
 
 def worker_main(argv=None) -> int:
     """``stream-anon worker --config FILE --broker HOST:PORT [--state-dir state] [--app-id ID]``."""
     args = build_parser().parse_args(argv)
-    _setup_logging(args.loglevel)
+    _setup_logging(args.loglevel, args.log_format)
     try:
         secret = crypto.load_secret()
     except crypto.SecretError as exc:
@@ -178,13 +180,17 @@ def worker_main(argv=None) -> int:
     except (OSError, ValueError) as exc:     # ConfigError is a ValueError
         print(f"stream-anon worker: {args.config}: {exc}", file=sys.stderr)
         return 2
+    try:
+        conn = kafka_connection.from_args(args, config_path=args.config)
+    except kafka_connection.ConnectionSettingsError as exc:
+        print(f"stream-anon worker: {exc}", file=sys.stderr)
+        return 2
+    log.info("Kafka connection: %s", conn.describe())
     if not args.no_create_topics:
-        from stream_anon.kafka.topics import ensure_topics
-        ensure_topics(args.broker, names=[config.stream.input_topic, TOPICS.records(config.stream.name),
-                                          TOPICS.releases, TOPICS.deadletter, TOPICS.metrics]
-                      + ([TOPICS.aggregates] if config.dp is not None else []),
-                      default_partitions={config.stream.input_topic: 4, TOPICS.records(config.stream.name): 1})
-    run_worker(config, args.broker, args.state_dir, app_id=args.app_id, secret=secret, loglevel=args.loglevel,
+        from stream_anon.kafka.topics import ensure_stream_topics
+        # the input topic gets the stream's declared partition count ([stream] partitions), else its definition's
+        ensure_stream_topics(conn, config)
+    run_worker(config, conn, args.state_dir, app_id=args.app_id, secret=secret, loglevel=args.loglevel,
                batch_max=args.batch_max, batch_within_s=args.batch_within, metrics_interval_s=args.metrics_interval,
                flush_when_idle_s=args.flush_when_idle, raw_deadletters=args.deadletter_raw_payload)
     return 0
