@@ -88,6 +88,9 @@ class EmbeddedBroker:
         binary = self.binary or broker_binary()
         if self.port is None:
             self.port = free_port(self.host)
+        elif _port_open(self.host, self.port):
+            # something else answers there: waiting for the port would mistake it for our broker
+            raise BrokerError(f"port {self.port} on {self.host} is already in use")
         url = f"tcp://{self.host}:{self.port}"
         self._log_file = tempfile.NamedTemporaryFile(prefix="tansu-", suffix=".log", delete=False)
         cmd = [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,

@@ -145,3 +145,76 @@ def test_toml_writer_roundtrips_every_shipped_config(path):
     from stream_anon.calibrate import dumps
     raw = tomllib.loads(path.read_text())
     assert tomllib.loads(dumps(raw)) == raw
+
+
+# ------------------------------------------------------------------------------------------- partitions (issue 12)
+@pytest.mark.parametrize("value, message", [(0, "must be a positive integer"), (2.5, "expected int"),
+                                            ("4", "expected int"), (5000, "at most 1024")])
+def test_stream_partitions_validated(value, message):
+    raw = _raw()
+    raw["stream"]["partitions"] = value
+    with pytest.raises(ConfigError, match=rf"stream.partitions: .*{message}"):
+        parse_config(raw, base_dir=ROOT / "configs")
+
+
+def test_input_partitions_decided_by_stream_then_definition_then_default():
+    from stream_anon.kafka.topics import DEFAULT_INPUT_PARTITIONS, input_partitions, load_topic_definitions, \
+        stream_topic_defs
+
+    defs = load_topic_definitions()
+    raw = _raw()
+    assert input_partitions(parse_config(raw, base_dir=ROOT / "configs"), defs) == (4, "topic definition")
+    raw["stream"]["partitions"] = 2
+    declared = parse_config(raw, base_dir=ROOT / "configs")
+    assert declared.stream.partitions == 2
+    assert input_partitions(declared, defs) == (2, "[stream] partitions")
+    got = stream_topic_defs(declared, defs)
+    assert got["raw.fare.oyster"].partitions == 2 and got["raw.fare.oyster"].value_schema is not None
+    assert set(got) == {"raw.fare.oyster", "anon.oyster.records", "anon.releases", "anon.deadletter",
+                        "anon.metrics", "anon.aggregates"}          # oyster has DP aggregates
+    raw = _raw()
+    raw["stream"].update(name="taxi", input_topic="raw.vehicle.taxi")
+    new = parse_config(raw, base_dir=ROOT / "configs")
+    n, why = input_partitions(new, defs)
+    assert n == DEFAULT_INPUT_PARTITIONS == 1 and why.startswith("default")
+    got = stream_topic_defs(new, defs)
+    assert (got["raw.vehicle.taxi"].partitions, got["anon.taxi.records"].partitions) == (1, 1)
+
+
+def test_topics_apply_takes_stream_configs(monkeypatch, tmp_path, capsys):
+    from stream_anon.kafka import topics as topics_mod
+
+    applied = {}
+    monkeypatch.setattr(topics_mod, "apply_topics",
+                        lambda conn, defs: applied.update(conn=conn, defs=defs) or {n: "created" for n in defs})
+    raw = (ROOT / "configs" / "obd2.toml").read_text().replace('input_topic = "raw.vehicle.obd2"',
+                                                              'input_topic = "raw.vehicle.fleet"\npartitions = 2')
+    assert "raw.vehicle.fleet" in raw
+    cfg = tmp_path / "fleet.toml"
+    cfg.write_text(raw)
+    assert main(["topics", "apply", "--broker", "127.0.0.1:1", "--config", str(cfg)]) == 0
+    assert applied["defs"]["raw.vehicle.fleet"].partitions == 2
+    assert applied["defs"]["raw.fare.oyster"].partitions == 4         # the definitions are applied too
+    assert applied["conn"].bootstrap == "127.0.0.1:1"
+    assert "raw.vehicle.fleet: created" in capsys.readouterr().out
+
+
+def test_worker_creates_the_input_topic_with_the_declared_partitions(monkeypatch, tmp_path):
+    """The worker's topic creation uses the stream's decision (it used a hard-coded 4)."""
+    from stream_anon.kafka import app as app_mod
+    from stream_anon.kafka import topics as topics_mod
+
+    monkeypatch.setenv("STREAM_ANON_SECRET", "cli-test-secret-0123456789abcdef0123")
+    seen = {}
+    monkeypatch.setattr(topics_mod, "apply_topics", lambda conn, defs: seen.update(conn=conn, defs=defs) or {})
+    monkeypatch.setattr(app_mod, "run_worker", lambda config, conn, *a, **kw: seen.update(run=conn))
+    raw = (ROOT / "configs" / "obd2.toml").read_text().replace('input_topic = "raw.vehicle.obd2"',
+                                                              'input_topic = "raw.vehicle.fleet"\npartitions = 3')
+    cfg = tmp_path / "fleet.toml"
+    cfg.write_text(raw)
+    assert app_mod.worker_main(["--config", str(cfg), "--broker", "127.0.0.1:1", "--state-dir",
+                                str(tmp_path / "s")]) == 0
+    assert seen["defs"]["raw.vehicle.fleet"].partitions == 3
+    assert seen["run"].bootstrap == "127.0.0.1:1"
+    monkeypatch.setenv("STREAM_ANON_KAFKA_SECURITY_PROTOCOL", "SASL_SSL")
+    assert app_mod.worker_main(["--config", str(cfg), "--broker", "127.0.0.1:1"]) == 2    # refused at start
