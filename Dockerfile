@@ -1,9 +1,31 @@
-# Image of the stream-anon worker (used by docker-compose.yml).
-FROM python:3.11-slim
-WORKDIR /app
+# Image of stream-anon (used by docker-compose.yml). Two stages: the first builds the wheel from exactly the files
+# tests/test_wheel_install.py builds it from; the second installs only that wheel (and its pinned dependencies)
+# into a slim runtime and runs as a non-root user. Nothing here has been built on the development machines (no
+# Docker engine there): tests/test_cli_and_config.py checks these steps against the wheel test, which runs them.
+
+# ---- build: the wheel (the bundled topics, configs and data slices ship inside it)
+FROM python:3.11-slim AS build
+WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY stream_anon ./stream_anon
 COPY topics ./topics
 COPY configs ./configs
-RUN pip install --no-cache-dir .
+COPY data ./data
+RUN pip wheel --no-cache-dir --no-deps -w /dist .
+
+# ---- runtime: the installed wheel, a non-root user, the state directory as a volume
+FROM python:3.11-slim AS runtime
+COPY --from=build /dist/ /tmp/dist/
+RUN pip install --no-cache-dir /tmp/dist/stream_anon-*.whl \
+    && rm -rf /tmp/dist \
+    && useradd --create-home --uid 10001 --user-group anon \
+    && mkdir -p /state \
+    && chown anon:anon /state
+# /state: worker checkpoints and DP budget ledgers (--state-dir /state). A named volume mounted here starts with
+# this directory's owner (anon), so the non-root worker can write to it.
+VOLUME ["/state"]
+USER anon
+WORKDIR /home/anon
+ENV PYTHONUNBUFFERED=1
 ENTRYPOINT ["stream-anon"]
+CMD ["--help"]

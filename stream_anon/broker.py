@@ -8,9 +8,11 @@ high watermark for correctness.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -58,8 +60,9 @@ class EmbeddedBroker:
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int | None = None, startup_timeout_s: float = 20.0,
-                 binary: str | None = None):
+                 binary: str | None = None, die_with_parent: bool = False):
         self.host = host
+        self.die_with_parent = die_with_parent
         self.port = port
         self.startup_timeout_s = startup_timeout_s
         self.binary = binary
@@ -85,13 +88,17 @@ class EmbeddedBroker:
         binary = self.binary or broker_binary()
         if self.port is None:
             self.port = free_port(self.host)
+        elif _port_open(self.host, self.port):
+            # something else answers there: waiting for the port would mistake it for our broker
+            raise BrokerError(f"port {self.port} on {self.host} is already in use")
         url = f"tcp://{self.host}:{self.port}"
         self._log_file = tempfile.NamedTemporaryFile(prefix="tansu-", suffix=".log", delete=False)
         cmd = [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
                "--storage-engine", "memory://tansu/"]
         try:
             self.proc = subprocess.Popen(cmd, stdout=self._log_file, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+                                         stdin=subprocess.DEVNULL, start_new_session=True,
+                                         preexec_fn=_die_with_parent if self.die_with_parent else None)
         except OSError as exc:
             raise BrokerError(f"cannot start Tansu broker {binary!r}: {exc}") from exc
         deadline = time.monotonic() + self.startup_timeout_s
@@ -140,13 +147,60 @@ class EmbeddedBroker:
         self.stop()
 
 
-if __name__ == "__main__":  # pragma: no cover - manual use: python -m stream_anon.broker
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """Linux: the child gets SIGTERM when the process that started it dies (even by SIGKILL)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
+def serve(port: int | None = None, host: str = "127.0.0.1", out=None, startup_timeout_s: float = 20.0) -> int:
+    """``stream-anon broker``: run the embedded broker until SIGINT or SIGTERM, then stop it.
+
+    Prints one machine-readable line ``bootstrap=HOST:PORT`` on ``out`` (stdout) once the broker listens; human
+    notes go to stderr. The Tansu child runs in its own session (a Ctrl-C on the terminal reaches only this
+    process, which stops the child in order) and, on Linux, is also told to exit if this process dies without
+    cleaning up (``PR_SET_PDEATHSIG``).
+    """
     import sys
 
-    with EmbeddedBroker(port=int(sys.argv[1]) if len(sys.argv) > 1 else None) as b:
-        print(b.bootstrap, flush=True)
+    out = out or sys.stdout
+    stop = threading.Event()
+    received: list[int] = []
+
+    def on_signal(signum, _frame):
+        received.append(signum)
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    broker = EmbeddedBroker(host=host, port=port, startup_timeout_s=startup_timeout_s, die_with_parent=True)
+    try:
         try:
-            while True:
-                time.sleep(3600)
-        except KeyboardInterrupt:
-            pass
+            broker.start()
+        except BrokerError as exc:
+            print(f"stream-anon broker: {exc}", file=sys.stderr)
+            return 1
+        print(f"bootstrap={broker.bootstrap}", file=out, flush=True)
+        print(f"stream-anon broker: Tansu (in memory: everything is lost when it stops) listening on "
+              f"{broker.bootstrap}; Ctrl-C or SIGTERM stops it", file=sys.stderr, flush=True)
+        while not stop.wait(0.5):
+            if broker.proc is not None and broker.proc.poll() is not None:
+                print(f"stream-anon broker: Tansu exited with code {broker.proc.returncode}:\n{broker.log()}",
+                      file=sys.stderr)
+                return 1
+        print(f"stream-anon broker: {signal.Signals(received[0]).name} received, stopping Tansu",
+              file=sys.stderr, flush=True)
+        return 0
+    finally:
+        broker.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+if __name__ == "__main__":  # pragma: no cover - manual use: python -m stream_anon.broker [PORT]
+    import sys
+
+    sys.exit(serve(int(sys.argv[1]) if len(sys.argv) > 1 else None))

@@ -6,6 +6,8 @@ import json
 import sys
 from pathlib import Path
 
+from stream_anon import connection as kafka_connection
+from stream_anon import logsetup
 from stream_anon.contract import resolve_config
 
 DATASET_CHOICES = ("oyster", "citibike", "obd2", "oyster-cards")
@@ -32,16 +34,29 @@ def _cmd_replay(args) -> int:
     else:
         print("stream-anon replay: give a JSONL FILE or --dataset NAME", file=sys.stderr)
         return 2
-    unit = load_config(resolve_config(args.config)).stream.privacy_unit if args.config else args.key_field
-    counts = replay(args.broker, args.topic, events, key_fn=unit_key_fn(unit) if unit else None, secret=secret,
+    config_path = resolve_config(args.config) if args.config else None
+    conn = kafka_connection.from_args(args, config_path=config_path)
+    unit = load_config(config_path).stream.privacy_unit if args.config else args.key_field
+    counts = replay(conn, args.topic, events, key_fn=unit_key_fn(unit) if unit else None, secret=secret,
                     progress=not args.quiet)
     print(json.dumps(counts))
     return 0
 
 
+def _cmd_broker(args) -> int:
+    from stream_anon.broker import serve
+    return serve(port=args.port, host=args.host)
+
+
 def _cmd_topics_apply(args) -> int:
-    from stream_anon.kafka.topics import apply_topics, load_topic_definitions
-    result = apply_topics(args.broker, load_topic_definitions(args.dir))
+    from stream_anon.config import load_config
+    from stream_anon.kafka.topics import apply_topics, load_topic_definitions, stream_topic_defs
+    configs = [resolve_config(c) for c in args.config or ()]
+    conn = kafka_connection.from_args(args, config_path=configs[0] if len(configs) == 1 else None)
+    defs = load_topic_definitions(args.dir)
+    for path in configs:        # each stream's topics, its input topic with its declared partition count
+        defs.update(stream_topic_defs(load_config(path), defs))
+    result = apply_topics(conn, defs)
     for name, status in sorted(result.items()):
         print(f"{name}: {status}")
     return 0
@@ -58,12 +73,21 @@ def _cmd_topics_list(args) -> int:
 def _cmd_audit(args) -> int:
     from stream_anon import crypto
     from stream_anon.audit.kafka_source import audit_from_kafka
-    report = audit_from_kafka(args.broker, resolve_config(args.config), crypto.load_secret(),
-                              raw_topic=args.raw_topic, idle_s=args.idle)
+    config_path = resolve_config(args.config)
+    conn = kafka_connection.from_args(args, config_path=config_path)
+    report = audit_from_kafka(conn, config_path, crypto.load_secret(), raw_topic=args.raw_topic,
+                              idle_s=args.idle, health=True)
     print(report.format_text())
     if args.report:
         Path(args.report).write_text(json.dumps(report.to_dict(), indent=2))
-    return 0 if report.passed else 1
+    if not report.passed:
+        return 1
+    alerts = (report.health or {}).get("alerts", {})
+    if args.fail_on_alert and alerts:
+        print(f"stream-anon audit: --fail-on-alert: alerts on anon.metrics: "
+              + ", ".join(f"{k} x{v}" for k, v in sorted(alerts.items())), file=sys.stderr)
+        return 3
+    return 0
 
 
 def _cmd_calibrate(args) -> int:
@@ -130,6 +154,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "report budget and running-count error (report key 'dp')")
     d.set_defaults(func=_cmd_demo)
 
+    b = sub.add_parser("broker", help="run the embedded Kafka-compatible broker (Tansu) until Ctrl-C/SIGTERM",
+                       description="Start the embedded Tansu broker (in memory: topics are lost when it stops) on "
+                                   "--port or a free loopback port, print 'bootstrap=HOST:PORT' on stdout, run until "
+                                   "SIGINT or SIGTERM, then stop it. For local use and tests, not production.")
+    b.add_argument("--port", type=int, default=None, help="TCP port (default: a free one)")
+    b.add_argument("--host", default="127.0.0.1", help="listen and advertise address (default: 127.0.0.1)")
+    b.set_defaults(func=_cmd_broker)
+
     w = sub.add_parser("worker", help="run the faust anonymization worker (see `stream-anon worker --help`)",
                        add_help=False)
     w.set_defaults(func=None)
@@ -138,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Produce JSON events keyed by the keyed pseudonym of the privacy unit.")
     r.add_argument("file", nargs="?", help="JSONL file of events")
     r.add_argument("--topic", required=True)
-    r.add_argument("--broker", required=True, help="bootstrap server HOST:PORT")
+    kafka_connection.add_arguments(r)
     r.add_argument("--dataset", choices=DATASET_CHOICES, help="replay a bundled dataset instead of a file")
     r.add_argument("--full", action="store_true", help="with --dataset: the full file under ../shared/data")
     r.add_argument("--events", type=int, default=None)
@@ -150,8 +182,11 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("topics", help="topic administration")
     tsub = t.add_subparsers(dest="topics_command", required=True)
     ta = tsub.add_parser("apply", help="create the defined topics (idempotent)")
-    ta.add_argument("--broker", required=True)
+    kafka_connection.add_arguments(ta)
     ta.add_argument("--dir", default=None, help="topic definitions directory (default: the bundled definitions)")
+    ta.add_argument("--config", action="append", default=None,
+                    help=CONFIG_HELP + "; also create this stream's topics, its input topic with the stream's "
+                                       "[stream] partitions (repeatable)")
     ta.set_defaults(func=_cmd_topics_apply)
     tl = tsub.add_parser("list", help="print the topic definitions (no broker needed)")
     tl.add_argument("--dir", default=None, help="topic definitions directory (default: the bundled definitions)")
@@ -160,10 +195,13 @@ def build_parser() -> argparse.ArgumentParser:
     a = sub.add_parser("audit", help="verify the output topics against the raw topic (independent of the engine)",
                        description="Needs STREAM_ANON_SECRET. Exit status 1 when any check fails.")
     a.add_argument("--config", required=True, help=CONFIG_HELP)
-    a.add_argument("--broker", required=True)
+    kafka_connection.add_arguments(a)
     a.add_argument("--raw-topic", default=None, help="default: the config's input topic")
     a.add_argument("--idle", type=float, default=3.0, help="quiet seconds that mark the end of a topic")
     a.add_argument("--report", default=None, help="write the audit report as JSON here")
+    a.add_argument("--fail-on-alert", action="store_true",
+                   help="exit 3 when an alert (e.g. suppression_limit_exceeded) was published on anon.metrics, "
+                        "even if every check passed")
     a.set_defaults(func=_cmd_audit)
 
     c = sub.add_parser("calibrate", help="write fixed domain bounds from a sample into a config file",
@@ -196,6 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="timestamp QI bounds = the data's first and last hour (evaluate a full file longer than "
                         "the configured period instead of rejecting its events)")
     e.set_defaults(func=_cmd_evaluate)
+    for sp in (d, b, r, ta, tl, a, c, e):
+        logsetup.add_arguments(sp)
+        sp.add_argument("--loglevel", default="warning", help="log level (default: warning)")
     return p
 
 
@@ -216,13 +257,15 @@ def main(argv=None) -> int:
         from stream_anon.kafka.app import worker_main
         return worker_main(_bundled_config_resolved(argv[1:]))
     args = build_parser().parse_args(argv)
+    logsetup.setup_logging(args.loglevel, args.log_format)
     try:
         return args.func(args)
     except Exception as exc:  # a clear one-line error for configuration and secret problems
         from stream_anon.config import ConfigError
         from stream_anon.contract import ContractError
         from stream_anon.crypto import SecretError
-        if isinstance(exc, (ConfigError, ContractError, SecretError, FileNotFoundError)):
+        if isinstance(exc, (ConfigError, ContractError, SecretError, FileNotFoundError,
+                            kafka_connection.ConnectionSettingsError)):
             print(f"stream-anon {args.command}: {exc}", file=sys.stderr)
             return 2
         raise

@@ -54,6 +54,10 @@ class StreamSection:
     event_types: tuple[str, ...]
     allowed_lateness_s: float = 0.0  # watermark = largest event time seen - allowed_lateness_s
     late_policy: str = "next_release"  # an event for an already released window: "next_release" or "suppress"
+    # Partitions of the input topic: classes form within a partition (one engine each), so more partitions mean
+    # more parallel workers and fewer individuals per class candidate set (more loss and suppression on sparse
+    # data; README "Partitions"). None: not declared (stream_anon.kafka.topics.input_partitions decides).
+    partitions: int | None = None
 
 
 @dataclass(frozen=True)
@@ -267,6 +271,25 @@ def _positive(value, path: str, integer=False):
     return value
 
 
+def _partitions(s: dict) -> int | None:
+    """``[stream] partitions``: a positive integer (at most 1024), or absent.
+
+    >>> _partitions({"partitions": 2}), _partitions({})
+    (2, None)
+    >>> _partitions({"partitions": 0})
+    Traceback (most recent call last):
+    ...
+    stream_anon.errors.ConfigError: stream.partitions: must be a positive integer, got 0
+    """
+    n = _get(s, "partitions", "stream", int, required=False, default=None)
+    if n is None:
+        return None
+    _positive(n, "stream.partitions", integer=True)
+    if n > 1024:
+        raise ConfigError(f"stream.partitions: at most 1024 (one engine and checkpoint per partition), got {n}")
+    return int(n)
+
+
 def _time_value(value, path: str) -> float:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
@@ -470,6 +493,7 @@ def parse_config(raw: dict, base_dir: Path = Path("."), source: Path | None = No
         event_time=_get(s, "event_time", "stream", str),
         event_types=tuple(event_types),
         **_parse_lateness(s),
+        partitions=_partitions(s),
     )
 
     a = raw.get("anonymization")

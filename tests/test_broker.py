@@ -1,6 +1,7 @@
 """The embedded broker and topic provisioning against the real Tansu broker."""
 from __future__ import annotations
 
+import os
 import warnings
 from dataclasses import replace
 
@@ -71,3 +72,102 @@ def test_apply_topics_idempotent(broker):
     assert res == {"anon.metrics": "mismatch"}
     assert any(issubclass(w.category, TopicMismatchWarning) for w in caught)
     assert existing_partitions(broker.bootstrap, ["anon.metrics"]) == {"anon.metrics": 1}
+
+
+# ------------------------------------------------------------------------------- `stream-anon broker` command
+def _children(pid: int) -> list[int]:
+    try:
+        text = open(f"/proc/{pid}/task/{pid}/children").read()
+    except OSError:
+        return []
+    return [int(x) for x in text.split()]
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie, not yet reaped, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _start_broker_command(*extra):
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "stream_anon.cli", "broker", *extra], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline().strip()       # printed once the broker listens
+    return proc, line
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_broker_command_prints_bootstrap_and_stops_its_child_on_signal(sig):
+    import signal
+    import time
+
+    from kafka.admin import KafkaAdminClient
+
+    from stream_anon.broker import _port_open
+
+    proc, line = _start_broker_command()
+    try:
+        assert line.startswith("bootstrap=127.0.0.1:"), (line, proc.stderr.read() if proc.poll() is not None else "")
+        host, port = line.split("=", 1)[1].rsplit(":", 1)
+        assert _port_open(host, int(port))
+        tansu = _children(proc.pid)
+        assert len(tansu) == 1 and _alive(tansu[0])
+        admin = KafkaAdminClient(bootstrap_servers=line.split("=", 1)[1])      # a real Kafka API answers
+        assert isinstance(admin.list_topics(), list)
+        admin.close()
+        proc.send_signal(getattr(signal, sig))
+        assert proc.wait(timeout=15) == 0
+        deadline = time.monotonic() + 5
+        while _alive(tansu[0]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(tansu[0]), f"orphan tansu process {tansu[0]} after {sig}"
+        assert not _port_open(host, int(port))
+        assert f"{sig} received" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+        for pid in _children(proc.pid):      # pragma: no cover - only if the test failed
+            os.kill(pid, 9)
+
+
+def test_broker_command_on_a_given_port_and_its_child_dies_with_a_killed_parent():
+    """--port is used as given; SIGKILL of the command (no cleanup possible) still ends Tansu (PDEATHSIG)."""
+    import time
+
+    from stream_anon.broker import free_port
+
+    port = free_port()
+    proc, line = _start_broker_command("--port", str(port))
+    try:
+        assert line == f"bootstrap=127.0.0.1:{port}"
+        tansu, = _children(proc.pid)
+        proc.kill()
+        proc.wait(5)
+        deadline = time.monotonic() + 5
+        while _alive(tansu) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(tansu)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_broker_command_reports_a_port_in_use():
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-m", "stream_anon.cli", "broker", "--port", str(port)],
+                              capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "stream-anon broker:" in proc.stderr and proc.stdout == ""

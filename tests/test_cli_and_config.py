@@ -124,7 +124,8 @@ def test_docker_compose_uses_existing_commands_and_topics():
         if command[0] == "worker":
             from stream_anon.kafka.app import build_parser as worker_parser
             args = worker_parser().parse_args(command[1:])
-            cfg = load_config(ROOT / args.config)
+            from stream_anon.contract import resolve_config
+            cfg = load_config(resolve_config(args.config))      # a bundled config by name (the image has no checkout)
             assert cfg.stream.input_topic in topics and f"anon.{cfg.stream.name}.records" in topics
         else:
             parser.parse_args(command)   # raises SystemExit on an unknown command or flag
@@ -145,3 +146,157 @@ def test_toml_writer_roundtrips_every_shipped_config(path):
     from stream_anon.calibrate import dumps
     raw = tomllib.loads(path.read_text())
     assert tomllib.loads(dumps(raw)) == raw
+
+
+# ------------------------------------------------------------------------------------------- partitions (issue 12)
+@pytest.mark.parametrize("value, message", [(0, "must be a positive integer"), (2.5, "expected int"),
+                                            ("4", "expected int"), (5000, "at most 1024")])
+def test_stream_partitions_validated(value, message):
+    raw = _raw()
+    raw["stream"]["partitions"] = value
+    with pytest.raises(ConfigError, match=rf"stream.partitions: .*{message}"):
+        parse_config(raw, base_dir=ROOT / "configs")
+
+
+def test_input_partitions_decided_by_stream_then_definition_then_default():
+    from stream_anon.kafka.topics import DEFAULT_INPUT_PARTITIONS, input_partitions, load_topic_definitions, \
+        stream_topic_defs
+
+    defs = load_topic_definitions()
+    raw = _raw()
+    assert input_partitions(parse_config(raw, base_dir=ROOT / "configs"), defs) == (4, "topic definition")
+    raw["stream"]["partitions"] = 2
+    declared = parse_config(raw, base_dir=ROOT / "configs")
+    assert declared.stream.partitions == 2
+    assert input_partitions(declared, defs) == (2, "[stream] partitions")
+    got = stream_topic_defs(declared, defs)
+    assert got["raw.fare.oyster"].partitions == 2 and got["raw.fare.oyster"].value_schema is not None
+    assert set(got) == {"raw.fare.oyster", "anon.oyster.records", "anon.releases", "anon.deadletter",
+                        "anon.metrics", "anon.aggregates"}          # oyster has DP aggregates
+    raw = _raw()
+    raw["stream"].update(name="taxi", input_topic="raw.vehicle.taxi")
+    new = parse_config(raw, base_dir=ROOT / "configs")
+    n, why = input_partitions(new, defs)
+    assert n == DEFAULT_INPUT_PARTITIONS == 1 and why.startswith("default")
+    got = stream_topic_defs(new, defs)
+    assert (got["raw.vehicle.taxi"].partitions, got["anon.taxi.records"].partitions) == (1, 1)
+
+
+def test_topics_apply_takes_stream_configs(monkeypatch, tmp_path, capsys):
+    from stream_anon.kafka import topics as topics_mod
+
+    applied = {}
+    monkeypatch.setattr(topics_mod, "apply_topics",
+                        lambda conn, defs: applied.update(conn=conn, defs=defs) or {n: "created" for n in defs})
+    raw = (ROOT / "configs" / "obd2.toml").read_text().replace('input_topic = "raw.vehicle.obd2"',
+                                                              'input_topic = "raw.vehicle.fleet"\npartitions = 2')
+    assert "raw.vehicle.fleet" in raw
+    cfg = tmp_path / "fleet.toml"
+    cfg.write_text(raw)
+    assert main(["topics", "apply", "--broker", "127.0.0.1:1", "--config", str(cfg)]) == 0
+    assert applied["defs"]["raw.vehicle.fleet"].partitions == 2
+    assert applied["defs"]["raw.fare.oyster"].partitions == 4         # the definitions are applied too
+    assert applied["conn"].bootstrap == "127.0.0.1:1"
+    assert "raw.vehicle.fleet: created" in capsys.readouterr().out
+
+
+def test_worker_creates_the_input_topic_with_the_declared_partitions(monkeypatch, tmp_path):
+    """The worker's topic creation uses the stream's decision (it used a hard-coded 4)."""
+    from stream_anon.kafka import app as app_mod
+    from stream_anon.kafka import topics as topics_mod
+
+    monkeypatch.setenv("STREAM_ANON_SECRET", "cli-test-secret-0123456789abcdef0123")
+    seen = {}
+    monkeypatch.setattr(topics_mod, "apply_topics", lambda conn, defs: seen.update(conn=conn, defs=defs) or {})
+    monkeypatch.setattr(app_mod, "run_worker", lambda config, conn, *a, **kw: seen.update(run=conn))
+    raw = (ROOT / "configs" / "obd2.toml").read_text().replace('input_topic = "raw.vehicle.obd2"',
+                                                              'input_topic = "raw.vehicle.fleet"\npartitions = 3')
+    cfg = tmp_path / "fleet.toml"
+    cfg.write_text(raw)
+    assert app_mod.worker_main(["--config", str(cfg), "--broker", "127.0.0.1:1", "--state-dir",
+                                str(tmp_path / "s")]) == 0
+    assert seen["defs"]["raw.vehicle.fleet"].partitions == 3
+    assert seen["run"].bootstrap == "127.0.0.1:1"
+    monkeypatch.setenv("STREAM_ANON_KAFKA_SECURITY_PROTOCOL", "SASL_SSL")
+    assert app_mod.worker_main(["--config", str(cfg), "--broker", "127.0.0.1:1"]) == 2    # refused at start
+
+
+# ------------------------------------------------------------------------------------------- container (issue 12)
+def _dockerfile_stages() -> list[list[tuple[str, str]]]:
+    """Dockerfile -> stages, each a list of (INSTRUCTION, arguments) with continuation lines joined."""
+    text = re.sub(r"\\\n\s*", " ", (ROOT / "Dockerfile").read_text())
+    stages: list[list[tuple[str, str]]] = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        op, _, rest = line.partition(" ")
+        if op.upper() == "FROM":
+            stages.append([])
+        stages[-1].append((op.upper(), rest.strip()))
+    return stages
+
+
+def test_dockerfile_builds_the_wheel_like_the_wheel_test_and_runs_it_as_non_root():
+    """No Docker engine here: the image's steps are checked against what tests/test_wheel_install.py runs (build
+    the wheel from these files with ``pip wheel --no-deps``, install it, run ``stream-anon``)."""
+    import json as _json
+
+    from test_wheel_install import PACKAGE_DIRS
+
+    build, runtime = _dockerfile_stages()
+    assert build[0] == ("FROM", "python:3.11-slim AS build") and runtime[0][1].startswith("python:3.11-slim ")
+    copied = {src for op, args in build if op == "COPY" for src in args.split()[:-1]}
+    assert copied == {"pyproject.toml", "README.md", "stream_anon", *PACKAGE_DIRS.values()}
+    runs = " ".join(args for op, args in build if op == "RUN")
+    assert "pip wheel" in runs and "--no-deps" in runs
+    assert all(not (op == "COPY" and "--from=build" not in args) for op, args in runtime)   # only the wheel
+    setup = " ".join(args for op, args in runtime if op == "RUN")
+    assert re.search(r"pip install --no-cache-dir /tmp/dist/stream_anon-\*\.whl", setup)
+    user = [args for op, args in runtime if op == "USER"][-1]
+    assert user not in ("root", "0") and f"useradd --create-home --uid 10001 --user-group {user}" in setup
+    volumes = [v for op, args in runtime if op == "VOLUME" for v in _json.loads(args)]
+    for v in volumes:           # the non-root user can write the state directory
+        assert f"chown {user}:{user} {v}" in setup
+    entry = _json.loads([args for op, args in runtime if op == "ENTRYPOINT"][-1])
+    assert entry == ["stream-anon"] and "stream-anon" in tomllib.loads((ROOT / "pyproject.toml").read_text())[
+        "project"]["scripts"]
+    # the compose workers keep their state in that volume
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    from stream_anon.kafka.app import build_parser as worker_parser
+    workers = {n: s for n, s in compose["services"].items() if s.get("command", [None])[0] == "worker"}
+    for name, service in workers.items():
+        state_dir = worker_parser().parse_args(service["command"][1:]).state_dir
+        assert state_dir in volumes, name
+        assert any(m.split(":")[1] == state_dir for m in service["volumes"]), name
+
+
+def test_compose_env_commands_and_services_agree_with_the_cli():
+    from stream_anon import connection, crypto
+    from stream_anon.contract import resolve_config
+    from stream_anon.kafka.app import build_parser as worker_parser
+
+    text = (ROOT / "docker-compose.yml").read_text()
+    compose = yaml.safe_load(text)
+    services = compose["services"]
+    kafka = services["kafka"]["environment"]
+    advertised = kafka["KAFKA_ADVERTISED_LISTENERS"].split("//", 1)[1]           # kafka:9092
+    built = [n for n, s in services.items() if "build" in s]
+    assert built == ["topics"] and all(s.get("image") == services["topics"]["image"] for n, s in services.items()
+                                       if n != "kafka")
+    topics_args = build_parser().parse_args(services["topics"]["command"])
+    assert topics_args.broker == advertised and topics_args.config
+    workers = [s for s in services.values() if s.get("command", [None])[0] == "worker"]
+    app_ids = set()
+    for w in workers:
+        args = worker_parser().parse_args(w["command"][1:])
+        assert args.broker == advertised and args.config in topics_args.config     # its topics were provisioned
+        resolve_config(args.config)                                                 # a bundled config
+        app_ids.add(args.app_id)
+        assert crypto.SECRET_ENV in w["environment"] and ":?" in w["environment"][crypto.SECRET_ENV]
+        assert "topics" in w["depends_on"] and w["depends_on"]["topics"]["condition"] == \
+            "service_completed_successfully"
+    assert len(workers) == 2 and len(app_ids) == 1             # one consumer group
+    # every connection variable named (even in comments) is one the CLI reads
+    named = set(re.findall(r"STREAM_ANON_KAFKA_([A-Z_]+)", text))
+    assert named and {n.lower() for n in named} <= set(connection.SETTINGS)

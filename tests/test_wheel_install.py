@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 import tomllib
 import venv
 from dataclasses import dataclass
@@ -45,27 +47,36 @@ def test_pyproject_lists_every_package():
         assert (ROOT / directory / "__init__.py").is_file()
 
 
-def _clean_env() -> dict:
-    """The environment without what would put the checkout's package on the path."""
-    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
-
-
 @dataclass
 class Installed:
     venv: Path
     workdir: Path
 
-    def run(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
+    def run(self, *args: str, timeout: float = 120.0, env: dict | None = None,
+            check: bool = True) -> subprocess.CompletedProcess:
         """``stream-anon ARGS`` of the installed package, from the empty working directory."""
-        return self._run([str(self.venv / "bin" / "stream-anon"), *args], timeout)
+        return self._run([str(self.venv / "bin" / "stream-anon"), *args], timeout, env, check)
+
+    def start(self, *args: str, env: dict | None = None, **kw) -> subprocess.Popen:
+        """``stream-anon ARGS`` in the background."""
+        return subprocess.Popen([str(self.venv / "bin" / "stream-anon"), *args], cwd=self.workdir,
+                                env=self.env(env), text=True, **kw)
 
     def python(self, code: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
         return self._run([str(self.venv / "bin" / "python"), "-c", code], timeout)
 
-    def _run(self, cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
-        env = _clean_env()
-        proc = subprocess.run(cmd, cwd=self.workdir, env=env, capture_output=True, text=True, timeout=timeout)
-        assert proc.returncode == 0, f"{cmd} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    @staticmethod
+    def env(extra: dict | None = None) -> dict:
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")
+               and not k.startswith("STREAM_ANON_")}
+        return {**env, **(extra or {})}
+
+    def _run(self, cmd: list[str], timeout: float, env: dict | None = None,
+             check: bool = True) -> subprocess.CompletedProcess:
+        proc = subprocess.run(cmd, cwd=self.workdir, env=self.env(env), capture_output=True, text=True,
+                              timeout=timeout)
+        if check:
+            assert proc.returncode == 0, f"{cmd} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
         return proc
 
 
@@ -86,7 +97,9 @@ def installed(tmp_path_factory) -> Installed:
     # be on pip's path: it would take the checkout's stream_anon.egg-info for an installed stream-anon and skip
     # the wheel
     subprocess.run([str(tmp / "venv" / "bin" / "python"), "-m", "pip", "install", "--quiet",
-                    f"{wheel}[eval]"], check=True, timeout=600, cwd=tmp, env=_clean_env())
+                    f"{wheel}[eval]"], check=True, timeout=600, cwd=tmp, env=Installed.env())
+    # (a clean environment and a working directory outside the checkout: with the checkout or any PYTHONPATH on
+    # its path, pip would count packages found there (the editable stream_anon.egg-info) as installed)
     workdir = tmp / "work"
     workdir.mkdir()
     return Installed(tmp / "venv", workdir)
@@ -149,3 +162,100 @@ def test_installed_cli_lists_topics_calibrates_and_evaluates(installed):
     rows = json.loads((installed.workdir / "eval" / "results.json").read_text())
     assert [(r["strategy"], r["k"]) for r in rows] == [("mondrian", 5)]
     assert 0 < rows[0]["ncp"] < 1
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(x) for x in open(f"/proc/{pid}/task/{pid}/children").read().split()]
+    except OSError:
+        return []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _stop(proc: subprocess.Popen, timeout: float = 30.0) -> int:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+    return proc.returncode
+
+
+EVENTS = 3000          # of the bundled Oyster slice: enough for several releases in every partition
+
+
+@pytest.mark.slow
+@pytest.mark.kafka
+def test_installed_package_runs_broker_topics_worker_replay_and_audit(installed):
+    """What a new user does after ``pip install``, from an empty directory: ``stream-anon broker``, ``topics
+    apply``, ``replay`` of a bundled slice, ``worker`` with the bundled oyster config by name, ``audit`` passing
+    with its health figures; the same steps as the container image (Dockerfile) and docker-compose.yml."""
+    from stream_anon.kafka.harness import OutputReader     # the test's own reader, to know when to stop the worker
+
+    secret = {"STREAM_ANON_SECRET": "wheel-test-secret-" + "0123456789abcdef" * 2}
+    broker = installed.start("broker", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    worker = None
+    try:
+        line = broker.stdout.readline().strip()
+        assert line.startswith("bootstrap=127.0.0.1:"), line
+        bootstrap = line.split("=", 1)[1]
+        tansu = _children(broker.pid)
+        assert len(tansu) == 1
+
+        applied = installed.run("topics", "apply", "--broker", bootstrap, "--config", "oyster").stdout
+        assert "raw.fare.oyster: created" in applied and "anon.releases: created" in applied
+
+        counts = json.loads(installed.run("replay", "--dataset", "oyster", "--events", str(EVENTS), "--topic",
+                                          "raw.fare.oyster", "--config", "oyster", "--broker", bootstrap,
+                                          env=secret).stdout.strip().splitlines()[-1])
+        assert counts["events"] == EVENTS and counts["errors"] == 0 and len(counts["partitions"]) == 4
+
+        log_path = installed.workdir / "worker.log"
+        with open(log_path, "w") as log:
+            worker = installed.start("worker", "--config", "oyster", "--broker", bootstrap, "--state-dir", "state",
+                                     "--flush-when-idle", "2", "--loglevel", "info", "--log-format", "json",
+                                     env=secret, stdout=log, stderr=subprocess.STDOUT)
+        reader = OutputReader(bootstrap, "oyster")
+        deadline = time.monotonic() + 120
+        try:
+            while time.monotonic() < deadline:
+                reader.poll(500)
+                acc = reader.accounting()
+                if acc["accounted"] >= EVENTS and acc["deferred"] == 0:
+                    break
+                assert worker.poll() is None, log_path.read_text()[-3000:]
+            else:
+                pytest.fail(f"not accounted within 120 s: {acc}\n{log_path.read_text()[-3000:]}")
+        finally:
+            reader.close()
+        assert _stop(worker) in (0, -signal.SIGTERM)
+        logged = [json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")]
+        assert logged and all({"levelname", "name", "message"} <= set(d) for d in logged)
+        assert any("Kafka connection: 127.0.0.1:" in d["message"] for d in logged)
+        assert (installed.workdir / "state" / "stream-anon-oyster").is_dir()      # checkpoints under the cwd
+
+        audit = installed.run("audit", "--config", "oyster", "--broker", bootstrap, "--idle", "1.0",
+                              "--report", "audit.json", env=secret, timeout=180)
+        assert audit.stdout.startswith("AUDIT PASSED"), audit.stdout
+        assert "health: NCP of published records mean=" in audit.stdout
+        report = json.loads((installed.workdir / "audit.json").read_text())
+        s, h = report["summary"], report["health"]
+        assert report["passed"] and s["events_in"] == EVENTS and s["lost"] == 0
+        assert s["published"] + s["suppressed"] + s["dead_lettered"] + s["deferred"] == EVENTS
+        assert 0 < h["ncp"]["mean"] <= h["ncp"]["p95"] <= 1 and h["ncp"]["records"] == s["published"]
+        assert h["class_individuals"]["min"] >= s["k"] and h["alerts"] is not None
+    finally:
+        if worker is not None:
+            _stop(worker)
+        assert _stop(broker) == 0
+        assert "SIGTERM received" in broker.stderr.read()
+    assert not any(_alive(pid) for pid in tansu), "orphan tansu process"

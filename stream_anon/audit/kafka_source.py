@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from stream_anon.connection import as_connection
 from stream_anon.contract import topics
 
 from .config import AuditConfig
@@ -31,7 +32,7 @@ def _partitions(consumer: Any, topic: str, wait_s: float) -> list[int]:
         time.sleep(0.3)
 
 
-def read_topic(bootstrap: str, topic: str, idle_s: float = 3.0, max_wait_s: float = 120.0,
+def read_topic(bootstrap, topic: str, idle_s: float = 3.0, max_wait_s: float = 120.0,
                metadata_wait_s: float = 5.0, with_timestamps: bool = False) -> list[tuple]:
     """Every message of ``topic`` as ``((topic, partition, offset), value_bytes)``, ordered by source
     (with ``with_timestamps``: ``(source, value_bytes, timestamp_ms)``).
@@ -40,7 +41,7 @@ def read_topic(bootstrap: str, topic: str, idle_s: float = 3.0, max_wait_s: floa
     """
     from kafka import KafkaConsumer, TopicPartition
 
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+    consumer = KafkaConsumer(**as_connection(bootstrap).kafka_python(), group_id=None, enable_auto_commit=False,
                              auto_offset_reset="earliest", client_id="stream-anon-audit",
                              allow_auto_create_topics=False)  # reading must not create topics
     try:
@@ -83,7 +84,7 @@ def _decode(value: Any) -> Any:
     return obj if isinstance(obj, dict) else None
 
 
-def read_outputs(bootstrap: str, stream: str, idle_s: float = 3.0, max_wait_s: float = 120.0) -> AuditOutputs:
+def read_outputs(bootstrap, stream: str, idle_s: float = 3.0, max_wait_s: float = 120.0) -> AuditOutputs:
     """Records of ``anon.<stream>.records`` and this stream's manifests and dead letters (duplicates kept)."""
     out = AuditOutputs()
     names = topics()
@@ -99,9 +100,10 @@ def read_outputs(bootstrap: str, stream: str, idle_s: float = 3.0, max_wait_s: f
     return out
 
 
-def audit_from_kafka(bootstrap: str, config_path: str | Path, secret: bytes | str, raw_topic: str | None = None,
-                     idle_s: float = 3.0, max_wait_s: float = 120.0) -> AuditReport:
-    """Read raw input and outputs from the broker and audit them against the stream config."""
+def audit_from_kafka(bootstrap, config_path: str | Path, secret: bytes | str, raw_topic: str | None = None,
+                     idle_s: float = 3.0, max_wait_s: float = 120.0, health: bool = True) -> AuditReport:
+    """Read raw input and outputs from the broker and audit them against the stream config. ``health``: also
+    read anon.metrics for the alerts of the report's health figures."""
     cfg = AuditConfig.from_toml(config_path)
     if raw_topic is None:
         raw_topic = cfg.input_topic
@@ -111,4 +113,15 @@ def audit_from_kafka(bootstrap: str, config_path: str | Path, secret: bytes | st
         raise ValueError(f"{config_path}: [stream] name is required to find the output topics")
     raw = read_topic(bootstrap, raw_topic, idle_s=idle_s, max_wait_s=max_wait_s)
     outputs = read_outputs(bootstrap, cfg.stream, idle_s=idle_s, max_wait_s=max_wait_s)
-    return audit(raw, outputs, secret.encode() if isinstance(secret, str) else secret, cfg)
+    alerts = read_alerts(bootstrap, cfg.stream, idle_s=idle_s, max_wait_s=max_wait_s) if health else None
+    return audit(raw, outputs, secret.encode() if isinstance(secret, str) else secret, cfg, alerts=alerts)
+
+
+def read_alerts(bootstrap, stream: str, idle_s: float = 3.0, max_wait_s: float = 120.0) -> list[dict]:
+    """Alert messages (``type == "alert"``) of ``stream`` on anon.metrics."""
+    out = []
+    for _src, value in read_topic(bootstrap, topics().metrics, idle_s=idle_s, max_wait_s=max_wait_s):
+        obj = _decode(value)
+        if obj is not None and obj.get("type") == "alert" and obj.get("stream") == stream:
+            out.append(obj)
+    return out

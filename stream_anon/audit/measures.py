@@ -63,3 +63,107 @@ def counterfeit_lower_bound(releases: Iterable[Any], m: int) -> int:
         c = max(counts.values(), default=0)
         total += max(0, m * c - n)
     return total
+
+
+# ------------------------------------------------------------------------------------------------ health figures
+ALERT_TYPE = "alert"
+
+
+def _weighted_quantile(pairs: list[tuple[float, int]], q: float) -> float | None:
+    """The smallest value v with at least a share ``q`` of the total weight at or below it.
+
+    >>> _weighted_quantile([(0.1, 90), (0.5, 10)], 0.95), _weighted_quantile([(0.1, 95), (0.5, 5)], 0.95)
+    (0.5, 0.1)
+    """
+    pairs = sorted((v, w) for v, w in pairs if w > 0)
+    total = sum(w for _, w in pairs)
+    if not total:
+        return None
+    seen = 0
+    for v, w in pairs:
+        seen += w
+        if seen >= q * total - 1e-9:
+            return v
+    return pairs[-1][0]
+
+
+def _quantile(values: list[int], q: float) -> float:
+    """Nearest-rank quantile of a sorted non-empty list."""
+    idx = max(0, min(len(values) - 1, int(-(-q * len(values) // 1)) - 1))
+    return values[idx]
+
+
+def size_distribution(sizes: Iterable[int], k: int) -> dict:
+    """Distribution of class sizes in distinct individuals: quantiles and bins relative to k.
+
+    >>> size_distribution([5, 5, 6, 10, 12, 40], 5)["bins"]
+    {'< k': 0, 'k': 2, 'k+1 .. 2k-1': 1, '2k .. 4k-1': 2, '>= 4k': 1}
+    """
+    s = sorted(int(x) for x in sizes)
+    bins = {"< k": 0, "k": 0, "k+1 .. 2k-1": 0, "2k .. 4k-1": 0, ">= 4k": 0}
+    for n in s:
+        key = "< k" if n < k else "k" if n == k else "k+1 .. 2k-1" if n < 2 * k else \
+            "2k .. 4k-1" if n < 4 * k else ">= 4k"
+        bins[key] += 1
+    if not s:
+        return {"classes": 0, "bins": bins}
+    return {"classes": len(s), "min": s[0], "p50": _quantile(s, 0.5), "mean": round(sum(s) / len(s), 2),
+            "p95": _quantile(s, 0.95), "max": s[-1], "bins": bins}
+
+
+def deadletter_reason(reason: Any) -> str:
+    """The kind of a dead-letter reason: its text before the first ':' (sizes, offsets and values dropped).
+
+    >>> deadletter_reason("oversized payload: 70000 bytes > limit 65536"), deadletter_reason("no privacy unit")
+    ('oversized payload', 'no privacy unit')
+    """
+    return str(reason).split(":", 1)[0].strip() or "unknown"
+
+
+def health_figures(ctx: AuditContext, individuals: ClassIndividuals, alerts: Iterable[dict] | None = None) -> dict:
+    """Utility and privacy health of the published outputs (numbers, never a verdict):
+
+    - ``ncp``: mean and p95 normalized certainty penalty of the published *real* records, each record at its
+      class's NCP from the (deduplicated) manifests; counterfeit records left out;
+    - ``class_individuals``: distribution of distinct individuals per class and release (counted from the raw
+      events behind the records, like the k check);
+    - ``deadletters_by_reason``: dead letters (deduplicated by source offset) by the kind of their reason;
+    - ``alerts``: alert messages of this stream on anon.metrics by alert name (deduplicated by alert, partition
+      and release); ``None`` when the metrics topic was not read.
+    """
+    pairs = []
+    for m in ctx.manifests:
+        for c in m.get("classes") or []:
+            if not isinstance(c, dict):
+                continue
+            try:
+                real = int(c.get("records", 0)) - int(c.get("counterfeit_records", 0) or 0)
+                ncp = float(c.get("ncp"))
+            except (TypeError, ValueError):
+                continue
+            pairs.append((ncp, real))
+    weight = sum(w for _, w in pairs if w > 0)
+    mean = sum(v * w for v, w in pairs if w > 0) / weight if weight else None
+    p95 = _weighted_quantile(pairs, 0.95)
+    dead: dict[Any, dict] = {}
+    for d in ctx.deadletters:
+        src = d.get("source") if isinstance(d.get("source"), dict) else {}
+        key = (src.get("topic"), src.get("partition"), src.get("offset"))
+        if src.get("offset") is None:
+            key = key + (str(d.get("reason")), str(d.get("payload")))
+        dead.setdefault(key, d)
+    by_reason = Counter(deadletter_reason(d.get("reason")) for d in dead.values())
+    out = {
+        "ncp": {"records": weight, "mean": None if mean is None else round(mean, 6),
+                "p95": None if p95 is None else round(p95, 6)},
+        "class_individuals": size_distribution((len(u) for u in individuals.per_release.values()), ctx.config.k),
+        "deadletters_by_reason": dict(sorted(by_reason.items())),
+        "alerts": None,
+    }
+    if alerts is not None:
+        seen = {}
+        for a in alerts:
+            if isinstance(a, dict) and a.get("type") == ALERT_TYPE and a.get("stream") in (None, ctx.config.stream):
+                seen.setdefault((a.get("alert"), a.get("partition"), a.get("release_id")), a)
+        out["alerts"] = dict(sorted(Counter(str(name) for name, _, _ in seen).items()))
+    return out

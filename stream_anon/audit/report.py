@@ -1,8 +1,14 @@
 """The audit's verdict: every check's result and a summary of the accounting and the classes."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+
+def _fmt(counts: dict | None) -> str:
+    if counts is None:
+        return "not read"
+    return ", ".join(f"{k}={v}" for k, v in counts.items()) or "none"
 
 
 @dataclass
@@ -10,9 +16,29 @@ class AuditReport:
     passed: bool
     checks: dict[str, dict]
     summary: dict[str, Any]
+    health: dict[str, Any] = field(default_factory=dict)   # measures.health_figures: figures, never a verdict
 
     def to_dict(self) -> dict:
-        return {"passed": self.passed, "summary": self.summary, "checks": self.checks}
+        return {"passed": self.passed, "summary": self.summary, "health": self.health, "checks": self.checks}
+
+    def format_health(self) -> list[str]:
+        """Privacy/utility health lines (loss, class sizes, suppression, deferred, dead letters, alerts)."""
+        h = self.health
+        if not h:
+            return []
+        ncp, sizes = h.get("ncp") or {}, h.get("class_individuals") or {}
+        lines = [f"health: NCP of published records mean={ncp.get('mean')} p95={ncp.get('p95')} "
+                 f"(records={ncp.get('records')})"]
+        if sizes.get("classes"):
+            lines.append("  individuals per class: min={min} p50={p50} mean={mean} p95={p95} max={max} over {classes} "
+                         "classes; ".format(**sizes) + _fmt(sizes.get("bins")))
+        else:
+            lines.append("  individuals per class: no classes")
+        lines.append(f"  suppressed by reason: {_fmt(h.get('suppressed_by_reason'))}; deferred={h.get('deferred')}")
+        lines.append(f"  dead letters by reason: {_fmt(h.get('deadletters_by_reason'))}")
+        alerts = h.get("alerts")
+        lines.append(f"  alerts on anon.metrics: {_fmt(alerts)}" + (" (ALERT)" if alerts else ""))
+        return lines
 
     def format_text(self) -> str:
         lines = [f"AUDIT {'PASSED' if self.passed else 'FAILED'}"]
@@ -27,4 +53,5 @@ class AuditReport:
             lines.append(f"  [{'ok' if chk['passed'] else 'FAIL'}] {name}: " + ", ".join(f"{k}={v}" for k, v in info.items()))
             for ex in chk.get("examples", [])[:3] if not chk["passed"] else []:
                 lines.append(f"      - {ex}")
+        lines.extend(self.format_health())
         return "\n".join(lines)

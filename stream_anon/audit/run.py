@@ -41,6 +41,7 @@ from .checks.leaks import Leaks
 from .checks.m_invariance import MInvariance
 from .config import AuditConfig
 from .inputs import build_context
+from .measures import class_individuals, health_figures
 from .report import AuditReport
 
 CHECKS: tuple[Check, ...] = (KInIndividuals(), Leaks(), Coverage(), Accounting(), Consistency(), MInvariance(),
@@ -48,11 +49,15 @@ CHECKS: tuple[Check, ...] = (KInIndividuals(), Leaks(), Coverage(), Accounting()
 _M_SUMMARY_RENAMED = ("releases", "classes", "individuals")   # the audit's own summary has these names
 
 
-def audit(raw_events: Iterable, outputs: Any, secret: bytes | str, config_view: AuditConfig) -> AuditReport:
+def audit(raw_events: Iterable, outputs: Any, secret: bytes | str, config_view: AuditConfig,
+          alerts: Iterable[dict] | None = None) -> AuditReport:
     """Audit published outputs against the raw input. See the module docstring for the checks.
 
     raw_events: iterable of ``((topic, partition, offset), payload)`` with payload bytes/str (may be malformed).
     outputs: dict or object with lists ``records``, ``manifests``, ``deadletters`` (and optional ``malformed``).
+    alerts: the stream's messages on anon.metrics (any type; alerts are picked out), or None if not read.
+    The report's ``health`` (:func:`.measures.health_figures`) states loss, class sizes, dead letters by reason
+    and alerts; it never changes the verdict.
     """
     cfg = config_view
     if isinstance(secret, str):
@@ -73,4 +78,8 @@ def audit(raw_events: Iterable, outputs: Any, secret: bytes | str, config_view: 
     if "m_invariance" in checks and "summary" in checks["m_invariance"]:
         summary.update({f"m_invariance_{k}" if k in _M_SUMMARY_RENAMED else k: v
                         for k, v in checks["m_invariance"]["summary"].items()})
-    return AuditReport(passed=all(c["passed"] for c in checks.values()), checks=checks, summary=summary)
+    health = health_figures(ctx, class_individuals(ctx), alerts)
+    health["suppressed_by_reason"] = dict(sorted(accounting["suppressed_by_reason"].items()))
+    health["deferred"] = accounting["deferred"]
+    return AuditReport(passed=all(c["passed"] for c in checks.values()), checks=checks, summary=summary,
+                       health=health)

@@ -21,7 +21,9 @@ import faust
 from faust.app.base import BootStrategy
 from mode import Service
 
-from stream_anon import crypto
+from stream_anon import crypto, logsetup
+from stream_anon import connection as kafka_connection
+from stream_anon.connection import as_connection
 from stream_anon.config import load_config
 from stream_anon.kafka.core import TOPICS, WorkerCore
 from stream_anon.kafka.loop import KafkaLoop
@@ -51,7 +53,7 @@ def make_app(config, bootstrap: str, state_dir, app_id: str | None = None, secre
     (state_dir / app_id).mkdir(parents=True, exist_ok=True)
     app = WorkerApp(
         f"{app_id}.process",           # faust's own id: the consumer group of the loop is app_id
-        broker=f"kafka://{bootstrap}",
+        **as_connection(bootstrap).faust_settings(),     # broker URL and, for TLS/SASL, broker_credentials
         store="memory://",
         datadir=str(state_dir / app_id / "faust-data"),
         web_enabled=web_port is not None,
@@ -62,7 +64,7 @@ def make_app(config, bootstrap: str, state_dir, app_id: str | None = None, secre
     )
     core = WorkerCore(config, app_id, secret, flush_when_idle_s=flush_when_idle_s,
                       raw_deadletters=raw_deadletters)
-    loop = KafkaLoop(core, {"bootstrap.servers": bootstrap, **(client_config or {})}, batch_max=batch_max,
+    loop = KafkaLoop(core, {**as_connection(bootstrap).confluent(), **(client_config or {})}, batch_max=batch_max,
                      batch_within_s=batch_within_s, metrics_interval_s=metrics_interval_s,
                      accept_input_reset=accept_input_reset, cache_dir=state_dir)
     app.stream_anon_core, app.stream_anon_loop = core, loop
@@ -103,9 +105,8 @@ def make_app(config, bootstrap: str, state_dir, app_id: str | None = None, secre
     return app
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
-                        format="[%(asctime)s] %(levelname)s %(name)s: %(message)s")
+def _setup_logging(level: str, fmt: str = "text") -> None:
+    logsetup.setup_logging(level, fmt)
 
 
 def run_worker(config, bootstrap: str, state_dir, app_id: str | None = None, secret: bytes | None = None,
@@ -126,9 +127,11 @@ def run_worker(config, bootstrap: str, state_dir, app_id: str | None = None, sec
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="stream-anon worker", description="Run the anonymization worker.")
     p.add_argument("--config", required=True, help="stream configuration (TOML)")
-    p.add_argument("--broker", required=True, help="bootstrap server HOST:PORT")
-    p.add_argument("--state-dir", default="state", help="local cache of the committed state headers (detects a broker reset; default: state)")
-    p.add_argument("--app-id", default=None, help="app id: consumer group, state topic <ID>-state, transactional ids (default: stream-anon-<stream>)")
+    kafka_connection.add_arguments(p)
+    p.add_argument("--state-dir", default="state", help="local cache of the committed state headers (detects a "
+                   "broker reset; default: state)")
+    p.add_argument("--app-id", default=None, help="app id: consumer group, state topic <ID>-state, transactional "
+                   "ids (default: stream-anon-<stream>)")
     p.add_argument("--batch-max", type=int, default=10000)
     p.add_argument("--batch-within", type=float, default=0.5, help="seconds to wait to fill a batch")
     p.add_argument("--metrics-interval", type=float, default=5.0)
@@ -144,13 +147,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="operator decision: a partition halted because its input topic was re-created resumes "
                         "its state (signatures, DP ledger) from offset 0 of the new topic")
     p.add_argument("--loglevel", default="warning")
+    logsetup.add_arguments(p)
     return p
 
 
 def worker_main(argv=None) -> int:
     """``stream-anon worker --config FILE --broker HOST:PORT [--state-dir state] [--app-id ID]``."""
     args = build_parser().parse_args(argv)
-    _setup_logging(args.loglevel)
+    _setup_logging(args.loglevel, args.log_format)
     try:
         secret = crypto.load_secret()
     except crypto.SecretError as exc:
@@ -161,13 +165,17 @@ def worker_main(argv=None) -> int:
     except (OSError, ValueError) as exc:     # ConfigError is a ValueError
         print(f"stream-anon worker: {args.config}: {exc}", file=sys.stderr)
         return 2
+    try:
+        conn = kafka_connection.from_args(args, config_path=args.config)
+    except kafka_connection.ConnectionSettingsError as exc:
+        print(f"stream-anon worker: {exc}", file=sys.stderr)
+        return 2
+    log.info("Kafka connection: %s", conn.describe())
     if not args.no_create_topics:
-        from stream_anon.kafka.topics import ensure_topics
-        ensure_topics(args.broker, names=[config.stream.input_topic, TOPICS.records(config.stream.name),
-                                          TOPICS.releases, TOPICS.deadletter, TOPICS.metrics]
-                      + ([TOPICS.aggregates] if config.dp is not None else []),
-                      default_partitions={config.stream.input_topic: 4, TOPICS.records(config.stream.name): 1})
-    run_worker(config, args.broker, args.state_dir, app_id=args.app_id, secret=secret, loglevel=args.loglevel,
+        from stream_anon.kafka.topics import ensure_stream_topics
+        # the input topic gets the stream's declared partition count ([stream] partitions), else its definition's
+        ensure_stream_topics(conn, config)
+    run_worker(config, conn, args.state_dir, app_id=args.app_id, secret=secret, loglevel=args.loglevel,
                batch_max=args.batch_max, batch_within_s=args.batch_within, metrics_interval_s=args.metrics_interval,
                flush_when_idle_s=args.flush_when_idle, raw_deadletters=args.deadletter_raw_payload,
                web_port=args.web_port, accept_input_reset=args.accept_input_reset)

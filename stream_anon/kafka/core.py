@@ -50,6 +50,26 @@ def dumps(obj) -> bytes:
 
 
 
+class AlertLog:
+    """WARNING lines for release alerts, at most one per alert name every ``interval_s`` seconds; the lines held
+    back are counted into the next one (``+N more since the last line``)."""
+
+    def __init__(self, interval_s: float = 10.0):
+        self.interval_s = interval_s
+        self.last: dict[str, float] = {}
+        self.held: dict[str, int] = {}
+
+    def warn(self, name: str, msg: str, *args) -> bool:
+        now = time.monotonic()
+        if now - self.last.get(name, float("-inf")) < self.interval_s:
+            self.held[name] = self.held.get(name, 0) + 1
+            return False
+        more = self.held.pop(name, 0)
+        self.last[name] = now
+        log.warning("alert %s: " + msg + (f" (+{more} more since the last line)" if more else ""), name, *args)
+        return True
+
+
 # --------------------------------------------------------------------------------------------- input checks
 def check_payload(raw: bytes | None, config) -> tuple[str | None, dict | None]:
     """(reason, None) for bad input, (None, event) for an event the engine's reader may see: size, JSON, kind and
@@ -131,6 +151,7 @@ class WorkerCore:
         self.last_release: dict[int, dict] = {}                  # partition -> figures of its latest release
         self.alerts: dict[str, int] = {}                         # alert name -> times raised
         self._last_metric = (time.monotonic(), 0)
+        self.alert_log = AlertLog()
 
     # ---- partitions
     def open_partition(self, partition: int, doc: dict | None = None) -> PartitionState:
@@ -251,6 +272,15 @@ class WorkerCore:
                      "suppression_ratio": manifest.get("suppression_ratio"),
                      "limit": self.config.anonymization.max_suppression_ratio}
             out.append((TOPICS.metrics, self.stream.encode(), dumps(alert)))
+            self.alert_log.warn("suppression_limit_exceeded", "stream %s partition %s release %s: %.1f%% of its "
+                                "records suppressed (limit %.1f%%): %s", self.stream, rel.partition,
+                                rel.release_id, 100 * (manifest.get("suppression_ratio") or 0),
+                                100 * self.config.anonymization.max_suppression_ratio, manifest.get("suppressed"))
+        lossy = (manifest.get("suppressed") or {}).get("class_loss_above_limit")
+        if lossy:
+            self.alert_log.warn("loss_limit", "stream %s partition %s release %s: %s records suppressed because "
+                                "their class's NCP was above max_class_ncp %.3g", self.stream, rel.partition,
+                                rel.release_id, lossy, self.config.anonymization.max_class_ncp)
         counts = {"releases": 1, "published": manifest.get("published", 0),
                   "suppressed": sum((manifest.get("suppressed") or {}).values())}
         return out, counts

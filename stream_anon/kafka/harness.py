@@ -18,6 +18,7 @@ import numpy as np
 import orjson
 
 from stream_anon.audit.kafka_source import read_topic
+from stream_anon.connection import as_connection, secret_env, to_args
 from stream_anon.config import load_config
 from stream_anon.dp.report import running_count_errors, true_window_values
 from stream_anon.engine import event_windows, get_path
@@ -31,12 +32,13 @@ KILL_IN_FLUSH_ENV = "STREAM_ANON_TEST_KILL_IN_FLUSH"
 class OutputReader:
     """Incrementally reads anon.releases and anon.deadletter (from the beginning; no reliance on end offsets)."""
 
-    def __init__(self, bootstrap: str, stream: str):
+    def __init__(self, bootstrap, stream: str):
+        """``bootstrap``: 'HOST:PORT' or a :class:`stream_anon.connection.KafkaConnection`."""
         from kafka import KafkaConsumer, TopicPartition
 
         self.stream = stream
-        self.consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
-                                      auto_offset_reset="earliest", client_id="stream-anon-accounting")
+        self.consumer = KafkaConsumer(**as_connection(bootstrap).kafka_python(), enable_auto_commit=False,
+                                      group_id=None, auto_offset_reset="earliest", client_id="stream-anon-accounting")
         tps = []
         for topic in (TOPICS.releases, TOPICS.deadletter):
             parts = self.consumer.partitions_for_topic(topic) or {0}
@@ -91,7 +93,7 @@ def worker_command(config_path, bootstrap: str, state_dir, app_id: str | None = 
     if kill_after_batches or kill_in_flush:
         entry = ["-m", "stream_anon.kafka.harness"] + (["--kill-in-flush"] if kill_in_flush else []) + \
             (["--kill-after-batches", str(kill_after_batches)] if kill_after_batches else [])
-    cmd = [sys.executable, *entry, "--config", str(config_path), "--broker", bootstrap,
+    cmd = [sys.executable, *entry, "--config", str(config_path), *to_args(as_connection(bootstrap)),
            "--state-dir", str(state_dir)]
     if app_id:
         cmd += ["--app-id", app_id]
@@ -104,7 +106,7 @@ def start_worker_process(config_path, bootstrap: str, state_dir, app_id: str | N
                          flush_when_idle_s: float | None = None, log_path=None, env=None, extra=None):
     """Start a worker subprocess (own process group). ``STREAM_ANON_TEST_KILL_AFTER_BATCHES=N`` in ``env`` starts
     the crashing wrapper instead (:func:`crash_main`)."""
-    env = env or os.environ.copy()
+    env = {**(env or os.environ.copy()), **secret_env(as_connection(bootstrap))}
     kill_after = int(env.get(KILL_AFTER_ENV, "0") or 0)
     cmd = worker_command(config_path, bootstrap, state_dir, app_id, flush_when_idle_s, extra, kill_after,
                          env.get(KILL_IN_FLUSH_ENV) == "1")
@@ -147,7 +149,8 @@ def run_until_accounted(config, bootstrap: str, state_dir, expected_events: int,
     bar = None
     if progress:
         from tqdm import tqdm
-        bar = tqdm(total=expected_events, desc=f"accounted {cfg.stream.name}", unit="ev")
+        bar = tqdm(total=expected_events, desc=f"accounted {cfg.stream.name}", unit="ev",
+                   disable=not sys.stderr.isatty())     # a bar only on a terminal, never in a log file
     try:
         acc = reader.accounting()
         while time.monotonic() - t0 < timeout_s:

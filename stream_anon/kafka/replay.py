@@ -7,12 +7,14 @@ reveals nothing without the secret. ``raw_payloads`` produces bytes as they are 
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from pathlib import Path
 from typing import Callable, Iterable
 
 from stream_anon import crypto
+from stream_anon.connection import as_connection
 
 
 def _dotted(event: dict, path: str):
@@ -32,11 +34,12 @@ def unit_key_fn(privacy_unit: str) -> Callable[[dict], str | None]:
     return key_fn
 
 
-def make_producer(bootstrap: str, **overrides):
+def make_producer(bootstrap, **overrides):
+    """kafka-python producer; ``bootstrap``: 'HOST:PORT' or a :class:`stream_anon.connection.KafkaConnection`."""
     from kafka import KafkaProducer
 
     settings = dict(
-        bootstrap_servers=bootstrap,
+        **as_connection(bootstrap).kafka_python(),
         acks="all",
         linger_ms=20,
         batch_size=256 * 1024,
@@ -55,7 +58,7 @@ def encode_event(event: dict) -> bytes:
     return json.dumps(event, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
-def replay(bootstrap: str, topic: str, events: Iterable[dict], key_fn: Callable[[dict], str | None] | str | None,
+def replay(bootstrap, topic: str, events: Iterable[dict], key_fn: Callable[[dict], str | None] | str | None,
            progress: bool = True, raw_payloads: Iterable | None = None, secret: bytes | None = None,
            producer=None, total: int | None = None, flush_timeout_s: float = 120.0) -> dict:
     """Produce ``events`` (JSON) and then ``raw_payloads`` (bytes, or ``(key, bytes)`` pairs) to ``topic``.
@@ -93,7 +96,8 @@ def replay(bootstrap: str, topic: str, events: Iterable[dict], key_fn: Callable[
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=total, desc=f"replay {topic}", unit="ev", mininterval=0.5)
+        bar = tqdm(total=total, desc=f"replay {topic}", unit="ev", mininterval=0.5,
+                   disable=not sys.stderr.isatty())     # a bar only on a terminal, never in a log file
     cache: dict[str, bytes] = {}
     t0 = time.perf_counter()
     try:

@@ -1,0 +1,86 @@
+"""Log output of the worker and the ``stream-anon`` commands: text lines (default) or one JSON object per line
+(``--log-format json``, python-json-logger) for log collectors.
+
+>>> import io, json, logging
+>>> buf = io.StringIO()
+>>> handler = make_handler("json", stream=buf)
+>>> rec = logging.LogRecord("stream_anon.worker", logging.WARNING, __file__, 1, "alert %s", ("x",), None)
+>>> doc = json.loads(handler.format(rec))
+>>> doc["levelname"], doc["name"], doc["message"]
+('WARNING', 'stream_anon.worker', 'alert x')
+"""
+from __future__ import annotations
+
+import logging
+import sys
+
+FORMATS = ("text", "json")
+TEXT_FORMAT = "[%(asctime)s] %(levelname)s %(name)s: %(message)s"
+JSON_FIELDS = "%(asctime)s %(levelname)s %(name)s %(process)d %(message)s"
+
+
+def _json_formatter() -> logging.Formatter:
+    try:
+        from pythonjsonlogger.json import JsonFormatter          # python-json-logger >= 3
+    except ImportError:  # pragma: no cover - older releases
+        from pythonjsonlogger.jsonlogger import JsonFormatter
+    return JsonFormatter(JSON_FIELDS, timestamp=False)
+
+
+_SECRETS: set[str] = set()
+
+
+def register_secret(value: str | None) -> None:
+    """A value that must never appear in a log line (Kafka passwords: kafka-python logs its whole configuration,
+    passwords included, at DEBUG). Values shorter than 4 characters are not registered (they would mangle
+    ordinary text)."""
+    if value and len(value) >= 4:
+        _SECRETS.add(value)
+
+
+class RedactSecrets(logging.Filter):
+    """Replaces registered secrets by ``***`` in every record's message and arguments.
+
+    >>> register_secret("hunter22")
+    >>> rec = logging.LogRecord("kafka", logging.DEBUG, __file__, 1, "config %s", ({"sasl_plain_password": "hunter22"},), None)
+    >>> RedactSecrets().filter(rec), rec.getMessage()
+    (True, "config {'sasl_plain_password': '***'}")
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not _SECRETS:
+            return True
+        msg = record.getMessage()
+        if any(s in msg for s in _SECRETS):
+            for s in _SECRETS:
+                msg = msg.replace(s, "***")
+            record.msg, record.args = msg, None
+        if record.exc_info and not record.exc_text:
+            text = logging.Formatter().formatException(record.exc_info)
+            for s in _SECRETS:
+                text = text.replace(s, "***")
+            record.exc_text = text
+        return True
+
+
+def make_handler(fmt: str = "text", stream=None) -> logging.Handler:
+    if fmt not in FORMATS:
+        raise ValueError(f"log format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(_json_formatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
+    handler.addFilter(RedactSecrets())
+    return handler
+
+
+def setup_logging(level: str = "warning", fmt: str = "text") -> None:
+    """Configure the root logger once (replaces handlers set before, e.g. by a library)."""
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        root.removeHandler(h)
+    root.addHandler(make_handler(fmt))
+    root.setLevel(getattr(logging, str(level).upper(), logging.INFO))
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--log-format", choices=FORMATS, default="text",
+                        help="log lines as text (default) or one JSON object per line")
