@@ -34,6 +34,7 @@ from stream_anon import crypto
 from stream_anon.contract import topics
 from stream_anon.engine import Engine, get_path
 from stream_anon.events import schema_reason
+from stream_anon.inputs import Decoder
 from stream_anon.kafka import aggregates
 from stream_anon.kafka import checkpoint as ckpt
 
@@ -112,6 +113,8 @@ class WorkerCore:
         self.stats = {"events_in": 0, "skipped": 0, "dead_letters": 0, "releases": 0, "published": 0,
                       "suppressed": 0, "aggregate_rows": 0, "batches": 0, "started": time.time()}
         self._last_metric = (time.monotonic(), 0)
+        # [input] mapping (stream_anon.inputs); None: the built-in JSON shape, checked by check_payload
+        self.decoder = None if config.input.legacy else Decoder(config.input, config.limits.max_event_bytes)
 
     # ---- engine per partition
     def part(self, partition: int) -> PartitionState:
@@ -164,7 +167,8 @@ class WorkerCore:
 
     # ---- outputs
     def _deadletter_doc(self, reason, partition, offset, raw: bytes | None = None,
-                        event: dict | None = None) -> tuple[str, bytes, bytes]:
+                        event: dict | None = None, index: int | None = None,
+                        opaque: bool = False) -> tuple[str, bytes, bytes]:
         """A dead letter: reason, source coordinates, the event's audit token when it has an event id, and the
         payload with the identifier fields (privacy unit, ``identifiers.pseudonymize``) replaced by their keyed
         pseudonyms and ``identifiers.drop`` removed. A payload that is not a JSON object cannot be searched for
@@ -172,7 +176,10 @@ class WorkerCore:
         doc = {"reason": reason, "stream": self.stream,
                "source": {"topic": self.topic, "partition": partition, "offset": offset},
                "received_at": _now_iso()}
-        if event is None and raw is not None:
+        if index is not None:       # the event's position inside a multi-event message (stream_anon.inputs)
+            doc["source"]["index"] = index
+        if event is None and raw is not None and not opaque:   # opaque: a mapped format's raw message is never
+            # searched for identifiers (its fields are not the engine's): withheld unless raw_deadletters
             try:
                 event = orjson.loads(raw)
             except ValueError:
@@ -190,7 +197,8 @@ class WorkerCore:
         else:
             text = None
             if raw is not None:
-                doc["payload_withheld"] = "not a JSON object: identifiers cannot be located"
+                doc["payload_withheld"] = ("raw message of a mapped input: identifiers cannot be located" if opaque
+                                           else "not a JSON object: identifiers cannot be located")
                 doc["payload_bytes"] = len(raw)
                 doc["payload_sha256"] = hashlib.sha256(raw).hexdigest()
         if text is not None:
@@ -250,19 +258,40 @@ class WorkerCore:
                 counts["skipped"] += 1
                 continue
             last = off
-            counts["events_in"] += 1
-            reason, event = check_payload(raw, self.config)
-            if reason:
-                out.append(self._deadletter_doc(reason, ps.partition, off, raw=raw))
+            if self.decoder is None:
+                counts["events_in"] += 1
+                reason, event = check_payload(raw, self.config)
+                if reason:
+                    out.append(self._deadletter_doc(reason, ps.partition, off, raw=raw))
+                    counts["dead_letters"] += 1
+                else:
+                    good.append(event)
+                    offsets.append(off)
+                continue
+            # mapped input: an unreadable message is one event (dead letter at its offset); a message of N events
+            # is N events (stream_anon.inputs.decode), each dead-lettered on its own (with its index when the
+            # format holds several per message)
+            d = self.decoder.decode(raw, self.topic, ps.partition, off)
+            if d.reason:
+                counts["events_in"] += 1
                 counts["dead_letters"] += 1
-            else:
-                good.append(event)
-                offsets.append(off)
+                out.append(self._deadletter_doc(d.reason, ps.partition, off, raw=raw, opaque=True))
+                continue
+            for i, (event, reason) in enumerate(zip(d.events, d.reasons)):
+                counts["events_in"] += 1
+                index = i if self.config.input.multi else None
+                if reason:
+                    counts["dead_letters"] += 1
+                    out.append(self._deadletter_doc(reason, ps.partition, off, event=event, index=index))
+                else:
+                    good.append(event)
+                    offsets.append((off, index))
         result = None
         if good:
             records, rejected = ps.engine.reader.read(good)
             for i, reason in rejected:
-                out.append(self._deadletter_doc(reason, ps.partition, offsets[i], event=good[i]))
+                off, index = offsets[i] if isinstance(offsets[i], tuple) else (offsets[i], None)
+                out.append(self._deadletter_doc(reason, ps.partition, off, event=good[i], index=index))
             counts["dead_letters"] += len(rejected)
             result = ps.engine.process_records(records)
         elif flush:
