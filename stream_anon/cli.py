@@ -54,8 +54,17 @@ def _cmd_replay(args) -> int:
 
 
 def _cmd_topics_apply(args) -> int:
-    from stream_anon.kafka.topics import apply_topics, load_topic_definitions
-    result = apply_topics(args.broker, load_topic_definitions(args.dir))
+    from stream_anon.kafka.topics import apply_topics, ensure_topics, load_topic_definitions
+    if args.config:     # the topics of one stream, as its worker creates them (its raw topic: 4 partitions)
+        from stream_anon.config import load_config
+        from stream_anon.contract import topics
+        cfg, names = load_config(resolve_config(args.config)), topics()
+        result = ensure_topics(args.broker, names=[cfg.stream.input_topic, names.records(cfg.stream.name),
+                                                   names.releases, names.deadletter, names.metrics]
+                               + ([names.aggregates] if cfg.dp is not None else []),
+                               default_partitions={cfg.stream.input_topic: 4, names.records(cfg.stream.name): 1})
+    else:
+        result = apply_topics(args.broker, load_topic_definitions(args.dir))
     for name, status in sorted(result.items()):
         print(f"{name}: {status}")
     return 0
@@ -195,6 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     ta = tsub.add_parser("apply", help="create the defined topics (idempotent)")
     ta.add_argument("--broker", required=True)
     ta.add_argument("--dir", default=None, help="topic definitions directory (default: the bundled definitions)")
+    ta.add_argument("--config", default=None, help="create the topics of this stream (raw input topic, records, "
+                                                   "releases, dead letters, metrics) instead")
     ta.set_defaults(func=_cmd_topics_apply)
     tl = tsub.add_parser("list", help="print the topic definitions (no broker needed)")
     tl.add_argument("--dir", default=None, help="topic definitions directory (default: the bundled definitions)")
