@@ -26,6 +26,24 @@ def guide_commands() -> str:
     return "\n".join(blocks)
 
 
+def _kill_left_behind(work: Path) -> None:
+    """Processes the guide started and did not stop (worker, broker, its Tansu on the guide's port): found by their
+    command line and killed by pid. With job control (``set -m``) every job has its own process group."""
+    for proc_dir in Path("/proc").iterdir():
+        if not proc_dir.name.isdigit():
+            continue
+        try:
+            cmd = (proc_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "tcp://127.0.0.1:39092" in cmd or "stream_anon.broker 39092" in cmd or \
+                ("--broker 127.0.0.1:39092" in cmd and "worker" in cmd):
+            try:
+                os.kill(int(proc_dir.name), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 def test_guide_has_every_step():
     script = guide_commands()
     for step in ("stream-anon calibrate", "python -m stream_anon.broker", "stream-anon topics apply",
@@ -51,16 +69,12 @@ def test_guide_runs_as_written(tmp_path):
     proc = subprocess.Popen(["bash", "guide.sh"], cwd=work, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True, text=True)
     try:
-        out, _ = proc.communicate(timeout=600)
+        out, _ = proc.communicate(timeout=420)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        else:
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)     # anything the guide left running
-            except ProcessLookupError:
-                pass
+        _kill_left_behind(work)
     assert proc.returncode == 0, out[-4000:]
     report = json.loads((work / "audit.json").read_text())
     assert report["passed"], json.dumps(report["summary"])
