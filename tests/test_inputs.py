@@ -107,6 +107,13 @@ def test_tesla_protobuf_and_json_decode_alike():
     assert any(r.startswith("latitude: missing (input Location.latitude)") for r in reasons), reasons
 
 
+def test_shift_state_names_match_the_proto():
+    from stream_anon.inputs import tesla
+    from stream_anon.inputs.proto import tesla_vehicle_data_pb2 as pb
+    assert tesla._SHIFT == {v.number: v.name for v in pb.ShiftState.DESCRIPTOR.values}
+    assert tesla.field_name(pb.Location) == "Location" and tesla.field_name(999) == "Field999"
+
+
 def test_reasons_name_the_field():
     cfg = load_config(CONFIGS / "citibike-csv.toml")
     d = Decoder(cfg.input, cfg.limits.max_event_bytes)
@@ -212,6 +219,20 @@ def _audit(cfg_path, cfg, messages, out):
     return audit(decode(raw), outputs, SECRET, AuditConfig.from_toml(cfg_path))
 
 
+def _feed_with_bad_vehicles() -> bytes:
+    """A feed of 3 vehicles, the first and the last without a position (two dead letters of one message)."""
+    from google.transit import gtfs_realtime_pb2 as rt
+    feed = rt.FeedMessage()
+    feed.header.gtfs_realtime_version = "2.0"
+    for i in range(3):
+        vp = feed.entity.add(id=f"x{i}").vehicle
+        vp.vehicle.id = f"bike-x{i}"
+        vp.timestamp = 1486000000 + i
+        if i == 1:
+            vp.position.latitude, vp.position.longitude = 40.72, -74.05
+    return feed.SerializeToString()
+
+
 @pytest.mark.parametrize("name", ["obd2-tesla", "citibike-gtfs", "citibike-csv"])
 def test_worker_core_and_audit_agree(name, tmp_path):
     cfg_path = CONFIGS / f"{name}.toml"
@@ -221,7 +242,7 @@ def test_worker_core_and_audit_agree(name, tmp_path):
         messages = [pb[i] if i % 2 else js[i] for i in range(1500)]      # both encodings on one topic
         identifiers = {vin_of(f"s{i}") for i in range(1, 40)}
     elif name == "citibike-gtfs":
-        messages = gtfs_feeds(limit=4000)
+        messages = gtfs_feeds(limit=4000) + [_feed_with_bad_vehicles()]
         identifiers = set()
     else:
         from stream_anon.inputs import file_messages
@@ -236,7 +257,12 @@ def test_worker_core_and_audit_agree(name, tmp_path):
     assert acc["events_in"] == counts["events_in"]          # the worker counts as the audit does
     assert counts["dead_letters"] == acc["dead_lettered"] >= 2
     if name == "citibike-gtfs":
-        assert counts["events_in"] == 4000 + 2             # 4000 trips in the feeds + 2 unreadable messages
+        # 4000 trips + a feed of 3 vehicles (2 without a position) + 2 unreadable messages
+        assert counts["events_in"] == 4000 + 3 + 2 and counts["dead_letters"] == 2 + 2
+        docs = [json.loads(v) for t, _, v in out if t == "anon.deadletter"]
+        indexed = sorted(d["source"]["index"] for d in docs if "index" in d["source"])
+        assert indexed == [0, 2] and all(d["reason"].startswith("latitude: missing") for d in docs
+                                          if "index" in d["source"])
     blob = b"".join(v for _, _, v in out)
     if identifiers:
         assert any(i.encode() in m for m in messages for i in identifiers)   # the check below can fail

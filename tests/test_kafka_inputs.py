@@ -97,9 +97,18 @@ def test_gtfs_realtime_feeds_through_worker_and_audit(broker, tmp_path, secret_e
     alerts_only.header.gtfs_realtime_version = "2.0"
     alerts_only.entity.add(id="a").alert.header_text.translation.add(text="detour")
     bad = [alerts_only.SerializeToString(), b"\xff\xfe not a feed"]
-    messages = feeds + bad
+    # a feed of 2 vehicles, the first without a position: its dead letter names the event's index (one bad
+    # vehicle per message: the harness's OutputReader counts dead letters by (topic, partition, offset))
+    mixed = rt.FeedMessage()
+    mixed.header.gtfs_realtime_version = "2.0"
+    for i in range(2):
+        vp = mixed.entity.add(id=f"m{i}").vehicle
+        vp.vehicle.id, vp.timestamp = f"bike-m{i}", 1486000000 + i
+        if i:
+            vp.position.latitude, vp.position.longitude = 40.72, -74.05
+    messages = feeds + bad + [mixed.SerializeToString()]
     expected = _expected_events(cfg, messages)
-    assert expected == 3000 + len(bad)              # every trip one event; each unreadable message one event
+    assert expected == 3000 + len(bad) + 2          # every vehicle one event; each unreadable message one event
     rep = replay(broker.bootstrap, cfg.stream.input_topic, [], None,
                  raw_payloads=[(b"feed", m) for m in messages], secret=secret_env, progress=False)
     assert rep["raw"] == len(messages)
@@ -110,5 +119,10 @@ def test_gtfs_realtime_feeds_through_worker_and_audit(broker, tmp_path, secret_e
     assert report.passed, report.format_text()
     s = report.summary
     assert s["events_in"] == expected == s["published"] + s["suppressed"] + s["dead_lettered"] + s["deferred"]
-    assert s["dead_lettered"] == len(bad) and s["published"] > 2500
+    assert s["dead_lettered"] == len(bad) + 1 and s["published"] > 2500
+    deads = [d for _, d, _, _ in read_all(broker.bootstrap, "anon.deadletter", stream="gtfs-e2e")]
+    indexed = [d for d in deads if "index" in d["source"]]
+    assert len(indexed) == 1 and indexed[0]["source"]["index"] == 0
+    assert indexed[0]["reason"].startswith("latitude: missing (input position.latitude)")
+    assert "bike-m0" not in outputs_blob(broker.bootstrap, "gtfs-e2e")      # the privacy unit is pseudonymized
     print("gtfs e2e:", acc, "audit:", {k: s[k] for k in ("events_in", "published", "suppressed", "dead_lettered")})

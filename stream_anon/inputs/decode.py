@@ -19,6 +19,7 @@ import io
 import math
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from functools import lru_cache
 from typing import Iterator
 
 import orjson
@@ -220,6 +221,17 @@ def _cast(value, f: FieldSpec):
 
 
 def _time(value, f: FieldSpec):
+    if isinstance(value, (str, int, float)):     # times repeat at the source's resolution: parse each once
+        return _time_cached(value, type(value), f)
+    return _time_parse(value, f)
+
+
+@lru_cache(maxsize=65536)
+def _time_cached(value, _type, f: FieldSpec):
+    return _time_parse(value, f)
+
+
+def _time_parse(value, f: FieldSpec):
     fmt = f.time_format
     try:
         if fmt in ("epoch_s", "epoch_ms") or (fmt == "auto" and isinstance(value, (int, float))

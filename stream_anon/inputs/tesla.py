@@ -18,18 +18,28 @@ import orjson
 _LOCATION_KEYS = ("locationValue", "location_value")
 
 
+_PB = None
+_NAMES: dict[int, str] = {}
+
+
 def _pb():
-    from stream_anon.inputs.proto import tesla_vehicle_data_pb2
-    return tesla_vehicle_data_pb2
+    global _PB
+    if _PB is None:
+        from stream_anon.inputs.proto import tesla_vehicle_data_pb2
+        _PB = tesla_vehicle_data_pb2
+    return _PB
 
 
 def field_name(number: int) -> str:
     """Enum name of a Field number (``Field<number>`` for one the proto subset does not name)."""
-    pb = _pb()
-    try:
-        return pb.Field.Name(number)
-    except ValueError:
-        return f"Field{number}"
+    name = _NAMES.get(number)
+    if name is None:
+        try:
+            name = _pb().Field.Name(number)
+        except ValueError:
+            name = f"Field{number}"
+        _NAMES[number] = name
+    return name
 
 
 def payload_record(raw: bytes, encoding: str = "auto") -> dict:
@@ -63,7 +73,7 @@ def _proto_record(raw: bytes) -> dict:
         if kind == "location_value":
             v = {"latitude": v.latitude, "longitude": v.longitude}
         elif kind == "shift_state_value":
-            v = pb.ShiftState.Name(v) if v in pb.ShiftState.values() else int(v)
+            v = _SHIFT.get(v, int(v))
         elif kind == "float_value":
             v = float(v)
         rec[name] = v
@@ -109,6 +119,10 @@ def _json_record(raw: bytes) -> dict:
                 pass
         rec[name] = v
     return rec
+
+
+_SHIFT = {0: "ShiftStateUnknown", 1: "ShiftStateInvalid", 2: "ShiftStateP", 3: "ShiftStateR", 4: "ShiftStateN",
+          5: "ShiftStateD", 6: "ShiftStateSNA"}     # the proto's ShiftState (checked by tests/test_inputs.py)
 
 
 def _utc():
