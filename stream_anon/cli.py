@@ -96,6 +96,8 @@ def _cmd_calibrate(args) -> int:
     source = resolve_config(args.config)
     if args.dataset:
         events = load_events(args.dataset, limit=args.events, full=args.full)
+    elif not args.file or not Path(args.file).is_file():
+        raise FileNotFoundError(f"calibration sample not found: {args.file}")
     else:
         from stream_anon.config import load_config
         spec = load_config(source).input

@@ -797,7 +797,7 @@ def format_throughput(batch: int = 1000, repeat: int = 3) -> list[dict]:
     from stream_anon.kafka.core import WorkerCore, check_payload
 
     checkout = Path(__file__).resolve().parents[1] / "configs"     # a source checkout, else the installed configs
-    cfg_dir = checkout if (checkout / "obd2-tesla.toml").is_file() else contract.configs_dir()
+    cfg_dir = checkout if (checkout / "inputs" / "obd2-tesla.toml").is_file() else contract.configs_dir()
     cases = [("json (built-in shape)", "citibike", [orjson.dumps(e) for e in load_events("citibike")]),
              ("csv", "citibike-csv", None),
              ("tesla-fleet-telemetry protobuf", "obd2-tesla", tesla_payloads("protobuf")),
@@ -805,7 +805,7 @@ def format_throughput(batch: int = 1000, repeat: int = 3) -> list[dict]:
              ("gtfs-realtime", "citibike-gtfs", gtfs_feeds())]
     rows = []
     for label, name, messages in cases:
-        cfg = load_config(cfg_dir / f"{name}.toml")
+        cfg = load_config(cfg_dir / f"{name}.toml" if name == "citibike" else cfg_dir / "inputs" / f"{name}.toml")
         if messages is None:
             messages = list(file_messages(contract.data_path("citibike_slice.csv.gz"), cfg.input))
         t_dec = None

@@ -20,11 +20,12 @@ from stream_anon.inputs.samples import gtfs_feeds, tesla_payloads, vin_of  # noq
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
+INPUT_CONFIGS = CONFIGS / "inputs"      # the mapped configs (configs/inputs/*.toml)
 SECRET = b"test-secret-0123456789abcdef0123456789"
 
 
 def _raw(name):
-    return tomllib.loads((CONFIGS / f"{name}.toml").read_text())
+    return tomllib.loads((INPUT_CONFIGS / f"{name}.toml").read_text())
 
 
 # ------------------------------------------------------------------------------------------------ parsing
@@ -74,7 +75,7 @@ def test_parse_input_alone_is_keyed():
 def test_citibike_csv_equals_the_adapter():
     """The mapping reads the raw CSV slice into the same values as the hand-written adapter."""
     from stream_anon.datasets import load_events
-    cfg = load_config(CONFIGS / "citibike-csv.toml")
+    cfg = load_config(INPUT_CONFIGS / "citibike-csv.toml")
     events, rejected = decode_file(ROOT / "data" / "citibike_slice.csv.gz", cfg.input)
     old = load_events("citibike")
     assert rejected == [] and len(events) == len(old) == 20000
@@ -94,7 +95,7 @@ def _decode_all(cfg, msgs, topic="t"):
 
 
 def test_tesla_protobuf_and_json_decode_alike():
-    cfg = load_config(CONFIGS / "obd2-tesla.toml")
+    cfg = load_config(INPUT_CONFIGS / "obd2-tesla.toml")
     pb, js = tesla_payloads("protobuf", limit=2000), tesla_payloads("json", limit=2000)
     assert pb[0][:1] != b"{" and js[0][:1] == b"{"
     a, b = _decode_all(cfg, pb), _decode_all(cfg, js)
@@ -115,7 +116,7 @@ def test_shift_state_names_match_the_proto():
 
 
 def test_reasons_name_the_field():
-    cfg = load_config(CONFIGS / "citibike-csv.toml")
+    cfg = load_config(INPUT_CONFIGS / "citibike-csv.toml")
     d = Decoder(cfg.input, cfg.limits.max_event_bytes)
     row = "148,2017-01-01 00:21:00,x,3276,Marin,40.7,-74.04,3185,City Hall,40.71,-74.04,24575,Subscriber,1983,1,f"
     assert d.decode(row.encode(), "t", 0, 0).reasons == [None]
@@ -154,7 +155,7 @@ def test_json_mapping_pointer_and_casts():
 
 
 def test_gtfs_feed_is_one_event_per_vehicle():
-    cfg = load_config(CONFIGS / "citibike-gtfs.toml")
+    cfg = load_config(INPUT_CONFIGS / "citibike-gtfs.toml")
     feeds = gtfs_feeds()
     out = _decode_all(cfg, feeds, topic="feed")
     n = sum(len(x.events) for x in out)
@@ -235,7 +236,7 @@ def _feed_with_bad_vehicles() -> bytes:
 
 @pytest.mark.parametrize("name", ["obd2-tesla", "citibike-gtfs", "citibike-csv"])
 def test_worker_core_and_audit_agree(name, tmp_path):
-    cfg_path = CONFIGS / f"{name}.toml"
+    cfg_path = INPUT_CONFIGS / f"{name}.toml"
     cfg = load_config(cfg_path)
     if name == "obd2-tesla":
         pb, js = tesla_payloads("protobuf", limit=1500), tesla_payloads("json", limit=1500)

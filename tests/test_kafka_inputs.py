@@ -28,8 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def stream_copy(tmp_path, bundled: str, name: str, bootstrap: str, partitions: int):
-    text = (ROOT / "configs" / f"{bundled}.toml").read_text()
-    cfg0 = load_config(ROOT / "configs" / f"{bundled}.toml")
+    text = (ROOT / "configs" / "inputs" / f"{bundled}.toml").read_text()
+    cfg0 = load_config(ROOT / "configs" / "inputs" / f"{bundled}.toml")
     text = text.replace(f'name = "{cfg0.stream.name}"', f'name = "{name}"')
     text = text.replace(f'input_topic = "{cfg0.stream.input_topic}"', f'input_topic = "raw.test.{name}"')
     path = tmp_path / f"{name}.toml"
