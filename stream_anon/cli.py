@@ -21,11 +21,27 @@ def _cmd_demo(args) -> int:
 
 
 def _cmd_replay(args) -> int:
+    args.file = args.file or args.file_opt
     from stream_anon import crypto
     from stream_anon.config import load_config
     from stream_anon.kafka.replay import read_jsonl, replay, unit_key_fn
 
     secret = crypto.load_secret()
+    config_path = resolve_config(args.config) if args.config else None
+    config = load_config(config_path) if config_path else None
+    conn = kafka_connection.from_args(args, config_path=config_path)
+    if args.file and config is not None and not config.input.legacy:
+        # a mapped [input]: the file's records go to the topic as they are; the worker maps them
+        from stream_anon.kafka.replay import mapped_messages
+        pairs = mapped_messages(args.file, config, secret, limit=args.events)
+        counts = replay(conn, args.topic, [], key_fn=None, raw_payloads=pairs, secret=secret,
+                        progress=not args.quiet, total=len(pairs))
+        print(json.dumps(counts))
+        return 0
+    if args.file and str(args.file).endswith((".csv", ".csv.gz")):
+        print("stream-anon replay: a CSV file needs --config with an [input] mapping (format = \"csv\")",
+              file=sys.stderr)
+        return 2
     if args.dataset:
         from stream_anon.datasets import load_events
         events = load_events(args.dataset, limit=args.events, full=args.full)
@@ -34,9 +50,7 @@ def _cmd_replay(args) -> int:
     else:
         print("stream-anon replay: give a JSONL FILE or --dataset NAME", file=sys.stderr)
         return 2
-    config_path = resolve_config(args.config) if args.config else None
-    conn = kafka_connection.from_args(args, config_path=config_path)
-    unit = load_config(config_path).stream.privacy_unit if args.config else args.key_field
+    unit = config.stream.privacy_unit if config is not None else args.key_field
     counts = replay(conn, args.topic, events, key_fn=unit_key_fn(unit) if unit else None, secret=secret,
                     progress=not args.quiet)
     print(json.dumps(counts))
@@ -94,8 +108,22 @@ def _cmd_calibrate(args) -> int:
     from stream_anon.calibrate import calibrate
     from stream_anon.datasets import load_events
     from stream_anon.kafka.replay import read_jsonl
-    events = load_events(args.dataset, limit=args.events, full=args.full) if args.dataset else read_jsonl(args.file)
     source = resolve_config(args.config)
+    if args.dataset:
+        events = load_events(args.dataset, limit=args.events, full=args.full)
+    elif not args.file or not Path(args.file).is_file():
+        raise FileNotFoundError(f"calibration sample not found: {args.file}")
+    else:
+        from stream_anon.config import load_config
+        spec = load_config(source).input
+        if spec.legacy:
+            events = read_jsonl(args.file)
+        else:   # a mapped [input]: the file read through the mapping (records it rejects do not calibrate)
+            from stream_anon.inputs import decode_file
+            events, rejected = decode_file(args.file, spec)
+            if rejected:
+                print(f"calibrate: {len(rejected)} records rejected by the mapping, e.g. {rejected[0][2]}",
+                      file=sys.stderr)
     if source != Path(args.config):
         # a bundled config by name: its hierarchy paths are relative to the installed package, so the calibrated
         # copy written elsewhere gets them absolute (the demo's derived config)
@@ -126,6 +154,20 @@ def _cmd_evaluate(args) -> int:
         print(f"stream-anon evaluate: --k must be comma-separated integers, got {args.k!r}", file=sys.stderr)
         return 2
     baselines = () if args.no_baselines else BASELINES
+    if args.file or args.config:
+        if not (args.file and args.config) or args.dataset:
+            print("stream-anon evaluate: your own data needs --config and --file (and no --dataset)", file=sys.stderr)
+            return 2
+        from stream_anon.evaluate import run_own
+        res = run_own(resolve_config(args.config), args.file, strategies, ks, args.out, seed=args.seed,
+                      baselines=baselines)
+        from stream_anon.evaluate import comparison_table
+        print(comparison_table(res["comparison"]), end="")
+        print(f"wrote {args.out}/comparison.md, comparison.json, results.json, results.md and plots")
+        return 0
+    if not args.dataset:
+        print("stream-anon evaluate: give --dataset NAME, or --config C --file F for your own data", file=sys.stderr)
+        return 2
     run(args.dataset, strategies, ks, args.out, l=args.l, full=args.full, limit=args.limit,
         encoding=args.encoding, seed=args.seed, baselines=baselines, fit_time_bounds=args.fit_time_bounds)
     print(f"wrote {args.out}/results.json, results.md and plots")
@@ -167,8 +209,11 @@ def build_parser() -> argparse.ArgumentParser:
     w.set_defaults(func=None)
 
     r = sub.add_parser("replay", help="produce events to a topic with a progress bar",
-                       description="Produce JSON events keyed by the keyed pseudonym of the privacy unit.")
-    r.add_argument("file", nargs="?", help="JSONL file of events")
+                       description="Produce events keyed by the keyed pseudonym of the privacy unit. With a --config "
+                                   "whose [input] maps a format, a CSV or JSONL FILE is produced record by record "
+                                   "as it is (the worker maps it).")
+    r.add_argument("file", nargs="?", help="JSONL file of events, or a CSV/JSONL file of a mapped [input]")
+    r.add_argument("--file", dest="file_opt", default=None, help="same as FILE")
     r.add_argument("--topic", required=True)
     kafka_connection.add_arguments(r)
     r.add_argument("--dataset", choices=DATASET_CHOICES, help="replay a bundled dataset instead of a file")
@@ -219,7 +264,10 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Batch-anonymize a dataset with each strategy at each k (k in distinct "
                                    "individuals); write results.json, results.md and PNG plots to --out.")
     e.add_argument("--dataset", choices=("adult",) + tuple(d for d in DATASET_CHOICES if d != "oyster-cards"),
-                   required=True)
+                   default=None, help="a bundled dataset (or --config and --file for your own data)")
+    e.add_argument("--config", default=None, help=CONFIG_HELP + "; with --file: evaluate your own data through its "
+                                                  "[input] mapping")
+    e.add_argument("--file", default=None, help="CSV or JSONL file of your own events (with --config)")
     e.add_argument("--strategies", default="all", help="comma-separated registered names (default: all)")
     e.add_argument("--k", default="2,5,10", help="comma-separated k values")
     e.add_argument("--l", type=int, default=None, help="l for strategies that take it; rows report l_satisfied")

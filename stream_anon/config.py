@@ -18,6 +18,7 @@ from typing import Any
 from stream_anon.errors import ConfigError
 from stream_anon.formers.minvariant import MInvariantParams
 from stream_anon.hierarchy import Hierarchy
+from stream_anon.inputs import InputConfigError, InputSpec, parse_input
 from stream_anon.strategies import STRATEGIES
 
 QI_KINDS = ("numeric", "timestamp", "categorical", "station", "geopoint")
@@ -233,6 +234,7 @@ class StreamConfig:
     raw: dict = field(default_factory=dict, repr=False)
     dp: "DPConfig | None" = None            # the [dp] / [[aggregates]] tables, when the stream has any
     domains: tuple[SensitiveDomain, ...] = ()   # aligned with ``sensitive`` (undeclared: the ``scalar`` domain)
+    input: InputSpec = field(default_factory=InputSpec)   # the [input] mapping (stream_anon.inputs)
 
     @property
     def identifiers(self) -> tuple[str, ...]:
@@ -593,7 +595,33 @@ def parse_config(raw: dict, base_dir: Path = Path("."), source: Path | None = No
         from stream_anon.dp.specs import parse_dp_config
         dp = parse_dp_config(raw, base_dir)
     return StreamConfig(stream, anonymization, qis, sensitive, invariant, drop, pseudo, limits, source, raw, dp,
-                        domains)
+                        domains, input=_parse_input(raw, stream, qis, sensitive, dp))
+
+
+def _parse_input(raw: dict, stream: StreamSection, qis, sensitive, dp) -> InputSpec:
+    """The [input] table (stream_anon.inputs.mapping): every field the stream reads must be mapped, nothing else."""
+    required = {stream.privacy_unit: "privacy unit", stream.event_time: "event time"}
+    for q in qis:
+        for f in q.fields:
+            required.setdefault(f, f"quasi-identifier {q.name} field")
+    for f in sensitive:
+        required.setdefault(f, "sensitive field")
+    if dp is not None:     # what stream_anon.kafka.aggregates.needed_fields carries to the closed windows
+        fields = [dp.privacy_unit]
+        for s in dp.aggregates:
+            fields += [f for g in s.group_by for f in g.fields] + ([s.value_field] if s.value_field else []) \
+                + [k for k, _ in s.where]
+        for f in fields:
+            required.setdefault(f, "aggregate field")
+    try:
+        spec = parse_input(raw.get("input"), event_time=stream.event_time, event_types=stream.event_types,
+                           required=required)
+    except InputConfigError as exc:
+        raise ConfigError(str(exc)) from None
+    if spec.event_type is not None and spec.event_type not in stream.event_types:
+        raise ConfigError(f"input.event_type: {spec.event_type!r} is not one of stream.event_types "
+                          f"{list(stream.event_types)}")
+    return spec
 
 
 def load_config(path: str | Path) -> StreamConfig:

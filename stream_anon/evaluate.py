@@ -82,6 +82,7 @@ class EvalTable:
     positions: list[PositionSpec] = field(default_factory=list)
     rejected: int = 0
     encoding: str = "hierarchy"
+    times: np.ndarray | None = None  # event times (own data: the engine's windows for the offline baseline)
 
     @property
     def n(self) -> int:
@@ -591,4 +592,249 @@ def run(dataset: str, strategies: list[str], ks: list[int], out: str | Path, l: 
     table = load_table(dataset, full=full, limit=limit, encoding=encoding, fit_time_bounds=fit_time_bounds)
     rows = evaluate(table, strategies, ks, l=l, seed=seed, baselines=baselines, progress=progress)
     write_outputs(rows, out)
+    return rows
+
+
+# -- your own data: a stream config with an [input] mapping and a file (issue 13) ---------------------------
+def read_own_events(config, path) -> tuple[list[dict], list]:
+    """Events of a CSV/JSONL file read through the config's ``[input]`` mapping (a JSONL file of the built-in
+    event shape when it has none), and ``[(message, index, reason)]`` of what the mapping rejected."""
+    from stream_anon.inputs import decode_file
+    from stream_anon.kafka.replay import read_jsonl
+
+    if config.input.legacy:
+        return read_jsonl(path), []
+    return decode_file(path, config.input)
+
+
+def table_from_events(name: str, config, events: list[dict]) -> EvalTable:
+    """An :class:`EvalTable` of mapped events with the QIs, bounds and privacy unit of ``config`` (sensitive: the
+    config's first sensitive field; positions: every geopoint QI, for the AOI attack; no KPI)."""
+    from stream_anon.engine.records import get_path
+
+    space = QISpace(config)
+    qi_fields = [f for q in config.quasi_identifiers for f in q.fields]
+    sensitive = config.sensitive[0] if config.sensitive else None
+    fields = sorted(set(qi_fields) | {config.stream.privacy_unit} | ({sensitive} if sensitive else set()))
+    columns = {f: [get_path(e, f) for e in events] for f in fields}
+    X, reasons = space.encode({f: columns[f] for f in qi_fields})
+    good = np.array([r is None for r in reasons], dtype=bool)
+    X = X[good]
+    col = {f: [v for v, g in zip(values, good) if g] for f, values in columns.items()}
+    n = len(X)
+    units = pd.factorize(pd.Series(col[config.stream.privacy_unit], dtype=object))[0]
+    original = pd.DataFrame(index=pd.RangeIndex(n))
+    cols, weights, hierarchies, bounds, positions = [], {}, {}, {}, []
+    d = 0
+    for qi in config.quasi_identifiers:
+        if qi.kind in ("categorical", "station"):
+            original[qi.name] = [None if v is None else str(v) for v in _coalesce([col[f] for f in qi.fields])]
+            hierarchies[qi.name] = qi.hierarchy
+            cols.append(qi.name)
+            weights[qi.name] = qi.weight
+        else:
+            names = [f"{qi.name}.lat", f"{qi.name}.lon"] if qi.kind == "geopoint" else [qi.name]
+            for axis, c in enumerate(names):
+                x = X[:, d + axis]
+                original[c] = np.where(x < space.lower[d + axis], np.nan, x)
+                bounds[c] = (float(space.lower[d + axis]), float(space.upper[d + axis]))
+                cols.append(c)
+                weights[c] = qi.weight / len(names)
+            if qi.kind == "geopoint":
+                positions.append(PositionSpec(_floats(col[qi.fields[0]]), _floats(col[qi.fields[1]]),
+                                              dims=(d, d + 1)))
+        d += qi.dims
+    if sensitive:
+        original[sensitive] = pd.Series(col[sensitive], dtype=object)
+    original["_individual"] = units
+    table = EvalTable(name, space, X, units, original, cols, weights, hierarchies, bounds, sensitive,
+                      rejected=int((~good).sum()))
+    table.positions = positions
+    times = [get_path(e, config.stream.event_time) for e, g in zip(events, good) if g]
+    from stream_anon.engine.space import parse_time
+    table.times = np.array([t if t is not None else np.nan for t in map(parse_time, times)], dtype=float)
+    return table
+
+
+def _record_ncp(table: EvalTable, anon: Anonymized) -> np.ndarray:
+    """Per-record NCP with the engine's definition (``QISpace.ncp`` of the snapped class box); suppressed = 1."""
+    out = np.ones(table.n)
+    kept = anon.record_class >= 0
+    if kept.any():
+        out[kept] = table.space.ncp(anon.lo, anon.hi)[anon.record_class[kept]]
+    return out
+
+
+def _subset(table: EvalTable, idx: np.ndarray) -> EvalTable:
+    return EvalTable(table.name, table.space, table.X[idx], table.units[idx],
+                     table.original.iloc[idx].reset_index(drop=True), table.columns, table.weights,
+                     table.hierarchies, table.bounds, table.sensitive)
+
+
+def streaming_ncp(config, events: list[dict], secret: bytes = b"evaluate") -> dict:
+    """Run the streaming engine over ``events`` in file order (one partition), flush, and measure: NCP over every
+    event the engine accepted (published records at their class's NCP, suppressed = 1), NCP of the published
+    records, suppression ratio, releases."""
+    from stream_anon.engine import Engine
+
+    engine = Engine(config, partition=0, secret=secret)
+    t0 = time.perf_counter()
+    res = engine.process(events)
+    res.extend(engine.flush())
+    runtime = time.perf_counter() - t0
+    ncp_sum, published, suppressed = 0.0, 0, 0
+    for rel in res.releases:
+        real = rel.record_ncp if rel.record_counterfeit is None else rel.record_ncp[~rel.record_counterfeit]
+        ncp_sum += float(real.sum())
+        published += len(real)
+        suppressed += sum(len(v) for v in rel.suppressed_tokens.values())
+    n = published + suppressed
+    return {"events": len(events), "rejected": len(res.rejected), "releases": len(res.releases),
+            "published": published, "suppressed": suppressed,
+            "ncp": (ncp_sum + suppressed) / n if n else None,
+            "ncp_released": ncp_sum / published if published else None,
+            "suppression_ratio": suppressed / n if n else None, "runtime_s": runtime}
+
+
+def offline_mondrian(table: EvalTable, k: int, window_s: float | None = None, seed: int = 0) -> dict:
+    """Offline Mondrian (k in distinct individuals) on the whole table, or per window of the streaming engine
+    (``arrival_windows`` of the event times in file order: the engine's definition) when ``window_s`` is given."""
+    from stream_anon.engine import arrival_windows
+    from stream_anon.strategies.mondrian import Mondrian
+
+    t0 = time.perf_counter()
+    ncp = np.ones(table.n)
+    if window_s is None:
+        groups = [np.arange(table.n)]
+    else:
+        w = arrival_windows(np.nan_to_num(table.times, nan=-np.inf), window_s)
+        groups = [np.flatnonzero(w == x) for x in np.unique(w)]
+    for idx in groups:
+        sub = _subset(table, idx)
+        ncp[idx] = _record_ncp(sub, anonymize(sub, Mondrian(), k, seed))
+    return {"ncp": float(ncp.mean()) if table.n else None, "windows": len(groups),
+            "suppression_ratio": float((ncp == 1).mean()) if table.n else None,
+            "runtime_s": time.perf_counter() - t0}
+
+
+def run_own(config_path, file, strategies: list[str], ks: list[int], out, seed: int = 0,
+            baselines=BASELINES, progress=print) -> dict:
+    """``stream-anon evaluate --config C --file F``: the file through the config's mapping; per k, the streaming
+    engine with each strategy against offline Mondrian on the same windows and on the whole table (NCP with the
+    engine's definition, suppressed records at 1); plus the batch rows of :func:`evaluate` on the whole table."""
+    from stream_anon.config import ConfigError, load_config
+
+    config = load_config(config_path)
+    events, rejected = read_own_events(config, file)
+    table = table_from_events(config.stream.name, config, events)
+    progress(f"{file}: {len(events)} events mapped, {len(rejected)} rejected by the mapping, "
+             f"{table.rejected} by the quasi-identifiers; {table.n} in the table")
+    comparison = []
+    for k in ks:
+        off_w = offline_mondrian(table, k, config.anonymization.window_s, seed)
+        off_t = offline_mondrian(table, k, None, seed)
+        for name in strategies:
+            row = {"strategy": name, "k": k, "n": table.n, "windows": off_w["windows"],
+                   "offline_mondrian_windows_ncp": off_w["ncp"], "offline_mondrian_table_ncp": off_t["ncp"],
+                   "offline_mondrian_windows_suppression": off_w["suppression_ratio"]}
+            try:
+                cfg = config.replace_anonymization(strategy=name, k=k)
+                s = streaming_ncp(cfg, events)
+                row.update({f"streaming_{key}": v for key, v in s.items()})
+            except (ConfigError, ValueError) as exc:
+                row["error"] = str(exc)
+            comparison.append(row)
+            progress(_own_summary(row))
+    rows = evaluate(table, strategies, ks, seed=seed, baselines=baselines, progress=progress)
+    written = write_outputs(rows, out)
+    out = Path(out)
+    (out / "comparison.json").write_text(json.dumps(comparison, indent=1, default=_json_default) + "\n")
+    (out / "comparison.md").write_text(comparison_table(comparison))
+    return {"comparison": comparison, "rows": rows, "mapping_rejected": len(rejected),
+            "written": written + [out / "comparison.json", out / "comparison.md"]}
+
+
+def _fmt(v, f="{:.4f}"):
+    return "-" if v is None else f.format(v)
+
+
+def _own_summary(row: dict) -> str:
+    if "error" in row:
+        return f"{row['strategy']} k={row['k']}: error: {row['error']}"
+    return (f"{row['strategy']} k={row['k']}: streaming ncp={_fmt(row['streaming_ncp'])} "
+            f"(supp {_fmt(row['streaming_suppression_ratio'])}, {row['streaming_releases']} releases) | offline "
+            f"Mondrian same windows ncp={_fmt(row['offline_mondrian_windows_ncp'])} "
+            f"({row['windows']} windows), whole table ncp={_fmt(row['offline_mondrian_table_ncp'])}")
+
+
+def comparison_table(rows: list[dict]) -> str:
+    lines = ["| strategy | k | records | streaming NCP | streaming suppression | releases | offline Mondrian, "
+             "same windows | offline Mondrian, whole table | error |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['strategy']} | {r['k']} | {r['n']} | {_fmt(r.get('streaming_ncp'))} | "
+                     f"{_fmt(r.get('streaming_suppression_ratio'))} | {r.get('streaming_releases', '-')} | "
+                     f"{_fmt(r['offline_mondrian_windows_ncp'])} | {_fmt(r['offline_mondrian_table_ncp'])} | "
+                     f"{r.get('error', '')} |")
+    return "\n".join(lines) + "\n"
+
+
+# -- input formats: events/s of decoding and of the worker's in-process path --------------------------------
+def format_throughput(batch: int = 1000, repeat: int = 3) -> list[dict]:
+    """Events/s per input format on the bundled data, in process (no broker): ``decode`` = the message decoder
+    alone (``check_payload`` for the built-in JSON shape); ``worker`` = ``WorkerCore._compute`` in batches of
+    ``batch`` messages on one partition (decode, reader, engine, serialization of every output message), best of
+    ``repeat`` runs (each). The decoder's caches (parsed times) are warm after the first run. Inputs: Citi Bike trips as built-in JSON events and as CSV records (20,000), the OBD-II
+    readings as Tesla payloads in protobuf and protojson (8,261), Citi Bike as GTFS-realtime feeds (20,000
+    vehicles in 15-minute snapshots)."""
+    import tempfile
+
+    import orjson
+
+    from stream_anon.config import load_config
+    from stream_anon.datasets import load_events
+    from stream_anon.inputs import Decoder, file_messages
+    from stream_anon.inputs.samples import gtfs_feeds, tesla_payloads
+    from stream_anon.kafka.core import WorkerCore, check_payload
+
+    checkout = Path(__file__).resolve().parents[1] / "configs"     # a source checkout, else the installed configs
+    cfg_dir = checkout if (checkout / "inputs" / "obd2-tesla.toml").is_file() else contract.configs_dir()
+    cases = [("json (built-in shape)", "citibike", [orjson.dumps(e) for e in load_events("citibike")]),
+             ("csv", "citibike-csv", None),
+             ("tesla-fleet-telemetry protobuf", "obd2-tesla", tesla_payloads("protobuf")),
+             ("tesla-fleet-telemetry json", "obd2-tesla", tesla_payloads("json")),
+             ("gtfs-realtime", "citibike-gtfs", gtfs_feeds())]
+    rows = []
+    for label, name, messages in cases:
+        cfg = load_config(cfg_dir / f"{name}.toml" if name == "citibike" else cfg_dir / "inputs" / f"{name}.toml")
+        if messages is None:
+            messages = list(file_messages(contract.data_path("citibike_slice.csv.gz"), cfg.input))
+        t_dec = None
+        for _ in range(repeat):
+            if cfg.input.legacy:
+                t0 = time.perf_counter()
+                n_events = sum(1 for m in messages if check_payload(m, cfg) is not None)
+            else:
+                dec = Decoder(cfg.input, cfg.limits.max_event_bytes)
+                t0 = time.perf_counter()
+                n_events = sum(max(1, len(dec.decode(m, "t", 0, i).events)) for i, m in enumerate(messages))
+            dt = time.perf_counter() - t0
+            t_dec = dt if t_dec is None else min(t_dec, dt)
+        best = None
+        for _ in range(repeat):
+            with tempfile.TemporaryDirectory() as state:
+                core = WorkerCore(cfg, state, "bench", b"bench-secret-0123456789abcdef", send=None)
+                ps = core.part(0)
+                msgs = list(enumerate(messages))
+                events_in = 0
+                t0 = time.perf_counter()
+                for start in range(0, len(msgs), batch):
+                    res = core._compute(ps, msgs[start:start + batch])
+                    ps.offset = res["last"]
+                    events_in += res["counts"]["events_in"]
+                res = core._compute(ps, [], flush=True)
+                dt = time.perf_counter() - t0
+            best = dt if best is None else min(best, dt)
+        rows.append({"format": label, "config": name, "messages": len(messages), "events": events_in,
+                     "bytes_per_message": round(sum(map(len, messages)) / len(messages), 1),
+                     "decode_events_per_s": round(n_events / t_dec), "worker_events_per_s": round(events_in / best)})
     return rows

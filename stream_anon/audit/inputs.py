@@ -39,15 +39,63 @@ def outputs_part(outputs: Any, name: str) -> list:
     return list(getattr(outputs, name, None) or [])
 
 
-def source_key(src: Any) -> tuple[str, int, int] | None:
-    """``(topic, partition, offset)`` from a tuple or a dead letter's ``source`` dict; None if malformed."""
+def source_key(src: Any) -> tuple | None:
+    """``(topic, partition, offset)`` from a tuple or a dead letter's ``source`` dict; None if malformed.
+
+    An event inside a multi-event message (``[input] format = "gtfs-realtime"``) has the key
+    ``(topic, partition, offset, index)``: a dead letter's source then carries ``index``."""
     try:
         if isinstance(src, dict):
-            return (str(src["topic"]), int(src["partition"]), int(src["offset"]))
+            key = (str(src["topic"]), int(src["partition"]), int(src["offset"]))
+            return key + (int(src["index"]),) if src.get("index") is not None else key
+        if len(src) == 4:
+            topic, partition, offset, index = src
+            return (str(topic), int(partition), int(offset), int(index))
         topic, partition, offset = src
         return (str(topic), int(partition), int(offset))
     except (KeyError, TypeError, ValueError):
         return None
+
+
+def raw_decoder(config_path) -> Any:
+    """A function decoding the raw messages of a stream whose TOML has a mapped ``[input]`` (None for the built-in
+    JSON shape, which the audit parses as it is). The TOML is read here with tomllib, the decoding done by
+    :mod:`stream_anon.inputs` (independent of the engine and its config module)."""
+    import tomllib
+    from pathlib import Path
+
+    from stream_anon.inputs import Decoder, parse_input
+
+    raw = tomllib.loads(Path(config_path).read_text())
+    stream = raw.get("stream", {})
+    spec = parse_input(raw.get("input"), event_time=stream.get("event_time", "event_time"),
+                       event_types=tuple(stream.get("event_types", ())))
+    if spec.legacy:
+        return None
+    decoder = Decoder(spec, max_bytes=int(raw.get("limits", {}).get("max_event_bytes", 65536)))
+    return lambda raw_events: decode_raw(raw_events, decoder)
+
+
+def decode_raw(raw_events: Iterable, decoder) -> list[tuple]:
+    """Raw messages of a mapped input -> ``(source, event)`` pairs, one per input event, as the worker counts them
+    (stream_anon.inputs.decode): an unreadable message is one event without content (``None``: it must be
+    dead-lettered at the message's source); a message of N events gives N pairs, their source with the event's
+    index when the format holds several events per message. Events that fail the mapping keep what could be read
+    (their derived event id, hence their token)."""
+    out = []
+    for source, payload in raw_events:
+        key = source_key(source)
+        if key is None:
+            out.append((source, None))
+            continue
+        topic, partition, offset = key[:3]
+        d = decoder.decode(payload, topic, partition, offset)
+        if d.reason:
+            out.append((key, None))
+            continue
+        for i, event in enumerate(d.events):
+            out.append(((*key, i) if decoder.spec.multi else key, event))
+    return out
 
 
 def parse_raw(raw_events: Iterable, secret: bytes, privacy_unit: str) -> list[RawEvent]:

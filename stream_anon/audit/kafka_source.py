@@ -16,7 +16,7 @@ from stream_anon.connection import as_connection
 from stream_anon.contract import topics
 
 from .config import AuditConfig
-from .inputs import AuditOutputs
+from .inputs import AuditOutputs, raw_decoder
 from .report import AuditReport
 from .run import audit
 
@@ -112,6 +112,9 @@ def audit_from_kafka(bootstrap, config_path: str | Path, secret: bytes | str, ra
     if cfg.stream is None:
         raise ValueError(f"{config_path}: [stream] name is required to find the output topics")
     raw = read_topic(bootstrap, raw_topic, idle_s=idle_s, max_wait_s=max_wait_s)
+    decode = raw_decoder(config_path)      # a mapped [input] (csv, tesla-fleet-telemetry, gtfs-realtime, ...)
+    if decode is not None:
+        raw = decode(raw)
     outputs = read_outputs(bootstrap, cfg.stream, idle_s=idle_s, max_wait_s=max_wait_s)
     alerts = read_alerts(bootstrap, cfg.stream, idle_s=idle_s, max_wait_s=max_wait_s) if health else None
     return audit(raw, outputs, secret.encode() if isinstance(secret, str) else secret, cfg, alerts=alerts)

@@ -27,6 +27,7 @@ from stream_anon import crypto
 from stream_anon.contract import topics
 from stream_anon.engine import Engine, get_path
 from stream_anon.events import schema_reason
+from stream_anon.inputs import Decoder
 from stream_anon.kafka import aggregates
 
 log = logging.getLogger("stream_anon.worker")
@@ -152,6 +153,8 @@ class WorkerCore:
         self.alerts: dict[str, int] = {}                         # alert name -> times raised
         self._last_metric = (time.monotonic(), 0)
         self.alert_log = AlertLog()
+        # [input] mapping (stream_anon.inputs); None: the built-in JSON shape, checked by check_payload
+        self.decoder = None if config.input.legacy else Decoder(config.input, config.limits.max_event_bytes)
 
     # ---- partitions
     def open_partition(self, partition: int, doc: dict | None = None) -> PartitionState:
@@ -194,7 +197,8 @@ class WorkerCore:
 
     # ---- outputs
     def _deadletter_doc(self, reason, partition, offset, raw: bytes | None = None,
-                        event: dict | None = None) -> tuple[str, bytes, bytes]:
+                        event: dict | None = None, index: int | None = None,
+                        opaque: bool = False) -> tuple[str, bytes, bytes]:
         """A dead letter: reason, source coordinates, the event's audit token when it has an event id, and the
         payload with the identifier fields (privacy unit, ``identifiers.pseudonymize``) replaced by their keyed
         pseudonyms and ``identifiers.drop`` removed. A payload that is not a JSON object cannot be searched for
@@ -202,7 +206,10 @@ class WorkerCore:
         doc = {"reason": reason, "stream": self.stream,
                "source": {"topic": self.topic, "partition": partition, "offset": offset},
                "received_at": _now_iso(), "kid": self.kid}
-        if event is None and raw is not None:
+        if index is not None:       # the event's position inside a multi-event message (stream_anon.inputs)
+            doc["source"]["index"] = index
+        if event is None and raw is not None and not opaque:   # opaque: a mapped format's raw message is never
+            # searched for identifiers (its fields are not the engine's): withheld unless raw_deadletters
             try:
                 event = orjson.loads(raw)
             except ValueError:
@@ -227,7 +234,8 @@ class WorkerCore:
         else:
             text = None
             if raw is not None:
-                doc["payload_withheld"] = "not a JSON object: identifiers cannot be located"
+                doc["payload_withheld"] = ("raw message of a mapped input: identifiers cannot be located" if opaque
+                                           else "not a JSON object: identifiers cannot be located")
                 doc["payload_bytes"] = len(raw)
                 doc["payload_sha256"] = hashlib.sha256(raw).hexdigest()
         if text is not None:
@@ -297,13 +305,31 @@ class WorkerCore:
                 out.counts["skipped"] += 1
                 continue
             last = off
-            out.counts["events_in"] += 1
-            reason, event = check_payload(raw, self.config)
-            if reason:
-                self._deadletter(out, reason, ps.partition, off, raw=raw)
-            else:
-                good.append(event)
-                offsets.append(off)
+            if self.decoder is None:
+                out.counts["events_in"] += 1
+                reason, event = check_payload(raw, self.config)
+                if reason:
+                    self._deadletter(out, reason, ps.partition, off, raw=raw)
+                else:
+                    good.append(event)
+                    offsets.append(off)
+                continue
+            # mapped input: an unreadable message is one event (dead letter at its offset); a message of N events
+            # is N events (stream_anon.inputs.decode), each dead-lettered on its own (with its index when the
+            # format holds several per message)
+            d = self.decoder.decode(raw, self.topic, ps.partition, off)
+            if d.reason:
+                out.counts["events_in"] += 1
+                self._deadletter(out, d.reason, ps.partition, off, raw=raw, opaque=True)
+                continue
+            for i, (event, reason) in enumerate(zip(d.events, d.reasons)):
+                out.counts["events_in"] += 1
+                source = (off, i) if self.config.input.multi else off
+                if reason:
+                    self._deadletter(out, reason, ps.partition, source, event=event)
+                else:
+                    good.append(event)
+                    offsets.append(source)
         out.last_offset = last
         if good:
             out.engine_input = True
@@ -413,8 +439,12 @@ class WorkerCore:
             out.messages.extend(msgs_dp)
             out.counts["aggregate_rows"] += n
 
-    def _deadletter(self, out: BatchOutput, reason: str, partition: int, offset, raw=None, event=None) -> None:
-        out.messages.append(self._deadletter_doc(reason, partition, offset, raw=raw, event=event))
+    def _deadletter(self, out: BatchOutput, reason: str, partition: int, source, raw=None, event=None,
+                    opaque: bool = False) -> None:
+        """``source``: the input offset, or (offset, index) of one event of a multi-event message."""
+        offset, index = source if isinstance(source, tuple) else (source, None)
+        out.messages.append(self._deadletter_doc(reason, partition, offset, raw=raw, event=event, index=index,
+                                                 opaque=opaque))
         out.counts["dead_letters"] += 1
         key = reason.split(":", 1)[0]
         self.by_reason["dead_letters"][key] = self.by_reason["dead_letters"].get(key, 0) + 1

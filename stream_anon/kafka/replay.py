@@ -154,3 +154,28 @@ def read_jsonl(path: str | Path) -> list[dict]:
 def replay_file(path: str | Path, topic: str, bootstrap: str, key_fn=None, **kwargs) -> dict:
     """Replay a JSONL file (one event per line) with :func:`replay`."""
     return replay(bootstrap, topic, read_jsonl(path), key_fn, **kwargs)
+
+
+def mapped_messages(path: str | Path, config, secret: bytes, limit: int | None = None) -> list[tuple[bytes | None,
+                                                                                                    bytes]]:
+    """``(key, message)`` pairs of a CSV or JSONL file for a stream with a mapped ``[input]``: the messages go to
+    the raw topic as they are in the file (a CSV record as one CSV line), keyed by the keyed pseudonym of the
+    privacy unit the mapping reads from them (no key when it cannot: the worker then dead-letters the message)."""
+    from stream_anon.inputs import Decoder, file_messages
+
+    decoder = Decoder(config.input, max_bytes=1 << 30)
+    unit_path = config.stream.privacy_unit
+    out, cache = [], {}
+    for n, raw in enumerate(file_messages(path, config.input)):
+        if limit is not None and n >= limit:
+            break
+        d = decoder.decode(raw, "replay", 0, n)
+        unit = _dotted(d.events[0], unit_path) if d.events else None
+        key = None
+        if unit is not None:
+            unit = str(unit)
+            key = cache.get(unit)
+            if key is None:
+                key = cache[unit] = crypto.pseudonym(secret, unit).encode()
+        out.append((key, raw))
+    return out

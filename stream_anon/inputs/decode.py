@@ -1,0 +1,321 @@
+"""One raw message (bytes) -> zero or more mapped events, or the reason it cannot be read.
+
+A *source record* is what a format holds per event (a JSON object; a CSV record as ``{column: text}``; a Tesla
+``Payload`` as ``{"vin", "created_at", "is_resend", "<Field name>": value}``; a GTFS-realtime vehicle as
+``{"entity_id", "header_timestamp", "vehicle": {...}, "trip": {...}, "position": {...}, "timestamp", ...}``). The
+mapping then picks, casts and converts the configured fields into a *mapped event*: a nested dict holding only the
+mapped engine fields, ``event_id`` and ``event_type`` (never anything else of the source).
+
+Accounting (the worker and the audit count alike): a message that cannot be read at all (oversized, not the
+format, a feed without any vehicle) is ONE input event, dead-lettered at the message's source
+``(topic, partition, offset)``; a message that holds N >= 1 events is N input events, each published,
+suppressed, deferred or dead-lettered on its own. For gtfs-realtime (several events per message) an event's
+dead letter names its position: source ``(topic, partition, offset, index)``.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import math
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from functools import lru_cache
+from typing import Iterator
+
+import orjson
+
+from stream_anon.inputs.mapping import FieldSpec, InputSpec
+
+
+@dataclass
+class Decoded:
+    """The outcome for one message: ``reason`` (the whole message is unreadable), or ``events`` (N >= 1 mapped
+    events, partial when their ``reasons[i]`` is set: the mapped fields that could be read, for the dead letter)."""
+    reason: str | None
+    events: list[dict]
+    reasons: list[str | None]
+
+
+class _Missing:
+    pass
+
+
+MISSING = _Missing()
+
+
+def derived_event_id(topic: str, partition: int, offset: int, index: int | None = None) -> str:
+    """``<topic>:<partition>:<offset>`` (``:<index>`` inside a multi-event message).
+
+    >>> derived_event_id("raw.v", 2, 17), derived_event_id("feed", 0, 3, 5)
+    ('raw.v:2:17', 'feed:0:3:5')
+    """
+    base = f"{topic}:{partition}:{offset}"
+    return base if index is None else f"{base}:{index}"
+
+
+class Decoder:
+    """Decodes raw messages of one stream's ``[input]`` (not for the built-in JSON shape: the worker keeps its
+    schema check for that)."""
+
+    def __init__(self, spec: InputSpec, max_bytes: int = 65536):
+        if spec.legacy:
+            raise ValueError("the built-in JSON event shape has no mapping decoder (the worker checks its schema)")
+        self.spec, self.max_bytes = spec, max_bytes
+        self._records = {"json": self._json_records, "csv": self._csv_records,
+                         "tesla-fleet-telemetry": self._tesla_records,
+                         "gtfs-realtime": self._gtfs_records}[spec.format]
+        self._has_id = any(f.name == "event_id" for f in spec.fields)
+
+    # ---- one message
+    def decode(self, raw: bytes | None, topic: str, partition: int, offset: int) -> Decoded:
+        if raw is None:
+            return Decoded("empty payload", [], [])
+        if len(raw) > self.max_bytes:
+            return Decoded(f"oversized payload: {len(raw)} bytes > limit {self.max_bytes}", [], [])
+        try:
+            records = self._records(raw)
+        except ValueError as exc:
+            return Decoded(str(exc), [], [])
+        if not records:
+            return Decoded(f"{self.spec.format}: message holds no event", [], [])
+        multi = self.spec.multi
+        events, reasons = [], []
+        for i, rec in enumerate(records):
+            event, reason = self.map_record(rec, derived_event_id(topic, partition, offset, i if multi else None))
+            events.append(event)
+            reasons.append(reason)
+        return Decoded(None, events, reasons)
+
+    def map_record(self, rec: dict, default_id: str) -> tuple[dict, str | None]:
+        """(mapped event, first reason or None); the event holds every field that could be read."""
+        event: dict = {}
+        reason = None
+        for f in self.spec.fields:
+            value, why = self._value(f, rec)
+            if why is not None:
+                reason = reason or why
+                continue
+            _put(event, f.name, value)
+        if not self._has_id:
+            event["event_id"] = default_id
+        elif not isinstance(event.get("event_id"), str):
+            if "event_id" in event:
+                event["event_id"] = str(event["event_id"])
+        if self.spec.event_type is not None:
+            event["event_type"] = self.spec.event_type
+        return event, reason
+
+    def _value(self, f: FieldSpec, rec: dict):
+        if f.has_const:
+            value = f.const
+        else:
+            value = _lookup(rec, f)
+        if value is MISSING or value is None or (isinstance(value, str) and value in self.spec.null_values):
+            if f.optional:
+                return None, None
+            return None, f"{f.name}: missing (input {f.source})"
+        if f.time_format is not None:
+            return _time(value, f)
+        if f.cast is not None:
+            return _cast(value, f)
+        if isinstance(value, (dict, list)):
+            return None, f"{f.name}: expected a single value, got {'an object' if isinstance(value, dict) else 'a list'} " \
+                         f"(input {f.source})"
+        if isinstance(value, float) and not math.isfinite(value):
+            return None, f"{f.name}: not a finite number (input {f.source})"
+        return value, None
+
+    # ---- formats -> source records
+    def _json_records(self, raw: bytes) -> list[dict]:
+        try:
+            obj = orjson.loads(raw)
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise ValueError(f"malformed JSON: {exc}") from None
+        if not isinstance(obj, dict):
+            raise ValueError(f"malformed event: expected a JSON object, got {type(obj).__name__}")
+        return [obj]
+
+    def _csv_records(self, raw: bytes) -> list[dict]:
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"csv: not UTF-8 text: {exc}") from None
+        rows = list(csv.reader(io.StringIO(text), delimiter=self.spec.delimiter))
+        rows = [r for r in rows if r]
+        if len(rows) != 1:
+            raise ValueError(f"csv: a message is one record, got {len(rows)}")
+        row, cols = rows[0], self.spec.columns
+        if len(row) != len(cols):
+            raise ValueError(f"csv: expected {len(cols)} columns (input.columns), got {len(row)}")
+        return [dict(zip(cols, row))]
+
+    def _tesla_records(self, raw: bytes) -> list[dict]:
+        from stream_anon.inputs import tesla
+        return [tesla.payload_record(raw, self.spec.encoding)]
+
+    def _gtfs_records(self, raw: bytes) -> list[dict]:
+        from stream_anon.inputs import gtfs
+        return gtfs.vehicle_records(raw)
+
+
+# ---- field extraction
+def _lookup(rec, f: FieldSpec):
+    if not f.pointer and isinstance(rec, dict) and f.source in rec:
+        return rec[f.source]
+    cur = rec
+    for part in f.parts:
+        if isinstance(cur, dict):
+            if part not in cur:
+                return MISSING
+            cur = cur[part]
+        elif isinstance(cur, list) and f.pointer and part.isdigit():
+            i = int(part)
+            if i >= len(cur):
+                return MISSING
+            cur = cur[i]
+        else:
+            return MISSING
+    return cur
+
+
+def _put(event: dict, name: str, value) -> None:
+    parts = name.split(".")
+    cur = event
+    for p in parts[:-1]:
+        cur = cur.setdefault(p, {})
+    cur[parts[-1]] = value
+
+
+_TRUE, _FALSE = {"true", "1", "yes", "y", "t"}, {"false", "0", "no", "n", "f"}
+
+
+def _cast(value, f: FieldSpec):
+    bad = f"{f.name}: cannot cast {value!r} to {f.cast} (input {f.source})"
+    if isinstance(value, (dict, list)):
+        return None, bad
+    if f.cast == "str":
+        return (("true" if value else "false") if isinstance(value, bool) else str(value)), None
+    if f.cast == "bool":
+        if isinstance(value, bool):
+            return value, None
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value), None
+        if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+            return value.strip().lower() in _TRUE, None
+        return None, bad
+    if isinstance(value, bool):
+        return None, bad
+    try:
+        if f.cast == "int":
+            if isinstance(value, float):
+                if not value.is_integer():
+                    return None, bad
+                return int(value), None
+            return int(value.strip() if isinstance(value, str) else value), None
+        x = float(value.strip() if isinstance(value, str) else value)
+    except (ValueError, TypeError, OverflowError):
+        return None, bad
+    if not math.isfinite(x):
+        return None, f"{f.name}: not a finite number: {value!r} (input {f.source})"
+    return x, None
+
+
+def _time(value, f: FieldSpec):
+    if isinstance(value, (str, int, float)):     # times repeat at the source's resolution: parse each once
+        return _time_cached(value, type(value), f)
+    return _time_parse(value, f)
+
+
+@lru_cache(maxsize=65536)
+def _time_cached(value, _type, f: FieldSpec):
+    return _time_parse(value, f)
+
+
+def _time_parse(value, f: FieldSpec):
+    fmt = f.time_format
+    try:
+        if fmt in ("epoch_s", "epoch_ms") or (fmt == "auto" and isinstance(value, (int, float))
+                                              and not isinstance(value, bool)):
+            if isinstance(value, bool):
+                raise ValueError
+            x = float(value)
+            if fmt == "epoch_ms":
+                x /= 1000.0
+            if not math.isfinite(x):
+                raise ValueError
+            return datetime.fromtimestamp(x, tz=timezone.utc).isoformat(), None
+        if not isinstance(value, str):
+            raise ValueError
+        dt = datetime.strptime(value.strip(), fmt) if "%" in fmt else datetime.fromisoformat(value.strip())
+    except (ValueError, TypeError, OverflowError, OSError):
+        want = "an ISO-8601 time" if fmt in ("auto", "iso") else f"a time in format {fmt!r}"
+        return None, f"{f.name}: expected {want}, got {value!r} (input {f.source})"
+    if dt.tzinfo is None or dt.utcoffset() is None:
+        if f.tz is None:
+            return None, f"{f.name}: time {value!r} has no UTC offset and input.timezone is not set " \
+                         f"(input {f.source})"
+        dt = dt.replace(tzinfo=f.tz)
+    return dt.isoformat(), None
+
+
+# ---- files (replay, evaluate, calibrate)
+def file_messages(path, spec: InputSpec) -> Iterator[bytes]:
+    """The messages a file holds for this stream's format: a CSV file's records (header checked against
+    ``input.columns``, each record re-serialized as one CSV line) or a JSONL file's lines."""
+    from pathlib import Path
+
+    path = Path(path)
+    opener = _open_text(path)
+    if spec.format == "csv":
+        with opener() as fh:
+            reader = csv.reader(fh, delimiter=spec.delimiter)
+            header = next(reader, None)
+            if header is None:
+                return
+            if tuple(header) != spec.columns:
+                raise ValueError(f"{path}: header {header} differs from input.columns {list(spec.columns)}")
+            for row in reader:
+                if not row:
+                    continue
+                buf = io.StringIO()
+                csv.writer(buf, delimiter=spec.delimiter, lineterminator="").writerow(row)
+                yield buf.getvalue().encode("utf-8")
+        return
+    if spec.format in ("json", "tesla-fleet-telemetry"):
+        with opener() as fh:
+            for line in fh:
+                line = line.strip()
+                if line:
+                    yield line.encode("utf-8")
+        return
+    raise ValueError(f"{path}: files of format {spec.format!r} are not read line by line (produce the binary "
+                     "messages with a Kafka producer)")
+
+
+def _open_text(path):
+    import gzip
+
+    if str(path).endswith(".gz"):
+        return lambda: gzip.open(path, "rt", encoding="utf-8", newline="")
+    return lambda: open(path, encoding="utf-8", newline="")
+
+
+def decode_file(path, spec: InputSpec, max_bytes: int = 1 << 30, topic: str | None = None):
+    """(events accepted by the mapping, [(message number, index, reason)] of the rest) for a whole file; derived
+    event ids use ``topic`` (default: the file name), partition 0 and the message number as offset."""
+    from pathlib import Path
+
+    topic = topic or Path(path).name
+    decoder = Decoder(spec, max_bytes=max_bytes)
+    events, rejected = [], []
+    for n, raw in enumerate(file_messages(path, spec)):
+        d = decoder.decode(raw, topic, 0, n)
+        if d.reason:
+            rejected.append((n, None, d.reason))
+            continue
+        for i, (e, r) in enumerate(zip(d.events, d.reasons)):
+            if r is None:
+                events.append(e)
+            else:
+                rejected.append((n, i, r))
+    return events, rejected

@@ -1,0 +1,252 @@
+"""The ``[input]`` table of a stream config: which format the raw topic carries and where each engine field comes
+from. Parsed and validated here (errors name the key, e.g. ``input.fields.speed_kmh.cast: ...``), without the
+engine's config module: the audit parses the same table to decode the raw topic on its own.
+
+::
+
+    [input]
+    format = "csv"                      # json (default) | csv | tesla-fleet-telemetry | gtfs-realtime
+    columns = ["tripduration", "starttime", ...]   # csv: the column names of each record (the file's header)
+    null_values = ["", "NULL"]          # strings that mean "no value" (csv default [""], else [])
+    timezone = "America/New_York"       # default zone of times written without a UTC offset
+    event_type = "trip"                 # constant event type (default: the stream's only event type)
+
+    [input.fields]                      # engine field = source (a dotted path, or a table)
+    vehicle_id = "bikeid"
+    event_time = { path = "starttime", time_format = "%Y-%m-%d %H:%M:%S" }
+    latitude = { path = "start station latitude", cast = "float" }
+    "signals.birth_year" = { path = "birth year", cast = "float", optional = true }
+    rpm = { pointer = "/signals/engine~1rpm", cast = "float" }
+
+A field table takes ``path`` (dotted; a key that itself contains dots is found first) or ``pointer`` (RFC 6901
+JSON pointer), or ``value`` (a constant); ``cast`` (int, float, str, bool); ``optional`` (a missing value is null
+instead of a dead letter); for times ``time_format`` (``iso``, ``epoch_s``, ``epoch_ms`` or a ``strptime``
+pattern) and ``timezone``. The stream's event time is always a time field (default format: ISO-8601 text, or
+epoch seconds when the value is a number); another field becomes one by naming a ``time_format``.
+
+``format = "json"`` with no ``[input.fields]`` is the built-in event shape (docs/contracts.md section 1): the kind's
+JSON Schema, no mapping. Every other case is a mapped input: only mapped fields (plus ``event_id`` and
+``event_type``) reach the engine; nothing else of the source is passed through.
+
+Event ids: a mapped ``event_id`` field, else derived from where the message was read,
+``<topic>:<partition>:<offset>`` (and ``:<index>`` for formats whose message holds several events, i.e.
+gtfs-realtime), so the worker and the audit derive the same id, hence the same audit token.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timezone as _tz
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+FORMATS = ("json", "csv", "tesla-fleet-telemetry", "gtfs-realtime")
+MULTI_EVENT_FORMATS = ("gtfs-realtime",)          # one message may hold several events
+CASTS = ("int", "float", "str", "bool")
+TIME_FORMATS = ("iso", "epoch_s", "epoch_ms")
+TESLA_ENCODINGS = ("auto", "protobuf", "json")
+_TABLE_KEYS = {"path", "pointer", "value", "cast", "optional", "time_format", "timezone"}
+_INPUT_KEYS = {"format", "fields", "columns", "delimiter", "null_values", "timezone", "event_type", "encoding"}
+
+
+class InputConfigError(ValueError):
+    """An invalid ``[input]`` table; the message starts with the key (``input.fields.x.cast: ...``)."""
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    name: str                                 # engine field (dotted path of the event the engine reads)
+    source: str                               # as written in the config, for reasons
+    parts: tuple[str, ...] = ()               # path segments (dotted path) or pointer tokens
+    pointer: bool = False
+    const: object = None
+    has_const: bool = False
+    cast: str | None = None
+    optional: bool = False
+    time_format: str | None = None            # set for time fields
+    tz: object = None                         # ZoneInfo for naive times
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    format: str = "json"
+    fields: tuple[FieldSpec, ...] = ()
+    columns: tuple[str, ...] = ()
+    delimiter: str = ","
+    null_values: frozenset = frozenset()
+    event_type: str | None = None             # constant, when event_type is not a mapped field
+    encoding: str = "auto"                    # tesla-fleet-telemetry: protobuf, json or auto (by first byte)
+    raw: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def legacy(self) -> bool:
+        """The built-in JSON event shape (schema-checked, no mapping): today's behaviour."""
+        return self.format == "json" and not self.fields
+
+    @property
+    def multi(self) -> bool:
+        return self.format in MULTI_EVENT_FORMATS
+
+    @property
+    def field_names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.fields)
+
+
+def _err(key: str, msg: str) -> InputConfigError:
+    return InputConfigError(f"{key}: {msg}")
+
+
+def _zone(name, key: str):
+    if not isinstance(name, str) or not name:
+        raise _err(key, f"expected an IANA time zone name, got {name!r}")
+    if name.upper() == "UTC":
+        return _tz.utc
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise _err(key, f"unknown time zone {name!r}") from None
+
+
+def _pointer_tokens(ptr: str, key: str) -> tuple[str, ...]:
+    if ptr == "":
+        return ()
+    if not ptr.startswith("/"):
+        raise _err(key, f"a JSON pointer starts with '/', got {ptr!r}")
+    return tuple(t.replace("~1", "/").replace("~0", "~") for t in ptr[1:].split("/"))
+
+
+def _parse_field(name: str, spec, default_tz, is_time: bool) -> FieldSpec:
+    key = f"input.fields.{name}"
+    if isinstance(spec, str):
+        spec = {"pointer": spec} if spec.startswith("/") else {"path": spec}
+    if not isinstance(spec, dict):
+        raise _err(key, f"expected a source path or a table, got {type(spec).__name__}")
+    unknown = set(spec) - _TABLE_KEYS
+    if unknown:
+        raise _err(f"{key}.{sorted(unknown)[0]}", f"unknown key (known: {', '.join(sorted(_TABLE_KEYS))})")
+    given = [k for k in ("path", "pointer", "value") if k in spec]
+    if len(given) != 1:
+        raise _err(key, "give exactly one of path, pointer or value")
+    kw: dict = {}
+    if "path" in spec:
+        path = spec["path"]
+        if not isinstance(path, str) or not path:
+            raise _err(f"{key}.path", f"expected a non-empty dotted path, got {path!r}")
+        kw.update(source=path, parts=tuple(path.split(".")))
+    elif "pointer" in spec:
+        ptr = spec["pointer"]
+        if not isinstance(ptr, str):
+            raise _err(f"{key}.pointer", f"expected a JSON pointer, got {ptr!r}")
+        kw.update(source=ptr, parts=_pointer_tokens(ptr, f"{key}.pointer"), pointer=True)
+    else:
+        value = spec["value"]
+        if not isinstance(value, (str, int, float, bool)):
+            raise _err(f"{key}.value", f"expected a constant string, number or boolean, got {value!r}")
+        kw.update(source=f"constant {value!r}", const=value, has_const=True)
+    cast = spec.get("cast")
+    if cast is not None and cast not in CASTS:
+        raise _err(f"{key}.cast", f"must be one of {', '.join(CASTS)}, got {cast!r}")
+    optional = spec.get("optional", False)
+    if not isinstance(optional, bool):
+        raise _err(f"{key}.optional", f"expected true or false, got {optional!r}")
+    tf = spec.get("time_format")
+    if tf is not None:
+        if not isinstance(tf, str) or not (tf in TIME_FORMATS or "%" in tf):
+            raise _err(f"{key}.time_format", f"expected one of {', '.join(TIME_FORMATS)} or a strptime pattern "
+                                             f"such as '%Y-%m-%d %H:%M:%S', got {tf!r}")
+        is_time = True
+    tz = _zone(spec["timezone"], f"{key}.timezone") if "timezone" in spec else default_tz
+    if "timezone" in spec:
+        is_time = True
+    if is_time and cast is not None:
+        raise _err(f"{key}.cast", "a time field is converted by time_format, not cast")
+    return FieldSpec(name=name, cast=cast, optional=optional, time_format=(tf or "auto") if is_time else None,
+                     tz=tz, **kw)
+
+
+def parse_input(table, event_time: str = "event_time", event_types: tuple[str, ...] = (),
+                required: dict[str, str] | None = None) -> InputSpec:
+    """Validate an ``[input]`` table (None: the built-in JSON shape).
+
+    ``required``: engine field -> its role (``"privacy unit"``, ``"quasi-identifier time"``, ...): each must be
+    mapped, and a mapped field must be one of them (a field nobody reads is refused, so nothing is carried that
+    the stream does not need). The audit passes None (the engine's config has checked it).
+    """
+    if table is None:
+        return InputSpec()
+    if not isinstance(table, dict):
+        raise _err("input", "expected a table [input]")
+    unknown = set(table) - _INPUT_KEYS
+    if unknown:
+        raise _err(f"input.{sorted(unknown)[0]}", f"unknown key (known: {', '.join(sorted(_INPUT_KEYS))})")
+    fmt = table.get("format", "json")
+    if fmt not in FORMATS:
+        raise _err("input.format", f"must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    default_tz = _zone(table["timezone"], "input.timezone") if "timezone" in table else None
+    raw_fields = table.get("fields", {})
+    if not isinstance(raw_fields, dict):
+        raise _err("input.fields", "expected a table [input.fields] of engine field = source")
+    if fmt != "json" and not raw_fields:
+        raise _err("input.fields", f"format {fmt!r} needs a mapping: [input.fields] engine field = source")
+    fields = []
+    names = sorted(raw_fields)
+    for i, a in enumerate(names):       # "a" and "a.b" cannot both be fields of one nested event
+        for b in names[i + 1:]:
+            if b.startswith(a + "."):
+                raise _err(f"input.fields.{b}", f"conflicts with input.fields.{a} (one is inside the other)")
+    for name in names:
+        if not name or name.startswith(".") or name.endswith(".") or ".." in name:
+            raise _err(f"input.fields.{name}", "engine field names are dotted paths")
+        fields.append(_parse_field(name, raw_fields[name], default_tz, is_time=(name == event_time)))
+    columns = table.get("columns", [])
+    if not isinstance(columns, list) or not all(isinstance(c, str) for c in columns):
+        raise _err("input.columns", "expected a list of column names")
+    if fmt == "csv":
+        if not columns:
+            raise _err("input.columns", "required for format 'csv': the column names of each record (the header "
+                                        "line of your file)")
+        if len(set(columns)) != len(columns):
+            raise _err("input.columns", "duplicate column names")
+        for f in fields:
+            if not f.has_const and (f.parts[0] if f.pointer else f.source) not in columns:
+                raise _err(f"input.fields.{f.name}", f"column {f.source!r} is not in input.columns")
+    elif columns:
+        raise _err("input.columns", "only for format 'csv'")
+    delimiter = table.get("delimiter", ",")
+    if not isinstance(delimiter, str) or len(delimiter) != 1:
+        raise _err("input.delimiter", f"expected one character, got {delimiter!r}")
+    nulls = table.get("null_values", [""] if fmt == "csv" else [])
+    if not isinstance(nulls, list) or not all(isinstance(v, str) for v in nulls):
+        raise _err("input.null_values", "expected a list of strings")
+    encoding = table.get("encoding", "auto")
+    if encoding not in TESLA_ENCODINGS or (fmt != "tesla-fleet-telemetry" and "encoding" in table):
+        raise _err("input.encoding", f"only for format 'tesla-fleet-telemetry': one of {', '.join(TESLA_ENCODINGS)}")
+    event_type = table.get("event_type")
+    by_name = {f.name: f for f in fields}
+    if fmt != "json" or fields:
+        if event_type is not None and "event_type" in by_name:
+            raise _err("input.event_type", "give a constant event_type or map input.fields.event_type, not both")
+        if event_type is None and "event_type" not in by_name:
+            if len(event_types) == 1:
+                event_type = event_types[0]
+            else:
+                raise _err("input.event_type", f"the stream accepts several event types {list(event_types)}: map "
+                                               "input.fields.event_type or give a constant")
+        if event_type is not None and not isinstance(event_type, str):
+            raise _err("input.event_type", f"expected a string, got {event_type!r}")
+        if required is not None:
+            for name, role in required.items():
+                if name not in by_name and name not in ("event_id", "event_type"):
+                    raise _err("input.fields", f"{role} {name!r} is not mapped (add input.fields.{_quote(name)})")
+            for name in by_name:
+                if name not in required and name not in ("event_id", "event_type"):
+                    raise _err(f"input.fields.{name}", "not read by the stream (not its privacy unit, event time, a "
+                                                       "quasi-identifier, a sensitive or an aggregate field): unmapped "
+                                                       "fields are dropped, so leave it out")
+    elif event_type is not None:
+        raise _err("input.event_type", "only with a mapping ([input.fields]) or another format than json")
+    return InputSpec(format=fmt, fields=tuple(fields), columns=tuple(columns), delimiter=delimiter,
+                     null_values=frozenset(nulls), event_type=event_type, encoding=encoding, raw=dict(table))
+
+
+def _quote(name: str) -> str:
+    return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else f'"{name}"'

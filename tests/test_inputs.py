@@ -1,0 +1,297 @@
+"""The [input] mapping (stream_anon.inputs): parsing with keyed errors, the four formats, reasons that name the
+field, and the worker core and the audit agreeing on the accounting of multi-event messages (in process, no broker;
+tests/test_kafka_inputs.py runs the same through a real broker)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("google.protobuf")
+pytest.importorskip("google.transit")
+
+from stream_anon.config import ConfigError, load_config, parse_config  # noqa: E402
+from stream_anon.inputs import Decoder, InputConfigError, decode_file, parse_input  # noqa: E402
+from stream_anon.inputs.samples import gtfs_feeds, tesla_payloads, vin_of  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "configs"
+INPUT_CONFIGS = CONFIGS / "inputs"      # the mapped configs (configs/inputs/*.toml)
+SECRET = b"test-secret-0123456789abcdef0123456789"
+
+
+def _raw(name):
+    return tomllib.loads((INPUT_CONFIGS / f"{name}.toml").read_text())
+
+
+# ------------------------------------------------------------------------------------------------ parsing
+def test_bundled_configs_keep_the_builtin_json_shape():
+    for name in ("oyster", "citibike", "obd2", "oyster-cards"):
+        assert load_config(CONFIGS / f"{name}.toml").input.legacy
+
+
+@pytest.mark.parametrize("change, key", [
+    ({"format": "xml"}, "input.format"),
+    ({"fields": {"vehicle_id": {"path": "bikeid", "cast": "decimal"}}}, "input.fields.vehicle_id.cast"),
+    ({"fields": {"vehicle_id": {"path": "bikeid", "colour": 1}}}, "input.fields.vehicle_id.colour"),
+    ({"timezone": "Mars/Olympus"}, "input.timezone"),
+    ({"columns": []}, "input.columns"),
+    ({"fields": {"vehicle_id": "no such column"}}, "input.fields.vehicle_id"),
+    ({"fields": {"event_time": {"path": "starttime", "time_format": "dd/mm"}}}, "input.fields.event_time.time_format"),
+])
+def test_input_errors_name_the_key(change, key):
+    raw = _raw("citibike-csv")
+    inp = dict(raw["input"])
+    if "fields" in change:
+        inp["fields"] = {**inp["fields"], **change["fields"]}
+    else:
+        inp.update(change)
+    with pytest.raises(ConfigError) as exc:
+        parse_config({**raw, "input": inp}, base_dir=CONFIGS)
+    assert str(exc.value).startswith(key + ":"), str(exc.value)
+
+
+def test_every_engine_field_mapped_and_nothing_else():
+    raw = _raw("citibike-csv")
+    fields = dict(raw["input"]["fields"])
+    del fields["birth_year"]
+    with pytest.raises(ConfigError, match=r"input.fields: quasi-identifier birth_year field 'birth_year' is not mapped"):
+        parse_config({**raw, "input": {**raw["input"], "fields": fields}}, base_dir=CONFIGS)
+    fields = {**raw["input"]["fields"], "gender": "gender"}
+    with pytest.raises(ConfigError, match=r"input.fields.gender: not read by the stream"):
+        parse_config({**raw, "input": {**raw["input"], "fields": fields}}, base_dir=CONFIGS)
+
+
+def test_parse_input_alone_is_keyed():
+    with pytest.raises(InputConfigError, match=r"^input.fields.x: give exactly one of path, pointer or value"):
+        parse_input({"format": "json", "fields": {"x": {"cast": "int"}}}, event_types=("t",))
+
+
+# ------------------------------------------------------------------------------------------------ formats
+def test_citibike_csv_equals_the_adapter():
+    """The mapping reads the raw CSV slice into the same values as the hand-written adapter."""
+    from stream_anon.datasets import load_events
+    cfg = load_config(INPUT_CONFIGS / "citibike-csv.toml")
+    events, rejected = decode_file(ROOT / "data" / "citibike_slice.csv.gz", cfg.input)
+    old = load_events("citibike")
+    assert rejected == [] and len(events) == len(old) == 20000
+    for a, b in zip(old, events):
+        assert (a["event_time"], a["vehicle_id"], a["latitude"], a["longitude"], a["signals"]["birth_year"],
+                a["payload"]["usertype"], a["payload"]["end_latitude"], a["signals"]["trip_duration_s"]) == \
+               (b["event_time"], b["vehicle_id"], b["latitude"], b["longitude"], b["birth_year"], b["usertype"],
+                b["end_latitude"], b["trip_duration_s"])
+    # only mapped fields, the event id and type
+    assert set(events[0]) == set(cfg.input.field_names) | {"event_id", "event_type"}
+    assert events[0]["event_id"] == "citibike_slice.csv.gz:0:0"
+
+
+def _decode_all(cfg, msgs, topic="t"):
+    d = Decoder(cfg.input, cfg.limits.max_event_bytes)
+    return [d.decode(m, topic, 0, i) for i, m in enumerate(msgs)]
+
+
+def test_tesla_protobuf_and_json_decode_alike():
+    cfg = load_config(INPUT_CONFIGS / "obd2-tesla.toml")
+    pb, js = tesla_payloads("protobuf", limit=2000), tesla_payloads("json", limit=2000)
+    assert pb[0][:1] != b"{" and js[0][:1] == b"{"
+    a, b = _decode_all(cfg, pb), _decode_all(cfg, js)
+    assert [(x.events, x.reasons) for x in a] == [(x.events, x.reasons) for x in b]
+    first = a[0].events[0]
+    assert first["vehicle_id"] == vin_of("s11") and first["gear"] == "ShiftStateD"
+    assert first["event_time"].endswith("+00:00") and isinstance(first["pedal_position"], float)
+    # readings without a GPS fix have no Location datum: dead letter naming the field
+    reasons = {r for x in a for r in x.reasons if r}
+    assert any(r.startswith("latitude: missing (input Location.latitude)") for r in reasons), reasons
+
+
+def test_shift_state_names_match_the_proto():
+    from stream_anon.inputs import tesla
+    from stream_anon.inputs.proto import tesla_vehicle_data_pb2 as pb
+    assert tesla._SHIFT == {v.number: v.name for v in pb.ShiftState.DESCRIPTOR.values}
+    assert tesla.field_name(pb.Location) == "Location" and tesla.field_name(999) == "Field999"
+
+
+def test_reasons_name_the_field():
+    cfg = load_config(INPUT_CONFIGS / "citibike-csv.toml")
+    d = Decoder(cfg.input, cfg.limits.max_event_bytes)
+    row = "148,2017-01-01 00:21:00,x,3276,Marin,40.7,-74.04,3185,City Hall,40.71,-74.04,24575,Subscriber,1983,1,f"
+    assert d.decode(row.encode(), "t", 0, 0).reasons == [None]
+    bad_lat = row.replace("40.7,", "north,", 1)
+    assert d.decode(bad_lat.encode(), "t", 0, 1).reasons[0].startswith("latitude: cannot cast 'north' to float")
+    no_bike = row.replace(",24575,", ",,")
+    assert d.decode(no_bike.encode(), "t", 0, 2).reasons[0] == "vehicle_id: missing (input bikeid)"
+    bad_time = row.replace("2017-01-01 00:21:00", "01/01/2017")
+    assert d.decode(bad_time.encode(), "t", 0, 3).reasons[0].startswith("event_time: expected a time in format")
+    short = d.decode(b"1,2,3", "t", 0, 4)
+    assert short.reason == "csv: expected 16 columns (input.columns), got 3" and short.events == []
+    big = d.decode(b"x" * 5000, "t", 0, 5)
+    assert big.reason.startswith("oversized payload")
+    # a naive time with no zone configured
+    raw = _raw("citibike-csv")
+    cfg2 = parse_config({**raw, "input": {k: v for k, v in raw["input"].items() if k != "timezone"}},
+                        base_dir=CONFIGS)
+    r = Decoder(cfg2.input).decode(row.encode(), "t", 0, 0).reasons[0]
+    assert r.startswith("event_time: time '2017-01-01 00:21:00' has no UTC offset and input.timezone is not set")
+
+
+def test_json_mapping_pointer_and_casts():
+    spec = parse_input({"format": "json", "fields": {
+        "unit": {"pointer": "/car/ids/0"}, "t": {"path": "ts", "time_format": "epoch_ms"},
+        "speed": {"path": "m.v/s", "cast": "float"}, "on": {"path": "flags.on", "cast": "bool"}}},
+        event_time="t", event_types=("x",))
+    d = Decoder(spec)
+    msg = json.dumps({"car": {"ids": ["V1"]}, "ts": 1500000000000, "m.v/s": "12.5", "flags": {"on": "yes"},
+                      "secret_extra": "never passed"}).encode()
+    out = d.decode(msg, "topic", 3, 9)
+    assert out.reasons == [None]
+    assert out.events == [{"unit": "V1", "t": "2017-07-14T02:40:00+00:00", "speed": 12.5, "on": True,
+                           "event_id": "topic:3:9", "event_type": "x"}]
+    assert d.decode(b"[1]", "t", 0, 0).reason.startswith("malformed event")
+    assert d.decode(b"{", "t", 0, 0).reason.startswith("malformed JSON")
+
+
+def test_gtfs_feed_is_one_event_per_vehicle():
+    cfg = load_config(INPUT_CONFIGS / "citibike-gtfs.toml")
+    feeds = gtfs_feeds()
+    out = _decode_all(cfg, feeds, topic="feed")
+    n = sum(len(x.events) for x in out)
+    assert n == 20000 and all(r is None for x in out for r in x.reasons)
+    multi = next(x for x in out if len(x.events) > 2)
+    assert [e["event_id"].rsplit(":", 1)[1] for e in multi.events] == [str(i) for i in range(len(multi.events))]
+    from google.transit import gtfs_realtime_pb2 as rt
+    empty = rt.FeedMessage()
+    empty.header.gtfs_realtime_version = "2.0"
+    ent = empty.entity.add(id="alert-1")
+    ent.alert.header_text.translation.add(text="detour")
+    r = Decoder(cfg.input).decode(empty.SerializeToString(), "feed", 0, 0)
+    assert r.reason == "gtfs-realtime: message holds no event" and r.events == []
+    assert Decoder(cfg.input).decode(b"\xff\xff\xff", "feed", 0, 0).reason.startswith("gtfs-realtime: not a FeedMessage")
+
+
+def test_inputs_import_nothing_of_engine_config_strategies():
+    code = ("import sys, stream_anon.inputs, stream_anon.inputs.tesla, stream_anon.inputs.gtfs;"
+            "bad=[m for m in sys.modules if m.startswith(('stream_anon.engine','stream_anon.config',"
+            "'stream_anon.strategies','stream_anon.formers','stream_anon.kafka'))]; print(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+# ------------------------------------------------------------------------------------------------ worker + audit
+def _run_core(cfg, messages, tmp_path):
+    """WorkerCore (the worker without Kafka) on one partition, batches of 200, then a final flush; the output
+    messages and the counters."""
+    from stream_anon.kafka.core import WorkerCore
+    core = WorkerCore(cfg, "app", SECRET, flush_when_idle_s=1e-9)
+    msgs = [(0, off, raw) for off, raw in enumerate(messages)]
+    out = []
+    for start in range(0, len(msgs), 200):
+        out += core.handle(msgs[start:start + 200])
+    out += core.flush_all()
+    counts = {k: v for k, v in core.stats.items() if k not in ("started", "batches")}
+    return out, counts
+
+
+def _audit(cfg_path, cfg, messages, out):
+    from stream_anon.audit import AuditConfig
+    from stream_anon.audit.inputs import AuditOutputs, raw_decoder
+    from stream_anon.audit.run import audit
+    topic = cfg.stream.input_topic
+    outputs = AuditOutputs()
+    for t, _key, value in out:
+        doc = json.loads(value)
+        if t == f"anon.{cfg.stream.name}.records":
+            outputs.records.append(doc)
+        elif t == "anon.releases":
+            outputs.manifests.append(doc)
+        elif t == "anon.deadletter":
+            outputs.deadletters.append(doc)
+    raw = [((topic, 0, i), m) for i, m in enumerate(messages)]
+    decode = raw_decoder(cfg_path)
+    return audit(decode(raw), outputs, SECRET, AuditConfig.from_toml(cfg_path))
+
+
+def _feed_with_bad_vehicles() -> bytes:
+    """A feed of 3 vehicles, the first and the last without a position (two dead letters of one message)."""
+    from google.transit import gtfs_realtime_pb2 as rt
+    feed = rt.FeedMessage()
+    feed.header.gtfs_realtime_version = "2.0"
+    for i in range(3):
+        vp = feed.entity.add(id=f"x{i}").vehicle
+        vp.vehicle.id = f"bike-x{i}"
+        vp.timestamp = 1486000000 + i
+        if i == 1:
+            vp.position.latitude, vp.position.longitude = 40.72, -74.05
+    return feed.SerializeToString()
+
+
+@pytest.mark.parametrize("name", ["obd2-tesla", "citibike-gtfs", "citibike-csv"])
+def test_worker_core_and_audit_agree(name, tmp_path):
+    cfg_path = INPUT_CONFIGS / f"{name}.toml"
+    cfg = load_config(cfg_path)
+    if name == "obd2-tesla":
+        pb, js = tesla_payloads("protobuf", limit=1500), tesla_payloads("json", limit=1500)
+        messages = [pb[i] if i % 2 else js[i] for i in range(1500)]      # both encodings on one topic
+        identifiers = {vin_of(f"s{i}") for i in range(1, 40)}
+    elif name == "citibike-gtfs":
+        messages = gtfs_feeds(limit=4000) + [_feed_with_bad_vehicles()]
+        identifiers = set()
+    else:
+        from stream_anon.inputs import file_messages
+        messages = list(file_messages(ROOT / "data" / "citibike_slice.csv.gz", cfg.input))[:3000]
+        identifiers = set()
+    messages += [b"\x00garbage", b"x" * (cfg.limits.max_event_bytes + 1)]
+    out, counts = _run_core(cfg, messages, tmp_path)
+    report = _audit(cfg_path, cfg, messages, out)
+    acc = report.checks["accounting"]
+    assert report.passed, json.dumps({k: v for k, v in report.checks.items() if not v.get("passed")}, default=str)[:3000]
+    assert acc["balanced"] and acc["lost"] == 0 and acc["duplicated"] == 0
+    assert acc["events_in"] == counts["events_in"]          # the worker counts as the audit does
+    assert counts["dead_letters"] == acc["dead_lettered"] >= 2
+    if name == "citibike-gtfs":
+        # 4000 trips + a feed of 3 vehicles (2 without a position) + 2 unreadable messages
+        assert counts["events_in"] == 4000 + 3 + 2 and counts["dead_letters"] == 2 + 2
+        docs = [json.loads(v) for t, _, v in out if t == "anon.deadletter"]
+        indexed = sorted(d["source"]["index"] for d in docs if "index" in d["source"])
+        assert indexed == [0, 2] and all(d["reason"].startswith("latitude: missing") for d in docs
+                                          if "index" in d["source"])
+    blob = b"".join(v for _, _, v in out)
+    if identifiers:
+        assert any(i.encode() in m for m in messages for i in identifiers)   # the check below can fail
+    for ident in identifiers:
+        assert ident.encode() not in blob, f"identifier {ident} in the output"
+
+
+def test_replay_file_messages_keyed_by_the_mapped_privacy_unit():
+    """``stream-anon replay --file x.csv --config C``: records go out as they are, keyed by the pseudonym of the
+    unit the mapping reads (no broker needed to check what would be produced)."""
+    from stream_anon import crypto
+    from stream_anon.kafka.replay import mapped_messages
+    cfg = load_config(INPUT_CONFIGS / "citibike-csv.toml")
+    pairs = mapped_messages(ROOT / "data" / "citibike_slice.csv.gz", cfg, SECRET, limit=50)
+    assert len(pairs) == 50
+    d = Decoder(cfg.input)
+    for i, (key, raw) in enumerate(pairs):
+        bike = d.decode(raw, "t", 0, i).events[0]["vehicle_id"]
+        assert key == crypto.pseudonym(SECRET, bike).encode() and bike.encode() not in key
+    assert pairs[0][1].startswith(b"148,2017-01-01 00:21:00,")
+
+
+def test_evaluate_own_file_compares_streaming_and_offline(tmp_path):
+    from stream_anon.evaluate import run_own
+    import gzip
+    src = ROOT / "data" / "citibike_slice.csv.gz"
+    lines = gzip.open(src, "rt", encoding="utf-8").read().splitlines(keepends=True)[:2001]
+    small = tmp_path / "trips.csv"
+    small.write_text("".join(lines))
+    res = run_own(INPUT_CONFIGS / "citibike-csv.toml", small, ["mondrian"], [5], tmp_path / "out",
+                  progress=lambda s: None)
+    row = res["comparison"][0]
+    assert row["n"] == 2000 and row["streaming_events"] == 2000
+    assert row["streaming_published"] + row["streaming_suppressed"] == 2000
+    assert 0 < row["offline_mondrian_table_ncp"] <= row["offline_mondrian_windows_ncp"] < 1
+    assert 0 < row["streaming_ncp"] < 1
+    assert (tmp_path / "out" / "comparison.md").read_text().startswith("| strategy | k |")
