@@ -1,25 +1,150 @@
-"""End-to-end benchmark: the 525,680 Oyster events through the embedded broker with one worker, audited.
+"""End-to-end throughput on the embedded broker next to the engine alone, in the same run (issue 11).
 
-Runs the demo pipeline (stream_anon/demo.py) on the full Monday file and writes bench/results/end_to_end.json.
-Throughput = input events / wall seconds from worker start until every event is accounted for (includes the
-consumer-group join); the replay is done before the worker starts and is reported separately.
+Scenarios: the full Oyster Monday file (525,680 events, k = 10) without DP aggregates, the same with the
+aggregates of configs/oyster.toml, oyster-cards with m = 3, and two workers on the Oyster file. For each: the engine
+alone in this process on the same events (events/s), then the events replayed to the broker, a worker started and
+timed until every event is accounted for on the output topics, the independent audit, and the worker's CPU
+seconds (from /proc). Two rates are reported: over the worker's whole run (consumer-group join, state recovery and
+the final idle flush included) and over its processing span (first output to last).
 
-    .venv/bin/python bench/bench_end_to_end.py [--events N]
+    .venv/bin/python bench/bench_end_to_end.py [--events N] [--only oyster,oyster_dp,cards_m3,two_workers]
+        -> bench/results/end_to_end.json
 """
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import platform
 import sys
+import time
+import tomllib
 from pathlib import Path
 
-from stream_anon.demo import run_demo
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from stream_anon import contract  # noqa: E402
+from stream_anon.audit.kafka_source import audit_from_kafka  # noqa: E402
+from stream_anon.broker import EmbeddedBroker  # noqa: E402
+from stream_anon.config import load_config  # noqa: E402
+from stream_anon.datasets import load_events  # noqa: E402
+from stream_anon.engine import Engine  # noqa: E402
+from stream_anon.kafka.harness import OutputReader, start_worker_process, stop_worker_process  # noqa: E402
+from stream_anon.kafka.replay import replay  # noqa: E402
+from stream_anon.kafka.topics import apply_topics, load_topic_definitions  # noqa: E402
+
+SECRET = "bench-e2e-secret-4b6d8f0a2c4e6a8b0d2f4a6c8e0b2d4f"
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def config_file(name: str, workdir: Path, without_dp: bool = False, m: int | None = None) -> Path:
+    """The bundled config (hierarchy paths made absolute), optionally without its DP tables or with m."""
+    src = contract.config_path(name)
+    raw = tomllib.loads(src.read_text())
+    text = src.read_text().replace('hierarchy = "hierarchies/', f'hierarchy = "{src.parent}/hierarchies/')
+    if without_dp:
+        text = text[:text.index("[dp]")] if "[dp]" in text else text
+    path = workdir / f"{name}{'-nodp' if without_dp else ''}.toml"
+    path.write_text(text)
+    load_config(path)
+    assert ("dp" in raw) or not without_dp
+    return path
+
+
+def engine_only(cfg, events) -> dict:
+    engine = Engine(cfg, secret=SECRET.encode())
+    t0 = time.perf_counter()
+    res = engine.process(events)
+    res.extend(engine.flush())
+    dt = time.perf_counter() - t0
+    return {"events_per_s": round(len(events) / dt, 1), "seconds": round(dt, 2),
+            "published": sum(r.published for r in res.releases)}
+
+
+def end_to_end(cfg_path: Path, events: list, workdir: Path, workers: int = 1, timeout_s: float = 3600) -> dict:
+    cfg = load_config(cfg_path)
+    workdir.mkdir(parents=True, exist_ok=True)
+    with EmbeddedBroker() as b:
+        apply_topics(b.bootstrap, load_topic_definitions())
+        t0 = time.monotonic()
+        replay(b.bootstrap, cfg.stream.input_topic, events, cfg.stream.privacy_unit, progress=False)
+        replay_s = time.monotonic() - t0
+        app_id = f"bench-{cfg.stream.name}-{workers}"
+        start = time.monotonic()
+        procs = [start_worker_process(cfg_path, b.bootstrap, workdir / f"state{i}", app_id, 2.0,
+                                      workdir / f"worker{i}.log") for i in range(workers)]
+        reader = OutputReader(b.bootstrap, cfg.stream.name)
+        first = None
+        cpu = {}
+        try:
+            while time.monotonic() - start < timeout_s:
+                reader.poll(500)
+                acc = reader.accounting()
+                if first is None and acc["accounted"] > 0:
+                    first = time.monotonic()
+                for p in procs:
+                    if p.poll() is None:
+                        cpu[p.pid] = cpu_seconds(p.pid)
+                if acc["accounted"] >= len(events) and acc["deferred"] == 0:
+                    break
+                if any(p.poll() is not None for p in procs):
+                    raise RuntimeError(f"a worker exited: {[p.returncode for p in procs]}")
+            done = time.monotonic()
+        finally:
+            reader.close()
+            for p in procs:
+                stop_worker_process(p)
+        report = audit_from_kafka(b.bootstrap, cfg_path, SECRET.encode())
+        wall, span = done - start, done - (first or start)
+        return {"events": len(events), "workers": workers, "replay_s": round(replay_s, 1),
+                "wall_s": round(wall, 1), "events_per_s_wall": round(len(events) / wall, 1),
+                "processing_span_s": round(span, 1), "events_per_s_span": round(len(events) / span, 1),
+                "worker_cpu_s": round(sum(cpu.values()), 1),
+                "cpu_us_per_event": round(1e6 * sum(cpu.values()) / len(events), 1),
+                "accounting": acc, "audit_passed": report.passed,
+                "audit_checks": {k: v.get("passed") for k, v in report.checks.items() if isinstance(v, dict)}}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--events", type=int, default=None, help="first N events (default: the full files)")
+    ap.add_argument("--only", default="oyster,oyster_dp,cards_m3,two_workers")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "end_to_end.json"))
+    args = ap.parse_args(argv)
+    os.environ["STREAM_ANON_SECRET"] = SECRET
+    workdir = Path(os.environ.get("TMPDIR", "/tmp")) / f"stream-anon-e2e-{os.getpid()}"
+    workdir.mkdir(parents=True, exist_ok=True)
+    out = {"benchmark": "end to end vs engine alone (issue 11)", "machine": {"cpus": os.cpu_count(),
+           "python": platform.python_version(), "load_avg_at_start": os.getloadavg()}, "results": {}}
+    oyster = load_events("oyster", full=True, limit=args.events)
+    for name in args.only.split(","):
+        print(f"[e2e] {name} ...", flush=True)
+        if name in ("oyster", "two_workers"):
+            path = config_file("oyster", workdir, without_dp=True)
+            events = oyster
+        elif name == "oyster_dp":
+            path = config_file("oyster", workdir)
+            events = oyster
+        elif name == "cards_m3":
+            path = config_file("oyster-cards", workdir, without_dp=True)
+            events = load_events("oyster-cards", full=True, limit=args.events)
+        else:
+            raise SystemExit(f"unknown scenario {name}")
+        cfg = load_config(path)
+        r = {"config": path.name, "m": cfg.anonymization.m, "dp": cfg.dp is not None}
+        r["engine_only"] = engine_only(cfg, events)
+        r["end_to_end"] = end_to_end(path, events, workdir / name, workers=2 if name == "two_workers" else 1)
+        r["end_to_end_vs_engine"] = round(r["end_to_end"]["events_per_s_span"] / r["engine_only"]["events_per_s"], 3)
+        out["results"][name] = r
+        print(f"[e2e] {name}: {json.dumps(r)}", flush=True)
+        Path(args.out).write_text(json.dumps(out, indent=1))
+    return 0
+
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--events", type=int, default=None)
-    ap.add_argument("--k", type=int, default=10)
-    args = ap.parse_args()
-    sys.exit(run_demo("oyster", events=args.events, k=args.k, full=True, timeout_s=3000,
-                      report_path=str(ROOT / "bench" / "results" / "end_to_end.json")))
+    sys.exit(main())

@@ -70,7 +70,7 @@ def test_audit_command_exit_status_with_fail_on_alert(monkeypatch, capsys, tmp_p
     from stream_anon.audit import kafka_source
     from stream_anon.audit.report import AuditReport
 
-    monkeypatch.setenv("STREAM_ANON_SECRET", "x" * 32)
+    monkeypatch.setenv("STREAM_ANON_SECRET", "9f2c4e6a8b0d1f3e5a7c9e1b3d5f7a9c")
     seen = {}
 
     def fake(conn, config_path, secret, **kw):
