@@ -16,6 +16,11 @@ The engine is a **window core** with a pluggable **former** (``stream_anon.forme
 
 Output does not depend on how the input is cut into batches: a batch is split at the events whose time moves
 the watermark into a new window, and the randomness of a release comes from (seed, partition, sequence number).
+
+State (docs/contracts.md, "Engine state"): a bounded **core** (:meth:`Engine.state_core`, JSON) and **keyed
+tables** (:mod:`stream_anon.engine.state`): ``seen_events`` (duplicate detection) and, with m-invariance,
+``signatures``. :meth:`Engine.state_changes` gives what changed in the tables since its previous call, so a
+checkpoint costs what changed; :meth:`Engine.restore` rebuilds an engine from a core and full tables.
 """
 from __future__ import annotations
 
@@ -25,18 +30,19 @@ import numpy as np
 
 from stream_anon import crypto
 from stream_anon.config import StreamConfig
-from stream_anon.engine.records import RecordReader, Records
+from stream_anon.engine.records import RecordReader, Records, SeenEvents
 from stream_anon.engine.registry import PublishedClasses
 from stream_anon.engine.release import ClassInfo, Rejection, Release, StepResult
 from stream_anon.engine.space import QISpace
+from stream_anon.engine.state import KeyedTable, compose_state, split_state
 from stream_anon.formers.base import (SUPPRESSED_END, SUPPRESSED_LOSS, SUPPRESSED_NO_CLASS, NewClass,
                                       WindowView)
 from stream_anon.formers.counterfeits import counterfeit_token
 from stream_anon.formers.kanon import KAnonymousFormer
-from stream_anon.formers.minvariant import MInvariantFormer, MInvariantParams
+from stream_anon.formers.minvariant import SIGNATURE_FIELDS, MInvariantFormer, MInvariantParams
 from stream_anon.strategies import make_strategy
 
-STATE_VERSION = 2
+STATE_VERSION = 3
 
 
 @dataclass
@@ -108,7 +114,8 @@ def make_former(config: StreamConfig, invariance: bool = True):
     a = config.anonymization
     if a.m is not None:
         return MInvariantFormer(a.m, a.k, MInvariantParams(**a.m_params), config.sensitive,
-                                config.invariant_sensitive, a.m_horizon_s, a.max_class_ncp, a.reuse, invariance)
+                                config.invariant_sensitive, a.m_horizon_s, a.max_class_ncp, a.reuse, invariance,
+                                units_table=KeyedTable(SIGNATURE_FIELDS))
     return KAnonymousFormer(make_strategy(a.strategy, a.strategy_params), a.k, a.max_class_ncp, a.reuse,
                             config.sensitive)
 
@@ -147,6 +154,10 @@ class Engine:
         self.watermark = -np.inf
         self.open_window: int | None = None     # index of the open window (floor(t / window_s))
         self.window_carried = {f: [] for f in self.reader.carried}   # open window's carried fields
+        self.seen_events = KeyedTable(SeenEvents.FIELDS)
+        horizon = config.limits.duplicate_horizon_s
+        if horizon > 0:
+            self.reader.seen = SeenEvents(self.seen_events, horizon, lambda: self.watermark)
 
     # -- public API -------------------------------------------------------------------------------------------
     def process(self, events) -> StepResult:
@@ -200,35 +211,89 @@ class Engine:
         return list(self.buffer.tokens)
 
     # -- state ------------------------------------------------------------------------------------------------
-    def state_dict(self) -> dict:
-        """JSON-serializable checkpoint (no secret in it)."""
+    def _tables(self) -> dict[str, KeyedTable]:
+        tables = {"seen_events": self.seen_events}
+        tables.update(getattr(self.former, "state_tables", dict)())
+        return tables
+
+    def state_core(self) -> dict:
+        """The bounded part of the state, JSON-serializable (no secret in it): window position, buffer, published
+        classes, former core (signature list, value dictionary, counterfeit pool, statistics) and the record layout
+        of each keyed table (``tables``: name -> numpy dtype description)."""
+        former = getattr(self.former, "state_core", self.former.state_dict)()
         return {"version": STATE_VERSION, "stream": self.config.stream.name, "partition": self.partition,
                 "seq": self.seq, "watermark": None if not np.isfinite(self.watermark) else float(self.watermark),
                 "open_window": self.open_window, "buffer": self.buffer.to_state(),
                 "window_carried": self.window_carried, "published": self.registry.state_dict(),
-                "former": {"kind": type(self.former).__name__, **self.former.state_dict()}}
+                "former": {"kind": type(self.former).__name__, **former},
+                "tables": {name: t.dtype.descr for name, t in self._tables().items()}}
+
+    def state_tables(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Every keyed table in full: name -> (int64 keys sorted ascending, structured records of the table's
+        dtype). Copies; does not reset what :meth:`state_changes` reports."""
+        return {name: t.snapshot() for name, t in self._tables().items()}
+
+    def state_changes(self) -> dict[str, tuple[np.ndarray, np.ndarray | None]]:
+        """What changed in the keyed tables since the previous call, per table ``name``:
+
+        * ``name``: ``(keys, rows)``: keys put (inserted or overwritten), int64 sorted unique, with their current
+          records (structured array of the table's dtype, aligned with keys);
+        * ``name + ":deleted"``: ``(keys, None)``: keys deleted (expired) and not put again since; ``None`` in
+          place of the records is a tombstone (a Kafka compacted topic's null value).
+
+        A key appears in at most one of the two. The first call on an engine (new, or built by :meth:`restore` /
+        :meth:`from_state`) returns every row as put and no deletion (its base is an empty table); until then no
+        change log is kept. Applying every change set in order to the first one gives :meth:`state_tables`.
+        """
+        out: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
+        for name, table in self._tables().items():
+            keys, rows, deleted = table.changes()
+            out[name] = (keys, rows)
+            out[name + ":deleted"] = (deleted, None)
+        return out
+
+    def state_dict(self) -> dict:
+        """Core and full tables in one JSON document (tests, the audit harness, small checkpoints)."""
+        return compose_state(self.state_core(), self.state_tables())
 
     @classmethod
     def from_state(cls, config: StreamConfig, state: dict, secret: bytes | None = None,
                    carried: tuple[str, ...] = ()) -> "Engine":
-        engine = cls(config, state["partition"], secret, carried)
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(f"engine state version {state.get('version')!r} is not {STATE_VERSION}")
-        if state["stream"] != config.stream.name:
-            raise ValueError(f"checkpoint is for stream {state['stream']!r}, not {config.stream.name!r}")
-        former = dict(state["former"])
+        """Inverse of :meth:`state_dict`."""
+        core, tables = split_state(state)
+        return cls.restore(config, state["partition"], secret, core, tables, carried)
+
+    @classmethod
+    def restore(cls, config: StreamConfig, partition: int, secret: bytes | None, core: dict,
+                tables: dict[str, tuple[np.ndarray, np.ndarray]], carried: tuple[str, ...] = ()) -> "Engine":
+        """An engine from :meth:`state_core` and :meth:`state_tables` (a missing table is empty)."""
+        if core.get("version") != STATE_VERSION:
+            raise ValueError(f"engine state version {core.get('version')!r} is not {STATE_VERSION}")
+        if core["stream"] != config.stream.name:
+            raise ValueError(f"checkpoint is for stream {core['stream']!r}, not {config.stream.name!r}")
+        if int(core["partition"]) != int(partition):
+            raise ValueError(f"checkpoint is for partition {core['partition']}, not {partition}")
+        engine = cls(config, partition, secret, carried)
+        former = dict(core["former"])
         kind = former.pop("kind")
         if kind != type(engine.former).__name__:
             raise ValueError(f"checkpoint was made by the {kind} former, the config asks for "
                              f"{type(engine.former).__name__}: switching would drop or invent m-invariance "
                              "signatures")
-        engine.former.load_state(former)
-        engine.seq = state["seq"]
-        engine.watermark = -np.inf if state["watermark"] is None else state["watermark"]
-        engine.open_window = state["open_window"]
-        engine.buffer = _Buffer.from_state(state["buffer"], engine.space.dims)
-        engine.registry.load_state(state["published"])
-        saved = state.get("window_carried", {})
+        if hasattr(engine.former, "load_core"):
+            engine.former.load_core(former)
+            engine.former.load_tables(tables)
+        else:
+            engine.former.load_state(former)
+        if "seen_events" in tables:
+            keys, rows = tables["seen_events"]
+            engine.seen_events.load(keys, np.asarray(rows, dtype=engine.seen_events.dtype))
+        engine.seq = core["seq"]
+        engine.watermark = -np.inf if core["watermark"] is None else core["watermark"]
+        engine.open_window = core["open_window"]
+        engine.buffer = _Buffer.from_state(core["buffer"], engine.space.dims)
+        engine.registry.load_state(core["published"])
+        saved = core.get("window_carried", {})
         engine.window_carried = {f: list(saved.get(f, [])) for f in engine.reader.carried}
         return engine
 
@@ -253,6 +318,8 @@ class Engine:
         buf, former = self.buffer, self.former
         self.registry.expire(window_end)
         former.expire(window_end)
+        if self.reader.seen is not None:
+            self.reader.seen.expire(self.watermark)
         due = (buf.times + self.max_delay_s < window_end + self.window_s) | final
         view = WindowView(buf.X, buf.units, buf.times, buf.sensitive, due, final, window_end, self.space, rng,
                           self.registry)

@@ -3,7 +3,7 @@
 Every field the engine needs (event id, event type, privacy unit, event time, quasi-identifiers, sensitive
 fields) and every field a window consumer asks for (``carried``: the DP aggregates' group-by, value and filter
 fields) is extracted here, in one pass, and every reason to reject an event is found here: a rejected event
-gets one short reason naming the field.
+gets one short reason naming the field, or ``duplicate_event`` (:class:`SeenEvents`).
 """
 from __future__ import annotations
 
@@ -32,6 +32,61 @@ def get_path(event: dict, path: str):
         if value is None:
             return None
     return value
+
+
+DUPLICATE_EVENT = "duplicate_event"
+
+
+class SeenEvents:
+    """Duplicate event ids (``[limits] duplicate_horizon_s``), kept in the engine's ``seen_events`` keyed table:
+    keyed 64-bit hash of the event id (the first 64 bits of its audit token, an HMAC-SHA256 keyed with the secret:
+    no event id in state) -> event time of its accepted occurrence.
+
+    Rule: an event whose id was accepted before is rejected as ``duplicate_event`` while that earlier occurrence's
+    event time is at least ``W - horizon``, where W is the watermark (largest event time of the records accepted
+    before it, within the batch too). Entries below ``watermark - horizon`` can never match again and are deleted at
+    window closes (:meth:`expire`). The rule depends only on the order of the events, not on how they are cut into
+    batches. A 64-bit collision (probability about n^2 / 2^65 for n ids within the horizon) would reject one
+    event as a duplicate; it is never silent (it goes to the dead letters with the reason).
+    """
+
+    FIELDS = [("time", "<f8")]
+
+    def __init__(self, table, horizon_s: float, watermark):
+        self.table, self.horizon_s, self.watermark = table, float(horizon_s), watermark
+
+    def check(self, keys: np.ndarray, times: np.ndarray) -> np.ndarray:
+        """Duplicate mask for candidate records in arrival order; the others are recorded as seen."""
+        n = len(keys)
+        dup = np.zeros(n, dtype=bool)
+        if n == 0:
+            return dup
+        found, rows = self.table.get(keys)
+        _, inverse, counts = np.unique(keys, return_inverse=True, return_counts=True)
+        potential = found | (counts[inverse] > 1)
+        if potential.any():      # rare: walk the batch in order with the running watermark
+            wm = self.watermark()
+            horizon = self.horizon_s
+            old = dict(zip(keys[found].tolist(), rows["time"][found].tolist()))
+            for i, (k, t, p) in enumerate(zip(keys.tolist(), times.tolist(), potential.tolist())):
+                if p:
+                    t_old = old.get(k)
+                    if t_old is not None and t_old >= wm - horizon:
+                        dup[i] = True
+                        continue
+                    old[k] = t
+                if t > wm:
+                    wm = t
+        ok = ~dup
+        rec = np.zeros(int(ok.sum()), dtype=self.table.dtype)
+        rec["time"] = times[ok]
+        self.table.put(keys[ok], rec)          # a key accepted twice (after its horizon): the last time wins
+        return dup
+
+    def expire(self, watermark: float) -> int:
+        if not np.isfinite(watermark):
+            return 0
+        return len(self.table.delete_where("time", watermark - self.horizon_s)[0])
 
 
 @dataclass
@@ -69,6 +124,21 @@ class RecordReader:
                                            *self.qi_fields, *self.sensitive_fields, *self.carried)))
         self._tokenize = crypto.AuditTokenizer(secret)
         self._unit_key = hashlib.sha256(b"unit-id:" + secret).digest()[:32]
+        self.seen: SeenEvents | None = None       # set by the engine when duplicate detection is on
+
+    def unit_ids(self, units) -> np.ndarray:
+        """Keyed 64-bit ids of privacy-unit values (as the records carry them)."""
+        key, blake2b = self._unit_key, hashlib.blake2b
+        return np.fromiter((int.from_bytes(blake2b(str(u).encode(), key=key, digest_size=8).digest(), "little",
+                                           signed=True) for u in units), dtype=np.int64, count=len(units))
+
+    @staticmethod
+    def event_keys(tokens: list[str]) -> np.ndarray:
+        """Keys of the ``seen_events`` table: the first 64 bits of the events' audit tokens (HMAC-SHA256 of the
+        event id keyed with the secret), as signed int64."""
+        if not tokens:
+            return np.empty(0, dtype=np.int64)
+        return np.frombuffer(bytes.fromhex("".join([t[:16] for t in tokens])), dtype=">i8").astype(np.int64)
 
     def columns(self, events) -> tuple[dict[str, list], int]:
         """The needed fields of a batch as columns (a missing field is None)."""
@@ -121,19 +191,27 @@ class RecordReader:
         for i, r in enumerate(qi_reasons):
             if r is not None and reasons[i] is None:
                 reasons[i] = r
-        rejected = [(i, r) for i, r in enumerate(reasons) if r is not None]
         rows = np.fromiter((r is None for r in reasons), dtype=bool, count=n)
         idx = np.flatnonzero(rows)
+        tokenize, eid = self._tokenize, cols["event_id"]
+        tokens = [tokenize(eid[i]) for i in idx.tolist()]
+        if self.seen is not None and len(idx):
+            dup = self.seen.check(self.event_keys(tokens), times[idx])
+            if dup.any():
+                for i in idx[dup].tolist():
+                    reasons[i] = DUPLICATE_EVENT
+                idx = idx[~dup]
+                tokens = [t for t, d in zip(tokens, dup.tolist()) if not d]
+        rejected = [(i, r) for i, r in enumerate(reasons) if r is not None]
         il = idx.tolist()
         key, blake2b = self._unit_key, hashlib.blake2b
         # keyed 64-bit hashes: a collision can only merge two people, which makes the k check stricter
         unit_col = cols[self.unit_field]
         units = np.fromiter((int.from_bytes(blake2b(str(unit_col[i]).encode(), key=key, digest_size=8).digest(),
                                             "little", signed=True) for i in il), dtype=np.int64, count=len(il))
-        tokenize, eid = self._tokenize, cols["event_id"]
         sens_cols = [cols[f] for f in self.sensitive_fields]
         sensitive = [tuple(c[i] for c in sens_cols) for i in il] if sens_cols else [()] * len(il)
-        records = Records(idx, units, [tokenize(eid[i]) for i in il], times[idx], X[idx], sensitive,
+        records = Records(idx, units, tokens, times[idx], X[idx], sensitive,
                           {f: [cols[f][i] for i in il] for f in self.carried})
         return records, rejected
 
