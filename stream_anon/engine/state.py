@@ -155,18 +155,21 @@ class KeyedTable:
         keys = np.asarray(keys, dtype=np.int64)
         if len(keys) == 0 or len(self) == 0:
             return 0
-        n0 = len(self)
-        keep = ~np.isin(self._keys, keys)
-        if not keep.all():
-            self._keys, self._rows = self._keys[keep], self._rows[keep]
+        removed = []
+        drop = np.isin(self._keys, keys)
+        if drop.any():
+            removed.append(self._keys[drop])
+            self._keys, self._rows = self._keys[~drop], self._rows[~drop]
         if len(self._pkeys):
-            keep = ~np.isin(self._pkeys, keys)
-            if not keep.all():
-                self._pkeys, self._prows = self._pkeys[keep], self._prows[keep]
-        removed = n0 - len(self)
-        if removed:
-            self._touch(keys)
-        return removed
+            drop = np.isin(self._pkeys, keys)
+            if drop.any():
+                removed.append(self._pkeys[drop])
+                self._pkeys, self._prows = self._pkeys[~drop], self._prows[~drop]
+        if not removed:
+            return 0
+        gone = np.concatenate(removed)
+        self._touch(gone)
+        return len(gone)
 
     def delete_where(self, field: str, below: float) -> tuple[np.ndarray, np.ndarray]:
         """Remove every row whose ``field`` is below ``below``; returns the removed (keys, records)."""

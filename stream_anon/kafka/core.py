@@ -119,19 +119,20 @@ class WorkerCore:
         ps = self.parts.get(partition)
         if ps is None:
             cp = ckpt.read_checkpoint(self.state_dir, self.app_id, self.stream, partition)
+            ckpt.forget_writer(self.state_dir, self.app_id, self.stream, partition)   # next write: a snapshot
             carried = aggregates.needed_fields(self.config.dp, self.config.stream.event_time) \
                 if self.config.dp is not None else ()
             if cp is None:
                 engine = Engine(self.config, partition=partition, secret=self.secret, carried=carried)
                 offset = -1
             else:
-                engine = Engine.from_state(self.config, cp.state, secret=self.secret, carried=carried)
+                engine = Engine.restore(self.config, partition, self.secret, cp.core, cp.tables, carried=carried)
                 offset = cp.offset
             log.info("partition %s: %s", partition,
                      f"resumed from checkpoint offset {offset}" if cp else "no checkpoint, new engine")
             ps = self.parts[partition] = PartitionState(partition, engine, offset)
             ps.dp = aggregates.for_partition(self.config, self.state_dir, self.app_id, partition, self.secret,
-                                             cp.state if cp else None)
+                                             cp.core if cp else None)
             # records buffered in a checkpointed engine still need an idle flush (if enabled)
             ps.dirty_since_flush = bool(getattr(engine, "deferred", 0))
         return ps
@@ -314,10 +315,11 @@ class WorkerCore:
         if existing > offset:
             # another worker owns this partition now and is ahead of us: never move its checkpoint back
             return False
-        state = ps.engine.state_dict()
+        core = ps.engine.state_core()
         if ps.dp is not None:
-            state["dp"] = ps.dp.state_dict()
-        ckpt.write_checkpoint(self.state_dir, self.app_id, self.stream, self.topic, ps.partition, offset, state)
+            core["dp"] = ps.dp.state_dict()
+        ckpt.write_state(self.state_dir, self.app_id, self.stream, self.topic, ps.partition, offset, core,
+                         ps.engine.state_tables, ps.engine.state_changes)
         return True
 
     async def _checkpoint(self, ps: PartitionState, offset: int) -> None:
