@@ -496,38 +496,69 @@ class MInvariantFormer:
         pop = {sid: Counter(c) for sid, c in enumerate(self.sig_pop)}
         order = [new_units[i] for i in rng.permutation(len(new_units))]
         order.sort(key=lambda ui: (val_of[ui] is None, freq[val_of[ui]] if val_of[ui] is not None else 0))
+        # The choice for an individual with value v is the smallest key(sid, v) over the signatures holding v
+        # (a new signature from today's frequencies only when every one of them is over the cap). key(sid, v)
+        # depends only on the bucket and population of sid, which change only when an individual joins sid, so
+        # keys are cached per signature and recomputed after a join (same choices as evaluating every key).
+        empty = Counter()
+        keys: dict[int, dict] = {}                # sid -> {v: key}
+        base: dict[int, int] = {}                 # sid -> counterfeits the bucket needs now
+        totals = {sid: sum(p.values()) for sid, p in pop.items()}
+        cands_of: dict = {}                       # v -> signatures holding v (None: every signature)
+        template_of: dict = {}                    # v -> its new-signature template (freq is fixed here)
+
+        def key_of(sid, v):
+            ks = keys.setdefault(sid, {})
+            key = ks.get(v)
+            if key is None:
+                sig = self.sigs[sid]
+                here = present.get(sid, empty)
+                n0 = present_n[sid]
+                b = base.get(sid)
+                if b is None:
+                    b = base[sid] = need_one([here[w] for w in sig], n0, m)
+                delta = need_one([here[w] + (w == v) for w in sig], n0 + 1, m) - b
+                p = pop.get(sid, empty)
+                total = totals.get(sid, 0) + 1
+                share = (p[v] + 1) / total if v is not None else 0.0
+                over = max(0.0, share - cap) if total > 1 else 0.0
+                key = ks[v] = (over > 0, delta > 0, delta, over, n0 == 0, share, -n0, sid)
+            return key
+
         for ui in order:
             v = val_of[ui]
-            cands = [sid for sid, sig in enumerate(self.sigs) if v is None or v in sig]
-            template = self._template(v, freq)
+            cands = cands_of.get(v)
+            if cands is None:
+                cands = cands_of[v] = [sid for sid, sig in enumerate(self.sigs) if v is None or v in sig]
+            if v in template_of:
+                template = template_of[v]
+            else:
+                template = template_of[v] = self._template(v, freq)
             fresh = template is not None and template not in self.sig_index
             if not cands and template is None:
                 continue                      # fewer than m values seen so far: it waits (deferred)
-            best, best_key = None, None
-            for sid in cands + ([-2] if fresh else []):
-                if sid == -2:                 # a new signature from today's frequencies (only if it helps)
-                    if best_key is not None and not best_key[0]:
-                        break                 # an existing signature takes v within the cap
-                    sid = self._sig_id(template)
-                    pop.setdefault(sid, Counter())
+            best_key = min([key_of(sid, v) for sid in cands]) if cands else None
+            if fresh and (best_key is None or best_key[0]):
+                # no existing signature takes v within the cap: a new one from today's frequencies
+                sid = self._sig_id(template)
+                pop.setdefault(sid, Counter())
+                totals.setdefault(sid, 0)
                 sig = self.sigs[sid]
-                here = present.get(sid, Counter())
-                c = [here[w] for w in sig]
-                n0 = present_n[sid]
-                c1 = [here[w] + (w == v) for w in sig]
-                delta = need_one(c1, n0 + 1, m) - need_one(c, n0, m)
-                p = pop.get(sid, Counter())
-                total = sum(p.values()) + 1
-                share = (p[v] + 1) / total if v is not None else 0.0
-                over = max(0.0, share - cap) if total > 1 else 0.0
-                key = (over > 0, delta > 0, delta, over, n0 == 0, share, -n0, sid)
+                for w, lst in cands_of.items():
+                    if w is None or w in sig:
+                        lst.append(sid)
+                key = key_of(sid, v)
                 if best_key is None or key < best_key:
-                    best, best_key = sid, key
+                    best_key = key
+            best = best_key[-1]
             out[ui] = best
             bucket_units.setdefault(best, []).append(ui)
             present.setdefault(best, Counter()).update([v] if v is not None else [])
             present_n[best] += 1
             pop.setdefault(best, Counter())[v] += 1
+            totals[best] = totals.get(best, 0) + 1
+            keys.pop(best, None)
+            base.pop(best, None)
 
     # -- phase 4 --------------------------------------------------------------------------------------------
     def reuse(self, view: WindowView, rows: np.ndarray, plan: Plan) -> dict[int, list[int]]:
