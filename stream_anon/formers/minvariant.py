@@ -506,6 +506,8 @@ class MInvariantFormer:
         totals = {sid: sum(p.values()) for sid, p in pop.items()}
         cands_of: dict = {}                       # v -> signatures holding v (None: every signature)
         template_of: dict = {}                    # v -> its new-signature template (freq is fixed here)
+        keys_of_v: dict = {}                      # v -> {sid: key(sid, v)} over cands_of[v]
+        stale: dict = {}                          # v -> signatures whose key changed (or appeared) since
 
         def key_of(sid, v):
             ks = keys.setdefault(sid, {})
@@ -525,6 +527,22 @@ class MInvariantFormer:
                 key = ks[v] = (over > 0, delta > 0, delta, over, n0 == 0, share, -n0, sid)
             return key
 
+        def best_for(v, cands):
+            kv = keys_of_v.get(v)
+            if kv is None:
+                stale.pop(v, None)
+                kv = keys_of_v[v] = {sid: key_of(sid, v) for sid in cands}
+            else:
+                for sid in stale.pop(v, ()):
+                    kv[sid] = key_of(sid, v)
+            return min(kv.values()) if kv else None
+
+        def changed(sid):
+            sig = self.sigs[sid]
+            for w in keys_of_v:
+                if w is None or w in sig:
+                    stale.setdefault(w, set()).add(sid)
+
         for ui in order:
             v = val_of[ui]
             cands = cands_of.get(v)
@@ -537,7 +555,7 @@ class MInvariantFormer:
             fresh = template is not None and template not in self.sig_index
             if not cands and template is None:
                 continue                      # fewer than m values seen so far: it waits (deferred)
-            best_key = min([key_of(sid, v) for sid in cands]) if cands else None
+            best_key = best_for(v, cands)
             if fresh and (best_key is None or best_key[0]):
                 # no existing signature takes v within the cap: a new one from today's frequencies
                 sid = self._sig_id(template)
@@ -547,18 +565,22 @@ class MInvariantFormer:
                 for w, lst in cands_of.items():
                     if w is None or w in sig:
                         lst.append(sid)
+                changed(sid)
                 key = key_of(sid, v)
                 if best_key is None or key < best_key:
                     best_key = key
             best = best_key[-1]
             out[ui] = best
             bucket_units.setdefault(best, []).append(ui)
-            present.setdefault(best, Counter()).update([v] if v is not None else [])
+            here = present.setdefault(best, Counter())
+            if v is not None:
+                here[v] += 1
             present_n[best] += 1
             pop.setdefault(best, Counter())[v] += 1
             totals[best] = totals.get(best, 0) + 1
             keys.pop(best, None)
-            base.pop(best, None)
+            base[best] += best_key[2]             # the bucket's need now: the need with v counted
+            changed(best)
 
     # -- phase 4 --------------------------------------------------------------------------------------------
     def reuse(self, view: WindowView, rows: np.ndarray, plan: Plan) -> dict[int, list[int]]:
