@@ -20,7 +20,7 @@ For every release and every class in it (a reused class is judged by the records
   the class also holds records of at least k distinct *real* individuals when it is created;
 * **invariant**: the set of invariant values published in the class equals the signature of every real individual
   in it, and an individual's signature never changes while it is bound (``anonymization.m_horizon_s`` of event time
-  after its last release; default: for the lifetime of the engine state, which survives restarts in checkpoints).
+  after its last release, see Horizon below; the binding survives restarts in checkpoints).
 
 Counterfeits fill what the real individuals of a class cannot: a counterfeit individual has one of the missing (or
 under-represented) values of the signature and one or more counterfeit records. A counterfeit record carries the
@@ -69,8 +69,16 @@ Conservative choices (documented in docs/contracts.md)
 * **Null value.** An individual whose invariant value is null counts as an individual of its class; a null is
   visible in the class, so the nulls obey the 1/m rule like a value (as the checker counts them) but are no
   distinct value and no counterfeit gets one. The individual still gets a signature and keeps it.
-* **Horizon.** After ``m_horizon_s`` without a release, an individual's signature is forgotten; the guarantee then
-  covers each chain of releases separated by less than the horizon. Unset, signatures are kept as long as the state.
+* **Horizon** (``anonymization.m_horizon_s``, default 7 days: ``stream_anon.config.M_HORIZON_S``). After
+  ``m_horizon_s`` of event time without a release, an individual's signature is forgotten (its entry leaves the
+  ``signatures`` keyed table, a deletion in the engine's state changes); if it comes back it is treated as a new
+  individual and may get another signature. What this means for the guarantee: invariance holds along every chain
+  of releases of an individual in which consecutive releases are less than the horizon apart; two releases of the
+  same person separated by a longer gap may carry different signatures, and an adversary who links them can
+  intersect both. The trade-off: memory and checkpoint size are proportional to the individuals released within
+  the horizon (24 bytes each in the table: an 8-byte key and a 16-byte record), not to every individual ever
+  seen. The default keeps daily and weekly returning individuals (commuters, fleet vehicles) invariant while
+  bounding the table to about a week of individuals; a longer horizon protects rarer returns for more memory.
 """
 from __future__ import annotations
 
