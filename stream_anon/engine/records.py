@@ -16,6 +16,36 @@ from stream_anon import crypto
 from stream_anon.engine.space import QISpace, parse_time
 
 
+class AuditTokens:
+    """``crypto.audit_token`` (hex HMAC-SHA256 of ``"audit:" + event id`` keyed with the secret) for a list of
+    event ids, 2-3x faster than one ``hmac`` object copy per event: the HMAC's inner and outer SHA-256 states are
+    built once (RFC 2104) and copied per event.
+
+    >>> AuditTokens(b"k" * 100)(["e1"]) == [crypto.audit_token(b"k" * 100, "e1")]
+    True
+    """
+
+    BLOCK = 64     # SHA-256 block size
+
+    def __init__(self, secret: bytes):
+        key = hashlib.sha256(secret).digest() if len(secret) > self.BLOCK else secret
+        key = key.ljust(self.BLOCK, b"\0")
+        self._inner = hashlib.sha256(bytes(b ^ 0x36 for b in key))
+        self._inner.update(b"audit:")
+        self._outer = hashlib.sha256(bytes(b ^ 0x5C for b in key))
+
+    def __call__(self, event_ids) -> list[str]:
+        out = []
+        icopy, ocopy, append = self._inner.copy, self._outer.copy, out.append
+        for e in event_ids:
+            h = icopy()
+            h.update(e.encode())
+            o = ocopy()
+            o.update(h.digest())
+            append(o.hexdigest())
+        return out
+
+
 def get_path(event: dict, path: str):
     """Value at a dotted path of a nested event, or of a flat event whose keys are dotted paths.
 
@@ -122,15 +152,17 @@ class RecordReader:
         self.carried = tuple(carried)
         self.fields = tuple(dict.fromkeys(("event_id", "event_type", self.unit_field, self.time_field,
                                            *self.qi_fields, *self.sensitive_fields, *self.carried)))
-        self._tokenize = crypto.AuditTokenizer(secret)
+        self._tokens = AuditTokens(secret)
         self._unit_key = hashlib.sha256(b"unit-id:" + secret).digest()[:32]
         self.seen: SeenEvents | None = None       # set by the engine when duplicate detection is on
 
     def unit_ids(self, units) -> np.ndarray:
         """Keyed 64-bit ids of privacy-unit values (as the records carry them)."""
         key, blake2b = self._unit_key, hashlib.blake2b
-        return np.fromiter((int.from_bytes(blake2b(str(u).encode(), key=key, digest_size=8).digest(), "little",
-                                           signed=True) for u in units), dtype=np.int64, count=len(units))
+        if len(units) == 0:
+            return np.empty(0, dtype=np.int64)
+        return np.frombuffer(b"".join([blake2b(str(u).encode(), key=key, digest_size=8).digest() for u in units]),
+                             dtype="<i8").astype(np.int64)
 
     @staticmethod
     def event_keys(tokens: list[str]) -> np.ndarray:
@@ -193,8 +225,8 @@ class RecordReader:
                 reasons[i] = r
         rows = np.fromiter((r is None for r in reasons), dtype=bool, count=n)
         idx = np.flatnonzero(rows)
-        tokenize, eid = self._tokenize, cols["event_id"]
-        tokens = [tokenize(eid[i]) for i in idx.tolist()]
+        eid = cols["event_id"]
+        tokens = self._tokens([eid[i] for i in idx.tolist()])
         if self.seen is not None and len(idx):
             dup = self.seen.check(self.event_keys(tokens), times[idx])
             if dup.any():
@@ -204,13 +236,11 @@ class RecordReader:
                 tokens = [t for t, d in zip(tokens, dup.tolist()) if not d]
         rejected = [(i, r) for i, r in enumerate(reasons) if r is not None]
         il = idx.tolist()
-        key, blake2b = self._unit_key, hashlib.blake2b
         # keyed 64-bit hashes: a collision can only merge two people, which makes the k check stricter
         unit_col = cols[self.unit_field]
-        units = np.fromiter((int.from_bytes(blake2b(str(unit_col[i]).encode(), key=key, digest_size=8).digest(),
-                                            "little", signed=True) for i in il), dtype=np.int64, count=len(il))
+        units = self.unit_ids([unit_col[i] for i in il])
         sens_cols = [cols[f] for f in self.sensitive_fields]
-        sensitive = [tuple(c[i] for c in sens_cols) for i in il] if sens_cols else [()] * len(il)
+        sensitive = list(zip(*[[c[i] for i in il] for c in sens_cols])) if sens_cols else [()] * len(il)
         records = Records(idx, units, tokens, times[idx], X[idx], sensitive,
                           {f: [cols[f][i] for i in il] for f in self.carried})
         return records, rejected
