@@ -6,7 +6,6 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
