@@ -8,6 +8,7 @@ gets one short reason naming the field, or ``duplicate_event`` (:class:`SeenEven
 from __future__ import annotations
 
 import hashlib
+from operator import itemgetter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -186,10 +187,21 @@ class RecordReader:
             return cols, n
         n = len(events)
         cols = {}
+        flat = [f for f in self.fields if "." not in f]
+        if len(flat) > 1 and n:
+            # hot path: every event has every top-level field -> one C-level itemgetter per event
+            try:
+                rows = list(map(itemgetter(*flat), events))
+            except (KeyError, TypeError):
+                rows = None
+            if rows is not None:
+                cols.update(zip(flat, map(list, zip(*rows))))
         for f in self.fields:
+            if f in cols:
+                continue
             if "." in f:
                 cols[f] = [get_path(e, f) for e in events]
-            else:   # top-level field: a plain dict lookup (hot path)
+            else:   # top-level field: a plain dict lookup
                 cols[f] = [e.get(f) for e in events]
         return cols, n
 
@@ -204,14 +216,14 @@ class RecordReader:
                                                       cols[tf])):
             if not isinstance(eid, str) or not eid:
                 reasons[i] = "event_id: missing or not a string"
-            elif not _utf8(eid):
+            elif not (eid.isascii() or _utf8(eid)):
                 reasons[i] = "event_id: not valid Unicode text"
             elif etype not in allowed:
                 reasons[i] = f"unknown event type: {etype!r} (stream {self.config.stream.name} accepts " \
                              f"{sorted(allowed)})"
             elif unit is None or unit == "":
                 reasons[i] = f"{self.unit_field}: privacy unit missing"
-            elif not _utf8(str(unit)):
+            elif not (isinstance(unit, str) and unit.isascii()) and not _utf8(str(unit)):
                 reasons[i] = f"{self.unit_field}: not valid Unicode text"
             else:
                 t = parse_time(ts)
