@@ -36,7 +36,7 @@ from stream_anon.engine.release import ClassInfo, Rejection, Release, StepResult
 from stream_anon.engine.space import QISpace
 from stream_anon.engine.state import KeyedTable, compose_state, split_state
 from stream_anon.formers.base import (SUPPRESSED_END, SUPPRESSED_LOSS, SUPPRESSED_NO_CLASS, NewClass,
-                                      WindowView)
+                                      WindowView, distinct_per_group)
 from stream_anon.formers.counterfeits import counterfeit_token
 from stream_anon.formers.kanon import KAnonymousFormer
 from stream_anon.formers.minvariant import SIGNATURE_FIELDS, MInvariantFormer, MInvariantParams
@@ -355,8 +355,10 @@ class Engine:
         buf, reg, former = self.buffer, self.registry, self.former
         groups = []     # (class id, generalization, ncp, reused, tag, rows) in release order
         if new_classes:
-            lo = np.stack([buf.X[nc.rows].min(axis=0) for nc in new_classes])
-            hi = np.stack([buf.X[nc.rows].max(axis=0) for nc in new_classes])
+            sizes = np.array([len(nc.rows) for nc in new_classes])
+            Xc = buf.X[np.concatenate([nc.rows for nc in new_classes])]
+            starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+            lo, hi = np.minimum.reduceat(Xc, starts, axis=0), np.maximum.reduceat(Xc, starts, axis=0)
             lo, hi, labels = self.space.snap(lo, hi)
             ncp = self.space.ncp(lo, hi)
             for j, nc in enumerate(new_classes):
@@ -372,9 +374,12 @@ class Engine:
         extras = former.complete(view, [(g[0], g[5], g[4]) for g in groups], published_rows)
         classes: list[ClassInfo] = []
         rec_class, rec_sens, rec_tok, rec_ncp, rec_cf = [], [], [], [], []
+        if groups:
+            n_reals = distinct_per_group(buf.units[np.concatenate([g[5] for g in groups])],
+                                         np.array([len(g[5]) for g in groups])).tolist()
         for ci, ((cid, gen, ncp_c, is_reused, _, rows), extra) in enumerate(zip(groups, extras)):
             rl = rows.tolist()
-            n_real = len(np.unique(buf.units[rows]))
+            n_real = n_reals[ci]
             rec_class += [ci] * len(rl)
             rec_sens += [buf.sensitive[r] for r in rl]
             rec_tok += [buf.tokens[r] for r in rl]

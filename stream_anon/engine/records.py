@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from stream_anon import crypto
-from stream_anon.engine.space import QISpace, parse_time
+from stream_anon.engine.space import QISpace, _parse_iso, parse_time
 
 
 class AuditTokens:
@@ -162,8 +162,10 @@ class RecordReader:
         key, blake2b = self._unit_key, hashlib.blake2b
         if len(units) == 0:
             return np.empty(0, dtype=np.int64)
-        return np.frombuffer(b"".join([blake2b(str(u).encode(), key=key, digest_size=8).digest() for u in units]),
-                             dtype="<i8").astype(np.int64)
+        text = [u if type(u) is str else str(u) for u in units]
+        uniq = dict.fromkeys(text)           # a unit's events share one hash
+        digests = dict(zip(uniq, [blake2b(u.encode(), key=key, digest_size=8).digest() for u in uniq]))
+        return np.frombuffer(b"".join([digests[u] for u in text]), dtype="<i8").astype(np.int64)
 
     @staticmethod
     def event_keys(tokens: list[str]) -> np.ndarray:
@@ -226,7 +228,7 @@ class RecordReader:
             elif not (isinstance(unit, str) and unit.isascii()) and not _utf8(str(unit)):
                 reasons[i] = f"{self.unit_field}: not valid Unicode text"
             else:
-                t = parse_time(ts)
+                t = _parse_iso(ts) if type(ts) is str else parse_time(ts)
                 if t is None:
                     reasons[i] = f"{tf}: not an ISO-8601 time with UTC offset: {ts!r}"
                 else:
