@@ -211,7 +211,7 @@ class RecordReader:
         """(accepted records, [(input position, reason)] for the rejected ones)."""
         cols, n = self.columns(events)
         reasons: list[str | None] = [None] * n
-        times = np.zeros(n)
+        tl = [0.0] * n
         allowed = self.event_types
         tf = self.time_field
         for i, (eid, etype, unit, ts) in enumerate(zip(cols["event_id"], cols["event_type"], cols[self.unit_field],
@@ -232,7 +232,8 @@ class RecordReader:
                 if t is None:
                     reasons[i] = f"{tf}: not an ISO-8601 time with UTC offset: {ts!r}"
                 else:
-                    times[i] = t
+                    tl[i] = t
+        times = np.array(tl, dtype=float)
         X, qi_reasons = self.space.encode({f: cols[f] for f in self.qi_fields})
         for i, r in enumerate(qi_reasons):
             if r is not None and reasons[i] is None:

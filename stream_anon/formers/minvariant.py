@@ -580,11 +580,13 @@ class MInvariantFormer:
             best = best_key[-1]
             out[ui] = best
             bucket_units.setdefault(best, []).append(ui)
-            here = present.setdefault(best, Counter())
+            here = present.get(best)
+            if here is None:
+                here = present[best] = Counter()
             if v is not None:
                 here[v] += 1
             present_n[best] += 1
-            pop.setdefault(best, Counter())[v] += 1
+            pop[best][v] += 1                     # every signature has a population entry (made with it)
             totals[best] = totals.get(best, 0) + 1
             keys.pop(best, None)
             base[best] += best_key[2]             # the bucket's need now: the need with v counted
