@@ -6,7 +6,13 @@ suffixed ``-d<d>``: the privacy unit is the journey, so every day brings ~400k n
 
 * ``k10``: configs/oyster.toml (k = 10);
 * ``m3``:  configs/oyster-cards.toml (m = 3, invariant ``product_category``) with the journey as privacy unit
-  (the Oyster file has no card id): every individual gets a signature, the worst case for the signature table.
+  (the Oyster file has no card id): every individual gets a signature, the worst case for the signature table;
+  default ``m_horizon_s`` (7 days: the table grows over the 4 days);
+* ``m3-1d``: the same with ``m_horizon_s = 86400``: the table stops growing once the horizon is reached.
+
+A separate **checkpoint scaling** measurement writes delta records of a fixed change set (5,000 signature rows put,
+500 deleted, the same core) against signature tables of growing size, to show that a delta's time and bytes do not
+depend on the number of individuals in the table.
 
 Both with the timestamp QI's upper bound widened to cover the four days. Per day: events/s of the engine (CPU
 seconds, one core, numpy pinned to 1 thread) and with checkpoints; RSS at the end of the day and peak RSS so far;
@@ -59,7 +65,9 @@ def peak_mb() -> float:
 def config(run: str, days: int, **anon):
     path = ROOT / "configs" / ("oyster.toml" if run == "k10" else "oyster-cards.toml")
     raw = tomllib.loads(path.read_text())
-    if run == "m3":
+    if run == "m3-1d":
+        raw["anonymization"]["m_horizon_s"] = 86400
+    if run.startswith("m3"):
         raw["stream"]["name"] = "oyster-m3"
         raw["stream"]["privacy_unit"] = "journey_id"
     else:
@@ -185,10 +193,49 @@ def run_stream(run: str, base: list[dict], days: int, batch: int, state_dir: Pat
     }
 
 
+def checkpoint_scaling(state_dir: Path, sizes=(100_000, 400_000, 1_600_000, 6_400_000), repeat: int = 15) -> list:
+    """Delta write time and bytes for a fixed change set against signature tables of growing size."""
+    from stream_anon.engine.state import KeyedTable
+    from stream_anon.formers.minvariant import SIGNATURE_FIELDS
+    rng = np.random.default_rng(0)
+    core = {"buffer": {"tokens": [f"{i:064x}" for i in range(2000)]}}     # a fixed, realistic-size core
+    out = []
+    for n in sizes:
+        table = KeyedTable(SIGNATURE_FIELDS)
+        keys = rng.choice(2**62, size=n, replace=False).astype(np.int64)
+        rows = np.zeros(n, dtype=table.dtype)
+        rows["last"] = rng.random(n)
+        table.put(keys, rows)
+        d = state_dir / f"scale-{n}"
+        ckpt.write_state(d, "b", "s", "raw", 0, 0, core, lambda: {"signatures": table.snapshot()},
+                         lambda: {"signatures": table.changes()[:2]})
+        secs, nbytes = [], []
+        for r in range(repeat):
+            new = rng.integers(0, 2**62, size=5000)
+            table.put(new, np.zeros(5000, dtype=table.dtype))
+            table.delete(keys[rng.integers(0, n, size=500)])
+
+            def changes():
+                k, rws, dele = table.changes()
+                return {"signatures": (k, rws), "signatures:deleted": (dele, None)}
+            t0 = time.perf_counter()
+            _, kind, b = ckpt.write_state(d, "b", "s", "raw", 0, r + 1, core,
+                                          lambda: {"signatures": table.snapshot()}, changes)
+            if kind == "delta":
+                secs.append(time.perf_counter() - t0)
+                nbytes.append(b)
+        shutil.rmtree(d, ignore_errors=True)
+        out.append({"table_rows": n, "table_mb": round(table.nbytes / 2**20, 1), "deltas": len(secs),
+                    "delta_median_ms": round(1000 * float(np.median(secs)), 2),
+                    "delta_median_bytes": int(np.median(nbytes))})
+        print("checkpoint scaling", out[-1], flush=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--days", type=int, default=4)
-    ap.add_argument("--runs", default="k10,m3")
+    ap.add_argument("--runs", default="k10,m3,m3-1d")
     ap.add_argument("--batch", type=int, default=5000)
     ap.add_argument("--events", type=int, default=None, help="first N events of the Monday (quick runs)")
     ap.add_argument("--m-horizon-s", type=float, default=None, help="m3 run: anonymization.m_horizon_s")
@@ -206,6 +253,11 @@ def main() -> None:
             runs.append(run_stream(run, base, args.days, args.batch, state_dir, **anon))
         finally:
             shutil.rmtree(state_dir, ignore_errors=True)
+    state_dir = Path(tempfile.mkdtemp(prefix="long-stream-scale-"))
+    try:
+        scaling = checkpoint_scaling(state_dir)
+    finally:
+        shutil.rmtree(state_dir, ignore_errors=True)
     doc = {
         "benchmark": "long stream: Oyster Monday shifted by whole days (issue 11)",
         "command": "python bench/bench_long_stream.py" + "".join(
@@ -224,7 +276,10 @@ def main() -> None:
             "single_document_checkpoint_end_of_day": "orjson of Engine.state_dict() (core + full tables): what "
                                                      "every checkpoint cost with the previous format",
         },
-        "runs": runs, "seconds": round(time.time() - t0, 1),
+        "runs": runs,
+        "checkpoint_scaling": {"what": "delta record of 5,000 puts + 500 deletions and a fixed core, fsynced, vs "
+                                       "rows in the signature table (wall ms, median)", "rows": scaling},
+        "seconds": round(time.time() - t0, 1),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
