@@ -237,8 +237,9 @@ def _parse_m(a: dict) -> dict:
                               f"got {horizon}")
     params = _get(a, "m_params", "anonymization", dict, required=False, default={})
     _make_params(MInvariantParams, params, "anonymization.m_params")
-    return {"m": int(m), "m_horizon_s": max(M_HORIZON_S, float(a.get("window_s", 0))) if horizon is None else float(horizon),
-            "m_params": dict(params)}
+    if horizon is None:         # the default bounds memory (docs/contracts.md, m-invariance: Horizon)
+        horizon = max(M_HORIZON_S, float(a.get("window_s", 0)))
+    return {"m": int(m), "m_horizon_s": float(horizon), "m_params": dict(params)}
 
 
 def _make_params(cls, params: dict, path: str):
