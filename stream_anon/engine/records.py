@@ -8,8 +8,8 @@ gets one short reason naming the field, or ``duplicate_event`` (:class:`SeenEven
 from __future__ import annotations
 
 import hashlib
-from operator import itemgetter
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 import numpy as np
 
