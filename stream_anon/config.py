@@ -76,7 +76,7 @@ class Anonymization:
     max_suppression_ratio: float = 0.05
     m: int | None = None                   # m-invariance (stream_anon.engine.minvariance); None: off
     m_horizon_s: float | None = None       # a signature binds its individual this long after its last release
-                                           # (event time); None: for the lifetime of the engine state
+                                           # (event time); default M_HORIZON_S when m is set
     m_params: dict = field(default_factory=dict)   # tuning of the m-invariant class former (MInvariantParams)
     time_granularity_s: float = 60.0       # published time bounds are snapped outward to this grid (> 0)
 
@@ -215,9 +215,14 @@ def _parse_domain(name: str, table) -> SensitiveDomain:
     return SensitiveDomain(name, t)
 
 
+M_HORIZON_S = 7 * 86400.0          # default anonymization.m_horizon_s (docs/contracts.md, m-invariance)
+DUPLICATE_HORIZON_S = 86400.0       # default limits.duplicate_horizon_s
+
+
 @dataclass(frozen=True)
 class Limits:
     max_event_bytes: int = 65536
+    duplicate_horizon_s: float = DUPLICATE_HORIZON_S    # event ids seen again within this -> duplicate_event
 
 
 @dataclass(frozen=True)
@@ -442,7 +447,9 @@ def _parse_m(a: dict) -> dict:
                               f"got {horizon}")
     params = _get(a, "m_params", "anonymization", dict, required=False, default={})
     _make_params(MInvariantParams, params, "anonymization.m_params")
-    return {"m": int(m), "m_horizon_s": None if horizon is None else float(horizon), "m_params": dict(params)}
+    if horizon is None:         # the default bounds memory (docs/contracts.md, m-invariance: Horizon)
+        horizon = max(M_HORIZON_S, float(a.get("window_s", 0)))
+    return {"m": int(m), "m_horizon_s": float(horizon), "m_params": dict(params)}
 
 
 def _make_params(cls, params: dict, path: str):
@@ -582,12 +589,18 @@ def parse_config(raw: dict, base_dir: Path = Path("."), source: Path | None = No
         raise ConfigError(_keyed("anonymization.strategy_params", exc)) from None
     lim = raw.get("limits", {})
     for key in lim:
-        if key != "max_event_bytes":
-            raise ConfigError(f"limits.{key}: unknown key (known: max_event_bytes; event times are bounded by the "
-                              "timestamp quasi-identifiers' domains)")
+        if key not in ("max_event_bytes", "duplicate_horizon_s"):
+            raise ConfigError(f"limits.{key}: unknown key (known: max_event_bytes, duplicate_horizon_s; event times "
+                              "are bounded by the timestamp quasi-identifiers' domains)")
+    dup_horizon = _get(lim, "duplicate_horizon_s", "limits", (int, float), required=False,
+                       default=DUPLICATE_HORIZON_S)
+    if not dup_horizon >= 0 or dup_horizon == float("inf"):
+        raise ConfigError(f"limits.duplicate_horizon_s: must be a finite number of seconds >= 0 (0: no duplicate "
+                          f"detection), got {dup_horizon!r}")
     limits = Limits(
         max_event_bytes=int(_positive(_get(lim, "max_event_bytes", "limits", int, required=False,
                                            default=65536), "limits.max_event_bytes", integer=True)),
+        duplicate_horizon_s=float(dup_horizon),
     )
     dp = None
     if "dp" in raw or "aggregates" in raw:

@@ -193,3 +193,10 @@ def test_no_identifier_in_output():
     text = json.dumps([r.records for r in releases] + [r.manifest() for r in releases])
     for e in events:
         assert f'"{e["unit"]}"' not in text and f'"{e["event_id"]}"' not in text
+
+
+def test_fast_audit_tokens_equal_crypto_audit_token():
+    from stream_anon.engine.records import AuditTokens
+    ids = ["e1", "", "ünïcode-∑", "x" * 300]
+    for secret in (b"", b"short", b"k" * 64, b"k" * 65, bytes(range(200))):
+        assert AuditTokens(secret)(ids) == [crypto.audit_token(secret, e) for e in ids]

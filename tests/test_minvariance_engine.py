@@ -294,7 +294,7 @@ def test_value_change_outside_the_signature_is_suppressed_inside_is_published():
     people = [(f"u{i}", "abc"[i % 3]) for i in range(9)]
     first = engine.process(synth(people)).releases + engine.process(synth([("x", "a")], t0=100, start=100)).releases
     assert first and first[0].published == 9
-    sig = {u: engine.former.signature_of(engine.reader.read(synth([(u, "a")]))[0].units[0]) for u, _ in people}
+    sig = {u: engine.former.signature_of(engine.reader.unit_ids([u])[0]) for u, _ in people}
     u0_sig = sig["u0"]
     inside = next(v for v in u0_sig if v != "a")
     outside = next(v for v in ("a", "b", "c", "d") if v not in u0_sig)

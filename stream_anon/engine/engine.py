@@ -30,6 +30,11 @@ above the watermark when it arrives), not on the arrival order either: the buffe
 (event time, then audit token when ``allowed_lateness_s > 0``; event time, then arrival, when it is 0 so that
 time-ordered input keeps today's releases), and the randomness of a release comes from (seed, partition,
 sequence number).
+
+State (docs/contracts.md, "Engine state"): a bounded **core** (:meth:`Engine.state_core`, JSON) and **keyed
+tables** (:mod:`stream_anon.engine.state`): ``seen_events`` (duplicate detection) and, with m-invariance,
+``signatures``. :meth:`Engine.state_changes` gives what changed in the tables since its previous call, so a
+checkpoint costs what changed; :meth:`Engine.restore` rebuilds an engine from a core and full tables.
 """
 from __future__ import annotations
 
@@ -41,18 +46,19 @@ import numpy as np
 
 from stream_anon import crypto
 from stream_anon.config import StreamConfig
-from stream_anon.engine.records import RecordReader, Records
+from stream_anon.engine.records import RecordReader, Records, SeenEvents
 from stream_anon.engine.registry import PublishedClasses
 from stream_anon.engine.release import ClassInfo, Rejection, Release, StepResult
 from stream_anon.engine.space import QISpace
+from stream_anon.engine.state import KeyedTable, compose_state, split_state
 from stream_anon.formers.base import (SUPPRESSED_END, SUPPRESSED_LOSS, SUPPRESSED_NO_CLASS, NewClass, Plan,
-                                      WindowView)
+                                      WindowView, distinct_per_group)
 from stream_anon.formers.counterfeits import counterfeit_token
 from stream_anon.formers.kanon import KAnonymousFormer
-from stream_anon.formers.minvariant import MInvariantFormer, MInvariantParams
+from stream_anon.formers.minvariant import SIGNATURE_FIELDS, MInvariantFormer, MInvariantParams
 from stream_anon.strategies import make_strategy
 
-STATE_VERSION = 3
+STATE_VERSION = 4       # 3: event-time windows (lateness) or keyed tables; 4: both
 LATE = "late"      # suppression reason of a late event (an event for a window already released)
 
 
@@ -137,7 +143,8 @@ def make_former(config: StreamConfig, invariance: bool = True):
     a = config.anonymization
     if a.m is not None:
         return MInvariantFormer(a.m, a.k, MInvariantParams(**a.m_params), config.sensitive,
-                                config.invariant_sensitive, a.m_horizon_s, a.max_class_ncp, a.reuse, invariance)
+                                config.invariant_sensitive, a.m_horizon_s, a.max_class_ncp, a.reuse, invariance,
+                                units_table=KeyedTable(SIGNATURE_FIELDS))
     return KAnonymousFormer(make_strategy(a.strategy, a.strategy_params), a.k, a.max_class_ncp, a.reuse,
                             config.sensitive)
 
@@ -181,6 +188,10 @@ class Engine:
         self.pending: dict[int, dict] = {}
         self.late_unreported = 0          # late events since the last ClosedWindow
         self.late_total = 0               # late events ever (metrics)
+        self.seen_events = KeyedTable(SeenEvents.FIELDS)
+        horizon = config.limits.duplicate_horizon_s
+        if horizon > 0:     # duplicates are judged against the largest event time seen (not the watermark)
+            self.reader.seen = SeenEvents(self.seen_events, horizon, lambda: self.max_event_time)
 
     @property
     def watermark(self) -> float:
@@ -267,43 +278,97 @@ class Engine:
         return list(self.buffer.tokens)
 
     # -- state ------------------------------------------------------------------------------------------------
-    def state_dict(self) -> dict:
-        """JSON-serializable checkpoint (no secret in it)."""
+    def _tables(self) -> dict[str, KeyedTable]:
+        tables = {"seen_events": self.seen_events}
+        tables.update(getattr(self.former, "state_tables", dict)())
+        return tables
+
+    def state_core(self) -> dict:
+        """The bounded part of the state, JSON-serializable (no secret in it): event-time position, buffer,
+        windows pending release, published classes, former core (signature list, value dictionary, counterfeit
+        pool, statistics) and the record layout of each keyed table (``tables``: name -> numpy dtype)."""
+        former = getattr(self.former, "state_core", self.former.state_dict)()
         return {"version": STATE_VERSION, "stream": self.config.stream.name, "partition": self.partition,
                 "seq": self.seq, "max_event_time": _finite_or_none(self.max_event_time),
                 "closed_until": _finite_or_none(self.closed_until), "buffer": self.buffer.to_state(),
                 "pending": {str(w): p for w, p in sorted(self.pending.items())},
                 "late_unreported": self.late_unreported, "late_total": self.late_total,
                 "published": self.registry.state_dict(),
-                "former": {"kind": type(self.former).__name__, **self.former.state_dict()}}
+                "former": {"kind": type(self.former).__name__, **former},
+                "tables": {name: t.dtype.descr for name, t in self._tables().items()}}
+
+    def state_tables(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Every keyed table in full: name -> (int64 keys sorted ascending, structured records of the table's
+        dtype). Copies; does not reset what :meth:`state_changes` reports."""
+        return {name: t.snapshot() for name, t in self._tables().items()}
+
+    def state_changes(self) -> dict[str, tuple[np.ndarray, np.ndarray | None]]:
+        """What changed in the keyed tables since the previous call, per table ``name``:
+
+        * ``name``: ``(keys, rows)``: keys put (inserted or overwritten), int64 sorted unique, with their current
+          records (structured array of the table's dtype, aligned with keys);
+        * ``name + ":deleted"``: ``(keys, None)``: keys deleted (expired) and not put again since; ``None`` in
+          place of the records is a tombstone (a Kafka compacted topic's null value).
+
+        A key appears in at most one of the two. The first call on an engine (new, or built by :meth:`restore` /
+        :meth:`from_state`) returns every row as put and no deletion (its base is an empty table); until then no
+        change log is kept. Applying every change set in order to the first one gives :meth:`state_tables`.
+        """
+        out: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
+        for name, table in self._tables().items():
+            keys, rows, deleted = table.changes()
+            out[name] = (keys, rows)
+            out[name + ":deleted"] = (deleted, None)
+        return out
+
+    def state_dict(self) -> dict:
+        """Core and full tables in one JSON document (tests, the audit harness, the worker's state record)."""
+        return compose_state(self.state_core(), self.state_tables())
 
     @classmethod
     def from_state(cls, config: StreamConfig, state: dict, secret: bytes | None = None,
                    carried: tuple[str, ...] = ()) -> "Engine":
-        engine = cls(config, state["partition"], secret, carried)
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(f"engine state version {state.get('version')!r} is not {STATE_VERSION}")
-        if state["stream"] != config.stream.name:
-            raise ValueError(f"checkpoint is for stream {state['stream']!r}, not {config.stream.name!r}")
-        former = dict(state["former"])
+        """Inverse of :meth:`state_dict`."""
+        core, tables = split_state(state)
+        return cls.restore(config, state["partition"], secret, core, tables, carried)
+
+    @classmethod
+    def restore(cls, config: StreamConfig, partition: int, secret: bytes | None, core: dict,
+                tables: dict[str, tuple[np.ndarray, np.ndarray]], carried: tuple[str, ...] = ()) -> "Engine":
+        """An engine from :meth:`state_core` and :meth:`state_tables` (a missing table is empty)."""
+        if core.get("version") != STATE_VERSION:
+            raise ValueError(f"engine state version {core.get('version')!r} is not {STATE_VERSION}")
+        if core["stream"] != config.stream.name:
+            raise ValueError(f"checkpoint is for stream {core['stream']!r}, not {config.stream.name!r}")
+        if int(core["partition"]) != int(partition):
+            raise ValueError(f"checkpoint is for partition {core['partition']}, not {partition}")
+        engine = cls(config, partition, secret, carried)
+        former = dict(core["former"])
         kind = former.pop("kind")
         if kind != type(engine.former).__name__:
             raise ValueError(f"checkpoint was made by the {kind} former, the config asks for "
                              f"{type(engine.former).__name__}: switching would drop or invent m-invariance "
                              "signatures")
-        engine.former.load_state(former)
-        engine.seq = state["seq"]
-        engine.max_event_time = -np.inf if state["max_event_time"] is None else float(state["max_event_time"])
-        engine.closed_until = -np.inf if state["closed_until"] is None else float(state["closed_until"])
-        engine.buffer = _Buffer.from_state(state["buffer"], engine.space.dims)
-        engine.registry.load_state(state["published"])
+        if hasattr(engine.former, "load_core"):
+            engine.former.load_core(former)
+            engine.former.load_tables(tables)
+        else:
+            engine.former.load_state(former)
+        if "seen_events" in tables:
+            keys, rows = tables["seen_events"]
+            engine.seen_events.load(keys, np.asarray(rows, dtype=engine.seen_events.dtype))
+        engine.seq = core["seq"]
+        engine.max_event_time = -np.inf if core["max_event_time"] is None else float(core["max_event_time"])
+        engine.closed_until = -np.inf if core["closed_until"] is None else float(core["closed_until"])
+        engine.buffer = _Buffer.from_state(core["buffer"], engine.space.dims)
+        engine.registry.load_state(core["published"])
         engine.pending = {}
-        for w, p in state["pending"].items():
+        for w, p in core["pending"].items():
             saved = p.get("carried", {})
             engine.pending[int(w)] = {"times": list(p["times"]), "tokens": list(p["tokens"]),
                                       "carried": {f: list(saved.get(f, [])) for f in engine.reader.carried}}
-        engine.late_unreported = int(state.get("late_unreported", 0))
-        engine.late_total = int(state.get("late_total", 0))
+        engine.late_unreported = int(core.get("late_unreported", 0))
+        engine.late_total = int(core.get("late_total", 0))
         return engine
 
     # -- internals --------------------------------------------------------------------------------------------
@@ -360,6 +425,8 @@ class Engine:
         nv = nf + in_view
         self.registry.expire(window_end)
         former.expire(window_end)
+        if self.reader.seen is not None:
+            self.reader.seen.expire(self.max_event_time)
         due = np.concatenate([(work.times[:nf] + self.max_delay_s < window_end + self.window_s) | final,
                               np.ones(in_view, dtype=bool)])
         view = WindowView(work.X[:nv], work.units[:nv], work.times[:nv], work.sensitive[:nv], due, final,
@@ -426,9 +493,12 @@ class Engine:
         reg, former = self.registry, self.former
         groups = []     # (class id, generalization, ncp, reused, tag, rows) in release order
         if new_classes:
-            lo = np.stack([buf.X[nc.rows].min(axis=0) for nc in new_classes])
-            hi = np.stack([buf.X[nc.rows].max(axis=0) for nc in new_classes])
-            lo, hi, labels = self.space.snap(lo, hi, [buf.X[nc.rows] for nc in new_classes])
+            sizes = np.array([len(nc.rows) for nc in new_classes])
+            Xc = buf.X[np.concatenate([nc.rows for nc in new_classes])]
+            starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+            lo, hi = np.minimum.reduceat(Xc, starts, axis=0), np.maximum.reduceat(Xc, starts, axis=0)
+            members = [buf.X[nc.rows] for nc in new_classes] if self.space.h3_qis else None
+            lo, hi, labels = self.space.snap(lo, hi, members)
             ncp = self.space.ncp(lo, hi, labels)
             for j, nc in enumerate(new_classes):
                 groups.append((f"{release_id}-c{j:04d}", self.space.describe(lo[j], hi[j], labels[j]),
@@ -443,9 +513,12 @@ class Engine:
         extras = former.complete(view, [(g[0], g[5], g[4]) for g in groups], published_rows)
         classes: list[ClassInfo] = []
         rec_class, rec_sens, rec_tok, rec_ncp, rec_cf = [], [], [], [], []
+        if groups:
+            n_reals = distinct_per_group(buf.units[np.concatenate([g[5] for g in groups])],
+                                         np.array([len(g[5]) for g in groups])).tolist()
         for ci, ((cid, gen, ncp_c, is_reused, _, rows), extra) in enumerate(zip(groups, extras)):
             rl = rows.tolist()
-            n_real = len(np.unique(buf.units[rows]))
+            n_real = n_reals[ci]
             rec_class += [ci] * len(rl)
             rec_sens += [buf.sensitive[r] for r in rl]
             rec_tok += [buf.tokens[r] for r in rl]

@@ -109,7 +109,7 @@ class QISpace:
             else:
                 values = _coalesce([columns[f] for f in qi.fields])
                 if qi.kind in ("categorical", "station"):
-                    codes = qi.hierarchy.codes(None if v is None else str(v) for v in values).astype(float)
+                    codes = _leaf_codes(qi.hierarchy, values)
                     for i in np.flatnonzero(codes < 0):
                         if values[i] is None:
                             codes[i] = self.missing_code[d]
@@ -125,11 +125,12 @@ class QISpace:
         out = np.empty(len(values))
         lo, hi = self.lower[d], self.upper[d]
         parse = parse_time if qi.kind == "timestamp" else _parse_number
+        fast = _parse_iso if qi.kind == "timestamp" else None
         for i, v in enumerate(values):
             if v is None:
                 out[i] = self.missing_code[d]
                 continue
-            x = parse(v)
+            x = fast(v) if fast is not None and type(v) is str else parse(v)
             if x is None:
                 if reasons[i] is None:
                     reasons[i] = f"{qi.name}: {field} value {v!r} is not a valid {qi.kind}"
@@ -329,6 +330,17 @@ def h3_ncp(cell: str | None, rmax: int, n_cells: int) -> float:
 def _num(x: float):
     # Exact value: rounding a bound inward would publish an interval that misses its own members.
     return int(x) if float(x).is_integer() else float(x)
+
+
+def _leaf_codes(hierarchy, values) -> np.ndarray:
+    """``hierarchy.codes`` of the values' text (None and unknown values: -1), as floats; one pass."""
+    codes = hierarchy.codes
+    try:
+        get = hierarchy._code.get
+    except AttributeError:                                   # pragma: no cover - another hierarchy class
+        return codes(None if v is None else str(v) for v in values).astype(float)
+    return np.array([get(v, -1) if type(v) is str else (-1 if v is None else get(str(v), -1)) for v in values],
+                    dtype=float)
 
 
 def _coalesce(cols: list[list]) -> list:

@@ -60,6 +60,23 @@ class Counterfeits:
     sensitive: list            # one sensitive tuple per counterfeit record
 
 
+def distinct_per_group(values: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Distinct values in each of the consecutive groups of ``values`` of the given sizes.
+
+    >>> distinct_per_group(np.array([5, 5, 7, 1, 1, 1, 2]), np.array([3, 4])).tolist()
+    [2, 2]
+    """
+    sizes = np.asarray(sizes, dtype=np.int64)
+    if len(values) == 0:
+        return np.zeros(len(sizes), dtype=np.int64)
+    label = np.repeat(np.arange(len(sizes)), sizes)
+    order = np.lexsort((values, label))
+    lv, vv = label[order], values[order]
+    new = np.ones(len(vv), dtype=bool)
+    new[1:] = (lv[1:] != lv[:-1]) | (vv[1:] != vv[:-1])
+    return np.bincount(lv[new], minlength=len(sizes))
+
+
 class Former(Protocol):
     """Forms a release's classes. Implementations: :class:`~stream_anon.formers.kanon.KAnonymousFormer` and
     :class:`~stream_anon.formers.minvariant.MInvariantFormer`."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from stream_anon.formers.base import Counterfeits, NewClass, Plan, WindowView
+from stream_anon.formers.base import Counterfeits, NewClass, Plan, WindowView, distinct_per_group
 
 
 class KAnonymousFormer:
@@ -39,19 +39,26 @@ class KAnonymousFormer:
                                   for j, f in enumerate(self.sensitive_fields)}
         raw = self.strategy.form_classes(view.X[pending], view.units[pending], self.k, view.space, view.rng,
                                          **extra)
-        seen = np.zeros(len(pending), dtype=bool)
-        for local in raw:
-            local = np.asarray(local, dtype=np.int64)
-            if len(local) == 0 or seen[local].any():
-                raise RuntimeError(f"strategy {self.strategy.name!r} returned overlapping or empty classes")
-            seen[local] = True
-            rows = pending[local]
-            # enforcement, independent of the strategy: k distinct individuals
-            if len(np.unique(view.units[rows])) < self.k:
+        locs = [np.asarray(local, dtype=np.int64) for local in raw]
+        if not locs:
+            return plan
+        sizes = np.array([len(lc) for lc in locs])
+        flat = np.concatenate(locs)
+        if (sizes == 0).any() or len(np.unique(flat)) != len(flat):
+            raise RuntimeError(f"strategy {self.strategy.name!r} returned overlapping or empty classes")
+        rows_all = pending[flat]
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        # enforcement, independent of the strategy: k distinct individuals (all classes at once)
+        n_ind = distinct_per_group(view.units[rows_all], sizes)
+        # information loss of each class's snapped box (all classes at once; same boxes as one by one)
+        Xc = view.X[rows_all]
+        lo, hi, _ = view.space.snap(np.minimum.reduceat(Xc, starts, axis=0), np.maximum.reduceat(Xc, starts, axis=0))
+        ncp = view.space.ncp(lo, hi)
+        for j, lc in enumerate(locs):
+            if n_ind[j] < self.k:
                 continue
-            lo, hi, _ = view.space.snap(view.X[rows].min(axis=0, keepdims=True),
-                                        view.X[rows].max(axis=0, keepdims=True))
-            if view.space.ncp(lo, hi)[0] > self.max_class_ncp:
+            rows = pending[lc]
+            if ncp[j] > self.max_class_ncp:
                 plan.loss_rejected[rows] = True
                 continue
             plan.new_classes.append(NewClass(rows))

@@ -20,7 +20,7 @@ For every release and every class in it (a reused class is judged by the records
   the class also holds records of at least k distinct *real* individuals when it is created;
 * **invariant**: the set of invariant values published in the class equals the signature of every real individual
   in it, and an individual's signature never changes while it is bound (``anonymization.m_horizon_s`` of event time
-  after its last release; default: for the lifetime of the engine state, which survives restarts in checkpoints).
+  after its last release, see Horizon below; the binding survives restarts in checkpoints).
 
 Counterfeits fill what the real individuals of a class cannot: a counterfeit individual has one of the missing (or
 under-represented) values of the signature and one or more counterfeit records. A counterfeit record carries the
@@ -69,8 +69,16 @@ Conservative choices (documented in docs/contracts.md)
 * **Null value.** An individual whose invariant value is null counts as an individual of its class; a null is
   visible in the class, so the nulls obey the 1/m rule like a value (as the checker counts them) but are no
   distinct value and no counterfeit gets one. The individual still gets a signature and keeps it.
-* **Horizon.** After ``m_horizon_s`` without a release, an individual's signature is forgotten; the guarantee then
-  covers each chain of releases separated by less than the horizon. Unset, signatures are kept as long as the state.
+* **Horizon** (``anonymization.m_horizon_s``, default 7 days: ``stream_anon.config.M_HORIZON_S``). After
+  ``m_horizon_s`` of event time without a release, an individual's signature is forgotten (its entry leaves the
+  ``signatures`` keyed table, a deletion in the engine's state changes); if it comes back it is treated as a new
+  individual and may get another signature. What this means for the guarantee: invariance holds along every chain
+  of releases of an individual in which consecutive releases are less than the horizon apart; two releases of the
+  same person separated by a longer gap may carry different signatures, and an adversary who links them can
+  intersect both. The trade-off: memory and checkpoint size are proportional to the individuals released within
+  the horizon (24 bytes each in the table: an 8-byte key and a 16-byte record), not to every individual ever
+  seen. The default keeps daily and weekly returning individuals (commuters, fleet vehicles) invariant while
+  bounding the table to about a week of individuals; a longer horizon protects rarer returns for more memory.
 """
 from __future__ import annotations
 
@@ -83,7 +91,9 @@ from stream_anon.formers.base import (SUPPRESSED_VALUE_CHANGED, Counterfeits, Ne
 from stream_anon.formers.counterfeits import counterfeit_need, need_one, spread_counterfeits
 from stream_anon.strategies.partition import split_recursively
 
-STATE_VERSION = 2
+STATE_VERSION = 3
+# record of the ``signatures`` keyed table (unit id -> ...): 16 bytes per bound individual, plus its 8-byte key
+SIGNATURE_FIELDS = [("sig", "<i4"), ("value", "<i4"), ("last", "<f8")]
 FREE = -1            # bucket of the measurement mode without invariance (``invariance=False``)
 
 
@@ -230,7 +240,7 @@ class MInvariantFormer:
 
     def __init__(self, m: int, k: int, params: MInvariantParams, sensitive_fields: tuple[str, ...],
                  invariant_field: str, horizon_s: float | None, max_class_ncp: float, reuse: str,
-                 invariance: bool = True):
+                 invariance: bool = True, *, units_table):
         self.m, self.k = int(m), int(k)
         self.params = params
         self.horizon_s = horizon_s
@@ -242,8 +252,11 @@ class MInvariantFormer:
         self.sigs: list[tuple[str, ...]] = []
         self.sig_index: dict[tuple[str, ...], int] = {}
         self.sig_pop: list[Counter] = []
-        # bound individuals: unit id -> [signature id, value text or None, event time of the last release]
-        self.units: dict[int, list] = {}
+        # bound individuals: keyed table unit id -> (signature id, value id or -1 for null, event time of the last
+        # release); value ids index ``values`` (the value dictionary, in the order values were first bound)
+        self.units = units_table             # stream_anon.engine.state.KeyedTable(SIGNATURE_FIELDS), empty
+        self.values: list[str] = []
+        self.value_id: dict[str, int] = {}
         self.freq: Counter = Counter()       # bound individuals per value (for new signatures' companions)
         self.pool: dict[str, list] = {}       # value -> recent published sensitive tuples (dress counterfeits)
         self.repr: dict[str, object] = {}     # value text -> a raw value with that text
@@ -251,20 +264,22 @@ class MInvariantFormer:
         self._close = None                    # what form() learnt about the current close, for reuse/complete
 
     # -- state ----------------------------------------------------------------------------------------------
-    def state_dict(self) -> dict:
-        ids = sorted(self.units)
-        values = sorted({v for u in self.units.values() if u[1] is not None for v in [u[1]]})
-        vindex = {v: i for i, v in enumerate(values)}
-        return {
-            "version": STATE_VERSION, "m": self.m,
-            "sigs": [list(s) for s in self.sigs],
-            "units": {"ids": ids, "sig": [self.units[u][0] for u in ids],
-                      "value": [-1 if self.units[u][1] is None else vindex[self.units[u][1]] for u in ids],
-                      "values": values, "last": [self.units[u][2] for u in ids]},
-            "pool": self.pool, "repr": self.repr, "stats": dict(self.stats),
-        }
+    def state_core(self) -> dict:
+        """The bounded part of the state (JSON): signatures, value dictionary, counterfeit pool, statistics."""
+        return {"version": STATE_VERSION, "m": self.m, "sigs": [list(s) for s in self.sigs],
+                "values": list(self.values), "pool": self.pool, "repr": self.repr, "stats": dict(self.stats)}
 
-    def load_state(self, state: dict) -> None:
+    def state_tables(self) -> dict:
+        """The keyed tables of the former: ``signatures`` (unit id -> signature id, value id, last release time)."""
+        return {"signatures": self.units}
+
+    def state_dict(self) -> dict:
+        """Core and signature table in one JSON document (``units``: ids, sig, value, last as lists)."""
+        keys, rows = self.units.snapshot()
+        return {**self.state_core(), "units": {"ids": keys.tolist(), "sig": rows["sig"].tolist(),
+                                               "value": rows["value"].tolist(), "last": rows["last"].tolist()}}
+
+    def load_core(self, state: dict) -> None:
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"m-invariance state version {state.get('version')!r} is not {STATE_VERSION}")
         if state["m"] != self.m:
@@ -272,24 +287,56 @@ class MInvariantFormer:
                              "changing m would change signatures (start from an empty state to change it)")
         self.sigs = [tuple(s) for s in state["sigs"]]
         self.sig_index = {s: i for i, s in enumerate(self.sigs)}
-        self.sig_pop = [Counter() for _ in self.sigs]
-        u = state["units"]
-        values = u["values"]
-        self.units = {}
-        self.freq = Counter()
-        for uid, sig, vi, last in zip(u["ids"], u["sig"], u["value"], u["last"]):
-            v = None if vi < 0 else values[vi]
-            self.units[int(uid)] = [int(sig), v, float(last)]
-            self.sig_pop[sig][v] += 1
-            self.freq[v] += 1
+        self.values = list(state["values"])
+        self.value_id = {v: i for i, v in enumerate(self.values)}
         self.pool = {k: [list(t) for t in v] for k, v in state["pool"].items()}
         self.repr = dict(state["repr"])
         self.stats = Counter(state.get("stats", {}))
+        self._recount()
+
+    def load_tables(self, tables: dict) -> None:
+        keys, rows = tables.get("signatures", (np.empty(0, np.int64), np.empty(0, self.units.dtype)))
+        rows = np.asarray(rows)
+        if rows.dtype != self.units.dtype:
+            raise ValueError(f"signatures table: records of dtype {rows.dtype}, expected {self.units.dtype}")
+        if len(rows) and (rows["sig"].max() >= len(self.sigs) or rows["value"].max() >= len(self.values)):
+            raise ValueError("signatures table refers to signatures or values the core does not know")
+        self.units.load(keys, rows)
+        self._recount()
+
+    def load_state(self, state: dict) -> None:
+        self.load_core(state)
+        u = state["units"]
+        rows = np.zeros(len(u["ids"]), dtype=self.units.dtype)
+        rows["sig"], rows["value"], rows["last"] = u["sig"], u["value"], u["last"]
+        self.load_tables({"signatures": (np.array(u["ids"], dtype=np.int64), rows)})
+
+    def _recount(self) -> None:
+        """Population per signature and value, and per value, from the signature table."""
+        self.sig_pop = [Counter() for _ in self.sigs]
+        self.freq = Counter()
+        if len(self.units) == 0:
+            return
+        _, rows = self.units.snapshot()
+        pairs, counts = np.unique(np.stack([rows["sig"], rows["value"]], axis=1), axis=0, return_counts=True)
+        for (sid, vid), n in zip(pairs.tolist(), counts.tolist()):
+            v = None if vid < 0 else self.values[vid]
+            self.sig_pop[sid][v] += n
+            self.freq[v] += n
+
+    def _vid(self, v: str | None) -> int:
+        if v is None:
+            return -1
+        i = self.value_id.get(v)
+        if i is None:
+            i = self.value_id[v] = len(self.values)
+            self.values.append(v)
+        return i
 
     # -- helpers --------------------------------------------------------------------------------------------
     def signature_of(self, unit_id: int) -> tuple[str, ...] | None:
-        u = self.units.get(int(unit_id))
-        return None if u is None else self.sigs[u[0]]
+        found, rows = self.units.get(np.array([int(unit_id)], dtype=np.int64))
+        return self.sigs[int(rows["sig"][0])] if found[0] else None
 
     def _sig_id(self, values) -> int:
         key = tuple(sorted(values))
@@ -314,12 +361,17 @@ class MInvariantFormer:
 
     def expire(self, now: float) -> None:
         """Forget the signatures of individuals not released for ``m_horizon_s`` (module docstring: Horizon)."""
-        if self.horizon_s is not None:
-            for uid in [u for u, (_, _, last) in self.units.items() if last < now - self.horizon_s]:
-                sid, v, _ = self.units.pop(uid)
-                self.sig_pop[sid][v] -= 1
-                self.freq[v] -= 1
-                self.stats["signatures_expired"] += 1
+        if self.horizon_s is None:
+            return
+        keys, rows = self.units.delete_where("last", now - self.horizon_s)
+        if len(keys) == 0:
+            return
+        pairs, counts = np.unique(np.stack([rows["sig"], rows["value"]], axis=1), axis=0, return_counts=True)
+        for (sid, vid), n in zip(pairs.tolist(), counts.tolist()):
+            v = None if vid < 0 else self.values[vid]
+            self.sig_pop[sid][v] -= n
+            self.freq[v] -= n
+        self.stats["signatures_expired"] += len(keys)
 
     # -- phases 1-3 -----------------------------------------------------------------------------------------
     def form(self, view: WindowView) -> Plan:
@@ -338,24 +390,32 @@ class MInvariantFormer:
             rows_of[u].append(r)
         plan = Plan(loss_rejected=np.zeros(n_rows, dtype=bool))
         resolved = np.zeros(n_rows, dtype=bool)
+        # bound signatures of the present individuals (one vectorized lookup; -1: not bound)
+        if self.invariance and len(uids):
+            found, brow = self.units.get(uids)
+            bound_sig = np.where(found, brow["sig"], -1).tolist()
+            bound_now = (bound_sig, brow["value"].tolist(), brow["last"].tolist())
+        else:
+            bound_sig = [-1] * len(uids)
+            bound_now = (bound_sig, bound_sig, [0.0] * len(uids))
 
         # -- phase 1: division ------------------------------------------------------------------------------
         bucket_units: dict[int, list[int]] = {}        # signature id -> local unit indices (present, bound)
         new_units: list[int] = []
         unit_vals: list[set] = []
         unit_null: list[bool] = []
-        for ui, uid in enumerate(uids.tolist()):
+        for ui in range(len(uids)):
             vals = {values[r] for r in rows_of[ui]} - {None}
             unit_vals.append(vals)
             unit_null.append(any(values[r] is None for r in rows_of[ui]))
-            bound = self.units.get(uid) if self.invariance else None
-            if len(vals) > 1 or (bound is not None and not vals <= set(self.sigs[bound[0]])):
+            bsid = bound_sig[ui]
+            if len(vals) > 1 or (bsid >= 0 and not vals <= set(self.sigs[bsid])):
                 # two values at once, or a value outside the bound signature: suppressed (module docstring)
                 plan.suppressed.setdefault(SUPPRESSED_VALUE_CHANGED, []).extend(rows_of[ui])
                 resolved[rows_of[ui]] = True
                 self.stats["value_changed_individuals"] += 1
-            elif bound is not None:
-                bucket_units.setdefault(bound[0], []).append(ui)
+            elif bsid >= 0:
+                bucket_units.setdefault(bsid, []).append(ui)
             else:
                 new_units.append(ui)
 
@@ -419,7 +479,7 @@ class MInvariantFormer:
         for nc in plan.new_classes:
             for ui in np.unique(unit_of_row[nc.rows]).tolist():
                 placed_sig[ui] = nc.tag
-        self._close = (unit_of_row, uids, unit_vals, values, placed_sig)
+        self._close = (unit_of_row, uids, unit_vals, values, placed_sig, bound_now)
         return plan
 
     def _assign(self, new_units, unit_vals, bucket_units, rng) -> dict[int, int]:
@@ -444,38 +504,93 @@ class MInvariantFormer:
         pop = {sid: Counter(c) for sid, c in enumerate(self.sig_pop)}
         order = [new_units[i] for i in rng.permutation(len(new_units))]
         order.sort(key=lambda ui: (val_of[ui] is None, freq[val_of[ui]] if val_of[ui] is not None else 0))
+        # The choice for an individual with value v is the smallest key(sid, v) over the signatures holding v
+        # (a new signature from today's frequencies only when every one of them is over the cap). key(sid, v)
+        # depends only on the bucket and population of sid, which change only when an individual joins sid, so
+        # keys are cached per signature and recomputed after a join (same choices as evaluating every key).
+        empty = Counter()
+        keys: dict[int, dict] = {}                # sid -> {v: key}
+        base: dict[int, int] = {}                 # sid -> counterfeits the bucket needs now
+        totals = {sid: sum(p.values()) for sid, p in pop.items()}
+        cands_of: dict = {}                       # v -> signatures holding v (None: every signature)
+        template_of: dict = {}                    # v -> its new-signature template (freq is fixed here)
+        keys_of_v: dict = {}                      # v -> {sid: key(sid, v)} over cands_of[v]
+        stale: dict = {}                          # v -> signatures whose key changed (or appeared) since
+
+        def key_of(sid, v):
+            ks = keys.setdefault(sid, {})
+            key = ks.get(v)
+            if key is None:
+                sig = self.sigs[sid]
+                here = present.get(sid, empty)
+                n0 = present_n[sid]
+                b = base.get(sid)
+                if b is None:
+                    b = base[sid] = need_one([here[w] for w in sig], n0, m)
+                delta = need_one([here[w] + (w == v) for w in sig], n0 + 1, m) - b
+                p = pop.get(sid, empty)
+                total = totals.get(sid, 0) + 1
+                share = (p[v] + 1) / total if v is not None else 0.0
+                over = max(0.0, share - cap) if total > 1 else 0.0
+                key = ks[v] = (over > 0, delta > 0, delta, over, n0 == 0, share, -n0, sid)
+            return key
+
+        def best_for(v, cands):
+            kv = keys_of_v.get(v)
+            if kv is None:
+                stale.pop(v, None)
+                kv = keys_of_v[v] = {sid: key_of(sid, v) for sid in cands}
+            else:
+                for sid in stale.pop(v, ()):
+                    kv[sid] = key_of(sid, v)
+            return min(kv.values()) if kv else None
+
+        def changed(sid):
+            sig = self.sigs[sid]
+            for w in keys_of_v:
+                if w is None or w in sig:
+                    stale.setdefault(w, set()).add(sid)
+
         for ui in order:
             v = val_of[ui]
-            cands = [sid for sid, sig in enumerate(self.sigs) if v is None or v in sig]
-            template = self._template(v, freq)
+            cands = cands_of.get(v)
+            if cands is None:
+                cands = cands_of[v] = [sid for sid, sig in enumerate(self.sigs) if v is None or v in sig]
+            if v in template_of:
+                template = template_of[v]
+            else:
+                template = template_of[v] = self._template(v, freq)
             fresh = template is not None and template not in self.sig_index
             if not cands and template is None:
                 continue                      # fewer than m values seen so far: it waits (deferred)
-            best, best_key = None, None
-            for sid in cands + ([-2] if fresh else []):
-                if sid == -2:                 # a new signature from today's frequencies (only if it helps)
-                    if best_key is not None and not best_key[0]:
-                        break                 # an existing signature takes v within the cap
-                    sid = self._sig_id(template)
-                    pop.setdefault(sid, Counter())
+            best_key = best_for(v, cands)
+            if fresh and (best_key is None or best_key[0]):
+                # no existing signature takes v within the cap: a new one from today's frequencies
+                sid = self._sig_id(template)
+                pop.setdefault(sid, Counter())
+                totals.setdefault(sid, 0)
                 sig = self.sigs[sid]
-                here = present.get(sid, Counter())
-                c = [here[w] for w in sig]
-                n0 = present_n[sid]
-                c1 = [here[w] + (w == v) for w in sig]
-                delta = need_one(c1, n0 + 1, m) - need_one(c, n0, m)
-                p = pop.get(sid, Counter())
-                total = sum(p.values()) + 1
-                share = (p[v] + 1) / total if v is not None else 0.0
-                over = max(0.0, share - cap) if total > 1 else 0.0
-                key = (over > 0, delta > 0, delta, over, n0 == 0, share, -n0, sid)
+                for w, lst in cands_of.items():
+                    if w is None or w in sig:
+                        lst.append(sid)
+                changed(sid)
+                key = key_of(sid, v)
                 if best_key is None or key < best_key:
-                    best, best_key = sid, key
+                    best_key = key
+            best = best_key[-1]
             out[ui] = best
             bucket_units.setdefault(best, []).append(ui)
-            present.setdefault(best, Counter()).update([v] if v is not None else [])
+            here = present.get(best)
+            if here is None:
+                here = present[best] = Counter()
+            if v is not None:
+                here[v] += 1
             present_n[best] += 1
-            pop.setdefault(best, Counter())[v] += 1
+            pop[best][v] += 1                     # every signature has a population entry (made with it)
+            totals[best] = totals.get(best, 0) + 1
+            keys.pop(best, None)
+            base[best] += best_key[2]             # the bucket's need now: the need with v counted
+            changed(best)
 
     # -- phase 4 --------------------------------------------------------------------------------------------
     def reuse(self, view: WindowView, rows: np.ndarray, plan: Plan) -> dict[int, list[int]]:
@@ -485,18 +600,17 @@ class MInvariantFormer:
         registry = view.registry
         if len(rows) == 0 or self.reuse_policy == "never" or len(registry) == 0:
             return reused
-        unit_of_row, uids, unit_vals, _, placed_sig = self._close
+        unit_of_row, uids, unit_vals, _, placed_sig, (bound_sig, _, _) = self._close
         cover = registry.cover(view.X[rows])
         by_unit: dict[int, list[int]] = {}
         for i, r in enumerate(rows.tolist()):
             by_unit.setdefault(int(unit_of_row[r]), []).append(i)
         chosen: set[int] = set()
         for ui in sorted(by_unit, key=lambda u: int(uids[u])):
-            uid = int(uids[ui])
-            bound = self.units.get(uid)
+            bsid = bound_sig[ui]
             vals = unit_vals[ui]
-            if bound is not None or ui in placed_sig:
-                fits = registry.tag == (bound[0] if bound is not None else placed_sig[ui])
+            if bsid >= 0 or ui in placed_sig:
+                fits = registry.tag == (bsid if bsid >= 0 else placed_sig[ui])
             else:
                 fits = np.array([vals <= set(self.sigs[s]) for s in registry.tag.tolist()], dtype=bool)
             local = by_unit[ui]
@@ -509,7 +623,7 @@ class MInvariantFormer:
             c = int(pick[int(view.rng.integers(len(pick)))])        # uniform: never the best-fitting class
             chosen.add(c)
             reused.setdefault(c, []).extend(int(rows[i]) for i in local)
-            if bound is None:
+            if bsid < 0:
                 placed_sig[ui] = int(registry.tag[c])
         return reused
 
@@ -518,7 +632,9 @@ class MInvariantFormer:
         """Counterfeits per class of the release (``groups``: ``(class_id, rows, signature id)`` in release
         order), then bind the signatures of the real individuals published. ``published_rows`` (new classes'
         rows, then reused rows, in placement order) refresh the pool that dresses counterfeit records."""
-        unit_of_row, uids, unit_vals, values, _ = self._close
+        unit_of_row, uids, unit_vals, values, _, bound_now = self._close
+        bound_sig = bound_now[0]
+        binds: dict[int, list] = {}              # local unit -> [signature id, value id, last] after this release
         self._close = None
         m, rng = self.m, view.rng
         fresh: dict[str, list] = {}              # the last pool_size published tuples per value, in order
@@ -546,8 +662,7 @@ class MInvariantFormer:
                 else:                            # pragma: no cover - phases 1 and 2 guarantee it
                     raise RuntimeError(f"{cid}: an individual's value is outside the class signature")
             for ui in members.tolist():
-                bound = self.units.get(int(uids[ui]))
-                if bound is not None and bound[0] != sid:    # pragma: no cover - division guarantees it
+                if bound_sig[ui] >= 0 and bound_sig[ui] != sid:    # pragma: no cover - division guarantees it
                     raise RuntimeError(f"{cid}: an individual's bound signature differs from the class signature")
             n_real = len(members)
             x = spread_counterfeits(counts, n_real, m, nulls=nulls)
@@ -565,23 +680,31 @@ class MInvariantFormer:
             self.stats["counterfeit_individuals"] += int(x.sum())
             self.stats["counterfeit_records"] += len(dressed)
             for ui in (members.tolist() if self.invariance else []):
-                self._bind(int(uids[ui]), unit_vals[ui], sid, view.window_end)
+                self._bind(binds, ui, bound_now, unit_vals[ui], sid, view.window_end)
+        if binds:
+            local = np.fromiter(binds, dtype=np.int64, count=len(binds))
+            rows = np.array([tuple(b) for b in binds.values()], dtype=self.units.dtype)
+            self.units.put(uids[local], rows)
         return out
 
-    def _bind(self, uid: int, vals: set, sid: int, window_end: float) -> None:
+    def _bind(self, binds: dict, ui: int, bound_now, vals: set, sid: int, window_end: float) -> None:
+        """Bind (or refresh) the signature of local unit ``ui`` in ``binds`` (written to the table in bulk)."""
         v = next(iter(vals)) if len(vals) == 1 else None
-        bound = self.units.get(uid)
+        bound = binds.get(ui)
         if bound is None:
-            self.units[uid] = [sid, v, float(window_end)]
+            if bound_now[0][ui] < 0:
+                binds[ui] = [sid, self._vid(v), float(window_end)]
+                self.sig_pop[sid][v] += 1
+                self.freq[v] += 1
+                return
+            bound = binds[ui] = [bound_now[0][ui], bound_now[1][ui], bound_now[2][ui]]
+        old = None if bound[1] < 0 else self.values[bound[1]]
+        if v is not None and v != old:
+            self.sig_pop[sid][old] -= 1
             self.sig_pop[sid][v] += 1
+            self.freq[old] -= 1
             self.freq[v] += 1
-            return
-        if v is not None and v != bound[1]:
-            self.sig_pop[sid][bound[1]] -= 1
-            self.sig_pop[sid][v] += 1
-            self.freq[bound[1]] -= 1
-            self.freq[v] += 1
-            bound[1] = v
+            bound[1] = self._vid(v)
             self.stats["value_changes_within_signature"] += 1
         bound[2] = float(window_end)
 

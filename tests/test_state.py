@@ -1,0 +1,418 @@
+"""Bounded, incremental engine state: KeyedTable, the engine's state API (core + keyed tables + changes), duplicate
+event ids (seen_events), m-invariance signatures expiring through the table, and the local snapshot + delta-log
+checkpoints of the worker (issue 11 item 2, issue 10 duplicates)."""
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+
+import numpy as np
+import orjson
+import pytest
+
+from stream_anon import crypto
+from stream_anon.config import M_HORIZON_S, ConfigError, load_config, parse_config
+from stream_anon.datasets import oyster_cards
+from stream_anon.engine import Engine, demo_config
+from stream_anon.engine.records import DUPLICATE_EVENT
+from stream_anon.engine.state import KeyedTable, compose_state, split_state
+from stream_anon.kafka import checkpoint as ckpt
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SECRET = b"state-test-secret-0123456789abcdef"
+CARDS = ROOT / "configs" / "oyster-cards.toml"
+
+
+# ------------------------------------------------------------------------------------------------ KeyedTable
+def _apply(base: dict, keys, rows, deleted) -> None:
+    for k in deleted.tolist():
+        base.pop(k, None)
+    for k, r in zip(keys.tolist(), rows.tolist()):
+        base[k] = r
+
+
+def test_keyed_table_matches_a_dict_and_its_changes_rebuild_it():
+    rng = np.random.default_rng(7)
+    t = KeyedTable([("a", "<i4"), ("t", "<f8")])
+    ref: dict[int, tuple] = {}
+    mirror: dict[int, tuple] = {}         # what a consumer of changes() holds
+    for step in range(60):
+        op = rng.integers(3)
+        keys = rng.integers(-20000, 20000, size=int(rng.integers(1, 3000)))
+        if op < 2:
+            rows = np.zeros(len(keys), dtype=t.dtype)
+            rows["a"] = rng.integers(0, 100, len(keys))
+            rows["t"] = rng.random(len(keys))
+            t.put(keys, rows)
+            for k, r in zip(keys.tolist(), rows.tolist()):     # last occurrence wins
+                ref[k] = r
+        else:
+            t.delete(keys)
+            for k in keys.tolist():
+                ref.pop(k, None)
+        if step % 3 == 0:
+            t.delete_where("t", 0.05)
+            for k in [k for k, r in ref.items() if r[1] < 0.05]:
+                del ref[k]
+        if step % 5 == 0:
+            keys_c, rows_c, deleted = t.changes()
+            assert len(np.intersect1d(keys_c, deleted)) == 0
+            _apply(mirror, keys_c, rows_c, deleted)
+            assert mirror == ref
+        assert len(t) == len(ref)
+    probe = np.arange(-20000, 20000)
+    found, rows = t.get(probe)
+    assert {k: r for k, f, r in zip(probe.tolist(), found.tolist(), rows.tolist()) if f} == ref
+    keys, rows = t.snapshot()
+    assert (np.diff(keys) > 0).all() and dict(zip(keys.tolist(), rows.tolist())) == ref
+    assert t.nbytes == len(ref) * (8 + t.dtype.itemsize) == len(ref) * 20      # 8-byte key + 12-byte record
+
+
+def test_keyed_table_first_changes_are_everything_then_only_what_changed():
+    t = KeyedTable([("time", "<f8")])
+    t.put(np.arange(10), np.zeros(10, dtype=t.dtype))
+    keys, _, deleted = t.changes()
+    assert keys.tolist() == list(range(10)) and len(deleted) == 0
+    assert all(len(x) == 0 for x in t.changes())
+    t.delete(np.array([3, 99]))
+    t.put(np.array([4]), np.ones(1, dtype=t.dtype))
+    keys, rows, deleted = t.changes()
+    assert keys.tolist() == [4] and rows["time"].tolist() == [1.0] and deleted.tolist() == [3]
+    t.load(*t.snapshot())                     # after a load the next changes are everything again
+    assert len(t.changes()[0]) == 9
+    with pytest.raises(ValueError, match="duplicate keys"):
+        t.load(np.array([1, 1]), np.zeros(2, dtype=t.dtype))
+
+
+# ------------------------------------------------------------------------------------------------ engine API
+def cards_events(n=None):
+    ev = oyster_cards.read_events()
+    return ev if n is None else ev[:n]
+
+
+def run(engine, events, batch=1000):
+    out = []
+    for i in range(0, len(events), batch):
+        r = engine.process(events[i:i + batch])
+        out.append((r.releases, [(x.event.get("event_id"), x.reason) for x in r.rejected]))
+    return out
+
+
+def fingerprint(results) -> list:
+    docs = []
+    for releases, rejected in results:
+        for r in releases:
+            m = r.manifest()
+            m.pop("created_at")
+            docs.append((m, r.records))
+        docs.append(rejected)
+    return json.loads(orjson.dumps(docs, option=orjson.OPT_SERIALIZE_NUMPY))
+
+
+def test_state_changes_rebuild_state_tables_and_restore_continues_identically():
+    cfg = load_config(CARDS)
+    events = cards_events(8000)
+    ref = Engine(cfg, secret=SECRET)
+    ref_out = run(ref, events)
+    a = Engine(cfg, secret=SECRET)
+    mirror: dict[str, dict] = {}
+    out = []
+    for i in range(0, 5000, 1000):
+        out += run(a, events[i:i + 1000])
+        for name, (keys, rows) in a.state_changes().items():
+            if name.endswith(":deleted"):
+                assert rows is None
+                for k in keys.tolist():
+                    mirror[name[:-8]].pop(k)
+            else:
+                mirror.setdefault(name, {}).update(zip(keys.tolist(), rows.tolist()))
+    tables = a.state_tables()
+    assert set(tables) == {"signatures", "seen_events"} and len(tables["signatures"][0]) > 100
+    for name, (keys, rows) in tables.items():
+        assert mirror[name] == dict(zip(keys.tolist(), rows.tolist()))
+    core = json.loads(json.dumps(a.state_core()))          # the core is JSON
+    assert "units" not in core["former"] and core["tables"]["signatures"]
+    b = Engine.restore(cfg, 0, SECRET, core, tables)
+    assert b.former.units == a.former.units and b.seen_events == a.seen_events
+    out += run(b, events[5000:])
+    assert fingerprint(out) == fingerprint(ref_out)
+    # state_dict / from_state: the same, as one JSON document
+    doc = json.loads(json.dumps(a.state_dict()))
+    assert doc["former"]["units"]["ids"] and doc["seen_events"]["ids"]
+    c = Engine.from_state(cfg, doc, secret=SECRET)
+    assert c.former.units == a.former.units and c.seen_events == a.seen_events
+    core2, tables2 = split_state(compose_state(a.state_core(), a.state_tables()))
+    assert all(np.array_equal(tables2[n][1], tables[n][1]) for n in tables)
+    with pytest.raises(ValueError, match="partition"):
+        Engine.restore(cfg, 1, SECRET, core, tables)
+
+
+def test_kanon_engine_has_only_the_seen_events_table():
+    e = Engine(demo_config(k=2), secret=SECRET)
+    e.process([{"event_id": "a", "event_type": "reading", "unit": "u", "time": 1.0, "value": 1.0}])
+    assert set(e.state_tables()) == {"seen_events"}
+    assert set(e.state_changes()) == {"seen_events", "seen_events:deleted"}
+
+
+# ------------------------------------------------------------------------------------------------ m_horizon_s
+def synth_cfg(**anon):
+    raw = copy.deepcopy(demo_config(k=3).raw)
+    raw["stream"]["event_types"] = ["reading"]
+    raw["anonymization"].update(anon)
+    raw["sensitive"] = {"fields": ["segment"], "invariant": "segment"}
+    return parse_config(raw)
+
+
+def test_m_horizon_has_a_bounded_default_and_expired_signatures_are_deletions():
+    assert load_config(CARDS).anonymization.m_horizon_s == M_HORIZON_S == 7 * 86400
+    assert load_config(ROOT / "configs" / "oyster.toml").anonymization.m_horizon_s is None   # no m: unused
+    cfg = synth_cfg(m=2, m_horizon_s=600)
+    e = Engine(cfg, secret=SECRET)
+    people = [{"event_id": f"e{i}", "event_type": "reading", "unit": f"u{i}", "time": float(i), "value": 50.0,
+               "segment": "abc"[i % 3]} for i in range(9)]
+    e.process(people + [{"event_id": "x", "event_type": "reading", "unit": "x", "time": 100.0, "value": 1.0,
+                         "segment": "a"}])
+    assert len(e.former.units) == 9
+    e.state_changes()
+    e.process([{"event_id": "y", "event_type": "reading", "unit": "y", "time": 2000.0, "value": 1.0,
+                "segment": "b"}])
+    ch = e.state_changes()
+    assert len(ch["signatures:deleted"][0]) == 9 and len(e.former.units) <= 1
+    assert set(ch["signatures:deleted"][0].tolist()) == set(e.reader.unit_ids([f"u{i}" for i in range(9)]).tolist())
+
+
+# ------------------------------------------------------------------------------------------------ duplicates
+def dcfg(horizon=None, k=2):
+    raw = copy.deepcopy(demo_config(k=k).raw)
+    if horizon is not None:
+        raw["limits"] = {"duplicate_horizon_s": horizon}
+    return parse_config(raw)
+
+
+def ev(eid, t, unit="u"):
+    return {"event_id": eid, "event_type": "reading", "unit": unit, "time": float(t), "value": 10.0}
+
+
+def dups(result):
+    return [r.event["event_id"] for r in result.rejected if r.reason == DUPLICATE_EVENT]
+
+
+def test_duplicate_within_a_batch_and_across_batches():
+    e = Engine(dcfg(), secret=SECRET)
+    r = e.process([ev("a", 1), ev("b", 2), ev("a", 3), ev("c", 4), ev("a", 5)])
+    assert dups(r) == ["a", "a"]
+    assert [x.event["time"] for x in r.rejected] == [3.0, 5.0]       # the first occurrence is kept
+    assert dups(e.process([ev("b", 6), ev("d", 7)])) == ["b"]
+    # the duplicate goes to the dead letters like every rejection: the reader reports it with its position
+    records, rejected = e.reader.read([ev("d", 8), ev("e", 9)])
+    assert rejected == [(0, DUPLICATE_EVENT)] and len(records) == 1
+    # an event rejected for another reason is not "seen": its id can arrive again, valid
+    bad = ev("f", 10)
+    bad["time"] = "yesterday"
+    assert e.process([bad]).rejected[0].reason != DUPLICATE_EVENT
+    assert dups(e.process([ev("f", 11)])) == []
+
+
+def test_duplicate_after_the_horizon_is_accepted_again():
+    e = Engine(dcfg(horizon=100, k=2), secret=SECRET)
+    assert dups(e.process([ev("a", 0), ev("b", 50, "v")])) == []
+    assert dups(e.process([ev("a", 100, "w")])) == ["a"]        # 0 >= watermark 50 - 100: still a duplicate
+    r = e.process([ev("z", 250, "x"), ev("a", 260, "y")])       # watermark 250: 0 < 250 - 100, forgotten
+    assert dups(r) == []
+    assert dups(e.process([ev("a", 270, "y")])) == ["a"]        # ... and remembered again from 260
+    assert e.seen_events.contains(e.reader.event_keys([crypto.audit_token(SECRET, "z")])).all()
+
+
+def test_duplicate_detection_does_not_depend_on_batches():
+    rng = np.random.default_rng(3)
+    events = [ev(f"e{int(rng.integers(400))}", 7 * i, f"u{i % 23}") for i in range(1500)]
+    cfg = dcfg(horizon=3000, k=3)
+    outs = []
+    for batch in (1, 37, 500, 1500):
+        e = Engine(cfg, secret=SECRET)
+        rej, tokens = [], []
+        for i in range(0, len(events), batch):
+            r = e.process(events[i:i + batch])
+            rej += [(x.event["event_id"], x.event["time"]) for x in r.rejected]
+            tokens += [t for rel in r.releases for t in rel.record_token]
+        outs.append((rej, tokens))
+    assert len(outs[0][0]) > 100 and all(o == outs[0] for o in outs[1:])
+
+
+def test_duplicate_across_a_checkpoint_restore(tmp_path):
+    cfg = dcfg()
+    e = Engine(cfg, secret=SECRET)
+    e.process([ev("a", 1), ev("b", 2)])
+    doc = json.loads(json.dumps(e.state_dict()))
+    assert dups(Engine.from_state(cfg, doc, secret=SECRET).process([ev("a", 3)])) == ["a"]
+    # through the worker's checkpoint files: a snapshot, then a delta holding "c"
+    core = e.state_core()
+    ckpt.write_state(tmp_path, "app", "demo", "raw.demo", 0, 10, core, e.state_tables, e.state_changes)
+    e.process([ev("c", 4)])
+    _, kind, _ = ckpt.write_state(tmp_path, "app", "demo", "raw.demo", 0, 11, e.state_core(), e.state_tables,
+                                  e.state_changes)
+    assert kind == "delta"
+    cp = ckpt.read_checkpoint(tmp_path, "app", "demo", 0)
+    r = Engine.restore(cfg, 0, SECRET, cp.core, cp.tables)
+    assert cp.offset == 11 and dups(r.process([ev("c", 5), ev("a", 6), ev("d", 7)])) == ["c", "a"]
+
+
+def test_duplicate_horizon_config():
+    assert dcfg().limits.duplicate_horizon_s == 86400.0
+    e = Engine(dcfg(horizon=0), secret=SECRET)          # 0: detection off
+    assert dups(e.process([ev("a", 1), ev("a", 2)])) == [] and len(e.seen_events) == 0
+    for bad in (-1, True, "1h", float("nan"), float("inf")):
+        with pytest.raises(ConfigError, match="duplicate_horizon_s"):
+            dcfg(horizon=bad)
+
+
+# ------------------------------------------------------------------------------------------------ checkpoints
+def write(tmp_path, engine, offset, core=None):
+    return ckpt.write_state(tmp_path, "app", "cards", "raw.cards", 0, offset, core or engine.state_core(),
+                            engine.state_tables, engine.state_changes)
+
+
+def same_state(cp, engine):
+    assert cp.core == json.loads(orjson.dumps(engine.state_core()))
+    tables = engine.state_tables()
+    assert set(cp.tables) == set(tables)
+    for name, (keys, rows) in tables.items():
+        assert np.array_equal(cp.tables[name][0], keys) and np.array_equal(cp.tables[name][1], rows)
+
+
+@pytest.fixture
+def cards_engine():
+    cfg = load_config(CARDS)
+    events = cards_events(12000)
+    return Engine(cfg, secret=SECRET), events
+
+
+def test_snapshot_then_deltas_then_compaction(tmp_path, cards_engine, monkeypatch):
+    engine, events = cards_engine
+    monkeypatch.setattr(ckpt, "COMPACT_MIN_BYTES", 0)
+    kinds, sizes = [], []
+    for i in range(0, len(events), 500):
+        engine.process(events[i:i + 500])
+        _, kind, n = write(tmp_path, engine, i + 499)
+        kinds.append(kind)
+        sizes.append(n)
+        cp = ckpt.read_checkpoint(tmp_path, "app", "cards", 0)
+        assert cp.offset == i + 499 and not cp.torn
+        same_state(cp, engine)
+        assert ckpt.checkpointed_offset(tmp_path, "app", "cards", 0) == i + 499
+    assert kinds[0] == "snapshot" and "delta" in kinds and kinds.count("snapshot") >= 2, kinds
+    log = ckpt.log_path(tmp_path, "app", "cards", 0)
+    snap = ckpt.checkpoint_path(tmp_path, "app", "cards", 0)
+    assert log.stat().st_size <= snap.stat().st_size       # the log never outgrows the snapshot
+    # a delta holds what changed, not the whole signature table
+    sig_bytes = len(engine.former.units) * (8 + engine.former.units.dtype.itemsize)
+    deltas = [n for k, n in zip(kinds, sizes) if k == "delta"]
+    assert sig_bytes > 30000 and min(deltas) < snap.stat().st_size
+
+
+def test_torn_delta_is_ignored_never_applied(tmp_path, cards_engine):
+    engine, events = cards_engine
+    engine.process(events[:3000])
+    write(tmp_path, engine, 100)
+    engine.process(events[3000:4000])
+    write(tmp_path, engine, 200)
+    good = copy.deepcopy(ckpt.read_checkpoint(tmp_path, "app", "cards", 0))
+    engine.process(events[4000:5000])
+    write(tmp_path, engine, 300)
+    log = ckpt.log_path(tmp_path, "app", "cards", 0)
+    data = log.read_bytes()
+    full = ckpt.read_checkpoint(tmp_path, "app", "cards", 0)
+    assert (full.offset, full.deltas) == (300, 2)
+    first_len = len(data) - (data.rfind(ckpt.MAGIC))
+    # torn: the last record cut short (a crash mid-append)
+    log.write_bytes(data[:-7])
+    cp = ckpt.read_checkpoint(tmp_path, "app", "cards", 0)
+    assert cp.torn and cp.offset == 200 and cp.deltas == 1 and cp.core == good.core
+    assert all(np.array_equal(cp.tables[n][1], good.tables[n][1]) for n in good.tables)
+    assert ckpt.checkpointed_offset(tmp_path, "app", "cards", 0) == 200
+    # corrupt: one byte flipped inside the last record's payload (CRC mismatch)
+    bad = bytearray(data)
+    bad[-first_len // 2] ^= 0xFF
+    log.write_bytes(bytes(bad))
+    cp = ckpt.read_checkpoint(tmp_path, "app", "cards", 0)
+    assert cp.torn and cp.offset == 200
+    # after a torn log, this process's next write is a snapshot (the files are not as it left them)
+    engine.process(events[5000:6000])
+    assert write(tmp_path, engine, 400)[1] == "snapshot"
+    cp = ckpt.read_checkpoint(tmp_path, "app", "cards", 0)
+    assert not cp.torn and cp.offset == 400 and log.stat().st_size == 0
+    same_state(cp, engine)
+
+
+def test_log_of_an_older_generation_is_ignored(tmp_path, cards_engine):
+    engine, events = cards_engine
+    engine.process(events[:2000])
+    write(tmp_path, engine, 10)
+    engine.process(events[2000:3000])
+    write(tmp_path, engine, 20)
+    log = ckpt.log_path(tmp_path, "app", "cards", 0)
+    old_log = log.read_bytes()
+    ckpt.forget_writer(tmp_path, "app", "cards", 0)
+    write(tmp_path, engine, 20)                      # a new snapshot (generation)
+    log.write_bytes(old_log)                         # a crash before the old log was emptied
+    cp = ckpt.read_checkpoint(tmp_path, "app", "cards", 0)
+    assert cp.offset == 20 and cp.deltas == 0 and not cp.torn
+    same_state(cp, engine)
+
+
+def test_legacy_single_document_checkpoint_still_reads(tmp_path):
+    path = ckpt.write_checkpoint(tmp_path, "app", "s", "raw.s", 0, 41, {"seq": 3})
+    cp = ckpt.read_checkpoint(tmp_path, "app", "s", 0)
+    assert (cp.offset, cp.state, cp.tables) == (41, {"seq": 3}, {}) and path.suffix == ".json"
+
+
+# ------------------------------------------------------------------------------------------------ the worker
+def test_worker_checkpoints_incrementally_and_resumes_identically(tmp_path, monkeypatch):
+    from stream_anon.kafka.core import WorkerCore
+
+    cfg = load_config(CARDS)
+    events = cards_events(6000)
+    raws = [orjson.dumps(e) for e in events]
+    raws.insert(3000, raws[10])                      # a duplicate event id -> duplicate_event dead letter
+
+    def worker(sink):
+        async def send(topic, key, value):
+            sink.append((topic, key, value))
+            fut = asyncio.get_running_loop().create_future()
+            fut.set_result(None)
+            return fut
+        return WorkerCore(cfg, tmp_path / "state", "app", SECRET, send)
+
+    def records(sink):
+        return [v for t, _, v in sink if t.endswith(".records")]
+
+    ref_sink: list = []
+    ref = worker(ref_sink)
+    asyncio.run(ref.process_batch([(0, off, raw) for off, raw in enumerate(raws)]))
+
+    import shutil
+    shutil.rmtree(tmp_path / "state")
+    sink: list = []
+    w = worker(sink)
+    kinds = []
+    real = ckpt.write_state
+
+    def spy(*args, **kw):
+        out = real(*args, **kw)
+        kinds.append(out[1])
+        return out
+    monkeypatch.setattr(ckpt, "write_state", spy)
+    cut = 4000
+    for i in range(0, cut, 500):
+        asyncio.run(w.process_batch([(0, off, raws[off]) for off in range(i, min(cut, i + 500))]))
+    assert kinds[0] == "snapshot" and "delta" in kinds
+    w2 = worker(sink)                                 # a restart: reads snapshot + deltas
+    asyncio.run(w2.process_batch([(0, off, raws[off]) for off in range(cut, len(raws))]))
+    assert records(sink) == records(ref_sink)
+    dead = [orjson.loads(v) for t, _, v in sink if t == "anon.deadletter"]
+    assert [d["reason"] for d in dead] == [DUPLICATE_EVENT] and dead[0]["source"]["offset"] == 3000
+    assert ckpt.checkpointed_offset(tmp_path / "state", "app", "oyster-cards", 0) == len(raws) - 1
