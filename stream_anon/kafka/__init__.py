@@ -8,7 +8,8 @@
   (``stream-anon worker``).
 - ``stream_anon.kafka.harness``: tests and benchmarks only: worker subprocesses, the output reader,
   ``run_until_accounted(...)``, the demo's DP figures.
-- ``stream_anon.kafka.checkpoint``: atomic per-partition checkpoints (docs/contracts.md section 6).
+- ``stream_anon.kafka.checkpoint``: a local snapshot + delta-log store of engine state (core and keyed-table
+  changes; benchmarks of checkpoint cost). The worker keeps its state in Kafka (``state.py``, ``loop.py``).
 
 Importing this package does not import faust or kafka-python; the submodules do.
 """
