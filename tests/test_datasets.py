@@ -263,7 +263,8 @@ def test_obd2_full_file_is_bundled_and_parsed():
     assert all(-6.0 < lat < -5.7 and -35.3 < lon < -35.1 for lat, lon in positions)   # Natal
     unparseable = {k: v for k, v in stats.items() if k != "no_gps_fix"}
     assert sum(unparseable.values()) == 30                  # leaked raw OBD responses like "1:6032000007E803"
-    first = events[0]
+    first = next(e for e in events if e["event_id"] == "obd-0")      # the file's first row (events: time order)
+    assert [e["event_time"] for e in events] == sorted(e["event_time"] for e in events)
     assert first["signals"]["engine_rpm"] == 2124.0 and first["signals"]["maf_g_s"] == 24.77
     assert first["speed_kmh"] == 48.0 and first["payload"]["dtc_status"] == "MIL is OFF0 codes"
 

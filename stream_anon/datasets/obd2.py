@@ -82,7 +82,9 @@ def parse_runtime(cell: str) -> int | None:
 
 
 def read_events(path: str | Path, limit: int | None = None, stats: Counter | None = None) -> list[dict]:
-    """Telemetry events, one per reading, in file order; ``event_id`` is ``obd-<row index>``.
+    """Telemetry events, one per reading, in event-time order (as a live feed of the 19 vehicles arrives; the file
+    holds one vehicle after another, which replayed as it is would make most readings late); ``event_id`` is
+    ``obd-<row index in the file>``.
 
     ``stats`` (optional) receives per-column counts of present-but-unparseable cells (``"<COLUMN>"``) and of
     readings without a GPS fix (``"no_gps_fix"``).
@@ -131,6 +133,7 @@ def read_events(path: str | Path, limit: int | None = None, stats: Counter | Non
                 "time_raw": row["TIME"],
             },
         })
+    events.sort(key=lambda e: e["event_time"])     # ISO times in UTC: text order is time order; stable
     return events
 
 
