@@ -698,8 +698,9 @@ def streaming_ncp(config, events: list[dict], secret: bytes = b"evaluate") -> di
 
 def offline_mondrian(table: EvalTable, k: int, window_s: float | None = None, seed: int = 0) -> dict:
     """Offline Mondrian (k in distinct individuals) on the whole table, or per window of the streaming engine
-    (``arrival_windows`` of the event times in file order: the engine's definition) when ``window_s`` is given."""
-    from stream_anon.engine import arrival_windows
+    (``event_windows``: the window of each record's event time, the engine's definition) when ``window_s`` is
+    given."""
+    from stream_anon.engine import event_windows
     from stream_anon.strategies.mondrian import Mondrian
 
     t0 = time.perf_counter()
@@ -707,7 +708,9 @@ def offline_mondrian(table: EvalTable, k: int, window_s: float | None = None, se
     if window_s is None:
         groups = [np.arange(table.n)]
     else:
-        w = arrival_windows(np.nan_to_num(table.times, nan=-np.inf), window_s)
+        known = np.isfinite(table.times)
+        w = event_windows(np.where(known, table.times, 0.0), window_s)
+        w[~known] = np.iinfo(np.int64).min          # records without a time: one group of their own
         groups = [np.flatnonzero(w == x) for x in np.unique(w)]
     for idx in groups:
         sub = _subset(table, idx)

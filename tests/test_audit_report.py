@@ -103,10 +103,7 @@ def test_worker_logs_release_alerts_as_rate_limited_warnings(tmp_path, caplog):
     from stream_anon.contract import config_path
     from stream_anon.kafka.core import WorkerCore
 
-    async def send(*a):  # never called here
-        raise AssertionError
-
-    core = WorkerCore(load_config(config_path("oyster")), tmp_path, "app", b"s" * 32, send)
+    core = WorkerCore(load_config(config_path("oyster")), "app", b"s" * 32)
     with caplog.at_level(logging.WARNING, logger="stream_anon.worker"):
         core._release_docs(_release("r1", {}, 0.0, False))
         assert not caplog.records                               # no alert, no line

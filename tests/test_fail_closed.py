@@ -36,6 +36,8 @@ def _get(port: int, path: str) -> tuple[int, dict | str]:
             return r.status, (json.loads(body) if path != "/metrics" else body)
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read().decode())
+    except urllib.error.URLError:           # not listening yet
+        return 0, {}
 
 
 def test_poison_pill_timestamps_are_dead_lettered_and_the_stream_goes_on(broker, tmp_path, secret_env):
