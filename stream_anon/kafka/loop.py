@@ -27,6 +27,7 @@ import threading
 import time
 import uuid
 
+import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicCollection, \
     TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -387,7 +388,6 @@ class KafkaLoop:
         path = self._cache_path(p)
         if path is None or not path.exists():
             return None
-        import orjson
         return orjson.loads(path.read_bytes())
 
     # ---- outages and metrics ----------------------------------------------------------------------------------
