@@ -262,6 +262,9 @@ class RecordReader:
                              f"{sorted(allowed)})"
             elif unit is None or unit == "":
                 reasons[i] = f"{self.unit_field}: privacy unit missing"
+            elif isinstance(unit, bool) or not isinstance(unit, (str, int, float)):
+                # an object, list or boolean names nobody: its text form would count as an individual of its own
+                reasons[i] = f"{self.unit_field}: privacy unit must be text or a number, got {type(unit).__name__}"
             elif not (isinstance(unit, str) and unit.isascii()) and not _utf8(str(unit)):
                 reasons[i] = f"{self.unit_field}: not valid Unicode text"
             else:
