@@ -163,6 +163,29 @@ _STREAM_SPECS = {
 }
 
 
+def _qi_table_columns(config, space, col: dict, X: np.ndarray, original: pd.DataFrame):
+    """The quasi-identifier columns of an evaluation table (added to ``original``): categories as text, numbers
+    and positions from the QI codes (missing: NaN); returns (column names, weights, hierarchies, bounds)."""
+    cols, weights, hierarchies, bounds = [], {}, {}, {}
+    d = 0
+    for qi in config.quasi_identifiers:
+        if qi.kind in ("categorical", "station"):
+            original[qi.name] = [None if v is None else str(v) for v in _coalesce([col[f] for f in qi.fields])]
+            hierarchies[qi.name] = qi.hierarchy
+            cols.append(qi.name)
+            weights[qi.name] = qi.weight
+        else:
+            names = [f"{qi.name}.lat", f"{qi.name}.lon"] if qi.kind == "geopoint" else [qi.name]
+            for axis, c in enumerate(names):
+                x = X[:, d + axis]
+                original[c] = np.where(x < space.lower[d + axis], np.nan, x)
+                bounds[c] = (float(space.lower[d + axis]), float(space.upper[d + axis]))
+                cols.append(c)
+                weights[c] = qi.weight / len(names)
+        d += qi.dims
+    return cols, weights, hierarchies, bounds
+
+
 def stream_table(name: str, full: bool = False, limit: int | None = None, fit_time_bounds: bool = False
                  ) -> EvalTable:
     """A stream dataset with the QIs, bounds, hierarchies and privacy unit of ``configs/<name>.toml``.
@@ -203,24 +226,7 @@ def stream_table(name: str, full: bool = False, limit: int | None = None, fit_ti
     n = len(X)
     units = pd.factorize(pd.Series(col[config.stream.privacy_unit], dtype=object))[0]
     original = pd.DataFrame(index=pd.RangeIndex(n))
-    cols, weights, hierarchies, bounds = [], {}, {}, {}
-    d = 0
-    for qi in config.quasi_identifiers:
-        if qi.kind in ("categorical", "station"):
-            values = [None if v is None else str(v) for v in _coalesce([col[f] for f in qi.fields])]
-            original[qi.name] = values
-            hierarchies[qi.name] = qi.hierarchy
-            cols.append(qi.name)
-            weights[qi.name] = qi.weight
-        else:
-            names = [f"{qi.name}.lat", f"{qi.name}.lon"] if qi.kind == "geopoint" else [qi.name]
-            for axis, c in enumerate(names):
-                x = X[:, d + axis]
-                original[c] = np.where(x < space.lower[d + axis], np.nan, x)
-                bounds[c] = (float(space.lower[d + axis]), float(space.upper[d + axis]))
-                cols.append(c)
-                weights[c] = qi.weight / len(names)
-        d += qi.dims
+    cols, weights, hierarchies, bounds = _qi_table_columns(config, space, col, X, original)
     original[spec["sensitive"]] = pd.Series(col[spec["sensitive"]], dtype=object)
     original["_individual"] = units
     kpi_name, kpi_field, predicate, group_col, groups = spec["kpi"]
@@ -624,25 +630,11 @@ def table_from_events(name: str, config, events: list[dict]) -> EvalTable:
     n = len(X)
     units = pd.factorize(pd.Series(col[config.stream.privacy_unit], dtype=object))[0]
     original = pd.DataFrame(index=pd.RangeIndex(n))
-    cols, weights, hierarchies, bounds, positions = [], {}, {}, {}, []
-    d = 0
+    cols, weights, hierarchies, bounds = _qi_table_columns(config, space, col, X, original)
+    positions, d = [], 0
     for qi in config.quasi_identifiers:
-        if qi.kind in ("categorical", "station"):
-            original[qi.name] = [None if v is None else str(v) for v in _coalesce([col[f] for f in qi.fields])]
-            hierarchies[qi.name] = qi.hierarchy
-            cols.append(qi.name)
-            weights[qi.name] = qi.weight
-        else:
-            names = [f"{qi.name}.lat", f"{qi.name}.lon"] if qi.kind == "geopoint" else [qi.name]
-            for axis, c in enumerate(names):
-                x = X[:, d + axis]
-                original[c] = np.where(x < space.lower[d + axis], np.nan, x)
-                bounds[c] = (float(space.lower[d + axis]), float(space.upper[d + axis]))
-                cols.append(c)
-                weights[c] = qi.weight / len(names)
-            if qi.kind == "geopoint":
-                positions.append(PositionSpec(_floats(col[qi.fields[0]]), _floats(col[qi.fields[1]]),
-                                              dims=(d, d + 1)))
+        if qi.kind == "geopoint":
+            positions.append(PositionSpec(_floats(col[qi.fields[0]]), _floats(col[qi.fields[1]]), dims=(d, d + 1)))
         d += qi.dims
     if sensitive:
         original[sensitive] = pd.Series(col[sensitive], dtype=object)

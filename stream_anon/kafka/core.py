@@ -352,11 +352,12 @@ class WorkerCore:
     def _process_events(self, ps: PartitionState, events: list, offsets: list, out: BatchOutput) -> None:
         """Reader, engine and output of a batch's checked events. If this raises, no event is lost and the
         partition does not stop: see :meth:`_isolate`."""
-        first = len(out.messages)
+        first, counts = len(out.messages), dict(out.counts)
         try:
             self._attempt(ps, events, offsets, range(len(events)), out)
         except Exception as exc:   # noqa: BLE001 - one event never stops the partition
-            del out.messages[first:]
+            del out.messages[first:]          # the failed attempt leaves neither messages nor counts behind
+            out.counts.update(counts)
             out.releases.clear()
             self._isolate(ps, events, offsets, out, exc)
 
