@@ -393,7 +393,7 @@ def test_every_row_is_committed_with_the_ledger_spend_that_pays_for_it(tmp_path)
     for i in range(0, len(events), 100):
         out = core.handle([(0, i + j, json.dumps(e).encode()) for j, e in enumerate(events[i:i + 100])])
         ledger = BudgetLedger(None, 50.0)
-        ledger.merge_state(core.parts[0].committed["dp"]["ledger"])
+        ledger.merge_state(core.committed_doc(core.parts[0])["dp"]["ledger"])
         for topic, _, value in out:
             if topic == AGGREGATES_TOPIC:
                 row = json.loads(value)

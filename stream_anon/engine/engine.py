@@ -321,6 +321,10 @@ class Engine:
             out[name + ":deleted"] = (deleted, None)
         return out
 
+    def table_rows(self) -> int:
+        """Rows held by the keyed tables (what a full state record carries besides the core)."""
+        return sum(len(t) for t in self._tables().values())
+
     def state_dict(self) -> dict:
         """Core and full tables in one JSON document (tests, the audit harness, the worker's state record)."""
         return compose_state(self.state_core(), self.state_tables())

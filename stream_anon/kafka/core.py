@@ -28,14 +28,16 @@ from stream_anon.contract import topics
 from stream_anon.engine import Engine, get_path
 from stream_anon.events import schema_reason
 from stream_anon.inputs import Decoder
+from stream_anon.engine.state import compose_state
 from stream_anon.kafka import aggregates
+from stream_anon.kafka import state as st
 
 log = logging.getLogger("stream_anon.worker")
 
 TOPICS = topics()           # the topic contract (topics/topics.toml), shipped inside the package
 LAG_NOTE = ("approximate: computed from the consumed position and the broker's reported end offset, which the "
             "Tansu broker under-reports for multi-record batches")
-STATE_VERSION = 1
+STATE_VERSION = 2              # 2: core and keyed tables apart (full and delta state records)
 BISECT_MAX_DEPTH = 16          # a failing batch is split at most this deep before its events are dead-lettered
 DEADLETTER_PAYLOAD_MAX = 4096   # characters of an oversized payload kept in its dead letter
 
@@ -114,7 +116,11 @@ class PartitionState:
     seq: int = 0                   # committed state transactions of this partition (0: none)
     input_topic_id: str | None = None
     flush_pending: bool = False    # a committed decision to flush, not yet carried out (see loop.py)
-    committed: dict | None = None  # the last committed state document (the state before the batch in flight)
+    # the committed state as the chain of state records since the last full one (kafka/state.py): the state
+    # before the batch in flight, restored when a batch fails as a whole
+    chain: list = field(default_factory=list)
+    next_full: bool = True         # the engine's change tracking starts from an empty base (new or restored)
+    chain_start: int = 1           # lowest sequence number whose record key may still hold a record (tombstones)
     last_input: float = field(default_factory=time.monotonic)
     dirty_since_flush: bool = False
     events_in: int = 0
@@ -157,8 +163,10 @@ class WorkerCore:
         self.decoder = None if config.input.legacy else Decoder(config.input, config.limits.max_event_bytes)
 
     # ---- partitions
-    def open_partition(self, partition: int, doc: dict | None = None) -> PartitionState:
-        """The partition's state from a state document (:meth:`state_doc`), or a new one."""
+    def open_partition(self, partition: int, doc: dict | None = None, tables: dict | None = None,
+                       base_seq: int | None = None) -> PartitionState:
+        """The partition's state from a committed state (``doc``: the core of :meth:`state_record`, ``tables``:
+        name -> (keys, rows), as :func:`stream_anon.kafka.state.resolve_chain` gives them), or a new one."""
         if doc is None:
             engine = Engine(self.config, partition=partition, secret=self.secret, carried=self.carried)
             ps = PartitionState(partition, engine)
@@ -168,12 +176,15 @@ class WorkerCore:
                     or doc.get("partition") != partition:
                 raise ValueError(f"partition {partition}: state document of another stream, partition or version "
                                  f"({doc.get('stream')!r}, {doc.get('partition')!r}, v{doc.get('version')!r})")
-            engine = Engine.from_state(self.config, doc["engine"], secret=self.secret, carried=self.carried)
+            tables = tables or {}
+            engine = Engine.restore(self.config, partition, self.secret, doc["engine"], tables, self.carried)
             ps = PartitionState(partition, engine, offset=doc["offset"], seq=doc["seq"],
                                 input_topic_id=doc.get("input_topic_id"), flush_pending=doc.get("flush_pending",
                                                                                                   False))
             ps.dp = self._aggregates(partition, doc.get("dp"))
-            ps.committed = doc
+            # the recovered state stands as the committed chain (a full record of it comes next)
+            ps.chain = [st.StateRecord(doc, {n: (k, r, st.EMPTY_KEYS) for n, (k, r) in tables.items()})]
+            ps.chain_start = base_seq or doc["seq"]
             ps.dirty_since_flush = engine.deferred > 0      # buffered records still need an idle flush
         self.parts[partition] = ps
         return ps
@@ -186,14 +197,46 @@ class WorkerCore:
     def close_partition(self, partition: int) -> None:
         self.parts.pop(partition, None)
 
-    def state_doc(self, ps: PartitionState, seq: int, offset: int, flush_pending: bool = False) -> dict:
-        """The partition's state as one JSON document (the state topic's value, see loop.py)."""
+    def _core_doc(self, ps: PartitionState, seq: int, offset: int, flush_pending: bool) -> dict:
         doc = {"version": STATE_VERSION, "stream": self.stream, "partition": ps.partition, "seq": seq,
                "offset": offset, "input_topic": self.topic, "input_topic_id": ps.input_topic_id,
-               "flush_pending": flush_pending, "engine": ps.engine.state_dict(), "written_at": time.time()}
+               "flush_pending": flush_pending, "engine": ps.engine.state_core(), "written_at": time.time()}
         if ps.dp is not None:
             doc["dp"] = ps.dp.state_dict()
         return doc
+
+    def state_record(self, ps: PartitionState, seq: int, offset: int, flush_pending: bool = False
+                     ) -> st.StateRecord:
+        """The record of the partition's state for state transaction ``seq`` (kafka/state.py): the core, and the
+        keyed tables' changes since the last committed record, or the tables in full when the partition was
+        (re)opened or when the changes since the last full record outgrow the tables. Resets the tables' change
+        tracking: the record must be committed (:meth:`note_committed`) or the partition recovered again."""
+        doc = self._core_doc(ps, seq, offset, flush_pending)
+        changes = st.changes_by_table(ps.engine.state_changes())
+        rec = st.StateRecord(doc, changes, full=ps.next_full)
+        if not rec.full:
+            chained = sum(r.rows for r in ps.chain[1:]) + rec.rows
+            if chained > ps.engine.table_rows() or len(ps.chain) >= st.MAX_CHAIN:
+                rec = st.StateRecord(doc, {n: (k, r, st.EMPTY_KEYS) for n, (k, r) in
+                                           ps.engine.state_tables().items()}, full=True)
+        return rec
+
+    def note_committed(self, ps: PartitionState, rec: st.StateRecord) -> None:
+        """``rec`` was committed: it is the partition's state now."""
+        ps.seq, ps.offset, ps.flush_pending = rec.seq, rec.doc["offset"], rec.doc.get("flush_pending", False)
+        ps.chain = [rec] if rec.full else ps.chain + [rec]
+        ps.next_full = False
+        if rec.full:
+            ps.chain_start = rec.seq
+
+    def committed_state(self, ps: PartitionState) -> tuple[dict | None, dict]:
+        """(core, tables) of the partition's last committed state ((None, {}): nothing committed)."""
+        return st.resolve_chain(ps.chain) if ps.chain else (None, {})
+
+    def committed_doc(self, ps: PartitionState) -> dict | None:
+        """The last committed state as one JSON-able document (the engine's tables inside ``engine``), for tests
+        and tools."""
+        return composed_doc(*self.committed_state(ps))
 
     # ---- outputs
     def _deadletter_doc(self, reason, partition, offset, raw: bytes | None = None,
@@ -370,19 +413,19 @@ class WorkerCore:
         self._emit(ps, ps.engine.process_records(records), out)
 
     def _isolate(self, ps: PartitionState, events: list, offsets: list, out: BatchOutput, first: Exception):
-        """The batch failed as a whole: go back to the state before it (``ps.committed``: the last committed state
-        document) and split the batch in halves, processed in order, each part from a snapshot of the state before
+        """The batch failed as a whole: go back to the state before it (the last committed state,
+        ``ps.chain``) and split the batch in halves, processed in order, each part from a snapshot of the state before
         it, until the events that fail alone are found (``ISOLATION_TRIES`` attempts each); those are
         dead-lettered with ``processing error: <exception class>``. Output does not depend on how input is cut
         into batches, so the other events give what they give without the culprits. After
         ``ISOLATION_MAX_FAILURES`` failed attempts a part that fails is dead-lettered whole (bounded work)."""
         log.error("partition %s: batch of %d events failed (%s); isolating the culprit(s)", ps.partition,
                   len(events), type(first).__name__)
-        self._restore(ps, ps.committed)
+        self._restore(ps, *self.committed_state(ps))
         failures, isolated = 1, 0
 
         def snapshot():
-            return self.state_doc(ps, ps.seq, ps.offset)
+            return self._core_doc(ps, ps.seq, ps.offset, ps.flush_pending), ps.engine.state_tables()
 
         def run(idx: list[int], tries: int = 0) -> None:
             nonlocal failures, isolated
@@ -395,7 +438,7 @@ class WorkerCore:
                 failures += 1
                 del out.messages[mark:]
                 out.counts.update(counts)
-                self._restore(ps, snap)
+                self._restore(ps, *snap)
                 if failures > self.ISOLATION_MAX_FAILURES:
                     for i in idx:
                         self._deadletter(out, f"processing error: {type(exc).__name__} (isolation gave up after "
@@ -416,11 +459,13 @@ class WorkerCore:
         log.error("partition %s: %d event(s) dead-lettered as processing errors after %d failed attempts",
                   ps.partition, isolated, failures)
 
-    def _restore(self, ps: PartitionState, doc: dict | None) -> None:
-        """Put the partition back into the state of ``doc`` (None: a new partition), keeping its bookkeeping."""
-        fresh = self.open_partition(ps.partition, doc)
+    def _restore(self, ps: PartitionState, doc: dict | None, tables: dict) -> None:
+        """Put the partition back into the state of ``doc`` and ``tables`` (None: a new partition), keeping its
+        bookkeeping (committed chain, offsets)."""
+        fresh = self.open_partition(ps.partition, doc, tables)
         self.parts[ps.partition] = ps
         ps.engine, ps.dp = fresh.engine, fresh.dp
+        ps.next_full = True          # a restored engine's changes start from an empty base
 
     def _emit(self, ps: PartitionState, result, out: BatchOutput) -> None:
         for rel in result.releases:
@@ -483,12 +528,12 @@ class WorkerCore:
                 self.committed(ps, ps.offset)
         return out
 
-    def committed(self, ps: PartitionState, offset: int) -> dict:
-        """Record a commit of the partition's current state at ``offset``: its state document."""
-        ps.seq += 1
-        ps.offset = offset
-        ps.committed = self.state_doc(ps, ps.seq, offset)
-        return ps.committed
+    def committed(self, ps: PartitionState, offset: int) -> st.StateRecord:
+        """Record a commit of the partition's current state at ``offset`` (what the loop does with a
+        transaction): its state record."""
+        rec = self.state_record(ps, ps.seq + 1, offset)
+        self.note_committed(ps, rec)
+        return rec
 
     def idle_partitions(self) -> list[PartitionState]:
         """Partitions to flush: every partition of this worker has had no input for ``flush_when_idle_s``
@@ -519,3 +564,9 @@ class WorkerCore:
                 "lag_approx": lag, "lag_note": LAG_NOTE}
 
 
+def composed_doc(doc: dict | None, tables: dict) -> dict | None:
+    """A state (core and tables) as one document: the engine's tables composed into ``engine``
+    (:func:`stream_anon.engine.state.compose_state`)."""
+    if doc is None:
+        return None
+    return {**doc, "engine": compose_state(doc["engine"], tables)}

@@ -271,18 +271,18 @@ def committed_states(bootstrap: str, app_id: str, stream: str, partitions, idle_
     benchmarks of a stopped worker: the state topic is read until idle rather than to a barrier)."""
     from stream_anon.kafka import state as st
 
+    from stream_anon.kafka.core import composed_doc
+
     topic = st.state_topic(app_id)
     markers = committed_offsets(bootstrap, app_id, topic, partitions)
-    by_part: dict[int, list] = {}
+    logs: dict[int, st.StateLog] = {}
     for (_, p, _), value in read_topic(bootstrap, topic, idle_s=idle_s):
-        h = st.header(value)
-        if h is not None and h[0] == st.KIND_STATE:
-            by_part.setdefault(p, []).append(value)
+        logs.setdefault(p, st.StateLog()).add(value)
     out = {}
     for p in partitions:
-        rec = st.choose_state(by_part.get(p, []), markers.get(p), None)
+        rec = st.choose_state(logs.get(p, st.StateLog()), markers.get(p), None)
         if rec.doc is not None:
-            out[p] = rec.doc
+            out[p] = composed_doc(rec.doc, rec.tables)
     return out
 
 

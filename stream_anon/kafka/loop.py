@@ -82,7 +82,9 @@ class KafkaLoop:
         self.stopping = threading.Event()
         self.stopped = threading.Event()
         self.error: BaseException | None = None
-        self.counters = {"transactions": 0, "aborted": 0, "recoveries": 0, "halts": 0, "broker_lost": 0}
+        self.counters = {"transactions": 0, "aborted": 0, "recoveries": 0, "halts": 0, "broker_lost": 0,
+                         "state_bytes": 0, "full_state_records": 0}
+        self._last_state_bytes = 0
         self._consumer: Consumer | None = None
         self._plain: Producer | None = None
         self._last_metric = 0.0
@@ -187,20 +189,26 @@ class KafkaLoop:
         p = ps.partition
         prod = self.producers[p]
         seq = ps.seq + 1
-        doc = self.core.state_doc(ps, seq, offset, flush_pending)
+        rec = self.core.state_record(ps, seq, offset, flush_pending)
         try:
             prod.begin_transaction()
             for topic, key, value in messages:
                 self._produce(prod, topic, value, key)
-            self._produce(prod, self.state_topic, st.encode_state(doc), st.state_key(self.core.stream, p),
-                          partition=p)
+            value = st.encode_state(rec)
+            self._last_state_bytes = len(value)
+            self._produce(prod, self.state_topic, value, st.state_key(self.core.stream, p, seq), partition=p)
+            if rec.full:          # the chain before this full record is obsolete: tombstones for compaction
+                for old in range(ps.chain_start, seq):
+                    self._produce(prod, self.state_topic, None, st.state_key(self.core.stream, p, old), partition=p)
             offsets = [TopicPartition(self.input, p, offset + 1), TopicPartition(self.state_topic, p, seq)]
             self._end_transaction(prod, offsets)
         except KafkaException as exc:
             self._failed(ps, prod, exc)
             return False
-        ps.seq, ps.offset, ps.flush_pending, ps.committed = seq, offset, flush_pending, doc   # see core.committed
+        self.core.note_committed(ps, rec)
         self.counters["transactions"] += 1
+        self.counters["full_state_records"] += rec.full
+        self.counters["state_bytes"] += self._last_state_bytes
         self._connected()
         self._write_cache(ps)
         return True
@@ -211,7 +219,7 @@ class KafkaLoop:
         prod.commit_transaction(TXN_TIMEOUT_S)
 
     @staticmethod
-    def _produce(prod: Producer, topic: str, value: bytes, key: bytes, partition: int | None = None) -> None:
+    def _produce(prod: Producer, topic: str, value: bytes | None, key: bytes, partition: int | None = None) -> None:
         kw = {"partition": partition} if partition is not None else {}
         while True:
             try:
@@ -322,7 +330,7 @@ class KafkaLoop:
         if rec.halt:
             self._halt(p, rec.halt, rec.detail)
             return None
-        ps = self.core.open_partition(p, rec.doc)
+        ps = self.core.open_partition(p, rec.doc, rec.tables, rec.base_seq)
         ps.input_topic_id = topic_id or ps.input_topic_id
         if rec.adopted_reset:
             log.warning("partition %s: input topic re-created; accepted by the operator: resuming its state from "
@@ -331,12 +339,12 @@ class KafkaLoop:
                  if rec.doc else "no history: new state")
         return ps.offset + 1 if ps.offset >= 0 else None
 
-    def _read_to_barrier(self, p: int, nonce: bytes) -> list[bytes]:
+    def _read_to_barrier(self, p: int, nonce: bytes) -> st.StateLog:
         reader = Consumer({**self.cfg, "group.id": f"{self.core.app_id}-state-reader", "enable.auto.commit": False,
                            "isolation.level": "read_committed", "logger": client_log})
         try:
             reader.assign([TopicPartition(self.state_topic, p, OFFSET_BEGINNING)])
-            states: list[bytes] = []
+            states = st.StateLog()
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
                 for m in reader.consume(num_messages=1000, timeout=1.0):
@@ -350,7 +358,7 @@ class KafkaLoop:
                         if st.barrier_nonce(v) == nonce:
                             return states
                     else:
-                        states.append(v)
+                        states.add(v)
             raise RuntimeError(f"partition {p}: the state barrier did not come back within 120 s")
         finally:
             reader.close()

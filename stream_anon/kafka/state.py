@@ -5,6 +5,17 @@ compacted, co-partitioned with the input), written in the same Kafka transaction
 and consumer offsets (read-process-write exactly-once, as Kafka Streams does). Any worker of the app can recover
 it: state survives the loss of a worker's machine.
 
+**Records.** A state has a bounded *core* (JSON: the worker's position, the engine's
+:meth:`~stream_anon.engine.Engine.state_core`, the DP counters and ledger) and *keyed tables* that grow with the
+individuals or events seen (m-invariance signatures, event ids seen, DP window counts per unit; numpy records,
+:mod:`stream_anon.engine.state`). Each transaction writes one record: the full core plus either every table in
+full (a **full** record) or only the rows put and the keys deleted since the previous transaction (a **delta**,
+:meth:`~stream_anon.engine.Engine.state_changes`). So a transaction costs what changed, not what was ever seen;
+a full record is written when a partition is (re)opened and whenever the deltas since the last full one hold
+more rows than the tables (or ``MAX_CHAIN`` transactions), which bounds what recovery reads to about two full
+states. Record keys are ``<stream>/p<p>/s<seq>``; a full record's transaction also writes tombstones for the keys
+of the chain before it, so compaction keeps about one chain per partition.
+
 Recovery never relies on the broker's end offset (the Tansu broker reports it wrong, see
 ``../shared/notes/broker-notes.md``) nor on consumers never seeing aborted records (Tansu shows them to
 ``read_committed`` consumers, and never expires a dead producer's transaction):
@@ -14,25 +25,32 @@ Recovery never relies on the broker's end offset (the Tansu broker reports it wr
 2. it commits a **barrier** record with a fresh nonce to the state partition and reads the partition from the
    beginning until it sees that nonce: everything committed before is then read;
 3. every state transaction also commits a **marker offset** for the state partition itself in the consumer
-   group: the transaction's sequence number. A committed offset is visible only once its transaction commits, so
-   the state record to use is the last one carrying exactly that sequence number; records with another number
-   come from aborted transactions and are ignored.
+   group: the transaction's sequence number ``M``. A committed offset is visible only once its transaction
+   commits, and a transaction is attempted only after the one before it committed, so for every sequence number
+   up to ``M`` the last record carrying it is the committed one (records of aborted attempts come before it, and
+   attempts after ``M`` carry larger numbers): the state is the chain from the last full record up to ``M``.
 
 Anything unexpected stops the partition with a reason (``HALT_*``), never a guess: a committed marker whose
-state record is missing, committed input offsets without state, an input topic that was re-created (its topic
-id changed), a local cache that knows more history than the state topic (a broker or state topic reset).
+chain is incomplete, committed input offsets without state, an input topic that was re-created (its topic id
+changed), a local cache that knows more history than the state topic (a broker or state topic reset).
 """
 from __future__ import annotations
 
 import struct
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import orjson
 
-MAGIC = b"SA1"
-KIND_STATE, KIND_BARRIER = b"s", b"b"
+from stream_anon.engine.state import table_dtype
+
+MAGIC = b"SA2"
+KIND_FULL, KIND_DELTA, KIND_BARRIER = b"f", b"d", b"b"
+STATE_KINDS = (KIND_FULL, KIND_DELTA)
 _HEAD = struct.Struct(">qq")        # sequence number, last input offset
+_BODY = struct.Struct(">I")         # length of the compressed JSON part
+MAX_CHAIN = 256                     # transactions between two full records, at most
 
 HALT_MARKER_WITHOUT_STATE = "committed_state_missing"
 HALT_OFFSETS_WITHOUT_STATE = "committed_offsets_without_state"
@@ -40,6 +58,8 @@ HALT_STATE_WITHOUT_MARKER = "state_without_committed_marker"
 HALT_TOPIC_RECREATED = "input_topic_recreated"
 HALT_STATE_RESET = "state_topic_reset"
 HALT_OFFSET_MISMATCH = "committed_offset_mismatch"
+
+EMPTY_KEYS = np.empty(0, dtype=np.int64)
 
 
 def state_topic(app_id: str) -> str:
@@ -50,18 +70,60 @@ def transactional_id(app_id: str, partition: int) -> str:
     return f"{app_id}-p{partition}"
 
 
-def state_key(stream: str, partition: int) -> bytes:
-    return f"{stream}/p{partition}".encode()
+def state_key(stream: str, partition: int, seq: int) -> bytes:
+    return f"{stream}/p{partition}/s{seq}".encode()
 
 
 def barrier_key(stream: str, partition: int) -> bytes:
     return f"{stream}/p{partition}/barrier".encode()
 
 
-def encode_state(doc: dict) -> bytes:
-    """``SA1 s <seq> <offset> zlib(json)``: the header can be read without decompressing the state."""
-    body = zlib.compress(orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY), 1)
-    return MAGIC + KIND_STATE + _HEAD.pack(doc["seq"], doc["offset"]) + body
+@dataclass
+class StateRecord:
+    """One state transaction's record. ``doc``: the core (JSON; carries ``seq`` and ``offset``). ``tables``: table
+    name -> ``(keys, rows, deleted keys)``; for a full record the tables in full (no deletion), for a delta the
+    rows put and keys deleted since the record before it (a table not named did not change)."""
+    doc: dict
+    tables: dict = field(default_factory=dict)
+    full: bool = True
+
+    @property
+    def seq(self) -> int:
+        return int(self.doc["seq"])
+
+    @property
+    def rows(self) -> int:
+        """Rows put plus keys deleted: what the record costs, for the full-record policy."""
+        return sum(len(k) + len(d) for k, _, d in self.tables.values())
+
+
+def changes_by_table(changes: dict) -> dict:
+    """``Engine.state_changes()`` form (``name``: (keys, rows), ``name:deleted``: (keys, None)) -> name -> (keys,
+    rows, deleted keys)."""
+    out = {}
+    for name, (keys, rows) in changes.items():
+        if not name.endswith(":deleted"):
+            deleted = changes.get(name + ":deleted", (EMPTY_KEYS, None))[0]
+            out[name] = (keys, rows, deleted)
+    return out
+
+
+def encode_state(rec: StateRecord) -> bytes:
+    """``SA2 <f|d> <seq> <offset> <json length> zlib(json) <table bytes>``. The header can be read without
+    decoding the rest; the JSON part names each table's layout and counts; the tables follow as raw little-endian
+    keys, records and deleted keys (hashed keys do not compress: they are not compressed)."""
+    layout, blobs = [], []
+    for name, (keys, rows, deleted) in rec.tables.items():
+        dt = rows.dtype.newbyteorder("<") if rows.dtype.byteorder == ">" else rows.dtype
+        layout.append([name, dt.descr, len(keys), len(deleted)])
+        blobs += [np.ascontiguousarray(keys, dtype="<i8").tobytes(),
+                  np.ascontiguousarray(rows.astype(dt, copy=False)).tobytes(),
+                  np.ascontiguousarray(deleted, dtype="<i8").tobytes()]
+    body = zlib.compress(orjson.dumps({"doc": rec.doc, "tables": layout},
+                                      option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS), 1)
+    kind = KIND_FULL if rec.full else KIND_DELTA
+    return b"".join([MAGIC, kind, _HEAD.pack(rec.doc["seq"], rec.doc["offset"]), _BODY.pack(len(body)), body,
+                     *blobs])
 
 
 def encode_barrier(nonce: bytes) -> bytes:
@@ -69,7 +131,7 @@ def encode_barrier(nonce: bytes) -> bytes:
 
 
 def header(value: bytes | None) -> tuple[bytes, int, int] | None:
-    """(kind, seq, offset) of a state-topic value, or None for anything else."""
+    """(kind, seq, offset) of a state-topic value, or None for anything else (a tombstone, another format)."""
     if not value or len(value) < 4 + _HEAD.size or value[:3] != MAGIC:
         return None
     seq, offset = _HEAD.unpack_from(value, 4)
@@ -81,43 +143,137 @@ def barrier_nonce(value: bytes) -> bytes | None:
     return value[4 + _HEAD.size:] if h and h[0] == KIND_BARRIER else None
 
 
-def decode_state(value: bytes) -> dict:
+def decode_state(value: bytes) -> StateRecord:
     h = header(value)
-    if h is None or h[0] != KIND_STATE:
+    if h is None or h[0] not in STATE_KINDS:
         raise ValueError("not a state record")
-    return orjson.loads(zlib.decompress(value[4 + _HEAD.size:]))
+    pos = 4 + _HEAD.size
+    (n,) = _BODY.unpack_from(value, pos)
+    pos += _BODY.size
+    meta = orjson.loads(zlib.decompress(value[pos:pos + n]))
+    pos += n
+    tables = {}
+    for name, descr, n_put, n_del in meta["tables"]:
+        dt = table_dtype(descr)
+        keys = np.frombuffer(value, dtype="<i8", count=n_put, offset=pos).astype(np.int64)
+        pos += 8 * n_put
+        rows = np.frombuffer(value, dtype=dt, count=n_put, offset=pos).copy()
+        pos += dt.itemsize * n_put
+        deleted = np.frombuffer(value, dtype="<i8", count=n_del, offset=pos).astype(np.int64)
+        pos += 8 * n_del
+        tables[name] = (keys, rows, deleted)
+    if pos != len(value):
+        raise ValueError(f"{len(value) - pos} bytes beyond the declared tables")
+    return StateRecord(meta["doc"], tables, h[0] == KIND_FULL)
+
+
+def resolve_chain(chain: list[StateRecord]) -> tuple[dict, dict[str, tuple[np.ndarray, np.ndarray]]]:
+    """The state a chain stands for: the last record's core and the tables of the first (full) record with every
+    later delta applied in order, as name -> (keys sorted, rows). Vectorized: per table, the last action on each
+    key across the chain wins (a put, or a deletion that removes the key)."""
+    if not chain or not chain[0].full:
+        raise ValueError("a state chain starts with a full record")
+    tables = {}
+    for name in dict.fromkeys(n for rec in chain for n in rec.tables):
+        keys, order, rows, src = [], [], [], []
+        base = 0
+        for i, rec in enumerate(chain):
+            if name not in rec.tables:
+                continue
+            k, r, d = rec.tables[name]
+            keys += [k, d]
+            order += [np.full(len(k) + len(d), i, dtype=np.int64)]
+            src += [np.arange(base, base + len(k), dtype=np.int64), np.full(len(d), -1, dtype=np.int64)]
+            rows.append(r)
+            base += len(k)
+        keys, order, src = np.concatenate(keys), np.concatenate(order), np.concatenate(src)
+        rows = np.concatenate(rows)
+        by = np.lexsort((order, keys))                       # by key, then by position in the chain
+        keys, src = keys[by], src[by]
+        last = np.ones(len(keys), dtype=bool)
+        last[:-1] = keys[1:] != keys[:-1]                   # the last action on each key
+        keep = last & (src >= 0)
+        tables[name] = (keys[keep], rows[src[keep]])
+    return chain[-1].doc, tables
+
+
+class StateLog:
+    """A partition's state records read in log order, keeping for each sequence number the last record carrying
+    it (the committed one, for every number up to the committed marker; see the module docstring). Records older
+    than a full record that a later transaction followed are dropped as they come: the chain of any marker
+    from then on starts at that full record or later, so memory stays about one chain even on a broker that
+    never compacts."""
+
+    def __init__(self):
+        self.values: dict[int, bytes] = {}
+        self.full: dict[int, bool] = {}
+        self._latest_full: int | None = None
+
+    def add(self, value: bytes) -> None:
+        h = header(value)
+        if h is None or h[0] not in STATE_KINDS:
+            return
+        seq = h[1]
+        if self._latest_full is not None and seq > self._latest_full:
+            for s in [s for s in self.values if s < self._latest_full]:
+                del self.values[s], self.full[s]
+        self.values[seq] = value
+        self.full[seq] = h[0] == KIND_FULL
+        if self.full[seq] and (self._latest_full is None or seq >= self._latest_full):
+            self._latest_full = seq
+        elif not self.full[seq] and self._latest_full == seq:
+            self._latest_full = max((s for s, f in self.full.items() if f), default=None)
+
+    def chain(self, marker: int) -> tuple[list[StateRecord] | None, str]:
+        """The decoded chain ending at ``marker``, or (None, why it is incomplete)."""
+        seq = marker
+        while seq in self.values and not self.full[seq]:
+            seq -= 1
+        if seq not in self.values:
+            return None, (f"committed state transaction {marker} not found among {len(self.values)} state records"
+                          if seq == marker else f"the chain of committed state transaction {marker} is broken at "
+                                                f"transaction {seq}")
+        return [decode_state(self.values[s]) for s in range(seq, marker + 1)], ""
 
 
 @dataclass
 class Recovery:
-    """The outcome of reading a partition's state: the state document to resume from (None: start empty), or
-    the reason to halt the partition."""
+    """The outcome of reading a partition's state: the state to resume from (``doc`` core and ``tables``; None:
+    start empty), or the reason to halt the partition. ``base_seq``: the full record its chain starts at."""
     doc: dict | None = None
+    tables: dict = field(default_factory=dict)
+    base_seq: int | None = None
     halt: str | None = None
     detail: str = ""
     adopted_reset: bool = False
 
 
-def choose_state(states: list[bytes], marker: int | None, committed_input: int | None,
+def choose_state(states, marker: int | None, committed_input: int | None,
                  cached: dict | None = None, input_topic_id: str | None = None,
                  accept_input_reset: bool = False) -> Recovery:
     """Decide how a partition resumes (pure function: the loop reads, this decides).
 
-    ``states``: the partition's state-record values in log order (barriers left out); ``marker``: the committed
-    marker offset (the sequence number of the last committed state transaction) or None; ``committed_input``:
-    the group's committed input offset or None; ``cached``: the worker's local cache header of the partition
-    (``{"seq", "offset", "input_topic_id"}``) or None; ``input_topic_id``: the input topic's current id.
+    ``states``: a :class:`StateLog`, or the partition's state-topic values in log order; ``marker``: the
+    committed marker offset (the sequence number of the last committed state transaction) or None;
+    ``committed_input``: the group's committed input offset or None; ``cached``: the worker's local cache header of
+    the partition (``{"seq", "offset", "input_topic_id"}``) or None; ``input_topic_id``: the input topic's
+    current id.
 
     >>> choose_state([], None, None).doc is None, choose_state([], None, None).halt
     (True, None)
     >>> choose_state([], None, 120).halt
     'committed_offsets_without_state'
     """
+    if not isinstance(states, StateLog):
+        log = StateLog()
+        for value in states:
+            log.add(value)
+        states = log
     if marker is None:
-        seqs = {h[1] for h in map(header, states) if h is not None}
+        seqs = set(states.values)
         if seqs and seqs != {1}:
             return Recovery(halt=HALT_STATE_WITHOUT_MARKER,
-                            detail=f"{len(states)} state records (transactions {sorted(seqs)[:5]}...) but no "
+                            detail=f"{len(seqs)} state records (transactions {sorted(seqs)[:5]}...) but no "
                                    "committed marker: the group's offsets were lost or reset")
         # only first attempts (sequence 1) and no marker: the partition never committed (a committed first
         # transaction commits marker 1 with it); these records come from aborted attempts
@@ -130,15 +286,10 @@ def choose_state(states: list[bytes], marker: int | None, committed_input: int |
                                    f"{cached.get('offset')}) but the broker has no state and no offsets: broker or "
                                    "state topic reset")
         return Recovery()
-    chosen = None
-    for value in states:
-        h = header(value)
-        if h is not None and h[0] == KIND_STATE and h[1] == marker:
-            chosen = value                       # the last copy: records of aborted attempts come before it
-    if chosen is None:
-        return Recovery(halt=HALT_MARKER_WITHOUT_STATE,
-                        detail=f"committed state transaction {marker} not found among {len(states)} state records")
-    doc = decode_state(chosen)
+    chain, why = states.chain(marker)
+    if chain is None:
+        return Recovery(halt=HALT_MARKER_WITHOUT_STATE, detail=why)
+    doc, tables = resolve_chain(chain)
     if committed_input is not None and committed_input != doc["offset"] + 1:
         return Recovery(halt=HALT_OFFSET_MISMATCH,
                         detail=f"committed input offset {committed_input} but the state covers up to "
@@ -154,5 +305,5 @@ def choose_state(states: list[bytes], marker: int | None, committed_input: int |
                             detail=f"input topic id changed from {old} to {input_topic_id} (re-created): offsets "
                                    "in the state do not refer to the new topic")
         doc = {**doc, "offset": -1, "input_topic_id": input_topic_id}
-        return Recovery(doc=doc, adopted_reset=True)
-    return Recovery(doc=doc)
+        return Recovery(doc=doc, tables=tables, base_seq=chain[0].seq, adopted_reset=True)
+    return Recovery(doc=doc, tables=tables, base_seq=chain[0].seq)
