@@ -10,16 +10,17 @@ suffixed ``-d<d>``: the privacy unit is the journey, so every day brings ~400k n
   default ``m_horizon_s`` (7 days: the table grows over the 4 days);
 * ``m3-1d``: the same with ``m_horizon_s = 86400``: the table stops growing once the horizon is reached.
 
-A separate **checkpoint scaling** measurement writes delta records of a fixed change set (5,000 signature rows put,
-500 deleted, the same core) against signature tables of growing size, to show that a delta's time and bytes do not
-depend on the number of individuals in the table.
+A separate **state record scaling** measurement encodes delta records of a fixed change set (5,000 signature rows
+put, 500 deleted, the same core) against signature tables of growing size, to show that a delta's time and bytes do
+not depend on the number of individuals in the table.
 
 Both with the timestamp QI's upper bound widened to cover the four days. Per day: events/s of the engine (CPU
 seconds, one core, numpy pinned to 1 thread) and with checkpoints; RSS at the end of the day and peak RSS so far;
-individuals seen; sizes of the keyed tables. Checkpoints: after every batch the engine state is checkpointed as
-the worker does (stream_anon.kafka.checkpoint.write_state: snapshot + delta log); per day the bytes and seconds of
-the checkpoints (mean, max, p50 of deltas, snapshots) next to what a single-document checkpoint of the whole state
-(the worker's previous format) would cost at the end of the day.
+individuals seen; sizes of the keyed tables. The events go through the worker's core (WorkerCore.process: payload
+checks, reader, engine, output serialization; DP aggregates off) and after every batch the partition's state
+record is built and encoded as the worker writes it to the state topic (stream_anon.kafka.state: core + table
+changes, or a full record); per day the bytes and seconds of the state records (mean, max, p50 of deltas, full
+records) next to what a single document of the whole state (the earlier format) would cost at the end of the day.
 
     .venv/bin/python bench/bench_long_stream.py [--days 4] [--runs k10,m3] [--batch 5000] [--events N]
 """
@@ -31,11 +32,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse  # noqa: E402
+import dataclasses  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import resource  # noqa: E402
-import shutil  # noqa: E402
-import tempfile  # noqa: E402
 import time  # noqa: E402
 import tomllib  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -45,8 +45,8 @@ import orjson  # noqa: E402
 
 from stream_anon.config import parse_config  # noqa: E402
 from stream_anon.datasets import load_events  # noqa: E402
-from stream_anon.engine import Engine  # noqa: E402
-from stream_anon.kafka import checkpoint as ckpt  # noqa: E402
+from stream_anon.kafka import state as st  # noqa: E402
+from stream_anon.kafka.core import WorkerCore  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = b"bench-secret-long-stream-0123456789"
@@ -116,67 +116,73 @@ def single_document_cost(engine) -> tuple[int, float]:
     return nbytes, secs
 
 
-def run_stream(run: str, base: list[dict], days: int, batch: int, state_dir: Path, **anon) -> dict:
-    cfg = config(run, days, **anon)
-    engine = Engine(cfg, secret=SECRET)
+def run_stream(run: str, base: list[dict], days: int, batch: int, **anon) -> dict:
+    cfg = dataclasses.replace(config(run, days, **anon), dp=None)
+    core = WorkerCore(cfg, "bench", SECRET)
+    ps = core.open_partition(0)
+    engine = ps.engine
     per_day = len({e["journey_id"] for e in base})      # journeys are suffixed per day: distinct every day
     out_days = []
     published = suppressed = rejected = releases = 0
     for day in range(days):
         dates: dict = {}
-        cpu_engine = cpu_ckpt = 0.0
+        cpu_engine = cpu_state = 0.0
         wall0 = time.perf_counter()
-        ck_bytes, ck_secs, ck_kinds = [], [], []
+        st_bytes, st_secs, st_kinds = [], [], []
         for i in range(0, len(base), batch):
             chunk = shifted(base[i:i + batch], day, dates)
+            msgs = [(ps.offset + 1 + j, orjson.dumps(e)) for j, e in enumerate(chunk)]
             t0 = time.process_time()
-            res = engine.process(chunk)
+            res = core.process(ps, msgs)
             t1 = time.process_time()
-            _, kind, nbytes = ckpt.write_state(state_dir, "bench", cfg.stream.name, "raw", 0, day * 10**7 + i,
-                                               engine.state_core(), engine.state_tables, engine.state_changes)
+            rec = core.state_record(ps, ps.seq + 1, res.last_offset)
+            nbytes = len(st.encode_state(rec))
+            core.note_committed(ps, rec)
+            kind = "full" if rec.full else "delta"
             t2 = time.process_time()
             cpu_engine += t1 - t0
-            cpu_ckpt += t2 - t1
-            ck_bytes.append(nbytes)
-            ck_secs.append(t2 - t1)
-            ck_kinds.append(kind)
-            releases += len(res.releases)
-            published += sum(r.published for r in res.releases)
-            suppressed += sum(r.n_suppressed for r in res.releases)
-            rejected += len(res.rejected)
+            cpu_state += t2 - t1
+            st_bytes.append(nbytes)
+            st_secs.append(t2 - t1)
+            st_kinds.append(kind)
+            releases += res.counts["releases"]
+            published += res.counts["published"]
+            suppressed += res.counts["suppressed"]
+            rejected += res.counts["dead_letters"]
         wall = time.perf_counter() - wall0
-        del chunk
-        # what a single-document checkpoint (the previous format) of the whole state would cost now, measured in
+        del chunk, msgs
+        engine = ps.engine
+        # what a single document (the earlier format) of the whole state would cost now, measured in
         # a forked child so that its transient Python lists do not count in this process's peak RSS
         full_bytes, full_s = single_document_cost(engine)
         tables = {name: t for name, t in engine._tables().items()}
-        deltas = [b for b, k in zip(ck_bytes, ck_kinds) if k == "delta"]
-        delta_s = [s for s, k in zip(ck_secs, ck_kinds) if k == "delta"]
+        deltas = [b for b, k in zip(st_bytes, st_kinds) if k == "delta"]
+        delta_s = [s for s, k in zip(st_secs, st_kinds) if k == "delta"]
         n = len(base)
         row = {
             "day": day + 1, "events": n,
             "engine_events_per_s_cpu": round(n / cpu_engine),
-            "with_checkpoints_events_per_s_cpu": round(n / (cpu_engine + cpu_ckpt)),
+            "with_state_records_events_per_s_cpu": round(n / (cpu_engine + cpu_state)),
             "wall_s": round(wall, 2),
             "rss_mb_end_of_day": round(rss_mb(), 1), "peak_rss_mb_so_far": round(peak_mb(), 1),
             "individuals_seen": per_day * (day + 1),
             "tables": {name: {"rows": len(t), "mb": round(t.nbytes / 2**20, 2)} for name, t in tables.items()},
-            "checkpoints": {
-                "count": len(ck_kinds), "snapshots": ck_kinds.count("snapshot"), "deltas": len(deltas),
-                "mean_bytes": round(float(np.mean(ck_bytes))), "max_bytes": int(max(ck_bytes)),
+            "state_records": {
+                "count": len(st_kinds), "full": st_kinds.count("full"), "deltas": len(deltas),
+                "mean_bytes": round(float(np.mean(st_bytes))), "max_bytes": int(max(st_bytes)),
                 "delta_p50_bytes": int(np.median(deltas)) if deltas else None,
-                "mean_ms": round(1000 * float(np.mean(ck_secs)), 2), "max_ms": round(1000 * max(ck_secs), 2),
+                "mean_ms": round(1000 * float(np.mean(st_secs)), 2), "max_ms": round(1000 * max(st_secs), 2),
                 "delta_p50_ms": round(1000 * float(np.median(delta_s)), 2) if deltas else None,
-                "us_per_event": round(1e6 * cpu_ckpt / n, 2),
+                "us_per_event": round(1e6 * cpu_state / n, 2),
             },
-            "single_document_checkpoint_end_of_day": {"bytes": full_bytes, "ms": round(1000 * full_s, 1)},
+            "single_document_state_end_of_day": {"bytes": full_bytes, "ms": round(1000 * full_s, 1)},
         }
         print(run, json.dumps(row), flush=True)
         out_days.append(row)
-    res = engine.flush()
-    releases += len(res.releases)
-    published += sum(r.published for r in res.releases)
-    suppressed += sum(r.n_suppressed for r in res.releases)
+    res = core.flush(ps)
+    releases += res.counts["releases"]
+    published += res.counts["published"]
+    suppressed += res.counts["suppressed"]
     first, last = out_days[0], out_days[-1]
     return {
         "run": run, "stream": cfg.stream.name, "k": cfg.anonymization.k, "m": cfg.anonymization.m,
@@ -186,19 +192,20 @@ def run_stream(run: str, base: list[dict], days: int, batch: int, state_dir: Pat
         "day4_vs_day1": {
             "events_per_s": round(last["engine_events_per_s_cpu"] / first["engine_events_per_s_cpu"], 3),
             "rss": round(last["rss_mb_end_of_day"] / first["rss_mb_end_of_day"], 3),
-            "checkpoint_delta_p50_ms": (round(last["checkpoints"]["delta_p50_ms"]
-                                              / first["checkpoints"]["delta_p50_ms"], 3)
-                                        if first["checkpoints"]["delta_p50_ms"] else None),
+            "state_delta_p50_ms": (round(last["state_records"]["delta_p50_ms"]
+                                         / first["state_records"]["delta_p50_ms"], 3)
+                                   if first["state_records"]["delta_p50_ms"] else None),
         },
     }
 
 
-def checkpoint_scaling(state_dir: Path, sizes=(100_000, 400_000, 1_600_000, 6_400_000), repeat: int = 15) -> list:
-    """Delta write time and bytes for a fixed change set against signature tables of growing size."""
+def state_record_scaling(sizes=(100_000, 400_000, 1_600_000, 6_400_000), repeat: int = 15) -> list:
+    """Encoding time and bytes of a delta record with a fixed change set against signature tables of growing
+    size (what the worker writes per transaction)."""
     from stream_anon.engine.state import KeyedTable
     from stream_anon.formers.minvariant import SIGNATURE_FIELDS
     rng = np.random.default_rng(0)
-    core = {"buffer": {"tokens": [f"{i:064x}" for i in range(2000)]}}     # a fixed, realistic-size core
+    core = {"seq": 1, "offset": 0, "buffer": {"tokens": [f"{i:064x}" for i in range(2000)]}}   # fixed core
     out = []
     for n in sizes:
         table = KeyedTable(SIGNATURE_FIELDS)
@@ -206,29 +213,20 @@ def checkpoint_scaling(state_dir: Path, sizes=(100_000, 400_000, 1_600_000, 6_40
         rows = np.zeros(n, dtype=table.dtype)
         rows["last"] = rng.random(n)
         table.put(keys, rows)
-        d = state_dir / f"scale-{n}"
-        ckpt.write_state(d, "b", "s", "raw", 0, 0, core, lambda: {"signatures": table.snapshot()},
-                         lambda: {"signatures": table.changes()[:2]})
+        table.changes()                                   # the full record's base
         secs, nbytes = [], []
         for r in range(repeat):
-            new = rng.integers(0, 2**62, size=5000)
-            table.put(new, np.zeros(5000, dtype=table.dtype))
+            table.put(rng.integers(0, 2**62, size=5000), np.zeros(5000, dtype=table.dtype))
             table.delete(keys[rng.integers(0, n, size=500)])
-
-            def changes():
-                k, rws, dele = table.changes()
-                return {"signatures": (k, rws), "signatures:deleted": (dele, None)}
             t0 = time.perf_counter()
-            _, kind, b = ckpt.write_state(d, "b", "s", "raw", 0, r + 1, core,
-                                          lambda: {"signatures": table.snapshot()}, changes)
-            if kind == "delta":
-                secs.append(time.perf_counter() - t0)
-                nbytes.append(b)
-        shutil.rmtree(d, ignore_errors=True)
+            k, rws, dele = table.changes()
+            value = st.encode_state(st.StateRecord(core, {"signatures": (k, rws, dele)}, full=False))
+            secs.append(time.perf_counter() - t0)
+            nbytes.append(len(value))
         out.append({"table_rows": n, "table_mb": round(table.nbytes / 2**20, 1), "deltas": len(secs),
                     "delta_median_ms": round(1000 * float(np.median(secs)), 2),
                     "delta_median_bytes": int(np.median(nbytes))})
-        print("checkpoint scaling", out[-1], flush=True)
+        print("state record scaling", out[-1], flush=True)
     return out
 
 
@@ -246,18 +244,10 @@ def main() -> None:
     base_rss = rss_mb()
     print(f"loaded {len(base)} events in {time.time() - t0:.1f} s; rss {base_rss:.0f} MB", flush=True)
     runs = []
-    for run in args.runs.split(","):
-        state_dir = Path(tempfile.mkdtemp(prefix="long-stream-"))
-        try:
-            anon = {"m_horizon_s": args.m_horizon_s} if run == "m3" and args.m_horizon_s else {}
-            runs.append(run_stream(run, base, args.days, args.batch, state_dir, **anon))
-        finally:
-            shutil.rmtree(state_dir, ignore_errors=True)
-    state_dir = Path(tempfile.mkdtemp(prefix="long-stream-scale-"))
-    try:
-        scaling = checkpoint_scaling(state_dir)
-    finally:
-        shutil.rmtree(state_dir, ignore_errors=True)
+    for run in [r for r in args.runs.split(",") if r]:
+        anon = {"m_horizon_s": args.m_horizon_s} if run == "m3" and args.m_horizon_s else {}
+        runs.append(run_stream(run, base, args.days, args.batch, **anon))
+    scaling = state_record_scaling()
     doc = {
         "benchmark": "long stream: Oyster Monday shifted by whole days (issue 11)",
         "command": "python bench/bench_long_stream.py" + "".join(
@@ -273,12 +263,13 @@ def main() -> None:
                    "batch); flatness is judged on the change from day 1 to day 4",
             "checkpoints": "one per batch, as the worker does after each delivered batch: a delta record "
                            "(core + table changes) or, when the log would outgrow the snapshot, a snapshot",
-            "single_document_checkpoint_end_of_day": "orjson of Engine.state_dict() (core + full tables): what "
+            "single_document_state_end_of_day": "orjson of Engine.state_dict() (core + full tables): what "
                                                      "every checkpoint cost with the previous format",
         },
         "runs": runs,
-        "checkpoint_scaling": {"what": "delta record of 5,000 puts + 500 deletions and a fixed core, fsynced, vs "
-                                       "rows in the signature table (wall ms, median)", "rows": scaling},
+        "state_record_scaling": {"what": "delta state record of 5,000 puts + 500 deletions and a fixed core "
+                                         "(changes + encoding) vs rows in the signature table (wall ms, median)",
+                                 "rows": scaling},
         "seconds": round(time.time() - t0, 1),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,6 @@ from _kafka_helpers import (account, collect, committed_offsets, read_all, setup
 
 from stream_anon import crypto  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402
-from stream_anon.kafka import checkpoint as ckpt  # noqa: E402
 from stream_anon.kafka.replay import replay  # noqa: E402
 from stream_anon.kafka.topics import ensure_topics  # noqa: E402
 from stream_anon.kafka.core import check_payload  # noqa: E402
@@ -288,19 +287,6 @@ def test_kill9_and_restart_loses_and_duplicates_nothing(broker, tmp_path, secret
     assert any(c > 1 for c in copies.values()), "the hook kill re-produced at least one release"
     resolved, missing = account(events, secret_env, manifests, records, dead)
     assert not missing and len(resolved) == 8000
-
-
-def test_checkpoint_atomic_roundtrip(tmp_path):
-    assert ckpt.read_checkpoint(tmp_path, "app", "s", 0) is None
-    assert ckpt.checkpointed_offset(tmp_path, "app", "s", 0) == -1
-    path = ckpt.write_checkpoint(tmp_path, "app", "s", "raw.s", 0, 41, {"seq": 3})
-    assert path == tmp_path / "app" / "s-p0.json"
-    ckpt.write_checkpoint(tmp_path, "app", "s", "raw.s", 0, 42, {"seq": 4})
-    # a crash mid-write leaves only a temporary file, which is never read
-    (path.parent / ".s-p0.json.junk.tmp").write_text('{"torn')
-    cp = ckpt.read_checkpoint(tmp_path, "app", "s", 0)
-    assert (cp.offset, cp.state, cp.topic, cp.partition) == (42, {"seq": 4}, "raw.s", 0)
-    assert [p.name for p in path.parent.iterdir() if p.suffix == ".json"] == ["s-p0.json"]
 
 
 def test_replay_file_keys_by_pseudonym(broker, tmp_path, secret_env):

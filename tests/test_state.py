@@ -1,6 +1,6 @@
 """Bounded, incremental engine state: KeyedTable, the engine's state API (core + keyed tables + changes), duplicate
-event ids (seen_events), m-invariance signatures expiring through the table, and the local snapshot + delta-log
-checkpoints of the worker (issue 11 item 2, issue 10 duplicates)."""
+event ids (seen_events) and m-invariance signatures expiring through the table (issue 11 item 2, issue 10
+duplicates). The worker's state records built from this API: tests/test_state_recovery.py."""
 from __future__ import annotations
 
 import copy
@@ -16,7 +16,7 @@ from stream_anon.datasets import oyster_cards
 from stream_anon.engine import Engine, demo_config
 from stream_anon.engine.records import DUPLICATE_EVENT
 from stream_anon.engine.state import KeyedTable, compose_state, split_state
-from stream_anon.kafka import checkpoint as ckpt
+from stream_anon.kafka import state as st
 
 from pathlib import Path
 
@@ -248,16 +248,16 @@ def test_duplicate_across_a_checkpoint_restore(tmp_path):
     e.process([ev("a", 1), ev("b", 2)])
     doc = json.loads(json.dumps(e.state_dict()))
     assert dups(Engine.from_state(cfg, doc, secret=SECRET).process([ev("a", 3)])) == ["a"]
-    # through the worker's checkpoint files: a snapshot, then a delta holding "c"
-    core = e.state_core()
-    ckpt.write_state(tmp_path, "app", "demo", "raw.demo", 0, 10, core, e.state_tables, e.state_changes)
+    # through the worker's state records: a full record, then a delta holding "c"
+    full = st.StateRecord({"seq": 1, "offset": 10, "engine": e.state_core()},
+                          st.changes_by_table(e.state_changes()), full=True)
     e.process([ev("c", 4)])
-    _, kind, _ = ckpt.write_state(tmp_path, "app", "demo", "raw.demo", 0, 11, e.state_core(), e.state_tables,
-                                  e.state_changes)
-    assert kind == "delta"
-    cp = ckpt.read_checkpoint(tmp_path, "app", "demo", 0)
-    r = Engine.restore(cfg, 0, SECRET, cp.core, cp.tables)
-    assert cp.offset == 11 and dups(r.process([ev("c", 5), ev("a", 6), ev("d", 7)])) == ["c", "a"]
+    delta = st.StateRecord({"seq": 2, "offset": 11, "engine": e.state_core()},
+                           st.changes_by_table(e.state_changes()), full=False)
+    assert len(delta.tables["seen_events"][0]) == 1
+    rec = st.choose_state([st.encode_state(full), st.encode_state(delta)], marker=2, committed_input=12)
+    r = Engine.restore(cfg, 0, SECRET, rec.doc["engine"], rec.tables)
+    assert dups(r.process([ev("c", 5), ev("a", 6), ev("d", 7)])) == ["c", "a"]
 
 
 def test_duplicate_horizon_config():
@@ -267,108 +267,3 @@ def test_duplicate_horizon_config():
     for bad in (-1, True, "1h", float("nan"), float("inf")):
         with pytest.raises(ConfigError, match="duplicate_horizon_s"):
             dcfg(horizon=bad)
-
-
-# ------------------------------------------------------------------------------------------------ checkpoints
-def write(tmp_path, engine, offset, core=None):
-    return ckpt.write_state(tmp_path, "app", "cards", "raw.cards", 0, offset, core or engine.state_core(),
-                            engine.state_tables, engine.state_changes)
-
-
-def same_state(cp, engine):
-    assert cp.core == json.loads(orjson.dumps(engine.state_core()))
-    tables = engine.state_tables()
-    assert set(cp.tables) == set(tables)
-    for name, (keys, rows) in tables.items():
-        assert np.array_equal(cp.tables[name][0], keys) and np.array_equal(cp.tables[name][1], rows)
-
-
-@pytest.fixture
-def cards_engine():
-    cfg = load_config(CARDS)
-    events = cards_events(12000)
-    return Engine(cfg, secret=SECRET), events
-
-
-def test_snapshot_then_deltas_then_compaction(tmp_path, cards_engine, monkeypatch):
-    engine, events = cards_engine
-    monkeypatch.setattr(ckpt, "COMPACT_MIN_BYTES", 0)
-    kinds, sizes = [], []
-    for i in range(0, len(events), 500):
-        engine.process(events[i:i + 500])
-        _, kind, n = write(tmp_path, engine, i + 499)
-        kinds.append(kind)
-        sizes.append(n)
-        cp = ckpt.read_checkpoint(tmp_path, "app", "cards", 0)
-        assert cp.offset == i + 499 and not cp.torn
-        same_state(cp, engine)
-        assert ckpt.checkpointed_offset(tmp_path, "app", "cards", 0) == i + 499
-    assert kinds[0] == "snapshot" and "delta" in kinds and kinds.count("snapshot") >= 2, kinds
-    log = ckpt.log_path(tmp_path, "app", "cards", 0)
-    snap = ckpt.checkpoint_path(tmp_path, "app", "cards", 0)
-    assert log.stat().st_size <= snap.stat().st_size       # the log never outgrows the snapshot
-    # a delta holds what changed, not the whole signature table
-    sig_bytes = len(engine.former.units) * (8 + engine.former.units.dtype.itemsize)
-    deltas = [n for k, n in zip(kinds, sizes) if k == "delta"]
-    assert sig_bytes > 30000 and min(deltas) < snap.stat().st_size
-
-
-def test_torn_delta_is_ignored_never_applied(tmp_path, cards_engine, monkeypatch):
-    monkeypatch.setattr(ckpt, "COMPACT_MIN_BYTES", 1 << 30)     # keep the deltas in the log (no compaction)
-    engine, events = cards_engine
-    engine.process(events[:3000])
-    write(tmp_path, engine, 100)
-    engine.process(events[3000:4000])
-    write(tmp_path, engine, 200)
-    good = copy.deepcopy(ckpt.read_checkpoint(tmp_path, "app", "cards", 0))
-    engine.process(events[4000:5000])
-    write(tmp_path, engine, 300)
-    log = ckpt.log_path(tmp_path, "app", "cards", 0)
-    data = log.read_bytes()
-    full = ckpt.read_checkpoint(tmp_path, "app", "cards", 0)
-    assert (full.offset, full.deltas) == (300, 2)
-    first_len = len(data) - (data.rfind(ckpt.MAGIC))
-    # torn: the last record cut short (a crash mid-append)
-    log.write_bytes(data[:-7])
-    cp = ckpt.read_checkpoint(tmp_path, "app", "cards", 0)
-    assert cp.torn and cp.offset == 200 and cp.deltas == 1 and cp.core == good.core
-    assert all(np.array_equal(cp.tables[n][1], good.tables[n][1]) for n in good.tables)
-    assert ckpt.checkpointed_offset(tmp_path, "app", "cards", 0) == 200
-    # corrupt: one byte flipped inside the last record's payload (CRC mismatch)
-    bad = bytearray(data)
-    bad[-first_len // 2] ^= 0xFF
-    log.write_bytes(bytes(bad))
-    cp = ckpt.read_checkpoint(tmp_path, "app", "cards", 0)
-    assert cp.torn and cp.offset == 200
-    # after a torn log, this process's next write is a snapshot (the files are not as it left them)
-    monkeypatch.undo()
-    engine.process(events[5000:6000])
-    assert write(tmp_path, engine, 400)[1] == "snapshot"
-    cp = ckpt.read_checkpoint(tmp_path, "app", "cards", 0)
-    assert not cp.torn and cp.offset == 400 and log.stat().st_size == 0
-    same_state(cp, engine)
-
-
-def test_log_of_an_older_generation_is_ignored(tmp_path, cards_engine):
-    engine, events = cards_engine
-    engine.process(events[:2000])
-    write(tmp_path, engine, 10)
-    engine.process(events[2000:3000])
-    write(tmp_path, engine, 20)
-    log = ckpt.log_path(tmp_path, "app", "cards", 0)
-    old_log = log.read_bytes()
-    ckpt.forget_writer(tmp_path, "app", "cards", 0)
-    write(tmp_path, engine, 20)                      # a new snapshot (generation)
-    log.write_bytes(old_log)                         # a crash before the old log was emptied
-    cp = ckpt.read_checkpoint(tmp_path, "app", "cards", 0)
-    assert cp.offset == 20 and cp.deltas == 0 and not cp.torn
-    same_state(cp, engine)
-
-
-def test_legacy_single_document_checkpoint_still_reads(tmp_path):
-    path = ckpt.write_checkpoint(tmp_path, "app", "s", "raw.s", 0, 41, {"seq": 3})
-    cp = ckpt.read_checkpoint(tmp_path, "app", "s", 0)
-    assert (cp.offset, cp.state, cp.tables) == (41, {"seq": 3}, {}) and path.suffix == ".json"
-
-
-# ------------------------------------------------------------------------------------------------ the worker
