@@ -32,12 +32,19 @@ from stream_anon.kafka.observe import prometheus_text, readiness
 log = logging.getLogger("stream_anon.worker")
 
 
-class _NoFaustConsumer(BootStrategy):
-    """faust without its Kafka consumer, agents' conductor and tables: the loop consumes."""
+class _NoFaustKafka(BootStrategy):
+    """faust without its Kafka clients (consumer, leader assignor, conductor, tables, producer): the loop consumes
+    and produces with its own clients."""
+    enable_kafka = False
     enable_kafka_consumer = False
+    enable_kafka_producer = False
 
 
 class WorkerApp(faust.App):
+    # a class attribute: passed to the constructor it would only become a setting, and faust would still start
+    # its consumer, which joins a consumer group of its own and holds the worker's stop for its session timeout
+    BootStrategy = _NoFaustKafka
+
     async def _wait_for_table_recovery_completed(self) -> bool:
         return False          # no faust tables: the partitions' state lives in the worker's state topic
 
@@ -59,7 +66,6 @@ def make_app(config, bootstrap: str, state_dir, app_id: str | None = None, secre
         web_enabled=web_port is not None,
         web_port=web_port or 6066,
         web_bind="127.0.0.1",
-        BootStrategy=_NoFaustConsumer,
         Monitor="stream_anon.kafka.lean_monitor:LeanMonitor",
     )
     core = WorkerCore(config, app_id, secret, flush_when_idle_s=flush_when_idle_s,

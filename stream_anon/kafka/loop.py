@@ -262,14 +262,10 @@ class KafkaLoop:
     # ---- assignment and recovery ------------------------------------------------------------------------------
     def _on_assign(self, consumer: Consumer, partitions) -> None:
         self.ready = False
-        positions = []
-        for tp in partitions:
-            if tp.topic != self.input:
-                continue
-            p = tp.partition
-            self.assigned.add(p)
-            start = self._recover(p)
-            positions.append(TopicPartition(self.input, p, OFFSET_BEGINNING if start is None else start))
+        mine = [tp.partition for tp in partitions if tp.topic == self.input]
+        self.assigned.update(mine)
+        positions = [TopicPartition(self.input, p, OFFSET_BEGINNING if start is None else start)
+                     for p, start in self._recover(mine).items()]
         consumer.assign(positions)
         halted = [TopicPartition(self.input, p) for p in self.halted if p in self.assigned]
         if halted:
@@ -296,70 +292,79 @@ class KafkaLoop:
             prod.flush(1)
 
     def _recover_and_seek(self, p: int) -> None:
-        start = self._recover(p)
+        start = self._recover([p])[p]
         if p in self.halted:
             self._consumer.pause([TopicPartition(self.input, p)])
             return
         self._consumer.seek(TopicPartition(self.input, p, OFFSET_BEGINNING if start is None else start))
 
-    def _recover(self, p: int) -> int | None:
-        """Load partition p's state from the state topic; return the input offset to resume from (None: the
-        beginning), or halt the partition."""
-        self.counters["recoveries"] += 1
-        old = self.producers.pop(p, None)
-        if old is not None:
-            old.flush(1)            # a producer is initialized once; recovery starts a new one (same id)
-        prod = self.producers[p] = Producer({
-            **self.cfg, "transactional.id": st.transactional_id(self.core.app_id, p),
-            "transaction.timeout.ms": int(TXN_TIMEOUT_S * 1000), "linger.ms": 5,
-            "batch.num.messages": 10000, "queue.buffering.max.messages": 2000000,
-            "queue.buffering.max.kbytes": 1048576, "message.max.bytes": 33554432, "logger": client_log})
-        prod.init_transactions(TXN_TIMEOUT_S)      # fences a zombie; ends a transaction it left open
-        nonce = uuid.uuid4().hex.encode()
-        prod.begin_transaction()
-        self._produce(prod, self.state_topic, st.encode_barrier(nonce), st.barrier_key(self.core.stream, p),
-                      partition=p)
-        prod.commit_transaction(TXN_TIMEOUT_S)
-        states = self._read_to_barrier(p, nonce)
-        committed = self._consumer.committed([TopicPartition(self.input, p), TopicPartition(self.state_topic, p)],
-                                             timeout=30)
-        c_input = committed[0].offset if committed[0].offset >= 0 else None
-        marker = committed[1].offset if committed[1].offset >= 0 else None
+    def _recover(self, parts: list[int]) -> dict[int, int | None]:
+        """Load each partition's state from the state topic; return per partition the input offset to resume from
+        (None: the beginning), or halt the partition. The partitions are recovered together: one barrier each,
+        one reader for all."""
+        nonces = {}
+        for p in parts:
+            self.counters["recoveries"] += 1
+            old = self.producers.pop(p, None)
+            if old is not None:
+                old.flush(1)        # a producer is initialized once; recovery starts a new one (same id)
+            prod = self.producers[p] = Producer({
+                **self.cfg, "transactional.id": st.transactional_id(self.core.app_id, p),
+                "transaction.timeout.ms": int(TXN_TIMEOUT_S * 1000), "linger.ms": 5,
+                "batch.num.messages": 10000, "queue.buffering.max.messages": 2000000,
+                "queue.buffering.max.kbytes": 1048576, "message.max.bytes": 33554432, "logger": client_log})
+            prod.init_transactions(TXN_TIMEOUT_S)      # fences a zombie; ends a transaction it left open
+            nonces[p] = uuid.uuid4().hex.encode()
+            prod.begin_transaction()
+            self._produce(prod, self.state_topic, st.encode_barrier(nonces[p]), st.barrier_key(self.core.stream, p),
+                          partition=p)
+            prod.commit_transaction(TXN_TIMEOUT_S)
+        logs = self._read_to_barriers(nonces)
+        committed = self._consumer.committed([TopicPartition(t, p) for p in parts
+                                              for t in (self.input, self.state_topic)], timeout=30)
+        offsets = {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None) for tp in committed}
         topic_id = self._topic_id()
-        rec = st.choose_state(states, marker, c_input, self._read_cache(p), topic_id, self.accept_input_reset)
-        if rec.halt:
-            self._halt(p, rec.halt, rec.detail)
-            return None
-        ps = self.core.open_partition(p, rec.doc, rec.tables, rec.base_seq)
-        ps.input_topic_id = topic_id or ps.input_topic_id
-        if rec.adopted_reset:
-            log.warning("partition %s: input topic re-created; accepted by the operator: resuming its state from "
-                        "offset 0 of the new topic", p)
-        log.info("partition %s: %s", p, f"resumed at state transaction {ps.seq}, input offset {ps.offset}"
-                 if rec.doc else "no history: new state")
-        return ps.offset + 1 if ps.offset >= 0 else None
+        starts = {}
+        for p in parts:
+            rec = st.choose_state(logs[p], offsets.get((self.state_topic, p)), offsets.get((self.input, p)),
+                                  self._read_cache(p), topic_id, self.accept_input_reset)
+            if rec.halt:
+                self._halt(p, rec.halt, rec.detail)
+                starts[p] = None
+                continue
+            ps = self.core.open_partition(p, rec.doc, rec.tables, rec.base_seq)
+            ps.input_topic_id = topic_id or ps.input_topic_id
+            if rec.adopted_reset:
+                log.warning("partition %s: input topic re-created; accepted by the operator: resuming its state "
+                            "from offset 0 of the new topic", p)
+            log.info("partition %s: %s", p, f"resumed at state transaction {ps.seq}, input offset {ps.offset}"
+                     if rec.doc else "no history: new state")
+            starts[p] = ps.offset + 1 if ps.offset >= 0 else None
+        return starts
 
-    def _read_to_barrier(self, p: int, nonce: bytes) -> st.StateLog:
+    def _read_to_barriers(self, nonces: dict[int, bytes]) -> dict[int, st.StateLog]:
+        """Read each partition of the state topic from the beginning until its barrier comes back."""
         reader = Consumer({**self.cfg, "group.id": f"{self.core.app_id}-state-reader", "enable.auto.commit": False,
                            "isolation.level": "read_committed", "logger": client_log})
+        logs = {p: st.StateLog() for p in nonces}
+        waiting = set(nonces)
         try:
-            reader.assign([TopicPartition(self.state_topic, p, OFFSET_BEGINNING)])
-            states = st.StateLog()
+            reader.assign([TopicPartition(self.state_topic, p, OFFSET_BEGINNING) for p in nonces])
             deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                for m in reader.consume(num_messages=1000, timeout=1.0):
-                    if m.error() is not None:
+            while waiting and time.monotonic() < deadline:
+                for m in reader.consume(num_messages=1000, timeout=0.2):
+                    p = m.partition()
+                    if m.error() is not None or p not in waiting:
                         continue
                     v = m.value()
-                    h = st.header(v)
-                    if h is None:
-                        continue
-                    if h[0] == st.KIND_BARRIER:
-                        if st.barrier_nonce(v) == nonce:
-                            return states
+                    if st.barrier_nonce(v) == nonces[p]:
+                        waiting.discard(p)
+                        reader.pause([TopicPartition(self.state_topic, p)])
                     else:
-                        states.add(v)
-            raise RuntimeError(f"partition {p}: the state barrier did not come back within 120 s")
+                        logs[p].add(v)
+            if waiting:
+                raise RuntimeError(f"partitions {sorted(waiting)}: the state barrier did not come back within 120 s")
+            return logs
         finally:
             reader.close()
 
