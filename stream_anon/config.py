@@ -608,10 +608,10 @@ def parse_config(raw: dict, base_dir: Path = Path("."), source: Path | None = No
         from stream_anon.dp.specs import parse_dp_config
         dp = parse_dp_config(raw, base_dir)
     return StreamConfig(stream, anonymization, qis, sensitive, invariant, drop, pseudo, limits, source, raw, dp,
-                        domains, input=_parse_input(raw, stream, qis, sensitive, dp))
+                        domains, input=_parse_input(raw, stream, qis, sensitive, dp, base_dir))
 
 
-def _parse_input(raw: dict, stream: StreamSection, qis, sensitive, dp) -> InputSpec:
+def _parse_input(raw: dict, stream: StreamSection, qis, sensitive, dp, base_dir: Path) -> InputSpec:
     """The [input] table (stream_anon.inputs.mapping): every field the stream reads must be mapped, nothing else."""
     required = {stream.privacy_unit: "privacy unit", stream.event_time: "event time"}
     for q in qis:
@@ -628,7 +628,7 @@ def _parse_input(raw: dict, stream: StreamSection, qis, sensitive, dp) -> InputS
             required.setdefault(f, "aggregate field")
     try:
         spec = parse_input(raw.get("input"), event_time=stream.event_time, event_types=stream.event_types,
-                           required=required)
+                           required=required, base_dir=base_dir)
     except InputConfigError as exc:
         raise ConfigError(str(exc)) from None
     if spec.event_type is not None and spec.event_type not in stream.event_types:

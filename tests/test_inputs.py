@@ -72,6 +72,88 @@ def test_parse_input_alone_is_keyed():
 
 
 # ------------------------------------------------------------------------------------------------ formats
+def _csv_spec(fields: dict, columns=("a", "b"), **table):
+    return parse_input({"format": "csv", "columns": list(columns), "fields": fields, **table}, event_time="t",
+                       event_types=("x",))
+
+
+def _one(spec, line: str):
+    d = Decoder(spec).decode(line.encode(), "t", 0, 0)
+    return d.events[0], d.reasons[0]
+
+
+def test_lookup_inline_and_csv_file(tmp_path):
+    (tmp_path / "names.csv").write_text("raw,canonical,comment\nKINGS X ,Kings Cross,trailing space kept\n")
+    spec = parse_input({"format": "csv", "columns": ["a", "b"], "fields": {
+        "t": {"value": "2020-01-01T00:00:00+00:00"},
+        "kind": {"path": "a", "lookup": {"B": "begin", "E": "end"}},
+        "name": {"path": "b", "lookup": "names.csv", "unmatched": "keep"}}}, event_time="t", event_types=("x",),
+        base_dir=tmp_path)
+    ev, why = _one(spec, "B,KINGS X ")
+    assert why is None and (ev["kind"], ev["name"]) == ("begin", "Kings Cross")
+    ev, why = _one(spec, "E,Euston")                     # unmatched = "keep": a name without a correction
+    assert why is None and (ev["kind"], ev["name"]) == ("end", "Euston")
+    _, why = _one(spec, "Q,Euston")                      # unmatched = "reject" (default): a dead letter
+    assert why == "kind: 'Q' is not in lookup inline table (input a)"
+    spec = _csv_spec({"t": {"value": "2020-01-01T00:00:00+00:00"},
+                      "kind": {"path": "a", "lookup": {"B": "begin"}, "unmatched": "null"}})
+    assert _one(spec, "Q,1") == ({"t": "2020-01-01T00:00:00+00:00", "kind": None, "event_id": "t:0:0",
+                                  "event_type": "x"}, None)
+
+
+def test_elapsed_service_day_and_engine_runtime():
+    spec = _csv_spec({"t": {"value": "2009-11-09T00:00:00", "elapsed": "a"}, "v": {"path": "b", "optional": True}},
+                     timezone="Europe/London")
+    assert _one(spec, "28:30,")[0]["t"] == "2009-11-10T04:30:00+00:00"      # hours past 23: the next morning
+    assert _one(spec, "00:03:02,")[0]["t"] == "2009-11-09T00:03:02+00:00"
+    assert _one(spec, ",")[1] == "t: missing elapsed time (input a)"
+    assert _one(spec, "3h,")[1] == "t: expected an elapsed time H:MM[:SS] or seconds, got '3h' (input a)"
+    # real time across a clock change: 2021-03-28 01:00 UTC London jumps to BST, 3 h after midnight is 04:00 BST
+    spec = _csv_spec({"t": {"value": "2021-03-28T00:00:00", "elapsed": "a"}}, timezone="Europe/London")
+    assert _one(spec, "3:00,")[0]["t"] == "2021-03-28T03:00:00+00:00"
+    spec = _csv_spec({"t": {"path": "a", "time_format": "epoch_ms", "decimal": ",", "elapsed": "b"}})
+    assert _one(spec, '"1,51336E+12",125')[0]["t"] == "2017-12-15T17:48:45+00:00"   # seconds as a number
+
+
+def test_number_text_unit_decimal_comma_lost_point():
+    spec = _csv_spec({"t": {"value": "2020-01-01T00:00:00+00:00"},
+                      "pct": {"path": "a", "cast": "float", "unit": "%", "decimal": ","},
+                      "lat": {"path": "b", "cast": "float", "integer_digits": 1, "null_values": ["0.0"],
+                              "optional": True}})
+    ev, why = _one(spec, '"74,50%",-58.321.307')
+    assert why is None and (ev["pct"], ev["lat"]) == (74.5, -5.8321307)
+    assert _one(spec, "20,-583.251.443")[0]["lat"] == -5.83251443       # a unit is removed when present
+    assert _one(spec, "20,0.0")[0]["lat"] is None                       # the field's own null values
+    assert _one(spec, "1.5%,1")[1] == "pct: cannot cast '1.5%' to float (input a)"   # a point with decimal ','
+    assert _one(spec, "1:6032000007E803,1")[1].startswith("pct: cannot cast '1:6032000007E803'")
+    spec = _csv_spec({"t": {"value": "2020-01-01T00:00:00+00:00"},
+                      "kmh": {"path": "a", "cast": "int", "unit": "km/h"}})
+    assert _one(spec, "48km/h,")[0]["kmh"] == 48 and _one(spec, "48 km/h,")[0]["kmh"] == 48
+
+
+@pytest.mark.parametrize("field, key", [
+    ({"path": "a", "lookup": 3}, "input.fields.v.lookup"),
+    ({"path": "a", "lookup": "no-such-file.csv"}, "input.fields.v.lookup"),
+    ({"path": "a", "lookup": {"x": [1]}}, "input.fields.v.lookup.x"),
+    ({"path": "a", "unmatched": "keep"}, "input.fields.v.unmatched"),
+    ({"path": "a", "lookup": {"x": "y"}, "unmatched": "drop"}, "input.fields.v.unmatched"),
+    ({"path": "a", "unit": "km/h"}, "input.fields.v.unit"),                  # no number cast
+    ({"path": "a", "cast": "float", "unit": "2x"}, "input.fields.v.unit"),
+    ({"path": "a", "cast": "float", "decimal": ";"}, "input.fields.v.decimal"),
+    ({"path": "a", "cast": "int", "integer_digits": 1}, "input.fields.v.integer_digits"),
+    ({"path": "a", "cast": "float", "integer_digits": 0}, "input.fields.v.integer_digits"),
+    ({"path": "a", "elapsed": "b"}, "input.fields.v.elapsed"),              # not a time field
+    ({"path": "a", "time_format": "iso", "elapsed": "zz"}, "input.fields.v.elapsed"),   # not a column
+    ({"path": "a", "null_values": "0.0"}, "input.fields.v.null_values"),
+])
+def test_new_field_keys_are_validated(field, key, tmp_path):
+    with pytest.raises(InputConfigError) as exc:
+        parse_input({"format": "csv", "columns": ["a", "b"], "fields": {
+            "t": {"value": "2020-01-01T00:00:00+00:00"}, "v": field}}, event_time="t", event_types=("x",),
+            base_dir=tmp_path)
+    assert str(exc.value).startswith(key + ":"), str(exc.value)
+
+
 def test_citibike_csv_equals_the_adapter():
     """The mapping reads the raw CSV slice into the same values as the hand-written adapter."""
     from stream_anon.datasets import load_events
