@@ -312,7 +312,7 @@ def _feed_with_bad_vehicles() -> bytes:
     return feed.SerializeToString()
 
 
-@pytest.mark.parametrize("name", ["obd2-tesla", "citibike-gtfs", "citibike-csv"])
+@pytest.mark.parametrize("name", ["obd2-tesla", "citibike-gtfs", "citibike-csv", "oyster-csv", "obd2-csv"])
 def test_worker_core_and_audit_agree(name, tmp_path):
     cfg_path = INPUT_CONFIGS / f"{name}.toml"
     cfg = load_config(cfg_path)
@@ -325,7 +325,9 @@ def test_worker_core_and_audit_agree(name, tmp_path):
         identifiers = set()
     else:
         from stream_anon.inputs import file_messages
-        messages = list(file_messages(ROOT / "data" / "citibike_slice.csv.gz", cfg.input))[:3000]
+        raw_file = {"citibike-csv": ROOT / "data" / "citibike_slice.csv.gz", "oyster-csv": DATASET_FILES["oyster"],
+                    "obd2-csv": DATASET_FILES["obd2"]}[name]
+        messages = list(file_messages(raw_file, cfg.input))[:None if name == "obd2-csv" else 6000]
         identifiers = set()
     messages += [b"\x00garbage", b"x" * (cfg.limits.max_event_bytes + 1)]
     out, counts = _run_core(cfg, messages, tmp_path)
@@ -335,6 +337,8 @@ def test_worker_core_and_audit_agree(name, tmp_path):
     assert acc["balanced"] and acc["lost"] == 0 and acc["duplicated"] == 0
     assert acc["events_in"] == counts["events_in"]          # the worker counts as the audit does
     assert counts["dead_letters"] == acc["dead_lettered"] >= 2
+    if name == "obd2-csv":         # every reading: 39 the mapping cannot read, 2 unreadable messages
+        assert counts["events_in"] == 8261 + 2 and counts["dead_letters"] == 39 + 2
     if name == "citibike-gtfs":
         # 4000 trips + a feed of 3 vehicles (2 without a position) + 2 unreadable messages
         assert counts["events_in"] == 4000 + 3 + 2 and counts["dead_letters"] == 2 + 2
@@ -379,3 +383,118 @@ def test_evaluate_own_file_compares_streaming_and_offline(tmp_path):
     assert 0 < row["offline_mondrian_table_ncp"] <= row["offline_mondrian_windows_ncp"] < 1
     assert 0 < row["streaming_ncp"] < 1
     assert (tmp_path / "out" / "comparison.md").read_text().startswith("| strategy | k |")
+
+
+# ------------------------------------------------------------------------------------------------ bundled datasets
+# The bundled raw files read through configs/inputs/oyster-csv.toml and obd2-csv.toml (no adapter code), against
+# the adapters (stream_anon/datasets) and the built-in configs on the same rows.
+DATASET_FILES = {"oyster": ROOT / "data" / "oyster_slice.csv.gz", "obd2": ROOT / "data" / "obd2_19drivers.csv.gz"}
+
+
+def _rows(path) -> int:
+    import gzip
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
+        return sum(1 for _ in fh) - 1           # the header; no field of these files holds a newline
+
+
+def test_oyster_csv_equals_the_adapter_but_the_joined_products():
+    from stream_anon.datasets import load_events
+    from stream_anon.datasets.oyster import product_category
+    cfg = load_config(INPUT_CONFIGS / "oyster-csv.toml")
+    events, rejected = decode_file(DATASET_FILES["oyster"], cfg.input)
+    old = load_events("oyster")
+    assert rejected == [] and len(events) == len(old) == _rows(DATASET_FILES["oyster"]) == 33536
+    same = ("event_time", "event_type", "journey_id", "station", "bus_route", "full_fare_pence",
+            "discounted_fare_pence", "daily_capping")
+    assert [tuple(e[f] for f in same) for e in events] == [tuple(e[f] for f in same) for e in old]
+    # the one difference: the adapter copies a journey's product from its later tap-out onto the tap-in
+    differ = [(a, b) for a, b in zip(old, events)
+              if (a["fare_product"], a["product_category"]) != (b["fare_product"], b["product_category"])]
+    assert len(differ) == 5119 and all(a["event_type"] == "tap_in" and b["fare_product"] is None
+                                       and b["product_category"] is None for a, b in differ)
+    assert all(e["fare_product"] is None for e in events if e["event_type"] == "tap_in")
+    # the config's category table is the adapter's rule, product by product
+    table = _raw("oyster-csv")["input"]["fields"]["product_category"]["lookup"]
+    assert table == {p: product_category(p) for p in table}
+    assert {e["fare_product"] for e in old if e["fare_product"]} <= set(table)
+
+
+def test_obd2_csv_against_the_adapter():
+    from collections import Counter
+    from stream_anon.datasets import load_events
+    cfg = load_config(INPUT_CONFIGS / "obd2-csv.toml")
+    events, rejected = decode_file(DATASET_FILES["obd2"], cfg.input)
+    assert len(events) + len(rejected) == _rows(DATASET_FILES["obd2"]) == 8261
+    why = Counter(r.split(" (input")[0].split(", got")[0] for _, _, r in rejected)
+    assert why == {"event_time: missing elapsed time": 34,
+                   "event_time: expected an elapsed time H:MM[:SS] or seconds": 3,
+                   "signals.throttle_pos_pct: cannot cast '1:6032000007E803' to float": 2}
+    old = {int(e["event_id"].split("-")[1]): e for e in load_events("obd2")}      # obd-<row>
+    for e in events:
+        a = old[int(e["event_id"].rsplit(":", 1)[1])]                             # <file>:0:<row>
+        assert (e["vehicle_id"], e["latitude"], e["longitude"], e["speed_kmh"]) == \
+               (a["vehicle_id"], a["latitude"], a["longitude"], a["speed_kmh"])
+        assert e["signals"] == {k: a["signals"][k] for k in e["signals"]}
+    no_fix = [n for n, a in old.items() if a["latitude"] is None]        # "0.0": a reading without a position
+    assert len(no_fix) == 859 and sum(e["latitude"] is None for e in events) == 859 - len(
+        {n for n, _, _ in rejected} & set(no_fix)) == 852
+    # the event time: TIME + runtime, the adapter's own when the driver's engine never restarted
+    times = Counter(e["event_time"] == old[int(e["event_id"].rsplit(":", 1)[1])]["event_time"] for e in events)
+    assert times[True] > 0.5 * len(events), times
+
+
+def _engine_and_check(cfg_path, events):
+    """The engine (library path, one partition, flushed) on mapped events, checked with the audit's own
+    primitives: k in distinct individuals per class over all releases, every published QI covering its raw
+    value, and the accounting (published + suppressed + rejected = events in, nothing left deferred)."""
+    from collections import defaultdict
+    from stream_anon.audit import AuditConfig
+    from stream_anon.audit.primitives import audit_token, covers, qi_value
+    from stream_anon.engine import Engine
+    cfg = load_config(cfg_path)
+    engine = Engine(cfg, partition=0, secret=SECRET)
+    res = engine.process(events)
+    res.extend(engine.flush())
+    view = AuditConfig.from_toml(cfg_path)
+    by_token = {audit_token(SECRET, e["event_id"]): e for e in events}
+    units, published, suppressed = defaultdict(set), 0, 0
+    for rel in res.releases:
+        for r in rel.records:
+            e = by_token[r["audit_token"]]
+            units[r["class_id"]].add(e[view.privacy_unit])
+            for q in view.quasi_identifiers:
+                assert covers(q, r["qi"][q.name], qi_value(q, e)), (q.name, r["qi"], e)
+            published += 1
+        suppressed += sum(len(t) for t in rel.suppressed_tokens.values())
+    assert engine.deferred == 0
+    assert published + suppressed + len(res.rejected) == len(events)
+    assert units and min(len(u) for u in units.values()) >= view.k
+    return res, published, suppressed
+
+
+@pytest.mark.parametrize("name, builtin, dataset", [("oyster-csv", "oyster", "oyster"),
+                                                    ("obd2-csv", "obd2", "obd2")])
+def test_bundled_csv_configs_through_the_engine(name, builtin, dataset):
+    """The mapped config on the raw file against the built-in config on the adapter's events: accounting exact,
+    k per class, and the same loss (Oyster: the same QI values, hence the same NCP; OBD-II: 39 readings fewer and
+    times from TIME + runtime, hence close)."""
+    from stream_anon.datasets import load_events
+    from stream_anon.evaluate import streaming_ncp
+    path = INPUT_CONFIGS / f"{name}.toml"
+    cfg = load_config(path)
+    events, rejected = decode_file(DATASET_FILES[dataset], cfg.input)
+    res, published, suppressed = _engine_and_check(path, events)
+    assert len(events) + len(rejected) == _rows(DATASET_FILES[dataset])
+    mapped = streaming_ncp(cfg, events)
+    built = streaming_ncp(load_config(CONFIGS / f"{builtin}.toml"), load_events(dataset))
+    assert (mapped["published"], mapped["suppressed"]) == (published, suppressed)
+    if name == "oyster-csv":
+        assert mapped["events"] == built["events"] == 33536 and mapped["releases"] == built["releases"]
+        assert mapped["ncp"] == pytest.approx(built["ncp"], abs=1e-12)
+    else:
+        assert (mapped["events"], built["events"]) == (8222, 8261) and mapped["releases"] == built["releases"]
+        assert mapped["ncp"] == pytest.approx(built["ncp"], abs=0.01)
+        # file order (one driver after another) releases as time order does: within the allowed lateness
+        in_order = streaming_ncp(cfg, sorted(events, key=lambda e: e["event_time"]))
+        assert (in_order["ncp"], in_order["suppressed"]) == (mapped["ncp"], mapped["suppressed"])
+
