@@ -637,6 +637,20 @@ def _parse_input(raw: dict, stream: StreamSection, qis, sensitive, dp, base_dir:
     return spec
 
 
+def with_absolute_paths(raw: dict, base_dir: Path) -> dict:
+    """The config document with every file it names made absolute against ``base_dir`` (the directory of the file
+    it was read from): hierarchies of quasi-identifiers and aggregate groups, CSV lookup tables of ``[input]``. For
+    copies written elsewhere (calibrated configs, the demo's derived configs). Changes ``raw`` in place."""
+    tables = raw.get("quasi_identifiers", []) + [g for a in raw.get("aggregates", []) for g in a.get("group_by", [])]
+    for table in tables:
+        if isinstance(table.get("hierarchy"), str):
+            table["hierarchy"] = str((base_dir / table["hierarchy"]).resolve())
+    for spec in (raw.get("input") or {}).get("fields", {}).values():
+        if isinstance(spec, dict) and isinstance(spec.get("lookup"), str):
+            spec["lookup"] = str((base_dir / spec["lookup"]).resolve())
+    return raw
+
+
 def load_config(path: str | Path) -> StreamConfig:
     """Load and validate a stream configuration file."""
     path = Path(path)

@@ -498,3 +498,19 @@ def test_bundled_csv_configs_through_the_engine(name, builtin, dataset):
         in_order = streaming_ncp(cfg, sorted(events, key=lambda e: e["event_time"]))
         assert (in_order["ncp"], in_order["suppressed"]) == (mapped["ncp"], mapped["suppressed"])
 
+
+
+@pytest.mark.parametrize("name, dataset", [("oyster-csv", "oyster"), ("obd2-csv", "obd2")])
+def test_calibrated_copy_elsewhere_reads_alike(name, dataset, tmp_path):
+    """``stream-anon calibrate`` writes the config into another directory: its lookup and hierarchy files made
+    absolute, keys that are no bare TOML keys quoted ("signals.engine_rpm", "Bus & Tram Pass-7 Day")."""
+    from stream_anon.calibrate import calibrate
+    cfg = load_config(INPUT_CONFIGS / f"{name}.toml")
+    events, rejected = decode_file(DATASET_FILES[dataset], cfg.input)
+    out = tmp_path / "calibrated.toml"
+    calibrate(INPUT_CONFIGS / f"{name}.toml", events, out)
+    copy = load_config(out)
+    from dataclasses import replace
+    assert [replace(f, lookup_source="") for f in copy.input.fields] == \
+           [replace(f, lookup_source="") for f in cfg.input.fields]
+    assert decode_file(DATASET_FILES[dataset], copy.input) == (events, rejected)
