@@ -108,6 +108,8 @@ def test_elapsed_service_day_and_engine_runtime():
     assert _one(spec, "00:03:02,")[0]["t"] == "2009-11-09T00:03:02+00:00"
     assert _one(spec, ",")[1] == "t: missing elapsed time (input a)"
     assert _one(spec, "3h,")[1] == "t: expected an elapsed time H:MM[:SS] or seconds, got '3h' (input a)"
+    assert _one(spec, "1e300,")[1] == "t: elapsed time '1e300' leaves the calendar (input a)"     # no crash
+    assert _one(spec, "99999999999:00,")[1].startswith("t: elapsed time '99999999999:00' leaves the calendar")
     # real time across a clock change: 2021-03-28 01:00 UTC London jumps to BST, 3 h after midnight is 04:00 BST
     spec = _csv_spec({"t": {"value": "2021-03-28T00:00:00", "elapsed": "a"}}, timezone="Europe/London")
     assert _one(spec, "3:00,")[0]["t"] == "2021-03-28T03:00:00+00:00"

@@ -159,7 +159,10 @@ class Decoder:
         if seconds is None:
             return None, f"{f.name}: expected an elapsed time H:MM[:SS] or seconds, got {raw!r} " \
                          f"(input {f.elapsed_source})"
-        return _shifted(iso, seconds), None
+        try:
+            return _shifted(iso, seconds), None
+        except (OverflowError, ValueError):       # beyond the years datetime holds: the event's problem, not ours
+            return None, f"{f.name}: elapsed time {raw!r} leaves the calendar (input {f.elapsed_source})"
 
     # ---- formats -> source records
     def _json_records(self, raw: bytes) -> list[dict]:

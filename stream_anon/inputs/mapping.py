@@ -236,7 +236,7 @@ def _parse_lookup(table, key: str, base_dir) -> dict:
     try:
         with open(path, newline="", encoding="utf-8") as fh:
             rows = list(csv.reader(fh))
-    except (OSError, UnicodeDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise _err(key, f"cannot read {table!r} ({path}): {exc}") from None
     entries: dict[str, str] = {}
     for n, row in enumerate(rows[1:], start=2):      # rows[0]: the header
