@@ -7,11 +7,12 @@ once on a representative sample, review the written file, then deploy it.
 from __future__ import annotations
 
 import math
+import re
 import tomllib
 from datetime import datetime, timezone
 from pathlib import Path
 
-from stream_anon.config import ConfigError, load_config
+from stream_anon.config import ConfigError, load_config, with_absolute_paths
 from stream_anon.engine import get_path
 from stream_anon.engine.space import parse_time
 
@@ -20,7 +21,7 @@ def calibrate(config_path: str | Path, events: list[dict], out_path: str | Path,
     """Write a copy of the configuration with lower/upper of every numeric, timestamp and geopoint QI set to
     the sample's range (widened by ``margin`` of the range on each side). Returns the bounds written."""
     config_path = Path(config_path)
-    raw = tomllib.loads(config_path.read_text())
+    raw = with_absolute_paths(tomllib.loads(config_path.read_text()), config_path.parent)   # written elsewhere
     bounds = {}
     for qi in raw.get("quasi_identifiers", []):
         kind = qi.get("kind")
@@ -50,7 +51,7 @@ def calibrate(config_path: str | Path, events: list[dict], out_path: str | Path,
                         f"{datetime.now(timezone.utc).date()}; source config {config_path.name}.\n" + dumps(raw))
     try:
         load_config(out_path)
-    except ConfigError as exc:   # e.g. hierarchy paths relative to a different directory
+    except ConfigError as exc:
         raise ConfigError(f"calibrated config {out_path} does not validate: {exc}") from None
     return bounds
 
@@ -92,25 +93,28 @@ def dumps(doc: dict) -> str:
             return v.isoformat()
         return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
+    def key(k):      # a bare key, else quoted: "signals.engine_rpm", "Bus & Tram Pass-7 Day"
+        return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else scalar(k)
+
     def table(name, t, array=False):
         lines.append(f"\n[[{name}]]" if array else f"\n[{name}]")
         subs = []
-        for key, v in t.items():
+        for k, v in t.items():
             if isinstance(v, dict):
-                subs.append((f"{name}.{key}", v, False))
+                subs.append((f"{name}.{key(k)}", v, False))
             elif isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
-                subs.extend((f"{name}.{key}", x, True) for x in v)    # nested [[a.b]] follows its [[a]]
+                subs.extend((f"{name}.{key(k)}", x, True) for x in v)    # nested [[a.b]] follows its [[a]]
             else:
-                lines.append(f"{key} = {scalar(v)}")
+                lines.append(f"{key(k)} = {scalar(v)}")
         for sub_name, sub, is_array in subs:
             table(sub_name, sub, array=is_array)
 
-    for key, v in doc.items():
+    for k, v in doc.items():
         if isinstance(v, dict):
-            table(key, v)
+            table(key(k), v)
         elif isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
             for item in v:
-                table(key, item, array=True)
+                table(key(k), item, array=True)
         else:
-            lines.insert(0, f"{key} = {scalar(v)}")
+            lines.insert(0, f"{key(k)} = {scalar(v)}")
     return "\n".join(lines).lstrip("\n") + "\n"

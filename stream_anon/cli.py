@@ -124,13 +124,6 @@ def _cmd_calibrate(args) -> int:
             if rejected:
                 print(f"calibrate: {len(rejected)} records rejected by the mapping, e.g. {rejected[0][2]}",
                       file=sys.stderr)
-    if source != Path(args.config):
-        # a bundled config by name: its hierarchy paths are relative to the installed package, so the calibrated
-        # copy written elsewhere gets them absolute (the demo's derived config)
-        import tempfile
-
-        from stream_anon.demo import derived_config
-        source = derived_config(args.config, Path(tempfile.mkdtemp(prefix="stream-anon-calibrate-")))
     bounds = calibrate(source, events, args.out, margin=args.margin)
     for name, (lo, hi) in bounds.items():
         print(f"{name}: [{lo}, {hi}]")

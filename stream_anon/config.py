@@ -608,10 +608,10 @@ def parse_config(raw: dict, base_dir: Path = Path("."), source: Path | None = No
         from stream_anon.dp.specs import parse_dp_config
         dp = parse_dp_config(raw, base_dir)
     return StreamConfig(stream, anonymization, qis, sensitive, invariant, drop, pseudo, limits, source, raw, dp,
-                        domains, input=_parse_input(raw, stream, qis, sensitive, dp))
+                        domains, input=_parse_input(raw, stream, qis, sensitive, dp, base_dir))
 
 
-def _parse_input(raw: dict, stream: StreamSection, qis, sensitive, dp) -> InputSpec:
+def _parse_input(raw: dict, stream: StreamSection, qis, sensitive, dp, base_dir: Path) -> InputSpec:
     """The [input] table (stream_anon.inputs.mapping): every field the stream reads must be mapped, nothing else."""
     required = {stream.privacy_unit: "privacy unit", stream.event_time: "event time"}
     for q in qis:
@@ -628,13 +628,27 @@ def _parse_input(raw: dict, stream: StreamSection, qis, sensitive, dp) -> InputS
             required.setdefault(f, "aggregate field")
     try:
         spec = parse_input(raw.get("input"), event_time=stream.event_time, event_types=stream.event_types,
-                           required=required)
+                           required=required, base_dir=base_dir)
     except InputConfigError as exc:
         raise ConfigError(str(exc)) from None
     if spec.event_type is not None and spec.event_type not in stream.event_types:
         raise ConfigError(f"input.event_type: {spec.event_type!r} is not one of stream.event_types "
                           f"{list(stream.event_types)}")
     return spec
+
+
+def with_absolute_paths(raw: dict, base_dir: Path) -> dict:
+    """The config document with every file it names made absolute against ``base_dir`` (the directory of the file
+    it was read from): hierarchies of quasi-identifiers and aggregate groups, CSV lookup tables of ``[input]``. For
+    copies written elsewhere (calibrated configs, the demo's derived configs). Changes ``raw`` in place."""
+    tables = raw.get("quasi_identifiers", []) + [g for a in raw.get("aggregates", []) for g in a.get("group_by", [])]
+    for table in tables:
+        if isinstance(table.get("hierarchy"), str):
+            table["hierarchy"] = str((base_dir / table["hierarchy"]).resolve())
+    for spec in (raw.get("input") or {}).get("fields", {}).values():
+        if isinstance(spec, dict) and isinstance(spec.get("lookup"), str):
+            spec["lookup"] = str((base_dir / spec["lookup"]).resolve())
+    return raw
 
 
 def load_config(path: str | Path) -> StreamConfig:

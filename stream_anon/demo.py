@@ -19,19 +19,18 @@ import numpy as np
 
 from stream_anon import contract, crypto
 from stream_anon.calibrate import dumps as toml_dumps
+from stream_anon.config import with_absolute_paths
 
 
 def derived_config(dataset: str, out_dir: Path, dp: bool = True, **anonymization) -> Path:
-    """Copy the bundled config of ``dataset`` (configs/<dataset>.toml) into out_dir with absolute hierarchy paths
+    """Copy the bundled config of ``dataset`` (configs/<dataset>.toml) into out_dir with absolute file paths
     and parameter overrides (``dp=False``: without the DP aggregate tables)."""
     src = contract.config_path(dataset)
     raw = tomllib.loads(src.read_text())
     if not dp:
         raw.pop("dp", None)
         raw.pop("aggregates", None)
-    for table in raw["quasi_identifiers"] + [g for a in raw.get("aggregates", []) for g in a.get("group_by", [])]:
-        if "hierarchy" in table:
-            table["hierarchy"] = str((src.parent / table["hierarchy"]).resolve())
+    with_absolute_paths(raw, src.parent)
     raw["anonymization"].update({k: v for k, v in anonymization.items() if v is not None})
     out = out_dir / f"{dataset}.toml"
     out.write_text(toml_dumps(raw))

@@ -139,7 +139,7 @@ def test_readme_shows_the_two_commands_first():
     assert "make demo" in first_code and "make test" in first_code
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.toml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").rglob("*.toml")), ids=lambda p: p.name)
 def test_toml_writer_roundtrips_every_shipped_config(path):
     # demo and calibrate rewrite configs with this writer: nested arrays of tables ([[aggregates.group_by]])
     # and inline tables must survive, or a derived config silently loses its aggregates

@@ -72,6 +72,90 @@ def test_parse_input_alone_is_keyed():
 
 
 # ------------------------------------------------------------------------------------------------ formats
+def _csv_spec(fields: dict, columns=("a", "b"), **table):
+    return parse_input({"format": "csv", "columns": list(columns), "fields": fields, **table}, event_time="t",
+                       event_types=("x",))
+
+
+def _one(spec, line: str):
+    d = Decoder(spec).decode(line.encode(), "t", 0, 0)
+    return d.events[0], d.reasons[0]
+
+
+def test_lookup_inline_and_csv_file(tmp_path):
+    (tmp_path / "names.csv").write_text("raw,canonical,comment\nKINGS X ,Kings Cross,trailing space kept\n")
+    spec = parse_input({"format": "csv", "columns": ["a", "b"], "fields": {
+        "t": {"value": "2020-01-01T00:00:00+00:00"},
+        "kind": {"path": "a", "lookup": {"B": "begin", "E": "end"}},
+        "name": {"path": "b", "lookup": "names.csv", "unmatched": "keep"}}}, event_time="t", event_types=("x",),
+        base_dir=tmp_path)
+    ev, why = _one(spec, "B,KINGS X ")
+    assert why is None and (ev["kind"], ev["name"]) == ("begin", "Kings Cross")
+    ev, why = _one(spec, "E,Euston")                     # unmatched = "keep": a name without a correction
+    assert why is None and (ev["kind"], ev["name"]) == ("end", "Euston")
+    _, why = _one(spec, "Q,Euston")                      # unmatched = "reject" (default): a dead letter
+    assert why == "kind: 'Q' is not in lookup inline table (input a)"
+    spec = _csv_spec({"t": {"value": "2020-01-01T00:00:00+00:00"},
+                      "kind": {"path": "a", "lookup": {"B": "begin"}, "unmatched": "null"}})
+    assert _one(spec, "Q,1") == ({"t": "2020-01-01T00:00:00+00:00", "kind": None, "event_id": "t:0:0",
+                                  "event_type": "x"}, None)
+
+
+def test_elapsed_service_day_and_engine_runtime():
+    spec = _csv_spec({"t": {"value": "2009-11-09T00:00:00", "elapsed": "a"}, "v": {"path": "b", "optional": True}},
+                     timezone="Europe/London")
+    assert _one(spec, "28:30,")[0]["t"] == "2009-11-10T04:30:00+00:00"      # hours past 23: the next morning
+    assert _one(spec, "00:03:02,")[0]["t"] == "2009-11-09T00:03:02+00:00"
+    assert _one(spec, ",")[1] == "t: missing elapsed time (input a)"
+    assert _one(spec, "3h,")[1] == "t: expected an elapsed time H:MM[:SS] or seconds, got '3h' (input a)"
+    assert _one(spec, "1e300,")[1] == "t: elapsed time '1e300' leaves the calendar (input a)"     # no crash
+    assert _one(spec, "99999999999:00,")[1].startswith("t: elapsed time '99999999999:00' leaves the calendar")
+    # real time across a clock change: 2021-03-28 01:00 UTC London jumps to BST, 3 h after midnight is 04:00 BST
+    spec = _csv_spec({"t": {"value": "2021-03-28T00:00:00", "elapsed": "a"}}, timezone="Europe/London")
+    assert _one(spec, "3:00,")[0]["t"] == "2021-03-28T03:00:00+00:00"
+    spec = _csv_spec({"t": {"path": "a", "time_format": "epoch_ms", "decimal": ",", "elapsed": "b"}})
+    assert _one(spec, '"1,51336E+12",125')[0]["t"] == "2017-12-15T17:48:45+00:00"   # seconds as a number
+
+
+def test_number_text_unit_decimal_comma_lost_point():
+    spec = _csv_spec({"t": {"value": "2020-01-01T00:00:00+00:00"},
+                      "pct": {"path": "a", "cast": "float", "unit": "%", "decimal": ","},
+                      "lat": {"path": "b", "cast": "float", "integer_digits": 1, "null_values": ["0.0"],
+                              "optional": True}})
+    ev, why = _one(spec, '"74,50%",-58.321.307')
+    assert why is None and (ev["pct"], ev["lat"]) == (74.5, -5.8321307)
+    assert _one(spec, "20,-583.251.443")[0]["lat"] == -5.83251443       # a unit is removed when present
+    assert _one(spec, "20,0.0")[0]["lat"] is None                       # the field's own null values
+    assert _one(spec, "1.5%,1")[1] == "pct: cannot cast '1.5%' to float (input a)"   # a point with decimal ','
+    assert _one(spec, "1:6032000007E803,1")[1].startswith("pct: cannot cast '1:6032000007E803'")
+    spec = _csv_spec({"t": {"value": "2020-01-01T00:00:00+00:00"},
+                      "kmh": {"path": "a", "cast": "int", "unit": "km/h"}})
+    assert _one(spec, "48km/h,")[0]["kmh"] == 48 and _one(spec, "48 km/h,")[0]["kmh"] == 48
+
+
+@pytest.mark.parametrize("field, key", [
+    ({"path": "a", "lookup": 3}, "input.fields.v.lookup"),
+    ({"path": "a", "lookup": "no-such-file.csv"}, "input.fields.v.lookup"),
+    ({"path": "a", "lookup": {"x": [1]}}, "input.fields.v.lookup.x"),
+    ({"path": "a", "unmatched": "keep"}, "input.fields.v.unmatched"),
+    ({"path": "a", "lookup": {"x": "y"}, "unmatched": "drop"}, "input.fields.v.unmatched"),
+    ({"path": "a", "unit": "km/h"}, "input.fields.v.unit"),                  # no number cast
+    ({"path": "a", "cast": "float", "unit": "2x"}, "input.fields.v.unit"),
+    ({"path": "a", "cast": "float", "decimal": ";"}, "input.fields.v.decimal"),
+    ({"path": "a", "cast": "int", "integer_digits": 1}, "input.fields.v.integer_digits"),
+    ({"path": "a", "cast": "float", "integer_digits": 0}, "input.fields.v.integer_digits"),
+    ({"path": "a", "elapsed": "b"}, "input.fields.v.elapsed"),              # not a time field
+    ({"path": "a", "time_format": "iso", "elapsed": "zz"}, "input.fields.v.elapsed"),   # not a column
+    ({"path": "a", "null_values": "0.0"}, "input.fields.v.null_values"),
+])
+def test_new_field_keys_are_validated(field, key, tmp_path):
+    with pytest.raises(InputConfigError) as exc:
+        parse_input({"format": "csv", "columns": ["a", "b"], "fields": {
+            "t": {"value": "2020-01-01T00:00:00+00:00"}, "v": field}}, event_time="t", event_types=("x",),
+            base_dir=tmp_path)
+    assert str(exc.value).startswith(key + ":"), str(exc.value)
+
+
 def test_citibike_csv_equals_the_adapter():
     """The mapping reads the raw CSV slice into the same values as the hand-written adapter."""
     from stream_anon.datasets import load_events
@@ -230,7 +314,7 @@ def _feed_with_bad_vehicles() -> bytes:
     return feed.SerializeToString()
 
 
-@pytest.mark.parametrize("name", ["obd2-tesla", "citibike-gtfs", "citibike-csv"])
+@pytest.mark.parametrize("name", ["obd2-tesla", "citibike-gtfs", "citibike-csv", "oyster-csv", "obd2-csv"])
 def test_worker_core_and_audit_agree(name, tmp_path):
     cfg_path = INPUT_CONFIGS / f"{name}.toml"
     cfg = load_config(cfg_path)
@@ -243,7 +327,9 @@ def test_worker_core_and_audit_agree(name, tmp_path):
         identifiers = set()
     else:
         from stream_anon.inputs import file_messages
-        messages = list(file_messages(ROOT / "data" / "citibike_slice.csv.gz", cfg.input))[:3000]
+        raw_file = {"citibike-csv": ROOT / "data" / "citibike_slice.csv.gz", "oyster-csv": DATASET_FILES["oyster"],
+                    "obd2-csv": DATASET_FILES["obd2"]}[name]
+        messages = list(file_messages(raw_file, cfg.input))[:None if name == "obd2-csv" else 6000]
         identifiers = set()
     messages += [b"\x00garbage", b"x" * (cfg.limits.max_event_bytes + 1)]
     out, counts = _run_core(cfg, messages, tmp_path)
@@ -253,6 +339,8 @@ def test_worker_core_and_audit_agree(name, tmp_path):
     assert acc["balanced"] and acc["lost"] == 0 and acc["duplicated"] == 0
     assert acc["events_in"] == counts["events_in"]          # the worker counts as the audit does
     assert counts["dead_letters"] == acc["dead_lettered"] >= 2
+    if name == "obd2-csv":         # every reading: 39 the mapping cannot read, 2 unreadable messages
+        assert counts["events_in"] == 8261 + 2 and counts["dead_letters"] == 39 + 2
     if name == "citibike-gtfs":
         # 4000 trips + a feed of 3 vehicles (2 without a position) + 2 unreadable messages
         assert counts["events_in"] == 4000 + 3 + 2 and counts["dead_letters"] == 2 + 2
@@ -297,3 +385,153 @@ def test_evaluate_own_file_compares_streaming_and_offline(tmp_path):
     assert 0 < row["offline_mondrian_table_ncp"] <= row["offline_mondrian_windows_ncp"] < 1
     assert 0 < row["streaming_ncp"] < 1
     assert (tmp_path / "out" / "comparison.md").read_text().startswith("| strategy | k |")
+
+
+# ------------------------------------------------------------------------------------------------ bundled datasets
+# The bundled raw files read through configs/inputs/oyster-csv.toml and obd2-csv.toml (no adapter code), against
+# the adapters (stream_anon/datasets) and the built-in configs on the same rows.
+DATASET_FILES = {"oyster": ROOT / "data" / "oyster_slice.csv.gz", "obd2": ROOT / "data" / "obd2_19drivers.csv.gz"}
+
+
+def _rows(path) -> int:
+    import gzip
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
+        return sum(1 for _ in fh) - 1           # the header; no field of these files holds a newline
+
+
+def test_oyster_csv_equals_the_adapter_but_the_joined_products():
+    from stream_anon.datasets import load_events
+    from stream_anon.datasets.oyster import product_category
+    cfg = load_config(INPUT_CONFIGS / "oyster-csv.toml")
+    events, rejected = decode_file(DATASET_FILES["oyster"], cfg.input)
+    old = load_events("oyster")
+    assert rejected == [] and len(events) == len(old) == _rows(DATASET_FILES["oyster"]) == 33536
+    same = ("event_time", "event_type", "journey_id", "station", "bus_route", "full_fare_pence",
+            "discounted_fare_pence", "daily_capping")
+    assert [tuple(e[f] for f in same) for e in events] == [tuple(e[f] for f in same) for e in old]
+    # the one difference: the adapter copies a journey's product from its later tap-out onto the tap-in
+    differ = [(a, b) for a, b in zip(old, events)
+              if (a["fare_product"], a["product_category"]) != (b["fare_product"], b["product_category"])]
+    assert len(differ) == 5119 and all(a["event_type"] == "tap_in" and b["fare_product"] is None
+                                       and b["product_category"] is None for a, b in differ)
+    assert all(e["fare_product"] is None for e in events if e["event_type"] == "tap_in")
+    # the config's category table is the adapter's rule, product by product
+    table = _raw("oyster-csv")["input"]["fields"]["product_category"]["lookup"]
+    assert table == {p: product_category(p) for p in table}
+    assert {e["fare_product"] for e in old if e["fare_product"]} <= set(table)
+
+
+def test_obd2_csv_against_the_adapter():
+    from collections import Counter
+    from stream_anon.datasets import load_events
+    cfg = load_config(INPUT_CONFIGS / "obd2-csv.toml")
+    events, rejected = decode_file(DATASET_FILES["obd2"], cfg.input)
+    assert len(events) + len(rejected) == _rows(DATASET_FILES["obd2"]) == 8261
+    why = Counter(r.split(" (input")[0].split(", got")[0] for _, _, r in rejected)
+    assert why == {"event_time: missing elapsed time": 34,
+                   "event_time: expected an elapsed time H:MM[:SS] or seconds": 3,
+                   "signals.throttle_pos_pct: cannot cast '1:6032000007E803' to float": 2}
+    old = {int(e["event_id"].split("-")[1]): e for e in load_events("obd2")}      # obd-<row>
+    for e in events:
+        a = old[int(e["event_id"].rsplit(":", 1)[1])]                             # <file>:0:<row>
+        assert (e["vehicle_id"], e["latitude"], e["longitude"], e["speed_kmh"]) == \
+               (a["vehicle_id"], a["latitude"], a["longitude"], a["speed_kmh"])
+        assert e["signals"] == {k: a["signals"][k] for k in e["signals"]}
+    no_fix = [n for n, a in old.items() if a["latitude"] is None]        # "0.0": a reading without a position
+    assert len(no_fix) == 859 and sum(e["latitude"] is None for e in events) == 859 - len(
+        {n for n, _, _ in rejected} & set(no_fix)) == 852
+    # the event time: TIME + runtime, the adapter's own when the driver's engine never restarted
+    times = Counter(e["event_time"] == old[int(e["event_id"].rsplit(":", 1)[1])]["event_time"] for e in events)
+    assert times[True] > 0.5 * len(events), times
+
+
+def _engine_and_check(cfg_path, events):
+    """The engine (library path, one partition, flushed) on mapped events, checked with the audit's own
+    primitives: k in distinct individuals per class over all releases, every published QI covering its raw
+    value, and the accounting (published + suppressed + rejected = events in, nothing left deferred)."""
+    from collections import defaultdict
+    from stream_anon.audit import AuditConfig
+    from stream_anon.audit.primitives import audit_token, covers, qi_value
+    from stream_anon.engine import Engine
+    cfg = load_config(cfg_path)
+    engine = Engine(cfg, partition=0, secret=SECRET)
+    res = engine.process(events)
+    res.extend(engine.flush())
+    view = AuditConfig.from_toml(cfg_path)
+    by_token = {audit_token(SECRET, e["event_id"]): e for e in events}
+    units, published, suppressed = defaultdict(set), 0, 0
+    for rel in res.releases:
+        for r in rel.records:
+            e = by_token[r["audit_token"]]
+            units[r["class_id"]].add(e[view.privacy_unit])
+            for q in view.quasi_identifiers:
+                assert covers(q, r["qi"][q.name], qi_value(q, e)), (q.name, r["qi"], e)
+            published += 1
+        suppressed += sum(len(t) for t in rel.suppressed_tokens.values())
+    assert engine.deferred == 0
+    assert published + suppressed + len(res.rejected) == len(events)
+    assert units and min(len(u) for u in units.values()) >= view.k
+    return res, published, suppressed
+
+
+@pytest.mark.parametrize("name, builtin, dataset", [("oyster-csv", "oyster", "oyster"),
+                                                    ("obd2-csv", "obd2", "obd2")])
+def test_bundled_csv_configs_through_the_engine(name, builtin, dataset):
+    """The mapped config on the raw file against the built-in config on the adapter's events: accounting exact,
+    k per class, and the same loss (Oyster: the same QI values, hence the same NCP; OBD-II: 39 readings fewer and
+    times from TIME + runtime, hence close)."""
+    from stream_anon.datasets import load_events
+    from stream_anon.evaluate import streaming_ncp
+    path = INPUT_CONFIGS / f"{name}.toml"
+    cfg = load_config(path)
+    events, rejected = decode_file(DATASET_FILES[dataset], cfg.input)
+    res, published, suppressed = _engine_and_check(path, events)
+    assert len(events) + len(rejected) == _rows(DATASET_FILES[dataset])
+    mapped = streaming_ncp(cfg, events)
+    built = streaming_ncp(load_config(CONFIGS / f"{builtin}.toml"), load_events(dataset))
+    assert (mapped["published"], mapped["suppressed"]) == (published, suppressed)
+    if name == "oyster-csv":
+        assert mapped["events"] == built["events"] == 33536 and mapped["releases"] == built["releases"]
+        assert mapped["ncp"] == pytest.approx(built["ncp"], abs=1e-12)
+    else:
+        assert (mapped["events"], built["events"]) == (8222, 8261) and mapped["releases"] == built["releases"]
+        assert mapped["ncp"] == pytest.approx(built["ncp"], abs=0.01)
+        # file order (one driver after another) releases as time order does: within the allowed lateness
+        in_order = streaming_ncp(cfg, sorted(events, key=lambda e: e["event_time"]))
+        assert (in_order["ncp"], in_order["suppressed"]) == (mapped["ncp"], mapped["suppressed"])
+
+
+
+@pytest.mark.parametrize("name, dataset", [("oyster-csv", "oyster"), ("obd2-csv", "obd2")])
+def test_calibrated_copy_elsewhere_reads_alike(name, dataset, tmp_path):
+    """``stream-anon calibrate`` writes the config into another directory: its lookup and hierarchy files made
+    absolute, keys that are no bare TOML keys quoted ("signals.engine_rpm", "Bus & Tram Pass-7 Day")."""
+    from stream_anon.calibrate import calibrate
+    cfg = load_config(INPUT_CONFIGS / f"{name}.toml")
+    events, rejected = decode_file(DATASET_FILES[dataset], cfg.input)
+    out = tmp_path / "calibrated.toml"
+    calibrate(INPUT_CONFIGS / f"{name}.toml", events, out)
+    copy = load_config(out)
+    from dataclasses import replace
+    assert [replace(f, lookup_source="") for f in copy.input.fields] == \
+           [replace(f, lookup_source="") for f in cfg.input.fields]
+    assert decode_file(DATASET_FILES[dataset], copy.input) == (events, rejected)
+
+
+@pytest.mark.parametrize("name, dataset, units", [("oyster-csv", "oyster", None), ("obd2-csv", "obd2", 19)])
+def test_replay_keys_the_raw_files_by_their_unit(name, dataset, units):
+    """``stream-anon replay --file`` with the raw-file configs: every record goes out verbatim, keyed by the
+    pseudonym of its journey / driver (records the mapping rejects too: their unit can be read)."""
+    from stream_anon import crypto
+    from stream_anon.inputs import file_messages
+    from stream_anon.kafka.replay import mapped_messages
+    cfg = load_config(INPUT_CONFIGS / f"{name}.toml")
+    pairs = mapped_messages(DATASET_FILES[dataset], cfg, SECRET)
+    assert [m for _, m in pairs] == list(file_messages(DATASET_FILES[dataset], cfg.input))
+    assert len(pairs) == _rows(DATASET_FILES[dataset]) and None not in {k for k, _ in pairs}
+    unit_source = next(f.source for f in cfg.input.fields if f.name == cfg.stream.privacy_unit)
+    unit_column = cfg.input.columns.index(unit_source)
+    import csv
+    expected = [crypto.pseudonym(SECRET, next(csv.reader([m.decode()]))[unit_column]).encode() for _, m in pairs]
+    assert [k for k, _ in pairs] == expected
+    assert units is None or len(set(expected)) == units

@@ -118,6 +118,9 @@ import stream_anon
 
 config = load_config(contract.config_path("oyster"))
 events = load_events("oyster", limit=200)
+from stream_anon.inputs import decode_file
+mapped = load_config(contract.configs_dir() / "inputs" / "oyster-csv.toml")   # lookups and hierarchies beside it
+mapped_events, mapped_rejected = decode_file(contract.data_path("oyster_slice.csv.gz"), mapped.input)
 print(json.dumps({
     "package": str(stream_anon.__file__),
     "roots": [str(contract.topics_dir()), str(contract.configs_dir()), str(contract.data_dir())],
@@ -129,6 +132,7 @@ print(json.dumps({
     "slice": str(DATASETS["oyster"].slice_path),
     "events": len(events),
     "invalid": sum(validate_event(e, "fare") is not None for e in events),
+    "mapped": [len(mapped_events), len(mapped_rejected)],
 }))
 """
     got = json.loads(installed.python(code).stdout)
@@ -142,6 +146,7 @@ print(json.dumps({
     assert got["hierarchies"]["location"] > 100          # oyster_location.json: every station and bus route
     assert Path(got["slice"]) == site / "data" / "oyster_slice.csv.gz"
     assert (got["events"], got["invalid"]) == (200, 0)
+    assert got["mapped"] == [33536, 0]          # configs/inputs/oyster-csv.toml found its configs/lookups table
 
 
 @pytest.mark.slow

@@ -69,7 +69,7 @@ def raw_decoder(config_path) -> Any:
     raw = tomllib.loads(Path(config_path).read_text())
     stream = raw.get("stream", {})
     spec = parse_input(raw.get("input"), event_time=stream.get("event_time", "event_time"),
-                       event_types=tuple(stream.get("event_types", ())))
+                       event_types=tuple(stream.get("event_types", ())), base_dir=Path(config_path).parent)
     if spec.legacy:
         return None
     decoder = Decoder(spec, max_bytes=int(raw.get("limits", {}).get("max_event_bytes", 65536)))

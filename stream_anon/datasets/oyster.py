@@ -9,14 +9,13 @@ Data quirks handled here (see ``/work/shared/data/oyster/SOURCE.md`` and ``data/
   journey's ENDTRIP (``journey_id`` links them), looked up in a pre-pass over the whole file. In a slice cut
   before the ENDTRIP the tap-in's product stays null.
 - 88 raw station spellings do not match ``london_stations.csv`` verbatim (``Kings Cross T``, tram stops in
-  capitals with a trailing space, ...): ``oyster_station_aliases.csv`` maps each one to its canonical name, by
-  inspection. The one name that is no station (``Not Applicable``, a single LUL tap-out) maps to itself and sits
+  capitals with a trailing space, ...): ``configs/lookups/oyster_station_aliases.csv`` maps each one to its
+  canonical name, by inspection. The one name that is no station (``Not Applicable``, a single LUL tap-out) maps to itself and sits
   under "Other rail" in the hierarchy. No event is ever dropped.
 """
 from __future__ import annotations
 
 import csv
-import importlib.resources
 import json
 import re
 from datetime import datetime, timedelta, timezone
@@ -28,7 +27,8 @@ import pandas as pd
 
 from stream_anon import contract
 
-ALIASES_PATH = importlib.resources.files(__package__) / "oyster_station_aliases.csv"
+# one table for the adapter and the mapped config (configs/inputs/oyster-csv.toml reads it as a lookup)
+ALIASES_PATH = contract.configs_dir() / "lookups" / "oyster_station_aliases.csv"
 STATIONS_PATH = contract.data_path("london_stations.csv")
 SLICE_PATH = contract.data_path("oyster_slice.csv.gz")     # bundled Monday prefix (data/ATTRIBUTION.md)
 HIERARCHY_PATH = contract.configs_dir() / "hierarchies" / "oyster_location.json"

@@ -17,8 +17,9 @@ from __future__ import annotations
 import csv
 import io
 import math
+import re
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from functools import lru_cache
 from typing import Iterator
 
@@ -65,6 +66,7 @@ class Decoder:
                          "tesla-fleet-telemetry": self._tesla_records,
                          "gtfs-realtime": self._gtfs_records}[spec.format]
         self._has_id = any(f.name == "event_id" for f in spec.fields)
+        self._tables = {f.name: dict(f.lookup) for f in spec.fields if f.lookup is not None}
 
     # ---- one message
     def decode(self, raw: bytes | None, topic: str, partition: int, offset: int) -> Decoded:
@@ -106,16 +108,20 @@ class Decoder:
         return event, reason
 
     def _value(self, f: FieldSpec, rec: dict):
-        if f.has_const:
-            value = f.const
-        else:
-            value = _lookup(rec, f)
-        if value is MISSING or value is None or (isinstance(value, str) and value in self.spec.null_values):
+        value = f.const if f.has_const else _find(rec, f.source, f.parts, f.pointer)
+        if self._is_null(value, f):
             if f.optional:
                 return None, None
             return None, f"{f.name}: missing (input {f.source})"
+        if f.lookup is not None:
+            value, why = self._look_up(value, f)
+            if why is not None or value is None:
+                return None, why
         if f.time_format is not None:
-            return _time(value, f)
+            value, why = _time(value, f)
+            if why is None and f.elapsed_parts:
+                return self._add_elapsed(value, f, rec)
+            return value, why
         if f.cast is not None:
             return _cast(value, f)
         if isinstance(value, (dict, list)):
@@ -124,6 +130,39 @@ class Decoder:
         if isinstance(value, float) and not math.isfinite(value):
             return None, f"{f.name}: not a finite number (input {f.source})"
         return value, None
+
+    def _is_null(self, value, f: FieldSpec) -> bool:
+        nulls = self.spec.null_values if f.null_values is None else f.null_values
+        return value is MISSING or value is None or (isinstance(value, str) and value in nulls)
+
+    def _look_up(self, value, f: FieldSpec):
+        """The value's entry in the field's lookup (keys are text: a JSON number is looked up as its text)."""
+        if isinstance(value, (dict, list, bool)):
+            return None, f"{f.name}: cannot look up {value!r} (input {f.source})"
+        table = self._tables[f.name]
+        key = value if isinstance(value, str) else str(value)
+        if key in table:
+            return table[key], None
+        if f.unmatched == "keep":
+            return value, None
+        if f.unmatched == "null":
+            return None, None
+        return None, f"{f.name}: {value!r} is not in lookup {f.lookup_source} (input {f.source})"
+
+    def _add_elapsed(self, iso: str, f: FieldSpec, rec: dict):
+        raw = _find(rec, f.elapsed_source, f.elapsed_parts, False)
+        if self._is_null(raw, f):
+            if f.optional:
+                return None, None
+            return None, f"{f.name}: missing elapsed time (input {f.elapsed_source})"
+        seconds = _duration_s(raw) if isinstance(raw, (str, int, float)) and not isinstance(raw, bool) else None
+        if seconds is None:
+            return None, f"{f.name}: expected an elapsed time H:MM[:SS] or seconds, got {raw!r} " \
+                         f"(input {f.elapsed_source})"
+        try:
+            return _shifted(iso, seconds), None
+        except (OverflowError, ValueError):       # beyond the years datetime holds: the event's problem, not ours
+            return None, f"{f.name}: elapsed time {raw!r} leaves the calendar (input {f.elapsed_source})"
 
     # ---- formats -> source records
     def _json_records(self, raw: bytes) -> list[dict]:
@@ -159,16 +198,17 @@ class Decoder:
 
 
 # ---- field extraction
-def _lookup(rec, f: FieldSpec):
-    if not f.pointer and isinstance(rec, dict) and f.source in rec:
-        return rec[f.source]
+def _find(rec, source: str, parts: tuple[str, ...], pointer: bool):
+    """The value at a dotted path (a key that itself contains dots first) or JSON pointer; MISSING if absent."""
+    if not pointer and isinstance(rec, dict) and source in rec:
+        return rec[source]
     cur = rec
-    for part in f.parts:
+    for part in parts:
         if isinstance(cur, dict):
             if part not in cur:
                 return MISSING
             cur = cur[part]
-        elif isinstance(cur, list) and f.pointer and part.isdigit():
+        elif isinstance(cur, list) and pointer and part.isdigit():
             i = int(part)
             if i >= len(cur):
                 return MISSING
@@ -205,6 +245,10 @@ def _cast(value, f: FieldSpec):
         return None, bad
     if isinstance(value, bool):
         return None, bad
+    if f.number_text and isinstance(value, str):
+        value = _number_text(value, f)
+        if value is None:
+            return None, bad
     try:
         if f.cast == "int":
             if isinstance(value, float):
@@ -238,6 +282,8 @@ def _time_parse(value, f: FieldSpec):
                                               and not isinstance(value, bool)):
             if isinstance(value, bool):
                 raise ValueError
+            if f.number_text and isinstance(value, str):
+                value = _number_text(value, f)
             x = float(value)
             if fmt == "epoch_ms":
                 x /= 1000.0
@@ -256,6 +302,57 @@ def _time_parse(value, f: FieldSpec):
                          f"(input {f.source})"
         dt = dt.replace(tzinfo=f.tz)
     return dt.isoformat(), None
+
+
+def _number_text(text: str, f: FieldSpec) -> str | None:
+    """Number text as ``float()`` reads it: the unit removed, a decimal comma made a point, a lost decimal point
+    put back after ``integer_digits`` digits; None when that leaves no number.
+
+    >>> from stream_anon.inputs.mapping import FieldSpec
+    >>> _number_text("74,50%", FieldSpec("x", "x", unit="%", decimal=","))
+    '74.50'
+    >>> _number_text("-3.520.429.461", FieldSpec("x", "x", integer_digits=2))
+    '-35.20429461'
+    """
+    t = text.strip()
+    if f.unit is not None and t.endswith(f.unit):
+        t = t[:-len(f.unit)].rstrip()
+    if f.integer_digits is not None:
+        sign = t[:1] if t[:1] in "+-" else ""
+        digits = t[len(sign):].replace(".", "").replace(",", "")
+        if not digits.isdigit():
+            return None
+        n = f.integer_digits
+        return f"{sign}{digits[:n]}.{digits[n:] or '0'}"
+    if f.decimal == ",":
+        if "." in t:                     # thousands separators are not read: refuse rather than guess
+            return None
+        t = t.replace(",", ".")
+    return t
+
+
+_DURATION = re.compile(r"(\d+):([0-5]\d)(?::([0-5]\d(?:\.\d+)?))?")
+
+
+@lru_cache(maxsize=65536)
+def _duration_s(value) -> float | None:
+    """``"28:30"`` (H:MM, hours may pass 23) -> 102600.0; ``"00:03:02"`` -> 182.0; seconds as they are."""
+    if isinstance(value, str):
+        m = _DURATION.fullmatch(value.strip())
+        if m:
+            return int(m[1]) * 3600 + int(m[2]) * 60 + float(m[3] or 0)
+        try:
+            value = float(value)
+        except ValueError:
+            return None
+    return float(value) if math.isfinite(value) and value >= 0 else None
+
+
+@lru_cache(maxsize=65536)
+def _shifted(iso: str, seconds: float) -> str:
+    """An ISO time plus elapsed seconds (real time: added in UTC), written in the time's own UTC offset."""
+    dt = datetime.fromisoformat(iso)
+    return (dt.astimezone(timezone.utc) + timedelta(seconds=seconds)).astimezone(dt.tzinfo).isoformat()
 
 
 # ---- files (replay, evaluate, calibrate)

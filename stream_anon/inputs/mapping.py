@@ -20,9 +20,27 @@ engine's config module: the audit parses the same table to decode the raw topic 
 
 A field table takes ``path`` (dotted; a key that itself contains dots is found first) or ``pointer`` (RFC 6901
 JSON pointer), or ``value`` (a constant); ``cast`` (int, float, str, bool); ``optional`` (a missing value is null
-instead of a dead letter); for times ``time_format`` (``iso``, ``epoch_s``, ``epoch_ms`` or a ``strptime``
-pattern) and ``timezone``. The stream's event time is always a time field (default format: ISO-8601 text, or
-epoch seconds when the value is a number); another field becomes one by naming a ``time_format``.
+instead of a dead letter); ``null_values`` (this field's own, instead of the input's); for times ``time_format``
+(``iso``, ``epoch_s``, ``epoch_ms`` or a ``strptime`` pattern) and ``timezone``. The stream's event time is always
+a time field (default format: ISO-8601 text, or epoch seconds when the value is a number); another field becomes
+one by naming a ``time_format``.
+
+What real exports need besides (each applied in this order, all optional):
+
+- ``lookup``: the value is replaced by its entry in a table: an inline table ``{BEGINTRIP = "tap_in", ...}`` or
+  a CSV file (path relative to the config file; header line, then ``source value,result`` per line; further
+  columns ignored). ``unmatched``: what a value without an entry becomes: ``"reject"`` (default: a dead letter
+  naming the field), ``"keep"`` (the value as it is: for tables of corrections such as station spellings) or
+  ``"null"``.
+- Number text (with ``cast`` int/float, or an epoch ``time_format``): ``unit`` (a unit written after the number,
+  ``"48km/h"``, removed when present), ``decimal = ","`` (a decimal comma, ``"74,50"``; also in exponent notation,
+  ``"1,51336E+12"``), ``integer_digits`` (the number lost its decimal point to thousands separators, as a
+  spreadsheet in a locale with a decimal comma writes ``-5.8321307`` as ``-58.321.307``: every separator is
+  dropped and the point put back after this many digits).
+- ``elapsed`` (time fields): the path of a duration added to the time (``H:MM`` or ``H:MM:SS``, hours may pass 23,
+  as in GTFS stop times and service-day clocks; or a number of seconds), e.g. a constant service date plus a
+  column ``"28:30"``, or a recording's start plus the engine runtime. Elapsed time: added in UTC, so a day with a
+  clock change still counts real hours.
 
 ``format = "json"`` with no ``[input.fields]`` is the built-in event shape (docs/contracts.md section 1): the kind's
 JSON Schema, no mapping. Every other case is a mapped input: only mapped fields (plus ``event_id`` and
@@ -34,17 +52,22 @@ gtfs-realtime), so the worker and the audit derive the same id, hence the same a
 """
 from __future__ import annotations
 
+import csv
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone as _tz
+from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 FORMATS = ("json", "csv", "tesla-fleet-telemetry", "gtfs-realtime")
 MULTI_EVENT_FORMATS = ("gtfs-realtime",)          # one message may hold several events
 CASTS = ("int", "float", "str", "bool")
 TIME_FORMATS = ("iso", "epoch_s", "epoch_ms")
+EPOCH_FORMATS = ("epoch_s", "epoch_ms")
+UNMATCHED = ("reject", "keep", "null")
 TESLA_ENCODINGS = ("auto", "protobuf", "json")
-_TABLE_KEYS = {"path", "pointer", "value", "cast", "optional", "time_format", "timezone"}
+_TABLE_KEYS = {"path", "pointer", "value", "cast", "optional", "time_format", "timezone", "null_values", "lookup",
+               "unmatched", "unit", "decimal", "integer_digits", "elapsed"}
 _INPUT_KEYS = {"format", "fields", "columns", "delimiter", "null_values", "timezone", "event_type", "encoding"}
 
 
@@ -64,6 +87,20 @@ class FieldSpec:
     optional: bool = False
     time_format: str | None = None            # set for time fields
     tz: object = None                         # ZoneInfo for naive times
+    null_values: frozenset | None = None      # this field's own (None: the input's)
+    lookup: tuple[tuple[str, object], ...] | None = None    # (source value, result) pairs
+    lookup_source: str = ""                   # the CSV file or "inline table", for reasons
+    unmatched: str = "reject"
+    unit: str | None = None                   # number text: trailing unit, decimal separator, lost decimal point
+    decimal: str = "."
+    integer_digits: int | None = None
+    elapsed_parts: tuple[str, ...] = ()       # path of a duration added to the time
+    elapsed_source: str = ""
+
+    @property
+    def number_text(self) -> bool:
+        """Number text is rewritten before the cast (unit, decimal comma, lost decimal point)."""
+        return self.unit is not None or self.decimal != "." or self.integer_digits is not None
 
 
 @dataclass(frozen=True)
@@ -114,7 +151,7 @@ def _pointer_tokens(ptr: str, key: str) -> tuple[str, ...]:
     return tuple(t.replace("~1", "/").replace("~0", "~") for t in ptr[1:].split("/"))
 
 
-def _parse_field(name: str, spec, default_tz, is_time: bool) -> FieldSpec:
+def _parse_field(name: str, spec, default_tz, is_time: bool, base_dir) -> FieldSpec:
     key = f"input.fields.{name}"
     if isinstance(spec, str):
         spec = {"pointer": spec} if spec.startswith("/") else {"path": spec}
@@ -159,13 +196,90 @@ def _parse_field(name: str, spec, default_tz, is_time: bool) -> FieldSpec:
         is_time = True
     if is_time and cast is not None:
         raise _err(f"{key}.cast", "a time field is converted by time_format, not cast")
+    if "null_values" in spec:
+        nulls = spec["null_values"]
+        if not isinstance(nulls, list) or not all(isinstance(v, str) for v in nulls):
+            raise _err(f"{key}.null_values", "expected a list of strings")
+        kw["null_values"] = frozenset(nulls)
+    if "lookup" in spec:
+        kw.update(_parse_lookup(spec["lookup"], f"{key}.lookup", base_dir))
+        unmatched = spec.get("unmatched", "reject")
+        if unmatched not in UNMATCHED:
+            raise _err(f"{key}.unmatched", f"must be one of {', '.join(UNMATCHED)}, got {unmatched!r}")
+        kw["unmatched"] = unmatched
+    elif "unmatched" in spec:
+        raise _err(f"{key}.unmatched", "only with a lookup")
+    kw.update(_parse_number_text(spec, key, cast, tf))
+    if "elapsed" in spec:
+        path = spec["elapsed"]
+        if not is_time:
+            raise _err(f"{key}.elapsed", "only for a time field (the event time, or a field with a time_format)")
+        if not isinstance(path, str) or not path:
+            raise _err(f"{key}.elapsed", f"expected the dotted path of a duration, got {path!r}")
+        kw.update(elapsed_parts=tuple(path.split(".")), elapsed_source=path)
     return FieldSpec(name=name, cast=cast, optional=optional, time_format=(tf or "auto") if is_time else None,
                      tz=tz, **kw)
 
 
+def _parse_lookup(table, key: str, base_dir) -> dict:
+    """An inline table, or a CSV file (relative to the config's directory): ``lookup`` and ``lookup_source``."""
+    if isinstance(table, dict):
+        for k, v in table.items():
+            if not isinstance(v, (str, int, float, bool)):
+                raise _err(f"{key}.{_quote(k)}", f"expected a string, number or boolean, got {v!r}")
+        return {"lookup": tuple(sorted(table.items())), "lookup_source": "inline table"}
+    if not isinstance(table, str) or not table:
+        raise _err(key, f"expected an inline table or the path of a CSV file, got {table!r}")
+    path = Path(table)
+    if not path.is_absolute():
+        path = Path(base_dir or ".") / path
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            rows = list(csv.reader(fh))
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise _err(key, f"cannot read {table!r} ({path}): {exc}") from None
+    entries: dict[str, str] = {}
+    for n, row in enumerate(rows[1:], start=2):      # rows[0]: the header
+        if not row:
+            continue
+        if len(row) < 2:
+            raise _err(key, f"{table}: line {n}: expected source value,result")
+        if row[0] in entries:
+            raise _err(key, f"{table}: line {n}: {row[0]!r} appears twice")
+        entries[row[0]] = row[1]
+    if not entries:
+        raise _err(key, f"{table}: no entries (a header line, then source value,result per line)")
+    return {"lookup": tuple(sorted(entries.items())), "lookup_source": str(table)}
+
+
+def _parse_number_text(spec: dict, key: str, cast, tf) -> dict:
+    given = [k for k in ("unit", "decimal", "integer_digits") if k in spec]
+    if not given:
+        return {}
+    if cast not in ("int", "float") and tf not in EPOCH_FORMATS:
+        raise _err(f"{key}.{given[0]}", "only for numbers: with cast int or float, or an epoch time_format")
+    kw: dict = {}
+    if "unit" in spec:
+        unit = spec["unit"]
+        if not isinstance(unit, str) or not unit.strip() or any(c.isdigit() for c in unit):
+            raise _err(f"{key}.unit", f"expected the unit written after the number (no digits), got {unit!r}")
+        kw["unit"] = unit
+    if "decimal" in spec:
+        if spec["decimal"] not in (".", ","):
+            raise _err(f"{key}.decimal", f"expected '.' or ',', got {spec['decimal']!r}")
+        kw["decimal"] = spec["decimal"]
+    if "integer_digits" in spec:
+        digits = spec["integer_digits"]
+        if isinstance(digits, bool) or not isinstance(digits, int) or digits < 1 or cast != "float":
+            raise _err(f"{key}.integer_digits", f"expected a whole number >= 1, with cast float, got {digits!r}")
+        kw["integer_digits"] = digits
+    return kw
+
+
 def parse_input(table, event_time: str = "event_time", event_types: tuple[str, ...] = (),
-                required: dict[str, str] | None = None) -> InputSpec:
-    """Validate an ``[input]`` table (None: the built-in JSON shape).
+                required: dict[str, str] | None = None, base_dir=None) -> InputSpec:
+    """Validate an ``[input]`` table (None: the built-in JSON shape). ``base_dir``: the config file's directory,
+    where the CSV files of lookups are found (default: the working directory).
 
     ``required``: engine field -> its role (``"privacy unit"``, ``"quasi-identifier time"``, ...): each must be
     mapped, and a mapped field must be one of them (a field nobody reads is refused, so nothing is carried that
@@ -196,7 +310,8 @@ def parse_input(table, event_time: str = "event_time", event_types: tuple[str, .
     for name in names:
         if not name or name.startswith(".") or name.endswith(".") or ".." in name:
             raise _err(f"input.fields.{name}", "engine field names are dotted paths")
-        fields.append(_parse_field(name, raw_fields[name], default_tz, is_time=(name == event_time)))
+        fields.append(_parse_field(name, raw_fields[name], default_tz, is_time=(name == event_time),
+                                   base_dir=base_dir))
     columns = table.get("columns", [])
     if not isinstance(columns, list) or not all(isinstance(c, str) for c in columns):
         raise _err("input.columns", "expected a list of column names")
@@ -209,6 +324,8 @@ def parse_input(table, event_time: str = "event_time", event_types: tuple[str, .
         for f in fields:
             if not f.has_const and (f.parts[0] if f.pointer else f.source) not in columns:
                 raise _err(f"input.fields.{f.name}", f"column {f.source!r} is not in input.columns")
+            if f.elapsed_source and f.elapsed_source not in columns:
+                raise _err(f"input.fields.{f.name}.elapsed", f"column {f.elapsed_source!r} is not in input.columns")
     elif columns:
         raise _err("input.columns", "only for format 'csv'")
     delimiter = table.get("delimiter", ",")

@@ -1,0 +1,1 @@
+"""Lookup tables of the [input] mapping (``lookup = "../lookups/<file>.csv"``): source value -> result."""
