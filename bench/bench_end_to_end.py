@@ -1,13 +1,14 @@
 """End-to-end throughput on the embedded broker next to the engine alone, in the same run (issue 11).
 
 Scenarios: the full Oyster Monday file (525,680 events, k = 10) without DP aggregates, the same with the
-aggregates of configs/oyster.toml, oyster-cards with m = 3, and two workers on the Oyster file. For each: the engine
+aggregates of configs/oyster.toml, the Oyster file under the oyster-cards config with m = 3 (journeys as
+individuals), oyster-cards with m = 3, and two workers on the Oyster file. For each: the engine
 alone in this process on the same events (events/s), then the events replayed to the broker, a worker started and
 timed until every event is accounted for on the output topics, the independent audit, and the worker's CPU
 seconds (from /proc). Two rates are reported: over the worker's whole run (consumer-group join, state recovery and
 the final idle flush included) and over its processing span (first output to last).
 
-    .venv/bin/python bench/bench_end_to_end.py [--events N] [--only oyster,oyster_dp,cards_m3,two_workers]
+    .venv/bin/python bench/bench_end_to_end.py [--events N] [--only oyster,oyster_dp,oyster_m3,cards_m3,two_workers]
         -> bench/results/end_to_end.json
 """
 from __future__ import annotations
@@ -42,14 +43,19 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def config_file(name: str, workdir: Path, without_dp: bool = False, m: int | None = None) -> Path:
-    """The bundled config (hierarchy paths made absolute), optionally without its DP tables or with m."""
+def config_file(name: str, workdir: Path, without_dp: bool = False, journeys: bool = False) -> Path:
+    """The bundled config (hierarchy paths made absolute), optionally without its DP tables, or with the journey
+    as privacy unit (oyster-cards on the Oyster Monday file, which has no card id: every journey an individual,
+    the worst case for the m-invariance signature table)."""
     src = contract.config_path(name)
     raw = tomllib.loads(src.read_text())
     text = src.read_text().replace('hierarchy = "hierarchies/', f'hierarchy = "{src.parent}/hierarchies/')
     if without_dp:
         text = text[:text.index("[dp]")] if "[dp]" in text else text
-    path = workdir / f"{name}{'-nodp' if without_dp else ''}.toml"
+    if journeys:
+        text = text.replace('privacy_unit = "card_id"', 'privacy_unit = "journey_id"')
+        assert 'privacy_unit = "journey_id"' in text
+    path = workdir / f"{name}{'-nodp' if without_dp else ''}{'-journeys' if journeys else ''}.toml"
     path.write_text(text)
     load_config(path)
     assert ("dp" in raw) or not without_dp
@@ -113,14 +119,17 @@ def end_to_end(cfg_path: Path, events: list, workdir: Path, workers: int = 1, ti
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--events", type=int, default=None, help="first N events (default: the full files)")
-    ap.add_argument("--only", default="oyster,oyster_dp,cards_m3,two_workers")
+    ap.add_argument("--only", default="oyster,oyster_dp,oyster_m3,cards_m3,two_workers")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "end_to_end.json"))
     args = ap.parse_args(argv)
     os.environ["STREAM_ANON_SECRET"] = SECRET
     workdir = Path(os.environ.get("TMPDIR", "/tmp")) / f"stream-anon-e2e-{os.getpid()}"
     workdir.mkdir(parents=True, exist_ok=True)
+    # scenarios run now replace their earlier results in the file; the others are kept (with their own dates)
+    prior = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else {}
     out = {"benchmark": "end to end vs engine alone (issue 11)", "machine": {"cpus": os.cpu_count(),
-           "python": platform.python_version(), "load_avg_at_start": os.getloadavg()}, "results": {}}
+           "python": platform.python_version()}, "results": prior.get("results", {}),
+           **({"notes": prior["notes"]} if "notes" in prior else {})}
     oyster = load_events("oyster", full=True, limit=args.events)
     for name in args.only.split(","):
         print(f"[e2e] {name} ...", flush=True)
@@ -130,13 +139,17 @@ def main(argv=None) -> int:
         elif name == "oyster_dp":
             path = config_file("oyster", workdir)
             events = oyster
+        elif name == "oyster_m3":
+            path = config_file("oyster-cards", workdir, without_dp=True, journeys=True)
+            events = oyster
         elif name == "cards_m3":
             path = config_file("oyster-cards", workdir, without_dp=True)
             events = load_events("oyster-cards", full=True, limit=args.events)
         else:
             raise SystemExit(f"unknown scenario {name}")
         cfg = load_config(path)
-        r = {"config": path.name, "m": cfg.anonymization.m, "dp": cfg.dp is not None}
+        r = {"config": path.name, "m": cfg.anonymization.m, "dp": cfg.dp is not None,
+             "run_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "load_avg_at_start": os.getloadavg()}
         r["engine_only"] = engine_only(cfg, events)
         r["end_to_end"] = end_to_end(path, events, workdir / name, workers=2 if name == "two_workers" else 1)
         r["end_to_end_vs_engine"] = round(r["end_to_end"]["events_per_s_span"] / r["engine_only"]["events_per_s"], 3)
