@@ -62,7 +62,9 @@ class OutputReader:
                     self.manifests.setdefault(doc["release_id"], doc)
                 else:
                     src = doc.get("source") or {}
-                    key = (src.get("topic"), src.get("partition"), src.get("offset"))
+                    # one message of a multi-event format (gtfs-realtime) may dead-letter several events: the
+                    # event's index in it is part of its source
+                    key = (src.get("topic"), src.get("partition"), src.get("offset"), src.get("index"))
                     if src.get("offset") is None:
                         key = key + (doc.get("reason"), doc.get("payload"))
                     self.deadletters.setdefault(key, doc)
