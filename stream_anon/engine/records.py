@@ -281,9 +281,17 @@ class RecordReader:
         sens_cols = []
         for dom in self.domains:   # sensitive values: only values inside the declared domain are kept
             col = list(cols[dom.field])
+            verdicts: dict = {}    # a batch repeats few values: each distinct (type, value) is checked once
             for i, v in enumerate(col):
                 if reasons[i] is None:
-                    col[i], why = dom.check(v)
+                    try:
+                        verdict = verdicts.get((type(v), v))
+                    except TypeError:                     # unhashable (object, list): checked as it is
+                        verdict = dom.check(v)
+                    else:
+                        if verdict is None:
+                            verdict = verdicts[(type(v), v)] = dom.check(v)
+                    col[i], why = verdict
                     if why is not None:
                         reasons[i] = f"sensitive {why}"
             sens_cols.append(col)
