@@ -651,3 +651,38 @@ def test_aggregates_view_prints_one_figure_per_key_summed_over_partitions(broker
                                                                            m["group_key"])
         assert float(row["value"]) == pytest.approx(m["value"]) and json.loads(row["partitions"]) == m["partitions"]
         assert (float(row["interval_lo"]), float(row["interval_hi"])) == pytest.approx(tuple(m["interval"]))
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_demo_dp_report_on_an_oyster_cards_slice(tmp_path):
+    """`stream-anon demo --dataset oyster-cards --dp` on the first 3,000 events: the report's DP figures are
+    there and within their ranges (budget per card and day kept, AUC a probability and below the noise-free
+    attack's, relative errors and RMSE of every configured aggregate)."""
+    from stream_anon.config import load_config
+    from stream_anon.demo import run_demo
+
+    report = tmp_path / "demo.json"
+    assert run_demo("oyster-cards", events=3000, dp=True, report_path=str(report), timeout_s=300) == 0
+    dp = json.loads(report.read_text())["dp"]
+    print({k: v for k, v in dp.items() if k not in ("notes", "running_counts", "aggregates_rmse")})
+    budget = load_config("configs/oyster-cards.toml").dp.epsilon_budget
+    assert (dp["epsilon_budget"], dp["privacy_unit"], dp["period"]) == (budget, "card_id", "day")
+    assert 0 < dp["epsilon_spent_max_individual"] <= budget * (1 + 1e-9)
+    by_period = dp["epsilon_spent_max_individual_by_period"]
+    assert by_period and max(by_period.values()) == pytest.approx(dp["epsilon_spent_max_individual"])
+    assert 0 < dp["merged_rows"] < dp["aggregates_published"]
+    auc, clear = dp["membership_inference_auc"], dp["membership_inference_auc_no_noise"]
+    assert 0.0 <= auc <= 1.0 and 0.0 <= clear <= 1.0 and auc < clear
+    assert dp["membership_inference"]["games"] == 480
+    rel = dp["relative_error"]
+    assert rel["aggregate"] == "tap_ins_zone_hour" and rel["cells"] > 0 and rel["rmse"] > 0
+    assert [t["min_true_count"] for t in rel["by_threshold"]] == [500, 100]
+    for t in rel["by_threshold"]:
+        assert 0 <= t["within_10pct"] <= t["cells"]
+        assert t["cells"] == 0 or 0 <= t["median_relative_error"] <= t["max_relative_error"]
+    # the first 3,000 events end on the morning of day 0: only the hourly aggregates are released (the daily ones
+    # at the end of the day)
+    hourly = {s.name for s in load_config("configs/oyster-cards.toml").dp.aggregates if s.release_every == 4}
+    assert set(dp["aggregates_rmse"]) == hourly == {"tap_ins_zone_hour", "taps_per_zone"}
+    assert all(math.isfinite(a["rmse"]) and a["rmse"] > 0 for a in dp["aggregates_rmse"].values())
