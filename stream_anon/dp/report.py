@@ -133,11 +133,12 @@ def true_cells(spec, events_by_w: dict[int, list], windows) -> dict:
     return out
 
 
-def _release_span(dp: DPConfig, m: dict) -> tuple[int, int]:
-    """First and last window a merged row covers (a running row: from the start of its period)."""
+def _release_span(dp: DPConfig, m: dict, first_window: int) -> tuple[int, int]:
+    """First and last window a merged row covers (a running row: from the start of its period, or without periods
+    from ``first_window``, the aggregate's first release)."""
     start = m.get("span_start_window", m["window"])
-    if m["output"] == "running" and dp.clock is not None:
-        start = dp.clock.period_of(m["window"])[1]
+    if m["output"] == "running":
+        start = dp.clock.period_of(m["window"])[1] if dp.clock is not None else first_window
     return start, m["window"]
 
 
@@ -152,8 +153,9 @@ def aggregate_rmse(dp: DPConfig, merged: list[dict], events_by_w: dict[int, list
         if not rs:
             continue
         err, cache = [], {}
+        first = min(m.get("span_start_window", m["window"]) for m in rs)
         for m in rs:
-            span = _release_span(dp, m)
+            span = _release_span(dp, m, first)
             if span not in cache:
                 cache[span] = true_cells(spec, events_by_w, range(span[0], span[1] + 1))
             t = cache[span].get(m["group_key"], [0.0, 0.0])
@@ -193,7 +195,7 @@ def release_relative_errors(dp: DPConfig, merged: list[dict], events_by_w: dict[
         return None
     estimate, truth, cache = {}, {}, {}
     for m in rs:
-        span = _release_span(dp, m)
+        span = _release_span(dp, m, m["window"])          # per-window rows: their own span
         if span not in cache:
             cache[span] = true_cells(spec, events_by_w, range(span[0], span[1] + 1))
         key = (m["window_start"] if "window_start" in m else span[0], m["group_key"])
