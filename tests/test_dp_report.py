@@ -68,3 +68,28 @@ def test_relative_errors_against_the_unbounded_truth_per_zone_hour(released):
 def test_a_cell_the_release_missed_counts_as_wholly_wrong():
     rel = relative_errors({"x": 110.0}, {"x": 100, "y": 200, "z": 5}, threshold=100)
     assert (rel["cells"], rel["within_10pct"], rel["max_relative_error"]) == (2, 1, 1.0)
+
+
+def test_membership_attack_layout_is_what_the_release_path_publishes():
+    """The demo's membership attack (dp.report.membership_setting): with epsilon huge (noise ~ 0) a group's
+    releases equal the sum of its members' contributions as the adversary computes them, cell by cell (a wrong
+    layout would make the attack weaker than it is and the reported AUC falsely reassuring)."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    from stream_anon.config import load_config
+    from stream_anon.datasets import load_events
+    from stream_anon.dp.report import membership_setting
+    from stream_anon.kafka.harness import windows_by_event_time
+
+    cfg = load_config("configs/oyster-cards.toml")
+    dp = replace(cfg.dp, aggregates=tuple(replace(s, epsilon=1e6) for s in cfg.dp.aggregates), epsilon_budget=5e6)
+    by_w = dict(windows_by_event_time(load_events("oyster-cards", limit=4000), cfg))
+    names, period, units, vec, release = membership_setting(dp, by_w, 500, np.random.default_rng(0))
+    assert names == ["tap_ins_zone_hour", "taps_per_zone"] and period == "2009-11-09" and len(units) == 500
+    members = np.arange(0, len(units), 5)
+    y, t2 = release(members)
+    expected = vec[members].sum(0)
+    assert expected.sum() > 100 and np.abs(y - expected).max() < 0.5
+    assert (t2 < 1e-6).all()                          # the stated noise variance of every cell

@@ -206,22 +206,19 @@ def release_relative_errors(dp: DPConfig, merged: list[dict], events_by_w: dict[
             "by_threshold": [relative_errors(estimate, truth, t) for t in thresholds]}
 
 
-def membership_auc(dp: DPConfig, events_by_w: dict[int, list], max_cards: int = 3000, seed: int = 14,
-                   targets: int = 8, group_size: int = 20, trials: int = 30) -> dict | None:
-    """Membership inference (stream_anon.attacks.membership, Knock-Knock style likelihood-ratio test) against
-    the count aggregates of ``dp`` over the first period of the events: can the adversary who knows a unit's
-    events tell whether it is in a group of ``group_size`` units from the group's releases? AUC without noise
-    (the bounded true counts) and through the release path (:class:`DPAggregator`) at the configured budget.
-
-    The adversary knows each unit's bounded contribution per released cell (W windows per aggregate, C events
-    per window, as the aggregator bounds them). None without period mode or without a count aggregate."""
-    from stream_anon.attacks.membership import membership_game
-
+def membership_setting(dp: DPConfig, events_by_w: dict[int, list], max_cards: int,
+                       rng: np.random.Generator) -> tuple | None:
+    """The membership game's inputs on the count aggregates of ``dp`` over the first period of the events:
+    ``(names, period, units, contributions, release)``. ``contributions``: units x released cells, each unit's
+    bounded contribution (W windows per aggregate, C events per window, as the aggregator bounds them: what the
+    adversary who knows the unit's events computes); ``release(members)``: ``(values, noise variances)`` of the
+    group's releases through :class:`DPAggregator` at the configured budget, in the same cell layout. None
+    without period mode or without a count aggregate."""
     names = [s.name for s in dp.aggregates if s.kind == "count"]
     if dp.clock is None or not names or not events_by_w:
         return None
     dpc = replace(dp, aggregates=tuple(s for s in dp.aggregates if s.name in names))
-    _, lo, n = dpc.clock.period_of(min(events_by_w))
+    period, lo, n = dpc.clock.period_of(min(events_by_w))
     hi = lo + n
     unit = dp.privacy_unit
     by_unit: dict = {}
@@ -229,9 +226,9 @@ def membership_auc(dp: DPConfig, events_by_w: dict[int, list], max_cards: int = 
         for e in events_by_w.get(w, []):
             if e.get(unit) is not None:
                 by_unit.setdefault(e[unit], []).append((w, e))
-    rng = np.random.default_rng(seed)
     units = sorted(by_unit, key=str)
-    units = [units[i] for i in sorted(rng.choice(len(units), min(max_cards, len(units)), replace=False))]
+    if len(units) > max_cards:
+        units = [units[i] for i in sorted(rng.choice(len(units), max_cards, replace=False))]
     layout, off = {}, 0                                    # aggregate -> (first column, key index, release span)
     for s in dpc.aggregates:
         layout[s.name] = (off, {k: i for i, k in enumerate(s.domain)}, s.release_every)
@@ -270,13 +267,30 @@ def membership_auc(dp: DPConfig, events_by_w: dict[int, list], max_cards: int = 
                 col = base + (r["span_start_window"] - lo) // k * len(keys) + keys[tuple(r["group"].values())]
                 y[col], t2[col] = r["value"], r["noise_std"] ** 2
         return y, t2
+    return names, period, units, vec, release
 
+
+def membership_auc(dp: DPConfig, events_by_w: dict[int, list], max_cards: int = 3000, seed: int = 14,
+                   targets: int = 8, group_size: int = 20, trials: int = 30) -> dict | None:
+    """Membership inference (stream_anon.attacks.membership, Knock-Knock style likelihood-ratio test) against
+    the count aggregates of ``dp`` over the first period of the events (:func:`membership_setting`): can the
+    adversary who knows a unit's events tell whether it is in a group of ``group_size`` units from the group's
+    releases? AUC without noise (the bounded true counts) and through the release path at the configured
+    budget, over ``targets`` units with at least 3 counted events and ``trials`` games each. None when
+    :func:`membership_setting` is, or when there are too few units."""
+    from stream_anon.attacks.membership import membership_game
+
+    rng = np.random.default_rng(seed)
+    setting = membership_setting(dp, events_by_w, max_cards, rng)
+    if setting is None:
+        return None
+    names, period, units, vec, release = setting
     active = np.flatnonzero(vec.sum(1) >= 3)
     if len(active) < targets or len(units) <= group_size:
         return None
     chosen = rng.choice(active, targets, replace=False)
     clear = membership_game(vec, chosen, group_size, trials, lambda m: vec[m].sum(0), np.random.default_rng(seed + 1))
     noisy = membership_game(vec, chosen, group_size, trials, release, np.random.default_rng(seed + 1))
-    return {"aggregates": names, "period": dpc.clock.period_of(lo)[0], "units": len(units),
-            "group_size": group_size, "targets": targets, "games": noisy["games"],
-            "auc_no_noise": clear["auc"], "auc_default_budget": noisy["auc"]}
+    return {"aggregates": names, "period": period, "units": len(units), "group_size": group_size,
+            "targets": targets, "games": noisy["games"], "auc_no_noise": clear["auc"],
+            "auc_default_budget": noisy["auc"]}
