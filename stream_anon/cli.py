@@ -1,4 +1,4 @@
-"""``stream-anon`` command line: demo, worker, replay, topics, audit, calibrate, evaluate."""
+"""``stream-anon`` command line: demo, worker, replay, topics, audit, aggregates, calibrate, evaluate."""
 from __future__ import annotations
 
 import argparse
@@ -101,6 +101,28 @@ def _cmd_audit(args) -> int:
         print(f"stream-anon audit: --fail-on-alert: alerts on anon.metrics: "
               + ", ".join(f"{k} x{v}" for k, v in sorted(alerts.items())), file=sys.stderr)
         return 3
+    return 0
+
+
+def _cmd_aggregates(args) -> int:
+    from stream_anon.config import load_config
+    from stream_anon.kafka.aggregates_view import run_view
+    if not 0 < args.level < 1:
+        print(f"stream-anon aggregates: --level must be in (0, 1), got {args.level}", file=sys.stderr)
+        return 2
+    config_path = resolve_config(args.config)
+    config = load_config(config_path)
+    if config.dp is None:
+        print(f"stream-anon aggregates: {args.config}: the stream has no [dp] / [[aggregates]] tables",
+              file=sys.stderr)
+        return 2
+    conn = kafka_connection.from_args(args, config_path=config_path)
+    counts = run_view(conn, config.stream.name, fmt=args.format, out_path=args.out, level=args.level,
+                      incomplete=args.incomplete, idle_s=args.idle)
+    print(f"stream-anon aggregates: {counts['rows_read']:,} partition rows of {len(counts['partitions'])} "
+          f"partitions -> {counts['merged_rows']:,} merged rows"
+          + (f" ({counts['incomplete_held_back']:,} of windows not closed by every partition held back; "
+             "--incomplete shows them)" if counts["incomplete_held_back"] else ""), file=sys.stderr)
     return 0
 
 
@@ -242,6 +264,22 @@ def build_parser() -> argparse.ArgumentParser:
                         "even if every check passed")
     a.set_defaults(func=_cmd_audit)
 
+    g = sub.add_parser("aggregates", help="the stream's DP aggregates, one merged figure per window and key",
+                       description="Read the stream's rows on anon.aggregates (read_committed, until the topic is "
+                                   "quiet) and merge the input partitions' rows: value = sum over partitions, "
+                                   "noise_std = combined standard deviation of the noise, interval = where the true "
+                                   "value lies with probability --level, partitions = the partitions summed.")
+    g.add_argument("--config", required=True, help=CONFIG_HELP)
+    kafka_connection.add_arguments(g)
+    g.add_argument("--format", choices=("jsonl", "csv"), default="jsonl")
+    g.add_argument("--out", default=None, help="write here (default: stdout)")
+    g.add_argument("--level", type=float, default=0.95, help="coverage of the stated interval (default 0.95)")
+    g.add_argument("--incomplete", action="store_true",
+                   help="also rows of windows some partition has not published yet (complete = false: they "
+                        "lack that partition's figure)")
+    g.add_argument("--idle", type=float, default=3.0, help="quiet seconds that mark the end of the topic")
+    g.set_defaults(func=_cmd_aggregates)
+
     c = sub.add_parser("calibrate", help="write fixed domain bounds from a sample into a config file",
                        description="Bounds never drift with the stream: calibrate once, review, deploy.")
     c.add_argument("--config", required=True, help=CONFIG_HELP)
@@ -275,7 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="timestamp QI bounds = the data's first and last hour (evaluate a full file longer than "
                         "the configured period instead of rejecting its events)")
     e.set_defaults(func=_cmd_evaluate)
-    for sp in (d, b, r, ta, tl, a, c, e):
+    for sp in (d, b, r, ta, tl, a, g, c, e):
         logsetup.add_arguments(sp)
         sp.add_argument("--loglevel", default="warning", help="log level (default: warning)")
     return p

@@ -147,6 +147,16 @@ def run_demo(dataset: str = "oyster", events: int | None = None, k: int | None =
              f"{dp_report['budget_exhausted_events']} budget_exhausted; running-count RMSE "
              f"{dp_report['continual_count_rmse']} (theory {dp_report['continual_count_rmse_theory']}, naive "
              f"{dp_report['naive_count_rmse']}) over {dp_report['windows']} windows")
+        if dp_report["membership_inference_auc"] is not None:
+            _say(f"membership inference AUC {dp_report['membership_inference_auc']:.3f} at the budget "
+                 f"({dp_report['membership_inference_auc_no_noise']:.3f} without noise; 0.5 is guessing)")
+        for t in (dp_report["relative_error"] or {}).get("by_threshold", []):
+            if t["cells"]:
+                _say(f"{dp_report['relative_error']['aggregate']}: {t['within_10pct']} of {t['cells']} cells with "
+                     f">= {t['min_true_count']} true events within 10% (max relative error "
+                     f"{t['max_relative_error']:.1%}, median {t['median_relative_error']:.1%})")
+            else:
+                _say(f"{dp_report['relative_error']['aggregate']}: no cell with >= {t['min_true_count']} true events")
     print(report.format_text())
     print(f"\nstream-anon demo: {out['events_in']:,} events in -> {out['published']:,} published, "
           f"{out['suppressed']:,} suppressed, {out['dead_lettered']:,} dead-lettered, {out['deferred']:,} deferred; "

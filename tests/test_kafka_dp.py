@@ -588,3 +588,101 @@ def test_tiny_budget_stops_aggregates_with_an_event_and_keys_do_not_depend_on_da
     assert rep["aggregates_published"] == len(by_id) and rep["budget_exhausted_events"] == 8
     assert 0.4 < rep["epsilon_spent_max_individual"] <= budget * (1 + 1e-9)
     assert rep["windows"] >= 3 and rep["error_aggregate"] == "taps_per_zone"
+
+
+@pytest.mark.kafka
+def test_aggregates_view_prints_one_figure_per_key_summed_over_partitions(broker, tmp_path, secret_env, capsys):
+    """`stream-anon aggregates` on a 4-partition DP stream: each merged row is the sum of the partitions' rows
+    (read back separately here), with the combined noise and an interval around it; windows some partition has
+    not published are held back unless --incomplete."""
+    import csv
+
+    from stream_anon.cli import main
+    from stream_anon.kafka.replay import replay
+    from stream_anon.kafka.harness import run_until_accounted
+
+    path = dp_stream_config(tmp_path / "cfg", "dpview", budget=1000.0, epsilon=1.0)
+    cfg = _setup(broker.bootstrap, path)
+    events = synthetic_fares(2000, seed=37)
+    replay(broker.bootstrap, cfg.stream.input_topic, events, "journey_id", progress=False)
+    acc = run_until_accounted(path, broker.bootstrap, tmp_path / "state", len(events), timeout_s=120,
+                              app_id="dpview-app", flush_when_idle_s=3.0, log_path=tmp_path / "w.log")
+    assert acc["accounted"] == len(events)
+    by_id, _ = _dedupe(_read(broker.bootstrap, AGGREGATES_TOPIC, "dpview"))
+    parts: dict = defaultdict(list)
+    for r in by_id.values():
+        parts[(r["aggregate"], r["output"], r["window"], r["group_key"])].append(r)
+    last = {p: max(r["window"] for r in by_id.values() if r["partition"] == p) for p in range(4)}
+    assert len(set(last.values())) > 1, "the partitions end in different windows: the held-back rows are tested"
+
+    def view(*extra):
+        out = tmp_path / f"view{len(extra)}"
+        assert main(["aggregates", "--config", str(path), "--broker", broker.bootstrap, "--idle", "1", "--out",
+                     str(out), *extra]) == 0
+        return out.read_text(), capsys.readouterr().err
+
+    text, summary = view()
+    complete = [json.loads(line) for line in text.splitlines()]
+    text_all, _ = view("--incomplete", "--format", "jsonl")
+    everything = [json.loads(line) for line in text_all.splitlines()]
+    print(summary.strip())
+    assert len(everything) == len(parts)                     # one figure per (aggregate, output, window, key)
+    assert [m for m in everything if m["complete"]] == complete
+    # complete: every partition has published the window (each ran through its own last window)
+    assert {(m["aggregate"], m["output"], m["window"], m["group_key"]) for m in complete} == \
+        {k for k in parts if k[2] <= min(last.values())}
+    assert f"{len(everything) - len(complete):,} of windows not closed by every partition held back" in summary
+    for m in everything:
+        rs = parts[(m["aggregate"], m["output"], m["window"], m["group_key"])]
+        assert m["partitions"] == sorted(r["partition"] for r in rs)
+        assert m["value"] == pytest.approx(sum(r["value"] for r in rs))
+        assert m["noise_std"] == pytest.approx(math.sqrt(sum(r["noise_std"] ** 2 for r in rs)))
+        lo, hi = m["interval"]
+        assert lo < m["value"] < hi and m["interval_level"] == 0.95
+        assert m["interval_method"] == ("exact" if m["aggregate"] == "taps_per_zone" else "grid")  # fares: scale 7000
+        assert m["window_start"] == min(r["window_start"] for r in rs)
+    assert {m["partitions"] == [0, 1, 2, 3] for m in complete if m["window"] >= max(min(
+        r["window"] for r in by_id.values() if r["partition"] == p) for p in range(4))} == {True}
+    text_csv, _ = view("--format", "csv")
+    table = list(csv.DictReader(text_csv.splitlines()))
+    assert len(table) == len(complete)
+    for row, m in zip(table, complete):
+        assert (row["aggregate"], int(row["window"]), row["group_key"]) == (m["aggregate"], m["window"],
+                                                                           m["group_key"])
+        assert float(row["value"]) == pytest.approx(m["value"]) and json.loads(row["partitions"]) == m["partitions"]
+        assert (float(row["interval_lo"]), float(row["interval_hi"])) == pytest.approx(tuple(m["interval"]))
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_demo_dp_report_on_an_oyster_cards_slice(tmp_path):
+    """`stream-anon demo --dataset oyster-cards --dp` on the first 3,000 events: the report's DP figures are
+    there and within their ranges (budget per card and day kept, AUC a probability and below the noise-free
+    attack's, relative errors and RMSE of every configured aggregate)."""
+    from stream_anon.config import load_config
+    from stream_anon.demo import run_demo
+
+    report = tmp_path / "demo.json"
+    assert run_demo("oyster-cards", events=3000, dp=True, report_path=str(report), timeout_s=300) == 0
+    dp = json.loads(report.read_text())["dp"]
+    print({k: v for k, v in dp.items() if k not in ("notes", "running_counts", "aggregates_rmse")})
+    budget = load_config("configs/oyster-cards.toml").dp.epsilon_budget
+    assert (dp["epsilon_budget"], dp["privacy_unit"], dp["period"]) == (budget, "card_id", "day")
+    assert 0 < dp["epsilon_spent_max_individual"] <= budget * (1 + 1e-9)
+    by_period = dp["epsilon_spent_max_individual_by_period"]
+    assert by_period and max(by_period.values()) == pytest.approx(dp["epsilon_spent_max_individual"])
+    assert 0 < dp["merged_rows"] < dp["aggregates_published"]
+    auc, clear = dp["membership_inference_auc"], dp["membership_inference_auc_no_noise"]
+    assert 0.0 <= auc <= 1.0 and 0.0 <= clear <= 1.0 and auc < clear
+    assert dp["membership_inference"]["games"] == 480
+    rel = dp["relative_error"]
+    assert rel["aggregate"] == "tap_ins_zone_hour" and rel["cells"] > 0 and rel["rmse"] > 0
+    assert [t["min_true_count"] for t in rel["by_threshold"]] == [500, 100]
+    for t in rel["by_threshold"]:
+        assert 0 <= t["within_10pct"] <= t["cells"]
+        assert t["cells"] == 0 or 0 <= t["median_relative_error"] <= t["max_relative_error"]
+    # the first 3,000 events end on the morning of day 0: only the hourly aggregates are released (the daily ones
+    # at the end of the day)
+    hourly = {s.name for s in load_config("configs/oyster-cards.toml").dp.aggregates if s.release_every == 4}
+    assert set(dp["aggregates_rmse"]) == hourly == {"tap_ins_zone_hour", "taps_per_zone"}
+    assert all(math.isfinite(a["rmse"]) and a["rmse"] > 0 for a in dp["aggregates_rmse"].values())

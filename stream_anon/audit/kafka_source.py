@@ -33,16 +33,20 @@ def _partitions(consumer: Any, topic: str, wait_s: float) -> list[int]:
 
 
 def read_topic(bootstrap, topic: str, idle_s: float = 3.0, max_wait_s: float = 120.0,
-               metadata_wait_s: float = 5.0, with_timestamps: bool = False) -> list[tuple]:
+               metadata_wait_s: float = 5.0, with_timestamps: bool = False,
+               committed_only: bool = False) -> list[tuple]:
     """Every message of ``topic`` as ``((topic, partition, offset), value_bytes)``, ordered by source
     (with ``with_timestamps``: ``(source, value_bytes, timestamp_ms)``).
 
+    ``committed_only``: a ``read_committed`` consumer (records of aborted transactions left out by a broker that
+    filters them; the Tansu broker does not, so a caller must still tolerate them).
     A topic that does not exist (no metadata within ``metadata_wait_s``) yields ``[]``.
     """
     from kafka import KafkaConsumer, TopicPartition
 
     consumer = KafkaConsumer(**as_connection(bootstrap).kafka_python(), group_id=None, enable_auto_commit=False,
                              auto_offset_reset="earliest", client_id="stream-anon-audit",
+                             isolation_level="read_committed" if committed_only else "read_uncommitted",
                              allow_auto_create_topics=False)  # reading must not create topics
     try:
         parts = _partitions(consumer, topic, metadata_wait_s)

@@ -10,7 +10,8 @@ McSherry, PINQ, SIGMOD 2009: merging costs no budget, it is post-processing). A 
 Interval: when every partition's noise is integer (two-sided geometric, the default for counts and sums), the
 distribution of the summed noise is computed exactly by convolving the partitions' noise distributions (each row
 states its scale and standard deviation, hence the number of geometric draws it sums), and the interval is its
-central ``level`` quantile range (``interval_method = "exact"``). Otherwise (Snapping noise) the normal
+central ``level`` quantile range (``interval_method = "exact"``; for noise scales above :data:`GRID_SCALE`
+computed on a coarser grid and widened by one step: ``"grid"``). Otherwise (Snapping noise) the normal
 approximation ``value +- z * std`` (``"normal"``); for means and ratios the delta method (``"delta"``).
 
 >>> rows = [{"stream": "s", "aggregate": "n", "output": "per_window", "window": 3, "release": "3",
@@ -65,12 +66,17 @@ def _geo_pmf(p: float, draws: int, tail: float = 1e-12) -> tuple[int, np.ndarray
     """(offset, pmf) of the sum of ``draws`` two-sided geometric variables with parameter ``p``."""
     k = max(1, int(math.ceil(math.log(tail * (1 - p) / 2) / math.log(p)))) if p > 0 else 0
     support = np.arange(-k, k + 1)
-    one = (1 - p) / (1 + p) * p ** np.abs(support)
+    power, power_off = (1 - p) / (1 + p) * p ** np.abs(support), -k
     out, off = np.array([1.0]), 0
-    for _ in range(draws):
-        out, off = np.convolve(out, one), off - k
-        out, shift = _trim(out)
-        off += shift
+    # by squaring (log2(draws) convolutions): a running row sums one draw per window, i.e. hundreds of draws
+    while draws:
+        if draws & 1:
+            out, shift = _trim(np.convolve(out, power))
+            off += power_off + shift
+        draws >>= 1
+        if draws:
+            power, shift = _trim(np.convolve(power, power))
+            power_off = 2 * power_off + shift
     return off, out
 
 
@@ -80,6 +86,7 @@ def _trim(pmf: np.ndarray, tail: float = 1e-13):
     return pmf[lo:hi], int(lo)
 
 
+@lru_cache(maxsize=4096)
 def _exact_interval(terms: tuple[tuple[float, int], ...], level: float) -> tuple[float, float]:
     """Central ``level`` interval of the summed integer noise, terms ``(p, draws)``: the smallest lo <= 0 <= hi
     with P(noise < lo) <= (1-level)/2 and P(noise > hi) <= (1-level)/2 (conservative at integer points)."""
@@ -97,16 +104,32 @@ def _exact_interval(terms: tuple[tuple[float, int], ...], level: float) -> tuple
 
 
 def _terms(r: dict) -> tuple[float, int] | None:
-    """(p, draws) of a row's integer noise, from its stated scale and std; None when not integer noise."""
+    """(scale, draws) of a row's integer noise, from its stated scale and std; None when not integer noise."""
     mech, scale, std = str(r.get("mechanism", "")), r.get("noise_scale"), r.get("noise_std")
     if not mech.endswith("geometric") or not isinstance(scale, (int, float)) or not isinstance(std, (int, float)):
         return None
     res = float(r.get("resolution", 1.0))
-    p = _geo_p(scale / res)
-    draws = int(round((std / res) ** 2 / _geo_var(p))) if std > 0 else 0
+    draws = int(round((std / res) ** 2 / _geo_var(_geo_p(scale / res)))) if std > 0 else 0
     if draws < 1 or res != 1.0:
         return None
-    return (round(p, 12), draws)
+    return (float(scale), draws)
+
+
+# Largest noise scale convolved point by point: the support of one draw grows like 28 x scale (tail 1e-12), so a
+# sum of large scale (e.g. a clamped fare sum, scale in the thousands) would convolve millions of points.
+GRID_SCALE = 50.0
+
+
+def _integer_noise_interval(terms: list[tuple[float, int]], level: float) -> tuple[float, float, str]:
+    """(lo, hi, method) of the summed integer noise of ``terms`` ``(scale, draws)``: ``"exact"`` when every scale
+    is at most :data:`GRID_SCALE`; otherwise ``"grid"``: in units of ``h = max scale / GRID_SCALE`` (the two-sided
+    geometric of scale ``b`` is within a step of ``h`` times the one of scale ``b / h``, both being the discrete
+    Laplace), widened by one step ``h`` on each side."""
+    h = max(1.0, max(s for s, _ in terms) / GRID_SCALE)
+    lo, hi = _exact_interval(tuple(sorted((round(_geo_p(s / h), 12), n) for s, n in terms)), level)
+    if h == 1.0:
+        return lo, hi, "exact"
+    return lo * h - h, hi * h + h, "grid"
 
 
 def merge_rows(rows, level: float = 0.95) -> list[dict]:
@@ -114,23 +137,31 @@ def merge_rows(rows, level: float = 0.95) -> list[dict]:
 
     Returns rows with ``value`` (sum over partitions; for means and ratios the ratio of the summed
     components), ``noise_std`` (``sqrt`` of the summed variances), ``interval`` ``[lo, hi]`` at ``level``,
-    ``interval_level``, ``interval_method``, ``partitions`` (the partitions merged) and the key fields. Rows
-    are first deduplicated (:func:`latest_rows`). A consumer must merge only windows every partition has
-    published (``partitions`` says which were included).
+    ``interval_level``, ``interval_method``, ``partitions`` (the partitions merged), ``complete`` and the key
+    fields. Rows are first deduplicated (:func:`latest_rows`).
+
+    ``complete``: every partition that published this (stream, aggregate, output) has published this window or
+    a later one. A partition publishes every window from its first event on (empty windows too), so a partition
+    missing from a complete row had no events yet (it adds 0); an incomplete row lacks the figure of a partition
+    that has not closed the window yet, or whose budget stopped the aggregate, and understates the total.
     """
     if not 0 < level < 1:
         raise ValueError(f"level: must be in (0, 1), got {level!r}")
     z = NormalDist().inv_cdf(0.5 + level / 2)
     groups: dict = {}
+    published_through: dict = {}            # (stream, aggregate, output) -> partition -> last window published
     for r in latest_rows(rows):
         groups.setdefault(tuple(r.get(f) for f in KEY_FIELDS), []).append(r)
+        last = published_through.setdefault(tuple(r.get(f) for f in KEY_FIELDS[:3]), {})
+        last[r.get("partition")] = max(last.get(r.get("partition"), r["window"]), r["window"])
     out = []
     for key, rs in sorted(groups.items(), key=lambda kv: tuple(map(str, kv[0]))):
         rs.sort(key=lambda r: (r.get("partition") is None, r.get("partition")))
         first = rs[0]
         m = {f: v for f, v in zip(KEY_FIELDS, key)}
         m.update({"type": "aggregate_merged", "group": first.get("group"), "kind": first.get("kind"),
-                  "partitions": [r.get("partition") for r in rs], "interval_level": level})
+                  "partitions": [r.get("partition") for r in rs], "interval_level": level,
+                  "complete": all(w >= m["window"] for w in published_through[key[:3]].values())})
         for f in ("period", "span_start_window", "windows_in_release", "window_start", "window_end", "unit",
                   "epsilon_period"):
             if f in first:
@@ -152,8 +183,8 @@ def merge_rows(rows, level: float = 0.95) -> list[dict]:
             var = float(sum(r["noise_std"] ** 2 for r in rs))
             terms = [_terms(r) for r in rs]
             if all(t is not None for t in terms):
-                lo, hi = _exact_interval(tuple(sorted(terms)), level)
-                m.update({"interval": [value - hi, value - lo], "interval_method": "exact"})
+                lo, hi, method = _integer_noise_interval(terms, level)
+                m.update({"interval": [value - hi, value - lo], "interval_method": method})
             else:
                 half = z * math.sqrt(var)
                 m.update({"interval": [value - half, value + half], "interval_method": "normal"})

@@ -1,6 +1,6 @@
-"""Error and budget figures of published DP aggregates, measured against the true values (``stream-anon demo
---dp``). Pure functions over what was read back from ``anon.aggregates`` / ``anon.metrics`` and the raw input;
-nothing here is published (the true values never leave the process).
+"""Error, budget and attack figures of published DP aggregates, measured against the true values (``stream-anon
+demo --dp``, bench/bench_dp_budget.py). Pure functions over what was read back from ``anon.aggregates`` /
+``anon.metrics`` and the raw input; nothing here is published (the true values never leave the process).
 
 Stream-wide running counts: every input partition holds different individuals and publishes its own rows, so the
 stream-wide running count of a cell at window ``w`` is the sum over partitions of each partition's latest running
@@ -11,6 +11,7 @@ gets by adding up per-window releases; Chan, Shi & Song 2011, section 1: error g
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 
@@ -101,3 +102,195 @@ def running_count_errors(rows: list[dict], truth: dict[tuple[int, int], np.ndarr
         out["naive_count_rmse"] = float(np.sqrt(np.mean((naive - true_run) ** 2)))
         out["naive_count_rmse_theory"] = float(np.sqrt(np.mean(naive_var)))
     return out
+
+
+# -- figures against the unbounded truth (demo report, bench/bench_dp_budget.py) ---------------------------------
+def true_cells(spec, events_by_w: dict[int, list], windows) -> dict:
+    """Unbounded true values per cell over ``windows`` (no contribution bounding: what the analyst wants to know):
+    count (count/histogram), (sum, count) or (numerator, denominator), by group key."""
+    evs = [e for w in windows for e in events_by_w.get(w, [])]
+    evs = [e for e in evs if all(e.get(f) in allowed for f, allowed in spec.where)]
+    keys = list(zip(*(g.keys_of(evs) for g in spec.group_by))) if spec.group_by else [()] * len(evs)
+    out: dict = {}
+    for e, k in zip(evs, keys):
+        if None in k:
+            continue
+        v = e.get(spec.value_field) if spec.value_field else None
+        if spec.value_field and (v is None or (spec.kind != "ratio" and not isinstance(v, (int, float)))):
+            continue                                    # missing values are not counted (as in the aggregator)
+        if spec.kind == "histogram":
+            b = int(np.clip(np.searchsorted(spec.bins, float(v), side="right") - 1, 0, len(spec.bins) - 2))
+            k = k + (spec.bin_labels[b],)
+        a = out.setdefault("|".join(map(str, k)), [0.0, 0.0])
+        if spec.kind in ("count", "histogram"):
+            a[0] += 1
+        elif spec.kind in ("sum", "mean"):
+            a[0] += float(np.clip(v, spec.lower, spec.upper))
+            a[1] += 1
+        else:
+            a[0] += v in spec.numerator_values
+            a[1] += 1
+    return out
+
+
+def _release_span(dp: DPConfig, m: dict, first_window: int) -> tuple[int, int]:
+    """First and last window a merged row covers (a running row: from the start of its period, or without periods
+    from ``first_window``, the aggregate's first release)."""
+    start = m.get("span_start_window", m["window"])
+    if m["output"] == "running":
+        start = dp.clock.period_of(m["window"])[1] if dp.clock is not None else first_window
+    return start, m["window"]
+
+
+def aggregate_rmse(dp: DPConfig, merged: list[dict], events_by_w: dict[int, list]) -> dict:
+    """Per aggregate: RMSE of the merged per-window (per-release) values against the unbounded truth (a running-only
+    aggregate: its running values). Counts in events, means in the value's unit, ratios as shares."""
+    out = {}
+    for spec in dp.aggregates:
+        rs = [m for m in merged if m["aggregate"] == spec.name and m["output"] == "per_window"]
+        if not rs and spec.output == "running":
+            rs = [m for m in merged if m["aggregate"] == spec.name]
+        if not rs:
+            continue
+        err, cache = [], {}
+        first = min(m.get("span_start_window", m["window"]) for m in rs)
+        for m in rs:
+            span = _release_span(dp, m, first)
+            if span not in cache:
+                cache[span] = true_cells(spec, events_by_w, range(span[0], span[1] + 1))
+            t = cache[span].get(m["group_key"], [0.0, 0.0])
+            if spec.kind in ("count", "histogram"):
+                err.append(m["value"] - t[0])
+            elif t[1] > 0:
+                err.append(m["value"] - t[0] / t[1])
+        out[spec.name] = {"rmse": float(np.sqrt(np.mean(np.square(err)))) if err else None, "cells": len(err),
+                          "output": rs[0]["output"], "unit": "pence" if spec.kind == "mean" else
+                          "share" if spec.kind == "ratio" else "events",
+                          "release_windows": rs[0].get("windows_in_release", 1)}
+    return out
+
+
+def relative_errors(estimate: dict, truth: dict, threshold: int) -> dict:
+    """``estimate`` / ``truth``: cell -> value; |estimate - truth| / truth over the cells with truth >=
+    ``threshold`` (cells the release missed count as 100% off)."""
+    rel = sorted(((abs(estimate.get(k, 0.0) - t) / t, k, t) for k, t in truth.items() if t >= threshold),
+                 key=lambda x: x[0], reverse=True)
+    return {"min_true_count": threshold, "cells": len(rel),
+            "within_10pct": sum(r <= 0.10 for r, _, _ in rel),
+            "max_relative_error": float(rel[0][0]) if rel else None,
+            "median_relative_error": float(np.median([r for r, _, _ in rel])) if rel else None,
+            "mean_relative_error": float(np.mean([r for r, _, _ in rel])) if rel else None,
+            "worst": [{"cell": list(map(str, k)), "true": int(t), "relative_error": round(float(r), 4)}
+                      for r, k, t in rel[:3]]}
+
+
+def release_relative_errors(dp: DPConfig, merged: list[dict], events_by_w: dict[int, list], aggregate: str,
+                            thresholds=(500, 100)) -> dict | None:
+    """Relative errors of the merged per-window releases of count ``aggregate`` (e.g. ``tap_ins_zone_hour``: the
+    hourly tap-in count per zone) against the unbounded truth, over the cells with at least each threshold of
+    true events; None when the stream has no such aggregate."""
+    spec = next((s for s in dp.aggregates if s.name == aggregate and s.kind == "count"), None)
+    rs = [m for m in merged if m["aggregate"] == aggregate and m["output"] == "per_window"]
+    if spec is None or not rs:
+        return None
+    estimate, truth, cache = {}, {}, {}
+    for m in rs:
+        span = _release_span(dp, m, m["window"])          # per-window rows: their own span
+        if span not in cache:
+            cache[span] = true_cells(spec, events_by_w, range(span[0], span[1] + 1))
+        key = (m["window_start"] if "window_start" in m else span[0], m["group_key"])
+        estimate[key] = m["value"]
+        truth[key] = cache[span].get(m["group_key"], [0.0])[0]
+    err = [estimate[k] - truth[k] for k in truth]
+    return {"aggregate": aggregate, "cells": len(truth), "rmse": float(np.sqrt(np.mean(np.square(err)))),
+            "by_threshold": [relative_errors(estimate, truth, t) for t in thresholds]}
+
+
+def membership_setting(dp: DPConfig, events_by_w: dict[int, list], max_cards: int,
+                       rng: np.random.Generator) -> tuple | None:
+    """The membership game's inputs on the count aggregates of ``dp`` over the first period of the events:
+    ``(names, period, units, contributions, release)``. ``contributions``: units x released cells, each unit's
+    bounded contribution (W windows per aggregate, C events per window, as the aggregator bounds them: what the
+    adversary who knows the unit's events computes); ``release(members)``: ``(values, noise variances)`` of the
+    group's releases through :class:`DPAggregator` at the configured budget, in the same cell layout. None
+    without period mode or without a count aggregate."""
+    names = [s.name for s in dp.aggregates if s.kind == "count"]
+    if dp.clock is None or not names or not events_by_w:
+        return None
+    dpc = replace(dp, aggregates=tuple(s for s in dp.aggregates if s.name in names))
+    period, lo, n = dpc.clock.period_of(min(events_by_w))
+    hi = lo + n
+    unit = dp.privacy_unit
+    by_unit: dict = {}
+    for w in range(lo, hi):
+        for e in events_by_w.get(w, []):
+            if e.get(unit) is not None:
+                by_unit.setdefault(e[unit], []).append((w, e))
+    units = sorted(by_unit, key=str)
+    if len(units) > max_cards:
+        units = [units[i] for i in sorted(rng.choice(len(units), max_cards, replace=False))]
+    layout, off = {}, 0                                    # aggregate -> (first column, key index, release span)
+    for s in dpc.aggregates:
+        layout[s.name] = (off, {k: i for i, k in enumerate(s.domain)}, s.release_every)
+        off += -(-n // s.release_every) * len(s.domain)
+    vec = np.zeros((len(units), off))
+    for s in dpc.aggregates:
+        base, keys, k = layout[s.name]
+        for i, u in enumerate(units):
+            wes = [(w, e) for w, e in by_unit[u] if all(e.get(f) in allowed for f, allowed in s.where)]
+            evs = [e for _, e in wes]
+            windows, per = [], {}
+            for (w, _), key in zip(wes, zip(*(g.keys_of(evs) for g in s.group_by))):
+                if None in key:
+                    continue
+                if w not in windows:
+                    if len(windows) == s.max_windows:
+                        continue
+                    windows.append(w)
+                if per.get(w, 0) == s.max_contributions:
+                    continue
+                per[w] = per.get(w, 0) + 1
+                vec[i, base + (w - lo) // k * len(keys) + keys[key]] += 1
+
+    def release(members):
+        agg = DPAggregator(dpc, BudgetLedger(None, dpc.epsilon_budget), seed=f"atk-{members[0]}-{members[-1]}")
+        by_w: dict[int, list] = {}
+        for m in members:
+            for w, e in by_unit[units[m]]:
+                by_w.setdefault(w, []).append(e)
+        y, t2 = np.zeros(off), np.zeros(off)
+        for w in range(lo, hi):
+            for r in agg.process_window(w, by_w.get(w, []), flat=True):
+                if r["type"] != "aggregate" or r["output"] != "per_window":
+                    continue
+                base, keys, k = layout[r["aggregate"]]
+                col = base + (r["span_start_window"] - lo) // k * len(keys) + keys[tuple(r["group"].values())]
+                y[col], t2[col] = r["value"], r["noise_std"] ** 2
+        return y, t2
+    return names, period, units, vec, release
+
+
+def membership_auc(dp: DPConfig, events_by_w: dict[int, list], max_cards: int = 3000, seed: int = 14,
+                   targets: int = 8, group_size: int = 20, trials: int = 30) -> dict | None:
+    """Membership inference (stream_anon.attacks.membership, Knock-Knock style likelihood-ratio test) against
+    the count aggregates of ``dp`` over the first period of the events (:func:`membership_setting`): can the
+    adversary who knows a unit's events tell whether it is in a group of ``group_size`` units from the group's
+    releases? AUC without noise (the bounded true counts) and through the release path at the configured
+    budget, over ``targets`` units with at least 3 counted events and ``trials`` games each. None when
+    :func:`membership_setting` is, or when there are too few units."""
+    from stream_anon.attacks.membership import membership_game
+
+    rng = np.random.default_rng(seed)
+    setting = membership_setting(dp, events_by_w, max_cards, rng)
+    if setting is None:
+        return None
+    names, period, units, vec, release = setting
+    active = np.flatnonzero(vec.sum(1) >= 3)
+    if len(active) < targets or len(units) <= group_size:
+        return None
+    chosen = rng.choice(active, targets, replace=False)
+    clear = membership_game(vec, chosen, group_size, trials, lambda m: vec[m].sum(0), np.random.default_rng(seed + 1))
+    noisy = membership_game(vec, chosen, group_size, trials, release, np.random.default_rng(seed + 1))
+    return {"aggregates": names, "period": period, "units": len(units), "group_size": group_size,
+            "targets": targets, "games": noisy["games"], "auc_no_noise": clear["auc"],
+            "auc_default_budget": noisy["auc"]}
