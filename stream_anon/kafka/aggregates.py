@@ -29,6 +29,7 @@ from pathlib import Path
 from stream_anon import crypto
 from stream_anon.contract import topics
 from stream_anon.dp import BudgetLedger, DPAggregator
+from stream_anon.dp.columns import WindowColumns
 
 def ledger_path(state_dir, app_id: str, stream: str, partition: int) -> Path:
     return Path(state_dir) / app_id / f"{stream}-p{partition}.ledger.json"
@@ -51,6 +52,18 @@ def _iso(ts: float) -> str:
 
 
 AGGREGATES_TOPIC = topics().aggregates
+
+
+class _IsoCache(dict):
+    """Window index -> ISO-8601 UTC time of the window's start, computed once."""
+
+    def __init__(self, window_s: float):
+        super().__init__()
+        self.window_s = window_s
+
+    def __missing__(self, w: int) -> str:
+        self[w] = value = _iso(w * self.window_s)
+        return value
 
 
 class PartitionAggregates:
@@ -94,9 +107,7 @@ class PartitionAggregates:
         rows: list[dict] = []
         metrics: list[dict] = []
         for w in windows:
-            names = list(w.carried)
-            flats = [dict(zip(names, vals)) for vals in zip(*w.carried.values())]
-            self._close(w.index, flats, rows, metrics)
+            self._close(w.index, WindowColumns(w.carried), rows, metrics)
         return rows, metrics
 
     def messages(self, windows, dumps, metrics_topic: str) -> tuple[list, int]:
@@ -110,15 +121,16 @@ class PartitionAggregates:
         out.extend((metrics_topic, key, dumps(m)) for m in metrics)
         return out, len(rows)
 
-    def _close(self, w: int, flats: list[dict], rows: list, metrics: list) -> None:
-        out = self.aggregator.process_window(w, flats, flat=True)     # reserves (writes) the ledger first
+    def _close(self, w: int, columns: WindowColumns, rows: list, metrics: list) -> None:
+        out = self.aggregator.process_columns(w, columns)     # reserves (writes) the ledger first
         now = _now_iso()
         spent = {}                 # window -> ledger total through it (gap windows are released here too)
+        iso = _IsoCache(self.window_s)
         for r in out:
             if r["type"] == "aggregate":
                 if r["window"] not in spent:
                     spent[r["window"]] = self.ledger.spent_through(r["window"])
-                rows.append(self.aggregate_row(r, spent[r["window"]]))
+                rows.append(self.aggregate_row(r, spent[r["window"]], iso))
             else:                                              # budget_exhausted
                 metrics.append({**r, "partition": self.partition, "ts": now})
         wm = self.aggregator.window_metrics
@@ -126,12 +138,14 @@ class PartitionAggregates:
                         "window_start": _iso(w * self.window_s), "window_end": _iso((w + 1) * self.window_s),
                         "epsilon_spent": self.ledger.spent, "epsilon_budget": self.ledger.epsilon_budget})
 
-    def aggregate_row(self, r: dict, spent_through: float) -> dict:
+    def aggregate_row(self, r: dict, spent_through: float, iso=None) -> dict:
         """One ``anon.aggregates`` value: the aggregator's row plus partition, window bounds, the ledger's total
-        through this window, and ``row_id`` (dedupe key: a re-produced row is identical)."""
+        through this window, and ``row_id`` (dedupe key: a re-produced row is identical). ``iso``: window index ->
+        ISO time of its start (a window's rows share a few)."""
+        iso = iso or _IsoCache(self.window_s)
         w = r["window"]              # the release's last window; a release may span several (period mode)
-        row = {**r, "partition": self.partition, "window_start": _iso(r.get("span_start_window", w) * self.window_s),
-               "window_end": _iso((w + 1) * self.window_s), "ledger_epsilon_spent": spent_through,
+        row = {**r, "partition": self.partition, "window_start": iso[r.get("span_start_window", w)],
+               "window_end": iso[w + 1], "ledger_epsilon_spent": spent_through,
                "ledger_epsilon_budget": self.ledger.epsilon_budget}
         # release: "<window>", or "<window>~<n>" for a paid re-release of a window re-closed with other content
         row["row_id"] = (f"{self.stream}/p{self.partition}/{r['aggregate']}/{r['output']}/w{r['release']}/"
