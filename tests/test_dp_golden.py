@@ -73,6 +73,10 @@ def run_worker(messages, config) -> dict:
                 rows.append(doc)
             elif doc.get("type") in ("dp_window", "budget_exhausted"):
                 doc.pop("ts", None)
+                # the ledger's total was summed in an order that depended on the string hash seed (fixed since):
+                # compare it to 12 decimals
+                if "epsilon_spent" in doc:
+                    doc["epsilon_spent"] = round(doc["epsilon_spent"], 12)
                 windows.append(doc)
 
     half = len(messages) // 2 // BATCH * BATCH
