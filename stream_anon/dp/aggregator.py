@@ -164,6 +164,7 @@ class DPAggregator:
             self.metrics["windows_cut"] = {s.name: 0 for s in self.specs}
             self.metrics["units_window_capped"] = {s.name: 0 for s in self.specs}
         self._w = {s.name: (s.max_windows or self.max_windows) for s in self.specs}
+        self._labels: dict[str, list[tuple[dict, str]]] = {}
         self._unit_key = hmac.new(self.seed, b"stream-anon/dp-unit-hash", hashlib.sha256).digest()
         # every field an aggregate reads (dict events are turned into these columns)
         fields = [] if self.event_unit else [self.privacy_unit]
@@ -605,6 +606,15 @@ class DPAggregator:
             r["release"] = release
         return rows
 
+    def _group_labels(self, spec: AggregateSpec) -> list[tuple[dict, str]]:
+        """Per cell of the domain: its ``group`` (key name -> value) and ``group_key`` (computed once)."""
+        labels = self._labels.get(spec.name)
+        if labels is None:
+            names = spec.key_names
+            labels = self._labels[spec.name] = [(dict(zip(names, key)), "|".join(map(str, key)))
+                                                for key in spec.domain]
+        return labels
+
     def _rows(self, spec, w, output, noisy, info, plan) -> list[dict]:
         comps = spec.components
         first = info[comps[0]]
@@ -627,10 +637,10 @@ class DPAggregator:
                          "ci95_method": "delta"})
         integer = all(spec.component_noise(c) == "geometric" for c in comps)
         rows = []
-        for i, key in enumerate(spec.domain):
+        for i, (group, group_key) in enumerate(self._group_labels(spec)):
             row = dict(base)
-            row["group"] = dict(zip(spec.key_names, key))
-            row["group_key"] = "|".join(map(str, key))
+            row["group"] = dict(group)
+            row["group_key"] = group_key
             if len(comps) == 1:
                 v = float(noisy[comps[0]][i])
                 row["value"] = int(round(v)) if integer else v
