@@ -53,6 +53,8 @@ from stream_anon.dp.specs import AggregateSpec, DPConfig
 from stream_anon.events import flatten
 
 
+KNOWN_CELLS_MAX = 100_000      # raw values whose group cell is remembered between windows, per dimension
+KNOWN_HASHES_MAX = 200_000     # units whose keyed hash is remembered between windows
 UNIT_WINDOW_FIELDS = [("windows", "<u2")]     # period mode: windows a unit used in the period, per aggregate
 # privacy units the columnar path takes: all text or all integers (missing ones aside), where one value for a dict
 # is one value for the unit's text (its hash); other mixes (1 and 1.0, 1 and "1") go event by event
@@ -165,6 +167,8 @@ class DPAggregator:
             self.metrics["units_window_capped"] = {s.name: 0 for s in self.specs}
         self._w = {s.name: (s.max_windows or self.max_windows) for s in self.specs}
         self._labels: dict[str, list[tuple[dict, str]]] = {}
+        self._known_cells: dict[int, dict] = {}      # per group-by dimension: raw value -> cell (in memory only)
+        self._known_hashes: dict = {}                 # unit -> _unit_hash (in memory only: a unit's windows)
         self._unit_key = hmac.new(self.seed, b"stream-anon/dp-unit-hash", hashlib.sha256).digest()
         # every field an aggregate reads (dict events are turned into these columns)
         fields = [] if self.event_unit else [self.privacy_unit]
@@ -342,10 +346,20 @@ class DPAggregator:
                               "little")
 
     def _unit_hashes(self, units: list) -> np.ndarray:
-        """:meth:`_unit_hash` of each unit, as uint64."""
-        key, blake2b = self._unit_key, hashlib.blake2b
-        return np.frombuffer(b"".join([blake2b(str(u).encode(), key=key, digest_size=8).digest() for u in units]),
-                             dtype="<u8").astype(np.uint64)
+        """:meth:`_unit_hash` of each unit, as uint64. The digests of recent units are kept in memory (a unit's
+        events usually fall in a few consecutive windows), never in the state."""
+        known = self._known_hashes
+        if len(known) > KNOWN_HASHES_MAX:
+            known.clear()
+        key, blake2b, get = self._unit_key, hashlib.blake2b, known.get
+        digests = []
+        for u in units:
+            text = u if type(u) is str else str(u)     # keyed by the text hashed (1 == 1.0, "1" != "1.0")
+            d = get(text)
+            if d is None:
+                d = known[text] = blake2b(text.encode(), key=key, digest_size=8).digest()
+            digests.append(d)
+        return np.frombuffer(b"".join(digests), dtype="<u8").astype(np.uint64)
 
     def _cap_units(self, name: str, hashes: np.ndarray, commit: bool) -> np.ndarray:
         """Which of a window's units (their :meth:`_unit_hashes`, one per unit, in the order of the units' first
@@ -413,7 +427,10 @@ class DPAggregator:
         cell = np.zeros(m, dtype=np.int64)
         key_none = np.zeros(m, dtype=bool)
         for g in spec.group_by:                      # the cell: row-major over the group-by domains
-            d = wc.group_cells(g)[positions]
+            known = self._known_cells.setdefault(id(g), {})
+            if len(known) > KNOWN_CELLS_MAX:          # e.g. every distinct time of an hour key: start again
+                known.clear()
+            d = wc.group_cells(g, known)[positions]
             key_none |= d < 0
             cell = cell * len(g.domain) + d
         vf = spec.value_field

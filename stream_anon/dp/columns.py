@@ -127,16 +127,26 @@ class WindowColumns:
             self._coalesced[fields] = hit
         return hit
 
-    def group_cells(self, group) -> np.ndarray:
-        """Index in ``group.domain`` of every event's key (``GroupKey``), -1 when it has none."""
+    def group_cells(self, group, known: dict | None = None) -> np.ndarray:
+        """Index in ``group.domain`` of every event's key (``GroupKey``), -1 when it has none. ``known``: raw value
+        -> index, kept by the caller from window to window (a key is a function of the value alone)."""
         hit = self._cells.get(id(group))
         if hit is None:
             codes, distinct = self.factorized(group.fields if len(group.fields) > 1 else group.fields[0])
-            position = {d: i for i, d in enumerate(group.domain)}
+            known = {} if known is None else known
+            position = None
             cell_of = np.empty(len(distinct), dtype=np.int64)
             for j, v in enumerate(distinct):
-                key = None if v is UNHASHABLE else group._value_key(v)
-                cell_of[j] = -1 if key is None else position[key]
+                if v is UNHASHABLE:
+                    cell_of[j] = -1
+                    continue
+                cell = known.get(v)
+                if cell is None:
+                    if position is None:
+                        position = {d: i for i, d in enumerate(group.domain)}
+                    key = group._value_key(v)
+                    cell = known[v] = -1 if key is None else position[key]
+                cell_of[j] = cell
             hit = self._cells[id(group)] = cell_of[codes] if len(codes) else np.empty(0, dtype=np.int64)
         return hit
 

@@ -121,6 +121,7 @@ def snapping_grid(epsilon: float, sensitivity: float) -> float:
     return 2.0 ** math.ceil(math.log2(1.0 / eff)) * float(sensitivity)
 
 
+@functools.lru_cache(maxsize=4096)     # a pure function of its arguments, asked for at every release
 def noise_variance(noise: str, epsilon: float, sensitivity: float) -> float:
     """Variance of one draw, from diffprivlib (``2 b^2`` for Laplace; the two-sided geometric's variance).
     Snapping (no variance in diffprivlib): Laplace's ``2 b^2`` plus ``Lambda^2 / 12`` for the rounding to the
