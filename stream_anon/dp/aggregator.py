@@ -405,6 +405,9 @@ class DPAggregator:
         kept (``track_individuals`` only). Columnar: numpy on the window's factorized columns, with the result of
         the per-event rules of :meth:`_cell_values_per_event` (which serves units that are neither all text nor
         all integers, and unhashable filter values, where a dict's notion of one value is not the unit's)."""
+        if any(g.kind == "hour" and any(bool in wc.types(f) for f in g.fields) for g in spec.group_by):
+            # a bool has no hour but equals 1 or 0, so which of them the per-event rule sees first decides: as it
+            return self._cell_values_per_event(spec, wc, commit)
         n_all = wc.n
         sel = np.ones(n_all, dtype=bool)
         for k, allowed in spec.where:

@@ -140,12 +140,15 @@ class WindowColumns:
                 if v is UNHASHABLE:
                     cell_of[j] = -1
                     continue
-                cell = known.get(v)
+                # a bool equals 1 or 0 as a dict key but has no hour: never remembered nor looked up
+                cell = known.get(v) if type(v) is not bool else None
                 if cell is None:
                     if position is None:
                         position = {d: i for i, d in enumerate(group.domain)}
                     key = group._value_key(v)
-                    cell = known[v] = -1 if key is None else position[key]
+                    cell = -1 if key is None else position[key]
+                    if type(v) is not bool:
+                        known[v] = cell
                 cell_of[j] = cell
             hit = self._cells[id(group)] = cell_of[codes] if len(codes) else np.empty(0, dtype=np.int64)
         return hit
