@@ -43,12 +43,22 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
+from stream_anon.dp.columns import UNHASHABLE, WindowColumns, first_per_unit
 from stream_anon.dp.continual import (BinaryTreeCounter, HybridCounter, PerWindowCounter, _Counter,
                                       choose_mechanism, noise_ci95_half_width, Z95)
 from stream_anon.dp.contribution import bound_contributions
+from stream_anon.engine.state import KeyedTable
 from stream_anon.dp.ledger import BudgetLedger
 from stream_anon.dp.specs import AggregateSpec, DPConfig
 from stream_anon.events import flatten
+
+
+KNOWN_CELLS_MAX = 100_000      # raw values whose group cell is remembered between windows, per dimension
+KNOWN_HASHES_MAX = 200_000     # units whose keyed hash is remembered between windows
+UNIT_WINDOW_FIELDS = [("windows", "<u2")]     # period mode: windows a unit used in the period, per aggregate
+# privacy units the columnar path takes: all text or all integers (missing ones aside), where one value for a dict
+# is one value for the unit's text (its hash); other mixes (1 and 1.0, 1 and "1") go event by event
+PLAIN_UNIT_TYPES = ({str, type(None)}, {int, type(None)})
 
 
 @dataclass
@@ -146,16 +156,27 @@ class DPAggregator:
                         "missing": {s.name: 0 for s in self.specs}}
         self.window_metrics: dict = {}
         # period mode: the current period, each unit's windows used in it per aggregate (keyed 64-bit hashes of
-        # the unit, never the unit), and the bounded values accumulated towards the next release
+        # the unit, never the unit, as int64 keys of a KeyedTable: a checkpoint can carry only what changed),
+        # and the bounded values accumulated towards the next release
         self.period: str | None = None
-        self.unit_windows: dict[str, dict[int, int]] = {s.name: {} for s in self.specs}
+        self.unit_windows: dict[str, KeyedTable] = {s.name: KeyedTable(UNIT_WINDOW_FIELDS) for s in self.specs}
         self.pending: dict[str, dict[str, np.ndarray]] = {}
         self.pending_units: dict[str, set] = {}
         if self.clock is not None:
             self.metrics["windows_cut"] = {s.name: 0 for s in self.specs}
             self.metrics["units_window_capped"] = {s.name: 0 for s in self.specs}
         self._w = {s.name: (s.max_windows or self.max_windows) for s in self.specs}
+        self._labels: dict[str, list[tuple[dict, str]]] = {}
+        self._known_cells: dict[int, dict] = {}      # per group-by dimension: raw value -> cell (in memory only)
+        self._known_hashes: dict = {}                 # unit -> _unit_hash (in memory only: a unit's windows)
         self._unit_key = hmac.new(self.seed, b"stream-anon/dp-unit-hash", hashlib.sha256).digest()
+        # every field an aggregate reads (dict events are turned into these columns)
+        fields = [] if self.event_unit else [self.privacy_unit]
+        for spec in self.specs:
+            fields += [f for g in spec.group_by for f in g.fields]
+            fields += [spec.value_field] if spec.value_field else []
+            fields += [k for k, _ in spec.where]
+        self.fields = tuple(dict.fromkeys(f for f in fields if f))
 
     # -- construction ----------------------------------------------------------------------------------------
     def _new_counters(self, spec: AggregateSpec) -> dict[str, dict[str, _Counter]]:
@@ -190,16 +211,24 @@ class DPAggregator:
         order. Skipped windows are released as empty windows first: whether a window is published must not
         depend on whether it held events. ``flat=True``: the events are already flat dicts keyed by dotted paths.
         """
+        flats = list(events) if flat else self._flat(events)
+        return self.process_columns(window_id, WindowColumns.from_flats(flats, self.fields))
+
+    def process_columns(self, window_id: int, columns: "WindowColumns | dict[str, list]") -> list[dict]:
+        """:meth:`process_window` on a window given as columns (field -> values, in the window's order; a
+        :class:`~stream_anon.dp.columns.WindowColumns` or a dict of lists of one length; the fields are
+        :attr:`fields`, a missing one reads as null): the worker's path, without a dict per event."""
         if isinstance(window_id, bool) or not isinstance(window_id, (int, np.integer)):
             raise TypeError(f"window_id: expected an integer window index, got {window_id!r}")
         window_id = int(window_id)
         if self.last_window is not None and window_id <= self.last_window:
             raise ValueError(f"window {window_id} is not after the last processed window {self.last_window}")
+        wc = columns if isinstance(columns, WindowColumns) else WindowColumns(columns)
         rows: list[dict] = []
         if self.last_window is not None:
             for gap in range(self.last_window + 1, window_id):
-                rows.extend(self._process_one(gap, []))
-        rows.extend(self._process_one(window_id, list(events) if flat else self._flat(events)))
+                rows.extend(self._process_one(gap, WindowColumns({}, 0)))
+        rows.extend(self._process_one(window_id, wc))
         return rows
 
     @staticmethod
@@ -208,7 +237,7 @@ class DPAggregator:
             return events.to_dict("records")
         return [flatten(e) if any(isinstance(v, dict) for v in e.values()) else e for e in events]
 
-    def _process_one(self, w: int, flats: list[dict]) -> list[dict]:
+    def _process_one(self, w: int, flats: WindowColumns) -> list[dict]:
         if self.clock is not None:
             return self._process_one_period(w, flats)
         active = [s for s in self.specs
@@ -219,7 +248,7 @@ class DPAggregator:
         outcomes = self.ledger.reserve_many([(s.name, w, s.epsilon, self._digest(s.name, w, values[s.name][0]))
                                              for s in active])
         rows: list[dict] = []
-        wm = {"type": "dp_window", "stream": self.stream, "window": w, "events": len(flats),
+        wm = {"type": "dp_window", "stream": self.stream, "window": w, "events": flats.n,
               "contributions_cut": {}, "out_of_domain": {}, "missing": {}, "budget_exhausted": []}
         for spec, outcome in zip(active, outcomes):
             if not outcome.ok:
@@ -240,12 +269,12 @@ class DPAggregator:
             rows.extend(self._release(spec, w, x, outcome.window))
         self.last_window = w
         self.metrics["windows"] += 1
-        self.metrics["events_in"] += len(flats)
+        self.metrics["events_in"] += flats.n
         self.metrics["aggregates_published"] += sum(r["type"] == "aggregate" for r in rows)
         self.window_metrics = wm
         return rows
 
-    def _process_one_period(self, w: int, flats: list[dict]) -> list[dict]:
+    def _process_one_period(self, w: int, flats: WindowColumns) -> list[dict]:
         """Period mode: bound each unit to ``W`` windows of the period (per aggregate) and ``C`` events per
         window, accumulate the bounded values, and release on the aggregate's schedule (every
         ``release_every_windows`` windows from the period's start, and at its last window)."""
@@ -253,7 +282,7 @@ class DPAggregator:
         if label != self.period:
             self._new_period(label)
         pos = w - first
-        wm = {"type": "dp_window", "stream": self.stream, "window": w, "events": len(flats), "period": label,
+        wm = {"type": "dp_window", "stream": self.stream, "window": w, "events": flats.n, "period": label,
               "contributions_cut": {}, "out_of_domain": {}, "missing": {}, "windows_cut": {},
               "units_window_capped": {}, "budget_exhausted": []}
         releasing = []
@@ -297,7 +326,7 @@ class DPAggregator:
                 rows.append(r)
         self.last_window = w
         self.metrics["windows"] += 1
-        self.metrics["events_in"] += len(flats)
+        self.metrics["events_in"] += flats.n
         self.metrics["aggregates_published"] += sum(r["type"] == "aggregate" for r in rows)
         self.window_metrics = wm
         return rows
@@ -306,7 +335,8 @@ class DPAggregator:
         """A new period: window counts, running counters and partial releases start again (the budget is per
         period; the ledger keeps the previous periods' charges)."""
         self.period = label
-        self.unit_windows = {s.name: {} for s in self.specs}
+        for table in self.unit_windows.values():     # cleared, not replaced: the deletions are changes to report
+            table.clear()
         self.counters = {s.name: self._new_counters(s) for s in self.specs}
         self.pending, self.pending_units = {}, {}
 
@@ -315,23 +345,169 @@ class DPAggregator:
         return int.from_bytes(hashlib.blake2b(str(unit).encode(), key=self._unit_key, digest_size=8).digest(),
                               "little")
 
-    def _window_cap(self, name: str, units: list, commit: bool) -> tuple[list[bool], int, int]:
-        """Mask of the events whose unit may still contribute a window to ``name`` in this period (at most
-        ``max_windows_per_period``: the first windows in time, a choice that depends on the unit's own events
-        only); events and units cut. ``commit``: count this window for the admitted units."""
-        counts = self.unit_windows[name]
-        admitted: dict = {}
-        for u in dict.fromkeys(units):
-            h = self._unit_hash(u)
-            c = counts.get(h, 0)
-            admitted[u] = c < self._w[name]
-            if admitted[u] and commit:
-                counts[h] = c + 1
-        mask = [admitted[u] for u in units]
-        return mask, len(mask) - sum(mask), sum(not ok for ok in admitted.values())
+    def _unit_hashes(self, units: list) -> np.ndarray:
+        """:meth:`_unit_hash` of each unit, as uint64. The digests of recent units are kept in memory (a unit's
+        events usually fall in a few consecutive windows), never in the state."""
+        known = self._known_hashes
+        if len(known) > KNOWN_HASHES_MAX:
+            known.clear()
+        key, blake2b, get = self._unit_key, hashlib.blake2b, known.get
+        digests = []
+        for u in units:
+            text = u if type(u) is str else str(u)     # keyed by the text hashed (1 == 1.0, "1" != "1.0")
+            d = get(text)
+            if d is None:
+                d = known[text] = blake2b(text.encode(), key=key, digest_size=8).digest()
+            digests.append(d)
+        return np.frombuffer(b"".join(digests), dtype="<u8").astype(np.uint64)
 
-    def _cell_values(self, spec: AggregateSpec, flats: list[dict], commit: bool = True):
-        """Per component, the bounded true value of every cell; plus counts of what was left out."""
+    def _cap_units(self, name: str, hashes: np.ndarray, commit: bool) -> np.ndarray:
+        """Which of a window's units (their :meth:`_unit_hashes`, one per unit, in the order of the units' first
+        events) may still contribute a window to ``name`` in this period: fewer than ``W`` windows counted so far
+        (the first windows in time: a choice that depends on the unit's own events only). ``commit``: count this
+        window for the admitted units."""
+        table, cap = self.unit_windows[name], self._w[name]
+        keys = hashes.view(np.int64)
+        _, rows = table.get(keys)
+        counts = rows["windows"].astype(np.int64)
+        if len(np.unique(keys)) == len(keys):
+            admitted = counts < cap
+            if commit and admitted.any():
+                new = np.zeros(int(admitted.sum()), dtype=table.dtype)
+                new["windows"] = counts[admitted] + 1
+                table.put(keys[admitted], new)
+            return admitted
+        # two units of the window share a 64-bit hash, hence a count: the units one by one, in order
+        admitted = np.zeros(len(keys), dtype=bool)
+        current: dict[int, int] = {}
+        for j, k in enumerate(keys.tolist()):
+            c = current.get(k, int(counts[j]))
+            admitted[j] = c < cap
+            if admitted[j] and commit:
+                current[k] = c + 1
+        if current:
+            new = np.zeros(len(current), dtype=table.dtype)
+            new["windows"] = list(current.values())
+            table.put(np.fromiter(current, dtype=np.int64, count=len(current)), new)
+        return admitted
+
+    def _window_cap(self, name: str, units: list, commit: bool) -> tuple[list[bool], int, int]:
+        """Per-event form of :meth:`_cap_units`: mask of the events whose unit is admitted; events and units
+        cut."""
+        distinct = list(dict.fromkeys(units))
+        ok = self._cap_units(name, self._unit_hashes(distinct), commit).tolist()
+        admitted = dict(zip(distinct, ok))
+        mask = [admitted[u] for u in units]
+        return mask, len(mask) - sum(mask), ok.count(False)
+
+    def _cell_values(self, spec: AggregateSpec, wc: WindowColumns, commit: bool = True):
+        """Per component, the bounded true value of every cell; plus counts of what was left out; plus the units
+        kept (``track_individuals`` only). Columnar: numpy on the window's factorized columns, with the result of
+        the per-event rules of :meth:`_cell_values_per_event` (which serves units that are neither all text nor
+        all integers, and unhashable filter values, where a dict's notion of one value is not the unit's)."""
+        if any(g.kind == "hour" and any(bool in wc.types(f) for f in g.fields) for g in spec.group_by):
+            # a bool has no hour but equals 1 or 0, so which of them the per-event rule sees first decides: as it
+            return self._cell_values_per_event(spec, wc, commit)
+        n_all = wc.n
+        sel = np.ones(n_all, dtype=bool)
+        for k, allowed in spec.where:
+            codes, distinct = wc.factorized(k)
+            if distinct and distinct[-1] is UNHASHABLE:
+                return self._cell_values_per_event(spec, wc, commit)
+            sel &= np.array([v in allowed for v in distinct], dtype=bool)[codes]
+        positions = np.flatnonzero(sel)
+        m = len(positions)
+        if self.event_unit:                          # every event its own unit, numbered after the filter
+            unit_codes, distinct_units = np.arange(m), None
+            unit_none = np.zeros(m, dtype=bool)
+        else:
+            types = wc.types(self.privacy_unit)
+            if not any(types <= plain for plain in PLAIN_UNIT_TYPES):
+                return self._cell_values_per_event(spec, wc, commit)
+            codes, distinct_units = wc.factorized(self.privacy_unit)
+            unit_codes = codes[positions]
+            unit_none = unit_codes == wc.code_of_none(self.privacy_unit)
+        cell = np.zeros(m, dtype=np.int64)
+        key_none = np.zeros(m, dtype=bool)
+        for g in spec.group_by:                      # the cell: row-major over the group-by domains
+            known = self._known_cells.setdefault(id(g), {})
+            if len(known) > KNOWN_CELLS_MAX:          # e.g. every distinct time of an hour key: start again
+                known.clear()
+            d = wc.group_cells(g, known)[positions]
+            key_none |= d < 0
+            cell = cell * len(g.domain) + d
+        vf = spec.value_field
+        values = None
+        if vf is None:
+            valid = np.ones(m, dtype=bool)
+        elif spec.kind == "ratio":
+            codes, distinct = wc.factorized(vf)
+            valid = np.array([v is not None for v in distinct], dtype=bool)[codes[positions]]
+            numerator = np.array([v is not UNHASHABLE and v in spec.numerator_values for v in distinct],
+                                 dtype=bool)
+            values = numerator[codes[positions]]
+        else:
+            ok, nums = wc.numeric(vf)
+            valid, values = ok[positions], nums[positions]
+        # each event left out is counted once, in this order: no unit (missing), no key, no value (missing)
+        has_unit_key = ~unit_none & ~key_none
+        missing = int(unit_none.sum()) + int((has_unit_key & ~valid).sum())
+        ood = int((~unit_none & key_none).sum())
+        cand = np.flatnonzero(has_unit_key & valid)
+        units = unit_codes[cand]
+        extra = {}
+        if self.clock is not None:
+            wcut = ucut = 0
+            if not self.event_unit and len(cand):
+                # the window's units in the order of their first events
+                uniq, first = np.unique(units, return_index=True)
+                uniq = uniq[np.argsort(first, kind="stable")]
+                hashes = wc.memo.get("unit_hashes")
+                if hashes is None:
+                    hashes = wc.memo["unit_hashes"] = self._unit_hashes(distinct_units)
+                admitted = self._cap_units(spec.name, hashes[uniq], commit)
+                if not admitted.all():
+                    ok_code = np.zeros(len(distinct_units), dtype=bool)
+                    ok_code[uniq] = admitted
+                    ev_ok = ok_code[units]
+                    wcut, ucut = int(len(units) - ev_ok.sum()), int(len(admitted) - admitted.sum())
+                    cand, units = cand[ev_ok], units[ev_ok]
+            extra = {"windows_cut": wcut, "units_window_capped": ucut}
+        keep = first_per_unit(units, spec.max_contributions)
+        cut = int(len(keep) - keep.sum())
+        idx_a = cell[cand]
+        if spec.kind == "histogram":            # values outside the edges are clamped into the end bins
+            nb = len(spec.bins) - 1
+            b = np.clip(np.searchsorted(spec.bins, values[cand], side="right") - 1, 0, nb - 1)
+            idx_a = idx_a * nb + b.astype(np.int64)
+        idx_a = idx_a[keep]
+        n = len(spec.domain)
+        count = np.bincount(idx_a, minlength=n).astype(float)
+        x: dict[str, np.ndarray] = {}
+        if spec.kind in ("count", "histogram"):
+            x["count"] = count
+        elif spec.kind in ("sum", "mean"):
+            v = np.clip(values[cand][keep], spec.lower, spec.upper)
+            v = np.round(v / spec.resolution) * spec.resolution      # integer noise in units of the resolution
+            x["sum"] = np.bincount(idx_a, weights=v, minlength=n) if len(v) else np.zeros(n)
+            if spec.kind == "mean":
+                x["count"] = count
+        else:
+            num = values[cand][keep].astype(float)
+            x["numerator"] = np.bincount(idx_a, weights=num, minlength=n) if len(num) else np.zeros(n)
+            x["denominator"] = count
+        kept_units: set = set()
+        if self.track_individuals:
+            kept = units[keep].tolist()
+            kept_units = set(kept) if self.event_unit else {distinct_units[c] for c in kept}
+        return x, {"contributions_cut": cut, "out_of_domain": ood, "missing": missing, **extra}, kept_units
+
+    def _cell_values_per_event(self, spec: AggregateSpec, wc: WindowColumns, commit: bool = True):
+        """:meth:`_cell_values`, event by event (the implementation the columnar one reproduces; kept for the
+        inputs it does not take)."""
+        names = list(wc.columns)
+        flats = [dict(zip(names, vals)) for vals in zip(*(wc.column(f) for f in names))] if names else \
+            [{} for _ in range(wc.n)]
         cells = self._cells[spec.name]
         if spec.where:
             flats = [f for f in flats if not any(f.get(k) not in allowed for k, allowed in spec.where)]
@@ -395,7 +571,7 @@ class DPAggregator:
         """Bounded, noise-free cell values of one window of events for aggregate ``name`` (error measurement
         only: never publish them). Spends nothing and changes no state."""
         spec = next(s for s in self.specs if s.name == name)
-        return self._cell_values(spec, self._flat(events), commit=False)[0]
+        return self._cell_values(spec, WindowColumns.from_flats(self._flat(events), self.fields), commit=False)[0]
 
     # -- output ----------------------------------------------------------------------------------------------
     def _digest(self, name: str, w: int, x: dict[str, np.ndarray]) -> str:
@@ -450,6 +626,15 @@ class DPAggregator:
             r["release"] = release
         return rows
 
+    def _group_labels(self, spec: AggregateSpec) -> list[tuple[dict, str]]:
+        """Per cell of the domain: its ``group`` (key name -> value) and ``group_key`` (computed once)."""
+        labels = self._labels.get(spec.name)
+        if labels is None:
+            names = spec.key_names
+            labels = self._labels[spec.name] = [(dict(zip(names, key)), "|".join(map(str, key)))
+                                                for key in spec.domain]
+        return labels
+
     def _rows(self, spec, w, output, noisy, info, plan) -> list[dict]:
         comps = spec.components
         first = info[comps[0]]
@@ -472,10 +657,10 @@ class DPAggregator:
                          "ci95_method": "delta"})
         integer = all(spec.component_noise(c) == "geometric" for c in comps)
         rows = []
-        for i, key in enumerate(spec.domain):
+        for i, (group, group_key) in enumerate(self._group_labels(spec)):
             row = dict(base)
-            row["group"] = dict(zip(spec.key_names, key))
-            row["group_key"] = "|".join(map(str, key))
+            row["group"] = dict(group)
+            row["group_key"] = group_key
             if len(comps) == 1:
                 v = float(noisy[comps[0]][i])
                 row["value"] = int(round(v)) if integer else v
@@ -517,51 +702,90 @@ class DPAggregator:
                 "contributions_cut": dict(self.metrics["contributions_cut"]),
                 "mechanisms": {n: (p.running_mechanism or "per_window") for n, p in self.plans.items()}}
 
-    def state_dict(self) -> dict:
-        """JSON-serializable checkpoint (counters and metrics; the ledger has its own file). Period mode adds the
-        period, the partial releases and each unit's window count in the period: DP state (without it a restart
-        would let units contribute W more windows), reset at every period boundary and stored compactly as
-        sorted keyed 64-bit unit hashes and counts (base64 of little-endian uint64 / uint16), never raw ids."""
+    def state_core(self) -> dict:
+        """The bounded part of the checkpoint, JSON-serializable: counters, metrics and, in period mode, the period
+        and the partial releases (the ledger has its own file or its own place in the worker's state)."""
         out = {"last_window": self.last_window, "metrics": self.metrics,
                "counters": {a: {comp: {k: c.state_dict() for k, c in cs.items()} for comp, cs in comps.items()}
                             for a, comps in self.counters.items()}}
         if self.clock is not None:
             out["period"] = self.period
             out["pending"] = {a: {c: v.tolist() for c, v in x.items()} for a, x in self.pending.items()}
-            out["unit_windows"] = {a: _pack_counts(d) for a, d in self.unit_windows.items()}
+        return out
+
+    def state_tables(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Period mode: each aggregate's unit window counts in full, aggregate name -> (int64 keys sorted
+        ascending: the units' keyed 64-bit hashes, never raw ids; records of :data:`UNIT_WINDOW_FIELDS`). DP
+        state: without it a restart would let units contribute W more windows. Copies; does not reset what
+        :meth:`state_changes` reports. Legacy mode: none."""
+        if self.clock is None:
+            return {}
+        return {a: t.snapshot() for a, t in self.unit_windows.items()}
+
+    def state_changes(self) -> dict[str, tuple[np.ndarray, np.ndarray | None]]:
+        """What changed in :meth:`state_tables` since the previous call, with the contract of
+        :meth:`stream_anon.engine.Engine.state_changes`: ``name`` -> (keys put, their records) and ``name +
+        ":deleted"`` -> (keys deleted, None); the first call returns every row as put. A new period deletes
+        every unit's count."""
+        out: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
+        if self.clock is None:
+            return out
+        for a, table in self.unit_windows.items():
+            keys, rows, deleted = table.changes()
+            out[a] = (keys, rows)
+            out[a + ":deleted"] = (deleted, None)
+        return out
+
+    def state_dict(self) -> dict:
+        """JSON-serializable checkpoint: :meth:`state_core` plus, in period mode, :meth:`state_tables` under
+        ``unit_windows``, stored compactly as keyed 64-bit unit hashes sorted as unsigned integers and their
+        counts (base64 of little-endian uint64 / uint16), never raw ids."""
+        out = self.state_core()
+        if self.clock is not None:
+            out["unit_windows"] = {a: _pack_counts(*t) for a, t in self.state_tables().items()}
         return out
 
     @classmethod
     def from_state(cls, config, ledger: BudgetLedger, seed, state: dict, **kwargs) -> "DPAggregator":
+        """Inverse of :meth:`state_dict`."""
+        tables = {a: _unpack_counts(p) for a, p in state.get("unit_windows", {}).items()}
+        return cls.restore(config, ledger, seed, state, tables, **kwargs)
+
+    @classmethod
+    def restore(cls, config, ledger: BudgetLedger, seed, core: dict,
+                tables: dict[str, tuple[np.ndarray, np.ndarray]], **kwargs) -> "DPAggregator":
+        """An aggregator from :meth:`state_core` and :meth:`state_tables` (a missing table is empty)."""
         agg = cls(config, ledger, seed, **kwargs)
-        agg.last_window = state["last_window"]
-        agg.metrics = state["metrics"]
-        if agg.clock is not None and state.get("period") is not None:
-            agg.period = state["period"]
+        agg.last_window = core["last_window"]
+        agg.metrics = core["metrics"]
+        if agg.clock is not None and core.get("period") is not None:
+            agg.period = core["period"]
             agg.pending = {a: {c: np.asarray(v, dtype=float) for c, v in x.items()}
-                           for a, x in state.get("pending", {}).items() if a in agg.counters}
-            for a, packed in state.get("unit_windows", {}).items():
+                           for a, x in core.get("pending", {}).items() if a in agg.counters}
+            for a, (keys, rows) in tables.items():
                 if a in agg.unit_windows:
-                    agg.unit_windows[a] = _unpack_counts(packed)
-        for a, comps in state["counters"].items():
+                    table = agg.unit_windows[a]
+                    table.load(keys, np.asarray(rows, dtype=table.dtype))
+        for a, comps in core["counters"].items():
             if a in agg.counters:
                 for comp, cs in comps.items():
                     agg.counters[a][comp] = {k: _Counter.from_state(s) for k, s in cs.items()}
         return agg
 
 
-def _pack_counts(d: dict[int, int]) -> dict:
-    keys = np.fromiter(d.keys(), dtype=np.uint64, count=len(d))
-    vals = np.fromiter(d.values(), dtype=np.uint16, count=len(d))
-    order = np.argsort(keys)
-    return {"n": len(d), "hashes": base64.b64encode(keys[order].astype("<u8").tobytes()).decode(),
-            "counts": base64.b64encode(vals[order].astype("<u2").tobytes()).decode()}
+def _pack_counts(keys: np.ndarray, rows: np.ndarray) -> dict:
+    """A unit window table as base64 of its hashes (uint64, ascending) and counts (uint16)."""
+    hashes = np.asarray(keys, dtype=np.int64).view(np.uint64)
+    order = np.argsort(hashes)
+    return {"n": len(hashes), "hashes": base64.b64encode(hashes[order].astype("<u8").tobytes()).decode(),
+            "counts": base64.b64encode(rows["windows"][order].astype("<u2").tobytes()).decode()}
 
 
-def _unpack_counts(p: dict) -> dict[int, int]:
-    keys = np.frombuffer(base64.b64decode(p["hashes"]), dtype="<u8")
-    vals = np.frombuffer(base64.b64decode(p["counts"]), dtype="<u2")
-    return dict(zip(map(int, keys), map(int, vals)))
+def _unpack_counts(p: dict) -> tuple[np.ndarray, np.ndarray]:
+    keys = np.frombuffer(base64.b64decode(p["hashes"]), dtype="<u8").astype(np.uint64).view(np.int64)
+    rows = np.zeros(len(keys), dtype=UNIT_WINDOW_FIELDS)
+    rows["windows"] = np.frombuffer(base64.b64decode(p["counts"]), dtype="<u2")
+    return keys, rows
 
 
 def _half(counter: _Counter, terms: int, epsilon: float) -> float:

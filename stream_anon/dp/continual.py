@@ -32,6 +32,7 @@ horizon and picks per-window noising for short horizons (below about 2^11 window
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -66,6 +67,35 @@ def make_mechanism(noise: str, epsilon: float, sensitivity: float, random_state=
     raise ValueError(f"noise: expected 'geometric' or 'laplace', got {noise!r}")
 
 
+@functools.lru_cache(maxsize=1024)
+def _geometric_scale(epsilon: float, sensitivity: int) -> float:
+    """diffprivlib's own ``Geometric._scale`` (``-epsilon / sensitivity`` after its checks) for these parameters."""
+    return Geometric(epsilon=epsilon, sensitivity=sensitivity)._scale
+
+
+def geometric_noise(random_state: np.random.RandomState, epsilon: float, sensitivity: int, n: int) -> np.ndarray:
+    """``n`` draws of ``Geometric(epsilon, sensitivity, random_state).randomise(0)`` (the two-sided geometric
+    mechanism, Ghosh, Roughgarden & Sundararajan, STOC 2009, as diffprivlib samples it) in one pass: the same
+    uniforms from ``random_state`` in the same order, and the same floating-point operations on each (inverse CDF:
+    ``sgn * floor(log(sgn * u) / scale)`` with ``u = (U - 1/2)(1 + e^scale)``), so the same values as the loop
+    over ``randomise``, without constructing a mechanism per window.
+
+    >>> a = geometric_noise(np.random.RandomState(5), 0.3, 2, 6)
+    >>> m = Geometric(epsilon=0.3, sensitivity=2, random_state=np.random.RandomState(5))
+    >>> a.tolist() == [float(m.randomise(0)) for _ in range(6)]
+    True
+    """
+    scale = _geometric_scale(float(epsilon), int(sensitivity))
+    u = random_state.random_sample(n) - 0.5
+    u *= 1 + np.exp(scale)
+    sgn = np.where(u < 0, -1.0, 1.0)
+    with np.errstate(divide="ignore"):
+        out = np.round(sgn * np.floor(np.log(sgn * u) / scale))
+    if not np.isfinite(out).all():       # U == 1/2 exactly: randomise's int() of an infinity raises
+        raise OverflowError("cannot convert float infinity to integer")
+    return out + 0.0                      # -0.0 -> 0.0, as int() then float() gives
+
+
 def draw_noise(mech: DPMechanism, n: int) -> np.ndarray:
     """``n`` independent noise values of ``mech`` (its ``randomise(0)``), vectorized for Laplace.
 
@@ -73,6 +103,8 @@ def draw_noise(mech: DPMechanism, n: int) -> np.ndarray:
     (``Laplace._laplace_sampler``, Holohan & Braghin 2021) on arrays of uniforms from the mechanism's generator:
     the same distribution as ``randomise``, without a Python loop. Any other mechanism is called value by value.
     """
+    if type(mech) is Geometric and isinstance(mech._rng, np.random.RandomState):
+        return geometric_noise(mech._rng, mech.epsilon, mech.sensitivity, n)
     if type(mech) is Laplace and isinstance(mech._rng, np.random.RandomState) and mech.delta == 0:
         u = mech._rng.random_sample((4, n))
         scale = mech.sensitivity / mech.epsilon
@@ -89,6 +121,7 @@ def snapping_grid(epsilon: float, sensitivity: float) -> float:
     return 2.0 ** math.ceil(math.log2(1.0 / eff)) * float(sensitivity)
 
 
+@functools.lru_cache(maxsize=4096)     # a pure function of its arguments, asked for at every release
 def noise_variance(noise: str, epsilon: float, sensitivity: float) -> float:
     """Variance of one draw, from diffprivlib (``2 b^2`` for Laplace; the two-sided geometric's variance).
     Snapping (no variance in diffprivlib): Laplace's ``2 b^2`` plus ``Lambda^2 / 12`` for the rounding to the
@@ -163,6 +196,15 @@ class _Counter:
         if self.noise == "snapping":
             mech = make_mechanism("snapping", epsilon, self.sensitivity, random_state)
             return np.fromiter((mech.randomise(float(v)) for v in values), dtype=float, count=len(values))
+        if self.noise == "geometric" and isinstance(random_state, np.random.RandomState):
+            # the draws of make_mechanism("geometric", ...) + draw_noise, without a mechanism per window
+            sens = self.sensitivity if self.resolution == 1.0 else round(float(self.sensitivity) / self.resolution)
+            if float(sens) != int(sens):
+                raise ValueError(f"geometric noise needs an integer sensitivity, got {sens}")
+            noise = geometric_noise(random_state, epsilon, int(sens), len(values))
+            if self.resolution != 1.0:
+                return (np.round(values / self.resolution) + noise) * self.resolution
+            return values + noise
         if self.noise == "geometric" and self.resolution != 1.0:
             mech = make_mechanism("geometric", epsilon, round(float(self.sensitivity) / self.resolution),
                                   random_state)

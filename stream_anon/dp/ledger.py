@@ -134,7 +134,7 @@ class BudgetLedger:
             aggs.add(extra[0])
             if extra[3]:
                 total += extra[1]
-        for a in aggs:
+        for a in sorted(aggs):      # a fixed order: a float sum over a set would depend on the string hash seed
             v, cap = self._psum.get((period, a), 0.0), self._pcap.get((period, a), math.inf)
             if extra is not None and extra[0] == a and not extra[3]:
                 v, cap = v + extra[1], extra[2]

@@ -304,7 +304,8 @@ class RecordReader:
         unit_col = cols[self.unit_field]
         units = self.unit_ids([unit_col[i] for i in il])
         sensitive = list(zip(*[[c[i] for i in il] for c in sens_cols])) if sens_cols else [()] * len(il)
-        carried = {f: [cols[f][i] for i in il] for f in self.carried}
+        # every event accepted (the usual batch): the columns as read, without a copy by index
+        carried = {f: (cols[f] if len(il) == n else [cols[f][i] for i in il]) for f in self.carried}
         if self.seen is not None and len(idx):
             # last: the table of seen events changes only for a batch that was read in full
             dup = self.seen.check(self.event_keys(tokens), times[idx])

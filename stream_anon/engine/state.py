@@ -171,6 +171,13 @@ class KeyedTable:
         self._touch(gone)
         return len(gone)
 
+    def clear(self) -> int:
+        """Remove every row (each is reported as deleted by :meth:`changes`); returns how many were removed."""
+        keys, _ = self.snapshot()
+        self._keys, self._rows = np.empty(0, dtype=np.int64), np.empty(0, dtype=self.dtype)
+        self._touch(keys)
+        return len(keys)
+
     def delete_where(self, field: str, below: float) -> tuple[np.ndarray, np.ndarray]:
         """Remove every row whose ``field`` is below ``below``; returns the removed (keys, records)."""
         parts_k, parts_r = [], []

@@ -26,9 +26,12 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from pathlib import Path
 
+import numpy as np
+
 from stream_anon import crypto
 from stream_anon.contract import topics
 from stream_anon.dp import BudgetLedger, DPAggregator
+from stream_anon.dp.columns import WindowColumns
 
 def ledger_path(state_dir, app_id: str, stream: str, partition: int) -> Path:
     return Path(state_dir) / app_id / f"{stream}-p{partition}.ledger.json"
@@ -51,6 +54,19 @@ def _iso(ts: float) -> str:
 
 
 AGGREGATES_TOPIC = topics().aggregates
+TABLE_PREFIX = "dp:"     # the aggregates' keyed tables beside the engine's (seen_events, signatures)
+
+
+class _IsoCache(dict):
+    """Window index -> ISO-8601 UTC time of the window's start, computed once."""
+
+    def __init__(self, window_s: float):
+        super().__init__()
+        self.window_s = window_s
+
+    def __missing__(self, w: int) -> str:
+        self[w] = value = _iso(w * self.window_s)
+        return value
 
 
 class PartitionAggregates:
@@ -66,10 +82,20 @@ class PartitionAggregates:
     ledger_file : str or Path or None
         The partition's budget ledger (``None``: in memory, tests only).
     state : dict, optional
-        ``state_dict()`` of a checkpoint to resume from.
+        ``state_dict()`` of a checkpoint to resume from, or its ``state_core()`` when ``tables`` is given.
+    tables : dict, optional
+        ``state_tables()`` of the checkpoint (name -> (keys, records)); names without the ``dp:`` prefix (the
+        engine's tables, when the caller holds them all) are ignored. A missing table is empty.
+
+    State: like the engine's (:meth:`stream_anon.engine.Engine.state_core` / ``state_tables`` /
+    ``state_changes``), a bounded JSON **core** (the aggregator's counters, metrics, period and partial releases;
+    the ledger) and **keyed tables** that grow with the units seen, one per aggregate in period mode,
+    ``dp:<aggregate>``: the unit's keyed 64-bit hash -> windows it used in the period (a new period deletes
+    them all), so a checkpoint can carry what changed since the previous one.
     """
 
-    def __init__(self, config, partition: int, secret: bytes, ledger_file, state: dict | None = None):
+    def __init__(self, config, partition: int, secret: bytes, ledger_file, state: dict | None = None,
+                 tables: dict | None = None):
         if config.dp is None:
             raise ValueError("config.dp: the stream configuration has no [dp] / [[aggregates]] tables")
         if not secret:
@@ -84,9 +110,19 @@ class PartitionAggregates:
         seed = crypto.dp_noise_seed(secret, self.stream, self.partition)
         if state is None:
             self.aggregator = DPAggregator(self.dp, self.ledger, seed, stream=self.stream)
-        else:
+        elif tables is None:
             self.aggregator = DPAggregator.from_state(self.dp, self.ledger, seed, state["aggregator"],
                                                       stream=self.stream)
+        else:
+            own = {name[len(TABLE_PREFIX):]: t for name, t in tables.items() if name.startswith(TABLE_PREFIX)}
+            self.aggregator = DPAggregator.restore(self.dp, self.ledger, seed, state["aggregator"], own,
+                                                   stream=self.stream)
+
+    @classmethod
+    def restore(cls, config, partition: int, secret: bytes, ledger_file, core: dict,
+                tables: dict[str, tuple]) -> "PartitionAggregates":
+        """The partition's aggregates from :meth:`state_core` and :meth:`state_tables`."""
+        return cls(config, partition, secret, ledger_file, core, tables)
 
     def close_windows(self, windows) -> tuple[list[dict], list[dict]]:
         """(aggregate rows, metric events) of the windows the engine closed (``ClosedWindow`` objects, in
@@ -94,9 +130,7 @@ class PartitionAggregates:
         rows: list[dict] = []
         metrics: list[dict] = []
         for w in windows:
-            names = list(w.carried)
-            flats = [dict(zip(names, vals)) for vals in zip(*w.carried.values())]
-            self._close(w.index, flats, rows, metrics)
+            self._close(w.index, WindowColumns(w.carried), rows, metrics)
         return rows, metrics
 
     def messages(self, windows, dumps, metrics_topic: str) -> tuple[list, int]:
@@ -110,15 +144,16 @@ class PartitionAggregates:
         out.extend((metrics_topic, key, dumps(m)) for m in metrics)
         return out, len(rows)
 
-    def _close(self, w: int, flats: list[dict], rows: list, metrics: list) -> None:
-        out = self.aggregator.process_window(w, flats, flat=True)     # reserves (writes) the ledger first
+    def _close(self, w: int, columns: WindowColumns, rows: list, metrics: list) -> None:
+        out = self.aggregator.process_columns(w, columns)     # reserves (writes) the ledger first
         now = _now_iso()
         spent = {}                 # window -> ledger total through it (gap windows are released here too)
+        iso = _IsoCache(self.window_s)
         for r in out:
             if r["type"] == "aggregate":
                 if r["window"] not in spent:
                     spent[r["window"]] = self.ledger.spent_through(r["window"])
-                rows.append(self.aggregate_row(r, spent[r["window"]]))
+                rows.append(self.aggregate_row(r, spent[r["window"]], iso))
             else:                                              # budget_exhausted
                 metrics.append({**r, "partition": self.partition, "ts": now})
         wm = self.aggregator.window_metrics
@@ -126,12 +161,14 @@ class PartitionAggregates:
                         "window_start": _iso(w * self.window_s), "window_end": _iso((w + 1) * self.window_s),
                         "epsilon_spent": self.ledger.spent, "epsilon_budget": self.ledger.epsilon_budget})
 
-    def aggregate_row(self, r: dict, spent_through: float) -> dict:
+    def aggregate_row(self, r: dict, spent_through: float, iso=None) -> dict:
         """One ``anon.aggregates`` value: the aggregator's row plus partition, window bounds, the ledger's total
-        through this window, and ``row_id`` (dedupe key: a re-produced row is identical)."""
+        through this window, and ``row_id`` (dedupe key: a re-produced row is identical). ``iso``: window index ->
+        ISO time of its start (a window's rows share a few)."""
+        iso = _IsoCache(self.window_s) if iso is None else iso
         w = r["window"]              # the release's last window; a release may span several (period mode)
-        row = {**r, "partition": self.partition, "window_start": _iso(r.get("span_start_window", w) * self.window_s),
-               "window_end": _iso((w + 1) * self.window_s), "ledger_epsilon_spent": spent_through,
+        row = {**r, "partition": self.partition, "window_start": iso[r.get("span_start_window", w)],
+               "window_end": iso[w + 1], "ledger_epsilon_spent": spent_through,
                "ledger_epsilon_budget": self.ledger.epsilon_budget}
         # release: "<window>", or "<window>~<n>" for a paid re-release of a window re-closed with other content
         row["row_id"] = (f"{self.stream}/p{self.partition}/{r['aggregate']}/{r['output']}/w{r['release']}/"
@@ -139,8 +176,28 @@ class PartitionAggregates:
         return row
 
     # -- checkpoint --------------------------------------------------------------------------------------------
+    def state_core(self, with_ledger: bool = True) -> dict:
+        """The bounded part of the state, JSON: the aggregator's counters, metrics, period and partial releases,
+        and the ledger (written in the same transaction as the rows that spend it)."""
+        doc = {"aggregator": self.aggregator.state_core()}
+        if with_ledger:
+            doc["ledger"] = self.ledger.state_dict()
+        return doc
+
+    def state_tables(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Every keyed table in full, ``dp:<aggregate>`` -> (int64 keys sorted ascending, structured records):
+        copies; does not reset what :meth:`state_changes` reports. None without a period."""
+        return {TABLE_PREFIX + name: t for name, t in self.aggregator.state_tables().items()}
+
+    def state_changes(self) -> dict[str, tuple[np.ndarray, np.ndarray | None]]:
+        """What changed in :meth:`state_tables` since the previous call: ``dp:<aggregate>`` -> (keys put, their
+        records) and ``dp:<aggregate>:deleted`` -> (keys deleted, None), the contract of
+        :meth:`stream_anon.engine.Engine.state_changes` (the first call returns every row as put)."""
+        return {TABLE_PREFIX + name: t for name, t in self.aggregator.state_changes().items()}
+
     def state_dict(self, with_ledger: bool = True) -> dict:
-        """Counters, and the ledger (written in the same transaction as the rows that spend it)."""
+        """Core and tables in one JSON document (the unit window counts packed as base64 under
+        ``aggregator.unit_windows``): the worker's state record, local checkpoints and tests."""
         doc = {"aggregator": self.aggregator.state_dict()}
         if with_ledger:
             doc["ledger"] = self.ledger.state_dict()

@@ -1,0 +1,105 @@
+"""The columnar DP path (:mod:`stream_anon.dp.columns`, ``DPAggregator._cell_values``) against the per-event rules
+it replaced, window after window with the W-windows cap carried between windows: the same cell values, the same
+counts of what was left out, the same unit window counts -- on messy events (missing units and stations, unknown
+and unhashable values, bools and numbers where times or fares are expected) and with unit hashes forced to
+collide. The cap of the reference is the original one: a dict of counts, unit by unit.
+"""
+from __future__ import annotations
+
+import dataclasses
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stream_anon.config import load_config
+from stream_anon.datasets import load_events
+from stream_anon.dp import BudgetLedger, DPAggregator
+from stream_anon.dp.columns import WindowColumns
+from stream_anon.events import flatten
+
+BREAKERS = [("journey_id", None), ("station", None), ("station", "Atlantis"), ("station", ["list"]),
+            ("bus_route", {"x": 1}), ("full_fare_pence", "lots"), ("full_fare_pence", float("nan")),
+            ("full_fare_pence", True), ("full_fare_pence", 99999), ("full_fare_pence", 12.5),
+            ("daily_capping", None), ("daily_capping", 1), ("event_time", "2009-11-09T07:00:00"),
+            ("event_time", 1257750000), ("event_time", True), ("event_time", 1), ("event_type", "teleport"),
+            ("event_type", ["tap_in"]), ("product_category", None)]
+
+
+def _config():
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "oyster.toml")
+    specs = tuple(dataclasses.replace(s, max_windows=2) for s in cfg.dp.aggregates)
+    return dataclasses.replace(cfg.dp, aggregates=specs)
+
+
+def _windows(seed: int) -> list[list[dict]]:
+    """Six windows of 500 messy events; 300 journeys, so units come back in later windows and the cap bites."""
+    rng = np.random.default_rng(seed)
+    events = [flatten(e) for e in load_events("oyster", limit=3000)]
+    for i, e in enumerate(events):
+        e["journey_id"] = f"j{rng.integers(300)}"
+        if rng.random() < 0.3:
+            name, value = BREAKERS[rng.integers(len(BREAKERS))]
+            e[name] = value
+    return [events[i:i + 500] for i in range(0, 3000, 500)]
+
+
+def _original_cap(agg: DPAggregator, counts: dict):
+    """The window cap before the columnar path: a dict of hash -> windows, unit by unit in order."""
+    def window_cap(name, units, commit):
+        table = counts.setdefault(name, {})
+        admitted = {}
+        for u in dict.fromkeys(units):
+            h = int(agg._unit_hashes([u])[0])
+            c = table.get(h, 0)
+            admitted[u] = c < agg._w[name]
+            if admitted[u] and commit:
+                table[h] = c + 1
+        mask = [admitted[u] for u in units]
+        return mask, len(mask) - sum(mask), sum(not ok for ok in admitted.values())
+    return window_cap
+
+
+@pytest.mark.parametrize("collide", [False, True])
+def test_columnar_cell_values_equal_the_per_event_ones_window_after_window(collide, monkeypatch):
+    dp = _config()
+    W0 = int(1257753600 // 900) + 30                     # 2009-11-09 07:30 UTC: one period for every window
+    columnar = DPAggregator(dp, BudgetLedger(None, dp.epsilon_budget), seed=b"columns")
+    per_event = DPAggregator(dp, BudgetLedger(None, dp.epsilon_budget), seed=b"columns")
+    if collide:       # 64 hash values for 300 units: distinct units of one window share a count
+        weak = lambda units: np.array([zlib.crc32(str(u).encode()) % 64 for u in units], dtype=np.uint64)  # noqa
+        monkeypatch.setattr(columnar, "_unit_hashes", weak)
+        monkeypatch.setattr(per_event, "_unit_hashes", weak)
+    counts: dict = {}
+    monkeypatch.setattr(per_event, "_window_cap", _original_cap(per_event, counts))
+    cut = 0
+    for w, flats in enumerate(_windows(11 + collide)):
+        columnar._new_period("2009-11-09") if w == 0 else None
+        per_event._new_period("2009-11-09") if w == 0 else None
+        for spec in dp.aggregates:
+            x1, stats1, _ = columnar._cell_values(spec, WindowColumns.from_flats(flats, columnar.fields))
+            x2, stats2, _ = per_event._cell_values_per_event(spec, WindowColumns.from_flats(flats, per_event.fields))
+            assert stats1 == stats2, (w, spec.name)
+            assert x1.keys() == x2.keys() and all(np.array_equal(x1[c], x2[c]) for c in x1), (w, spec.name)
+            keys, rows = columnar.unit_windows[spec.name].snapshot()
+            want = counts.get(spec.name, {})
+            assert dict(zip(keys.view(np.uint64).tolist(), rows["windows"].tolist())) == want, (w, spec.name)
+            cut += stats1["windows_cut"]
+    assert cut > 0, "the windows must exercise the cap"
+
+
+def test_a_bool_and_a_number_in_an_hour_field_count_as_the_per_event_rule_counts_them():
+    """The per-event rule maps equal values (True and 1) to the key of the first it meets among the filtered events;
+    a columnar pass over the whole window would meet the other one first."""
+    dp = _config()
+    events = [{"journey_id": "a", "event_type": "tap_out", "event_time": True},
+              {"journey_id": "b", "event_type": "tap_in", "event_time": 1},
+              {"journey_id": "c", "event_type": "tap_in", "event_time": True}]
+    spec = next(s for s in dp.aggregates if s.name == "tap_ins_per_hour")
+    columnar = DPAggregator(dp, BudgetLedger(None, dp.epsilon_budget), seed=b"columns")
+    per_event = DPAggregator(dp, BudgetLedger(None, dp.epsilon_budget), seed=b"columns")
+    x1, stats1, _ = columnar._cell_values(spec, WindowColumns.from_flats(events, columnar.fields))
+    x2, stats2, _ = per_event._cell_values_per_event(spec, WindowColumns.from_flats(events, per_event.fields))
+    assert stats1 == stats2 and np.array_equal(x1["count"], x2["count"])
+    assert x2["count"][0] == 2          # both tap-ins in hour 0 (epoch second 1), as the per-event rule has it
