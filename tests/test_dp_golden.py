@@ -81,10 +81,11 @@ def run_worker(messages, config) -> dict:
 
     half = len(messages) // 2 // BATCH * BATCH
     for start in range(0, len(messages), BATCH):
-        if start == half:           # restart: a new worker from the committed state document
-            doc = orjson.loads(orjson.dumps(ps.committed, option=orjson.OPT_SERIALIZE_NUMPY))
+        if start == half:           # restart: a new worker from the committed state records, as Kafka returns them
+            from stream_anon.kafka import state as st
+            doc, tables = st.resolve_chain([st.decode_state(st.encode_state(r)) for r in ps.chain])
             core = WorkerCore(config, "golden", SECRET)
-            ps = core.open_partition(0, doc)
+            ps = core.open_partition(0, doc, tables)
         chunk = messages[start:start + BATCH]
         out = core.process(ps, [(start + i, m) for i, m in enumerate(chunk)])
         collect(out.messages)

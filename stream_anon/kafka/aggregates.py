@@ -195,6 +195,10 @@ class PartitionAggregates:
         :meth:`stream_anon.engine.Engine.state_changes` (the first call returns every row as put)."""
         return {TABLE_PREFIX + name: t for name, t in self.aggregator.state_changes().items()}
 
+    def table_rows(self) -> int:
+        """Rows held by the keyed tables (what a full state record carries of them)."""
+        return sum(len(t) for t in self.aggregator.unit_windows.values()) if self.aggregator.clock else 0
+
     def state_dict(self, with_ledger: bool = True) -> dict:
         """Core and tables in one JSON document (the unit window counts packed as base64 under
         ``aggregator.unit_windows``): the worker's state record, local checkpoints and tests."""

@@ -177,11 +177,12 @@ class WorkerCore:
                 raise ValueError(f"partition {partition}: state document of another stream, partition or version "
                                  f"({doc.get('stream')!r}, {doc.get('partition')!r}, v{doc.get('version')!r})")
             tables = tables or {}
-            engine = Engine.restore(self.config, partition, self.secret, doc["engine"], tables, self.carried)
+            own = {n: t for n, t in tables.items() if not n.startswith(aggregates.TABLE_PREFIX)}
+            engine = Engine.restore(self.config, partition, self.secret, doc["engine"], own, self.carried)
             ps = PartitionState(partition, engine, offset=doc["offset"], seq=doc["seq"],
                                 input_topic_id=doc.get("input_topic_id"), flush_pending=doc.get("flush_pending",
                                                                                                   False))
-            ps.dp = self._aggregates(partition, doc.get("dp"))
+            ps.dp = self._aggregates(partition, doc.get("dp"), tables)
             # the recovered state stands as the committed chain (a full record of it comes next)
             ps.chain = [st.StateRecord(doc, {n: (k, r, st.EMPTY_KEYS) for n, (k, r) in tables.items()})]
             ps.chain_start = base_seq or doc["seq"]
@@ -189,10 +190,13 @@ class WorkerCore:
         self.parts[partition] = ps
         return ps
 
-    def _aggregates(self, partition: int, state: dict | None):
+    def _aggregates(self, partition: int, core: dict | None, tables: dict | None = None):
+        """The partition's DP aggregates (None without ``[dp]``): new, or from their core and the ``dp:`` tables."""
         if self.config.dp is None or not self.config.dp.aggregates:
             return None
-        return aggregates.PartitionAggregates(self.config, partition, self.secret, None, state)
+        if core is None:
+            return aggregates.PartitionAggregates(self.config, partition, self.secret, None)
+        return aggregates.PartitionAggregates.restore(self.config, partition, self.secret, None, core, tables or {})
 
     def close_partition(self, partition: int) -> None:
         self.parts.pop(partition, None)
@@ -202,8 +206,13 @@ class WorkerCore:
                "offset": offset, "input_topic": self.topic, "input_topic_id": ps.input_topic_id,
                "flush_pending": flush_pending, "engine": ps.engine.state_core(), "written_at": time.time()}
         if ps.dp is not None:
-            doc["dp"] = ps.dp.state_dict()
+            doc["dp"] = ps.dp.state_core()
         return doc
+
+    @staticmethod
+    def _parts(ps: PartitionState) -> list:
+        """The partition's state holders: the engine, and the DP aggregates when the stream has them."""
+        return [ps.engine] if ps.dp is None else [ps.engine, ps.dp]
 
     def state_record(self, ps: PartitionState, seq: int, offset: int, flush_pending: bool = False
                      ) -> st.StateRecord:
@@ -212,14 +221,23 @@ class WorkerCore:
         (re)opened or when the changes since the last full record outgrow the tables. Resets the tables' change
         tracking: the record must be committed (:meth:`note_committed`) or the partition recovered again."""
         doc = self._core_doc(ps, seq, offset, flush_pending)
-        changes = st.changes_by_table(ps.engine.state_changes())
+        changes = {}
+        for part in self._parts(ps):
+            changes.update(st.changes_by_table(part.state_changes()))
         rec = st.StateRecord(doc, changes, full=ps.next_full)
         if not rec.full:
             chained = sum(r.rows for r in ps.chain[1:]) + rec.rows
-            if chained > ps.engine.table_rows() or len(ps.chain) >= st.MAX_CHAIN:
+            if chained > sum(part.table_rows() for part in self._parts(ps)) or len(ps.chain) >= st.MAX_CHAIN:
                 rec = st.StateRecord(doc, {n: (k, r, st.EMPTY_KEYS) for n, (k, r) in
-                                           ps.engine.state_tables().items()}, full=True)
+                                           self.state_tables(ps).items()}, full=True)
         return rec
+
+    def state_tables(self, ps: PartitionState) -> dict:
+        """Every keyed table of the partition in full: the engine's and the DP aggregates' (``dp:`` names)."""
+        tables = {}
+        for part in self._parts(ps):
+            tables.update(part.state_tables())
+        return tables
 
     def note_committed(self, ps: PartitionState, rec: st.StateRecord) -> None:
         """``rec`` was committed: it is the partition's state now."""
@@ -425,7 +443,7 @@ class WorkerCore:
         failures, isolated = 1, 0
 
         def snapshot():
-            return self._core_doc(ps, ps.seq, ps.offset, ps.flush_pending), ps.engine.state_tables()
+            return self._core_doc(ps, ps.seq, ps.offset, ps.flush_pending), self.state_tables(ps)
 
         def run(idx: list[int], tries: int = 0) -> None:
             nonlocal failures, isolated
@@ -565,8 +583,14 @@ class WorkerCore:
 
 
 def composed_doc(doc: dict | None, tables: dict) -> dict | None:
-    """A state (core and tables) as one document: the engine's tables composed into ``engine``
-    (:func:`stream_anon.engine.state.compose_state`)."""
+    """A state (core and tables) as one document for tests and tools: the engine's tables composed into
+    ``engine`` (:func:`stream_anon.engine.state.compose_state`); the DP core stays under ``dp`` with its ``dp:``
+    tables under ``dp_tables``."""
     if doc is None:
         return None
-    return {**doc, "engine": compose_state(doc["engine"], tables)}
+    own = {n: t for n, t in tables.items() if not n.startswith(aggregates.TABLE_PREFIX)}
+    out = {**doc, "engine": compose_state(doc["engine"], own)}
+    dp = {n: t for n, t in tables.items() if n.startswith(aggregates.TABLE_PREFIX)}
+    if dp:
+        out["dp_tables"] = dp
+    return out
