@@ -406,3 +406,40 @@ def test_deeply_nested_output_record_is_malformed_not_a_crash():
     assert failed(report) == ["consistency"]
     assert report.checks["consistency"]["violations_by_kind"] == {"malformed output message": 1}
     assert report.summary["records"] == 5              # the other records are audited as before
+
+
+# ---------------------------------------------------------------------- one event id on several raw messages
+def test_record_stands_for_the_copy_not_dead_lettered():
+    """A hostile copy of e2 (another journey, another station) arrives first and is dead-lettered; the worker then
+    publishes the real e2. The record is the real e2's: counting the copy's journey (J1001, already in the class)
+    made the class one individual short and its station (Ealing) uncovered by "Zone 1"."""
+    raw, out = scenario()
+    raw = [((TOPIC, 0, off + 1), payload) for (_, _, off), payload in raw]       # room for the copy at offset 0
+    for d in out["deadletters"]:
+        d["source"]["offset"] += 1
+    copy_ = ev("e2", "J1001", "Ealing", 3)
+    raw.insert(0, ((TOPIC, 0, 0), json.dumps(copy_).encode()))
+    out["deadletters"].append({"reason": "schema: ...", "stream": "test", "payload": "...", "audit_token": tok("e2"),
+                               "source": {"topic": TOPIC, "partition": 0, "offset": 0}})
+    report = run(raw, out)
+    assert report.passed, report.format_text()
+    assert report.summary["min_individuals"] == 2 and report.summary["dead_lettered"] == 2
+
+
+def test_record_stands_for_the_copy_on_its_release_partition():
+    """e1 arrives on partitions 0 and 1 with different journeys and stations (the worker's duplicate check is per
+    partition): each partition publishes its own copy, and each record is judged against its own partition's."""
+    raw, out = scenario()
+    p1 = [ev("e1", "J2001", "Ealing", 2), ev("e8", "J2008", "Ealing", 4)]
+    raw += [((TOPIC, 1, i), json.dumps(e).encode()) for i, e in enumerate(p1)]
+    rid, cid = "test-p1-000001", "test-p1-000001-c0001"
+    recs = [rec(rid, cid, "e1", 0, 10, label="Zone 3"), rec(rid, cid, "e8", 0, 10, label="Zone 3")]
+    out["records"] += recs
+    out["manifests"].append({**copy.deepcopy(out["manifests"][0]), "release_id": rid, "partition": 1, "seq": 1,
+                             "classes": [{"class_id": cid, "generalization": recs[0]["qi"], "individuals": 2,
+                                          "records": 2, "ncp": 0.1, "reused": False}],
+                             "published": 2, "suppressed": {}, "suppressed_tokens": {}, "deferred": 0,
+                             "deferred_tokens": []})
+    report = run(raw, out)
+    assert report.passed, report.format_text()
+    assert report.summary["published"] == 7
