@@ -96,12 +96,12 @@ def judge(bootstrap, config_path, app_id, n_events, crashes, extra=None) -> dict
     return out
 
 
-def setup(broker, name: str, events: list, raw: list | None = None):
+def setup(broker, name: str, events: list, raw=None, flush_timeout_s: float = 120.0):
     apply_topics(broker.bootstrap, load_topic_definitions())
     cfg_path = contract.config_path(name)
     cfg = load_config(cfg_path)
     replay(broker.bootstrap, cfg.stream.input_topic, events, cfg.stream.privacy_unit, progress=False,
-           raw_payloads=raw)
+           raw_payloads=raw, flush_timeout_s=flush_timeout_s)
     return cfg_path, cfg
 
 
@@ -229,7 +229,9 @@ def scenario_fuzz(workdir, n: int) -> dict:
     # them in memory, and the audit reads them all back)
     raw = (mutate(base[i % len(base)], rng) for i in range(n))
     with EmbeddedBroker() as b:
-        cfg_path, cfg = setup(b, "oyster", [], raw)
+        # the producer runs ahead of the memory-only broker by gigabytes at 600,000 messages: 120 s of flush
+        # were too few
+        cfg_path, cfg = setup(b, "oyster", [], raw, flush_timeout_s=3600)
         t0 = time.monotonic()
         w = start_worker_process(cfg_path, b.bootstrap, workdir / "state", "chaos-fuzz", 3.0, workdir / "f.log")
         acc = wait_accounted(b.bootstrap, cfg.stream.name, n, 3600)
