@@ -55,6 +55,9 @@ class StreamSection:
     event_types: tuple[str, ...]
     allowed_lateness_s: float = 0.0  # watermark = largest event time seen - allowed_lateness_s
     late_policy: str = "next_release"  # an event for an already released window: "next_release" or "suppress"
+    # An event more than this beyond the largest event time accepted is dead-lettered as future_event_time (one
+    # far-future but valid time would otherwise make every later event late). None: no limit.
+    max_future_s: float | None = None
     # Partitions of the input topic: classes form within a partition (one engine each), so more partitions mean
     # more parallel workers and fewer individuals per class candidate set (more loss and suppression on sparse
     # data; README "Partitions"). None: not declared (stream_anon.kafka.topics.input_partitions decides).
@@ -410,14 +413,23 @@ def _parse_h3(table: dict, path: str, grid) -> tuple[int, int] | None:
 
 
 def _parse_lateness(s: dict) -> dict:
-    """``allowed_lateness_s`` and ``late_policy`` of the [stream] table (event time, watermarks, lateness)."""
+    """``allowed_lateness_s``, ``late_policy`` and ``max_future_s`` of the [stream] table (event time, watermarks,
+    lateness)."""
     lateness = _get(s, "allowed_lateness_s", "stream", (int, float), required=False, default=0)
     if not math.isfinite(lateness) or lateness < 0:
         raise ConfigError(f"stream.allowed_lateness_s: must be a finite number of seconds >= 0, got {lateness!r}")
     policy = _get(s, "late_policy", "stream", str, required=False, default="next_release")
     if policy not in LATE_POLICIES:
         raise ConfigError(f"stream.late_policy: must be one of {', '.join(LATE_POLICIES)}, got {policy!r}")
-    return {"allowed_lateness_s": float(lateness), "late_policy": policy}
+    future = _get(s, "max_future_s", "stream", (int, float), required=False, default=None)
+    if future is not None and (isinstance(future, bool) or not math.isfinite(future) or future <= 0):
+        raise ConfigError(f"stream.max_future_s: must be a finite number of seconds > 0 (omit it for no limit), "
+                          f"got {future!r}")
+    if future is not None and future < lateness:
+        raise ConfigError(f"stream.max_future_s ({future!r}) must be at least stream.allowed_lateness_s "
+                          f"({lateness!r}): events up to the allowed lateness apart are expected in any order")
+    return {"allowed_lateness_s": float(lateness), "late_policy": policy,
+            "max_future_s": None if future is None else float(future)}
 
 
 def _parse_m(a: dict) -> dict:

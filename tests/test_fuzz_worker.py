@@ -177,3 +177,21 @@ def test_fuzz_20000_messages_no_exception_every_message_accounted(tmp_path, capl
     for r in sink.docs(TOPICS.records(core.stream)):
         for f, v in r["sensitive"].items():
             assert domains[f].check(v) == (v, None), (f, v)
+
+
+def test_idle_flush_waits_for_a_broker_that_answers_and_for_the_backlog_after_an_outage():
+    """A broker paused for 30 s looked like a quiet stream: the idle flush closed the open windows and the backlog
+    that followed the pause was suppressed as late (879 events). Quiet time counts only once the broker answers."""
+    import time
+
+    core = WorkerCore(oyster_config(), "fuzz", SECRET, flush_when_idle_s=2.0)
+    core.handle([(0, i, orjson.dumps(e)) for i, e in enumerate(load_events("oyster", limit=50))])
+    ps = core.parts[0]
+    now = time.monotonic()
+    ps.last_input = now - 10.0                    # no input for 10 s
+    assert core.idle_partitions() == [ps]        # without a broker (in-process): wall time alone
+    # the last answered probe was sent 1 s after the last input: the broker never confirmed 2 s of quiet
+    assert core.idle_partitions(answered_at=now - 9.0) == []
+    # answered now, but the outage ended 1 s ago: the backlog may still be on its way
+    assert core.idle_partitions(answered_at=now, not_before=now - 1.0) == []
+    assert core.idle_partitions(answered_at=now, not_before=now - 3.0) == [ps]

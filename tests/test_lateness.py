@@ -21,13 +21,16 @@ from stream_anon.errors import ConfigError
 SECRET = b"test-secret-0123456789"
 
 
-def make_config(k=3, window_s=60.0, max_delay_s=120.0, lateness=None, policy=None, m=None, **extra):
+def make_config(k=3, window_s=60.0, max_delay_s=120.0, lateness=None, policy=None, m=None, max_future_s=None,
+                **extra):
     stream = {"name": "t", "kind": "vehicle", "input_topic": "raw.t", "privacy_unit": "unit",
               "event_time": "time", "event_types": ["reading"]}
     if lateness is not None:
         stream["allowed_lateness_s"] = lateness
     if policy is not None:
         stream["late_policy"] = policy
+    if max_future_s is not None:
+        stream["max_future_s"] = max_future_s
     anon = {"k": k, "window_s": window_s, "max_delay_s": max_delay_s, **extra}
     sensitive = {"fields": ["secret_value"]}
     if m is not None:
@@ -298,3 +301,54 @@ def test_the_audit_passes_on_a_replay_with_late_events(policy):
     report = audit(raw_msgs, outputs, SECRET, AuditConfig.from_toml("configs/citibike.toml"))
     assert report.passed, report.format_text()
     assert report.summary["suppressed_by_reason"].get("late", 0) == late_suppressed
+
+
+# -- max_future_s: one far-future time does not make every later event late --------------------------------------
+def future_rejected(result):
+    return [r.event["event_id"] for r in result.rejected if r.reason.startswith("future_event_time")]
+
+
+def test_max_future_s_default_and_validation():
+    assert make_config().stream.max_future_s is None
+    assert make_config(lateness=30, max_future_s=3600).stream.max_future_s == 3600.0
+    for bad in (0, -5, float("inf"), float("nan"), True, "1h"):
+        with pytest.raises(ConfigError, match="stream.max_future_s"):
+            make_config(max_future_s=bad)
+    with pytest.raises(ConfigError, match="at least stream.allowed_lateness_s"):
+        make_config(lateness=600, max_future_s=60)
+
+
+def test_a_far_future_time_is_dead_lettered_and_later_events_are_not_late():
+    events = [event(i, f"u{i % 5}", 10 * i, i % 50) for i in range(60)]
+    hostile = event(999, "u1", 9_000_000, 7)           # valid (inside the time domain), 100 days ahead
+    stream = events[:30] + [hostile] + events[30:]
+    # without the guard, the far-future event moves the watermark: the 30 events after it are late
+    _, _, plain = releases_of(make_config(), stream, batch=7)
+    assert plain.late_total == 30
+    cfg = make_config(max_future_s=3600)
+    engine = Engine(cfg, secret=SECRET)
+    rejected, released = [], []
+    for i in range(0, len(stream), 7):
+        res = engine.process(stream[i:i + 7])
+        rejected += future_rejected(res)
+        released += res.releases
+    released += engine.flush().releases
+    assert rejected == ["e999"] and engine.late_total == 0
+    assert sum(len(r.records) + sum(len(t) for t in r.suppressed_tokens.values()) for r in released) == 60
+    # the rule depends on the order of the events, not on the batches
+    for batch in (1, 31, 61):
+        e = Engine(cfg, secret=SECRET)
+        rej = [x for i in range(0, len(stream), batch) for x in future_rejected(e.process(stream[i:i + batch]))]
+        assert rej == ["e999"]
+
+
+def test_max_future_s_measures_from_the_largest_accepted_time():
+    engine = Engine(make_config(max_future_s=100), secret=SECRET)
+    assert future_rejected(engine.process([event(1, "a", 1_000, 1)])) == []   # the first event is the reference
+    # 1,090 is within 100 s of 1,000 and becomes the reference for 1,180; 1,400 is too far ahead of 1,180, and
+    # being rejected it does not move the reference for 1,250
+    r = engine.process([event(2, "b", 1_090, 1), event(3, "c", 1_180, 1), event(4, "d", 1_400, 1),
+                        event(5, "e", 1_250, 1)])
+    assert future_rejected(r) == ["e4"]
+    # a rejected event is not "seen": its id can arrive again with a valid time
+    assert future_rejected(engine.process([event(4, "d", 1_260, 1)])) == []

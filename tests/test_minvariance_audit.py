@@ -140,3 +140,20 @@ def test_demo_report_keys_from_audited_outputs(run, tmp_path):
     attack = out["intersection_attack"]
     assert attack["success_rate"] == 0 and attack["min_candidates"] >= 3 and attack["naive_success_rate"] > 0
     json.dumps(out)                                               # the report is JSON
+
+
+def test_a_dead_lettered_copy_of_a_published_event_id_is_not_its_raw_event(run):
+    """A hostile copy of a published event (same event id, another card and invariant value) arrives first and is
+    dead-lettered: the m-invariance check judges the record against the copy the worker published."""
+    events, raw, outputs = run
+    tokens = {r["audit_token"] for r in outputs["records"]}
+    target = next(e for e in events if audit_token(SECRET, e["event_id"]) in tokens)
+    other = next(e["product_category"] for e in events if e["product_category"] != target["product_category"])
+    copy_ = {**target, "card_id": "CARD-HOSTILE", "product_category": other}
+    topic = raw[0][0][0]
+    shifted = [((topic, 0, 0), json.dumps(copy_).encode())] + [((t, p, o + 1), v) for (t, p, o), v in raw]
+    out = {**outputs, "deadletters": [{"reason": "schema: ...", "stream": "oyster-cards", "payload": "...",
+                                       "source": {"topic": topic, "partition": 0, "offset": 0}}]}
+    report = run_audit(shifted, out)
+    assert report.passed, report.format_text()
+    assert report.summary["dead_lettered"] == 1

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .config import AuditConfig
+from .primitives import source_key
 
 MAX_EXAMPLES = 10
 
@@ -34,12 +35,37 @@ class AuditContext:
     deadletters: list[dict]
     malformed: list[Any]                 # output messages that were not JSON objects (or nested too deep)
     counterfeits: dict[str, tuple]       # token -> (release_id, class_id) of announced counterfeit records
-    by_token: dict[str, RawEvent] = field(init=False, default_factory=dict)   # first raw event per token
+    # token -> the raw event its records stand for (:meth:`raw_of` also takes the record's partition into account)
+    by_token: dict[str, RawEvent] = field(init=False, default_factory=dict)
+    _open_by_partition: dict[tuple, RawEvent] = field(init=False, default_factory=dict, repr=False)
+    _release_partition: dict[Any, Any] = field(init=False, default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
+        # Several raw messages may carry one event id (a producer's retry, a hostile copy with other values). The
+        # worker publishes at most the copies it did not dead-letter (the others are placed by their source), so
+        # a record stands for a copy that is not dead-lettered, on the partition of its release (the worker's
+        # duplicate check is per partition); the first copy only when there is no such copy.
+        dead = {source_key(d.get("source")) for d in self.deadletters}
+        fallback: dict[str, RawEvent] = {}
         for raw in self.raws:
-            if raw.token is not None:
+            if raw.token is None:
+                continue
+            fallback.setdefault(raw.token, raw)
+            if raw.source not in dead:
                 self.by_token.setdefault(raw.token, raw)
+                if raw.source is not None:
+                    self._open_by_partition.setdefault((raw.token, raw.source[1]), raw)
+        for token, raw in fallback.items():
+            self.by_token.setdefault(token, raw)
+        for m in self.manifests:
+            self._release_partition.setdefault(m.get("release_id"), m.get("partition"))
+
+    def raw_of(self, record: dict) -> RawEvent | None:
+        """The raw event a published record stands for (None: no raw event has its token)."""
+        token = record.get("audit_token")
+        partition = self._release_partition.get(record.get("release_id"))
+        raw = self._open_by_partition.get((token, partition)) if partition is not None else None
+        return raw if raw is not None else self.by_token.get(token)
 
     def is_counterfeit(self, record: dict) -> bool:
         """An announced counterfeit record of its own release and class (never a raw event's record)."""

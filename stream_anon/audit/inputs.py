@@ -14,7 +14,7 @@ from typing import Any, Iterable
 
 from .check import AuditContext, RawEvent, ViolationLog
 from .config import AuditConfig
-from .primitives import as_text, audit_token, counterfeit_tokens, get_path, json_object, nesting_depth
+from .primitives import as_text, audit_token, counterfeit_tokens, get_path, json_object, nesting_depth, source_key
 
 # Published records and manifests nest about 6 deep (manifest -> classes -> class -> generalization -> QI -> box);
 # far deeper is no output of the engine and would exhaust json.dumps's recursion in canonical_json.
@@ -37,24 +37,6 @@ def outputs_part(outputs: Any, name: str) -> list:
     if isinstance(outputs, dict):
         return list(outputs.get(name) or [])
     return list(getattr(outputs, name, None) or [])
-
-
-def source_key(src: Any) -> tuple | None:
-    """``(topic, partition, offset)`` from a tuple or a dead letter's ``source`` dict; None if malformed.
-
-    An event inside a multi-event message (``[input] format = "gtfs-realtime"``) has the key
-    ``(topic, partition, offset, index)``: a dead letter's source then carries ``index``."""
-    try:
-        if isinstance(src, dict):
-            key = (str(src["topic"]), int(src["partition"]), int(src["offset"]))
-            return key + (int(src["index"]),) if src.get("index") is not None else key
-        if len(src) == 4:
-            topic, partition, offset, index = src
-            return (str(topic), int(partition), int(offset), int(index))
-        topic, partition, offset = src
-        return (str(topic), int(partition), int(offset))
-    except (KeyError, TypeError, ValueError):
-        return None
 
 
 def raw_decoder(config_path) -> Any:

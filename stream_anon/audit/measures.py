@@ -33,7 +33,7 @@ def class_individuals(ctx: AuditContext) -> ClassIndividuals:
     out = ClassIndividuals()
     for r in ctx.records:
         cid, rid = r.get("class_id"), r.get("release_id")
-        raw = ctx.by_token.get(r.get("audit_token"))
+        raw = ctx.raw_of(r)
         if raw is None and ctx.is_counterfeit(r):
             out.counterfeit_records += 1
         elif raw is None:

@@ -79,6 +79,24 @@ def counterfeit_tokens(manifests: list[dict], secret: bytes) -> dict[str, tuple]
 
 
 # ----------------------------------------------------------------------------------------------- values
+def source_key(src: Any) -> tuple | None:
+    """``(topic, partition, offset)`` from a tuple or a dead letter's ``source`` dict; None if malformed.
+
+    An event inside a multi-event message (``[input] format = "gtfs-realtime"``) has the key
+    ``(topic, partition, offset, index)``: a dead letter's source then carries ``index``."""
+    try:
+        if isinstance(src, dict):
+            key = (str(src["topic"]), int(src["partition"]), int(src["offset"]))
+            return key + (int(src["index"]),) if src.get("index") is not None else key
+        if len(src) == 4:
+            topic, partition, offset, index = src
+            return (str(topic), int(partition), int(offset), int(index))
+        topic, partition, offset = src
+        return (str(topic), int(partition), int(offset))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def parse_time(value: Any) -> datetime | None:
     """ISO-8601 string -> aware datetime (naive is taken as UTC); None if unparseable."""
     if not isinstance(value, str) or not value:

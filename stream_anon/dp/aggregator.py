@@ -47,7 +47,7 @@ from stream_anon.dp.columns import UNHASHABLE, WindowColumns, first_per_unit
 from stream_anon.dp.continual import (BinaryTreeCounter, HybridCounter, PerWindowCounter, _Counter,
                                       choose_mechanism, noise_ci95_half_width, Z95)
 from stream_anon.dp.contribution import bound_contributions
-from stream_anon.engine.state import KeyedTable
+from stream_anon.keyed_table import KeyedTable
 from stream_anon.dp.ledger import BudgetLedger
 from stream_anon.dp.specs import AggregateSpec, DPConfig
 from stream_anon.events import flatten

@@ -189,6 +189,7 @@ class Engine:
         self.late_unreported = 0          # late events since the last ClosedWindow
         self.late_total = 0               # late events ever (metrics)
         self.seen_events = KeyedTable(SeenEvents.FIELDS)
+        self.reader.largest_time = lambda: self.max_event_time     # reference of max_future_s and duplicates
         horizon = config.limits.duplicate_horizon_s
         if horizon > 0:     # duplicates are judged against the largest event time seen (not the watermark)
             self.reader.seen = SeenEvents(self.seen_events, horizon, lambda: self.max_event_time)

@@ -3,7 +3,8 @@
 Every field the engine needs (event id, event type, privacy unit, event time, quasi-identifiers, sensitive
 fields) and every field a window consumer asks for (``carried``: the DP aggregates' group-by, value and filter
 fields) is extracted here, in one pass, and every reason to reject an event is found here: a rejected event
-gets one short reason naming the field, or ``duplicate_event`` (:class:`SeenEvents`).
+gets one short reason naming the field, ``duplicate_event`` (:class:`SeenEvents`) or ``future_event_time``
+(``[stream] max_future_s``, :func:`arrival_checks`).
 
 Reading never raises for a reason of one event: an exception while reading a batch makes the reader read the
 events one by one, and the event whose reading raises is rejected with ``unreadable event: <exception class>``.
@@ -13,6 +14,7 @@ them are kept (a category outside its values may be mapped to the declared ``oth
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, field
 from operator import itemgetter
 
@@ -94,36 +96,72 @@ class SeenEvents:
 
     def check(self, keys: np.ndarray, times: np.ndarray) -> np.ndarray:
         """Duplicate mask for candidate records in arrival order; the others are recorded as seen."""
-        n = len(keys)
-        dup = np.zeros(n, dtype=bool)
-        if n == 0:
-            return dup
+        dup, _ = arrival_checks(keys, times, self, None, self.watermark())
+        return dup
+
+    def potential(self, keys: np.ndarray) -> tuple[np.ndarray, dict]:
+        """(mask of the keys that may be duplicates: seen before or repeated in the batch, {key: time} of those
+        seen before)."""
         found, rows = self.table.get(keys)
         _, inverse, counts = np.unique(keys, return_inverse=True, return_counts=True)
-        potential = found | (counts[inverse] > 1)
-        if potential.any():      # rare: walk the batch in order with the running watermark
-            wm = self.watermark()
-            horizon = self.horizon_s
-            old = dict(zip(keys[found].tolist(), rows["time"][found].tolist()))
-            for i, (k, t, p) in enumerate(zip(keys.tolist(), times.tolist(), potential.tolist())):
-                if p:
-                    t_old = old.get(k)
-                    if t_old is not None and t_old >= wm - horizon:
-                        dup[i] = True
-                        continue
-                    old[k] = t
-                if t > wm:
-                    wm = t
-        ok = ~dup
-        rec = np.zeros(int(ok.sum()), dtype=self.table.dtype)
-        rec["time"] = times[ok]
-        self.table.put(keys[ok], rec)          # a key accepted twice (after its horizon): the last time wins
-        return dup
+        return found | (counts[inverse] > 1), dict(zip(keys[found].tolist(), rows["time"][found].tolist()))
+
+    def record(self, keys: np.ndarray, times: np.ndarray) -> None:
+        rec = np.zeros(len(keys), dtype=self.table.dtype)
+        rec["time"] = times
+        self.table.put(keys, rec)          # a key accepted twice (after its horizon): the last time wins
 
     def expire(self, watermark: float) -> int:
         if not np.isfinite(watermark):
             return 0
         return len(self.table.delete_where("time", watermark - self.horizon_s)[0])
+
+
+FUTURE_EVENT_TIME = "future_event_time"
+
+
+def arrival_checks(keys: np.ndarray | None, times: np.ndarray, seen: SeenEvents | None, max_future_s: float | None,
+                   largest: float) -> tuple[np.ndarray, np.ndarray]:
+    """(duplicate mask, future mask) of candidate records in arrival order; the accepted ones are recorded in
+    ``seen``. ``largest``: the largest event time accepted before the batch (-inf: none yet).
+
+    Both rules read the running largest event time of the records accepted before each one (within the batch too),
+    as the engine's watermark does: a record is ``future_event_time`` when its time is more than ``max_future_s``
+    beyond it (the first record of a stream has no reference and is never one), else ``duplicate_event`` by
+    :class:`SeenEvents`'s rule. A rejected record does not move it, so the outcome depends on the order of the
+    events only, not on how they are cut into batches. Common case without any candidate: vectorized."""
+    n = len(times)
+    dup, future = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+    if n == 0:
+        return dup, future
+    potential, old = seen.potential(keys) if seen is not None else (dup, {})
+    if max_future_s is not None:
+        # with every record accepted, the running largest time is this prefix maximum; rejections only lower it,
+        # so a batch without a candidate here and without a potential duplicate is decided
+        before = np.maximum.accumulate(np.concatenate([[largest], times[:-1]]))
+        maybe_future = np.isfinite(before) & (times > before + max_future_s)
+    else:
+        maybe_future = future
+    if potential.any() or maybe_future.any():      # rare: walk the batch in order
+        wm = largest
+        horizon = seen.horizon_s if seen is not None else 0.0
+        key_list = keys.tolist() if keys is not None else [None] * n
+        for i, (k, t, p) in enumerate(zip(key_list, times.tolist(), potential.tolist())):
+            if max_future_s is not None and math.isfinite(wm) and t > wm + max_future_s:
+                future[i] = True
+                continue
+            if p:
+                t_old = old.get(k)
+                if t_old is not None and t_old >= wm - horizon:
+                    dup[i] = True
+                    continue
+                old[k] = t
+            if t > wm:
+                wm = t
+    if seen is not None:
+        ok = ~(dup | future)
+        seen.record(keys[ok], times[ok])
+    return dup, future
 
 
 @dataclass
@@ -163,6 +201,8 @@ class RecordReader:
         self._tokens = AuditTokens(secret)
         self._unit_key = hashlib.sha256(b"unit-id:" + secret).digest()[:32]
         self.seen: SeenEvents | None = None       # set by the engine when duplicate detection is on
+        self.max_future_s: float | None = s.max_future_s
+        self.largest_time = lambda: -np.inf     # the engine's largest accepted event time (set by the engine)
 
     def unit_ids(self, units) -> np.ndarray:
         """Keyed 64-bit ids of privacy-unit values (as the records carry them)."""
@@ -306,13 +346,18 @@ class RecordReader:
         sensitive = list(zip(*[[c[i] for i in il] for c in sens_cols])) if sens_cols else [()] * len(il)
         # every event accepted (the usual batch): the columns as read, without a copy by index
         carried = {f: (cols[f] if len(il) == n else [cols[f][i] for i in il]) for f in self.carried}
-        if self.seen is not None and len(idx):
+        if len(idx) and (self.seen is not None or self.max_future_s is not None):
             # last: the table of seen events changes only for a batch that was read in full
-            dup = self.seen.check(self.event_keys(tokens), times[idx])
-            if dup.any():
+            keys = self.event_keys(tokens) if self.seen is not None else None
+            dup, future = arrival_checks(keys, times[idx], self.seen, self.max_future_s, self.largest_time())
+            drop = dup | future
+            if drop.any():
                 for i in idx[dup].tolist():
                     reasons[i] = DUPLICATE_EVENT
-                keep = ~dup
+                for i in idx[future].tolist():
+                    reasons[i] = f"{FUTURE_EVENT_TIME}: {tf} more than {self.max_future_s:g} s beyond the " \
+                                 "largest event time accepted (stream.max_future_s)"
+                keep = ~drop
                 kl = keep.tolist()
                 idx, units = idx[keep], units[keep]
                 tokens = [t for t, k in zip(tokens, kl) if k]

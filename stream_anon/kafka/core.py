@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -553,14 +554,18 @@ class WorkerCore:
         self.note_committed(ps, rec)
         return rec
 
-    def idle_partitions(self) -> list[PartitionState]:
+    def idle_partitions(self, answered_at: float = math.inf, not_before: float = -math.inf) -> list[PartitionState]:
         """Partitions to flush: every partition of this worker has had no input for ``flush_when_idle_s``
         (judged over all partitions: one may wait in the fetch buffer while another is served, and flushing it
-        early would change its releases), and this one holds records or an open window."""
+        early would change its releases), and this one holds records or an open window.
+
+        With a broker (the Kafka loop): the quiet time counts from ``not_before`` at the earliest (the end of the
+        last outage: a backlog is still to come) and must have been confirmed by the broker, i.e. a request sent
+        at ``answered_at`` at least ``flush_when_idle_s`` after it was answered."""
         if not self.flush_when_idle_s or not self.parts:
             return []
-        now = time.monotonic()
-        if now - max(ps.last_input for ps in self.parts.values()) < self.flush_when_idle_s:
+        quiet_since = max(max(ps.last_input for ps in self.parts.values()), not_before)
+        if min(time.monotonic(), answered_at) - quiet_since < self.flush_when_idle_s:
             return []
         return [ps for ps in self.parts.values() if ps.dirty_since_flush]
 

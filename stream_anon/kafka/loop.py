@@ -22,6 +22,7 @@ Failures:
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -39,6 +40,8 @@ log = logging.getLogger("stream_anon.worker")
 client_log = logging.getLogger("stream_anon.kafka.client")
 
 TXN_TIMEOUT_S = 60.0
+PROBE_INTERVAL_S = 2.0                 # the broker watchdog's metadata request, every ...
+PROBE_TIMEOUT_S = 4.0                  # ... unanswered after this: the broker is lost
 _UNSET = -1001                         # librdkafka's OFFSET_INVALID (no committed offset)
 
 
@@ -78,6 +81,12 @@ class KafkaLoop:
         self.halted: dict[int, dict] = {}                 # partition -> {"reason", "detail", "since"}
         self.assigned: set[int] = set()
         self.connected = True
+        # Broker liveness (a watchdog thread probes it: a stopped broker gives no transport error, only silence):
+        # when the last answered probe was sent, and when the last outage ended (the idle clock restarts there).
+        self._answered_at = -math.inf
+        self._outage_ended_at = -math.inf
+        self._conn_lock = threading.Lock()
+        self.probe_interval_s, self.probe_timeout_s = PROBE_INTERVAL_S, PROBE_TIMEOUT_S
         self.ready = False                               # assigned partitions recovered (readiness)
         self.stopping = threading.Event()
         self.stopped = threading.Event()
@@ -98,6 +107,7 @@ class KafkaLoop:
     def run(self) -> None:
         try:
             self._setup()
+            threading.Thread(target=self._watch_broker, name="broker-watchdog", daemon=True).start()
             while not self.stopping.is_set():
                 self._step()
         except BaseException as exc:       # the app reports it and exits non-zero; nothing was committed
@@ -158,8 +168,6 @@ class KafkaLoop:
             if p in self.halted or p not in self.core.parts:
                 continue
             by_part.setdefault(p, []).append((m.offset(), m.value()))
-        if msgs:
-            self._connected()
         for p, batch in by_part.items():
             ps = self.core.parts.get(p)
             if ps is None or p in self.halted:
@@ -168,7 +176,10 @@ class KafkaLoop:
             if out.last_offset != ps.offset or out.messages:
                 self._commit(ps, out.messages, out.last_offset)
                 self._note_latency(out)
-        for ps in self.core.idle_partitions():
+        # Idle means the stream is quiet, not that the broker is: the partitions must have been without input since
+        # a broker that was answering (a probe sent at least flush_when_idle_s after the last input and after the
+        # end of the last outage answered). A flush during a broker pause made its backlog late (879 events).
+        for ps in self.core.idle_partitions(answered_at=self._answered_at, not_before=self._outage_ended_at):
             if ps.partition not in self.halted:
                 self._flush(ps)
         now = time.monotonic()
@@ -411,15 +422,34 @@ class KafkaLoop:
             client_log.warning("kafka: %s", err)
 
     def _lost(self, why: str) -> None:
-        if self.connected:
-            self.connected = False
-            self.counters["broker_lost"] += 1
-            log.warning("broker connection lost (%s): processing waits; nothing is committed meanwhile", why)
+        with self._conn_lock:
+            if self.connected:
+                self.connected = False
+                self.counters["broker_lost"] += 1
+                log.warning("broker connection lost (%s): processing waits; nothing is committed meanwhile", why)
 
     def _connected(self) -> None:
-        if not self.connected:
-            self.connected = True
-            log.warning("broker connection restored")
+        with self._conn_lock:
+            if not self.connected:
+                self.connected = True
+                self._outage_ended_at = time.monotonic()
+                log.warning("broker connection restored")
+
+    def _watch_broker(self) -> None:
+        """Probe the broker with a metadata request every ``probe_interval_s`` (its own client: the loop's thread
+        may be blocked in a transaction meanwhile). Unanswered within ``probe_timeout_s``: lost; answered again:
+        restored. One warning each way."""
+        admin = AdminClient({**self.cfg, "logger": client_log})
+        while not self.stopping.wait(self.probe_interval_s):
+            sent = time.monotonic()
+            try:
+                admin.list_topics(topic=self.input, timeout=self.probe_timeout_s)
+            except Exception as exc:  # noqa: BLE001 - KafkaException (timeout, transport) or anything else
+                self._lost(f"no answer to a metadata request within {self.probe_timeout_s:g} s: "
+                           f"{type(exc).__name__}")
+                continue
+            self._connected()
+            self._answered_at = sent
 
     def _send_metric(self, doc: dict) -> None:
         doc = {"stream": self.core.stream, "ts": time.time(), **doc}

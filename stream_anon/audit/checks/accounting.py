@@ -11,8 +11,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 
 from ..check import AuditContext, RawEvent, ViolationLog
-from ..inputs import source_key
-from ..primitives import string_values
+from ..primitives import source_key, string_values
 
 
 class Accounting:

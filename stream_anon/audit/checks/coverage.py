@@ -27,7 +27,7 @@ class Coverage:
         log = ViolationLog()
         checked = 0
         for r in ctx.records:
-            raw = ctx.by_token.get(r.get("audit_token"))
+            raw = ctx.raw_of(r)
             if raw is None or raw.event is None:
                 continue  # reported by k / accounting
             # A raw event type beside a class box would split the class (contracts.md section 5): it may appear

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from ..check import MAX_EXAMPLES, AuditContext, ViolationLog
 from ..config import MInvarianceConfig
@@ -124,8 +124,11 @@ class _Group:
 
 # ----------------------------------------------------------------------------------------------- checker
 def check_m_invariance(records: list[dict], manifests: list[dict], raw_events: Iterable, secret: bytes | str,
-                       config: MInvarianceConfig) -> MInvarianceReport:
-    """Verify m-uniqueness, invariance and counterfeit accounting (module docstring)."""
+                       config: MInvarianceConfig,
+                       event_of: Callable[[dict], dict | None] | None = None) -> MInvarianceReport:
+    """Verify m-uniqueness, invariance and counterfeit accounting (module docstring). ``event_of``: the raw event
+    a record stands for (the audit's :meth:`..check.AuditContext.raw_of`, which knows the dead letters); without
+    it, the first raw event with the record's token."""
     cfg = config
     secret = secret.encode() if isinstance(secret, str) else secret
     records, manifests = _dedupe(list(records), list(manifests))
@@ -147,7 +150,7 @@ def check_m_invariance(records: list[dict], manifests: list[dict], raw_events: I
         pub = as_text(get_path(r.get("sensitive") or {}, cfg.invariant))
         if pub is not None:
             g.signature.add(pub)
-        event = by_token.get(r.get("audit_token"))
+        event = event_of(r) if event_of is not None else by_token.get(r.get("audit_token"))
         if event is None:
             g.cf_records += 1
             cf_total += 1
@@ -278,8 +281,11 @@ class MInvariance:
             log = ViolationLog()
             log.fail("anonymization.m is set but sensitive.invariant is not")
             return log.result()
+        def event_of(record: dict) -> dict | None:
+            raw = ctx.raw_of(record)
+            return None if raw is None else raw.event
         rep = check_m_invariance(ctx.records, ctx.manifests, [r.event for r in ctx.raws if r.event is not None],
-                                 ctx.secret, cfg.m_invariance())
+                                 ctx.secret, cfg.m_invariance(), event_of=event_of)
         return {"passed": rep.passed, "violations": sum(c["violations"] for c in rep.checks.values()),
                 "summary": rep.summary, "checks": rep.checks,
                 "examples": [ex for c in rep.checks.values() for ex in c["examples"]][:MAX_EXAMPLES]}

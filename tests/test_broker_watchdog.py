@@ -1,0 +1,68 @@
+"""The worker's broker watchdog (issue 10, outages reported by us): a broker that stops answering (SIGSTOP gives no
+transport error, only silence) is reported once when lost and once when back, and the idle flush then waits for
+quiet time confirmed by the answering broker. In-process: a stub admin client stands for the broker."""
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from pathlib import Path
+
+from stream_anon.config import load_config
+from stream_anon.kafka import loop as loop_module
+from stream_anon.kafka.core import WorkerCore
+from stream_anon.kafka.loop import KafkaLoop
+
+OYSTER = Path(__file__).resolve().parents[1] / "configs" / "oyster.toml"
+SECRET = b"watchdog-secret-6f1d0c9a8b7e2d4c3b5a69788f0e1d2c"
+
+
+class PausableBroker:
+    """An admin client whose metadata requests go unanswered while ``paused`` is set."""
+
+    paused = threading.Event()
+    calls = 0
+
+    def __init__(self, conf):
+        pass
+
+    def list_topics(self, topic=None, timeout=None):
+        type(self).calls += 1
+        if self.paused.is_set():
+            time.sleep(min(timeout, 0.02))
+            raise loop_module.KafkaException("Local: Timed out")
+        return object()
+
+
+def test_one_warning_when_the_broker_stops_answering_and_one_when_it_is_back(monkeypatch, caplog):
+    monkeypatch.setattr(loop_module, "AdminClient", PausableBroker)
+    core = WorkerCore(load_config(OYSTER), "watchdog", SECRET, flush_when_idle_s=1.0)
+    loop = KafkaLoop(core, {"bootstrap.servers": "localhost:9"})
+    loop.probe_interval_s, loop.probe_timeout_s = 0.01, 0.02
+    caplog.set_level(logging.WARNING, logger="stream_anon.worker")
+    watchdog = threading.Thread(target=loop._watch_broker, daemon=True)
+    watchdog.start()
+
+    def wait_for(pred):
+        deadline = time.monotonic() + 5
+        while not pred() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert pred()
+    try:
+        wait_for(lambda: loop._answered_at > -math.inf)
+        PausableBroker.paused.set()
+        wait_for(lambda: not loop.connected)
+        n = PausableBroker.calls
+        wait_for(lambda: PausableBroker.calls > n + 10)        # many unanswered probes: still one warning
+        assert loop.counters["broker_lost"] == 1
+        paused_at = time.monotonic()
+        PausableBroker.paused.clear()
+        wait_for(lambda: loop.connected and loop._answered_at > paused_at)
+        assert loop._outage_ended_at >= paused_at             # the idle clock restarts at the end of the outage
+    finally:
+        loop.stop()
+        PausableBroker.paused.clear()
+        watchdog.join(5)
+    warnings = [r.getMessage() for r in caplog.records if r.name == "stream_anon.worker"]
+    assert [w.split(" (")[0] for w in warnings] == ["broker connection lost", "broker connection restored"]
