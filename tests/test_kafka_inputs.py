@@ -55,6 +55,19 @@ def _expected_events(cfg, messages) -> int:
     return sum(max(1, len(d.decode(m, "t", 0, i).events)) for i, m in enumerate(messages))
 
 
+def run_and_audit(path, bootstrap, tmp_path, secret, expected: int):
+    """A worker until ``expected`` events are accounted for, then the independent audit: (accounting, report,
+    summary), with the accounting, the audit's verdict and its events-in equation asserted."""
+    acc = run_until_accounted(path, bootstrap, tmp_path / "state", expected, timeout_s=150,
+                              log_path=tmp_path / "worker.log")
+    assert acc["accounted"] == expected
+    report = audit_from_kafka(bootstrap, path, secret, idle_s=1.5)
+    assert report.passed, report.format_text()
+    s = report.summary
+    assert s["events_in"] == expected == s["published"] + s["suppressed"] + s["dead_lettered"] + s["deferred"]
+    return acc, report, s
+
+
 def test_tesla_fleet_telemetry_through_worker_and_audit(broker, tmp_path, secret_env):
     # one partition: the car's 19 drivers rarely overlap in time, so k = 3 needs them all in one engine
     path, cfg = stream_copy(tmp_path, "obd2-tesla", "tesla-e2e", broker.bootstrap, partitions=1)
@@ -72,13 +85,7 @@ def test_tesla_fleet_telemetry_through_worker_and_audit(broker, tmp_path, secret
                  progress=False)
     assert rep["raw"] == n + len(bad)
     expected = n + len(bad)
-    acc = run_until_accounted(path, broker.bootstrap, tmp_path / "state", expected, timeout_s=150,
-                              log_path=tmp_path / "worker.log")
-    assert acc["accounted"] == expected
-    report = audit_from_kafka(broker.bootstrap, path, secret_env, idle_s=1.5)
-    assert report.passed, report.format_text()
-    s = report.summary
-    assert s["events_in"] == expected == s["published"] + s["suppressed"] + s["dead_lettered"] + s["deferred"]
+    acc, report, s = run_and_audit(path, broker.bootstrap, tmp_path, secret_env, expected)
     assert s["dead_lettered"] >= len(bad) + 1          # the bad messages + readings without a GPS fix
     assert s["published"] > 1000 and s["min_individuals"] >= 3
     deads = [d for _, d, _, _ in read_all(broker.bootstrap, "anon.deadletter", stream="tesla-e2e")]
@@ -114,13 +121,7 @@ def test_gtfs_realtime_feeds_through_worker_and_audit(broker, tmp_path, secret_e
     rep = replay(broker.bootstrap, cfg.stream.input_topic, [], None,
                  raw_payloads=[(b"feed", m) for m in messages], secret=secret_env, progress=False)
     assert rep["raw"] == len(messages)
-    acc = run_until_accounted(path, broker.bootstrap, tmp_path / "state", expected, timeout_s=150,
-                              log_path=tmp_path / "worker.log")
-    assert acc["accounted"] == expected
-    report = audit_from_kafka(broker.bootstrap, path, secret_env, idle_s=1.5)
-    assert report.passed, report.format_text()
-    s = report.summary
-    assert s["events_in"] == expected == s["published"] + s["suppressed"] + s["dead_lettered"] + s["deferred"]
+    acc, report, s = run_and_audit(path, broker.bootstrap, tmp_path, secret_env, expected)
     assert s["dead_lettered"] == len(bad) + 1 and s["published"] > 2500
     deads = [d for _, d, _, _ in read_all(broker.bootstrap, "anon.deadletter", stream="gtfs-e2e")]
     indexed = [d for d in deads if "index" in d["source"]]
@@ -145,13 +146,7 @@ def test_oyster_csv_replayed_from_the_raw_file_through_worker_and_audit(broker, 
     assert main(["replay", "--file", str(raw_file), "--config", str(path), "--topic", cfg.stream.input_topic,
                  "--broker", broker.bootstrap, "--quiet"]) == 0
     expected = 3001
-    acc = run_until_accounted(path, broker.bootstrap, tmp_path / "state", expected, timeout_s=150,
-                              log_path=tmp_path / "worker.log")
-    assert acc["accounted"] == expected
-    report = audit_from_kafka(broker.bootstrap, path, secret_env, idle_s=1.5)
-    assert report.passed, report.format_text()
-    s = report.summary
-    assert s["events_in"] == expected == s["published"] + s["suppressed"] + s["dead_lettered"] + s["deferred"]
+    acc, report, s = run_and_audit(path, broker.bootstrap, tmp_path, secret_env, expected)
     assert s["dead_lettered"] == 1 and s["published"] > 2500 and s["min_individuals"] >= cfg.anonymization.k
     assert report.checks["leaks"]["passed"]
     deads = [d for _, d, _, _ in read_all(broker.bootstrap, "anon.deadletter", stream="oyster-csv-e2e")]

@@ -480,22 +480,8 @@ class DPAggregator:
             nb = len(spec.bins) - 1
             b = np.clip(np.searchsorted(spec.bins, values[cand], side="right") - 1, 0, nb - 1)
             idx_a = idx_a * nb + b.astype(np.int64)
-        idx_a = idx_a[keep]
-        n = len(spec.domain)
-        count = np.bincount(idx_a, minlength=n).astype(float)
-        x: dict[str, np.ndarray] = {}
-        if spec.kind in ("count", "histogram"):
-            x["count"] = count
-        elif spec.kind in ("sum", "mean"):
-            v = np.clip(values[cand][keep], spec.lower, spec.upper)
-            v = np.round(v / spec.resolution) * spec.resolution      # integer noise in units of the resolution
-            x["sum"] = np.bincount(idx_a, weights=v, minlength=n) if len(v) else np.zeros(n)
-            if spec.kind == "mean":
-                x["count"] = count
-        else:
-            num = values[cand][keep].astype(float)
-            x["numerator"] = np.bincount(idx_a, weights=num, minlength=n) if len(num) else np.zeros(n)
-            x["denominator"] = count
+        kept = None if spec.kind in ("count", "histogram") else values[cand][keep].astype(float)
+        x = self._cell_sums(spec, idx_a[keep], kept)
         kept_units: set = set()
         if self.track_individuals:
             kept = units[keep].tolist()
@@ -548,24 +534,32 @@ class DPAggregator:
             nb = len(spec.bins) - 1
             b = np.clip(np.searchsorted(spec.bins, np.asarray(vals, dtype=float), side="right") - 1, 0, nb - 1)
             idx_a = idx_a * nb + b.astype(np.int64)
-        idx_a = idx_a[keep]
-        n = len(spec.domain)
-        count = np.bincount(idx_a, minlength=n).astype(float)
-        x: dict[str, np.ndarray] = {}
-        if spec.kind in ("count", "histogram"):
-            x["count"] = count
-        elif spec.kind in ("sum", "mean"):
-            v = np.clip(np.asarray([vals[i] for i in np.flatnonzero(keep)], dtype=float), spec.lower, spec.upper)
-            v = np.round(v / spec.resolution) * spec.resolution      # integer noise in units of the resolution
-            x["sum"] = np.bincount(idx_a, weights=v, minlength=n) if len(v) else np.zeros(n)
-            if spec.kind == "mean":
-                x["count"] = count
-        else:
-            num = np.asarray([vals[i] in spec.numerator_values for i in np.flatnonzero(keep)], dtype=float)
-            x["numerator"] = np.bincount(idx_a, weights=num, minlength=n) if len(num) else np.zeros(n)
-            x["denominator"] = count
+        kept = None
+        if spec.kind in ("sum", "mean"):
+            kept = np.asarray([vals[i] for i in np.flatnonzero(keep)], dtype=float)
+        elif spec.kind == "ratio":
+            kept = np.asarray([vals[i] in spec.numerator_values for i in np.flatnonzero(keep)], dtype=float)
+        x = self._cell_sums(spec, idx_a[keep], kept)
         kept_units = {u for u, k in zip(units, keep) if k} if self.track_individuals else set()
         return x, {"contributions_cut": cut, "out_of_domain": ood, "missing": missing, **extra}, kept_units
+
+    @staticmethod
+    def _cell_sums(spec: AggregateSpec, cells: np.ndarray, kept: np.ndarray | None) -> dict[str, np.ndarray]:
+        """Cell values from the contributions kept after bounding: the cell of each (``cells``) and, for sums and
+        means, its value (clamped to the bounds here), for ratios whether it counts in the numerator (0/1)."""
+        n = len(spec.domain)
+        count = np.bincount(cells, minlength=n).astype(float)
+        if spec.kind in ("count", "histogram"):
+            return {"count": count}
+        if spec.kind in ("sum", "mean"):
+            v = np.clip(kept, spec.lower, spec.upper)
+            v = np.round(v / spec.resolution) * spec.resolution      # integer noise in units of the resolution
+            x = {"sum": np.bincount(cells, weights=v, minlength=n) if len(v) else np.zeros(n)}
+            if spec.kind == "mean":
+                x["count"] = count
+            return x
+        return {"numerator": np.bincount(cells, weights=kept, minlength=n) if len(kept) else np.zeros(n),
+                "denominator": count}
 
     def true_values(self, name: str, events) -> dict[str, np.ndarray]:
         """Bounded, noise-free cell values of one window of events for aggregate ``name`` (error measurement

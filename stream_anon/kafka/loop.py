@@ -93,7 +93,6 @@ class KafkaLoop:
         self.error: BaseException | None = None
         self.counters = {"transactions": 0, "aborted": 0, "recoveries": 0, "halts": 0, "broker_lost": 0,
                          "state_bytes": 0, "full_state_records": 0}
-        self._last_state_bytes = 0
         self._consumer: Consumer | None = None
         self._plain: Producer | None = None
         self._last_metric = 0.0
@@ -201,12 +200,11 @@ class KafkaLoop:
         prod = self.producers[p]
         seq = ps.seq + 1
         rec = self.core.state_record(ps, seq, offset, flush_pending)
+        value = st.encode_state(rec)
         try:
             prod.begin_transaction()
             for topic, key, value in messages:
                 self._produce(prod, topic, value, key)
-            value = st.encode_state(rec)
-            self._last_state_bytes = len(value)
             self._produce(prod, self.state_topic, value, st.state_key(self.core.stream, p, seq), partition=p)
             if rec.full:          # the chain before this full record is obsolete: tombstones for compaction
                 for old in range(ps.chain_start, seq):
@@ -219,7 +217,7 @@ class KafkaLoop:
         self.core.note_committed(ps, rec)
         self.counters["transactions"] += 1
         self.counters["full_state_records"] += rec.full
-        self.counters["state_bytes"] += self._last_state_bytes
+        self.counters["state_bytes"] += len(value)
         self._connected()
         self._write_cache(ps)
         return True
