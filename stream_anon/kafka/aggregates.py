@@ -8,10 +8,10 @@ their budgets compose in parallel: McSherry, PINQ, SIGMOD 2009, Theorem 4):
   fields of the accepted events that arrived while it was open) is handed to the aggregator, which releases it
   (and every skipped window, empty: publication never depends on data). The engine carries the fields listed by
   :func:`needed_fields` and keeps the open window's in its checkpointed state.
-- **Ledger**: ``<state_dir>/<app_id>/<stream>-p<partition>.ledger.json`` (beside the partition checkpoint), written
-  durably by :meth:`BudgetLedger.reserve_many` inside the aggregator -- i.e. **before** the worker delivers the
-  rows that spend it. The aggregator's counters go into the partition checkpoint (``state["dp"]``).
-- **Restarts**: the worker re-processes input after its checkpoint. The re-closed windows find their
+- **Ledger**: kept in the partition's state (:meth:`PartitionAggregates.state_core`), written in the same Kafka
+  transaction as the rows that spend it (stream_anon.kafka.state); the aggregator's counters and the per-unit
+  window counts (``dp:<aggregate>`` tables) go there too.
+- **Restarts**: the worker re-processes input after its committed state. The re-closed windows find their
   reservations in the ledger (idempotent: nothing is spent twice) and get the same noise, because the noise
   seed is ``HMAC(stream secret, stream, partition)`` and each window's generator ``HMAC(seed, aggregate,
   component, output, window)`` (:func:`stream_anon.crypto.dp_noise_seed`). A re-produced row is identical to the
@@ -24,7 +24,6 @@ plus a ``budget_exhausted`` event when the ledger stops an aggregate.
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from pathlib import Path
 
 import numpy as np
 
@@ -32,10 +31,6 @@ from stream_anon import crypto
 from stream_anon.contract import topics
 from stream_anon.dp import BudgetLedger, DPAggregator
 from stream_anon.dp.columns import WindowColumns
-
-def ledger_path(state_dir, app_id: str, stream: str, partition: int) -> Path:
-    return Path(state_dir) / app_id / f"{stream}-p{partition}.ledger.json"
-
 
 def needed_fields(dp, event_time: str) -> tuple[str, ...]:
     """Every field the aggregates read: the engine carries only these to the closed windows."""
@@ -210,16 +205,5 @@ class PartitionAggregates:
 
 def _now_iso() -> str:
     return datetime.now(timezone.utc).isoformat()
-
-
-def for_partition(config, state_dir, app_id: str, partition: int, secret: bytes,
-                  checkpoint_state: dict | None) -> PartitionAggregates | None:
-    """The partition's aggregates (resumed from ``checkpoint_state["dp"]`` when present), or None when the
-    stream has no aggregates."""
-    if config.dp is None or not config.dp.aggregates:
-        return None
-    dp_state = (checkpoint_state or {}).get("dp")
-    return PartitionAggregates(config, partition, secret,
-                               ledger_path(state_dir, app_id, config.stream.name, partition), dp_state)
 
 
