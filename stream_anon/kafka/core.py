@@ -178,8 +178,8 @@ class WorkerCore:
                 raise ValueError(f"partition {partition}: state document of another stream, partition or version "
                                  f"({doc.get('stream')!r}, {doc.get('partition')!r}, v{doc.get('version')!r})")
             tables = tables or {}
-            own = {n: t for n, t in tables.items() if not n.startswith(aggregates.TABLE_PREFIX)}
-            engine = Engine.restore(self.config, partition, self.secret, doc["engine"], own, self.carried)
+            engine = Engine.restore(self.config, partition, self.secret, doc["engine"], engine_tables(tables),
+                                    self.carried)
             ps = PartitionState(partition, engine, offset=doc["offset"], seq=doc["seq"],
                                 input_topic_id=doc.get("input_topic_id"), flush_pending=doc.get("flush_pending",
                                                                                                   False))
@@ -243,7 +243,10 @@ class WorkerCore:
     def note_committed(self, ps: PartitionState, rec: st.StateRecord) -> None:
         """``rec`` was committed: it is the partition's state now."""
         ps.seq, ps.offset, ps.flush_pending = rec.seq, rec.doc["offset"], rec.doc.get("flush_pending", False)
-        ps.chain = [rec] if rec.full else ps.chain + [rec]
+        if rec.full:
+            ps.chain = [rec]
+        else:
+            ps.chain.append(rec)
         ps.next_full = False
         if rec.full:
             ps.chain_start = rec.seq
@@ -593,9 +596,14 @@ def composed_doc(doc: dict | None, tables: dict) -> dict | None:
     tables under ``dp_tables``."""
     if doc is None:
         return None
-    own = {n: t for n, t in tables.items() if not n.startswith(aggregates.TABLE_PREFIX)}
+    own = engine_tables(tables)
     out = {**doc, "engine": compose_state(doc["engine"], own)}
-    dp = {n: t for n, t in tables.items() if n.startswith(aggregates.TABLE_PREFIX)}
+    dp = {n: t for n, t in tables.items() if n not in own}
     if dp:
         out["dp_tables"] = dp
     return out
+
+
+def engine_tables(tables: dict) -> dict:
+    """The engine's tables among a partition's (the DP aggregates' carry the ``dp:`` prefix)."""
+    return {n: t for n, t in tables.items() if not n.startswith(aggregates.TABLE_PREFIX)}
