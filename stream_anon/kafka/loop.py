@@ -200,12 +200,12 @@ class KafkaLoop:
         prod = self.producers[p]
         seq = ps.seq + 1
         rec = self.core.state_record(ps, seq, offset, flush_pending)
-        value = st.encode_state(rec)
+        state_value = st.encode_state(rec)
         try:
             prod.begin_transaction()
             for topic, key, value in messages:
                 self._produce(prod, topic, value, key)
-            self._produce(prod, self.state_topic, value, st.state_key(self.core.stream, p, seq), partition=p)
+            self._produce(prod, self.state_topic, state_value, st.state_key(self.core.stream, p, seq), partition=p)
             if rec.full:          # the chain before this full record is obsolete: tombstones for compaction
                 for old in range(ps.chain_start, seq):
                     self._produce(prod, self.state_topic, None, st.state_key(self.core.stream, p, old), partition=p)
@@ -217,7 +217,7 @@ class KafkaLoop:
         self.core.note_committed(ps, rec)
         self.counters["transactions"] += 1
         self.counters["full_state_records"] += rec.full
-        self.counters["state_bytes"] += len(value)
+        self.counters["state_bytes"] += len(state_value)
         self._connected()
         self._write_cache(ps)
         return True
