@@ -21,6 +21,7 @@ Outputs (``write_outputs``): ``results.json`` (one row per dataset, strategy and
 from __future__ import annotations
 
 import inspect
+import logging
 import json
 import time
 from dataclasses import dataclass, field
@@ -34,6 +35,8 @@ from stream_anon import contract
 from stream_anon.config import QuasiIdentifier
 from stream_anon.engine.space import QISpace
 from stream_anon.hierarchy import Hierarchy
+
+log = logging.getLogger("stream_anon.evaluate")
 
 EVAL_DATASETS = ("adult", "oyster", "citibike", "obd2")
 BASELINES = ("raw", "mondrian-records")
@@ -530,8 +533,14 @@ def markdown_table(rows: list[dict]) -> str:
 
 
 def plot(rows: list[dict], out: Path) -> list[Path]:
-    """PNG plots against k per strategy; baselines without k (raw) as dashed horizontal lines."""
-    import matplotlib
+    """PNG plots against k per strategy; baselines without k (raw) as dashed horizontal lines. Without matplotlib
+    (the ``eval`` extra) no plot is drawn: the tables are the results."""
+    try:
+        import matplotlib
+    except ImportError:
+        log.warning("matplotlib is not installed (pip install 'stream-anon[eval]'): no plots, results.json and "
+                    "results.md only")
+        return []
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
