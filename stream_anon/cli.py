@@ -178,14 +178,14 @@ def _cmd_evaluate(args) -> int:
                       baselines=baselines)
         from stream_anon.evaluate import comparison_table
         print(comparison_table(res["comparison"]), end="")
-        print(f"wrote {args.out}/comparison.md, comparison.json, results.json, results.md and plots")
+        print(f"wrote {args.out}/: {', '.join(sorted(p.name for p in Path(args.out).iterdir()))}")
         return 0
     if not args.dataset:
         print("stream-anon evaluate: give --dataset NAME, or --config C --file F for your own data", file=sys.stderr)
         return 2
     run(args.dataset, strategies, ks, args.out, l=args.l, full=args.full, limit=args.limit,
         encoding=args.encoding, seed=args.seed, baselines=baselines, fit_time_bounds=args.fit_time_bounds)
-    print(f"wrote {args.out}/results.json, results.md and plots")
+    print(f"wrote {args.out}/: {', '.join(sorted(p.name for p in Path(args.out).iterdir()))}")
     return 0
 
 
