@@ -98,7 +98,7 @@ def _cmd_audit(args) -> int:
         return 1
     alerts = (report.health or {}).get("alerts", {})
     if args.fail_on_alert and alerts:
-        print(f"stream-anon audit: --fail-on-alert: alerts on anon.metrics: "
+        print("stream-anon audit: --fail-on-alert: alerts on anon.metrics: "
               + ", ".join(f"{k} x{v}" for k, v in sorted(alerts.items())), file=sys.stderr)
         return 3
     return 0

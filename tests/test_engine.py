@@ -200,3 +200,72 @@ def test_fast_audit_tokens_equal_crypto_audit_token():
     ids = ["e1", "", "ünïcode-∑", "x" * 300]
     for secret in (b"", b"short", b"k" * 64, b"k" * 65, bytes(range(200))):
         assert AuditTokens(secret)(ids) == [crypto.audit_token(secret, e) for e in ids]
+
+
+# -- the reader's column-at-a-time fast paths decide exactly as the event-by-event checks ---------------------------
+HOSTILE = {
+    "event_id": ["", None, 7, "é-id", "\ud800", "e-dup"],
+    "event_type": ["teleport", None, ["tap_in"], 1, "TAP_IN"],
+    "journey_id": ["", None, True, 3, 2.5, "ü", "\udc00", {"a": 1}, [1]],
+    "event_time": ["yesterday", None, 1257724800, 1257724800.5, True, "2009-11-09T08:00:00", "2009-11-09T08:00:00Z",
+                   float("nan"), "2030-01-01T00:00:00+00:00"],
+    "station": ["Nowhere", None, 5],
+    "full_fare_pence": [-1, 2001, 1.5, "120", True, 1, None, 120.0, float("inf")],
+    "daily_capping": [1, 0, "yes", None, False, True],
+    "fare_product": ["Made-up product", 3, None],
+    "product_category": ["unknown", None],
+}
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_reader_fast_paths_agree_with_event_by_event_checks(data):
+    from pathlib import Path
+
+    from stream_anon.config import load_config
+    from stream_anon.datasets import load_events
+    from stream_anon.engine import records
+
+    config = load_config(Path(__file__).resolve().parents[1] / "configs" / "oyster.toml")
+    base = load_events("oyster", limit=40)
+    batch = [dict(e) for e in data.draw(st.lists(st.sampled_from(base), min_size=1, max_size=25))]
+    for e in batch:       # a few hostile fields; most batches keep some events clean
+        for f in data.draw(st.lists(st.sampled_from(sorted(HOSTILE)), max_size=2, unique=True)):
+            e[f] = data.draw(st.sampled_from(HOSTILE[f]))
+    if data.draw(st.booleans()):   # one type per column (int units, numeric times): the other bulk branches
+        for i, e in enumerate(batch):
+            e["journey_id"], e["event_time"] = i + 1, 1257760000 + 60 * (i % 3)
+
+    def read(fast: bool):
+        engine = Engine(config, secret=SECRET)
+        reader = engine.reader
+        if not fast:
+            reader._bulk_checks = lambda cols, n: None
+            saved, records._published_in_domain = records._published_in_domain, lambda dom, col: None
+        try:
+            rec, rejected = reader.read(batch)
+        finally:
+            if not fast:
+                records._published_in_domain = saved
+        return (rec.index.tolist(), rec.units.tolist(), rec.tokens, rec.times.tolist(), rec.X.tolist(),
+                rec.sensitive, rejected)
+
+    assert read(fast=True) == read(fast=False)
+
+
+def test_domain_fast_path_never_merges_equal_values_of_different_types():
+    """1 == 1.0 == True and 0 == False: as dict keys they would share one verdict."""
+    from stream_anon.config import SensitiveDomain
+    from stream_anon.engine.records import _published_in_domain
+
+    boolean = SensitiveDomain("daily_capping", type="boolean")
+    number = SensitiveDomain("fare", type="number", lower=0, upper=10, integer=True)
+    for domain, column in ((boolean, [False, 0]), (boolean, [True, 1.0]), (number, [1, True]), (number, [0, False])):
+        published = _published_in_domain(domain, column)
+        expected = [domain.check(v) for v in column]
+        if any(why is not None for _, why in expected):
+            assert published is None, (domain.type, column)
+        else:
+            assert published == [v for v, _ in expected]
+    assert _published_in_domain(number, [3, 4, 3]) == [3, 4, 3]
+    assert _published_in_domain(number, [3, 11]) is None

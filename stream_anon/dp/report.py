@@ -10,7 +10,6 @@ gets by adding up per-window releases; Chan, Shi & Song 2011, section 1: error g
 """
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 import numpy as np

@@ -20,7 +20,7 @@ from operator import itemgetter
 
 import numpy as np
 
-from stream_anon import crypto
+from stream_anon import crypto  # noqa: F401  (the doctests use it)
 from stream_anon.config import SensitiveDomain
 from stream_anon.engine.space import QISpace, _parse_iso, parse_time
 
@@ -209,7 +209,7 @@ class RecordReader:
         key, blake2b = self._unit_key, hashlib.blake2b
         if len(units) == 0:
             return np.empty(0, dtype=np.int64)
-        text = [u if type(u) is str else str(u) for u in units]
+        text = units if set(map(type, units)) == {str} else [u if type(u) is str else str(u) for u in units]
         uniq = dict.fromkeys(text)           # a unit's events share one hash
         digests = dict(zip(uniq, [blake2b(u.encode(), key=key, digest_size=8).digest() for u in uniq]))
         return np.frombuffer(b"".join([digests[u] for u in text]), dtype="<i8").astype(np.int64)
@@ -236,21 +236,13 @@ class RecordReader:
             return cols, n
         n = len(events)
         cols = {}
-        flat = [f for f in self.fields if "." not in f]
-        if len(flat) > 1 and n:
-            # hot path: every event has every top-level field -> one C-level itemgetter per event
-            try:
-                rows = list(map(itemgetter(*flat), events))
-            except (KeyError, TypeError):
-                rows = None
-            if rows is not None:
-                cols.update(zip(flat, map(list, zip(*rows))))
         for f in self.fields:
-            if f in cols:
-                continue
             if "." in f:
                 cols[f] = [get_path(e, f) for e in events]
-            else:   # top-level field: a plain dict lookup
+                continue
+            try:    # hot path: every event has the top-level field -> a C-level loop
+                cols[f] = list(map(itemgetter(f), events))
+            except (KeyError, TypeError):
                 cols[f] = [e.get(f) for e in events]
         return cols, n
 
@@ -285,8 +277,38 @@ class RecordReader:
                        np.concatenate([p.X for p in parts]), [s for p in parts for s in p.sensitive],
                        {f: [v for p in parts for v in p.carried[f]] for f in self.carried})
 
-    def _read(self, events) -> tuple[Records, list[tuple[int, str]]]:
-        cols, n = self.columns(events)
+    def _bulk_checks(self, cols: dict[str, list], n: int) -> tuple[list, list] | None:
+        """(reasons, times) of the identity and time checks for a batch whose ids, types and units all pass
+        (checked a column at a time), times parsed once per distinct value; None when any of them may fail, and
+        :meth:`_read` checks event by event (same reasons: only the time check is left to give one)."""
+        eids, etypes, units, ts = cols["event_id"], cols["event_type"], cols[self.unit_field], cols[self.time_field]
+        try:
+            if not (set(map(type, eids)) == {str} and all(eids) and "".join(eids).isascii()
+                    and set(etypes) <= self.event_types):
+                return None
+            unit_types = set(map(type, units))
+            if unit_types == {str}:
+                if not (all(units) and "".join(units).isascii()):
+                    return None
+            elif unit_types != {int}:
+                return None
+        except TypeError:                       # an unhashable event type
+            return None
+        reasons: list[str | None] = [None] * n
+        if set(map(type, ts)) == {str}:         # str keys: no cross-type equality (1 == 1.0 == True)
+            parsed = {v: _parse_iso(v) for v in dict.fromkeys(ts)}
+            tl = list(map(parsed.__getitem__, ts))
+        else:
+            tl = [_parse_iso(v) if type(v) is str else parse_time(v) for v in ts]
+        if None in tl:
+            for i, t in enumerate(tl):
+                if t is None:
+                    reasons[i] = f"{self.time_field}: not an ISO-8601 time with UTC offset: {_short(ts[i])}"
+                    tl[i] = 0.0
+        return reasons, tl
+
+    def _event_checks(self, cols: dict[str, list], n: int) -> tuple[list, list]:
+        """(reasons, times) of the identity and time checks, event by event."""
         reasons: list[str | None] = [None] * n
         tl = [0.0] * n
         allowed = self.event_types
@@ -313,14 +335,29 @@ class RecordReader:
                     reasons[i] = f"{tf}: not an ISO-8601 time with UTC offset: {_short(ts)}"
                 else:
                     tl[i] = t
+        return reasons, tl
+
+    def _read(self, events) -> tuple[Records, list[tuple[int, str]]]:
+        cols, n = self.columns(events)
+        bulk = self._bulk_checks(cols, n)
+        if bulk is not None:
+            reasons, tl = bulk
+        else:
+            reasons, tl = self._event_checks(cols, n)
         times = np.array(tl, dtype=float)
         X, qi_reasons = self.space.encode({f: cols[f] for f in self.qi_fields})
-        for i, r in enumerate(qi_reasons):
-            if r is not None and reasons[i] is None:
-                reasons[i] = r
+        if qi_reasons.count(None) < n:
+            for i, r in enumerate(qi_reasons):
+                if r is not None and reasons[i] is None:
+                    reasons[i] = r
         sens_cols = []
         for dom in self.domains:   # sensitive values: only values inside the declared domain are kept
-            col = list(cols[dom.field])
+            col = cols[dom.field]
+            published = _published_in_domain(dom, col)
+            if published is not None:
+                sens_cols.append(published)
+                continue
+            col = list(col)
             verdicts: dict = {}    # a batch repeats few values: each distinct (type, value) is checked once
             for i, v in enumerate(col):
                 if reasons[i] is None:
@@ -335,17 +372,22 @@ class RecordReader:
                     if why is not None:
                         reasons[i] = f"sensitive {why}"
             sens_cols.append(col)
-        rows = np.fromiter((r is None for r in reasons), dtype=bool, count=n)
-        idx = np.flatnonzero(rows)
-        il = idx.tolist()
-        eid = cols["event_id"]
-        tokens = self._tokens([eid[i] for i in il])
+        if reasons.count(None) == n:       # every event accepted (the usual batch): the columns as read
+            idx = np.arange(n)
+
+            def take(col):
+                return col
+        else:
+            idx = np.flatnonzero(np.fromiter((r is None for r in reasons), dtype=bool, count=n))
+            il = idx.tolist()
+
+            def take(col):
+                return [col[i] for i in il]
+        tokens = self._tokens(take(cols["event_id"]))
         # keyed 64-bit hashes: a collision can only merge two people, which makes the k check stricter
-        unit_col = cols[self.unit_field]
-        units = self.unit_ids([unit_col[i] for i in il])
-        sensitive = list(zip(*[[c[i] for i in il] for c in sens_cols])) if sens_cols else [()] * len(il)
-        # every event accepted (the usual batch): the columns as read, without a copy by index
-        carried = {f: (cols[f] if len(il) == n else [cols[f][i] for i in il]) for f in self.carried}
+        units = self.unit_ids(take(cols[self.unit_field]))
+        sensitive = list(zip(*map(take, sens_cols))) if sens_cols else [()] * len(idx)
+        carried = {f: take(cols[f]) for f in self.carried}
         if len(idx) and (self.seen is not None or self.max_future_s is not None):
             # last: the table of seen events changes only for a batch that was read in full
             keys = self.event_keys(tokens) if self.seen is not None else None
@@ -355,7 +397,7 @@ class RecordReader:
                 for i in idx[dup].tolist():
                     reasons[i] = DUPLICATE_EVENT
                 for i in idx[future].tolist():
-                    reasons[i] = f"{FUTURE_EVENT_TIME}: {tf} more than {self.max_future_s:g} s beyond the " \
+                    reasons[i] = f"{FUTURE_EVENT_TIME}: {self.time_field} more than {self.max_future_s:g} s beyond the " \
                                  "largest event time accepted (stream.max_future_s)"
                 keep = ~drop
                 kl = keep.tolist()
@@ -365,6 +407,26 @@ class RecordReader:
                 carried = {f: [v for v, k in zip(col, kl) if k] for f, col in carried.items()}
         rejected = [(i, r) for i, r in enumerate(reasons) if r is not None]
         return Records(idx, units, tokens, times[idx], X[idx], sensitive, carried), rejected
+
+
+_SCALAR_TYPES = frozenset({str, type(None), int, float, bool})
+_NUMBER_TYPES = frozenset({int, float, bool})
+
+
+def _published_in_domain(domain: SensitiveDomain, values: list) -> list | None:
+    """The published values of a column whose every value is inside ``domain`` (each distinct value checked once);
+    None if a value may be rejected or cannot be a dict key on its own (1 == 1.0 == True), and the caller checks
+    value by value."""
+    types = set(map(type, values))
+    if not types <= _SCALAR_TYPES or len(types & _NUMBER_TYPES) > 1:
+        return None
+    published = {}
+    for v in dict.fromkeys(values):
+        shown, why = domain.check(v)
+        if why is not None:
+            return None
+        published[v] = shown
+    return list(map(published.__getitem__, values))
 
 
 def _utf8(text: str) -> bool:
@@ -378,3 +440,4 @@ def _utf8(text: str) -> bool:
 def _short(v, limit: int = 40) -> str:
     r = repr(v)
     return r if len(r) <= limit else r[:limit] + "..."
+

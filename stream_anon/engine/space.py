@@ -122,8 +122,15 @@ class QISpace:
         return X, reasons
 
     def _numeric(self, values, d, qi, reasons, field) -> np.ndarray:
-        out = np.empty(len(values))
         lo, hi = self.lower[d], self.upper[d]
+        if qi.kind == "timestamp" and set(map(type, values)) == {str}:
+            # the usual batch: time strings repeat at the source's resolution, each parsed once
+            parsed = {v: _parse_iso(v) for v in dict.fromkeys(values)}
+            if None not in parsed.values():
+                out = np.fromiter(map(parsed.__getitem__, values), dtype=float, count=len(values))
+                if ((out >= lo) & (out <= hi)).all():
+                    return out
+        out = np.empty(len(values))
         parse = parse_time if qi.kind == "timestamp" else _parse_number
         fast = _parse_iso if qi.kind == "timestamp" else None
         for i, v in enumerate(values):

@@ -55,7 +55,7 @@ from __future__ import annotations
 import csv
 import re
 from dataclasses import dataclass, field
-from datetime import datetime, timezone as _tz
+from datetime import timezone as _tz
 from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 

@@ -25,7 +25,7 @@ from stream_anon import crypto, logsetup
 from stream_anon import connection as kafka_connection
 from stream_anon.connection import as_connection
 from stream_anon.config import load_config
-from stream_anon.kafka.core import TOPICS, WorkerCore
+from stream_anon.kafka.core import WorkerCore
 from stream_anon.kafka.loop import KafkaLoop
 from stream_anon.kafka.observe import prometheus_text, readiness
 
