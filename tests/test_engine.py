@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from stream_anon import crypto
 from stream_anon.config import parse_config
 from stream_anon.engine import Engine, anonymize_dataframe
+from stream_anon.formers.counterfeits import CounterfeitTokens, counterfeit_token
 
 SECRET = b"test-secret-0123456789"
 
@@ -196,10 +197,10 @@ def test_no_identifier_in_output():
 
 
 def test_fast_audit_tokens_equal_crypto_audit_token():
-    from stream_anon.engine.records import AuditTokens
     ids = ["e1", "", "ünïcode-∑", "x" * 300]
     for secret in (b"", b"short", b"k" * 64, b"k" * 65, bytes(range(200))):
-        assert AuditTokens(secret)(ids) == [crypto.audit_token(secret, e) for e in ids]
+        assert crypto.HmacTokens(secret, b"audit:")(ids) == [crypto.audit_token(secret, e) for e in ids]
+        assert CounterfeitTokens(secret)("r", "c", 2) == [counterfeit_token(secret, "r", "c", n) for n in (0, 1)]
 
 
 # -- the reader's column-at-a-time fast paths decide exactly as the event-by-event checks ---------------------------

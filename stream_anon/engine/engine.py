@@ -53,7 +53,7 @@ from stream_anon.engine.space import QISpace
 from stream_anon.engine.state import KeyedTable, compose_state, split_state
 from stream_anon.formers.base import (SUPPRESSED_END, SUPPRESSED_LOSS, SUPPRESSED_NO_CLASS, NewClass, Plan,
                                       WindowView, distinct_per_group)
-from stream_anon.formers.counterfeits import counterfeit_token
+from stream_anon.formers.counterfeits import CounterfeitTokens
 from stream_anon.formers.kanon import KAnonymousFormer
 from stream_anon.formers.minvariant import SIGNATURE_FIELDS, MInvariantFormer, MInvariantParams
 from stream_anon.strategies import make_strategy
@@ -172,6 +172,7 @@ class Engine:
         self.config = config
         self.partition = int(partition)
         self.secret = secret if secret is not None else crypto.throwaway_secret()
+        self._counterfeit_tokens = CounterfeitTokens(self.secret)
         self.space = QISpace(config)
         self.reader = RecordReader(config, self.space, self.secret, carried)
         self.former = former if former is not None else make_former(config)
@@ -551,7 +552,7 @@ class Engine:
                 n_cf_ind, n_cf_rec = extra.individuals, len(extra.sensitive)
                 rec_class += [ci] * n_cf_rec
                 rec_sens += extra.sensitive
-                rec_tok += [counterfeit_token(self.secret, release_id, cid, n) for n in range(n_cf_rec)]
+                rec_tok += self._counterfeit_tokens(release_id, cid, n_cf_rec)
                 rec_ncp += [ncp_c] * n_cf_rec
                 rec_cf += [True] * n_cf_rec
             classes.append(ClassInfo(cid, gen, n_real, len(rl) + n_cf_rec, ncp_c, is_reused,

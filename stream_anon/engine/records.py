@@ -20,39 +20,9 @@ from operator import itemgetter
 
 import numpy as np
 
-from stream_anon import crypto  # noqa: F401  (the doctests use it)
+from stream_anon import crypto
 from stream_anon.config import SensitiveDomain
 from stream_anon.engine.space import QISpace, _parse_iso, parse_time
-
-
-class AuditTokens:
-    """``crypto.audit_token`` (hex HMAC-SHA256 of ``"audit:" + event id`` keyed with the secret) for a list of
-    event ids, 2-3x faster than one ``hmac`` object copy per event: the HMAC's inner and outer SHA-256 states are
-    built once (RFC 2104) and copied per event.
-
-    >>> AuditTokens(b"k" * 100)(["e1"]) == [crypto.audit_token(b"k" * 100, "e1")]
-    True
-    """
-
-    BLOCK = 64     # SHA-256 block size
-
-    def __init__(self, secret: bytes):
-        key = hashlib.sha256(secret).digest() if len(secret) > self.BLOCK else secret
-        key = key.ljust(self.BLOCK, b"\0")
-        self._inner = hashlib.sha256(bytes(b ^ 0x36 for b in key))
-        self._inner.update(b"audit:")
-        self._outer = hashlib.sha256(bytes(b ^ 0x5C for b in key))
-
-    def __call__(self, event_ids) -> list[str]:
-        out = []
-        icopy, ocopy, append = self._inner.copy, self._outer.copy, out.append
-        for e in event_ids:
-            h = icopy()
-            h.update(e.encode())
-            o = ocopy()
-            o.update(h.digest())
-            append(o.hexdigest())
-        return out
 
 
 def get_path(event: dict, path: str):
@@ -198,7 +168,7 @@ class RecordReader:
         self.carried = tuple(carried)
         self.fields = tuple(dict.fromkeys(("event_id", "event_type", self.unit_field, self.time_field,
                                            *self.qi_fields, *self.sensitive_fields, *self.carried)))
-        self._tokens = AuditTokens(secret)
+        self._tokens = crypto.HmacTokens(secret, b"audit:")    # crypto.audit_token, batched
         self._unit_key = hashlib.sha256(b"unit-id:" + secret).digest()[:32]
         self.seen: SeenEvents | None = None       # set by the engine when duplicate detection is on
         self.max_future_s: float | None = s.max_future_s

@@ -32,12 +32,14 @@ from __future__ import annotations
 import math
 from datetime import datetime, timezone
 from functools import lru_cache
+from itertools import repeat
 
 import numpy as np
 
 from stream_anon.config import QuasiIdentifier, StreamConfig
 
 
+@lru_cache(maxsize=8192)     # published bounds are snapped to the time granularity: few distinct values
 def iso(ts: float) -> str:
     """ISO-8601 UTC form of epoch seconds; a time outside datetime's years 1-9999 (a schema-valid
     ``9999-12-31T23:59:59-23:59`` is one) keeps its number rather than raise inside a dead-letter reason.
@@ -346,6 +348,8 @@ def _leaf_codes(hierarchy, values) -> np.ndarray:
         get = hierarchy._code.get
     except AttributeError:                                   # pragma: no cover - another hierarchy class
         return codes(None if v is None else str(v) for v in values).astype(float)
+    if set(map(type, values)) == {str}:     # the usual batch: a C-level loop
+        return np.fromiter(map(get, values, repeat(-1)), dtype=float, count=len(values))
     return np.array([get(v, -1) if type(v) is str else (-1 if v is None else get(str(v), -1)) for v in values],
                     dtype=float)
 
@@ -353,11 +357,9 @@ def _leaf_codes(hierarchy, values) -> np.ndarray:
 def _coalesce(cols: list[list]) -> list:
     if len(cols) == 1:
         return cols[0]
-    out = list(cols[0])
+    out = cols[0]
     for col in cols[1:]:
-        for i, v in enumerate(out):
-            if v is None:
-                out[i] = col[i]
+        out = [v if v is not None else w for v, w in zip(out, col)]
     return out
 
 

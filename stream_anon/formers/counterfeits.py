@@ -8,6 +8,8 @@ import hmac
 
 import numpy as np
 
+from stream_anon.crypto import HmacTokens
+
 
 def counterfeit_need(counts: np.ndarray, n: np.ndarray, m: int, presence: bool = True,
                      nulls: np.ndarray | None = None) -> np.ndarray:
@@ -106,4 +108,18 @@ def spread_counterfeits(counts: np.ndarray, n: int, m: int, presence: bool = Tru
 def counterfeit_token(secret: bytes, release_id: str, class_id: str, n: int) -> str:
     """Audit token of the n-th counterfeit record of a class in a release (hex HMAC-SHA256)."""
     return hmac.new(secret, f"counterfeit:{release_id}/{class_id}/{n}".encode(), hashlib.sha256).hexdigest()
+
+
+class CounterfeitTokens:
+    """:func:`counterfeit_token` of a class's counterfeit records 0..count-1, with the keyed state built once.
+
+    >>> CounterfeitTokens(b"s")("r1", "c2", 2) == [counterfeit_token(b"s", "r1", "c2", n) for n in range(2)]
+    True
+    """
+
+    def __init__(self, secret: bytes):
+        self._tokens = HmacTokens(secret, b"counterfeit:")
+
+    def __call__(self, release_id: str, class_id: str, count: int) -> list[str]:
+        return self._tokens([f"{release_id}/{class_id}/{n}" for n in range(count)])
 
