@@ -225,6 +225,85 @@ def _first(a: np.ndarray) -> np.ndarray:
     return out
 
 
+class _RowValues:
+    """The invariant values of a close's rows as integer codes, and the (individual, value) structure phases 1 and 3
+    read, computed with numpy once per close instead of per row in Python."""
+
+    def __init__(self, values: list, units: np.ndarray):
+        self.value_list = [v for v in dict.fromkeys(values) if v is not None]     # first-appearance order
+        self.code_of = {v: i for i, v in enumerate(self.value_list)}
+        self.code_of[None] = -1
+        n = len(values)
+        self.code = np.fromiter(map(self.code_of.__getitem__, values), dtype=np.int64, count=n)
+        _, first = np.unique(self.code, return_index=True)
+        self.first_row = first[1:] if n and self.code[first[0]] < 0 else first    # per value, by code
+        if n:
+            self.uids, self.unit_of_row = np.unique(units, return_inverse=True)
+        else:
+            self.uids, self.unit_of_row = np.empty(0, np.int64), np.empty(0, np.int64)
+        self.unit_of_row = self.unit_of_row.astype(np.int64, copy=False)
+        n_units = len(self.uids)
+        self._base = len(self.value_list) + 1
+        keys = np.unique(self.unit_of_row * self._base + (self.code + 1))    # distinct (individual, value) pairs
+        self._pair_unit, self._pair_code = keys // self._base, keys % self._base - 1
+        valued = self._pair_code >= 0
+        self.n_values = np.bincount(self._pair_unit[valued], minlength=n_units)
+        self.unit_null = np.zeros(n_units, dtype=bool)
+        self.unit_null[self._pair_unit[~valued]] = True
+        self._row_order = None
+
+    def unit_sets(self) -> list[set]:
+        """Per individual, the set of its non-null values."""
+        valued = self._pair_code >= 0
+        single = np.full(len(self.uids), -1, dtype=np.int64)
+        single[self._pair_unit[valued]] = self._pair_code[valued]
+        vl = self.value_list
+        out = [set() if c < 0 else {vl[c]} for c in single.tolist()]
+        for ui in np.flatnonzero(self.n_values > 1).tolist():     # rare: suppressed in phase 1
+            out[ui] = {vl[c] for c in self._pair_code[valued & (self._pair_unit == ui)].tolist()}
+        return out
+
+    def rows_of(self, ui: int) -> list[int]:
+        return np.flatnonzero(self.unit_of_row == ui).tolist()
+
+    def rows_of_units(self, members) -> np.ndarray:
+        """The rows of the given individuals, ascending."""
+        mask = np.zeros(len(self.uids), dtype=bool)
+        mask[members] = True
+        return np.flatnonzero(mask[self.unit_of_row])
+
+    def pairs(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(local id of each row's (individual, value) pair, numbered in order of first appearance in ``rows``;
+        the value code of each pair, -1 for null)."""
+        keys = self.unit_of_row[rows] * self._base + (self.code[rows] + 1)
+        uniq, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+        rank = np.empty(len(uniq), dtype=np.int64)
+        rank[np.argsort(first, kind="stable")] = np.arange(len(uniq))
+        pair_code = np.empty(len(uniq), dtype=np.int64)
+        pair_code[rank] = uniq % self._base - 1
+        return rank[inverse.reshape(-1)], pair_code
+
+    def columns_for(self, sig) -> np.ndarray:
+        """Value code -> column of ``sig`` (-1: not in it; the last entry, read by the null code -1, is -1)."""
+        out = np.full(len(self.value_list) + 1, -1, dtype=np.int64)
+        for i, v in enumerate(sig):
+            code = self.code_of.get(v)
+            if code is not None and code >= 0:
+                out[code] = i
+        return out
+
+    def class_counts(self, rows: np.ndarray, columns: np.ndarray) -> tuple[np.ndarray, int]:
+        """(distinct individuals per column of a class's rows, individuals with a null value); ``columns`` maps a
+        value code (and -1 for null, the last entry) to its column, -1 for a value outside them."""
+        keys = np.unique(self.unit_of_row[rows] * self._base + (self.code[rows] + 1))
+        codes = keys % self._base - 1
+        nulls = int(np.count_nonzero(codes < 0))
+        cols = columns[codes[codes >= 0]]
+        if (cols < 0).any():
+            raise RuntimeError("a class's value is outside its columns")
+        return cols, nulls
+
+
 # ------------------------------------------------------------------------------------------ the former
 class MInvariantFormer:
     """m-invariant release formation for one engine (one stream partition); see the module docstring.
@@ -379,17 +458,13 @@ class MInvariantFormer:
         rng = view.rng
         n_rows = len(view)
         values = [invariant_text(s[self.inv_col]) for s in view.sensitive]
-        for s, v in zip(view.sensitive, values):
-            if v is not None:
-                self.repr.setdefault(v, s[self.inv_col])
+        rv = _RowValues(values, view.units)
+        for v, r in zip(rv.value_list, rv.first_row):
+            if v not in self.repr:
+                self.repr[v] = view.sensitive[r][self.inv_col]
         due = view.due
-        uids, unit_of_row = np.unique(view.units, return_inverse=True) if n_rows else (np.empty(0, np.int64),
-                                                                                        np.empty(0, np.int64))
-        rows_of = [[] for _ in uids]
-        for r, u in enumerate(unit_of_row.tolist()):
-            rows_of[u].append(r)
+        uids, unit_of_row = rv.uids, rv.unit_of_row
         plan = Plan(loss_rejected=np.zeros(n_rows, dtype=bool))
-        resolved = np.zeros(n_rows, dtype=bool)
         # bound signatures of the present individuals (one vectorized lookup; -1: not bound)
         if self.invariance and len(uids):
             found, brow = self.units.get(uids)
@@ -404,15 +479,13 @@ class MInvariantFormer:
         new_units: list[int] = []
         unit_vals: list[set] = []
         unit_null: list[bool] = []
-        for ui in range(len(uids)):
-            vals = {values[r] for r in rows_of[ui]} - {None}
-            unit_vals.append(vals)
-            unit_null.append(any(values[r] is None for r in rows_of[ui]))
-            bsid = bound_sig[ui]
-            if len(vals) > 1 or (bsid >= 0 and not vals <= set(self.sigs[bsid])):
+        unit_vals, unit_null = rv.unit_sets(), rv.unit_null
+        sig_sets: dict[int, set] = {}
+        for ui, (vals, bsid) in enumerate(zip(unit_vals, bound_sig)):
+            if len(vals) > 1 or (bsid >= 0 and not vals <= (sig_sets.get(bsid) or
+                                                          sig_sets.setdefault(bsid, set(self.sigs[bsid])))):
                 # two values at once, or a value outside the bound signature: suppressed (module docstring)
-                plan.suppressed.setdefault(SUPPRESSED_VALUE_CHANGED, []).extend(rows_of[ui])
-                resolved[rows_of[ui]] = True
+                plan.suppressed.setdefault(SUPPRESSED_VALUE_CHANGED, []).extend(rv.rows_of(ui))
                 self.stats["value_changed_individuals"] += 1
             elif bsid >= 0:
                 bucket_units.setdefault(bsid, []).append(ui)
@@ -429,7 +502,7 @@ class MInvariantFormer:
         width = view.space.width
         for sid in sorted(bucket_units):
             members = bucket_units[sid]
-            rows = np.array(sorted(r for ui in members for r in rows_of[ui]), dtype=np.int64)
+            rows = rv.rows_of_units(members)
             presence = sid != FREE
             sig = self.sigs[sid] if presence else tuple(sorted({v for ui in members for v in unit_vals[ui]}))
             if len(members) < k or len(sig) < m:
@@ -439,19 +512,15 @@ class MInvariantFormer:
             for ui in members:
                 for v in unit_vals[ui]:
                     c[vidx[v]] += 1
-            z = sum(1 for ui in members if unit_null[ui])
+            z = int(np.count_nonzero(unit_null[members]))
             need = need_one(c.tolist(), len(members), m, presence, z)
             if not view.final and not due[rows].any() and need > self.params.defer_counterfeit_share * len(members):
                 continue                                         # wait for more of the bucket (nothing is due)
             # local ids: individual and (individual, value) pair per row
             local_unit = unit_of_row[rows]
-            pair_keys = [(int(unit_of_row[r]), values[r]) for r in rows]
-            pair_id: dict = {}
-            pair = np.array([pair_id.setdefault(pk, len(pair_id)) for pk in pair_keys], dtype=np.int64)
-            pair_value = np.full(len(pair_id), -1, dtype=np.int64)
-            for (_, v), pid in pair_id.items():
-                if v is not None:
-                    pair_value[pid] = vidx[v]
+            pair, pair_code = rv.pairs(rows)
+            sig_col = rv.columns_for(sig)
+            pair_value = sig_col[pair_code]
             for local in split_bucket(view.X[rows], local_unit, pair_value, pair, len(sig), k, m, width,
                                       self.params.split_tolerance, presence):
                 cls_rows = rows[local]
@@ -463,13 +532,8 @@ class MInvariantFormer:
                     plan.loss_rejected[cls_rows] = True
                     continue
                 if not presence:     # the class's own values, plus the absent ones its counterfeits get
-                    cc = np.zeros(len(sig), dtype=np.int64)
-                    zz = 0
-                    for (ui, v) in {(int(unit_of_row[r]), values[r]) for r in cls_rows.tolist()}:
-                        if v is not None:
-                            cc[vidx[v]] += 1
-                        else:
-                            zz += 1
+                    cols, zz = rv.class_counts(cls_rows, sig_col)
+                    cc = np.bincount(cols, minlength=len(sig))
                     x = spread_counterfeits(cc, len(np.unique(unit_of_row[cls_rows])), m, presence=False, nulls=zz)
                     plan.new_classes.append(NewClass(cls_rows, self._sig_id([v for v, n in zip(sig, cc + x)
                                                                              if n > 0])))
@@ -479,7 +543,7 @@ class MInvariantFormer:
         for nc in plan.new_classes:
             for ui in np.unique(unit_of_row[nc.rows]).tolist():
                 placed_sig[ui] = nc.tag
-        self._close = (unit_of_row, uids, unit_vals, values, placed_sig, bound_now)
+        self._close = (unit_of_row, uids, unit_vals, values, placed_sig, bound_now, rv)
         return plan
 
     def _assign(self, new_units, unit_vals, bucket_units, rng) -> dict[int, int]:
@@ -600,7 +664,7 @@ class MInvariantFormer:
         registry = view.registry
         if len(rows) == 0 or self.reuse_policy == "never" or len(registry) == 0:
             return reused
-        unit_of_row, uids, unit_vals, _, placed_sig, (bound_sig, _, _) = self._close
+        unit_of_row, uids, unit_vals, _, placed_sig, (bound_sig, _, _), _ = self._close
         cover = registry.cover(view.X[rows])
         by_unit: dict[int, list[int]] = {}
         for i, r in enumerate(rows.tolist()):
@@ -632,7 +696,7 @@ class MInvariantFormer:
         """Counterfeits per class of the release (``groups``: ``(class_id, rows, signature id)`` in release
         order), then bind the signatures of the real individuals published. ``published_rows`` (new classes'
         rows, then reused rows, in placement order) refresh the pool that dresses counterfeit records."""
-        unit_of_row, uids, unit_vals, values, _, bound_now = self._close
+        unit_of_row, uids, unit_vals, values, _, bound_now, rv = self._close
         bound_sig = bound_now[0]
         binds: dict[int, list] = {}              # local unit -> [signature id, value id, last] after this release
         self._close = None
@@ -649,18 +713,11 @@ class MInvariantFormer:
         out = []
         for cid, rows, sid in groups:
             sig = self.sigs[sid]
-            vidx = {v: i for i, v in enumerate(sig)}
             members, rec_counts = np.unique(unit_of_row[rows], return_counts=True)
-            # distinct (individual, value) pairs of the class (an individual has one non-null value per release)
-            counts = np.zeros(len(sig), dtype=np.int64)
-            nulls = 0
-            for ui, v in {(int(unit_of_row[r]), values[r]) for r in rows.tolist()}:
-                if v is None:
-                    nulls += 1
-                elif v in vidx:
-                    counts[vidx[v]] += 1
-                else:                            # pragma: no cover - phases 1 and 2 guarantee it
-                    raise RuntimeError(f"{cid}: an individual's value is outside the class signature")
+            # distinct (individual, value) pairs of the class (an individual has one non-null value per release);
+            # a value outside the signature raises (phases 1 and 2 guarantee it never happens)
+            cols, nulls = rv.class_counts(rows, rv.columns_for(sig))
+            counts = np.bincount(cols, minlength=len(sig))
             for ui in members.tolist():
                 if bound_sig[ui] >= 0 and bound_sig[ui] != sid:    # pragma: no cover - division guarantees it
                     raise RuntimeError(f"{cid}: an individual's bound signature differs from the class signature")
