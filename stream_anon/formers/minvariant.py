@@ -161,10 +161,12 @@ def split_bucket(X: np.ndarray, unit: np.ndarray, pair_value: np.ndarray, pair: 
 
 def _node_counts(unit, pair, pair_value, s):
     """(real individuals per signature value, individuals, individuals holding a null value) of a node."""
-    n = len(np.unique(unit))
-    c = np.zeros(s + 1, dtype=np.int64)          # last column: null
-    pv = pair_value[np.unique(pair)]
-    np.add.at(c, np.where(pv >= 0, pv, s), 1)
+    if len(unit) == 0:
+        return np.zeros(s, dtype=np.int64), 0, 0
+    # local ids are small non-negative integers: counting beats sorting
+    n = int(np.count_nonzero(np.bincount(unit)))
+    pv = pair_value[np.flatnonzero(np.bincount(pair))]
+    c = np.bincount(np.where(pv >= 0, pv, s), minlength=s + 1)      # last column: null
     return c[:s], n, c[s]
 
 
@@ -182,10 +184,8 @@ def _best_cut(X, unit, pair, pair_value, s, k, m, width, tolerance, presence):
         col = X[order, dim]
         u, p = unit[order], pair[order]
         # first / last occurrence of each individual and each (individual, value) pair along the sorted column
-        first_u = _first(u)
-        last_u = _first(u[::-1])[::-1]
-        first_p = _first(p)
-        last_p = _first(p[::-1])[::-1]
+        first_u, last_u = _first_last(u)
+        first_p, last_p = _first_last(p)
         # candidate cuts: left = rows [0, b) for b where the column value changes
         bounds = np.flatnonzero(col[1:] != col[:-1]) + 1
         if len(bounds) == 0:
@@ -217,12 +217,22 @@ def _best_cut(X, unit, pair, pair_value, s, k, m, width, tolerance, presence):
     return None
 
 
-def _first(a: np.ndarray) -> np.ndarray:
-    """Boolean mask of the first occurrence of each value of ``a`` (in array order)."""
-    out = np.zeros(len(a), dtype=bool)
-    _, idx = np.unique(a, return_index=True)
-    out[idx] = True
-    return out
+def _first_last(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Boolean masks of the first and of the last occurrence of each value of ``a`` (in array order), from one
+    stable sort: within a run of equal values the positions ascend.
+
+    >>> [m.astype(int).tolist() for m in _first_last(np.array([3, 1, 3, 2, 1]))]
+    [[1, 1, 0, 1, 0], [0, 0, 1, 1, 1]]
+    """
+    n = len(a)
+    first, last = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+    if n == 0:
+        return first, last
+    order = np.argsort(a, kind="stable")
+    change = np.flatnonzero(a[order[1:]] != a[order[:-1]])
+    first[order[np.concatenate([[0], change + 1])]] = True
+    last[order[np.concatenate([change, [n - 1]])]] = True
+    return first, last
 
 
 class _RowValues:
@@ -252,15 +262,16 @@ class _RowValues:
         self.unit_null[self._pair_unit[~valued]] = True
         self._row_order = None
 
-    def unit_sets(self) -> list[set]:
-        """Per individual, the set of its non-null values."""
+    def unit_sets(self) -> list[frozenset]:
+        """Per individual, the set of its non-null values (shared frozensets: read, never changed)."""
         valued = self._pair_code >= 0
         single = np.full(len(self.uids), -1, dtype=np.int64)
         single[self._pair_unit[valued]] = self._pair_code[valued]
         vl = self.value_list
-        out = [set() if c < 0 else {vl[c]} for c in single.tolist()]
+        sets = [frozenset((v,)) for v in vl] + [frozenset()]       # code -1 (no value) reads the last one
+        out = list(map(sets.__getitem__, single.tolist()))
         for ui in np.flatnonzero(self.n_values > 1).tolist():     # rare: suppressed in phase 1
-            out[ui] = {vl[c] for c in self._pair_code[valued & (self._pair_unit == ui)].tolist()}
+            out[ui] = frozenset(vl[c] for c in self._pair_code[valued & (self._pair_unit == ui)].tolist())
         return out
 
     def rows_of(self, ui: int) -> list[int]:
@@ -477,8 +488,6 @@ class MInvariantFormer:
         # -- phase 1: division ------------------------------------------------------------------------------
         bucket_units: dict[int, list[int]] = {}        # signature id -> local unit indices (present, bound)
         new_units: list[int] = []
-        unit_vals: list[set] = []
-        unit_null: list[bool] = []
         unit_vals, unit_null = rv.unit_sets(), rv.unit_null
         sig_sets: dict[int, set] = {}
         for ui, (vals, bsid) in enumerate(zip(unit_vals, bound_sig)):
@@ -567,7 +576,10 @@ class MInvariantFormer:
             present_n[sid] = len(members)
         pop = {sid: Counter(c) for sid, c in enumerate(self.sig_pop)}
         order = [new_units[i] for i in rng.permutation(len(new_units))]
-        order.sort(key=lambda ui: (val_of[ui] is None, freq[val_of[ui]] if val_of[ui] is not None else 0))
+        # stable sort by (no value, frequency of the value), as sorted() with that key
+        no_value = np.array([val_of[ui] is None for ui in order], dtype=bool)
+        f = np.array([freq[val_of[ui]] if val_of[ui] is not None else 0 for ui in order], dtype=np.int64)
+        order = [order[i] for i in np.lexsort((f, no_value)).tolist()]
         # The choice for an individual with value v is the smallest key(sid, v) over the signatures holding v
         # (a new signature from today's frequencies only when every one of them is over the cap). key(sid, v)
         # depends only on the bucket and population of sid, which change only when an individual joins sid, so
@@ -744,7 +756,7 @@ class MInvariantFormer:
             self.units.put(uids[local], rows)
         return out
 
-    def _bind(self, binds: dict, ui: int, bound_now, vals: set, sid: int, window_end: float) -> None:
+    def _bind(self, binds: dict, ui: int, bound_now, vals: frozenset, sid: int, window_end: float) -> None:
         """Bind (or refresh) the signature of local unit ``ui`` in ``binds`` (written to the table in bulk)."""
         v = next(iter(vals)) if len(vals) == 1 else None
         bound = binds.get(ui)
