@@ -152,3 +152,43 @@ def test_fast_validator_agrees_with_jsonschema(kind, base):
             assert validate_event(e, kind) is not None, e
         n += 1
     assert n > 300 and fast_accepts > 50
+
+
+@pytest.mark.parametrize("kind,base", [("fare", fare()), ("vehicle", vehicle()),
+                                       ("vehicle", vehicle(signals={"rpm": 900, "coolant": None},
+                                                           payload={"any": ["thing"]}))])
+def test_batch_schema_check_accepts_a_batch_only_when_every_event_is_valid(kind, base):
+    """The column-at-a-time check (the worker's hot path) is sound: a batch holding any event the schema refuses
+    (each mutation, among valid events) is sent to the per-event checks; a batch of valid events passes."""
+    import random
+
+    from stream_anon.events import _fast_check, schema_ok_batch
+    reference = Draft202012Validator(json.loads((SCHEMA_DIR / f"{kind}.schema.json").read_text()))
+    mutations = [e for e in _mutations(base, kind)]
+    valid = [e for e in mutations if isinstance(e, dict) and _fast_check(kind)(e)]     # the per-event fast path's
+    assert len(valid) > 20 and schema_ok_batch(valid, kind) and schema_ok_batch([base] * 50, kind)
+    rng = random.Random(0)
+    refused = 0
+    for e in mutations:
+        batch = rng.sample(valid, 5) + [e] + rng.sample(valid, 5)
+        if schema_ok_batch(batch, kind):
+            assert all(reference.is_valid(x) for x in batch if isinstance(x, dict)), e
+        else:
+            refused += 1
+    assert refused > 100
+
+
+def test_worker_batch_payload_checks_equal_the_per_message_checks():
+    from pathlib import Path
+
+    from stream_anon.config import load_config
+    from stream_anon.kafka.core import check_payload, check_payloads
+    config = load_config(Path(__file__).resolve().parents[1] / "configs" / "oyster.toml")
+    base = fare()
+    raws = [json.dumps(e).encode() if not isinstance(e, bytes) else e
+            for e in list(_mutations(base, "fare"))[:400]] + [b"{not json", None, b"[]", b"x" * 70000]
+    for start in range(0, len(raws), 37):
+        chunk = raws[start:start + 37]
+        assert check_payloads(chunk, config) == [check_payload(r, config) for r in chunk]
+    clean = [json.dumps(base).encode()] * 20
+    assert check_payloads(clean, config) == [check_payload(r, config) for r in clean]

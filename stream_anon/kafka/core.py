@@ -27,7 +27,7 @@ import orjson
 from stream_anon import crypto
 from stream_anon.contract import topics
 from stream_anon.engine import Engine, get_path
-from stream_anon.events import schema_reason
+from stream_anon.events import schema_ok_batch, schema_reason
 from stream_anon.inputs import Decoder
 from stream_anon.engine.state import compose_state
 from stream_anon.kafka import aggregates
@@ -80,13 +80,42 @@ def check_payload(raw: bytes | None, config) -> tuple[str | None, dict | None]:
     the kind's schema. Event type, privacy unit, time and quasi-identifiers are checked once, by the reader
     (:class:`stream_anon.engine.RecordReader`). Never raises: an exception while checking one payload is its
     reason (``unreadable payload: <exception class>``)."""
+    reason, event = parse_payload(raw, config)
+    return (reason, None) if reason else check_payload_schema(event, config)
+
+
+def check_payloads(raws: list, config) -> list[tuple[str | None, dict | None]]:
+    """:func:`check_payload` of each payload of a batch; the schema is checked a field at a time over the batch's
+    parsed events (:func:`stream_anon.events.schema_ok_batch`), and event by event only when that check fails."""
+    parsed = [parse_payload(raw, config) for raw in raws]
+    events = [e for r, e in parsed if r is None]
     try:
-        return _check_payload(raw, config)
+        all_valid = schema_ok_batch(events, config.stream.kind)
+    except Exception:   # noqa: BLE001 - the per-event checks decide (and name the reason)
+        all_valid = False
+    if all_valid:
+        return parsed
+    return [(r, e) if r is not None else check_payload_schema(e, config) for r, e in parsed]
+
+
+def check_payload_schema(event: dict, config) -> tuple[str | None, dict | None]:
+    """The schema part of :func:`check_payload` for a parsed event; never raises."""
+    try:
+        reason = schema_reason(event, config.stream.kind)
+    except Exception as exc:   # noqa: BLE001
+        return f"unreadable payload: {type(exc).__name__}", None
+    return (f"schema: {reason}", None) if reason else (None, event)
+
+
+def parse_payload(raw: bytes | None, config) -> tuple[str | None, dict | None]:
+    """Size, JSON, object and kind of a payload (the checks before the schema); never raises."""
+    try:
+        return _parse_payload(raw, config)
     except Exception as exc:   # noqa: BLE001 - one message never stops the partition
         return f"unreadable payload: {type(exc).__name__}", None
 
 
-def _check_payload(raw: bytes | None, config) -> tuple[str | None, dict | None]:
+def _parse_payload(raw: bytes | None, config) -> tuple[str | None, dict | None]:
     if raw is None:
         return "empty payload", None
     limit = config.limits.max_event_bytes
@@ -101,9 +130,6 @@ def _check_payload(raw: bytes | None, config) -> tuple[str | None, dict | None]:
     kind = config.stream.kind
     if event.get("kind") != kind:
         return f"wrong kind: {event.get('kind')!r} on a {kind} stream", None
-    reason = schema_reason(event, kind)
-    if reason:
-        return f"schema: {reason}", None
     return None, event
 
 
@@ -365,14 +391,18 @@ class WorkerCore:
                                           "published": 0, "suppressed": 0, "aggregate_rows": 0})
         good, offsets = [], []
         last = ps.offset
+        fresh = []
         for off, raw in sorted(msgs, key=lambda m: m[0]):
             if off <= last:
                 out.counts["skipped"] += 1
                 continue
             last = off
-            if self.decoder is None:
+            fresh.append((off, raw))
+        checked = check_payloads([raw for _, raw in fresh], self.config) if self.decoder is None else None
+        for pos, (off, raw) in enumerate(fresh):
+            if checked is not None:
                 out.counts["events_in"] += 1
-                reason, event = check_payload(raw, self.config)
+                reason, event = checked[pos]
                 if reason:
                     self._deadletter(out, reason, ps.partition, off, raw=raw)
                 else:
