@@ -372,3 +372,16 @@ def test_property_checker_passes_and_every_event_is_accounted(seed, n, n_units, 
     suppressed = [t for rel in releases for ts in rel.suppressed_tokens.values() for t in ts]
     assert sorted(real + suppressed) == sorted(by_token) and engine.deferred == 0
     assert Counter(real + suppressed).most_common(1)[0][1] == 1
+
+
+def test_record_payloads_are_the_bytes_of_each_record_serialized_alone(m3):
+    """The worker serializes a class's common prefix once (Release.record_payloads): the bytes must be those of
+    each record dict serialized on its own, counterfeits and non-ASCII sensitive values included."""
+    from stream_anon.kafka.core import dumps
+    _, releases, records, _ = m3
+    assert any(rel.manifest().get("counterfeit_records") for rel in releases)
+    for rel in releases[:40]:
+        assert rel.record_payloads(dumps) == [dumps(r) for r in rel.records]
+    odd = releases[0]
+    odd.record_sensitive = [tuple("é\"\\\n" if isinstance(v, str) else v for v in sv) for sv in odd.record_sensitive]
+    assert odd.record_payloads(dumps) == [dumps(r) for r in odd.records]

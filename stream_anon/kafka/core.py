@@ -353,7 +353,8 @@ class WorkerCore:
     def _release_docs(self, rel) -> tuple[list[tuple[str, bytes, bytes]], dict]:
         """(messages to produce, counters) for one release: records, manifest, release metric, alert."""
         key = rel.release_id.encode()
-        out = [(TOPICS.records(self.stream), key, dumps(r)) for r in rel.records]
+        topic = TOPICS.records(self.stream)
+        out = [(topic, key, payload) for payload in rel.record_payloads(dumps)]
         manifest = rel.manifest()
         out.append((TOPICS.releases, key, dumps(manifest)))
         metric = {"type": "release", "stream": self.stream, "partition": rel.partition, "ts": _now_iso(),
