@@ -15,8 +15,10 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/stream-anon demo --report reports/demo.json
 
+# the broker tests mostly wait on the broker and worker subprocesses: one pytest process per core (whole files,
+# so a module's fixtures are built once) halves the wall time
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --dist loadfile
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_engine.py

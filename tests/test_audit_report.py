@@ -95,7 +95,8 @@ def test_audit_command_exit_status_with_fail_on_alert(monkeypatch, capsys, tmp_p
 def _release(rid, suppressed, ratio, exceeded):
     manifest = {"release_id": rid, "seq": 1, "published": 10, "suppressed": suppressed, "deferred": 0,
                 "ncp_mean": 0.1, "suppression_ratio": ratio, "suppression_limit_exceeded": exceeded}
-    return types.SimpleNamespace(release_id=rid, partition=3, records=[], manifest=lambda: manifest)
+    return types.SimpleNamespace(release_id=rid, partition=3, records=[], manifest=lambda: manifest,
+                                 record_payloads=lambda dumps: [])
 
 
 def test_worker_logs_release_alerts_as_rate_limited_warnings(tmp_path, caplog):
