@@ -79,7 +79,14 @@ class KeyedTable:
         """(found mask, positions) of ``keys`` in ``sorted_keys``."""
         if len(sorted_keys) == 0:
             return np.zeros(len(keys), dtype=bool), np.zeros(len(keys), dtype=np.int64)
-        pos = np.searchsorted(sorted_keys, keys)
+        if len(keys) > 32:
+            # hashed keys come in random order: searched in key order, each search starts where the last ended
+            # (numpy's binary search keeps its lower bound for increasing keys), about 2x faster on a large table
+            order = np.argsort(keys)
+            pos = np.empty(len(keys), dtype=np.intp)
+            pos[order] = np.searchsorted(sorted_keys, keys[order])
+        else:
+            pos = np.searchsorted(sorted_keys, keys)
         pos = np.minimum(pos, len(sorted_keys) - 1)
         return sorted_keys[pos] == keys, pos
 
