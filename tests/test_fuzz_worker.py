@@ -106,7 +106,7 @@ def test_poison_pill_times_are_dead_lettered_with_a_reason(tmp_path, when):
     assert accounted(core, sink, msgs)["published"] == 60
 
 
-def test_reader_rejects_instead_of_raising_and_names_the_exception(monkeypatch):
+def test_reader_rejects_instead_of_raising_and_names_the_exception(monkeypatch, caplog):
     engine = Engine(oyster_config(), secret=SECRET)
     events = load_events("oyster", limit=20)
     real = engine.space.encode
@@ -119,8 +119,12 @@ def test_reader_rejects_instead_of_raising_and_names_the_exception(monkeypatch):
     bad = [i for i, e in enumerate(events) if e.get("station") == "Bank"]
     events = events if bad else events[:10] + [dict(events[10], station="Bank")] + events[11:]
     bad = [i for i, e in enumerate(events) if e.get("station") == "Bank"]
-    records, rejected = engine.reader.read(events)
+    with caplog.at_level("WARNING", logger="stream_anon.engine.records"):
+        records, rejected = engine.reader.read(events)
     assert rejected == [(i, "unreadable event: ZeroDivisionError") for i in bad]
+    # the fallback is said (the class name only: an exception's text may quote an event's value)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"reader: a batch of {len(events)} events raised ZeroDivisionError; reading them one by one"]
     assert records.index.tolist() == [i for i in range(len(events)) if i not in bad]
 
 
