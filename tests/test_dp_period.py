@@ -47,11 +47,11 @@ def test_unit_capped_to_w_windows_per_period_and_counts_reset_next_day():
     state = json.loads(json.dumps(agg.state_dict()))
     assert "x" not in json.dumps(state["unit_windows"])                    # keyed hashes only
     again = DPAggregator.from_state(cfg, agg.ledger, b"s", state)
-    assert again.unit_windows == agg.unit_windows and len(again.unit_windows["n"]) == 2
+    assert again.unit_windows == agg.unit_windows and len(again.unit_window_counts("n")[0]) == 2
     rows = again.process_window(W0 + 96, [{"card": "x", "line": "a"}])   # next day: x counts again
     assert next(r["value"] for r in rows if r["group_key"] == "a" and r["window"] == W0 + 96) == 1
     assert again.period == "2009-11-10"
-    assert len(again.unit_windows["n"]) == 1
+    assert len(again.unit_window_counts("n")[0]) == 1
 
 
 def test_ledger_charges_epsilon_per_period_whatever_the_number_of_windows(tmp_path):

@@ -1,6 +1,6 @@
 """Incremental DP state (issue 11): PartitionAggregates has the engine's state API -- a bounded core, keyed tables
-``dp:<aggregate>`` (keyed unit hash -> windows used in the period) and the changes since the previous call -- so a
-checkpoint can carry what changed instead of every unit seen in the period.
+``dp:unit.windows`` (keyed unit hash -> windows used in the period, a column per aggregate) and the changes since
+the previous call -- so a checkpoint can carry what changed instead of every unit seen in the period.
 
 Driven by the engine on a whole-day slice of the Oyster file (every journey whose CRC-32 is 0 modulo 40,
 configs/oyster.toml with W = 1 so that the window cap bites), crossing midnight in London (a new period deletes
@@ -64,7 +64,7 @@ def test_changes_rebuild_the_tables_and_a_restore_from_them_continues_identicall
     engine = Engine(config, partition=0, secret=SECRET, carried=needed_fields(config.dp, config.stream.event_time))
     pa = PartitionAggregates(config, 0, SECRET, None)
     first = pa.state_changes()
-    assert set(first) == {f"dp:{s.name}{suffix}" for s in config.dp.aggregates for suffix in ("", ":deleted")}
+    assert set(first) == {"dp:unit.windows", "dp:unit.windows:deleted"}
     mirror: dict = {}
     _apply(mirror, first)
     restored = None
@@ -92,7 +92,7 @@ def test_changes_rebuild_the_tables_and_a_restore_from_them_continues_identicall
             core = json.loads(json.dumps(pa.state_core()))
             restored = PartitionAggregates.restore(config, 0, SECRET, None, core, rebuilt)
             assert restored.state_dict() == pa.state_dict()
-            assert restored.state_changes()["dp:taps_per_zone"][0].tolist() == tables["dp:taps_per_zone"][0].tolist()
+            assert restored.state_changes()["dp:unit.windows"][0].tolist() == tables["dp:unit.windows"][0].tolist()
     windows = engine.flush().windows
     rows, metrics = pa.close_windows(windows)
     assert restored.close_windows(windows)[0] == rows
@@ -125,5 +125,48 @@ def test_tables_hold_keyed_hashes_not_units_and_do_not_collide_with_the_engines(
     other = PartitionAggregates(config, 0, b"another-secret-0123456789abcdef", None)
     other.close_windows(Engine(config, partition=0, secret=SECRET, carried=needed_fields(
         config.dp, config.stream.event_time)).process(events).windows)
-    assert not set(other.state_tables()["dp:taps_per_zone"][0].tolist()) & set(
-        tables["dp:taps_per_zone"][0].tolist())
+    assert not set(other.state_tables()["dp:unit.windows"][0].tolist()) & set(
+        tables["dp:unit.windows"][0].tolist())
+
+
+def test_a_state_with_the_earlier_per_aggregate_tables_restores_to_the_same_counts():
+    """State written before the tables were merged (``dp:<aggregate>`` -> ``windows``) restores to the same
+    unit window counts, and the restored aggregates release the same rows."""
+    from stream_anon.dp.aggregator import UNIT_WINDOW_FIELDS
+    config = _config()
+    events = [orjson.loads(m) for m in cached_slice()[:20000]]
+    engine = Engine(config, partition=0, secret=SECRET, carried=needed_fields(config.dp, config.stream.event_time))
+    pa = PartitionAggregates(config, 0, SECRET, None)
+    pa.close_windows(engine.process(events[:10000]).windows)
+    legacy = {}
+    for spec in config.dp.aggregates:
+        keys, windows = pa.aggregator.unit_window_counts(spec.name)
+        rows = np.zeros(len(keys), dtype=UNIT_WINDOW_FIELDS)
+        rows["windows"] = windows
+        legacy[f"dp:{spec.name}"] = (keys, rows)
+    assert sum(len(k) for k, _ in legacy.values()) > len(pa.aggregator.unit_windows) > 1000
+    core = json.loads(json.dumps(pa.state_core()))
+    restored = PartitionAggregates.restore(config, 0, SECRET, None, core, legacy)
+    assert restored.aggregator.unit_windows == pa.aggregator.unit_windows
+    windows = engine.process(events[10000:]).windows
+    assert restored.close_windows(windows)[0] == pa.close_windows(windows)[0]
+
+
+def test_the_worker_messages_carry_exactly_the_rows_of_close_windows():
+    """``messages`` serializes each release's common fields once: parsed back, its values are
+    ``close_windows``' rows, in order, for twin aggregates fed the same windows (partial releases included)."""
+    from stream_anon.kafka.core import dumps
+    config = _config()
+    events = [orjson.loads(m) for m in cached_slice()[:12000]]
+    engine = Engine(config, partition=0, secret=SECRET, carried=needed_fields(config.dp, config.stream.event_time))
+    twin_rows, twin_msgs = PartitionAggregates(config, 3, SECRET, None), PartitionAggregates(config, 3, SECRET, None)
+    n_rows = 0
+    for start in range(0, len(events), 3000):
+        windows = engine.process(events[start:start + 3000]).windows
+        rows, metrics = twin_rows.close_windows(windows)
+        msgs, n = twin_msgs.messages(windows, dumps, "anon.metrics")
+        values = [orjson.loads(v) for t, _, v in msgs if t != "anon.metrics"]
+        assert n == len(rows) == len(values) and values == rows
+        assert _without_ts([orjson.loads(v) for t, _, v in msgs if t == "anon.metrics"]) == _without_ts(metrics)
+        n_rows += n
+    assert n_rows > 1000 and {r["kind"] for r in rows} >= {"count", "mean", "ratio"}

@@ -55,10 +55,17 @@ from stream_anon.events import flatten
 
 KNOWN_CELLS_MAX = 100_000      # raw values whose group cell is remembered between windows, per dimension
 KNOWN_HASHES_MAX = 200_000     # units whose keyed hash is remembered between windows
-UNIT_WINDOW_FIELDS = [("windows", "<u2")]     # period mode: windows a unit used in the period, per aggregate
+UNIT_WINDOW_FIELDS = [("windows", "<u2")]     # a legacy per-aggregate table (state written before 2026-11-25)
+# period mode: one table, keyed unit hash -> windows the unit used in the period, one u2 column per aggregate (one
+# lookup per window for all aggregates, 8 bytes of key per unit in a checkpoint rather than 8 per aggregate). An
+# aggregate name never holds a ".", so this name cannot be a legacy table's.
+UNIT_WINDOWS_TABLE = "unit.windows"
 # privacy units the columnar path takes: all text or all integers (missing ones aside), where one value for a dict
 # is one value for the unit's text (its hash); other mixes (1 and 1.0, 1 and "1") go event by event
 PLAIN_UNIT_TYPES = ({str, type(None)}, {int, type(None)})
+# the keys an ``aggregate`` row sets per cell of the domain (:meth:`DPAggregator._rows`); every other key of a row
+# is its release's, the same for all its rows (the worker serializes those once per release)
+ROW_CELL_KEYS = frozenset({"group", "group_key", "value", "ci95", "components", "noise_ci95", "bounds"})
 
 
 @dataclass
@@ -159,7 +166,7 @@ class DPAggregator:
         # the unit, never the unit, as int64 keys of a KeyedTable: a checkpoint can carry only what changed),
         # and the bounded values accumulated towards the next release
         self.period: str | None = None
-        self.unit_windows: dict[str, KeyedTable] = {s.name: KeyedTable(UNIT_WINDOW_FIELDS) for s in self.specs}
+        self.unit_windows = KeyedTable([(s.name, "<u2") for s in self.specs])
         self.pending: dict[str, dict[str, np.ndarray]] = {}
         self.pending_units: dict[str, set] = {}
         if self.clock is not None:
@@ -170,6 +177,7 @@ class DPAggregator:
         self._known_cells: dict[int, dict] = {}      # per group-by dimension: raw value -> cell (in memory only)
         self._known_hashes: dict = {}                 # unit -> _unit_hash (in memory only: a unit's windows)
         self._unit_key = hmac.new(self.seed, b"stream-anon/dp-unit-hash", hashlib.sha256).digest()
+        self._generator = np.random.RandomState()       # re-seeded per release and component (:meth:`_rng`)
         # every field an aggregate reads (dict events are turned into these columns)
         fields = [] if self.event_unit else [self.privacy_unit]
         for spec in self.specs:
@@ -197,11 +205,15 @@ class DPAggregator:
         return out
 
     def _rng(self, *labels) -> np.random.RandomState:
-        # HMAC keyed by the secret seed: the noise of (aggregate, component, output, window) is reproducible by
-        # the holder of the secret (a restarted worker) and unpredictable to anyone else
+        """The generator of one (aggregate, component, output, release), valid until the next call.
+
+        Seeded with an HMAC keyed by the secret seed: the noise is reproducible by the holder of the secret (a
+        restarted worker) and unpredictable to anyone else. One generator re-seeded each time: the same stream
+        as a new ``RandomState(digest)``, at a fourteenth of the cost (constructing one costs ~150 us)."""
         digest = hmac.new(self.seed, b"stream-anon/dp\x00" + "\x00".join(map(str, labels)).encode(),
                           hashlib.sha256).digest()
-        return np.random.RandomState(np.frombuffer(digest, dtype=np.uint32))
+        self._generator.seed(np.frombuffer(digest, dtype=np.uint32))
+        return self._generator
 
     # -- processing ------------------------------------------------------------------------------------------
     def process_window(self, window_id: int, events, flat: bool = False) -> list[dict]:
@@ -286,11 +298,12 @@ class DPAggregator:
               "contributions_cut": {}, "out_of_domain": {}, "missing": {}, "windows_cut": {},
               "units_window_capped": {}, "budget_exhausted": []}
         releasing = []
+        window_units = _WindowUnits(self.unit_windows)
         for spec in self.specs:
             stop = f"{spec.name}@{label}"
             if self.ledger.is_stopped(stop) and self.ledger.exhausted_at(stop) != str(w):
                 continue
-            x, stats, units = self._cell_values(spec, flats)
+            x, stats, units = self._cell_values(spec, flats, window_units=window_units)
             for key in ("contributions_cut", "out_of_domain", "missing", "windows_cut", "units_window_capped"):
                 self.metrics[key][spec.name] += stats[key]
                 wm[key][spec.name] = stats[key]
@@ -301,6 +314,7 @@ class DPAggregator:
                 self.pending_units.setdefault(spec.name, set()).update(units)
             if (pos + 1) % spec.release_every == 0 or pos == n - 1:
                 releasing.append(spec)
+        window_units.flush()
         outcomes = self.ledger.reserve_many([
             (s.name, w, self.plans[s.name].release_epsilon, self._digest(s.name, w, self.pending[s.name]), label,
              s.epsilon) for s in releasing])
@@ -335,8 +349,7 @@ class DPAggregator:
         """A new period: window counts, running counters and partial releases start again (the budget is per
         period; the ledger keeps the previous periods' charges)."""
         self.period = label
-        for table in self.unit_windows.values():     # cleared, not replaced: the deletions are changes to report
-            table.clear()
+        self.unit_windows.clear()     # cleared, not replaced: the deletions are changes to report
         self.counters = {s.name: self._new_counters(s) for s in self.specs}
         self.pending, self.pending_units = {}, {}
 
@@ -361,59 +374,65 @@ class DPAggregator:
             digests.append(d)
         return np.frombuffer(b"".join(digests), dtype="<u8").astype(np.uint64)
 
-    def _cap_units(self, name: str, hashes: np.ndarray, commit: bool) -> np.ndarray:
+    def _cap_units(self, name: str, hashes: np.ndarray, commit: bool, window_units: "_WindowUnits") -> np.ndarray:
         """Which of a window's units (their :meth:`_unit_hashes`, one per unit, in the order of the units' first
         events) may still contribute a window to ``name`` in this period: fewer than ``W`` windows counted so far
         (the first windows in time: a choice that depends on the unit's own events only). ``commit``: count this
-        window for the admitted units."""
-        table, cap = self.unit_windows[name], self._w[name]
-        keys = hashes.view(np.int64)
-        _, rows = table.get(keys)
-        counts = rows["windows"].astype(np.int64)
-        if len(np.unique(keys)) == len(keys):
+        window for the admitted units (in ``window_units``, written to the table when it is flushed)."""
+        cap = self._w[name]
+        pos = window_units.positions(hashes.view(np.int64))
+        column = window_units.rows[name]             # a view: assignments update the window's rows
+        counts = column[pos].astype(np.int64)
+        if len(np.unique(pos)) == len(pos):
             admitted = counts < cap
-            if commit and admitted.any():
-                new = np.zeros(int(admitted.sum()), dtype=table.dtype)
-                new["windows"] = counts[admitted] + 1
-                table.put(keys[admitted], new)
+            if commit:
+                at = pos[admitted]
+                column[at] = counts[admitted] + 1
+                window_units.changed[at] = True
             return admitted
         # two units of the window share a 64-bit hash, hence a count: the units one by one, in order
-        admitted = np.zeros(len(keys), dtype=bool)
-        current: dict[int, int] = {}
-        for j, k in enumerate(keys.tolist()):
-            c = current.get(k, int(counts[j]))
+        admitted = np.zeros(len(pos), dtype=bool)
+        for j, p in enumerate(pos.tolist()):
+            c = int(column[p])
             admitted[j] = c < cap
             if admitted[j] and commit:
-                current[k] = c + 1
-        if current:
-            new = np.zeros(len(current), dtype=table.dtype)
-            new["windows"] = list(current.values())
-            table.put(np.fromiter(current, dtype=np.int64, count=len(current)), new)
+                column[p] = c + 1
+                window_units.changed[p] = True
         return admitted
 
-    def _window_cap(self, name: str, units: list, commit: bool) -> tuple[list[bool], int, int]:
+    def _window_cap(self, name: str, units: list, commit: bool, window_units: "_WindowUnits"
+                    ) -> tuple[list[bool], int, int]:
         """Per-event form of :meth:`_cap_units`: mask of the events whose unit is admitted; events and units
         cut."""
         distinct = list(dict.fromkeys(units))
-        ok = self._cap_units(name, self._unit_hashes(distinct), commit).tolist()
+        ok = self._cap_units(name, self._unit_hashes(distinct), commit, window_units).tolist()
         admitted = dict(zip(distinct, ok))
         mask = [admitted[u] for u in units]
         return mask, len(mask) - sum(mask), ok.count(False)
 
-    def _cell_values(self, spec: AggregateSpec, wc: WindowColumns, commit: bool = True):
+    def _cell_values(self, spec: AggregateSpec, wc: WindowColumns, commit: bool = True,
+                     window_units: "_WindowUnits | None" = None):
         """Per component, the bounded true value of every cell; plus counts of what was left out; plus the units
         kept (``track_individuals`` only). Columnar: numpy on the window's factorized columns, with the result of
         the per-event rules of :meth:`_cell_values_per_event` (which serves units that are neither all text nor
-        all integers, and unhashable filter values, where a dict's notion of one value is not the unit's)."""
+        all integers, and unhashable filter values, where a dict's notion of one value is not the unit's).
+
+        ``window_units``: the window's unit counts, shared by its aggregates and flushed by the caller; without
+        it the counts committed are written to the table before this returns."""
+        if window_units is None:
+            window_units = _WindowUnits(self.unit_windows)
+            out = self._cell_values(spec, wc, commit, window_units)
+            window_units.flush()
+            return out
         if any(g.kind == "hour" and any(bool in wc.types(f) for f in g.fields) for g in spec.group_by):
             # a bool has no hour but equals 1 or 0, so which of them the per-event rule sees first decides: as it
-            return self._cell_values_per_event(spec, wc, commit)
+            return self._cell_values_per_event(spec, wc, commit, window_units)
         n_all = wc.n
         sel = np.ones(n_all, dtype=bool)
         for k, allowed in spec.where:
             codes, distinct = wc.factorized(k)
             if distinct and distinct[-1] is UNHASHABLE:
-                return self._cell_values_per_event(spec, wc, commit)
+                return self._cell_values_per_event(spec, wc, commit, window_units)
             sel &= np.array([v in allowed for v in distinct], dtype=bool)[codes]
         positions = np.flatnonzero(sel)
         m = len(positions)
@@ -423,7 +442,7 @@ class DPAggregator:
         else:
             types = wc.types(self.privacy_unit)
             if not any(types <= plain for plain in PLAIN_UNIT_TYPES):
-                return self._cell_values_per_event(spec, wc, commit)
+                return self._cell_values_per_event(spec, wc, commit, window_units)
             codes, distinct_units = wc.factorized(self.privacy_unit)
             unit_codes = codes[positions]
             unit_none = unit_codes == wc.code_of_none(self.privacy_unit)
@@ -465,7 +484,7 @@ class DPAggregator:
                 hashes = wc.memo.get("unit_hashes")
                 if hashes is None:
                     hashes = wc.memo["unit_hashes"] = self._unit_hashes(distinct_units)
-                admitted = self._cap_units(spec.name, hashes[uniq], commit)
+                admitted = self._cap_units(spec.name, hashes[uniq], commit, window_units)
                 if not admitted.all():
                     ok_code = np.zeros(len(distinct_units), dtype=bool)
                     ok_code[uniq] = admitted
@@ -488,9 +507,15 @@ class DPAggregator:
             kept_units = set(kept) if self.event_unit else {distinct_units[c] for c in kept}
         return x, {"contributions_cut": cut, "out_of_domain": ood, "missing": missing, **extra}, kept_units
 
-    def _cell_values_per_event(self, spec: AggregateSpec, wc: WindowColumns, commit: bool = True):
+    def _cell_values_per_event(self, spec: AggregateSpec, wc: WindowColumns, commit: bool = True,
+                               window_units: "_WindowUnits | None" = None):
         """:meth:`_cell_values`, event by event (the implementation the columnar one reproduces; kept for the
         inputs it does not take)."""
+        if window_units is None:
+            window_units = _WindowUnits(self.unit_windows)
+            out = self._cell_values_per_event(spec, wc, commit, window_units)
+            window_units.flush()
+            return out
         names = list(wc.columns)
         flats = [dict(zip(names, vals)) for vals in zip(*(wc.column(f) for f in names))] if names else \
             [{} for _ in range(wc.n)]
@@ -522,7 +547,7 @@ class DPAggregator:
         if self.clock is not None:
             wcut = ucut = 0
             if not self.event_unit and units:
-                mask, wcut, ucut = self._window_cap(spec.name, units, commit)
+                mask, wcut, ucut = self._window_cap(spec.name, units, commit, window_units)
                 if wcut:
                     idx = [i for i, k in zip(idx, mask) if k]
                     units = [u for u, k in zip(units, mask) if k]
@@ -707,36 +732,39 @@ class DPAggregator:
             out["pending"] = {a: {c: v.tolist() for c, v in x.items()} for a, x in self.pending.items()}
         return out
 
+    def unit_window_counts(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """Aggregate ``name``'s view of the unit window counts: (int64 keys sorted ascending, counts) of the
+        units that used at least one of its windows in the current period."""
+        keys, rows = self.unit_windows.snapshot()
+        used = rows[name] > 0
+        return keys[used], rows[name][used].astype(np.int64)
+
     def state_tables(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        """Period mode: each aggregate's unit window counts in full, aggregate name -> (int64 keys sorted
-        ascending: the units' keyed 64-bit hashes, never raw ids; records of :data:`UNIT_WINDOW_FIELDS`). DP
-        state: without it a restart would let units contribute W more windows. Copies; does not reset what
+        """Period mode: the unit window counts in full, ``{UNIT_WINDOWS_TABLE: (int64 keys sorted ascending: the
+        units' keyed 64-bit hashes, never raw ids; records with one u2 field per aggregate)}``. DP state: without
+        it a restart would let units contribute W more windows. Copies; does not reset what
         :meth:`state_changes` reports. Legacy mode: none."""
         if self.clock is None:
             return {}
-        return {a: t.snapshot() for a, t in self.unit_windows.items()}
+        return {UNIT_WINDOWS_TABLE: self.unit_windows.snapshot()}
 
     def state_changes(self) -> dict[str, tuple[np.ndarray, np.ndarray | None]]:
         """What changed in :meth:`state_tables` since the previous call, with the contract of
         :meth:`stream_anon.engine.Engine.state_changes`: ``name`` -> (keys put, their records) and ``name +
         ":deleted"`` -> (keys deleted, None); the first call returns every row as put. A new period deletes
         every unit's count."""
-        out: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
         if self.clock is None:
-            return out
-        for a, table in self.unit_windows.items():
-            keys, rows, deleted = table.changes()
-            out[a] = (keys, rows)
-            out[a + ":deleted"] = (deleted, None)
-        return out
+            return {}
+        keys, rows, deleted = self.unit_windows.changes()
+        return {UNIT_WINDOWS_TABLE: (keys, rows), UNIT_WINDOWS_TABLE + ":deleted": (deleted, None)}
 
     def state_dict(self) -> dict:
-        """JSON-serializable checkpoint: :meth:`state_core` plus, in period mode, :meth:`state_tables` under
-        ``unit_windows``, stored compactly as keyed 64-bit unit hashes sorted as unsigned integers and their
-        counts (base64 of little-endian uint64 / uint16), never raw ids."""
+        """JSON-serializable checkpoint: :meth:`state_core` plus, in period mode, each aggregate's
+        :meth:`unit_window_counts` under ``unit_windows``, stored compactly as keyed 64-bit unit hashes sorted as
+        unsigned integers and their counts (base64 of little-endian uint64 / uint16), never raw ids."""
         out = self.state_core()
         if self.clock is not None:
-            out["unit_windows"] = {a: _pack_counts(*t) for a, t in self.state_tables().items()}
+            out["unit_windows"] = {s.name: _pack_counts(*self.unit_window_counts(s.name)) for s in self.specs}
         return out
 
     @classmethod
@@ -748,7 +776,9 @@ class DPAggregator:
     @classmethod
     def restore(cls, config, ledger: BudgetLedger, seed, core: dict,
                 tables: dict[str, tuple[np.ndarray, np.ndarray]], **kwargs) -> "DPAggregator":
-        """An aggregator from :meth:`state_core` and :meth:`state_tables` (a missing table is empty)."""
+        """An aggregator from :meth:`state_core` and :meth:`state_tables` (a missing table is empty). Also takes
+        the per-aggregate tables of earlier versions (aggregate name -> records of :data:`UNIT_WINDOW_FIELDS`),
+        which :meth:`from_state` reads too. Counts of aggregates no longer configured are dropped."""
         agg = cls(config, ledger, seed, **kwargs)
         agg.last_window = core["last_window"]
         agg.metrics = core["metrics"]
@@ -756,10 +786,7 @@ class DPAggregator:
             agg.period = core["period"]
             agg.pending = {a: {c: np.asarray(v, dtype=float) for c, v in x.items()}
                            for a, x in core.get("pending", {}).items() if a in agg.counters}
-            for a, (keys, rows) in tables.items():
-                if a in agg.unit_windows:
-                    table = agg.unit_windows[a]
-                    table.load(keys, np.asarray(rows, dtype=table.dtype))
+            agg.unit_windows.load(*_merge_unit_tables(tables, agg.unit_windows.dtype))
         for a, comps in core["counters"].items():
             if a in agg.counters:
                 for comp, cs in comps.items():
@@ -767,15 +794,72 @@ class DPAggregator:
         return agg
 
 
-def _pack_counts(keys: np.ndarray, rows: np.ndarray) -> dict:
-    """A unit window table as base64 of its hashes (uint64, ascending) and counts (uint16)."""
+class _WindowUnits:
+    """The unit window counts of one window's units, read from the table once and written back once: every
+    aggregate of the window reads and updates its own column here (one table lookup and one write per window,
+    not one per aggregate)."""
+
+    def __init__(self, table: KeyedTable):
+        self.table = table
+        self.keys = np.empty(0, dtype=np.int64)          # sorted, unique
+        self.rows = np.zeros(0, dtype=table.dtype)
+        self.changed = np.zeros(0, dtype=bool)
+
+    def positions(self, keys: np.ndarray) -> np.ndarray:
+        """Positions of ``keys`` in :attr:`rows`, reading the keys not held yet from the table."""
+        keys = np.asarray(keys, dtype=np.int64)
+        pos = np.searchsorted(self.keys, keys)
+        held = pos < len(self.keys)
+        held[held] = self.keys[pos[held]] == keys[held]
+        if not held.all():
+            new = np.unique(keys[~held])
+            _, rows = self.table.get(new)
+            order = np.argsort(np.concatenate([self.keys, new]), kind="stable")
+            self.keys = np.concatenate([self.keys, new])[order]
+            self.rows = np.concatenate([self.rows, rows])[order]
+            self.changed = np.concatenate([self.changed, np.zeros(len(new), dtype=bool)])[order]
+            pos = np.searchsorted(self.keys, keys)
+        return pos
+
+    def flush(self) -> None:
+        """Write the rows counted in to the table."""
+        if self.changed.any():
+            self.table.put(self.keys[self.changed], self.rows[self.changed])
+            self.changed[:] = False
+
+
+def _merge_unit_tables(tables: dict, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """One unit window table (keys, records of ``dtype``) from :meth:`DPAggregator.state_tables` or from the
+    per-aggregate tables of earlier versions; units left with no count are dropped."""
+    columns = []                         # (aggregate, keys, counts)
+    for name, (keys, rows) in tables.items():
+        rows = np.asarray(rows)
+        if name == UNIT_WINDOWS_TABLE:
+            columns += [(a, keys, rows[a]) for a in rows.dtype.names if a in dtype.names]
+        elif name in dtype.names and rows.dtype.names == ("windows",):
+            columns.append((name, keys, rows["windows"]))
+    if not columns:
+        return np.empty(0, dtype=np.int64), np.zeros(0, dtype=dtype)
+    keys = np.unique(np.concatenate([np.asarray(k, dtype=np.int64) for _, k, _ in columns]))
+    rows = np.zeros(len(keys), dtype=dtype)
+    for a, k, counts in columns:
+        rows[a][np.searchsorted(keys, np.asarray(k, dtype=np.int64))] = counts
+    used = np.zeros(len(keys), dtype=bool)
+    for a in dtype.names:
+        used |= rows[a] > 0
+    return keys[used], rows[used]
+
+
+def _pack_counts(keys: np.ndarray, counts: np.ndarray) -> dict:
+    """One aggregate's unit window counts as base64 of the hashes (uint64, ascending) and counts (uint16)."""
     hashes = np.asarray(keys, dtype=np.int64).view(np.uint64)
     order = np.argsort(hashes)
     return {"n": len(hashes), "hashes": base64.b64encode(hashes[order].astype("<u8").tobytes()).decode(),
-            "counts": base64.b64encode(rows["windows"][order].astype("<u2").tobytes()).decode()}
+            "counts": base64.b64encode(np.asarray(counts)[order].astype("<u2").tobytes()).decode()}
 
 
 def _unpack_counts(p: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Inverse of :func:`_pack_counts`, as the per-aggregate table of :data:`UNIT_WINDOW_FIELDS`."""
     keys = np.frombuffer(base64.b64decode(p["hashes"]), dtype="<u8").astype(np.uint64).view(np.int64)
     rows = np.zeros(len(keys), dtype=UNIT_WINDOW_FIELDS)
     rows["windows"] = np.frombuffer(base64.b64decode(p["counts"]), dtype="<u2")

@@ -10,7 +10,7 @@ their budgets compose in parallel: McSherry, PINQ, SIGMOD 2009, Theorem 4):
   :func:`needed_fields` and keeps the open window's in its checkpointed state.
 - **Ledger**: kept in the partition's state (:meth:`PartitionAggregates.state_core`), written in the same Kafka
   transaction as the rows that spend it (stream_anon.kafka.state); the aggregator's counters and the per-unit
-  window counts (``dp:<aggregate>`` tables) go there too.
+  window counts (the ``dp:unit.windows`` table) go there too.
 - **Restarts**: the worker re-processes input after its committed state. The re-closed windows find their
   reservations in the ledger (idempotent: nothing is spent twice) and get the same noise, because the noise
   seed is ``HMAC(stream secret, stream, partition)`` and each window's generator ``HMAC(seed, aggregate,
@@ -24,15 +24,11 @@ plus a ``budget_exhausted`` event when the ledger stops an aggregate.
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from stream_anon import crypto
 from stream_anon.contract import topics
 
-if TYPE_CHECKING:
-    from stream_anon.dp.columns import WindowColumns
 
 def needed_fields(dp, event_time: str) -> tuple[str, ...]:
     """Every field the aggregates read: the engine carries only these to the closed windows."""
@@ -86,8 +82,8 @@ class PartitionAggregates:
 
     State: like the engine's (:meth:`stream_anon.engine.Engine.state_core` / ``state_tables`` /
     ``state_changes``), a bounded JSON **core** (the aggregator's counters, metrics, period and partial releases;
-    the ledger) and **keyed tables** that grow with the units seen, one per aggregate in period mode,
-    ``dp:<aggregate>``: the unit's keyed 64-bit hash -> windows it used in the period (a new period deletes
+    the ledger) and a **keyed table** that grows with the units seen, in period mode ``dp:unit.windows``: the
+    unit's keyed 64-bit hash -> windows it used in the period, one column per aggregate (a new period deletes
     them all), so a checkpoint can carry what changed since the previous one.
     """
 
@@ -127,54 +123,95 @@ class PartitionAggregates:
     def close_windows(self, windows) -> tuple[list[dict], list[dict]]:
         """(aggregate rows, metric events) of the windows the engine closed (``ClosedWindow`` objects, in
         order). The ledger is on disk before this returns."""
-        from stream_anon.dp.columns import WindowColumns
         rows: list[dict] = []
         metrics: list[dict] = []
         for w in windows:
-            self._close(w.index, WindowColumns(w.carried), rows, metrics)
+            released, spent, iso = self._close(w, metrics)
+            rows.extend(self.aggregate_row(r, spent[r["window"]], iso) for r in released)
         return rows, metrics
 
     def messages(self, windows, dumps, metrics_topic: str) -> tuple[list, int]:
         """The worker's entry point for one partition batch: ``(topic, key, value)`` messages of the closed
-        ``windows`` and the number of aggregate rows."""
+        ``windows`` and the number of aggregate rows. The values are :meth:`close_windows`' rows serialized; a
+        release's fields common to its rows are serialized once (the rows of a window are ~1 KB each, one per
+        cell of the domain)."""
         if not windows:
             return [], 0
-        rows, metrics = self.close_windows(windows)
         key = self.stream.encode()
-        out = [(AGGREGATES_TOPIC, key, dumps(r)) for r in rows]
+        out: list = []
+        metrics: list[dict] = []
+        n = 0
+        for w in windows:
+            released, spent, iso = self._close(w, metrics)
+            n += len(released)
+            out.extend((AGGREGATES_TOPIC, key, value) for value in self._row_values(released, spent, iso, dumps))
         out.extend((metrics_topic, key, dumps(m)) for m in metrics)
-        return out, len(rows)
+        return out, n
 
-    def _close(self, w: int, columns: WindowColumns, rows: list, metrics: list) -> None:
-        out = self.aggregator.process_columns(w, columns)     # reserves (writes) the ledger first
+    def _close(self, window, metrics: list) -> tuple[list[dict], dict, "_IsoCache"]:
+        """Release one closed window: the aggregator's ``aggregate`` rows, the ledger's total through each window
+        they cover, and the window start times; appends the metric events to ``metrics``."""
+        from stream_anon.dp.columns import WindowColumns
+        w = window.index
+        out = self.aggregator.process_columns(w, WindowColumns(window.carried))   # reserves (writes) the ledger
         now = _now_iso()
         spent = {}                 # window -> ledger total through it (gap windows are released here too)
-        iso = _IsoCache(self.window_s)
+        released = []
         for r in out:
             if r["type"] == "aggregate":
                 if r["window"] not in spent:
                     spent[r["window"]] = self.ledger.spent_through(r["window"])
-                rows.append(self.aggregate_row(r, spent[r["window"]], iso))
+                released.append(r)
             else:                                              # budget_exhausted
                 metrics.append({**r, "partition": self.partition, "ts": now})
         wm = self.aggregator.window_metrics
         metrics.append({**wm, "partition": self.partition, "ts": now,
                         "window_start": _iso(w * self.window_s), "window_end": _iso((w + 1) * self.window_s),
                         "epsilon_spent": self.ledger.spent, "epsilon_budget": self.ledger.epsilon_budget})
+        return released, spent, _IsoCache(self.window_s)
+
+    def _row_fields(self, r: dict, spent_through: float, iso: _IsoCache) -> dict:
+        """The fields this layer adds to an aggregator row (all but ``row_id`` are the release's)."""
+        return {"partition": self.partition, "window_start": iso[r.get("span_start_window", r["window"])],
+                "window_end": iso[r["window"] + 1], "ledger_epsilon_spent": spent_through,
+                "ledger_epsilon_budget": self.ledger.epsilon_budget}
+
+    def _row_id_prefix(self, r: dict) -> str:
+        # release: "<window>", or "<window>~<n>" for a paid re-release of a window re-closed with other content
+        return f"{self.stream}/p{self.partition}/{r['aggregate']}/{r['output']}/w{r['release']}/"
 
     def aggregate_row(self, r: dict, spent_through: float, iso=None) -> dict:
         """One ``anon.aggregates`` value: the aggregator's row plus partition, window bounds, the ledger's total
         through this window, and ``row_id`` (dedupe key: a re-produced row is identical). ``iso``: window index ->
         ISO time of its start (a window's rows share a few)."""
         iso = _IsoCache(self.window_s) if iso is None else iso
-        w = r["window"]              # the release's last window; a release may span several (period mode)
-        row = {**r, "partition": self.partition, "window_start": iso[r.get("span_start_window", w)],
-               "window_end": iso[w + 1], "ledger_epsilon_spent": spent_through,
-               "ledger_epsilon_budget": self.ledger.epsilon_budget}
-        # release: "<window>", or "<window>~<n>" for a paid re-release of a window re-closed with other content
-        row["row_id"] = (f"{self.stream}/p{self.partition}/{r['aggregate']}/{r['output']}/w{r['release']}/"
-                         f"{r['group_key']}")
+        row = {**r, **self._row_fields(r, spent_through, iso)}
+        row["row_id"] = self._row_id_prefix(r) + r["group_key"]
         return row
+
+    def _row_values(self, released: list[dict], spent: dict, iso: _IsoCache, dumps) -> list[bytes]:
+        """:meth:`aggregate_row` of each row, serialized: per release (a run of rows of one aggregate, output and
+        release) its fields once, then each row's cell fields."""
+        from stream_anon.dp.aggregator import ROW_CELL_KEYS
+        values = []
+        i, n = 0, len(released)
+        while i < n:
+            first = released[i]
+            run = (first["aggregate"], first["output"], first["release"])
+            j = i + 1
+            while j < n and (released[j]["aggregate"], released[j]["output"], released[j]["release"]) == run:
+                j += 1
+            common = {k: v for k, v in first.items() if k not in ROW_CELL_KEYS}
+            common.update(self._row_fields(first, spent[first["window"]], iso))
+            prefix = dumps(common)[:-1] + b","
+            cell_keys = [k for k in first if k in ROW_CELL_KEYS]
+            id_prefix = self._row_id_prefix(first)
+            for r in released[i:j]:
+                cell = {k: r[k] for k in cell_keys}
+                cell["row_id"] = id_prefix + r["group_key"]
+                values.append(prefix + dumps(cell)[1:])
+            i = j
+        return values
 
     # -- checkpoint --------------------------------------------------------------------------------------------
     def state_core(self, with_ledger: bool = True) -> dict:
@@ -186,19 +223,19 @@ class PartitionAggregates:
         return doc
 
     def state_tables(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        """Every keyed table in full, ``dp:<aggregate>`` -> (int64 keys sorted ascending, structured records):
+        """Every keyed table in full, ``dp:unit.windows`` -> (int64 keys sorted ascending, structured records):
         copies; does not reset what :meth:`state_changes` reports. None without a period."""
         return {TABLE_PREFIX + name: t for name, t in self.aggregator.state_tables().items()}
 
     def state_changes(self) -> dict[str, tuple[np.ndarray, np.ndarray | None]]:
-        """What changed in :meth:`state_tables` since the previous call: ``dp:<aggregate>`` -> (keys put, their
-        records) and ``dp:<aggregate>:deleted`` -> (keys deleted, None), the contract of
+        """What changed in :meth:`state_tables` since the previous call: ``dp:unit.windows`` -> (keys put, their
+        records) and ``dp:unit.windows:deleted`` -> (keys deleted, None), the contract of
         :meth:`stream_anon.engine.Engine.state_changes` (the first call returns every row as put)."""
         return {TABLE_PREFIX + name: t for name, t in self.aggregator.state_changes().items()}
 
     def table_rows(self) -> int:
         """Rows held by the keyed tables (what a full state record carries of them)."""
-        return sum(len(t) for t in self.aggregator.unit_windows.values()) if self.aggregator.clock else 0
+        return len(self.aggregator.unit_windows) if self.aggregator.clock else 0
 
     def state_dict(self, with_ledger: bool = True) -> dict:
         """Core and tables in one JSON document (the unit window counts packed as base64 under
