@@ -54,7 +54,6 @@ from stream_anon.events import flatten
 
 
 KNOWN_CELLS_MAX = 100_000      # raw values whose group cell is remembered between windows, per dimension
-KNOWN_HASHES_MAX = 200_000     # units whose keyed hash is remembered between windows
 UNIT_WINDOW_FIELDS = [("windows", "<u2")]     # a legacy per-aggregate table (state written before 2026-11-25)
 # period mode: one table, keyed unit hash -> windows the unit used in the period, one u2 column per aggregate (one
 # lookup per window for all aggregates, 8 bytes of key per unit in a checkpoint rather than 8 per aggregate). An
@@ -175,8 +174,8 @@ class DPAggregator:
         self._w = {s.name: (s.max_windows or self.max_windows) for s in self.specs}
         self._labels: dict[str, list[tuple[dict, str]]] = {}
         self._known_cells: dict[int, dict] = {}      # per group-by dimension: raw value -> cell (in memory only)
-        self._known_hashes: dict = {}                 # unit -> _unit_hash (in memory only: a unit's windows)
         self._unit_key = hmac.new(self.seed, b"stream-anon/dp-unit-hash", hashlib.sha256).digest()
+        self._unit_hasher = hashlib.blake2b(key=self._unit_key, digest_size=8)     # copied per unit
         self._generator = np.random.RandomState()       # re-seeded per release and component (:meth:`_rng`)
         # every field an aggregate reads (dict events are turned into these columns)
         fields = [] if self.event_unit else [self.privacy_unit]
@@ -355,23 +354,21 @@ class DPAggregator:
 
     def _unit_hash(self, unit) -> int:
         """Keyed 64-bit hash of a unit (BLAKE2b keyed by the secret seed): the state never holds a raw id."""
-        return int.from_bytes(hashlib.blake2b(str(unit).encode(), key=self._unit_key, digest_size=8).digest(),
-                              "little")
+        h = self._unit_hasher.copy()
+        h.update(str(unit).encode())
+        return int.from_bytes(h.digest(), "little")
 
     def _unit_hashes(self, units: list) -> np.ndarray:
-        """:meth:`_unit_hash` of each unit, as uint64. The digests of recent units are kept in memory (a unit's
-        events usually fall in a few consecutive windows), never in the state."""
-        known = self._known_hashes
-        if len(known) > KNOWN_HASHES_MAX:
-            known.clear()
-        key, blake2b, get = self._unit_key, hashlib.blake2b, known.get
+        """:meth:`_unit_hash` of each unit, as uint64 (keyed by the text hashed: 1 == 1.0, "1" != "1.0"). A copy
+        of one keyed hasher per unit: the key block is absorbed once (the digests are those of
+        ``blake2b(text, key=...)``, ~30% faster; most units of a window are new, so no cache)."""
+        copy = self._unit_hasher.copy
         digests = []
+        append = digests.append
         for u in units:
-            text = u if type(u) is str else str(u)     # keyed by the text hashed (1 == 1.0, "1" != "1.0")
-            d = get(text)
-            if d is None:
-                d = known[text] = blake2b(text.encode(), key=key, digest_size=8).digest()
-            digests.append(d)
+            h = copy()
+            h.update((u if type(u) is str else str(u)).encode())
+            append(h.digest())
         return np.frombuffer(b"".join(digests), dtype="<u8").astype(np.uint64)
 
     def _cap_units(self, name: str, hashes: np.ndarray, commit: bool, window_units: "_WindowUnits") -> np.ndarray:
