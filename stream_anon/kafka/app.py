@@ -10,6 +10,7 @@ Run: ``STREAM_ANON_SECRET=... stream-anon worker --config configs/oyster.toml --
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import signal
@@ -115,10 +116,26 @@ def _setup_logging(level: str, fmt: str = "text") -> None:
     logsetup.setup_logging(level, fmt)
 
 
+GC_GEN0_THRESHOLD = 50_000     # allocations between young-generation collections (CPython's default: 700)
+
+
+def tune_gc() -> None:
+    """Fewer, cheaper cyclic garbage collections in the worker. A batch allocates a dict or list per event; at
+    CPython's default (a young collection every 700 allocations, older ones every 10 of those) the collector ran
+    thousands of times per batch and re-scanned everything alive. The objects of the start (modules, configuration,
+    faust) are frozen out of the collector's generations, and a young collection waits for 50,000 allocations: the
+    worker's data is mostly acyclic and freed by reference counting, so the memory held in cycles in between is
+    small."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_GEN0_THRESHOLD, 20, 20)
+
+
 def run_worker(config, bootstrap: str, state_dir, app_id: str | None = None, secret: bytes | None = None,
                loglevel: str = "warning", **app_kwargs):
     """Run the worker in this process until SIGTERM/SIGINT (or until its loop fails: then exit code 70)."""
     app = make_app(config, bootstrap, state_dir, app_id=app_id, secret=secret, **app_kwargs)
+    tune_gc()
     worker = faust.Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False, override_logging=False)
     try:
         worker.execute_from_commandline()
