@@ -73,7 +73,8 @@ def engine_only(cfg, events) -> dict:
             "published": sum(r.published for r in res.releases)}
 
 
-def end_to_end(cfg_path: Path, events: list, workdir: Path, workers: int = 1, timeout_s: float = 3600) -> dict:
+def end_to_end(cfg_path: Path, events: list, workdir: Path, workers: int = 1, timeout_s: float = 3600,
+               compression: str = "lz4") -> dict:
     cfg = load_config(cfg_path)
     workdir.mkdir(parents=True, exist_ok=True)
     with EmbeddedBroker() as b:
@@ -84,7 +85,8 @@ def end_to_end(cfg_path: Path, events: list, workdir: Path, workers: int = 1, ti
         app_id = f"bench-{cfg.stream.name}-{workers}"
         start = time.monotonic()
         procs = [start_worker_process(cfg_path, b.bootstrap, workdir / f"state{i}", app_id, 2.0,
-                                      workdir / f"worker{i}.log") for i in range(workers)]
+                                      workdir / f"worker{i}.log", extra=["--compression", compression])
+                 for i in range(workers)]
         reader = OutputReader(b.bootstrap, cfg.stream.name)
         first = None
         cpu = {}
@@ -123,11 +125,30 @@ def end_to_end(cfg_path: Path, events: list, workdir: Path, workers: int = 1, ti
                 "audit_checks": {k: v.get("passed") for k, v in report.checks.items() if isinstance(v, dict)}}
 
 
+def ratios(results: dict) -> dict:
+    """The issue's paired targets from the scenarios in the file: DP on / off in events/s (>= 0.85), and two
+    workers' / one worker's CPU per event (<= 1.1), over the whole run and over the processing span. Meaningful
+    only when the scenarios of a pair ran in the same invocation (compare their ``run_at``)."""
+    out = {}
+    e2e = {name: r["end_to_end"] for name, r in results.items()}
+    if "oyster" in e2e and "oyster_dp" in e2e:
+        out["dp_vs_nodp_events_per_s_span"] = round(e2e["oyster_dp"]["events_per_s_span"]
+                                                    / e2e["oyster"]["events_per_s_span"], 3)
+        out["dp_vs_nodp_events_per_s_whole_run"] = round(e2e["oyster_dp"]["events_per_s_wall"]
+                                                         / e2e["oyster"]["events_per_s_wall"], 3)
+    if "oyster" in e2e and "two_workers" in e2e:
+        for key in ("cpu_us_per_event", "cpu_us_per_event_span"):
+            if key in e2e["oyster"] and key in e2e["two_workers"]:
+                out[f"two_workers_vs_one_{key}"] = round(e2e["two_workers"][key] / e2e["oyster"][key], 3)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--events", type=int, default=None, help="first N events (default: the full files)")
     ap.add_argument("--only", default="oyster,oyster_dp,oyster_m3,cards_m3,two_workers")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "end_to_end.json"))
+    ap.add_argument("--compression", default="lz4", help="the workers' --compression (lz4, gzip, none)")
     args = ap.parse_args(argv)
     os.environ["STREAM_ANON_SECRET"] = SECRET
     workdir = Path(os.environ.get("TMPDIR", "/tmp")) / f"stream-anon-e2e-{os.getpid()}"
@@ -155,14 +176,17 @@ def main(argv=None) -> int:
         else:
             raise SystemExit(f"unknown scenario {name}")
         cfg = load_config(path)
-        r = {"config": path.name, "m": cfg.anonymization.m, "dp": cfg.dp is not None,
+        r = {"config": path.name, "m": cfg.anonymization.m, "dp": cfg.dp is not None, "compression": args.compression,
              "run_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "load_avg_at_start": os.getloadavg()}
         r["engine_only"] = engine_only(cfg, events)
-        r["end_to_end"] = end_to_end(path, events, workdir / name, workers=2 if name == "two_workers" else 1)
+        r["end_to_end"] = end_to_end(path, events, workdir / name, workers=2 if name == "two_workers" else 1,
+                                     compression=args.compression)
         r["end_to_end_vs_engine"] = round(r["end_to_end"]["events_per_s_span"] / r["engine_only"]["events_per_s"], 3)
         out["results"][name] = r
+        out["ratios"] = ratios(out["results"])
         print(f"[e2e] {name}: {json.dumps(r)}", flush=True)
         Path(args.out).write_text(json.dumps(out, indent=1))
+    print(f"[e2e] ratios: {json.dumps(out['ratios'])}")
     return 0
 
 

@@ -154,6 +154,40 @@ def read_all(bootstrap, topic, stream=None, min_count=0, idle_s=1.5, max_wait_s=
     return out
 
 
+def record_batch_codecs(bootstrap, topic) -> list[int]:
+    """The compression codec of every record batch of ``topic`` as fetched from the broker (kafka-python's
+    ``DefaultRecordBatch.CODEC_*``: 0 none, 1 gzip, 3 lz4): read through kafka-python with its fetcher's record
+    parser wrapped, since no consumer API shows a batch's attributes."""
+    import kafka.consumer.fetcher as fetcher
+
+    codecs, parser = [], fetcher.MemoryRecords
+
+    class Recording(parser):
+        def next_batch(self, *args, **kwargs):
+            batch = super().next_batch(*args, **kwargs)
+            if batch is not None and not getattr(batch, "is_control_batch", False):
+                codecs.append(batch.compression_type)
+            return batch
+
+    from kafka import KafkaConsumer, TopicPartition
+
+    fetcher.MemoryRecords = Recording
+    c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                      auto_offset_reset="earliest")
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic) or {0})]
+        c.assign(tps)
+        c.seek_to_beginning(*tps)
+        quiet_since = time.monotonic()
+        while time.monotonic() - quiet_since < 1.5:
+            if c.poll(timeout_ms=300):
+                quiet_since = time.monotonic()
+    finally:
+        c.close()
+        fetcher.MemoryRecords = parser
+    return codecs
+
+
 def setup_stream(tmp_path, bootstrap, name):
     from stream_anon.config import load_config
     from stream_anon.kafka.topics import ensure_topics

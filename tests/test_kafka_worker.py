@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _kafka_helpers import (account, collect, committed_offsets, read_all, setup_stream,  # noqa: E402
+from _kafka_helpers import (account, collect, committed_offsets, read_all, record_batch_codecs, setup_stream,  # noqa: E402
                             state_offsets, synthetic_fares, wait_for, write_stream_config)
 
 from stream_anon import crypto  # noqa: E402
@@ -112,6 +112,13 @@ def test_replay_and_worker_end_to_end(broker, tmp_path, secret_env):
     print("committed after clean stop:", committed, "states:", states)
     for p, count in rep["partitions"].items():
         assert states[p] == count - 1 and committed[p] == count
+    # the worker writes lz4-compressed batches (its default --compression), output and state alike (librdkafka
+    # sends a batch uncompressed when lz4 would not make it smaller: small state markers)
+    from kafka.record.default_records import DefaultRecordBatch as B
+    codecs = {topic: set(record_batch_codecs(broker.bootstrap, topic))
+              for topic in ("anon.e2e.records", "stream-anon-e2e-state")}
+    assert codecs["anon.e2e.records"] == {B.CODEC_LZ4}
+    assert B.CODEC_LZ4 in codecs["stream-anon-e2e-state"] <= {B.CODEC_LZ4, B.CODEC_NONE}
 
 
 def test_bad_input_goes_to_deadletter(broker, tmp_path, secret_env):

@@ -27,7 +27,7 @@ from stream_anon import connection as kafka_connection
 from stream_anon.connection import as_connection
 from stream_anon.config import load_config
 from stream_anon.kafka.core import WorkerCore
-from stream_anon.kafka.loop import KafkaLoop
+from stream_anon.kafka.loop import COMPRESSIONS, DEFAULT_COMPRESSION, KafkaLoop
 from stream_anon.kafka.observe import prometheus_text, readiness
 
 log = logging.getLogger("stream_anon.worker")
@@ -53,7 +53,8 @@ class WorkerApp(faust.App):
 def make_app(config, bootstrap: str, state_dir, app_id: str | None = None, secret: bytes | None = None,
              batch_max: int = 10000, batch_within_s: float = 0.5, metrics_interval_s: float = 5.0,
              flush_when_idle_s: float | None = None, web_port: int | None = None, raw_deadletters: bool = False,
-             accept_input_reset: bool = False, client_config: dict | None = None):
+             accept_input_reset: bool = False, client_config: dict | None = None,
+             compression: str = DEFAULT_COMPRESSION):
     """The faust app of one worker and its :class:`KafkaLoop` (``app.stream_anon_loop``)."""
     app_id = app_id or f"stream-anon-{config.stream.name}"
     secret = secret if secret is not None else crypto.load_secret()
@@ -73,7 +74,7 @@ def make_app(config, bootstrap: str, state_dir, app_id: str | None = None, secre
                       raw_deadletters=raw_deadletters)
     loop = KafkaLoop(core, {**as_connection(bootstrap).confluent(), **(client_config or {})}, batch_max=batch_max,
                      batch_within_s=batch_within_s, metrics_interval_s=metrics_interval_s,
-                     accept_input_reset=accept_input_reset, cache_dir=state_dir)
+                     accept_input_reset=accept_input_reset, cache_dir=state_dir, compression=compression)
     app.stream_anon_core, app.stream_anon_loop = core, loop
 
     @app.service
@@ -169,6 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--accept-input-reset", action="store_true",
                    help="operator decision: a partition halted because its input topic was re-created resumes "
                         "its state (signatures, DP ledger) from offset 0 of the new topic")
+    p.add_argument("--compression", choices=COMPRESSIONS, default=DEFAULT_COMPRESSION,
+                   help="compression of the batches the worker writes: output, dead letters, state (default: "
+                        f"{DEFAULT_COMPRESSION})")
     p.add_argument("--loglevel", default="warning")
     logsetup.add_arguments(p)
     return p
@@ -201,7 +205,7 @@ def worker_main(argv=None) -> int:
     run_worker(config, conn, args.state_dir, app_id=args.app_id, secret=secret, loglevel=args.loglevel,
                batch_max=args.batch_max, batch_within_s=args.batch_within, metrics_interval_s=args.metrics_interval,
                flush_when_idle_s=args.flush_when_idle, raw_deadletters=args.deadletter_raw_payload,
-               web_port=args.web_port, accept_input_reset=args.accept_input_reset)
+               web_port=args.web_port, accept_input_reset=args.accept_input_reset, compression=args.compression)
     return 0
 
 
