@@ -117,6 +117,24 @@ def test_state_records_round_trip_and_barriers_are_told_apart():
     assert st.header(b"something else") is None and st.barrier_nonce(value) is None and st.header(None) is None
 
 
+def test_the_json_part_is_an_lz4_frame_and_records_written_with_zlib_still_decode():
+    tables = {"t": (np.array([5, 8]), rows(5, 8), np.array([3]))}
+    rec = st.StateRecord(doc(12, 3456), tables, full=True)
+    value = st.encode_state(rec)
+    body_at = 4 + st._HEAD.size + st._BODY.size
+    assert value[body_at:body_at + 4] == st.LZ4_FRAME_MAGIC
+    # the same record as the encoder before 2026-11-25 wrote it: the JSON part zlib-compressed
+    import lz4.frame
+    import zlib
+    (n,) = st._BODY.unpack_from(value, 4 + st._HEAD.size)
+    old_body = zlib.compress(lz4.frame.decompress(value[body_at:body_at + n]), 1)
+    old = value[:4 + st._HEAD.size] + st._BODY.pack(len(old_body)) + old_body + value[body_at + n:]
+    for v in (value, old):
+        back = st.decode_state(v)
+        assert back.doc == rec.doc and back.full
+        assert [a.tolist() for a in back.tables["t"]] == [[5, 8], rows(5, 8).tolist(), [3]]
+
+
 # ---- the worker's records, end to end in process (no broker): what recovery reads is what the worker had
 def _cards_messages(n: int) -> list[tuple[int, int, bytes]]:
     import zlib

@@ -40,6 +40,7 @@ import struct
 import zlib
 from dataclasses import dataclass, field
 
+import lz4.frame
 import numpy as np
 import orjson
 
@@ -50,6 +51,7 @@ KIND_FULL, KIND_DELTA, KIND_BARRIER = b"f", b"d", b"b"
 STATE_KINDS = (KIND_FULL, KIND_DELTA)
 _HEAD = struct.Struct(">qq")        # sequence number, last input offset
 _BODY = struct.Struct(">I")         # length of the compressed JSON part
+LZ4_FRAME_MAGIC = b"\x04\x22\x4d\x18"   # an LZ4 frame's first bytes; a zlib stream starts with 0x78
 MAX_CHAIN = 256                     # transactions between two full records, at most
 
 HALT_MARKER_WITHOUT_STATE = "committed_state_missing"
@@ -109,9 +111,12 @@ def changes_by_table(changes: dict) -> dict:
 
 
 def encode_state(rec: StateRecord) -> bytes:
-    """``SA2 <f|d> <seq> <offset> <json length> zlib(json) <table bytes>``. The header can be read without
+    """``SA2 <f|d> <seq> <offset> <json length> lz4(json) <table bytes>``. The header can be read without
     decoding the rest; the JSON part names each table's layout and counts; the tables follow as raw little-endian
-    keys, records and deleted keys (hashed keys do not compress: they are not compressed)."""
+    keys, records and deleted keys (hashed keys do not compress: they are not compressed). The JSON part is an
+    LZ4 frame (records written before were zlib: :func:`decode_state` reads both): a partition's core is rewritten
+    by every transaction, and zlib at level 1 took 2-5 us per event of the worker's one thread for a ratio
+    within 10% of lz4's, which takes a ninth of that."""
     layout, blobs = [], []
     for name, (keys, rows, deleted) in rec.tables.items():
         dt = rows.dtype.newbyteorder("<") if rows.dtype.byteorder == ">" else rows.dtype
@@ -119,8 +124,8 @@ def encode_state(rec: StateRecord) -> bytes:
         blobs += [np.ascontiguousarray(keys, dtype="<i8").tobytes(),
                   np.ascontiguousarray(rows.astype(dt, copy=False)).tobytes(),
                   np.ascontiguousarray(deleted, dtype="<i8").tobytes()]
-    body = zlib.compress(orjson.dumps({"doc": rec.doc, "tables": layout},
-                                      option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS), 1)
+    body = lz4.frame.compress(orjson.dumps({"doc": rec.doc, "tables": layout},
+                                           option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS))
     kind = KIND_FULL if rec.full else KIND_DELTA
     return b"".join([MAGIC, kind, _HEAD.pack(rec.doc["seq"], rec.doc["offset"]), _BODY.pack(len(body)), body,
                      *blobs])
@@ -150,7 +155,8 @@ def decode_state(value: bytes) -> StateRecord:
     pos = 4 + _HEAD.size
     (n,) = _BODY.unpack_from(value, pos)
     pos += _BODY.size
-    meta = orjson.loads(zlib.decompress(value[pos:pos + n]))
+    body = value[pos:pos + n]
+    meta = orjson.loads(lz4.frame.decompress(body) if body[:4] == LZ4_FRAME_MAGIC else zlib.decompress(body))
     pos += n
     tables = {}
     for name, descr, n_put, n_del in meta["tables"]:

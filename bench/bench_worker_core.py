@@ -1,0 +1,98 @@
+"""The worker's processing without Kafka: ``WorkerCore`` on the full Oyster Monday file, as one worker sees it
+(4 input partitions, batches of 10,000 messages split by partition), with and without the DP aggregates of
+``configs/oyster.toml``. Per event: CPU in ``WorkerCore.process`` (parse, validate, engine, DP, output records)
+and in building and encoding the state records; the state bytes written. No broker: the cost of the worker's own
+work, which the end-to-end benchmark (``bench_end_to_end.py``) measures together with the broker's.
+
+    .venv/bin/python bench/bench_worker_core.py [--events N] [--partitions 4] -> bench/results/worker_core.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+import zlib
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import orjson  # noqa: E402
+
+from bench_end_to_end import config_file  # noqa: E402
+from stream_anon.config import load_config  # noqa: E402
+from stream_anon.datasets import load_events  # noqa: E402
+from stream_anon.kafka import state as st  # noqa: E402
+from stream_anon.kafka.core import WorkerCore  # noqa: E402
+
+SECRET = b"bench-worker-core-secret-0123456789abcdef"
+
+
+def run(cfg_path: Path, raws: list[bytes], parts: list[int], partitions: int, batch: int) -> dict:
+    core = WorkerCore(load_config(cfg_path), "bench-core", SECRET)
+    states = [core.open_partition(p) for p in range(partitions)]
+    offsets = [0] * partitions
+    t_process = t_state = 0.0
+    state_bytes = 0
+    c0 = time.process_time()
+    for i in range(0, len(raws), batch):
+        by_partition: dict[int, list] = {}
+        for j in range(i, min(i + batch, len(raws))):
+            p = parts[j]
+            by_partition.setdefault(p, []).append((offsets[p], raws[j]))
+            offsets[p] += 1
+        for p, messages in by_partition.items():
+            ps = states[p]
+            c = time.process_time()
+            out = core.process(ps, messages)
+            c2 = time.process_time()
+            t_process += c2 - c
+            record = core.state_record(ps, ps.seq + 1, out.last_offset)   # what a transaction writes
+            state_bytes += len(st.encode_state(record))
+            core.note_committed(ps, record)
+            t_state += time.process_time() - c2
+    for ps in states:
+        core.flush(ps)
+    total = time.process_time() - c0
+    n = len(raws)
+    return {"cpu_us_per_event": round(1e6 * total / n, 2), "process_us_per_event": round(1e6 * t_process / n, 2),
+            "state_records_us_per_event": round(1e6 * t_state / n, 2), "state_mb_written": round(state_bytes / 1e6, 1)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--events", type=int, default=None, help="first N events (default: the full file)")
+    ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=10000, help="messages per consumed batch (all partitions)")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "worker_core.json"))
+    args = ap.parse_args(argv)
+    events = load_events("oyster", full=True, limit=args.events)
+    raws = [orjson.dumps(e) for e in events]
+    # the partition replay would give them (keyed by the privacy unit)
+    parts = [zlib.crc32(str(e["journey_id"]).encode()) % args.partitions for e in events]
+    workdir = Path(tempfile.mkdtemp(prefix="stream-anon-core-"))
+    results = {}
+    for name, without_dp in (("no_dp", True), ("dp", False)):
+        results[name] = run(config_file("oyster", workdir, without_dp=without_dp), raws, parts, args.partitions,
+                            args.batch)
+        print(f"[worker core] {name}: {results[name]}", flush=True)
+    out = {"benchmark": "WorkerCore without Kafka, DP aggregates on and off (issue 11)",
+           "run_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+           "events": len(events), "partitions": args.partitions, "batch": args.batch, "results": results,
+           "dp_overhead_us_per_event": round(results["dp"]["cpu_us_per_event"] - results["no_dp"]["cpu_us_per_event"],
+                                             2),
+           "no_dp_vs_dp_cpu": round(results["no_dp"]["cpu_us_per_event"] / results["dp"]["cpu_us_per_event"], 3)}
+    Path(args.out).write_text(json.dumps(out, indent=1))
+    print(json.dumps({k: out[k] for k in ("dp_overhead_us_per_event", "no_dp_vs_dp_cpu")}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
