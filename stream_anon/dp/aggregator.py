@@ -371,16 +371,20 @@ class DPAggregator:
             append(h.digest())
         return np.frombuffer(b"".join(digests), dtype="<u8").astype(np.uint64)
 
-    def _cap_units(self, name: str, hashes: np.ndarray, commit: bool, window_units: "_WindowUnits") -> np.ndarray:
-        """Which of a window's units (their :meth:`_unit_hashes`, one per unit, in the order of the units' first
-        events) may still contribute a window to ``name`` in this period: fewer than ``W`` windows counted so far
-        (the first windows in time: a choice that depends on the unit's own events only). ``commit``: count this
-        window for the admitted units (in ``window_units``, written to the table when it is flushed)."""
+    def _cap_units(self, name: str, pos: np.ndarray, commit: bool, window_units: "_WindowUnits",
+                   distinct: bool | None = None) -> np.ndarray:
+        """Which of a window's units (their rows in ``window_units``, :meth:`_WindowUnits.positions` of their
+        :meth:`_unit_hashes`, one per unit, in the order of the units' first events) may still contribute a
+        window to ``name`` in this period: fewer than ``W`` windows counted so far (the first windows in time: a
+        choice that depends on the unit's own events only). ``commit``: count this window for the admitted units
+        (in ``window_units``, written to the table when it is flushed). ``distinct``: whether the positions are
+        known to differ (no two units share a 64-bit hash), if the caller knows."""
         cap = self._w[name]
-        pos = window_units.positions(hashes.view(np.int64))
         column = window_units.rows[name]             # a view: assignments update the window's rows
         counts = column[pos].astype(np.int64)
-        if len(np.unique(pos)) == len(pos):
+        if distinct is None:
+            distinct = len(np.unique(pos)) == len(pos)
+        if distinct:
             admitted = counts < cap
             if commit:
                 at = pos[admitted]
@@ -402,7 +406,8 @@ class DPAggregator:
         """Per-event form of :meth:`_cap_units`: mask of the events whose unit is admitted; events and units
         cut."""
         distinct = list(dict.fromkeys(units))
-        ok = self._cap_units(name, self._unit_hashes(distinct), commit, window_units).tolist()
+        pos = window_units.positions(self._unit_hashes(distinct).view(np.int64))
+        ok = self._cap_units(name, pos, commit, window_units).tolist()
         admitted = dict(zip(distinct, ok))
         mask = [admitted[u] for u in units]
         return mask, len(mask) - sum(mask), ok.count(False)
@@ -478,10 +483,19 @@ class DPAggregator:
                 # the window's units in the order of their first events
                 uniq, first = np.unique(units, return_index=True)
                 uniq = uniq[np.argsort(first, kind="stable")]
+                # the rows of all the window's units, found once for its aggregates (valid while no aggregate
+                # brought other units into ``window_units``: its generation)
                 hashes = wc.memo.get("unit_hashes")
                 if hashes is None:
                     hashes = wc.memo["unit_hashes"] = self._unit_hashes(distinct_units)
-                admitted = self._cap_units(spec.name, hashes[uniq], commit, window_units)
+                memo = wc.memo.get("unit_positions")
+                if memo is None or memo[0] is not window_units or memo[1] != window_units.generation:
+                    pos_all = window_units.positions(hashes.view(np.int64))
+                    memo = wc.memo["unit_positions"] = (window_units, window_units.generation, pos_all,
+                                                        len(np.unique(pos_all)) == len(pos_all))
+                _, _, pos_all, all_distinct = memo
+                admitted = self._cap_units(spec.name, pos_all[uniq], commit, window_units,
+                                           distinct=True if all_distinct else None)
                 if not admitted.all():
                     ok_code = np.zeros(len(distinct_units), dtype=bool)
                     ok_code[uniq] = admitted
@@ -801,6 +815,7 @@ class _WindowUnits:
         self.keys = np.empty(0, dtype=np.int64)          # sorted, unique
         self.rows = np.zeros(0, dtype=table.dtype)
         self.changed = np.zeros(0, dtype=bool)
+        self.generation = 0                              # + 1 whenever keys are added (positions move)
 
     def positions(self, keys: np.ndarray) -> np.ndarray:
         """Positions of ``keys`` in :attr:`rows`, reading the keys not held yet from the table."""
@@ -815,6 +830,7 @@ class _WindowUnits:
             self.keys = np.concatenate([self.keys, new])[order]
             self.rows = np.concatenate([self.rows, rows])[order]
             self.changed = np.concatenate([self.changed, np.zeros(len(new), dtype=bool)])[order]
+            self.generation += 1
             pos = np.searchsorted(self.keys, keys)
         return pos
 
