@@ -8,7 +8,10 @@ suffixed ``-d<d>``: the privacy unit is the journey, so every day brings ~400k n
 * ``m3``:  configs/oyster-cards.toml (m = 3, invariant ``product_category``) with the journey as privacy unit
   (the Oyster file has no card id): every individual gets a signature, the worst case for the signature table;
   default ``m_horizon_s`` (7 days: the table grows over the 4 days);
-* ``m3-1d``: the same with ``m_horizon_s = 86400``: the table stops growing once the horizon is reached.
+* ``m3-1d``: the same with ``m_horizon_s = 86400``: the table stops growing once the horizon is reached;
+* ``k10-dp`` (not run by default): ``k10`` with the DP aggregates of configs/oyster.toml (a period per day: the
+  unit window table and the budget ledger, written with every state record).
+  ``--runs k10-dp --out bench/results/long_stream_dp.json``.
 
 A separate **state record scaling** measurement encodes delta records of a fixed change set (5,000 signature rows
 put, 500 deleted, the same core) against signature tables of growing size, to show that a delta's time and bytes do
@@ -17,7 +20,7 @@ not depend on the number of individuals in the table.
 Both with the timestamp QI's upper bound widened to cover the four days. Per day: events/s of the engine (CPU
 seconds, one core, numpy pinned to 1 thread) and with checkpoints; RSS at the end of the day and peak RSS so far;
 individuals seen; sizes of the keyed tables. The events go through the worker's core (WorkerCore.process: payload
-checks, reader, engine, output serialization; DP aggregates off) and after every batch the partition's state
+checks, reader, engine, output serialization; DP aggregates off but in ``k10-dp``) and after every batch the partition's state
 record is built and encoded as the worker writes it to the state topic (stream_anon.kafka.state: core + table
 changes, or a full record); per day the bytes and seconds of the state records (mean, max, p50 of deltas, full
 records) next to what a single document of the whole state (the earlier format) would cost at the end of the day.
@@ -63,7 +66,7 @@ def peak_mb() -> float:
 
 
 def config(run: str, days: int, **anon):
-    path = ROOT / "configs" / ("oyster.toml" if run == "k10" else "oyster-cards.toml")
+    path = ROOT / "configs" / ("oyster.toml" if run.startswith("k10") else "oyster-cards.toml")
     raw = tomllib.loads(path.read_text())
     if run == "m3-1d":
         raw["anonymization"]["m_horizon_s"] = 86400
@@ -117,7 +120,9 @@ def single_document_cost(engine) -> tuple[int, float]:
 
 
 def run_stream(run: str, base: list[dict], days: int, batch: int, **anon) -> dict:
-    cfg = dataclasses.replace(config(run, days, **anon), dp=None)
+    cfg = config(run, days, **anon)
+    if not run.endswith("-dp"):
+        cfg = dataclasses.replace(cfg, dp=None)
     core = WorkerCore(cfg, "bench", SECRET)
     ps = core.open_partition(0)
     engine = ps.engine

@@ -346,8 +346,9 @@ class DPAggregator:
 
     def _new_period(self, label: str) -> None:
         """A new period: window counts, running counters and partial releases start again (the budget is per
-        period; the ledger keeps the previous periods' charges)."""
+        period; the ledger keeps the previous periods' charges, older ones as totals: ``BudgetLedger.compact``)."""
         self.period = label
+        self.ledger.compact(label)
         self.unit_windows.clear()     # cleared, not replaced: the deletions are changes to report
         self.counters = {s.name: self._new_counters(s) for s in self.specs}
         self.pending, self.pending_units = {}, {}

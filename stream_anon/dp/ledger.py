@@ -23,6 +23,15 @@ the budget, which is per unit **and period**. Periods are disjoint in time, so a
 is at most ``k`` times the per-period budget (sequential composition; Dwork & Roth 2014, Theorem 3.16). A paid
 re-release (``"<window>~<n>"``) is charged outside the cap: it releases the same data a second time.
 
+Bounded size (issue 11). In period mode the ledger would otherwise grow by one entry per aggregate and release
+for ever, and it is written whole with every state record. When the aggregator starts a period,
+:meth:`BudgetLedger.compact` folds every period older than the previous one into its totals (per aggregate: the
+sum of its releases and its cap; the paid re-releases; the stops): what :meth:`period_spent` and :attr:`spent`
+need; after :data:`SUMMARY_PERIODS` such periods only the largest charge of the older ones is kept (for
+:attr:`spent`). Their per-window entries, needed only to recognise a re-produced release of a window, go: the aggregator
+never processes a window at or before its last one, so no release of a finished period is produced again (one
+that were would be charged again, never less).
+
 >>> import tempfile, os
 >>> path = os.path.join(tempfile.mkdtemp(), "ledger.json")
 >>> ledger = BudgetLedger(path, epsilon_budget=1.0)
@@ -48,6 +57,8 @@ from diffprivlib.accountant import BudgetAccountant
 from diffprivlib.utils import BudgetError
 
 LEDGER_VERSION = 1
+KEEP_PERIODS = 2           # periods whose per-window entries are kept (the current one and the one before)
+SUMMARY_PERIODS = 31       # older periods kept as per-aggregate totals; beyond them only their largest charge
 _REL_TOL = 1e-9     # floating-point slack: ten spends of 0.1 must fit a budget of 1.0
 
 
@@ -114,6 +125,8 @@ class BudgetLedger:
         self._psum: dict[tuple[str, str], float] = {}       # (period, aggregate) -> capped part: sum of releases
         self._pcap: dict[tuple[str, str], float] = {}       # (period, aggregate) -> cap
         self._pextra: dict[str, float] = {}                 # period -> paid re-releases (uncapped)
+        self._compacted: dict[str, dict] = {}               # period -> its totals (:meth:`compact`)
+        self._archive: dict | None = None                   # periods before the compacted ones: largest charge
         self._merge_from_disk()
 
     def _index(self, key: tuple[str, str], epsilon: float, period: str, cap: float) -> None:
@@ -147,7 +160,7 @@ class BudgetLedger:
 
     @property
     def period_mode(self) -> bool:
-        return bool(self._period)
+        return bool(self._period or self._compacted or self._archive)
 
     def _merge_from_disk(self) -> None:
         """Add the file's reservations to ours and rebuild the accountant. Called at start and, under the file
@@ -162,8 +175,16 @@ class BudgetLedger:
         if data is not None:
             if data.get("version") != LEDGER_VERSION:
                 raise ValueError(f"{self.path or 'ledger state'}: unsupported ledger version {data.get('version')!r}")
+            if data.get("archive"):
+                self._merge_archive(data["archive"])
+            for period, summary in data.get("periods", {}).items():
+                if self._archive is None or period > self._archive["last"]:
+                    self._merge_summary(period, summary)
             for e in data["entries"]:
                 key = (e["aggregate"], str(e["window"]))
+                if e.get("period") in self._compacted or (e.get("period") is not None and self._archive is not None
+                                                          and e["period"] <= self._archive["last"]):
+                    continue                                 # already in that period's totals
                 if key not in self._entries:
                     if e.get("period") is not None:
                         self._index(key, float(e["epsilon"]), e["period"], e["cap"])
@@ -201,8 +222,8 @@ class BudgetLedger:
     def spent(self) -> float:
         """Total epsilon charged (to the worst-case individual); in period mode the largest per-period charge
         (the budget is per period)."""
-        if self._period:
-            return max(self.spent_by_period().values(), default=0.0)
+        if self.period_mode:
+            return max([*self.spent_by_period().values(), self._archive["max_spent"] if self._archive else 0.0])
         return float(sum(self._entries.values()))
 
     @property
@@ -213,13 +234,20 @@ class BudgetLedger:
         return float(sum(e for (a, _), e in self._entries.items() if a == aggregate))
 
     def is_stopped(self, aggregate: str) -> bool:
-        return aggregate in self._exhausted
+        return aggregate in self._exhausted or self._compacted_stop(aggregate) is not None
+
+    def _compacted_stop(self, key: str) -> dict | None:
+        """The stop of ``"<aggregate>@<period>"`` in a compacted period, or None."""
+        if not self._compacted or "@" not in key:
+            return None
+        summary = self._compacted.get(key.rsplit("@", 1)[1])
+        return None if summary is None else summary["exhausted"].get(key)
 
     def spent_through(self, window: int) -> float:
         """Total charged for windows <= ``window`` (integer window ids): unlike :attr:`spent` it does not depend on
         how far a crashed worker got before its restart, so a re-produced release shows the same figure. In
         period mode: the charge of ``window``'s period through ``window`` (capped as in :meth:`period_spent`)."""
-        if self._period:
+        if self.period_mode:
             period = next((p for (a, w), (p, _) in self._period.items() if int(w.split("~")[0]) == window), None)
             if period is None:
                 return 0.0
@@ -236,7 +264,7 @@ class BudgetLedger:
 
     def exhausted_at(self, aggregate: str) -> str | None:
         """The window at which the aggregate was stopped, or None."""
-        e = self._exhausted.get(aggregate)
+        e = self._exhausted.get(aggregate) or self._compacted_stop(aggregate)
         return None if e is None else str(e["window"])
 
     def reserved(self, aggregate: str, window) -> float | None:
@@ -328,7 +356,85 @@ class BudgetLedger:
                              **({"period": self._period[(a, w)][0], "cap": self._period[(a, w)][1]}
                                 if (a, w) in self._period else {})}
                             for (a, w), e in self._entries.items()],
-                "exhausted": self._exhausted}
+                "exhausted": self._exhausted,
+                **({"periods": self._compacted} if self._compacted else {}),
+                **({"archive": self._archive} if self._archive else {})}
+
+    # -- bounded size -------------------------------------------------------------------------------------
+    def compact(self, current: str, keep: int | None = None) -> int:
+        """Fold the entries of every period before the last ``keep`` periods up to ``current`` (labels sort in
+        time: ``YYYY-MM-DD``, ``YYYY-MM-DDTHH``) into the period's totals (default ``keep``:
+        :data:`KEEP_PERIODS`), and the totals beyond the last :data:`SUMMARY_PERIODS` into the archive; returns
+        the entries dropped. Saved with the next reservation (file) or state record (Kafka)."""
+        keep = KEEP_PERIODS if keep is None else keep
+        periods = sorted({p for p, _ in self._period.values()} | {current})
+        kept = set(periods[max(0, periods.index(current) - keep + 1):])
+        old = {p for p in periods if p not in kept and p < current}
+        if not old:
+            return 0
+        for p in old:            # _psum, _pcap and _pextra keep the totals: the summary is what is saved
+            aggs = sorted(a for (q, a) in self._psum if q == p)
+            self._compacted[p] = {
+                "sums": {a: self._psum[(p, a)] for a in aggs}, "caps": {a: self._pcap[(p, a)] for a in aggs},
+                "extra": self._pextra.get(p, 0.0),
+                "entries": sum(1 for q, _ in self._period.values() if q == p),
+                "exhausted": {k: self._exhausted.pop(k) for k in list(self._exhausted) if k.endswith("@" + p)}}
+        gone = [k for k, (p, _) in self._period.items() if p in old]
+        for k in gone:
+            del self._period[k], self._entries[k]
+            self._content.pop(k, None)
+        for p in sorted(self._compacted)[:max(0, len(self._compacted) - SUMMARY_PERIODS)]:
+            self._merge_archive({"periods": 1, "first": p, "last": p, "max_spent": self.period_spent(p)})
+        return len(gone)
+
+    def _drop_period(self, period: str) -> None:
+        """Forget a compacted period (its charge is in the archive)."""
+        self._compacted.pop(period, None)
+        self._pextra.pop(period, None)
+        for key in [key for key in self._psum if key[0] == period]:
+            del self._psum[key], self._pcap[key]
+
+    def _merge_archive(self, archive: dict) -> None:
+        """Add periods to the archive (one compacted period, or another copy's archive); the compacted periods
+        it covers are dropped."""
+        mine = self._archive
+        if mine is None:
+            self._archive = {"periods": int(archive["periods"]), "first": archive["first"],
+                             "last": archive["last"], "max_spent": float(archive["max_spent"])}
+        elif archive["first"] > mine["last"]:        # later periods
+            mine.update({"periods": mine["periods"] + int(archive["periods"]), "last": archive["last"],
+                         "max_spent": max(mine["max_spent"], float(archive["max_spent"]))})
+        else:                                        # periods it holds already (another copy of the ledger)
+            mine.update({"periods": max(mine["periods"], int(archive["periods"])),
+                         "first": min(mine["first"], archive["first"]), "last": max(mine["last"], archive["last"]),
+                         "max_spent": max(mine["max_spent"], float(archive["max_spent"]))})
+        for p in [p for p in self._compacted if p <= self._archive["last"]]:
+            self._drop_period(p)
+
+    def _merge_summary(self, period: str, summary: dict) -> None:
+        """Add a compacted period's totals (another copy of the ledger's) to ours: per aggregate the larger sum
+        (the copies share their history; never less than either), and the period's entries are dropped."""
+        mine = self._compacted.get(period)
+        if mine is None:
+            for k in [k for k, (p, _) in self._period.items() if p == period]:
+                del self._period[k], self._entries[k]
+                self._content.pop(k, None)
+            mine = self._compacted[period] = {"sums": {}, "caps": {}, "extra": 0.0, "entries": 0, "exhausted": {}}
+            for (p, a) in [key for key in self._psum if key[0] == period]:
+                mine["sums"][a], mine["caps"][a] = self._psum[(p, a)], self._pcap[(p, a)]
+            mine["extra"] = self._pextra.get(period, 0.0)
+            for k in [k for k in self._exhausted if k.endswith("@" + period)]:
+                mine["exhausted"][k] = self._exhausted.pop(k)
+        for a, v in summary["sums"].items():
+            mine["sums"][a] = max(mine["sums"].get(a, 0.0), float(v))
+            mine["caps"][a] = float(summary["caps"][a])
+            self._psum[(period, a)], self._pcap[(period, a)] = mine["sums"][a], mine["caps"][a]
+        mine["extra"] = max(mine["extra"], float(summary.get("extra", 0.0)))
+        if mine["extra"]:
+            self._pextra[period] = mine["extra"]
+        mine["entries"] = max(mine["entries"], int(summary.get("entries", 0)))
+        for k, info in summary.get("exhausted", {}).items():
+            mine["exhausted"].setdefault(k, info)
 
     def save(self) -> None:
         """Atomic durable write: temp file in the same directory, fsync, rename, fsync the directory."""

@@ -1,0 +1,98 @@
+"""Issue 11 (bounded state): the period ledger keeps per-window entries for the last periods only; older periods
+are kept as totals, the oldest as their largest charge. The budget and the reported spends must not change."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from stream_anon.dp import BudgetLedger, DPAggregator, parse_dp_config
+from stream_anon.dp import ledger as ledger_mod
+
+DAY0 = 1257724800            # 2009-11-09T00:00:00Z (London = UTC in November)
+W0 = DAY0 // 900
+
+
+def _cfg(**dp):
+    line = {"name": "line", "field": "line", "values": ["a", "b"]}
+    aggs = [{"name": "n", "kind": "count", "epsilon": 0.6, "max_contributions": 1, "group_by": [line]},
+            {"name": "m", "kind": "count", "epsilon": 0.4, "max_contributions": 1, "group_by": [line],
+             "release_every_windows": 4}]
+    return parse_dp_config({
+        "stream": {"name": "t", "privacy_unit": "card", "event_time": "event_time"},
+        "anonymization": {"window_s": 900},
+        "dp": {"unit": "individual", "period": "day", "timezone": "Europe/London", "epsilon_per_period": 1.0,
+               "max_windows_per_period": 4, **dp},
+        "aggregates": aggs})
+
+
+def _run_days(days: int, ledger: BudgetLedger, windows_per_day: int = 96) -> tuple[DPAggregator, list[int]]:
+    agg = DPAggregator(_cfg(), ledger, seed=b"s")
+    sizes = []
+    for d in range(days):
+        for w in range(windows_per_day):
+            agg.process_window(W0 + 96 * d + w, [{"card": f"c{w % 7}", "line": "a"}])
+        sizes.append(len(json.dumps(ledger.state_dict())))
+    return agg, sizes
+
+
+def test_ledger_size_is_bounded_and_its_totals_unchanged(tmp_path, monkeypatch):
+    ledger, ref = BudgetLedger(tmp_path / "l.json", 1.0), BudgetLedger(None, 1.0)
+    _, sizes = _run_days(6, ledger)
+    monkeypatch.setattr(ledger_mod, "KEEP_PERIODS", 10**6)           # the same stream without compaction
+    _, ref_sizes = _run_days(6, ref)
+    assert ref.spent_by_period() == pytest.approx({f"2009-11-{9 + d:02d}": 1.0 for d in range(6)})
+    assert ledger.spent_by_period() == ref.spent_by_period() and ledger.spent == pytest.approx(ref.spent)
+    # entries of two days at most (96 + 24 per day); the other days are totals of ~100 bytes
+    assert len(ledger) == 2 * (96 + 24) and len(ref) == 6 * (96 + 24)
+    assert sizes[5] - sizes[2] < 1000 < ref_sizes[5] - ref_sizes[2]
+    reloaded = BudgetLedger(tmp_path / "l.json", 1.0)                 # the file: the same totals
+    assert reloaded.spent_by_period() == ledger.spent_by_period()
+    merged = BudgetLedger(None, 1.0)                                  # the worker's state (Kafka): the same
+    merged.merge_state(json.loads(json.dumps(ledger.state_dict())))
+    merged.merge_state(json.loads(json.dumps(ledger.state_dict())))   # merged twice: nothing counted twice
+    assert merged.spent_by_period() == ledger.spent_by_period()
+
+
+def test_merging_a_compacted_copy_into_one_with_the_entries_counts_each_release_once():
+    full, compacted = BudgetLedger(None, 1.0), BudgetLedger(None, 1.0)
+    for led in (full, compacted):
+        for d in range(3):
+            led.reserve_many([("n", W0 + 96 * d + w, 0.2, None, f"2009-11-{9 + d:02d}", 0.6) for w in range(4)])
+    assert compacted.compact("2009-11-12") == 8                  # days 9 and 10: before the last two periods
+    full.merge_state(json.loads(json.dumps(compacted.state_dict())))
+    assert full.spent_by_period() == pytest.approx({"2009-11-09": 0.6, "2009-11-10": 0.6, "2009-11-11": 0.6})
+    assert len(full) == 4
+
+
+def test_a_stop_in_a_compacted_period_is_kept_and_the_current_period_still_enforces_the_budget():
+    led = BudgetLedger(None, 1.0)
+    assert led.reserve_many([("n", W0, 0.7, None, "2009-11-09", 1.0)])[0].ok
+    assert not led.reserve_many([("m", W0, 0.7, None, "2009-11-09", 1.0)])[0].ok        # over the budget
+    assert led.reserve_many([("n", W0 + 96, 0.1, None, "2009-11-10", 1.0)])[0].ok
+    assert led.compact("2009-11-12") == 1       # the periods kept: the last with releases (10th) and the current
+    assert led.compact("2009-11-12") == 0
+    assert led.is_stopped("m@2009-11-09") and led.exhausted_at("m@2009-11-09") == str(W0)
+    assert led.spent_by_period() == pytest.approx({"2009-11-09": 0.7, "2009-11-10": 0.1}) and len(led) == 1
+    w = W0 + 3 * 96
+    assert led.reserve_many([("n", w, 0.7, None, "2009-11-12", 1.0)])[0].ok
+    assert not led.reserve_many([("m", w, 0.7, None, "2009-11-12", 1.0)])[0].ok        # the cap still holds
+    again = BudgetLedger(None, 1.0)
+    again.merge_state(json.loads(json.dumps(led.state_dict())))
+    assert again.is_stopped("m@2009-11-09") and again.is_stopped("m@2009-11-12")
+
+
+def test_beyond_the_summaries_only_the_largest_charge_is_kept(monkeypatch):
+    monkeypatch.setattr(ledger_mod, "SUMMARY_PERIODS", 3)
+    led = BudgetLedger(None, 1.0)
+    for d in range(8):
+        led.reserve_many([("n", W0 + 96 * d, 0.9 if d == 1 else 0.3, None, f"2009-11-{9 + d:02d}", 1.0)])
+        led.compact(f"2009-11-{9 + d:02d}")
+    # the 15th and 16th with their entries, the 3 days before as totals, the 3 first in the archive
+    assert sorted(led.spent_by_period()) == [f"2009-11-{d:02d}" for d in range(12, 17)] and len(led) == 2
+    assert led.state_dict()["archive"] == {"periods": 3, "first": "2009-11-09", "last": "2009-11-11",
+                                           "max_spent": 0.9}
+    assert led.spent == pytest.approx(0.9)                        # the archived day's charge still counts
+    copy = BudgetLedger(None, 1.0)
+    copy.merge_state(json.loads(json.dumps(led.state_dict())))
+    assert copy.spent == pytest.approx(0.9) and copy.spent_by_period() == led.spent_by_period()
