@@ -35,6 +35,11 @@ import numpy as np
 MERGE_MIN = 4096
 
 
+def _increasing(keys: np.ndarray) -> bool:
+    """Strictly increasing (sorted, no key twice): callers that pass sorted keys skip a sort."""
+    return bool((keys[1:] > keys[:-1]).all())
+
+
 class KeyedTable:
     """int64 key -> one record of ``dtype`` (a numpy structured dtype, fixed width).
 
@@ -79,7 +84,7 @@ class KeyedTable:
         """(found mask, positions) of ``keys`` in ``sorted_keys``."""
         if len(sorted_keys) == 0:
             return np.zeros(len(keys), dtype=bool), np.zeros(len(keys), dtype=np.int64)
-        if len(keys) > 32:
+        if len(keys) > 32 and not _increasing(keys):
             # hashed keys come in random order: searched in key order, each search starts where the last ended
             # (numpy's binary search keeps its lower bound for increasing keys), about 2x faster on a large table
             order = np.argsort(keys)
@@ -124,7 +129,7 @@ class KeyedTable:
         rows = np.asarray(rows, dtype=self.dtype)
         if len(keys) == 0:
             return
-        if len(keys) > 1:
+        if len(keys) > 1 and not _increasing(keys):
             # last occurrence of each key, in key order
             rk = keys[::-1]
             uk, idx = np.unique(rk, return_index=True)
