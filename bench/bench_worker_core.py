@@ -89,7 +89,8 @@ def main(argv=None) -> int:
     out = {"benchmark": "WorkerCore without Kafka, DP aggregates on and off (issue 11)",
            "run_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-           "events": len(raws), "gc": "tuned as in the worker (stream_anon.kafka.app.tune_gc)", "partitions": args.partitions, "batch": args.batch, "results": results,
+           "events": len(raws), "gc": "tuned as in the worker (stream_anon.kafka.app.tune_gc)",
+           "partitions": args.partitions, "batch": args.batch, "results": results,
            "dp_overhead_us_per_event": round(results["dp"]["cpu_us_per_event"] - results["no_dp"]["cpu_us_per_event"],
                                              2),
            "no_dp_vs_dp_cpu": round(results["no_dp"]["cpu_us_per_event"] / results["dp"]["cpu_us_per_event"], 3)}

@@ -80,11 +80,13 @@ class KeyedTable:
 
     # -- lookups ------------------------------------------------------------------------------------------------
     @staticmethod
-    def _find(sorted_keys: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(found mask, positions) of ``keys`` in ``sorted_keys``."""
+    def _find(sorted_keys: np.ndarray, keys: np.ndarray, increasing: bool | None = None
+              ) -> tuple[np.ndarray, np.ndarray]:
+        """(found mask, positions) of ``keys`` in ``sorted_keys``. ``increasing``: whether ``keys`` are sorted
+        (tested when not given)."""
         if len(sorted_keys) == 0:
             return np.zeros(len(keys), dtype=bool), np.zeros(len(keys), dtype=np.int64)
-        if len(keys) > 32 and not _increasing(keys):
+        if len(keys) > 32 and not (_increasing(keys) if increasing is None else increasing):
             # hashed keys come in random order: searched in key order, each search starts where the last ended
             # (numpy's binary search keeps its lower bound for increasing keys), about 2x faster on a large table
             order = np.argsort(keys)
@@ -130,16 +132,16 @@ class KeyedTable:
         if len(keys) == 0:
             return
         if len(keys) > 1 and not _increasing(keys):
-            # last occurrence of each key, in key order
+            # last occurrence of each key, in key order (from here on the keys are sorted)
             rk = keys[::-1]
             uk, idx = np.unique(rk, return_index=True)
             keys, rows = uk, rows[::-1][idx]
         self._touch(keys)
-        found, pos = self._find(self._keys, keys)
+        found, pos = self._find(self._keys, keys, increasing=True)
         self._rows[pos[found]] = rows[found]
         new = ~found
         if len(self._pkeys) and new.any():
-            pf, ppos = self._find(self._pkeys, keys)
+            pf, ppos = self._find(self._pkeys, keys, increasing=True)
             pf &= new
             self._prows[ppos[pf]] = rows[pf]
             new &= ~pf

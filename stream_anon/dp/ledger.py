@@ -125,7 +125,8 @@ class BudgetLedger:
         self._psum: dict[tuple[str, str], float] = {}       # (period, aggregate) -> capped part: sum of releases
         self._pcap: dict[tuple[str, str], float] = {}       # (period, aggregate) -> cap
         self._pextra: dict[str, float] = {}                 # period -> paid re-releases (uncapped)
-        self._compacted: dict[str, dict] = {}               # period -> its totals (:meth:`compact`)
+        # compacted periods (:meth:`compact`): their totals stay in _psum/_pcap/_pextra; here what else is kept
+        self._compacted: dict[str, dict] = {}               # period -> {"entries": count, "exhausted": stops}
         self._archive: dict | None = None                   # periods before the compacted ones: largest charge
         self._merge_from_disk()
 
@@ -178,12 +179,11 @@ class BudgetLedger:
             if data.get("archive"):
                 self._merge_archive(data["archive"])
             for period, summary in data.get("periods", {}).items():
-                if self._archive is None or period > self._archive["last"]:
+                if not self._archived(period):
                     self._merge_summary(period, summary)
             for e in data["entries"]:
                 key = (e["aggregate"], str(e["window"]))
-                if e.get("period") in self._compacted or (e.get("period") is not None and self._archive is not None
-                                                          and e["period"] <= self._archive["last"]):
+                if e.get("period") is not None and (e["period"] in self._compacted or self._archived(e["period"])):
                     continue                                 # already in that period's totals
                 if key not in self._entries:
                     if e.get("period") is not None:
@@ -357,7 +357,7 @@ class BudgetLedger:
                                 if (a, w) in self._period else {})}
                             for (a, w), e in self._entries.items()],
                 "exhausted": self._exhausted,
-                **({"periods": self._compacted} if self._compacted else {}),
+                **({"periods": {p: self._summary(p) for p in sorted(self._compacted)}} if self._compacted else {}),
                 **({"archive": self._archive} if self._archive else {})}
 
     # -- bounded size -------------------------------------------------------------------------------------
@@ -372,20 +372,33 @@ class BudgetLedger:
         old = {p for p in periods if p not in kept and p < current}
         if not old:
             return 0
-        for p in old:            # _psum, _pcap and _pextra keep the totals: the summary is what is saved
-            aggs = sorted(a for (q, a) in self._psum if q == p)
-            self._compacted[p] = {
-                "sums": {a: self._psum[(p, a)] for a in aggs}, "caps": {a: self._pcap[(p, a)] for a in aggs},
-                "extra": self._pextra.get(p, 0.0),
-                "entries": sum(1 for q, _ in self._period.values() if q == p),
-                "exhausted": {k: self._exhausted.pop(k) for k in list(self._exhausted) if k.endswith("@" + p)}}
-        gone = [k for k, (p, _) in self._period.items() if p in old]
-        for k in gone:
-            del self._period[k], self._entries[k]
-            self._content.pop(k, None)
+        dropped = sum(self._fold_period(p) for p in sorted(old))
         for p in sorted(self._compacted)[:max(0, len(self._compacted) - SUMMARY_PERIODS)]:
             self._merge_archive({"periods": 1, "first": p, "last": p, "max_spent": self.period_spent(p)})
-        return len(gone)
+        return dropped
+
+    def _fold_period(self, period: str) -> int:
+        """Compact ``period``: drop its per-window entries (its totals stay), keep their count and its stops;
+        returns the entries dropped."""
+        keys = [k for k, (p, _) in self._period.items() if p == period]
+        for k in keys:
+            del self._period[k], self._entries[k]
+            self._content.pop(k, None)
+        folded = self._compacted.setdefault(period, {"entries": 0, "exhausted": {}})
+        folded["entries"] += len(keys)
+        for k in [k for k in self._exhausted if k.endswith("@" + period)]:
+            folded["exhausted"][k] = self._exhausted.pop(k)
+        return len(keys)
+
+    def _summary(self, period: str) -> dict:
+        """A compacted period as saved: per aggregate the sum of its releases and its cap, the paid re-releases,
+        the entry count and the stops."""
+        aggs = sorted(a for (p, a) in self._psum if p == period)
+        return {"sums": {a: self._psum[(period, a)] for a in aggs}, "caps": {a: self._pcap[(period, a)] for a in aggs},
+                "extra": self._pextra.get(period, 0.0), **self._compacted[period]}
+
+    def _archived(self, period: str) -> bool:
+        return self._archive is not None and period <= self._archive["last"]
 
     def _drop_period(self, period: str) -> None:
         """Forget a compacted period (its charge is in the archive)."""
@@ -408,33 +421,23 @@ class BudgetLedger:
             mine.update({"periods": max(mine["periods"], int(archive["periods"])),
                          "first": min(mine["first"], archive["first"]), "last": max(mine["last"], archive["last"]),
                          "max_spent": max(mine["max_spent"], float(archive["max_spent"]))})
-        for p in [p for p in self._compacted if p <= self._archive["last"]]:
+        for p in [p for p in self._compacted if self._archived(p)]:
             self._drop_period(p)
 
     def _merge_summary(self, period: str, summary: dict) -> None:
         """Add a compacted period's totals (another copy of the ledger's) to ours: per aggregate the larger sum
         (the copies share their history; never less than either), and the period's entries are dropped."""
-        mine = self._compacted.get(period)
-        if mine is None:
-            for k in [k for k, (p, _) in self._period.items() if p == period]:
-                del self._period[k], self._entries[k]
-                self._content.pop(k, None)
-            mine = self._compacted[period] = {"sums": {}, "caps": {}, "extra": 0.0, "entries": 0, "exhausted": {}}
-            for (p, a) in [key for key in self._psum if key[0] == period]:
-                mine["sums"][a], mine["caps"][a] = self._psum[(p, a)], self._pcap[(p, a)]
-            mine["extra"] = self._pextra.get(period, 0.0)
-            for k in [k for k in self._exhausted if k.endswith("@" + period)]:
-                mine["exhausted"][k] = self._exhausted.pop(k)
+        self._fold_period(period)
+        folded = self._compacted[period]
         for a, v in summary["sums"].items():
-            mine["sums"][a] = max(mine["sums"].get(a, 0.0), float(v))
-            mine["caps"][a] = float(summary["caps"][a])
-            self._psum[(period, a)], self._pcap[(period, a)] = mine["sums"][a], mine["caps"][a]
-        mine["extra"] = max(mine["extra"], float(summary.get("extra", 0.0)))
-        if mine["extra"]:
-            self._pextra[period] = mine["extra"]
-        mine["entries"] = max(mine["entries"], int(summary.get("entries", 0)))
+            self._psum[(period, a)] = max(self._psum.get((period, a), 0.0), float(v))
+            self._pcap[(period, a)] = float(summary["caps"][a])
+        extra = max(self._pextra.get(period, 0.0), float(summary.get("extra", 0.0)))
+        if extra:
+            self._pextra[period] = extra
+        folded["entries"] = max(folded["entries"], int(summary.get("entries", 0)))
         for k, info in summary.get("exhausted", {}).items():
-            mine["exhausted"].setdefault(k, info)
+            folded["exhausted"].setdefault(k, info)
 
     def save(self) -> None:
         """Atomic durable write: temp file in the same directory, fsync, rename, fsync the directory."""
