@@ -21,6 +21,9 @@ from jsonschema.exceptions import best_match
 
 from stream_anon import contract
 
+# the carried "field" of accepted events' keyed 64-bit unit ids (``RecordReader.unit_ids``), for window consumers
+# that count the same individuals (the DP aggregates' unit window table): no second hash of the unit, no raw id kept
+UNIT_IDS = "@unit_ids"
 EVENT_KINDS = ("fare", "vehicle")
 
 SCHEMA_DIR = contract.topics_dir() / "schemas"   # read through contract.schema; kept for tests/test_events.py

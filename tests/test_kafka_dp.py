@@ -81,7 +81,7 @@ class DPGlue:
     ``state_dict`` is what the worker checkpoints (engine state, with the open window's fields, and DP state)."""
 
     def __init__(self, cfg, partition: int, secret: bytes, ledger_file, state: dict | None = None):
-        carried = needed_fields(cfg.dp, cfg.stream.event_time)
+        carried = needed_fields(cfg)
         self.engine = Engine(cfg, partition=partition, secret=secret, carried=carried) if state is None else \
             Engine.from_state(cfg, state["engine"], secret=secret, carried=carried)
         self.pa = PartitionAggregates(cfg, partition, secret, ledger_file, None if state is None else state["dp"])

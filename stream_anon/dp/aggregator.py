@@ -50,6 +50,7 @@ from stream_anon.dp.contribution import bound_contributions
 from stream_anon.keyed_table import KeyedTable
 from stream_anon.dp.ledger import BudgetLedger
 from stream_anon.dp.specs import AggregateSpec, DPConfig
+from stream_anon.events import UNIT_IDS
 from stream_anon.events import flatten
 
 
@@ -125,10 +126,16 @@ class DPAggregator:
     track_individuals : bool, default False
         Keep, in memory only, the epsilon charged to each individual actually present (for the demo report's
         ``epsilon_spent_max_individual``; the ledger always charges the worst case).
+    unit_ids : bool, default False
+        The windows' columns (:meth:`process_columns`) carry the privacy unit's keyed 64-bit ids under
+        :data:`~stream_anon.events.UNIT_IDS` (the engine's, when the aggregates' unit is the stream's
+        privacy unit): units are told apart and keyed in the unit window table by them, not by a hash of
+        their own (the worker; a period begun under the other scheme keeps it to its end, see :meth:`restore`).
     """
 
     def __init__(self, config: DPConfig | Sequence[AggregateSpec], ledger: BudgetLedger, seed,
-                 privacy_unit: str | None = None, stream: str = "", track_individuals: bool = False):
+                 privacy_unit: str | None = None, stream: str = "", track_individuals: bool = False,
+                 unit_ids: bool = False):
         self.config = config if isinstance(config, DPConfig) else None
         self.clock = self.config.clock if self.config is not None else None
         self.max_windows = self.config.max_windows_per_period if self.clock is not None else None
@@ -174,6 +181,8 @@ class DPAggregator:
         self._w = {s.name: (s.max_windows or self.max_windows) for s in self.specs}
         self._labels: dict[str, list[tuple[dict, str]]] = {}
         self._known_cells: dict[int, dict] = {}      # per group-by dimension: raw value -> cell (in memory only)
+        self.unit_ids = bool(unit_ids) and not self.event_unit
+        self.unit_keys = "ids" if self.unit_ids else "hash"    # the scheme of the current period's unit keys
         self._unit_key = hmac.new(self.seed, b"stream-anon/dp-unit-hash", hashlib.sha256).digest()
         self._unit_hasher = hashlib.blake2b(key=self._unit_key, digest_size=8)     # copied per unit
         self._generator = np.random.RandomState()       # re-seeded per release and component (:meth:`_rng`)
@@ -350,6 +359,7 @@ class DPAggregator:
         self.period = label
         self.ledger.compact(label)
         self.unit_windows.clear()     # cleared, not replaced: the deletions are changes to report
+        self.unit_keys = "ids" if self.unit_ids else "hash"
         self.counters = {s.name: self._new_counters(s) for s in self.specs}
         self.pending, self.pending_units = {}, {}
 
@@ -371,6 +381,29 @@ class DPAggregator:
             h.update((u if type(u) is str else str(u)).encode())
             append(h.digest())
         return np.frombuffer(b"".join(digests), dtype="<u8").astype(np.uint64)
+
+    @property
+    def needs_unit_field(self) -> bool:
+        """Whether the windows' columns must hold the privacy unit field itself (not only :data:`UNIT_IDS`)."""
+        return not self.event_unit and self.unit_keys == "hash"
+
+    def _unit_table_keys(self, units) -> np.ndarray:
+        """The unit window table's keys (int64) of distinct units: the ids themselves, or their keyed hashes."""
+        if self.unit_keys == "ids":
+            return np.asarray(units, dtype=np.int64)
+        return self._unit_hashes(units).view(np.int64)
+
+    def _unit_id_codes(self, wc: WindowColumns) -> tuple[np.ndarray, np.ndarray]:
+        """(code of each event's unit, distinct unit ids) from the window's :data:`UNIT_IDS` column."""
+        hit = wc.memo.get(UNIT_IDS)
+        if hit is None:
+            ids = wc.columns.get(UNIT_IDS, np.empty(0, dtype=np.int64) if wc.n == 0 else None)
+            if ids is None or len(ids) != wc.n:
+                raise ValueError(f"the window's columns carry no unit ids ({UNIT_IDS}) for its {wc.n} events: the "
+                                 "aggregator keys units by the engine's ids (unit_ids=True)")
+            uniq, codes = np.unique(np.asarray(ids, dtype=np.int64), return_inverse=True)
+            hit = wc.memo[UNIT_IDS] = (codes.reshape(-1), uniq)
+        return hit
 
     def _cap_units(self, name: str, pos: np.ndarray, commit: bool, window_units: "_WindowUnits",
                    distinct: bool | None = None) -> np.ndarray:
@@ -407,7 +440,7 @@ class DPAggregator:
         """Per-event form of :meth:`_cap_units`: mask of the events whose unit is admitted; events and units
         cut."""
         distinct = list(dict.fromkeys(units))
-        pos = window_units.positions(self._unit_hashes(distinct).view(np.int64))
+        pos = window_units.positions(self._unit_table_keys(distinct))
         ok = self._cap_units(name, pos, commit, window_units).tolist()
         admitted = dict(zip(distinct, ok))
         mask = [admitted[u] for u in units]
@@ -441,6 +474,10 @@ class DPAggregator:
         m = len(positions)
         if self.event_unit:                          # every event its own unit, numbered after the filter
             unit_codes, distinct_units = np.arange(m), None
+            unit_none = np.zeros(m, dtype=bool)
+        elif self.unit_keys == "ids":                # every accepted event has a unit (the engine checked)
+            codes, distinct_units = self._unit_id_codes(wc)
+            unit_codes = codes[positions]
             unit_none = np.zeros(m, dtype=bool)
         else:
             types = wc.types(self.privacy_unit)
@@ -486,12 +523,12 @@ class DPAggregator:
                 uniq = uniq[np.argsort(first, kind="stable")]
                 # the rows of all the window's units, found once for its aggregates (valid while no aggregate
                 # brought other units into ``window_units``: its generation)
-                hashes = wc.memo.get("unit_hashes")
-                if hashes is None:
-                    hashes = wc.memo["unit_hashes"] = self._unit_hashes(distinct_units)
+                keys = wc.memo.get("unit_keys")
+                if keys is None:
+                    keys = wc.memo["unit_keys"] = self._unit_table_keys(distinct_units)
                 memo = wc.memo.get("unit_positions")
                 if memo is None or memo[0] is not window_units or memo[1] != window_units.generation:
-                    pos_all = window_units.positions(hashes.view(np.int64))
+                    pos_all = window_units.positions(keys)
                     memo = wc.memo["unit_positions"] = (window_units, window_units.generation, pos_all,
                                                         len(np.unique(pos_all)) == len(pos_all))
                 _, _, pos_all, all_distinct = memo
@@ -516,7 +553,8 @@ class DPAggregator:
         kept_units: set = set()
         if self.track_individuals:
             kept = units[keep].tolist()
-            kept_units = set(kept) if self.event_unit else {distinct_units[c] for c in kept}
+            kept_units = set(kept) if self.event_unit else set(distinct_units[kept].tolist()) \
+                if type(distinct_units) is np.ndarray else {distinct_units[c] for c in kept}
         return x, {"contributions_cut": cut, "out_of_domain": ood, "missing": missing, **extra}, kept_units
 
     def _cell_values_per_event(self, spec: AggregateSpec, wc: WindowColumns, commit: bool = True,
@@ -534,7 +572,8 @@ class DPAggregator:
         cells = self._cells[spec.name]
         if spec.where:
             flats = [f for f in flats if not any(f.get(k) not in allowed for k, allowed in spec.where)]
-        pu, vf, ratio = self.privacy_unit, spec.value_field, spec.kind == "ratio"
+        pu = UNIT_IDS if self.unit_keys == "ids" else self.privacy_unit
+        vf, ratio = spec.value_field, spec.kind == "ratio"
         all_units = list(range(len(flats))) if self.event_unit else [f.get(pu) for f in flats]
         keys = (zip(*(g.keys_of(flats) for g in spec.group_by)) if spec.group_by
                 else itertools.repeat((), len(flats)))
@@ -742,6 +781,8 @@ class DPAggregator:
         if self.clock is not None:
             out["period"] = self.period
             out["pending"] = {a: {c: v.tolist() for c, v in x.items()} for a, x in self.pending.items()}
+            if not self.event_unit:
+                out["unit_keys"] = self.unit_keys
         return out
 
     def unit_window_counts(self, name: str) -> tuple[np.ndarray, np.ndarray]:
@@ -790,7 +831,9 @@ class DPAggregator:
                 tables: dict[str, tuple[np.ndarray, np.ndarray]], **kwargs) -> "DPAggregator":
         """An aggregator from :meth:`state_core` and :meth:`state_tables` (a missing table is empty). Also takes
         the per-aggregate tables of earlier versions (aggregate name -> records of :data:`UNIT_WINDOW_FIELDS`),
-        which :meth:`from_state` reads too. Counts of aggregates no longer configured are dropped."""
+        which :meth:`from_state` reads too. Counts of aggregates no longer configured are dropped. The unit keys
+        of the restored period keep the scheme they were written with (``unit_keys``) until the period ends:
+        :attr:`needs_unit_field` tells the caller to carry the unit field itself meanwhile."""
         agg = cls(config, ledger, seed, **kwargs)
         agg.last_window = core["last_window"]
         agg.metrics = core["metrics"]
@@ -799,6 +842,10 @@ class DPAggregator:
             agg.pending = {a: {c: np.asarray(v, dtype=float) for c, v in x.items()}
                            for a, x in core.get("pending", {}).items() if a in agg.counters}
             agg.unit_windows.load(*_merge_unit_tables(tables, agg.unit_windows.dtype))
+            if len(agg.unit_windows):
+                # the period's counts are keyed by the scheme they were written with (states before the unit ids
+                # were carried: "hash"); a unit looked up under the other would start again at 0 windows
+                agg.unit_keys = core.get("unit_keys", "hash")
         for a, comps in core["counters"].items():
             if a in agg.counters:
                 for comp, cs in comps.items():

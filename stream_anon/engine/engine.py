@@ -46,6 +46,8 @@ import numpy as np
 
 from stream_anon import crypto
 from stream_anon.config import StreamConfig
+from stream_anon.engine.carried import CarriedWindow, plain_values
+from stream_anon.events import UNIT_IDS
 from stream_anon.engine.records import RecordReader, Records, SeenEvents
 from stream_anon.engine.registry import PublishedClasses
 from stream_anon.engine.release import ClassInfo, Rejection, Release, StepResult
@@ -153,7 +155,8 @@ class Engine:
     """Anonymizes one partition of one stream.
 
     ``carried``: fields of accepted events handed to window consumers with each :class:`ClosedWindow`
-    (the worker passes the DP aggregates' fields). ``former``: defaults to :func:`make_former`.
+    (the worker passes the DP aggregates' fields); :data:`~stream_anon.events.UNIT_IDS` among them
+    carries the records' keyed 64-bit unit ids (int64 array; the ids the engine counts individuals by). ``former``: defaults to :func:`make_former`.
 
     >>> from stream_anon.engine import Engine, demo_config
     >>> engine = Engine(demo_config(k=2), secret=b"0123456789abcdef")
@@ -185,7 +188,7 @@ class Engine:
         self.seq = 0
         self.max_event_time = -np.inf     # largest event time seen
         self.closed_until = -np.inf       # end of the last release: an event time below it is late
-        # windows with records not released yet: index -> {"times", "tokens", "carried": {field: values}}
+        # windows with records not released yet: index -> {"times", "tokens", "carried": CarriedWindow}
         self.pending: dict[int, dict] = {}
         self.late_unreported = 0          # late events since the last ClosedWindow
         self.late_total = 0               # late events ever (metrics)
@@ -285,15 +288,18 @@ class Engine:
         tables.update(getattr(self.former, "state_tables", dict)())
         return tables
 
-    def state_core(self) -> dict:
+    def state_core(self, raw_json: bool = False) -> dict:
         """The bounded part of the state, JSON-serializable (no secret in it): event-time position, buffer,
         windows pending release, published classes, former core (signature list, value dictionary, counterfeit
-        pool, statistics) and the record layout of each keyed table (``tables``: name -> numpy dtype)."""
+        pool, statistics) and the record layout of each keyed table (``tables``: name -> numpy dtype).
+        ``raw_json``: the pending windows' carried fields as ``orjson.Fragment`` where they are held as JSON
+        (written as they are; the worker's state records, which orjson encodes), else as lists."""
         former = getattr(self.former, "state_core", self.former.state_dict)()
         return {"version": STATE_VERSION, "stream": self.config.stream.name, "partition": self.partition,
                 "seq": self.seq, "max_event_time": _finite_or_none(self.max_event_time),
                 "closed_until": _finite_or_none(self.closed_until), "buffer": self.buffer.to_state(),
-                "pending": {str(w): p for w, p in sorted(self.pending.items())},
+                "pending": {str(w): {**p, "carried": p["carried"].to_state(raw_json)}
+                            for w, p in sorted(self.pending.items())},
                 "late_unreported": self.late_unreported, "late_total": self.late_total,
                 "published": self.registry.state_dict(),
                 "former": {"kind": type(self.former).__name__, **former},
@@ -371,8 +377,12 @@ class Engine:
         engine.pending = {}
         for w, p in core["pending"].items():
             saved = p.get("carried", {})
+            if UNIT_IDS in engine.reader.carried and UNIT_IDS not in saved and engine.reader.unit_field in saved:
+                # written before the unit ids were carried: the same ids, from the units saved
+                saved = {**saved, UNIT_IDS: engine.reader.unit_ids(plain_values(saved)[engine.reader.unit_field])}
             engine.pending[int(w)] = {"times": list(p["times"]), "tokens": list(p["tokens"]),
-                                      "carried": {f: list(saved.get(f, [])) for f in engine.reader.carried}}
+                                      "carried": CarriedWindow.from_state(engine.reader.carried, saved,
+                                                                          len(p["times"]), {UNIT_IDS: np.int64})}
         engine.late_unreported = int(core.get("late_unreported", 0))
         engine.late_total = int(core.get("late_total", 0))
         return engine
@@ -403,29 +413,26 @@ class Engine:
         for w, idx in groups:
             p = self.pending.get(w)
             if p is None:
-                p = self.pending[w] = {"times": [], "tokens": [], "carried": {f: [] for f in self.reader.carried}}
+                p = self.pending[w] = {"times": [], "tokens": [], "carried": CarriedWindow(self.reader.carried)}
             if idx is None:
                 p["times"] += times
                 p["tokens"] += rec.tokens
-                for f, col in rec.carried.items():
-                    p["carried"][f] += col
+                p["carried"].append(rec.carried)
             else:
                 p["times"] += [times[i] for i in idx]
                 p["tokens"] += [rec.tokens[i] for i in idx]
-                for f, col in rec.carried.items():
-                    p["carried"][f] += [col[i] for i in idx]
+                p["carried"].append({f: col[idx] if type(col) is np.ndarray else [col[i] for i in idx]
+                                     for f, col in rec.carried.items()})
 
     def _close(self, result: StepResult, w: int, window_end: float, final: bool) -> None:
         """Release window ``w`` (records before ``window_end``) and hand its carried fields on."""
-        p = self.pending.pop(w, None) or {"times": [], "tokens": [], "carried": {f: [] for f in self.reader.carried}}
+        p = self.pending.pop(w, None) or {"times": [], "tokens": [], "carried": CarriedWindow(self.reader.carried)}
         if self.lateness > 0:
             order = np.lexsort((np.array(p["tokens"]), np.array(p["times"]))) if p["tokens"] else []
         else:
             order = np.argsort(np.array(p["times"]), kind="stable")
-        if len(order) and not (np.diff(order) == 1).all():      # in arrival order already: no copy
-            carried = {f: [col[i] for i in order] for f, col in p["carried"].items()}
-        else:
-            carried = p["carried"]
+        in_arrival_order = not len(order) or (np.diff(order) == 1).all()
+        carried = p["carried"].columns(None if in_arrival_order else order)
         start = w * self.window_s
         result.windows.append(ClosedWindow(w, start, start + self.window_s, carried, self.late_unreported))
         self.late_unreported = 0

@@ -23,6 +23,7 @@ import numpy as np
 
 from stream_anon import crypto
 from stream_anon.config import SensitiveDomain
+from stream_anon.events import UNIT_IDS
 from stream_anon.engine.space import QISpace, _parse_iso, parse_time
 
 log = logging.getLogger(__name__)
@@ -170,7 +171,8 @@ class RecordReader:
         self.domains = tuple(config.domains) or tuple(SensitiveDomain(f) for f in self.sensitive_fields)
         self.carried = tuple(carried)
         self.fields = tuple(dict.fromkeys(("event_id", "event_type", self.unit_field, self.time_field,
-                                           *self.qi_fields, *self.sensitive_fields, *self.carried)))
+                                           *self.qi_fields, *self.sensitive_fields,
+                                           *(f for f in self.carried if f != UNIT_IDS))))
         self._tokens = crypto.HmacTokens(secret, b"audit:")    # crypto.audit_token, batched
         self._unit_key = hashlib.sha256(b"unit-id:" + secret).digest()[:32]
         self.seen: SeenEvents | None = None       # set by the engine when duplicate detection is on
@@ -247,11 +249,14 @@ class RecordReader:
     def _concat(self, parts: list[Records]) -> Records:
         if not parts:
             return Records(np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64), [], np.empty(0),
-                           np.empty((0, self.space.dims)), [], {f: [] for f in self.carried})
-        return Records(np.concatenate([p.index for p in parts]), np.concatenate([p.units for p in parts]),
+                           np.empty((0, self.space.dims)), [],
+                           {f: np.empty(0, dtype=np.int64) if f == UNIT_IDS else [] for f in self.carried})
+        units = np.concatenate([p.units for p in parts])
+        return Records(np.concatenate([p.index for p in parts]), units,
                        [t for p in parts for t in p.tokens], np.concatenate([p.times for p in parts]),
                        np.concatenate([p.X for p in parts]), [s for p in parts for s in p.sensitive],
-                       {f: [v for p in parts for v in p.carried[f]] for f in self.carried})
+                       {f: units if f == UNIT_IDS else [v for p in parts for v in p.carried[f]]
+                        for f in self.carried})
 
     def _bulk_checks(self, cols: dict[str, list], n: int) -> tuple[list, list] | None:
         """(reasons, times) of the identity and time checks for a batch whose ids, types and units all pass
@@ -363,7 +368,7 @@ class RecordReader:
         # keyed 64-bit hashes: a collision can only merge two people, which makes the k check stricter
         units = self.unit_ids(take(cols[self.unit_field]))
         sensitive = list(zip(*map(take, sens_cols))) if sens_cols else [()] * len(idx)
-        carried = {f: take(cols[f]) for f in self.carried}
+        carried = {f: take(cols[f]) for f in self.carried if f != UNIT_IDS}
         if len(idx) and (self.seen is not None or self.max_future_s is not None):
             # last: the table of seen events changes only for a batch that was read in full
             keys = self.event_keys(tokens) if self.seen is not None else None
@@ -381,6 +386,8 @@ class RecordReader:
                 tokens = [t for t, k in zip(tokens, kl) if k]
                 sensitive = [s for s, k in zip(sensitive, kl) if k]
                 carried = {f: [v for v, k in zip(col, kl) if k] for f, col in carried.items()}
+        if UNIT_IDS in self.carried:
+            carried[UNIT_IDS] = units
         rejected = [(i, r) for i, r in enumerate(reasons) if r is not None]
         return Records(idx, units, tokens, times[idx], X[idx], sensitive, carried), rejected
 

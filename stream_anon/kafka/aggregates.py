@@ -27,12 +27,27 @@ from datetime import datetime, timezone
 import numpy as np
 
 from stream_anon import crypto
+from stream_anon.events import UNIT_IDS
 from stream_anon.contract import topics
 
 
-def needed_fields(dp, event_time: str) -> tuple[str, ...]:
-    """Every field the aggregates read: the engine carries only these to the closed windows."""
-    fields = [dp.privacy_unit, event_time]
+def unit_ids_carried(config) -> bool:
+    """Whether the aggregates tell units apart by the engine's unit ids (``UNIT_IDS``): their unit is the
+    stream's privacy unit (not ``unit = "event"``, not another ``dp.unit_field``)."""
+    dp = config.dp
+    return dp.privacy_unit == config.stream.privacy_unit and not (dp.clock is not None and dp.unit == "event")
+
+
+def needed_fields(config, unit_field: bool = False) -> tuple[str, ...]:
+    """Every field the aggregates read: the engine carries only these to the closed windows. The unit's ids in
+    place of its field where :func:`unit_ids_carried`, the field too when ``unit_field`` (a restored period keyed
+    by hashes of it: ``DPAggregator.needs_unit_field``)."""
+    dp = config.dp
+    ids = unit_ids_carried(config)
+    fields = [UNIT_IDS] if ids else [dp.privacy_unit]
+    if ids and unit_field:
+        fields.append(dp.privacy_unit)
+    fields.append(config.stream.event_time)
     for s in dp.aggregates:
         for g in s.group_by:
             fields.extend(g.fields)
@@ -104,15 +119,15 @@ class PartitionAggregates:
         if state is not None and "ledger" in state:       # the worker keeps the ledger in its state (Kafka)
             self.ledger.merge_state(state["ledger"])
         seed = crypto.dp_noise_seed(secret, self.stream, self.partition)
+        kwargs = {"stream": self.stream, "unit_ids": unit_ids_carried(config)}
         if state is None:
-            self.aggregator = DPAggregator(self.dp, self.ledger, seed, stream=self.stream)
+            self.aggregator = DPAggregator(self.dp, self.ledger, seed, **kwargs)
         elif tables is None:
-            self.aggregator = DPAggregator.from_state(self.dp, self.ledger, seed, state["aggregator"],
-                                                      stream=self.stream)
+            self.aggregator = DPAggregator.from_state(self.dp, self.ledger, seed, state["aggregator"], **kwargs)
         else:
             own = {name[len(TABLE_PREFIX):]: t for name, t in tables.items() if name.startswith(TABLE_PREFIX)}
-            self.aggregator = DPAggregator.restore(self.dp, self.ledger, seed, state["aggregator"], own,
-                                                   stream=self.stream)
+            self.aggregator = DPAggregator.restore(self.dp, self.ledger, seed, state["aggregator"], own, **kwargs)
+        self.carried = needed_fields(config, self.aggregator.needs_unit_field)   # what the engine must carry
 
     @classmethod
     def restore(cls, config, partition: int, secret: bytes, ledger_file, core: dict,

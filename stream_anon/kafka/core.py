@@ -29,6 +29,7 @@ from stream_anon.contract import topics
 from stream_anon.engine import Engine, get_path
 from stream_anon.events import schema_ok_batch, schema_reason
 from stream_anon.inputs import Decoder
+from stream_anon.engine.carried import plain_values
 from stream_anon.engine.state import compose_state
 from stream_anon.kafka import aggregates
 from stream_anon.kafka import state as st
@@ -176,8 +177,6 @@ class WorkerCore:
         self.raw_deadletters = raw_deadletters     # opt-in: keep payloads that are not JSON objects verbatim
         self.stream = config.stream.name
         self.topic = config.stream.input_topic
-        self.carried = aggregates.needed_fields(config.dp, config.stream.event_time) if config.dp is not None \
-            else ()
         self.parts: dict[int, PartitionState] = {}
         self.stats = {"events_in": 0, "skipped": 0, "dead_letters": 0, "releases": 0, "published": 0,
                       "suppressed": 0, "aggregate_rows": 0, "batches": 0, "started": time.time()}
@@ -195,21 +194,24 @@ class WorkerCore:
         """The partition's state from a committed state (``doc``: the core of :meth:`state_record`, ``tables``:
         name -> (keys, rows), as :func:`stream_anon.kafka.state.resolve_chain` gives them), or a new one."""
         if doc is None:
-            engine = Engine(self.config, partition=partition, secret=self.secret, carried=self.carried)
+            dp = self._aggregates(partition, None)
+            engine = Engine(self.config, partition=partition, secret=self.secret, carried=dp.carried if dp else ())
             ps = PartitionState(partition, engine)
-            ps.dp = self._aggregates(partition, None)
+            ps.dp = dp
         else:
             if doc.get("version") != STATE_VERSION or doc.get("stream") != self.stream \
                     or doc.get("partition") != partition:
                 raise ValueError(f"partition {partition}: state document of another stream, partition or version "
                                  f"({doc.get('stream')!r}, {doc.get('partition')!r}, v{doc.get('version')!r})")
             tables = tables or {}
+            # the aggregates first: which fields the engine carries depends on their restored period
+            dp = self._aggregates(partition, doc.get("dp"), tables)
             engine = Engine.restore(self.config, partition, self.secret, doc["engine"], engine_tables(tables),
-                                    self.carried)
+                                    dp.carried if dp else ())
             ps = PartitionState(partition, engine, offset=doc["offset"], seq=doc["seq"],
                                 input_topic_id=doc.get("input_topic_id"), flush_pending=doc.get("flush_pending",
                                                                                                   False))
-            ps.dp = self._aggregates(partition, doc.get("dp"), tables)
+            ps.dp = dp
             # the recovered state stands as the committed chain (a full record of it comes next)
             ps.chain = [st.StateRecord(doc, {n: (k, r, st.EMPTY_KEYS) for n, (k, r) in tables.items()})]
             ps.chain_start = base_seq or doc["seq"]
@@ -231,7 +233,8 @@ class WorkerCore:
     def _core_doc(self, ps: PartitionState, seq: int, offset: int, flush_pending: bool) -> dict:
         doc = {"version": STATE_VERSION, "stream": self.stream, "partition": ps.partition, "seq": seq,
                "offset": offset, "input_topic": self.topic, "input_topic_id": ps.input_topic_id,
-               "flush_pending": flush_pending, "engine": ps.engine.state_core(), "written_at": time.time()}
+               "flush_pending": flush_pending, "engine": ps.engine.state_core(raw_json=True),
+               "written_at": time.time()}
         if ps.dp is not None:
             doc["dp"] = ps.dp.state_core()
         return doc
@@ -628,7 +631,9 @@ def composed_doc(doc: dict | None, tables: dict) -> dict | None:
     if doc is None:
         return None
     own = engine_tables(tables)
-    out = {**doc, "engine": compose_state(doc["engine"], own)}
+    engine = dict(doc["engine"])
+    engine["pending"] = {w: {**p, "carried": plain_values(p["carried"])} for w, p in engine["pending"].items()}
+    out = {**doc, "engine": compose_state(engine, own)}
     dp = {n: t for n, t in tables.items() if n not in own}
     if dp:
         out["dp_tables"] = dp

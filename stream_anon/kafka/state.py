@@ -44,6 +44,7 @@ import lz4.frame
 import numpy as np
 import orjson
 
+from stream_anon.engine.carried import orjson_default
 from stream_anon.engine.state import table_dtype
 
 MAGIC = b"SA2"
@@ -124,7 +125,7 @@ def encode_state(rec: StateRecord) -> bytes:
         blobs += [np.ascontiguousarray(keys, dtype="<i8").tobytes(),
                   np.ascontiguousarray(rows.astype(dt, copy=False)).tobytes(),
                   np.ascontiguousarray(deleted, dtype="<i8").tobytes()]
-    body = lz4.frame.compress(orjson.dumps({"doc": rec.doc, "tables": layout},
+    body = lz4.frame.compress(orjson.dumps({"doc": rec.doc, "tables": layout}, default=orjson_default,
                                            option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS))
     kind = KIND_FULL if rec.full else KIND_DELTA
     return b"".join([MAGIC, kind, _HEAD.pack(rec.doc["seq"], rec.doc["offset"]), _BODY.pack(len(body)), body,
