@@ -354,6 +354,35 @@ def test_bulk_cell_values_match_a_per_event_reference_on_messy_input():
         assert sum(arr.sum() for arr in got.values()) > 0, spec.name
 
 
+def test_the_workers_serialized_rows_are_the_aggregate_rows():
+    """The worker serializes a release's shared fields once and each cell's from its numbers
+    (``PartitionAggregates.messages``); parsed back, its values must be exactly the rows of ``close_windows``
+    (dicts, serialized one by one), in the same order, for the five kinds of configs/oyster.toml (counts, a
+    mean and a ratio with their components, a histogram) over a day crossing midnight (a new period)."""
+    from stream_anon.datasets import load_events
+    from stream_anon.kafka.core import dumps
+
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "oyster.toml")
+    events = load_events("oyster")
+    secret = b"serialization-secret-0123456789abcdef"
+    as_rows = DPGlue(cfg, 0, secret, None)
+    as_bytes = PartitionAggregates(cfg, 0, secret, None)
+    engine = Engine(cfg, partition=0, secret=secret, carried=needed_fields(cfg))
+    rows, values = [], []
+    for start in range(0, len(events), 5000):
+        rows += as_rows.process(events[start:start + 5000])[0]
+        out, n = as_bytes.messages(engine.process(events[start:start + 5000]).windows, dumps, "anon.metrics")
+        values += [v for topic, _, v in out if topic == AGGREGATES_TOPIC]
+        assert n == sum(topic == AGGREGATES_TOPIC for topic, _, _ in out)
+    rows += as_rows.flush()[0]
+    out, _ = as_bytes.messages(engine.flush().windows, dumps, "anon.metrics")
+    values += [v for topic, _, v in out if topic == AGGREGATES_TOPIC]
+    parsed = [json.loads(v) for v in values]
+    assert len(rows) > 1000 and {r["kind"] for r in rows} == {"count", "mean", "histogram", "ratio"}
+    assert parsed == [json.loads(dumps(r)) for r in rows]
+    assert all(p["row_id"].endswith("/" + p["group_key"]) for p in parsed)
+
+
 def test_averaging_restarted_releases_recovers_nothing(tmp_path):
     """Attack: re-run the same window many times (crash loops) and average what was published. With fresh
     noise per run (naive: a random seed per process) the average converges to the true count; with the noise

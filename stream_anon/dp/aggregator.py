@@ -33,9 +33,11 @@ knows it can subtract the noise.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import hmac
 import itertools
+import json
 import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
@@ -63,9 +65,77 @@ UNIT_WINDOWS_TABLE = "unit.windows"
 # privacy units the columnar path takes: all text or all integers (missing ones aside), where one value for a dict
 # is one value for the unit's text (its hash); other mixes (1 and 1.0, 1 and "1") go event by event
 PLAIN_UNIT_TYPES = ({str, type(None)}, {int, type(None)})
-# the keys an ``aggregate`` row sets per cell of the domain (:meth:`DPAggregator._rows`); every other key of a row
-# is its release's, the same for all its rows (the worker serializes those once per release)
-ROW_CELL_KEYS = frozenset({"group", "group_key", "value", "ci95", "components", "noise_ci95", "bounds"})
+class ReleasedCells:
+    """One release of one aggregate output (``per_window`` or ``running``) as a block: the fields its rows share
+    (:attr:`common`: aggregate, window, mechanism, epsilon, noise scale...) and, per cell of the aggregate's domain,
+    its own (``group``, ``group_key``, ``value``, ``ci95``; for a mean or ratio also ``components``,
+    ``noise_ci95`` and ``bounds``). :meth:`rows` gives the ``aggregate`` rows (one per cell); the worker serializes
+    the shared fields once per release and each cell's fields from the numbers (:meth:`cell_fragments`), with no
+    dict per row (a window's releases have ~300 rows, one for every 4 events of the Oyster stream).
+
+    ``labels``: the aggregate's :class:`CellLabels`; ``numbers``: the cells' numbers, cell after cell,
+    ``per_cell`` each, in the slots of ``template`` (the JSON of the cell's other fields, a ``%b`` per number)."""
+
+    __slots__ = ("common", "labels", "numbers", "per_cell", "template", "_cells")
+
+    def __init__(self, common: dict, labels: "CellLabels", numbers: list, per_cell: int, template: bytes, cells):
+        self.common = common
+        self.labels = labels
+        self.numbers, self.per_cell, self.template = numbers, per_cell, template
+        self._cells = cells            # numbers of one cell -> its fields (for rows)
+
+    def __len__(self) -> int:
+        return len(self.labels.pairs)
+
+    def rows(self) -> list[dict]:
+        """The release's ``aggregate`` rows, one per cell of the domain (new dicts the caller may change)."""
+        k, nums, common = self.per_cell, self.numbers, self.common
+        return [{**common, "group": dict(group), "group_key": key, **self._cells(nums[i * k:(i + 1) * k])}
+                for i, (group, key) in enumerate(self.labels.pairs)]
+
+    def cell_fragments(self, dumps) -> list[bytes]:
+        """Per cell, the JSON members of its own fields (``"group":...,"group_key":...,"value":...``, no braces).
+        ``dumps``: a compact JSON serializer returning bytes (numbers are serialized by it, all in one call: a JSON
+        number never holds a comma)."""
+        k = self.per_cell
+        nums = dumps(self.numbers)[1:-1].split(b",")
+        template = self.template
+        return [lab + template % tuple(nums[i * k:(i + 1) * k]) for i, lab in enumerate(self.labels.json)]
+
+
+class CellLabels:
+    """Per cell of an aggregate's domain: its ``group`` (key name -> value) and ``group_key`` (:attr:`pairs`), the
+    JSON members of both (:attr:`json`) and ``group_key``'s JSON string without its opening quote
+    (:attr:`key_tails`, to follow a prefix in one string). Computed once per aggregate."""
+
+    def __init__(self, spec: AggregateSpec):
+        names = spec.key_names
+        self.pairs = [(dict(zip(names, key)), "|".join(map(str, key))) for key in spec.domain]
+        compact = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+        self.json = [f'"group":{compact(g)},"group_key":{compact(k)}'.encode() for g, k in self.pairs]
+        self.key_tails = [compact(k)[1:].encode() for _, k in self.pairs]
+
+
+def rows_of(released: Iterable) -> list[dict]:
+    """Rows of :meth:`DPAggregator.release_columns`' output: each block's rows, events as they are."""
+    rows: list[dict] = []
+    for r in released:
+        rows.extend(r.rows() if isinstance(r, ReleasedCells) else [r])
+    return rows
+
+
+def _single_cell(n) -> dict:
+    return {"value": n[0], "ci95": [n[1], n[2]]}
+
+
+def _pair_cell(c0: str, c1: str, n) -> dict:
+    return {"value": n[0], "components": {c0: n[1], c1: n[2]}, "noise_ci95": [n[3], n[4]], "ci95": [n[5], n[6]],
+            "bounds": [n[7], n[8]]}
+
+
+def _json_piece(text: str) -> bytes:
+    """Literal JSON text for a ``%`` template."""
+    return text.encode().replace(b"%", b"%%")
 
 
 @dataclass
@@ -179,7 +249,7 @@ class DPAggregator:
             self.metrics["windows_cut"] = {s.name: 0 for s in self.specs}
             self.metrics["units_window_capped"] = {s.name: 0 for s in self.specs}
         self._w = {s.name: (s.max_windows or self.max_windows) for s in self.specs}
-        self._labels: dict[str, list[tuple[dict, str]]] = {}
+        self._labels: dict[str, CellLabels] = {}
         self._known_cells: dict[int, dict] = {}      # per group-by dimension: raw value -> cell (in memory only)
         self.unit_ids = bool(unit_ids) and not self.event_unit
         self.unit_keys = "ids" if self.unit_ids else "hash"    # the scheme of the current period's unit keys
@@ -237,7 +307,12 @@ class DPAggregator:
     def process_columns(self, window_id: int, columns: "WindowColumns | dict[str, list]") -> list[dict]:
         """:meth:`process_window` on a window given as columns (field -> values, in the window's order; a
         :class:`~stream_anon.dp.columns.WindowColumns` or a dict of lists of one length; the fields are
-        :attr:`fields`, a missing one reads as null): the worker's path, without a dict per event."""
+        :attr:`fields`, a missing one reads as null): without a dict per event."""
+        return rows_of(self.release_columns(window_id, columns))
+
+    def release_columns(self, window_id: int, columns: "WindowColumns | dict[str, list]") -> list:
+        """:meth:`process_columns` with each release's rows as one :class:`ReleasedCells` (the worker's path:
+        no dict per row); ``budget_exhausted`` events as dicts."""
         if isinstance(window_id, bool) or not isinstance(window_id, (int, np.integer)):
             raise TypeError(f"window_id: expected an integer window index, got {window_id!r}")
         window_id = int(window_id)
@@ -287,12 +362,15 @@ class DPAggregator:
                 for u in units:
                     self.individual_spend[u] = self.individual_spend.get(u, 0.0) + spec.epsilon
             rows.extend(self._release(spec, w, x, outcome.window))
+        return self._done(w, flats.n, rows, wm)
+
+    def _done(self, w: int, n: int, released: list, wm: dict) -> list:
         self.last_window = w
         self.metrics["windows"] += 1
-        self.metrics["events_in"] += flats.n
-        self.metrics["aggregates_published"] += sum(r["type"] == "aggregate" for r in rows)
+        self.metrics["events_in"] += n
+        self.metrics["aggregates_published"] += sum(len(r) for r in released if isinstance(r, ReleasedCells))
         self.window_metrics = wm
-        return rows
+        return released
 
     def _process_one_period(self, w: int, flats: WindowColumns) -> list[dict]:
         """Period mode: bound each unit to ``W`` windows of the period (per aggregate) and ``C`` events per
@@ -342,16 +420,10 @@ class DPAggregator:
                     self.individual_spend[k] = min(spec.epsilon, self.individual_spend.get(k, 0.0)
                                                    + self.plans[spec.name].release_epsilon)
             start = first + (pos // spec.release_every) * spec.release_every
-            for r in self._release(spec, w, x, outcome.window):
-                r.update({"period": label, "unit": self.config.unit, "epsilon_period": spec.epsilon,
-                          "span_start_window": start, "windows_in_release": w - start + 1})
-                rows.append(r)
-        self.last_window = w
-        self.metrics["windows"] += 1
-        self.metrics["events_in"] += flats.n
-        self.metrics["aggregates_published"] += sum(r["type"] == "aggregate" for r in rows)
-        self.window_metrics = wm
-        return rows
+            rows.extend(self._release(spec, w, x, outcome.window, {
+                "period": label, "unit": self.config.unit, "epsilon_period": spec.epsilon,
+                "span_start_window": start, "windows_in_release": w - start + 1}))
+        return self._done(w, flats.n, rows, wm)
 
     def _new_period(self, label: str) -> None:
         """A new period: window counts, running counters and partial releases start again (the budget is per
@@ -650,9 +722,11 @@ class DPAggregator:
             h.update(comp.encode() + b"\x00" + np.ascontiguousarray(x[comp], dtype=float).tobytes())
         return h.hexdigest()[:32]
 
-    def _release(self, spec: AggregateSpec, w: int, x: dict[str, np.ndarray], release: str) -> list[dict]:
-        """``release``: the ledger key of this release (``"<w>"``, or ``"<w>~<n>"`` for a paid re-release);
-        the noise is drawn from it."""
+    def _release(self, spec: AggregateSpec, w: int, x: dict[str, np.ndarray], release: str,
+                 extra: dict | None = None) -> list[ReleasedCells]:
+        """The release's blocks (one per output). ``release``: the ledger key of this release (``"<w>"``, or
+        ``"<w>~<n>"`` for a paid re-release); the noise is drawn from it. ``extra``: fields for every row (the
+        period's)."""
         plan = self.plans[spec.name]
         counters = self.counters[spec.name]
         noisy: dict[str, dict[str, np.ndarray]] = {"per_window": {}, "running": {}}
@@ -687,68 +761,68 @@ class DPAggregator:
                     half, method = Z95 * math.sqrt(var), "normal"
                 info["running"][comp] = {"epsilon": rc.epsilon, "scale": rc.node_scale, "var": var, "half": half,
                                          "method": method, "mechanism": f"{rc.name}/{noise}", "windows": rc.t}
-        rows: list[dict] = []
+        blocks = []
         for output in ("per_window", "running"):
             if not noisy[output] or (output == "per_window" and spec.output == "running"):
                 continue
-            rows.extend(self._rows(spec, w, output, noisy[output], info[output], plan))
-        for r in rows:
-            r["release"] = release
-        return rows
+            blocks.append(self._block(spec, w, output, noisy[output], info[output], plan, release, extra))
+        return blocks
 
-    def _group_labels(self, spec: AggregateSpec) -> list[tuple[dict, str]]:
-        """Per cell of the domain: its ``group`` (key name -> value) and ``group_key`` (computed once)."""
+    def _group_labels(self, spec: AggregateSpec) -> "CellLabels":
         labels = self._labels.get(spec.name)
         if labels is None:
-            names = spec.key_names
-            labels = self._labels[spec.name] = [(dict(zip(names, key)), "|".join(map(str, key)))
-                                                for key in spec.domain]
+            labels = self._labels[spec.name] = CellLabels(spec)
         return labels
 
-    def _rows(self, spec, w, output, noisy, info, plan) -> list[dict]:
+    def _block(self, spec, w, output, noisy, info, plan, release: str, extra: dict | None) -> ReleasedCells:
         comps = spec.components
         first = info[comps[0]]
         eps = sum(i["epsilon"] for i in info.values())
-        base = {"type": "aggregate", "stream": self.stream, "window": w, "aggregate": spec.name, "kind": spec.kind,
-                "output": output, "mechanism": first["mechanism"], "mechanism_reason": plan.reason,
-                "epsilon": eps, "epsilon_window": plan.release_epsilon, "max_contributions": spec.max_contributions}
+        common = {"type": "aggregate", "stream": self.stream, "window": w, "aggregate": spec.name,
+                  "kind": spec.kind, "output": output, "mechanism": first["mechanism"],
+                  "mechanism_reason": plan.reason, "epsilon": eps, "epsilon_window": plan.release_epsilon,
+                  "max_contributions": spec.max_contributions}
         if output == "running":
-            base["windows_covered"] = first["windows"]
+            common["windows_covered"] = first["windows"]
             if eps == 0.0:
-                base["epsilon_note"] = "post-processing of the per-window releases"
+                common["epsilon_note"] = "post-processing of the per-window releases"
+        labels = self._group_labels(spec)
         if len(comps) == 1:
-            base.update({"noise_scale": first["scale"], "noise_std": math.sqrt(first["var"]),
-                         "sensitivity": spec.component_sensitivity(comps[0]) * plan.sens_factor,
-                         "noise_ci95": [-first["half"], first["half"]], "ci95_method": first["method"]})
+            half = first["half"]
+            common.update({"noise_scale": first["scale"], "noise_std": math.sqrt(first["var"]),
+                           "sensitivity": spec.component_sensitivity(comps[0]) * plan.sens_factor,
+                           "noise_ci95": [-half, half], "ci95_method": first["method"]})
+            values = np.asarray(noisy[comps[0]], dtype=float)
+            shown = np.rint(values).astype(np.int64).tolist() \
+                if spec.component_noise(comps[0]) == "geometric" else values.tolist()
+            numbers = np.column_stack([values, values - half, values + half]).ravel().tolist()
+            numbers[0::3] = shown
+            template = b',"value":%b,"ci95":[%b,%b]'
+            cells = _single_cell
+            per_cell = 3
         else:
-            base.update({"noise_scale": {c: info[c]["scale"] for c in comps},
-                         "noise_std": {c: math.sqrt(info[c]["var"]) for c in comps},
-                         "sensitivity": {c: spec.component_sensitivity(c) * plan.sens_factor for c in comps},
-                         "ci95_method": "delta"})
-        integer = all(spec.component_noise(c) == "geometric" for c in comps)
-        rows = []
-        for i, (group, group_key) in enumerate(self._group_labels(spec)):
-            row = dict(base)
-            row["group"] = dict(group)
-            row["group_key"] = group_key
-            if len(comps) == 1:
-                v = float(noisy[comps[0]][i])
-                row["value"] = int(round(v)) if integer else v
-                row["ci95"] = [v - first["half"], v + first["half"]]
-            else:
-                a, b = float(noisy[comps[0]][i]), float(noisy[comps[1]][i])
-                lo, hi = (0.0, 1.0) if spec.kind == "ratio" else (spec.lower, spec.upper)
-                d = max(b, 1.0)
-                r = float(np.clip(a / d, lo, hi))
-                # delta method on the noise only: Var(a/b) ~ (Var a + r^2 Var b) / b^2 (post-processing)
-                half = Z95 * math.sqrt(info[comps[0]]["var"] + r * r * info[comps[1]]["var"]) / d
-                row["value"] = r
-                row["components"] = {comps[0]: a, comps[1]: b}
-                row["noise_ci95"] = [-half, half]
-                row["ci95"] = [max(lo, r - half), min(hi, r + half)]
-                row["bounds"] = [lo, hi]
-            rows.append(row)
-        return rows
+            c0, c1 = comps
+            common.update({"noise_scale": {c: info[c]["scale"] for c in comps},
+                           "noise_std": {c: math.sqrt(info[c]["var"]) for c in comps},
+                           "sensitivity": {c: spec.component_sensitivity(c) * plan.sens_factor for c in comps},
+                           "ci95_method": "delta"})
+            a = np.asarray(noisy[c0], dtype=float)
+            b = np.asarray(noisy[c1], dtype=float)
+            lo, hi = (0.0, 1.0) if spec.kind == "ratio" else (float(spec.lower), float(spec.upper))
+            d = np.maximum(b, 1.0)
+            r = np.clip(a / d, lo, hi)
+            # delta method on the noise only: Var(a/b) ~ (Var a + r^2 Var b) / b^2 (post-processing)
+            half = Z95 * np.sqrt(info[c0]["var"] + r * r * info[c1]["var"]) / d
+            numbers = np.column_stack([r, a, b, -half, half, np.maximum(lo, r - half), np.minimum(hi, r + half),
+                                       np.full(len(r), lo), np.full(len(r), hi)]).ravel().tolist()
+            template = (b',"value":%b,"components":{' + _json_piece(json.dumps(c0)) + b':%b,'
+                        + _json_piece(json.dumps(c1)) + b':%b},"noise_ci95":[%b,%b],"ci95":[%b,%b],"bounds":[%b,%b]')
+            cells = functools.partial(_pair_cell, c0, c1)
+            per_cell = 9
+        common["release"] = release
+        if extra:
+            common.update(extra)
+        return ReleasedCells(common, labels, numbers, per_cell, template, cells)
 
     # -- reporting and checkpoints ---------------------------------------------------------------------------
     @property

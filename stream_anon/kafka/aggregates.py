@@ -142,14 +142,14 @@ class PartitionAggregates:
         metrics: list[dict] = []
         for w in windows:
             released, spent, iso = self._close(w, metrics)
-            rows.extend(self.aggregate_row(r, spent[r["window"]], iso) for r in released)
+            rows.extend(self.aggregate_row(r, spent[r["window"]], iso) for block in released for r in block.rows())
         return rows, metrics
 
     def messages(self, windows, dumps, metrics_topic: str) -> tuple[list, int]:
         """The worker's entry point for one partition batch: ``(topic, key, value)`` messages of the closed
         ``windows`` and the number of aggregate rows. The values are :meth:`close_windows`' rows serialized; a
         release's fields common to its rows are serialized once (the rows of a window are ~1 KB each, one per
-        cell of the domain)."""
+        cell of the domain; ~300 per window of a partition of the Oyster stream)."""
         if not windows:
             return [], 0
         key = self.stream.encode()
@@ -158,24 +158,27 @@ class PartitionAggregates:
         n = 0
         for w in windows:
             released, spent, iso = self._close(w, metrics)
-            n += len(released)
-            out.extend((AGGREGATES_TOPIC, key, value) for value in self._row_values(released, spent, iso, dumps))
+            values = self._row_values(released, spent, iso, dumps)
+            n += len(values)
+            out.extend([(AGGREGATES_TOPIC, key, value) for value in values])
         out.extend((metrics_topic, key, dumps(m)) for m in metrics)
         return out, n
 
-    def _close(self, window, metrics: list) -> tuple[list[dict], dict, "_IsoCache"]:
-        """Release one closed window: the aggregator's ``aggregate`` rows, the ledger's total through each window
-        they cover, and the window start times; appends the metric events to ``metrics``."""
+    def _close(self, window, metrics: list) -> tuple[list, dict, "_IsoCache"]:
+        """Release one closed window: the aggregator's releases (``ReleasedCells``), the ledger's total through
+        each window they cover, and the window start times; appends the metric events to ``metrics``."""
+        from stream_anon.dp.aggregator import ReleasedCells
         from stream_anon.dp.columns import WindowColumns
         w = window.index
-        out = self.aggregator.process_columns(w, WindowColumns(window.carried))   # reserves (writes) the ledger
+        out = self.aggregator.release_columns(w, WindowColumns(window.carried))   # reserves (writes) the ledger
         now = _now_iso()
         spent = {}                 # window -> ledger total through it (gap windows are released here too)
         released = []
         for r in out:
-            if r["type"] == "aggregate":
-                if r["window"] not in spent:
-                    spent[r["window"]] = self.ledger.spent_through(r["window"])
+            if isinstance(r, ReleasedCells):
+                rw = r.common["window"]
+                if rw not in spent:
+                    spent[rw] = self.ledger.spent_through(rw)
                 released.append(r)
             else:                                              # budget_exhausted
                 metrics.append({**r, "partition": self.partition, "ts": now})
@@ -204,28 +207,16 @@ class PartitionAggregates:
         row["row_id"] = self._row_id_prefix(r) + r["group_key"]
         return row
 
-    def _row_values(self, released: list[dict], spent: dict, iso: _IsoCache, dumps) -> list[bytes]:
-        """:meth:`aggregate_row` of each row, serialized: per release (a run of rows of one aggregate, output and
-        release) its fields once, then each row's cell fields."""
-        from stream_anon.dp.aggregator import ROW_CELL_KEYS
+    def _row_values(self, released: list, spent: dict, iso: _IsoCache, dumps) -> list[bytes]:
+        """:meth:`aggregate_row` of each row of the releases, serialized: per release its fields once, then
+        each cell's (``ReleasedCells.cell_fragments``) and ``row_id``."""
         values = []
-        i, n = 0, len(released)
-        while i < n:
-            first = released[i]
-            run = (first["aggregate"], first["output"], first["release"])
-            j = i + 1
-            while j < n and (released[j]["aggregate"], released[j]["output"], released[j]["release"]) == run:
-                j += 1
-            common = {k: v for k, v in first.items() if k not in ROW_CELL_KEYS}
-            common.update(self._row_fields(first, spent[first["window"]], iso))
-            prefix = dumps(common)[:-1] + b","
-            cell_keys = [k for k in first if k in ROW_CELL_KEYS]
-            id_prefix = self._row_id_prefix(first)
-            for r in released[i:j]:
-                cell = {k: r[k] for k in cell_keys}
-                cell["row_id"] = id_prefix + r["group_key"]
-                values.append(prefix + dumps(cell)[1:])
-            i = j
+        for block in released:
+            common = block.common
+            head = dumps({**common, **self._row_fields(common, spent[common["window"]], iso)})[:-1] + b","
+            id_head = b',"row_id":' + dumps(self._row_id_prefix(common))[:-1]     # a JSON string, still open
+            values.extend([head + cell + id_head + key + b"}"
+                           for cell, key in zip(block.cell_fragments(dumps), block.labels.key_tails)])
         return values
 
     # -- checkpoint --------------------------------------------------------------------------------------------
