@@ -16,7 +16,7 @@ import pytest
 from stream_anon.config import load_config
 from stream_anon.datasets import load_events
 from stream_anon.dp import BudgetLedger, DPAggregator
-from stream_anon.dp.columns import WindowColumns
+from stream_anon.dp.columns import UnitGroups, WindowColumns, first_per_unit
 from stream_anon.events import flatten
 
 BREAKERS = [("journey_id", None), ("station", None), ("station", "Atlantis"), ("station", ["list"]),
@@ -103,3 +103,20 @@ def test_a_bool_and_a_number_in_an_hour_field_count_as_the_per_event_rule_counts
     x2, stats2, _ = per_event._cell_values_per_event(spec, WindowColumns.from_flats(events, per_event.fields))
     assert stats1 == stats2 and np.array_equal(x1["count"], x2["count"])
     assert x2["count"][0] == 2          # both tap-ins in hour 0 (epoch second 1), as the per-event rule has it
+
+
+def test_unit_groups_give_each_subsets_ranks_and_units_as_sorting_it_again_would():
+    """``UnitGroups`` (one sort per window, shared by the aggregates) against ``first_per_unit`` and
+    ``np.unique`` on each subset: random windows of few and of many units, random subsets."""
+    rng = np.random.default_rng(41)
+    for trial in range(300):
+        n = int(rng.integers(0, 60))
+        codes = rng.integers(0, int(rng.integers(1, 20)), size=n)
+        groups = UnitGroups(codes)
+        events = np.flatnonzero(rng.random(n) < rng.random())
+        rank, units, first = groups.subset(events)
+        sub = codes[events]
+        for c in (1, 2, 3):
+            assert np.array_equal(rank < c, first_per_unit(sub, c)), trial
+        expect_units, expect_first = np.unique(sub, return_index=True)
+        assert np.array_equal(units, expect_units) and np.array_equal(first, events[expect_first]), trial

@@ -45,7 +45,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from stream_anon.dp.columns import UNHASHABLE, WindowColumns, first_per_unit
+from stream_anon.dp.columns import UNHASHABLE, UnitGroups, WindowColumns
 from stream_anon.dp.continual import (BinaryTreeCounter, HybridCounter, PerWindowCounter, _Counter,
                                       choose_mechanism, noise_ci95_half_width, Z95)
 from stream_anon.dp.contribution import bound_contributions
@@ -544,19 +544,20 @@ class DPAggregator:
             sel &= np.array([v in allowed for v in distinct], dtype=bool)[codes]
         positions = np.flatnonzero(sel)
         m = len(positions)
+        all_codes = None                             # each event's unit code, all the window's events
         if self.event_unit:                          # every event its own unit, numbered after the filter
             unit_codes, distinct_units = np.arange(m), None
             unit_none = np.zeros(m, dtype=bool)
         elif self.unit_keys == "ids":                # every accepted event has a unit (the engine checked)
-            codes, distinct_units = self._unit_id_codes(wc)
-            unit_codes = codes[positions]
+            all_codes, distinct_units = self._unit_id_codes(wc)
+            unit_codes = all_codes[positions]
             unit_none = np.zeros(m, dtype=bool)
         else:
             types = wc.types(self.privacy_unit)
             if not any(types <= plain for plain in PLAIN_UNIT_TYPES):
                 return self._cell_values_per_event(spec, wc, commit, window_units)
-            codes, distinct_units = wc.factorized(self.privacy_unit)
-            unit_codes = codes[positions]
+            all_codes, distinct_units = wc.factorized(self.privacy_unit)
+            unit_codes = all_codes[positions]
             unit_none = unit_codes == wc.code_of_none(self.privacy_unit)
         cell = np.zeros(m, dtype=np.int64)
         key_none = np.zeros(m, dtype=bool)
@@ -586,13 +587,19 @@ class DPAggregator:
         ood = int((~unit_none & key_none).sum())
         cand = np.flatnonzero(has_unit_key & valid)
         units = unit_codes[cand]
+        if all_codes is None:                        # one event per unit
+            rank = np.zeros(len(cand), dtype=np.int64)
+        else:
+            # each event's rank among its unit's events, and the units (sorted), from one grouping of the
+            # window's events by unit shared by its aggregates (no sort per aggregate)
+            groups = wc.memo.get("unit_groups")
+            if groups is None:
+                groups = wc.memo["unit_groups"] = UnitGroups(all_codes)
+            rank, uniq, first = groups.subset(positions[cand])
         extra = {}
         if self.clock is not None:
             wcut = ucut = 0
             if not self.event_unit and len(cand):
-                # the window's units in the order of their first events
-                uniq, first = np.unique(units, return_index=True)
-                uniq = uniq[np.argsort(first, kind="stable")]
                 # the rows of all the window's units, found once for its aggregates (valid while no aggregate
                 # brought other units into ``window_units``: its generation)
                 keys = wc.memo.get("unit_keys")
@@ -604,6 +611,8 @@ class DPAggregator:
                     memo = wc.memo["unit_positions"] = (window_units, window_units.generation, pos_all,
                                                         len(np.unique(pos_all)) == len(pos_all))
                 _, _, pos_all, all_distinct = memo
+                if not all_distinct:                 # counted one by one: in the order of the units' first events
+                    uniq = uniq[np.argsort(first, kind="stable")]
                 admitted = self._cap_units(spec.name, pos_all[uniq], commit, window_units,
                                            distinct=True if all_distinct else None)
                 if not admitted.all():
@@ -611,9 +620,9 @@ class DPAggregator:
                     ok_code[uniq] = admitted
                     ev_ok = ok_code[units]
                     wcut, ucut = int(len(units) - ev_ok.sum()), int(len(admitted) - admitted.sum())
-                    cand, units = cand[ev_ok], units[ev_ok]
+                    cand, units, rank = cand[ev_ok], units[ev_ok], rank[ev_ok]   # whole units: ranks hold
             extra = {"windows_cut": wcut, "units_window_capped": ucut}
-        keep = first_per_unit(units, spec.max_contributions)
+        keep = rank < spec.max_contributions         # each unit's first events (first_per_unit)
         cut = int(len(keep) - keep.sum())
         idx_a = cell[cand]
         if spec.kind == "histogram":            # values outside the edges are clamped into the end bins
