@@ -6,6 +6,14 @@ and in building and encoding the state records; the state bytes written. No brok
 work, which the end-to-end benchmark (``bench_end_to_end.py``) measures together with the broker's.
 
     .venv/bin/python bench/bench_worker_core.py [--events N] [--partitions 4] -> bench/results/worker_core.json
+
+``dp_release_us_per_event``: the CPU in ``PartitionAggregates.messages`` (the aggregates' cells, noise, ledger
+and serialized rows of the closed windows). ``--code DIR``: measure the ``stream_anon`` of another checkout (e.g. a
+``git worktree`` of an earlier commit), for paired runs of two versions on one machine:
+
+    git worktree add /tmp/before <commit>
+    for i in 1 2 3; do .venv/bin/python bench/bench_worker_core.py --only dp --code /tmp/before --out /tmp/a$i.json
+                       .venv/bin/python bench/bench_worker_core.py --only dp --out /tmp/b$i.json; done
 """
 from __future__ import annotations
 
@@ -21,14 +29,17 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+CODE = Path(sys.argv[sys.argv.index("--code") + 1]).resolve() if "--code" in sys.argv[:-1] else ROOT
+sys.path.insert(0, str(CODE))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import orjson  # noqa: E402
 
+import stream_anon  # noqa: E402,F401  (first: from CODE, before bench_end_to_end puts this checkout first)
 from bench_end_to_end import config_file  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402
 from stream_anon.datasets import load_events  # noqa: E402
+from stream_anon.kafka import aggregates as kafka_aggregates  # noqa: E402
 from stream_anon.kafka import state as st  # noqa: E402
 from stream_anon.kafka.app import tune_gc  # noqa: E402
 from stream_anon.kafka.core import WorkerCore  # noqa: E402
@@ -38,6 +49,16 @@ SECRET = b"bench-worker-core-secret-0123456789abcdef"
 
 def run(cfg_path: Path, raws: list[bytes], parts: list[int], partitions: int, batch: int) -> dict:
     core = WorkerCore(load_config(cfg_path), "bench-core", SECRET)
+    in_release = [0.0]
+    release_messages = kafka_aggregates.PartitionAggregates.messages
+
+    def timed_messages(self, *args, **kwargs):
+        c = time.process_time()
+        try:
+            return release_messages(self, *args, **kwargs)
+        finally:
+            in_release[0] += time.process_time() - c
+    kafka_aggregates.PartitionAggregates.messages = timed_messages
     states = [core.open_partition(p) for p in range(partitions)]
     offsets = [0] * partitions
     t_process = t_state = 0.0
@@ -62,9 +83,12 @@ def run(cfg_path: Path, raws: list[bytes], parts: list[int], partitions: int, ba
     for ps in states:
         core.flush(ps)
     total = time.process_time() - c0
+    kafka_aggregates.PartitionAggregates.messages = release_messages
     n = len(raws)
     return {"cpu_us_per_event": round(1e6 * total / n, 2), "process_us_per_event": round(1e6 * t_process / n, 2),
-            "state_records_us_per_event": round(1e6 * t_state / n, 2), "state_mb_written": round(state_bytes / 1e6, 1)}
+            "state_records_us_per_event": round(1e6 * t_state / n, 2), "state_mb_written": round(state_bytes / 1e6, 1),
+            "dp_release_us_per_event": round(1e6 * in_release[0] / n, 2),
+            "dp_release_share": round(in_release[0] / total, 3)}
 
 
 def main(argv=None) -> int:
@@ -73,6 +97,7 @@ def main(argv=None) -> int:
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--batch", type=int, default=10000, help="messages per consumed batch (all partitions)")
     ap.add_argument("--only", choices=("no_dp", "dp"), default=None, help="one of the two runs (for profiling)")
+    ap.add_argument("--code", default=str(ROOT), help="checkout whose stream_anon is measured (default: this one)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "worker_core.json"))
     args = ap.parse_args(argv)
     events = load_events("oyster", full=True, limit=args.events)
@@ -92,7 +117,7 @@ def main(argv=None) -> int:
     out = {"benchmark": "WorkerCore without Kafka, DP aggregates on and off (issue 11)",
            "run_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-           "events": len(raws), "gc": "tuned as in the worker (stream_anon.kafka.app.tune_gc)",
+           "code": str(CODE), "events": len(raws), "gc": "tuned as in the worker (stream_anon.kafka.app.tune_gc)",
            "partitions": args.partitions, "batch": args.batch, "results": results,
            }
     if len(results) == 2:

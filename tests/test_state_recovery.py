@@ -209,6 +209,35 @@ def test_state_records_replayed_from_the_log_restore_the_worker_exactly():
     assert np.mean(sizes[False]) < 0.25 and min(sizes[True]) >= 0.99
 
 
+def test_the_committed_state_held_in_memory_is_what_was_written_whatever_comes_after():
+    """The worker keeps its last committed records in memory: a failing batch goes back to them
+    (``WorkerCore._isolate``). After the next batch changed the live engine and aggregates (buffer, open windows,
+    published registry, counterfeit pool, metrics: lists and dicts that grow in place), what it would go back to
+    must still be what was written to the state topic."""
+    from stream_anon import contract
+    from stream_anon.config import load_config
+    from stream_anon.kafka.core import WorkerCore
+
+    cfg = load_config(contract.config_path("oyster-cards"))
+    core = WorkerCore(cfg, "app", b"state-records-secret-0123456789abcdef")
+    msgs = _cards_messages(3000)
+    written: dict[int, bytes] = {}
+    checked = 0
+    for i in range(0, len(msgs), 150):
+        by_part = {}
+        for p, off, raw in msgs[i:i + 150]:
+            by_part.setdefault(p, []).append((off, raw))
+        for p, part in by_part.items():
+            ps = core.parts.get(p) or core.open_partition(p)
+            out = core.process(ps, part)
+            if p in written:              # the batch is processed, not committed: go-back state = last written
+                doc, _ = core.committed_state(ps)
+                assert orjson_roundtrip(doc) == orjson_roundtrip(st.decode_state(written[p]).doc), (i, p)
+                checked += len(doc["engine"]["pending"]) > 0
+            written[p] = st.encode_state(core.committed(ps, out.last_offset))
+    assert checked > 10
+
+
 def orjson_roundtrip(obj):
     import orjson
 

@@ -124,7 +124,8 @@ class _Buffer:
 
     def to_state(self) -> dict:
         return {"X": self.X.tolist(), "units": self.units.tolist(), "times": self.times.tolist(),
-                "tokens": self.tokens, "sensitive": [list(s) for s in self.sensitive], "late": self.late.tolist()}
+                "tokens": list(self.tokens), "sensitive": [list(s) for s in self.sensitive],
+                "late": self.late.tolist()}
 
     @classmethod
     def from_state(cls, state: dict, dims: int) -> "_Buffer":
@@ -298,7 +299,9 @@ class Engine:
         return {"version": STATE_VERSION, "stream": self.config.stream.name, "partition": self.partition,
                 "seq": self.seq, "max_event_time": _finite_or_none(self.max_event_time),
                 "closed_until": _finite_or_none(self.closed_until), "buffer": self.buffer.to_state(),
-                "pending": {str(w): {**p, "carried": p["carried"].to_state(raw_json)}
+                # copies: the worker keeps the committed core to go back to, while these lists grow in place
+                "pending": {str(w): {"times": list(p["times"]), "tokens": list(p["tokens"]),
+                                     "carried": p["carried"].to_state(raw_json)}
                             for w, p in sorted(self.pending.items())},
                 "late_unreported": self.late_unreported, "late_total": self.late_total,
                 "published": self.registry.state_dict(),

@@ -204,6 +204,10 @@ class WorkerCore:
                 raise ValueError(f"partition {partition}: state document of another stream, partition or version "
                                  f"({doc.get('stream')!r}, {doc.get('partition')!r}, v{doc.get('version')!r})")
             tables = tables or {}
+            # the recovered state stands as the committed chain (a full record of it comes next), frozen as
+            # written before the engine and the aggregates are restored from (and may keep) its objects
+            chain = [st.StateRecord(doc, {n: (k, r, st.EMPTY_KEYS) for n, (k, r) in tables.items()})]
+            st.encode_state(chain[0])
             # the aggregates first: which fields the engine carries depends on their restored period
             dp = self._aggregates(partition, doc.get("dp"), tables)
             engine = Engine.restore(self.config, partition, self.secret, doc["engine"], engine_tables(tables),
@@ -212,8 +216,7 @@ class WorkerCore:
                                 input_topic_id=doc.get("input_topic_id"), flush_pending=doc.get("flush_pending",
                                                                                                   False))
             ps.dp = dp
-            # the recovered state stands as the committed chain (a full record of it comes next)
-            ps.chain = [st.StateRecord(doc, {n: (k, r, st.EMPTY_KEYS) for n, (k, r) in tables.items()})]
+            ps.chain = chain
             ps.chain_start = base_seq or doc["seq"]
             ps.dirty_since_flush = engine.deferred > 0      # buffered records still need an idle flush
         self.parts[partition] = ps
@@ -270,7 +273,9 @@ class WorkerCore:
         return tables
 
     def note_committed(self, ps: PartitionState, rec: st.StateRecord) -> None:
-        """``rec`` was committed: it is the partition's state now."""
+        """``rec`` was committed: it is the partition's state now (as written: its encoding, made here if it was
+        not, is what :meth:`committed_state` reads; the core's lists may be the engine's own, growing in place)."""
+        st.encode_state(rec)
         ps.seq, ps.offset, ps.flush_pending = rec.seq, rec.doc["offset"], rec.doc.get("flush_pending", False)
         if rec.full:
             ps.chain = [rec]
@@ -282,7 +287,7 @@ class WorkerCore:
 
     def committed_state(self, ps: PartitionState) -> tuple[dict | None, dict]:
         """(core, tables) of the partition's last committed state ((None, {}): nothing committed)."""
-        return st.resolve_chain(ps.chain) if ps.chain else (None, {})
+        return st.resolve_chain([rec.as_written() for rec in ps.chain]) if ps.chain else (None, {})
 
     def committed_doc(self, ps: PartitionState) -> dict | None:
         """The last committed state as one JSON-able document (the engine's tables inside ``engine``), for tests
@@ -480,8 +485,11 @@ class WorkerCore:
         self._restore(ps, *self.committed_state(ps))
         failures, isolated = 1, 0
 
-        def snapshot():
-            return self._core_doc(ps, ps.seq, ps.offset, ps.flush_pending), self.state_tables(ps)
+        def snapshot() -> st.StateRecord:     # encoded at once: the attempt changes the live objects
+            rec = st.StateRecord(self._core_doc(ps, ps.seq, ps.offset, ps.flush_pending),
+                                 {n: (k, r, st.EMPTY_KEYS) for n, (k, r) in self.state_tables(ps).items()})
+            st.encode_state(rec)
+            return rec
 
         def run(idx: list[int], tries: int = 0) -> None:
             nonlocal failures, isolated
@@ -494,7 +502,7 @@ class WorkerCore:
                 failures += 1
                 del out.messages[mark:]
                 out.counts.update(counts)
-                self._restore(ps, *snap)
+                self._restore(ps, *st.resolve_chain([snap.as_written()]))
                 if failures > self.ISOLATION_MAX_FAILURES:
                     for i in idx:
                         self._deadletter(out, f"processing error: {type(exc).__name__} (isolation gave up after "
