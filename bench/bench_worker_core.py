@@ -100,6 +100,8 @@ def main(argv=None) -> int:
     ap.add_argument("--code", default=str(ROOT), help="checkout whose stream_anon is measured (default: this one)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "worker_core.json"))
     args = ap.parse_args(argv)
+    if Path(args.code).resolve() != CODE:     # read before the imports, from "--code DIR"
+        ap.error("--code: give it as '--code DIR'")
     events = load_events("oyster", full=True, limit=args.events)
     raws = [orjson.dumps(e) for e in events]
     # the partition replay would give them (keyed by the privacy unit)

@@ -16,7 +16,8 @@ import pytest
 from stream_anon.config import load_config
 from stream_anon.datasets import load_events
 from stream_anon.dp import BudgetLedger, DPAggregator
-from stream_anon.dp.columns import UnitGroups, WindowColumns, first_per_unit
+from stream_anon.dp.columns import UnitGroups, WindowColumns
+from stream_anon.dp.contribution import bound_contributions
 from stream_anon.events import flatten
 
 BREAKERS = [("journey_id", None), ("station", None), ("station", "Atlantis"), ("station", ["list"]),
@@ -106,7 +107,7 @@ def test_a_bool_and_a_number_in_an_hour_field_count_as_the_per_event_rule_counts
 
 
 def test_unit_groups_give_each_subsets_ranks_and_units_as_sorting_it_again_would():
-    """``UnitGroups`` (one sort per window, shared by the aggregates) against ``first_per_unit`` and
+    """``UnitGroups`` (one sort per window, shared by the aggregates) against ``bound_contributions`` and
     ``np.unique`` on each subset: random windows of few and of many units, random subsets."""
     rng = np.random.default_rng(41)
     for trial in range(300):
@@ -117,6 +118,6 @@ def test_unit_groups_give_each_subsets_ranks_and_units_as_sorting_it_again_would
         rank, units, first = groups.subset(events)
         sub = codes[events]
         for c in (1, 2, 3):
-            assert np.array_equal(rank < c, first_per_unit(sub, c)), trial
+            assert np.array_equal(rank < c, bound_contributions(sub.tolist(), c)[0]), trial
         expect_units, expect_first = np.unique(sub, return_index=True)
         assert np.array_equal(units, expect_units) and np.array_equal(first, events[expect_first]), trial

@@ -65,41 +65,40 @@ UNIT_WINDOWS_TABLE = "unit.windows"
 # privacy units the columnar path takes: all text or all integers (missing ones aside), where one value for a dict
 # is one value for the unit's text (its hash); other mixes (1 and 1.0, 1 and "1") go event by event
 PLAIN_UNIT_TYPES = ({str, type(None)}, {int, type(None)})
+
+
 class ReleasedCells:
     """One release of one aggregate output (``per_window`` or ``running``) as a block: the fields its rows share
     (:attr:`common`: aggregate, window, mechanism, epsilon, noise scale...) and, per cell of the aggregate's domain,
-    its own (``group``, ``group_key``, ``value``, ``ci95``; for a mean or ratio also ``components``,
-    ``noise_ci95`` and ``bounds``). :meth:`rows` gives the ``aggregate`` rows (one per cell); the worker serializes
-    the shared fields once per release and each cell's fields from the numbers (:meth:`cell_fragments`), with no
-    dict per row (a window's releases have ~300 rows, one for every 4 events of the Oyster stream).
+    its own (``group``, ``group_key``, and the fields of its :class:`CellLayout`). :meth:`rows` gives the
+    ``aggregate`` rows (one per cell); the worker serializes the shared fields once per release and each cell's
+    fields from the numbers (:meth:`cell_fragments`), with no dict per row (a window's releases have ~300 rows, one
+    for every 4 events of the Oyster stream).
 
-    ``labels``: the aggregate's :class:`CellLabels`; ``numbers``: the cells' numbers, cell after cell,
-    ``per_cell`` each, in the slots of ``template`` (the JSON of the cell's other fields, a ``%b`` per number)."""
+    ``labels``: the aggregate's :class:`CellLabels`; ``numbers``: the cells' numbers, cell after cell, in the
+    order of ``layout``."""
 
-    __slots__ = ("common", "labels", "numbers", "per_cell", "template", "_cells")
+    __slots__ = ("common", "labels", "numbers", "layout")
 
-    def __init__(self, common: dict, labels: "CellLabels", numbers: list, per_cell: int, template: bytes, cells):
-        self.common = common
-        self.labels = labels
-        self.numbers, self.per_cell, self.template = numbers, per_cell, template
-        self._cells = cells            # numbers of one cell -> its fields (for rows)
+    def __init__(self, common: dict, labels: "CellLabels", numbers: list, layout: "CellLayout"):
+        self.common, self.labels, self.numbers, self.layout = common, labels, numbers, layout
 
     def __len__(self) -> int:
         return len(self.labels.pairs)
 
     def rows(self) -> list[dict]:
         """The release's ``aggregate`` rows, one per cell of the domain (new dicts the caller may change)."""
-        k, nums, common = self.per_cell, self.numbers, self.common
-        return [{**common, "group": dict(group), "group_key": key, **self._cells(nums[i * k:(i + 1) * k])}
+        k, nums, common, fields = self.layout.per_cell, self.numbers, self.common, self.layout.fields_of
+        return [{**common, "group": dict(group), "group_key": key, **fields(nums[i * k:(i + 1) * k])}
                 for i, (group, key) in enumerate(self.labels.pairs)]
 
     def cell_fragments(self, dumps) -> list[bytes]:
         """Per cell, the JSON members of its own fields (``"group":...,"group_key":...,"value":...``, no braces).
         ``dumps``: a compact JSON serializer returning bytes (numbers are serialized by it, all in one call: a JSON
         number never holds a comma)."""
-        k = self.per_cell
+        k = self.layout.per_cell
         nums = dumps(self.numbers)[1:-1].split(b",")
-        template = self.template
+        template = self.layout.template
         return [lab + template % tuple(nums[i * k:(i + 1) * k]) for i, lab in enumerate(self.labels.json)]
 
 
@@ -116,26 +115,54 @@ class CellLabels:
         self.key_tails = [compact(k)[1:].encode() for _, k in self.pairs]
 
 
+class CellLayout:
+    """The fields a cell takes from its numbers, in order: ``(name, shape)`` with shape ``None`` for a number, an
+    int ``n`` for a list of ``n`` numbers, a tuple of names for an object of numbers. Both forms of a cell come
+    from it: the dict of :meth:`fields_of` and the JSON ``template`` (a ``%b`` per number)."""
+
+    def __init__(self, fields):
+        self.fields = tuple(fields)
+        self.per_cell = sum(1 if shape is None else shape if isinstance(shape, int) else len(shape)
+                            for _, shape in self.fields)
+        piece = lambda text: json.dumps(text).encode().replace(b"%", b"%%")      # noqa: E731
+        parts = []
+        for name, shape in self.fields:
+            if shape is None:
+                value = b"%b"
+            elif isinstance(shape, int):
+                value = b"[" + b",".join([b"%b"] * shape) + b"]"
+            else:
+                value = b"{" + b",".join(piece(c) + b":%b" for c in shape) + b"}"
+            parts.append(b"," + piece(name) + b":" + value)
+        self.template = b"".join(parts)
+
+    def fields_of(self, numbers) -> dict:
+        out, i = {}, 0
+        for name, shape in self.fields:
+            if shape is None:
+                out[name], i = numbers[i], i + 1
+            elif isinstance(shape, int):
+                out[name], i = list(numbers[i:i + shape]), i + shape
+            else:
+                out[name], i = dict(zip(shape, numbers[i:i + len(shape)])), i + len(shape)
+        return out
+
+
+# a count, sum or histogram cell; a mean or ratio cell (its two components by name)
+ONE_COMPONENT = CellLayout([("value", None), ("ci95", 2)])
+
+
+@functools.lru_cache(maxsize=None)
+def two_components(c0: str, c1: str) -> CellLayout:
+    return CellLayout([("value", None), ("components", (c0, c1)), ("noise_ci95", 2), ("ci95", 2), ("bounds", 2)])
+
+
 def rows_of(released: Iterable) -> list[dict]:
     """Rows of :meth:`DPAggregator.release_columns`' output: each block's rows, events as they are."""
     rows: list[dict] = []
     for r in released:
         rows.extend(r.rows() if isinstance(r, ReleasedCells) else [r])
     return rows
-
-
-def _single_cell(n) -> dict:
-    return {"value": n[0], "ci95": [n[1], n[2]]}
-
-
-def _pair_cell(c0: str, c1: str, n) -> dict:
-    return {"value": n[0], "components": {c0: n[1], c1: n[2]}, "noise_ci95": [n[3], n[4]], "ci95": [n[5], n[6]],
-            "bounds": [n[7], n[8]]}
-
-
-def _json_piece(text: str) -> bytes:
-    """Literal JSON text for a ``%`` template."""
-    return text.encode().replace(b"%", b"%%")
 
 
 @dataclass
@@ -622,7 +649,7 @@ class DPAggregator:
                     wcut, ucut = int(len(units) - ev_ok.sum()), int(len(admitted) - admitted.sum())
                     cand, units, rank = cand[ev_ok], units[ev_ok], rank[ev_ok]   # whole units: ranks hold
             extra = {"windows_cut": wcut, "units_window_capped": ucut}
-        keep = rank < spec.max_contributions         # each unit's first events (first_per_unit)
+        keep = rank < spec.max_contributions         # each unit's first events (bound_contributions' rule)
         cut = int(len(keep) - keep.sum())
         idx_a = cell[cand]
         if spec.kind == "histogram":            # values outside the edges are clamped into the end bins
@@ -806,9 +833,7 @@ class DPAggregator:
                 if spec.component_noise(comps[0]) == "geometric" else values.tolist()
             numbers = np.column_stack([values, values - half, values + half]).ravel().tolist()
             numbers[0::3] = shown
-            template = b',"value":%b,"ci95":[%b,%b]'
-            cells = _single_cell
-            per_cell = 3
+            layout = ONE_COMPONENT
         else:
             c0, c1 = comps
             common.update({"noise_scale": {c: info[c]["scale"] for c in comps},
@@ -824,14 +849,11 @@ class DPAggregator:
             half = Z95 * np.sqrt(info[c0]["var"] + r * r * info[c1]["var"]) / d
             numbers = np.column_stack([r, a, b, -half, half, np.maximum(lo, r - half), np.minimum(hi, r + half),
                                        np.full(len(r), lo), np.full(len(r), hi)]).ravel().tolist()
-            template = (b',"value":%b,"components":{' + _json_piece(json.dumps(c0)) + b':%b,'
-                        + _json_piece(json.dumps(c1)) + b':%b},"noise_ci95":[%b,%b],"ci95":[%b,%b],"bounds":[%b,%b]')
-            cells = functools.partial(_pair_cell, c0, c1)
-            per_cell = 9
+            layout = two_components(c0, c1)
         common["release"] = release
         if extra:
             common.update(extra)
-        return ReleasedCells(common, labels, numbers, per_cell, template, cells)
+        return ReleasedCells(common, labels, numbers, layout)
 
     # -- reporting and checkpoints ---------------------------------------------------------------------------
     @property

@@ -15,7 +15,8 @@ values (a list or an object in a JSON field) get the code of :data:`UNHASHABLE`.
 >>> codes, distinct = wc.factorized("line")
 >>> codes.tolist(), distinct
 ([0, 1, 0, 2], ['a', 'b', None])
->>> first_per_unit(np.array([3, 1, 3, 3, 1]), 2).tolist()
+>>> rank, units, first = UnitGroups(np.array([3, 1, 3, 3, 1])).subset(np.arange(5))
+>>> (rank < 2).tolist()                     # each unit's first 2 events (contribution bounding)
 [True, True, True, False, True]
 """
 from __future__ import annotations
@@ -51,25 +52,11 @@ def factorize(values: list) -> tuple[np.ndarray, list]:
     return np.array(codes, dtype=np.int64), list(index)
 
 
-def first_per_unit(codes: np.ndarray, max_contributions: int) -> np.ndarray:
-    """Mask of the events kept by contribution bounding: the first ``max_contributions`` events of each unit
-    (``codes``: one integer per event, equal for the events of one unit), in the given order."""
-    n = len(codes)
-    if n == 0:
-        return np.zeros(0, dtype=bool)
-    order = np.argsort(codes, kind="stable")          # a unit's events together, in their order
-    sorted_codes = codes[order]
-    starts = np.flatnonzero(np.r_[True, sorted_codes[1:] != sorted_codes[:-1]])
-    run_start = np.repeat(starts, np.diff(np.r_[starts, n]))
-    rank = np.empty(n, dtype=np.int64)
-    rank[order] = np.arange(n) - run_start
-    return rank < max_contributions
-
-
 class UnitGroups:
     """A window's events grouped by unit once (one stable sort of their unit codes), for the subsets its
     aggregates keep: a subset's units and each of its events' rank among its unit's events (in the window's
-    order) in linear time, where :func:`first_per_unit` and ``np.unique`` sort again per aggregate.
+    order) in linear time, where ``np.unique`` and a rank by unit would sort again per aggregate. ``rank < C`` is
+    the rule of :func:`stream_anon.dp.contribution.bound_contributions` (each unit's first ``C`` events).
 
     >>> g = UnitGroups(np.array([3, 1, 3, 3, 1, 2]))
     >>> rank, units, first = g.subset(np.array([0, 1, 3, 4]))

@@ -124,8 +124,7 @@ class _Buffer:
 
     def to_state(self) -> dict:
         return {"X": self.X.tolist(), "units": self.units.tolist(), "times": self.times.tolist(),
-                "tokens": list(self.tokens), "sensitive": [list(s) for s in self.sensitive],
-                "late": self.late.tolist()}
+                "tokens": self.tokens, "sensitive": [list(s) for s in self.sensitive], "late": self.late.tolist()}
 
     @classmethod
     def from_state(cls, state: dict, dims: int) -> "_Buffer":
@@ -294,14 +293,16 @@ class Engine:
         windows pending release, published classes, former core (signature list, value dictionary, counterfeit
         pool, statistics) and the record layout of each keyed table (``tables``: name -> numpy dtype).
         ``raw_json``: the pending windows' carried fields as ``orjson.Fragment`` where they are held as JSON
-        (written as they are; the worker's state records, which orjson encodes), else as lists."""
+        (written as they are; the worker's state records, which orjson encodes), else as lists.
+
+        Not a copy: the core shares lists and dicts with the engine (buffer, open windows, published registry,
+        former) that grow in place as it goes on; serialize it before processing more (the worker keeps what it
+        wrote, ``StateRecord.value``)."""
         former = getattr(self.former, "state_core", self.former.state_dict)()
         return {"version": STATE_VERSION, "stream": self.config.stream.name, "partition": self.partition,
                 "seq": self.seq, "max_event_time": _finite_or_none(self.max_event_time),
                 "closed_until": _finite_or_none(self.closed_until), "buffer": self.buffer.to_state(),
-                # copies: the worker keeps the committed core to go back to, while these lists grow in place
-                "pending": {str(w): {"times": list(p["times"]), "tokens": list(p["tokens"]),
-                                     "carried": p["carried"].to_state(raw_json)}
+                "pending": {str(w): {**p, "carried": p["carried"].to_state(raw_json)}
                             for w, p in sorted(self.pending.items())},
                 "late_unreported": self.late_unreported, "late_total": self.late_total,
                 "published": self.registry.state_dict(),

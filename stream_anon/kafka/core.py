@@ -206,7 +206,7 @@ class WorkerCore:
             tables = tables or {}
             # the recovered state stands as the committed chain (a full record of it comes next), frozen as
             # written before the engine and the aggregates are restored from (and may keep) its objects
-            chain = [st.StateRecord(doc, {n: (k, r, st.EMPTY_KEYS) for n, (k, r) in tables.items()})]
+            chain = [st.StateRecord.full_of(doc, tables)]
             st.encode_state(chain[0])
             # the aggregates first: which fields the engine carries depends on their restored period
             dp = self._aggregates(partition, doc.get("dp"), tables)
@@ -261,8 +261,7 @@ class WorkerCore:
         if not rec.full:
             chained = sum(r.rows for r in ps.chain[1:]) + rec.rows
             if chained > sum(part.table_rows() for part in self._parts(ps)) or len(ps.chain) >= st.MAX_CHAIN:
-                rec = st.StateRecord(doc, {n: (k, r, st.EMPTY_KEYS) for n, (k, r) in
-                                           self.state_tables(ps).items()}, full=True)
+                rec = st.StateRecord.full_of(doc, self.state_tables(ps))
         return rec
 
     def state_tables(self, ps: PartitionState) -> dict:
@@ -486,8 +485,8 @@ class WorkerCore:
         failures, isolated = 1, 0
 
         def snapshot() -> st.StateRecord:     # encoded at once: the attempt changes the live objects
-            rec = st.StateRecord(self._core_doc(ps, ps.seq, ps.offset, ps.flush_pending),
-                                 {n: (k, r, st.EMPTY_KEYS) for n, (k, r) in self.state_tables(ps).items()})
+            rec = st.StateRecord.full_of(self._core_doc(ps, ps.seq, ps.offset, ps.flush_pending),
+                                         self.state_tables(ps))
             st.encode_state(rec)
             return rec
 

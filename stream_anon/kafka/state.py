@@ -93,6 +93,11 @@ class StateRecord:
     full: bool = True
     value: bytes | None = field(default=None, compare=False, repr=False)
 
+    @classmethod
+    def full_of(cls, doc: dict, tables: dict) -> "StateRecord":
+        """A full record of a core and its tables (name -> (keys, rows))."""
+        return cls(doc, {name: (keys, rows, EMPTY_KEYS) for name, (keys, rows) in tables.items()})
+
     def as_written(self) -> "StateRecord":
         """The record decoded from what was written (:func:`encode_state`)."""
         return decode_state(encode_state(self))
