@@ -121,3 +121,18 @@ def test_unit_groups_give_each_subsets_ranks_and_units_as_sorting_it_again_would
             assert np.array_equal(rank < c, bound_contributions(sub.tolist(), c)[0]), trial
         expect_units, expect_first = np.unique(sub, return_index=True)
         assert np.array_equal(units, expect_units) and np.array_equal(first, events[expect_first]), trial
+
+
+def test_factorize_takes_two_values_as_one_exactly_when_a_dict_does():
+    """Codes in order of first appearance, the first of equal values kept (1, 1.0 and True are one dict key),
+    and every unhashable value one code after the hashable ones."""
+    from stream_anon.dp.columns import UNHASHABLE, factorize
+
+    values = ["a", 1, None, 1.0, True, "a", 2, False, 0, None]
+    codes, distinct = factorize(values)
+    assert codes.tolist() == [0, 1, 2, 1, 1, 0, 3, 4, 4, 2] and codes.dtype == np.int64
+    assert distinct == ["a", 1, None, 2, False] and type(distinct[1]) is int and distinct[4] is False
+    codes, distinct = factorize(["x", ["l"], "y", {"d": 1}, "x"])
+    assert codes.tolist() == [0, 2, 1, 2, 0] and distinct == ["x", "y", UNHASHABLE]
+    codes, distinct = factorize([])
+    assert codes.tolist() == [] and distinct == []
