@@ -1,6 +1,6 @@
 """Summary of repeated end-to-end runs (the machine's drift is +-20% between runs, so the pairwise ratios of
 one run are read next to those of the others): per run the figures of ``oyster``, ``oyster_dp`` and
-``two_workers`` and the run's ratios, then median, min and max of each.
+``two_workers`` (those the runs have) and the run's ratios, then median, min and max of each.
 
     for i in 1 2 3; do .venv/bin/python bench/bench_end_to_end.py --only oyster,oyster_dp,two_workers \\
         --out /tmp/e2e_rep$i.json; done
@@ -24,7 +24,7 @@ def run_row(path: Path) -> dict:
     row = {"file": path.name, "run_at": res["oyster"]["run_at"],
            "engine_only_events_per_s": res["oyster"]["engine_only"]["events_per_s"],
            "oyster_vs_engine": res["oyster"]["end_to_end_vs_engine"]}
-    for name in ("oyster", "oyster_dp", "two_workers"):
+    for name in [n for n in ("oyster", "oyster_dp", "two_workers") if n in res]:
         e = res[name]["end_to_end"]
         row.update({f"{name}.{f}": e[f] for f in FIELDS})
         row[f"{name}.audit_passed"] = e["audit_passed"]
@@ -38,6 +38,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "end_to_end_repeats.json"))
     args = ap.parse_args(argv)
     rows = [run_row(p) for p in args.runs]
+    if len({frozenset(r) for r in rows}) != 1:
+        ap.error("the runs measured different configurations (--only): summarize like with like")
     numeric = [k for k, v in rows[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
     out = {"benchmark": "repeated end-to-end runs (issue 11)", "runs": rows,
            "median": {k: statistics.median(r[k] for r in rows) for k in numeric},
