@@ -32,6 +32,7 @@ from stream_anon.broker import EmbeddedBroker  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402
 from stream_anon.datasets import load_events  # noqa: E402
 from stream_anon.engine import Engine  # noqa: E402
+from stream_anon.kafka.aggregates_view import read_rows  # noqa: E402
 from stream_anon.kafka.harness import OutputReader, start_worker_process, stop_worker_process  # noqa: E402
 from stream_anon.kafka.replay import replay  # noqa: E402
 from stream_anon.kafka.topics import apply_topics, load_topic_definitions  # noqa: E402
@@ -111,6 +112,7 @@ def end_to_end(cfg_path: Path, events: list, workdir: Path, workers: int = 1, ti
             for p in procs:
                 stop_worker_process(p)
         report = audit_from_kafka(b.bootstrap, cfg_path, SECRET.encode())
+        dp_output = dp_output_checks(b.bootstrap, cfg) if cfg.dp is not None else None
         wall, span = done - start, done - (first or start)
         return {"events": len(events), "workers": workers, "replay_s": round(replay_s, 1),
                 "wall_s": round(wall, 1), "events_per_s_wall": round(len(events) / wall, 1),
@@ -122,7 +124,22 @@ def end_to_end(cfg_path: Path, events: list, workdir: Path, workers: int = 1, ti
                 "worker_cpu_s_before_first_output": round(cpu_at_first or 0.0, 1),
                 "cpu_us_per_event_span": round(1e6 * (sum(cpu.values()) - (cpu_at_first or 0.0)) / len(events), 1),
                 "accounting": acc, "audit_passed": report.passed,
-                "audit_checks": {k: v.get("passed") for k, v in report.checks.items() if isinstance(v, dict)}}
+                "audit_checks": {k: v.get("passed") for k, v in report.checks.items() if isinstance(v, dict)},
+                **({"dp_output": dp_output} if dp_output is not None else {})}
+
+
+def dp_output_checks(bootstrap: str, cfg) -> dict:
+    """What the audit does not look at: the committed aggregate rows (their number, which every run of the same
+    input and partitioning must repeat) and the ledger's charge stated on them, per period, within the budget."""
+    rows = read_rows(bootstrap, cfg.stream.name)
+    spent: dict[str, float] = {}
+    for r in rows.values():
+        period = str(r.get("period"))
+        spent[period] = max(spent.get(period, 0.0), float(r["ledger_epsilon_spent"]))
+    budget = cfg.dp.epsilon_budget
+    within = all(v <= budget * (1 + 1e-9) for v in spent.values())
+    return {"aggregate_rows": len(rows), "epsilon_spent_max_by_period": spent, "epsilon_budget": budget,
+            "passed": bool(rows) and within}
 
 
 def ratios(results: dict) -> dict:

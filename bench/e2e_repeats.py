@@ -28,6 +28,9 @@ def run_row(path: Path) -> dict:
         e = res[name]["end_to_end"]
         row.update({f"{name}.{f}": e[f] for f in FIELDS})
         row[f"{name}.audit_passed"] = e["audit_passed"]
+        if "dp_output" in e:          # runs since the DP output was checked (bench_end_to_end.dp_output_checks)
+            row[f"{name}.aggregate_rows"] = e["dp_output"]["aggregate_rows"]
+            row[f"{name}.dp_output_audit_passed"] = e["dp_output"]["passed"]
     row.update(doc["ratios"])
     return row
 
