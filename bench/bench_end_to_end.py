@@ -32,7 +32,7 @@ from stream_anon.broker import EmbeddedBroker  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402
 from stream_anon.datasets import load_events  # noqa: E402
 from stream_anon.engine import Engine  # noqa: E402
-from stream_anon.kafka.aggregates_view import read_rows  # noqa: E402
+from stream_anon.kafka.aggregates_view import ledger_charge_by_period, read_rows  # noqa: E402
 from stream_anon.kafka.harness import OutputReader, start_worker_process, stop_worker_process  # noqa: E402
 from stream_anon.kafka.replay import replay  # noqa: E402
 from stream_anon.kafka.topics import apply_topics, load_topic_definitions  # noqa: E402
@@ -132,10 +132,7 @@ def dp_output_checks(bootstrap: str, cfg) -> dict:
     """What the audit does not look at: the committed aggregate rows (their number, which every run of the same
     input and partitioning must repeat) and the ledger's charge stated on them, per period, within the budget."""
     rows = read_rows(bootstrap, cfg.stream.name)
-    spent: dict[str, float] = {}
-    for r in rows.values():
-        period = str(r.get("period"))
-        spent[period] = max(spent.get(period, 0.0), float(r["ledger_epsilon_spent"]))
+    spent = {str(p): v for p, v in ledger_charge_by_period(rows.values()).items()}
     budget = cfg.dp.epsilon_budget
     within = all(v <= budget * (1 + 1e-9) for v in spent.values())
     return {"aggregate_rows": len(rows), "epsilon_spent_max_by_period": spent, "epsilon_budget": budget,

@@ -41,6 +41,16 @@ def read_rows(bootstrap, stream: str, idle_s: float = 3.0, max_wait_s: float = 1
     return rows
 
 
+def ledger_charge_by_period(rows) -> dict:
+    """Period -> the largest ledger charge stated on the rows of that period (``ledger_epsilon_spent``: a
+    partition's total through the row's window); key ``None`` for rows without a period (a ledger without periods)."""
+    out: dict = {}
+    for r in rows:
+        period = r.get("period")
+        out[period] = max(out.get(period, 0.0), float(r["ledger_epsilon_spent"]))
+    return out
+
+
 def merged_view(rows, level: float = 0.95) -> list[dict]:
     """Merged rows (:func:`merge_rows`) ordered by aggregate, output, window and key."""
     return sorted(merge_rows(rows, level=level),

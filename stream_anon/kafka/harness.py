@@ -199,7 +199,7 @@ def read_dp_report(bootstrap: str, config, idle_s: float = 1.0, attack: bool = T
     against the unbounded truth; ``membership_inference`` (``attack``) the attack of
     :func:`stream_anon.dp.report.membership_auc` on the raw events of the first period.
     """
-    from stream_anon.kafka.aggregates_view import read_rows
+    from stream_anon.kafka.aggregates_view import ledger_charge_by_period, read_rows
 
     stream, dp = config.stream.name, config.dp
 
@@ -236,10 +236,7 @@ def read_dp_report(bootstrap: str, config, idle_s: float = 1.0, attack: bool = T
         running.append(running_count_errors([r for r in rows.values() if r["aggregate"] == spec.name], truth, spec))
     head = next((e for e in running if "naive_count_rmse" in e), running[0] if running else {})
     spent = [d["epsilon_spent"] for d in windows_m.values()]
-    per_period: dict[str, float] = {}          # the ledger's charge through each row's window, per period
-    for r in rows.values():
-        if r.get("period") is not None:
-            per_period[r["period"]] = max(per_period.get(r["period"], 0.0), r["ledger_epsilon_spent"])
+    per_period = {p: v for p, v in ledger_charge_by_period(rows.values()).items() if p is not None}
     merged = merge_rows(rows.values())
     stream_windows = dict(windows_by_event_time([e for evs in raw.values() for e in evs], config))
     relative = release_relative_errors(dp, merged, stream_windows, RELATIVE_ERROR_AGGREGATE)
