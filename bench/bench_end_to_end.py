@@ -41,8 +41,16 @@ SECRET = "bench-e2e-secret-4b6d8f0a2c4e6a8b0d2f4a6c8e0b2d4f"
 
 
 def cpu_seconds(pid: int) -> float:
+    """CPU (user + system) of the process and of its child processes (the worker's aggregates process)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    total = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        for child in children.read_text().split():
+            try:
+                total += cpu_seconds(int(child))
+            except (OSError, ValueError):      # exited meanwhile
+                pass
+    return total
 
 
 def config_file(name: str, workdir: Path, without_dp: bool = False, journeys: bool = False) -> Path:

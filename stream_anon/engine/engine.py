@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -64,16 +63,38 @@ STATE_VERSION = 4       # 3: event-time windows (lateness) or keyed tables; 4: b
 LATE = "late"      # suppression reason of a late event (an event for a window already released)
 
 
-@dataclass
 class ClosedWindow:
     """A window the core closed: its index and the carried fields of the records whose event time falls in it
     (in the buffer's canonical order, see the module docstring). The DP aggregates consume these; nothing else
-    derives windows. ``late``: late events that arrived since the previous closed window (they enter none)."""
-    index: int
-    start: float
-    end: float
-    carried: dict[str, list] = field(default_factory=dict)
-    late: int = 0
+    derives windows. ``late``: late events that arrived since the previous closed window (they enter none).
+
+    ``carried`` is decoded from the window's :class:`~stream_anon.engine.carried.CarriedWindow` (``source``: it
+    and the canonical order, None when that is the arrival order) when first read: a window handed to another
+    process (:mod:`stream_anon.kafka.aggregates_process`) travels as its compact chunks and is decoded there."""
+
+    __slots__ = ("index", "start", "end", "late", "_carried", "_source")
+
+    def __init__(self, index: int, start: float, end: float, carried: dict | None = None, late: int = 0,
+                 source: tuple | None = None):
+        self.index, self.start, self.end, self.late = index, start, end, late
+        self._carried = carried if carried is not None or source is not None else {}
+        self._source = source
+
+    @property
+    def carried(self) -> dict:
+        if self._carried is None:
+            window, order = self._source
+            self._carried, self._source = window.columns(order), None
+        return self._carried
+
+    def __getstate__(self):
+        return (self.index, self.start, self.end, self.late, self._carried, self._source)
+
+    def __setstate__(self, state):
+        self.index, self.start, self.end, self.late, self._carried, self._source = state
+
+    def __repr__(self) -> str:
+        return f"ClosedWindow(index={self.index}, start={self.start}, end={self.end}, late={self.late})"
 
 
 def event_windows(times: np.ndarray, window_s: float) -> np.ndarray:
@@ -436,9 +457,9 @@ class Engine:
         else:
             order = np.argsort(np.array(p["times"]), kind="stable")
         in_arrival_order = not len(order) or (np.diff(order) == 1).all()
-        carried = p["carried"].columns(None if in_arrival_order else order)
         start = w * self.window_s
-        result.windows.append(ClosedWindow(w, start, start + self.window_s, carried, self.late_unreported))
+        result.windows.append(ClosedWindow(w, start, start + self.window_s, late=self.late_unreported,
+                                           source=(p["carried"], None if in_arrival_order else order)))
         self.late_unreported = 0
         result.releases.append(self._release(start, window_end, final))
         self.closed_until = max(self.closed_until, window_end)

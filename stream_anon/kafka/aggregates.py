@@ -243,6 +243,11 @@ class PartitionAggregates:
         """Rows held by the keyed tables (what a full state record carries of them)."""
         return len(self.aggregator.unit_windows) if self.aggregator.clock else 0
 
+    def record_state(self) -> tuple[dict, dict, int]:
+        """What a state record takes of the aggregates: (:meth:`state_core`, :meth:`state_changes`,
+        :meth:`table_rows`)."""
+        return self.state_core(), self.state_changes(), self.table_rows()
+
     def state_dict(self, with_ledger: bool = True) -> dict:
         """Core and tables in one JSON document (the unit window counts packed as base64 under
         ``aggregator.unit_windows``): the worker's state record, local checkpoints and tests."""

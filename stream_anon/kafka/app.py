@@ -54,7 +54,7 @@ def make_app(config, bootstrap: str, state_dir, app_id: str | None = None, secre
              batch_max: int = 10000, batch_within_s: float = 0.5, metrics_interval_s: float = 5.0,
              flush_when_idle_s: float | None = None, web_port: int | None = None, raw_deadletters: bool = False,
              accept_input_reset: bool = False, client_config: dict | None = None,
-             compression: str = DEFAULT_COMPRESSION):
+             compression: str = DEFAULT_COMPRESSION, aggregates_process: str = "auto"):
     """The faust app of one worker and its :class:`KafkaLoop` (``app.stream_anon_loop``)."""
     app_id = app_id or f"stream-anon-{config.stream.name}"
     secret = secret if secret is not None else crypto.load_secret()
@@ -71,7 +71,8 @@ def make_app(config, bootstrap: str, state_dir, app_id: str | None = None, secre
         Monitor="stream_anon.kafka.lean_monitor:LeanMonitor",
     )
     core = WorkerCore(config, app_id, secret, flush_when_idle_s=flush_when_idle_s,
-                      raw_deadletters=raw_deadletters)
+                      raw_deadletters=raw_deadletters, aggregates_process=use_aggregates_process(aggregates_process),
+                      aggregates_setup=tune_gc)
     loop = KafkaLoop(core, {**as_connection(bootstrap).confluent(), **(client_config or {})}, batch_max=batch_max,
                      batch_within_s=batch_within_s, metrics_interval_s=metrics_interval_s,
                      accept_input_reset=accept_input_reset, cache_dir=state_dir, compression=compression)
@@ -148,6 +149,17 @@ def run_worker(config, bootstrap: str, state_dir, app_id: str | None = None, sec
     return app
 
 
+AGGREGATES_PROCESS = ("auto", "on", "off")
+
+
+def use_aggregates_process(choice: str) -> bool:
+    """Whether the worker releases its DP aggregates in a second process (stream_anon.kafka.aggregates_process):
+    ``auto`` when the machine has a second CPU for it (on one CPU the process would only add its messages' cost)."""
+    if choice not in AGGREGATES_PROCESS:
+        raise ValueError(f"aggregates_process {choice!r}: one of {', '.join(AGGREGATES_PROCESS)}")
+    return choice == "on" or (choice == "auto" and (os.cpu_count() or 1) >= 2)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="stream-anon worker", description="Run the anonymization worker.")
     p.add_argument("--config", required=True, help="stream configuration (TOML)")
@@ -170,6 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--accept-input-reset", action="store_true",
                    help="operator decision: a partition halted because its input topic was re-created resumes "
                         "its state (signatures, DP ledger) from offset 0 of the new topic")
+    p.add_argument("--aggregates-process", choices=AGGREGATES_PROCESS, default="auto",
+                   help="release the DP aggregates in a second process, beside the engine (auto: when the machine "
+                   "has 2 or more CPUs; streams without [dp] never start it)")
     p.add_argument("--compression", choices=COMPRESSIONS, default=DEFAULT_COMPRESSION,
                    help="compression of the batches the worker writes: output, dead letters, state (default: "
                         f"{DEFAULT_COMPRESSION})")
@@ -205,7 +220,8 @@ def worker_main(argv=None) -> int:
     run_worker(config, conn, args.state_dir, app_id=args.app_id, secret=secret, loglevel=args.loglevel,
                batch_max=args.batch_max, batch_within_s=args.batch_within, metrics_interval_s=args.metrics_interval,
                flush_when_idle_s=args.flush_when_idle, raw_deadletters=args.deadletter_raw_payload,
-               web_port=args.web_port, accept_input_reset=args.accept_input_reset, compression=args.compression)
+               web_port=args.web_port, accept_input_reset=args.accept_input_reset, compression=args.compression,
+               aggregates_process=args.aggregates_process)
     return 0
 
 

@@ -152,6 +152,7 @@ class PartitionState:
     last_input: float = field(default_factory=time.monotonic)
     dirty_since_flush: bool = False
     events_in: int = 0
+    wait_for_aggregates: bool = False   # wait for each DP release of the aggregates process (see complete())
 
 
 @dataclass
@@ -162,13 +163,17 @@ class BatchOutput:
     counts: dict
     engine_input: bool = False
     releases: list = field(default_factory=list)
+    # DP rows still being released by the aggregates process: (position in messages, Pending), for
+    # WorkerCore.complete
+    pending: list = field(default_factory=list)
 
 
 class WorkerCore:
     """Everything the worker does between reading input and writing output, for the partitions it owns."""
 
     def __init__(self, config, app_id: str, secret: bytes, flush_when_idle_s: float | None = None,
-                 raw_deadletters: bool = False):
+                 raw_deadletters: bool = False, aggregates_process: bool = False, aggregates_setup=None,
+                 aggregates_serve=None):
         self.config = config
         self.app_id = app_id
         self.secret = secret
@@ -187,6 +192,13 @@ class WorkerCore:
         self.alert_log = AlertLog()
         # [input] mapping (stream_anon.inputs); None: the built-in JSON shape, checked by check_payload
         self.decoder = None if config.input.legacy else Decoder(config.input, config.limits.max_event_bytes)
+        # the DP aggregates in a child process (stream_anon.kafka.aggregates_process); their rows are then collected
+        # by complete() before a batch's output is written
+        self.aggregates_process = None
+        if aggregates_process and config.dp is not None and config.dp.aggregates:
+            from stream_anon.kafka.aggregates_process import AggregatesProcess
+            self.aggregates_process = AggregatesProcess(config, secret, dumps, setup=aggregates_setup,
+                                                        serve=aggregates_serve)
 
     # ---- partitions
     def open_partition(self, partition: int, doc: dict | None = None, tables: dict | None = None,
@@ -226,20 +238,30 @@ class WorkerCore:
         """The partition's DP aggregates (None without ``[dp]``): new, or from their core and the ``dp:`` tables."""
         if self.config.dp is None or not self.config.dp.aggregates:
             return None
+        if self.aggregates_process is not None:
+            return self.aggregates_process.open(self.config, partition, core, tables)
         if core is None:
             return aggregates.PartitionAggregates(self.config, partition, self.secret, None)
         return aggregates.PartitionAggregates.restore(self.config, partition, self.secret, None, core, tables or {})
 
     def close_partition(self, partition: int) -> None:
-        self.parts.pop(partition, None)
+        ps = self.parts.pop(partition, None)
+        if ps is not None and self.aggregates_process is not None and ps.dp is not None:
+            ps.dp.close()
 
-    def _core_doc(self, ps: PartitionState, seq: int, offset: int, flush_pending: bool) -> dict:
+    def close(self) -> None:
+        """Stop the aggregates process, if any (the worker's end)."""
+        if self.aggregates_process is not None:
+            self.aggregates_process.close()
+
+    def _core_doc(self, ps: PartitionState, seq: int, offset: int, flush_pending: bool,
+                  dp_core: dict | None = None) -> dict:
         doc = {"version": STATE_VERSION, "stream": self.stream, "partition": ps.partition, "seq": seq,
                "offset": offset, "input_topic": self.topic, "input_topic_id": ps.input_topic_id,
                "flush_pending": flush_pending, "engine": ps.engine.state_core(raw_json=True),
                "written_at": time.time()}
         if ps.dp is not None:
-            doc["dp"] = ps.dp.state_core()
+            doc["dp"] = ps.dp.state_core() if dp_core is None else dp_core
         return doc
 
     @staticmethod
@@ -253,14 +275,18 @@ class WorkerCore:
         keyed tables' changes since the last committed record, or the tables in full when the partition was
         (re)opened or when the changes since the last full record outgrow the tables. Resets the tables' change
         tracking: the record must be committed (:meth:`note_committed`) or the partition recovered again."""
-        doc = self._core_doc(ps, seq, offset, flush_pending)
-        changes = {}
-        for part in self._parts(ps):
-            changes.update(st.changes_by_table(part.state_changes()))
+        # the aggregates' part in one piece (from the aggregates process: sent with the batch's releases)
+        dp_core, dp_changes, dp_rows = ps.dp.record_state() if ps.dp is not None else (None, {}, 0)
+        doc = self._core_doc(ps, seq, offset, flush_pending, dp_core)
+        changes = st.changes_by_table(ps.engine.state_changes())
+        changes.update(st.changes_by_table(dp_changes))
         rec = st.StateRecord(doc, changes, full=ps.next_full)
-        if not rec.full:
+        if getattr(ps.dp, "changes_dropped", False):     # see RemoteAggregates.prefetch_record_state
+            rec = st.StateRecord.full_of(doc, self.state_tables(ps))
+            ps.dp.changes_dropped = False
+        elif not rec.full:
             chained = sum(r.rows for r in ps.chain[1:]) + rec.rows
-            if chained > sum(part.table_rows() for part in self._parts(ps)) or len(ps.chain) >= st.MAX_CHAIN:
+            if chained > ps.engine.table_rows() + dp_rows or len(ps.chain) >= st.MAX_CHAIN:
                 rec = st.StateRecord.full_of(doc, self.state_tables(ps))
         return rec
 
@@ -438,6 +464,7 @@ class WorkerCore:
             out.engine_input = True
             self._process_events(ps, good, offsets, out)
         self._account(ps, out)
+        self._prefetch(ps)
         return out
 
     def flush(self, ps: PartitionState) -> BatchOutput:
@@ -447,7 +474,15 @@ class WorkerCore:
         self._emit(ps, ps.engine.flush(), out)
         self._account(ps, out)
         ps.dirty_since_flush = False
+        self._prefetch(ps)
         return out
+
+    def _prefetch(self, ps: PartitionState) -> None:
+        """Ask the aggregates process now for what the partition's next state record needs of the aggregates:
+        its reply follows the batch's releases, where a request made when the record is written would wait behind
+        the releases of the partitions processed since."""
+        if self.aggregates_process is not None and ps.dp is not None:
+            ps.dp.prefetch_record_state()
 
     ISOLATION_TRIES = 2            # attempts of a single event before it is dead-lettered as a processing error
     ISOLATION_MAX_FAILURES = 64    # failed attempts per batch; beyond, a failing part is dead-lettered whole
@@ -481,7 +516,15 @@ class WorkerCore:
         ``ISOLATION_MAX_FAILURES`` failed attempts a part that fails is dead-lettered whole (bounded work)."""
         log.error("partition %s: batch of %d events failed (%s); isolating the culprit(s)", ps.partition,
                   len(events), type(first).__name__)
+        out.pending.clear()
         self._restore(ps, *self.committed_state(ps))
+        waited, ps.wait_for_aggregates = ps.wait_for_aggregates, True     # a part's failure must show in its attempt
+        try:
+            self._isolate_parts(ps, events, offsets, out)
+        finally:
+            ps.wait_for_aggregates = waited
+
+    def _isolate_parts(self, ps: PartitionState, events: list, offsets: list, out: BatchOutput) -> None:
         failures, isolated = 1, 0
 
         def snapshot() -> st.StateRecord:     # encoded at once: the attempt changes the live objects
@@ -544,9 +587,45 @@ class WorkerCore:
                                                "counterfeit_records": rel.counterfeit_records,
                                                "window_end": rel.window_end}
         if ps.dp is not None and result.windows:
-            msgs_dp, n = ps.dp.messages(result.windows, dumps, TOPICS.metrics)
+            released = ps.dp.messages(result.windows, dumps, TOPICS.metrics)
+            if self.aggregates_process is None:
+                msgs_dp, n = released
+            elif not ps.wait_for_aggregates:
+                out.pending.append((len(out.messages), released))      # collected by complete()
+                return
+            else:
+                msgs_dp, n = released.result()
             out.messages.extend(msgs_dp)
             out.counts["aggregate_rows"] += n
+
+    def complete(self, ps: PartitionState, out: BatchOutput, redo) -> BatchOutput:
+        """``out`` with the DP rows the aggregates process released for it, in place (the output as without the
+        process). A release that failed there is the batch's failure: the partition goes back to its committed state
+        and ``redo()`` (the batch's ``process`` or ``flush``) runs again with every release waited for, so that the
+        failure is caught where an engine failure is (isolation, dead letters). Without the process: ``out``."""
+        if not out.pending:
+            return out
+        try:
+            results = [(at, released.result()) for at, released in out.pending]
+        except Exception as exc:   # noqa: BLE001 - one event never stops the partition
+            log.error("partition %s: the aggregates process failed on the batch (%s); processing it again, "
+                      "waiting for each release", ps.partition, type(exc).__name__)
+            self._restore(ps, *self.committed_state(ps))
+            for k, v in out.counts.items():          # the batch is accounted again by redo()
+                self.stats[k] -= v
+            self.stats["batches"] -= 1
+            ps.events_in -= out.counts["events_in"]
+            ps.wait_for_aggregates = True
+            try:
+                return redo()
+            finally:
+                ps.wait_for_aggregates = False
+        out.pending = []
+        for at, (msgs_dp, n) in reversed(results):
+            out.messages[at:at] = msgs_dp
+            out.counts["aggregate_rows"] += n
+            self.stats["aggregate_rows"] += n
+        return out
 
     def _deadletter(self, out: BatchOutput, reason: str, partition: int, source, raw=None, event=None,
                     opaque: bool = False) -> None:
@@ -577,7 +656,7 @@ class WorkerCore:
         out = []
         for p, msgs in by_part.items():
             ps = self.parts.get(p) or self.open_partition(p)
-            batch = self.process(ps, msgs)
+            batch = self.complete(ps, self.process(ps, msgs), lambda: self.process(ps, msgs))
             out.extend(batch.messages)
             self.committed(ps, batch.last_offset)
         return out
@@ -587,7 +666,7 @@ class WorkerCore:
         out = []
         for ps in list(self.parts.values()):
             if ps.dirty_since_flush:
-                out.extend(self.flush(ps).messages)
+                out.extend(self.complete(ps, self.flush(ps), lambda: self.flush(ps)).messages)
                 self.committed(ps, ps.offset)
         return out
 

@@ -162,6 +162,7 @@ class KafkaLoop:
             prod.flush(5)
         if self._plain is not None:
             self._plain.flush(5)
+        self.core.close()
 
     # ---- one step ---------------------------------------------------------------------------------------------
     def _step(self) -> None:
@@ -177,11 +178,17 @@ class KafkaLoop:
             if p in self.halted or p not in self.core.parts:
                 continue
             by_part.setdefault(p, []).append((m.offset(), m.value()))
+        # every partition's batch first, then their transactions: with the DP aggregates in their own process
+        # (aggregates_process.py), a partition's aggregates are released there while the next one's engine runs
+        # here. The partitions are independent: one failing to commit is recovered alone.
+        done = []
         for p, batch in by_part.items():
             ps = self.core.parts.get(p)
             if ps is None or p in self.halted:
                 continue
-            out = self.core.process(ps, batch)
+            done.append((ps, batch, self.core.process(ps, batch)))
+        for ps, batch, out in done:
+            out = self.core.complete(ps, out, lambda ps=ps, batch=batch: self.core.process(ps, batch))
             if out.last_offset != ps.offset or out.messages:
                 self._commit(ps, out.messages, out.last_offset)
                 self._note_latency(out)
@@ -273,7 +280,7 @@ class KafkaLoop:
         """Idle flush in two transactions: the decision (state with flush_pending), then its output."""
         if not ps.flush_pending and not self._commit(ps, [], ps.offset, flush_pending=True):
             return
-        out = self.core.flush(ps)
+        out = self.core.complete(ps, self.core.flush(ps), lambda: self.core.flush(ps))
         if self._commit(ps, out.messages, ps.offset, flush_pending=False):
             self._note_latency(out)
             log.info("partition %s idle: flushed (%d releases)", ps.partition, out.counts["releases"])

@@ -1,0 +1,271 @@
+"""The DP aggregates of a worker's partitions in a second process (issue 11).
+
+Why: the worker's loop is one thread on one core; on the 2-core machine of the benchmarks that thread was busy
+100% of the processing span while the broker used ~10% of the other core. Releasing the closed windows' aggregates
+(cells, contribution bounds, noise, ledger, rows: ~3.5 us of CPU per event of the Oyster stream) cost the DP run
+a fifth of its throughput. In a child process that work runs beside the engine's instead of after it.
+
+What does not change: the aggregates of a partition are the same :class:`~stream_anon.kafka.aggregates.
+PartitionAggregates` object, only living in the child; every row, ledger entry and state record is the one the
+worker computes without the child (``tests/test_aggregates_process.py`` compares them byte for byte); the
+partition's DP state still goes into the same Kafka transaction as its output and offsets (the loop asks the child
+for it when it writes the state record, which waits for the releases sent before).
+
+Protocol: requests ``(op, partition, args)`` go to the child in order through a :mod:`multiprocessing` queue;
+each gets one reply, in the same order. A release is sent and not waited for (:class:`Pending`): the loop goes on
+with the next partition's engine and collects the rows before it commits (``WorkerCore.complete``).
+
+Failures:
+
+- a release that raises in the child comes back as that exception; ``WorkerCore.complete`` puts the partition back
+  to its committed state and processes the batch again with the releases waited for, so that the failure is one
+  batch's failure and the isolation path finds the events (as without the child);
+- a child that is gone (killed, out of memory) raises :class:`AggregatesProcessLost`, which no event handler
+  catches: the loop stops, the worker exits non-zero, nothing of the batch was committed, and the next worker
+  recovers the partitions (DP state included) from Kafka. The child exits by itself when its parent is gone.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import multiprocessing
+import pickle
+import queue
+import traceback
+
+log = logging.getLogger("stream_anon.worker")
+
+POLL_S = 1.0          # how often a waiting side checks that the other process is still there
+
+
+class AggregatesProcessLost(BaseException):
+    """The aggregates' child process is gone. A ``BaseException``: no handler of one event's failure may take it
+    for that event's fault (the partition's DP state went with the process)."""
+
+
+class RemoteError(RuntimeError):
+    """An exception raised in the child that could not be sent back as itself."""
+
+
+class Pending:
+    """The reply to one request, filled in when it arrives (:meth:`result` waits for it)."""
+
+    __slots__ = ("_owner", "done", "value", "error")
+
+    def __init__(self, owner: "AggregatesProcess"):
+        self._owner, self.done, self.value, self.error = owner, False, None, None
+
+    def result(self):
+        if not self.done:
+            self._owner._wait(self)
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+class AggregatesProcess:
+    """The child process holding the :class:`~stream_anon.kafka.aggregates.PartitionAggregates` of the worker's
+    partitions; :meth:`open` gives a partition's :class:`RemoteAggregates`. Used from one thread (the loop's).
+
+    ``dumps``: the worker's serializer of the rows (bytes); ``setup``: called in the child first (the worker's
+    garbage collector tuning); both module-level functions (sent by name). ``serve``: the child's main function
+    (tests give one that fails on purpose); it must be importable by name.
+    """
+
+    def __init__(self, config, secret: bytes, dumps, setup=None, serve=None):
+        ctx = multiprocessing.get_context("spawn")     # no fork of a process running librdkafka's threads
+        self._requests, self._replies = ctx.Queue(), ctx.Queue()
+        # never wait at exit for requests a dead child cannot read (this process holds the pipe's both ends: the
+        # write would block for ever once the pipe is full)
+        self._requests.cancel_join_thread()
+        self._proc = ctx.Process(target=serve or serve_requests, args=(self._requests, self._replies),
+                                 name="stream-anon-aggregates", daemon=True)
+        self._proc.start()
+        self._outstanding: collections.deque[Pending] = collections.deque()
+        self.closed = False
+        self.call("init", None, config, secret, dumps, setup)
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid
+
+    def send(self, op: str, partition: int | None, *args) -> Pending:
+        """Send a request; its reply comes later (:meth:`Pending.result`). The request is pickled here, at once:
+        what it holds may change after this returns."""
+        if self.closed:
+            raise AggregatesProcessLost("the aggregates process was closed")
+        reply = Pending(self)
+        self._outstanding.append(reply)
+        self._requests.put(pickle.dumps((op, partition, args), protocol=pickle.HIGHEST_PROTOCOL))
+        return reply
+
+    def call(self, op: str, partition: int | None, *args):
+        return self.send(op, partition, *args).result()
+
+    def _wait(self, reply: Pending) -> None:
+        while not reply.done:
+            try:
+                status, value = pickle.loads(self._replies.get(timeout=POLL_S))
+            except queue.Empty:
+                if not self._proc.is_alive():
+                    self.closed = True
+                    raise AggregatesProcessLost(f"the aggregates process exited (code {self._proc.exitcode}); the "
+                                                "partitions' DP state is recovered from Kafka by the next worker")
+                continue
+            head = self._outstanding.popleft()
+            head.done = True
+            if status == "ok":
+                head.value = value
+            else:
+                head.error = value
+
+    def open(self, config, partition: int, core: dict | None, tables: dict | None) -> "RemoteAggregates":
+        """The partition's aggregates, new (``core`` None) or restored, in the child (replacing any it held)."""
+        carried = self.call("open", partition, core, tables)
+        return RemoteAggregates(self, config, partition, carried, core)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the child (pending replies are dropped)."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self._requests.put(pickle.dumps(("stop", None, ())))
+        except (OSError, ValueError):
+            pass
+        self._proc.join(timeout_s)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join(timeout_s)
+
+
+class RemoteAggregates:
+    """A partition's aggregates held by the child: the interface ``WorkerCore`` uses of
+    :class:`~stream_anon.kafka.aggregates.PartitionAggregates`, where :meth:`messages` returns a
+    :class:`Pending` of its result."""
+
+    def __init__(self, process: AggregatesProcess, config, partition: int, carried: tuple, core: dict | None):
+        self.process, self.partition, self.carried = process, partition, tuple(carried)
+        self.dp = config.dp
+        self._ledger_state = (core or {}).get("ledger")
+        self._ledger_view = None
+        self._record_state: Pending | None = None
+        # a prefetched record state was dropped: the child's change tracking was reset with it, so the next state
+        # record must carry the tables in full (WorkerCore.state_record)
+        self.changes_dropped = False
+
+    def messages(self, windows, dumps, metrics_topic: str) -> Pending:
+        """Release ``windows`` in the child (``dumps`` is the child's own: the worker's serializer)."""
+        if self._record_state is not None:       # a state record must see this release
+            self._record_state, self.changes_dropped = None, True
+        return self.process.send("release", self.partition, windows, metrics_topic)
+
+    def prefetch_record_state(self) -> None:
+        """Request :meth:`record_state` now (after the releases sent so far), for the next state record. Valid as
+        long as nothing else is released: a release drops it (and the next record is then a full one)."""
+        if self._record_state is not None:
+            self.changes_dropped = True
+        self._record_state = self.process.send("record_state", self.partition)
+
+    def record_state(self) -> tuple[dict, dict, int]:
+        """(state core, state changes, table rows) for a state record: the prefetched reply, else asked now."""
+        pending, self._record_state = self._record_state, None
+        core, changes, rows = (pending or self.process.send("record_state", self.partition)).result()
+        self._note_ledger(core["ledger"])
+        return core, changes, rows
+
+    def state_core(self, with_ledger: bool = True) -> dict:
+        doc = self.process.call("state_core", self.partition, with_ledger)
+        if with_ledger:
+            self._note_ledger(doc["ledger"])
+        return doc
+
+    def _note_ledger(self, state: dict) -> None:
+        self._ledger_state, self._ledger_view = state, None
+
+    def state_changes(self) -> dict:
+        return self.process.call("state_changes", self.partition)
+
+    def state_tables(self) -> dict:
+        return self.process.call("state_tables", self.partition)
+
+    def table_rows(self) -> int:
+        return self.process.call("table_rows", self.partition)
+
+    def state_dict(self, with_ledger: bool = True) -> dict:
+        return self.process.call("state_dict", self.partition, with_ledger)
+
+    def close(self) -> None:
+        if not self.process.closed:
+            self.process.send("close", self.partition)
+
+    @property
+    def ledger(self):
+        """The ledger as of the last state record (for the metrics endpoint, read from its own thread: never a
+        request to the child)."""
+        view = self._ledger_view
+        if view is None:
+            from stream_anon.dp import BudgetLedger
+            view = BudgetLedger(None, self.dp.epsilon_budget)
+            if self._ledger_state is not None:
+                view.merge_state(self._ledger_state)
+            self._ledger_view = view
+        return view
+
+
+# ---- the child --------------------------------------------------------------------------------------------------
+def serve_requests(requests, replies) -> None:
+    """The child's loop: one request at a time, one reply each, until ``stop`` or the parent is gone."""
+    from stream_anon.kafka import aggregates
+    parent = multiprocessing.parent_process()
+    replies.cancel_join_thread()        # a parent that is gone reads no reply: exit without waiting to send it
+    config = secret = dumps = None
+    parts: dict[int, aggregates.PartitionAggregates] = {}
+    while True:
+        try:
+            raw = requests.get(timeout=POLL_S)
+        except queue.Empty:
+            if parent is not None and not parent.is_alive():
+                return
+            continue
+        op, p, args = pickle.loads(raw)
+        if op == "stop":
+            return
+        try:
+            if op == "init":
+                config, secret, dumps, setup = args
+                if setup is not None:
+                    setup()
+                value = None
+            elif op == "open":
+                core, tables = args
+                parts[p] = (aggregates.PartitionAggregates(config, p, secret, None) if core is None else
+                            aggregates.PartitionAggregates.restore(config, p, secret, None, core, tables or {}))
+                value = parts[p].carried
+            elif op == "release":
+                windows, topic = args
+                value = parts[p].messages(windows, dumps, topic)
+            elif op == "close":
+                value = parts.pop(p, None) is not None
+            elif op in ("state_core", "state_changes", "state_tables", "table_rows", "state_dict", "record_state"):
+                value = getattr(parts[p], op)(*args)
+            else:
+                raise ValueError(f"unknown request {op!r}")
+        except Exception as exc:  # noqa: BLE001 - sent back to the parent, which decides
+            log.exception("aggregates process: %s of partition %s failed", op, p)
+            value, status = _sendable(exc), "error"
+        else:
+            status = "ok"
+        # pickled here, before the next request changes what the reply holds (the queue's own thread would pickle
+        # it later)
+        replies.put(pickle.dumps((status, value), protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _sendable(exc: Exception) -> BaseException:
+    """``exc`` itself when it survives pickling (the parent then sees the same class), else a :class:`RemoteError`
+    with its class name and traceback."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:  # noqa: BLE001
+        return RemoteError(f"{type(exc).__name__} in the aggregates process:\n{traceback.format_exc()}")

@@ -1,0 +1,27 @@
+"""A child main for the aggregates process that fails on purpose (tests/test_aggregates_process.py): importable
+by name, as the ``spawn`` start method needs."""
+from __future__ import annotations
+
+POISON_FARE = 1777       # a valid fare that no event of the test slice has
+
+
+def _failing_close(real):
+    def close(self, window, metrics):
+        if POISON_FARE in window.carried.get("full_fare_pence", ()):
+            raise RuntimeError("aggregates bug")
+        return real(self, window, metrics)
+    return close
+
+
+def fail_in_this_process(monkeypatch) -> None:
+    """The same failure for aggregates released in this process."""
+    from stream_anon.kafka import aggregates
+    monkeypatch.setattr(aggregates.PartitionAggregates, "_close", _failing_close(aggregates.PartitionAggregates._close))
+
+
+def serve_failing(requests, replies) -> None:
+    """``serve_requests`` whose releases raise for any window holding an event whose fare is :data:`POISON_FARE`."""
+    from stream_anon.kafka import aggregates
+    from stream_anon.kafka.aggregates_process import serve_requests
+    aggregates.PartitionAggregates._close = _failing_close(aggregates.PartitionAggregates._close)
+    serve_requests(requests, replies)
