@@ -31,11 +31,14 @@ import logging
 import multiprocessing
 import pickle
 import queue
+import sys
 import traceback
 
 log = logging.getLogger("stream_anon.worker")
 
 POLL_S = 1.0          # how often a waiting side checks that the other process is still there
+PIPE_BYTES = 1 << 20  # Linux's largest pipe without privileges (/proc/sys/fs/pipe-max-size)
+CHILD_SWITCH_S = 0.001    # the child's GIL switch interval (Python's default: 5 ms)
 
 
 class AggregatesProcessLost(BaseException):
@@ -78,6 +81,8 @@ class AggregatesProcess:
         # never wait at exit for requests a dead child cannot read (this process holds the pipe's both ends: the
         # write would block for ever once the pipe is full)
         self._requests.cancel_join_thread()
+        for q in (self._requests, self._replies):
+            _widen(q)
         self._proc = ctx.Process(target=serve or serve_requests, args=(self._requests, self._replies),
                                  name="stream-anon-aggregates", daemon=True)
         self._proc.start()
@@ -219,6 +224,8 @@ def serve_requests(requests, replies) -> None:
     from stream_anon.kafka import aggregates
     parent = multiprocessing.parent_process()
     replies.cancel_join_thread()        # a parent that is gone reads no reply: exit without waiting to send it
+    # the queue's thread sends each reply while the next release computes: it gets the GIL within 1 ms, not 5
+    sys.setswitchinterval(CHILD_SWITCH_S)
     config = secret = dumps = None
     parts: dict[int, aggregates.PartitionAggregates] = {}
     while True:
@@ -259,6 +266,19 @@ def serve_requests(requests, replies) -> None:
         # pickled here, before the next request changes what the reply holds (the queue's own thread would pickle
         # it later)
         replies.put(pickle.dumps((status, value), protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _widen(q) -> None:
+    """Give the queue's pipe :data:`PIPE_BYTES` (Linux; elsewhere, or when refused, it keeps its size). Why: a
+    queue's own thread writes a message in pipe-sized pieces and must take the GIL back between two pieces, which
+    the busy main thread of its process gives up only every switch interval (5 ms): with 64 KB pipes, a window's
+    ~300 KB of rows took ~25 ms to cross and the loop waited for them."""
+    try:
+        import fcntl
+        for conn in (q._reader, q._writer):      # noqa: SLF001 - the queue's pipe has no public handle
+            fcntl.fcntl(conn.fileno(), getattr(fcntl, "F_SETPIPE_SZ", 1031), PIPE_BYTES)
+    except (ImportError, AttributeError, OSError):
+        pass
 
 
 def _sendable(exc: Exception) -> BaseException:
