@@ -2,8 +2,9 @@
 consumer offsets in ONE Kafka transaction per partition batch (read-process-write exactly-once).
 
 One thread runs the whole loop with confluent-kafka (librdkafka fetches and sends in its own threads, without the
-GIL): ``consume()`` a batch of up to ``batch_max`` messages, and per partition of the batch
-``WorkerCore.process`` -> begin transaction -> produce the output -> produce the state record (state.py) ->
+GIL): ``consume()`` a batch of up to ``batch_max`` messages, ``WorkerCore.process`` of each partition of the batch,
+then per partition ``WorkerCore.complete`` (the DP rows, when a second process releases the aggregates:
+aggregates_process.py) -> begin transaction -> produce the output -> produce the state record (state.py) ->
 ``send_offsets_to_transaction`` (input offset + the state marker) -> commit. Group membership and rebalancing are
 the consumer's; partition assignment happens inside ``consume()``, between transactions, and recovers each new
 partition's state from the state topic (state.py).
