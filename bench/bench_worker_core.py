@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import orjson  # noqa: E402
 
 import stream_anon  # noqa: E402,F401  (first: from CODE, before bench_end_to_end puts this checkout first)
-from bench_end_to_end import config_file  # noqa: E402
+from bench_end_to_end import config_file, cpu_seconds  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402
 from stream_anon.datasets import load_events  # noqa: E402
 from stream_anon.kafka import aggregates as kafka_aggregates  # noqa: E402
@@ -80,17 +80,17 @@ def run(cfg_path: Path, raws: list[bytes], parts: list[int], partitions: int, ba
             t_process += time.process_time() - c
         for ps, messages, out in done:
             c2, w = time.process_time(), time.perf_counter()
-            out = core.complete(ps, out, lambda: core.process(ps, messages))
+            out = core.complete(ps, out, messages)
             record = core.state_record(ps, ps.seq + 1, out.last_offset)   # what a transaction writes
             state_bytes += len(st.encode_state(record))
             core.note_committed(ps, record)
             t_state += time.process_time() - c2
             t_wait += (time.perf_counter() - w) - (time.process_time() - c2)
     for ps in states:
-        core.complete(ps, core.flush(ps), lambda: None)
+        core.complete(ps, core.flush(ps))
     total = time.process_time() - c0
     wall = time.perf_counter() - w0
-    child_cpu = aggregates_process_cpu(core)
+    child_cpu = cpu_seconds(core.aggregates_process.pid) if core.aggregates_process is not None else 0.0
     core.close()
     kafka_aggregates.PartitionAggregates.messages = release_messages
     n = len(raws)
@@ -105,14 +105,6 @@ def run(cfg_path: Path, raws: list[bytes], parts: list[int], partitions: int, ba
                     "waited_for_aggregates_us_per_event": round(1e6 * t_wait / n, 2)})
     return out
 
-
-def aggregates_process_cpu(core) -> float:
-    """CPU seconds of the worker core's aggregates process (0 without one)."""
-    proc = core.aggregates_process
-    if proc is None:
-        return 0.0
-    fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main(argv=None) -> int:

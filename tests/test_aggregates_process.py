@@ -120,3 +120,26 @@ def test_a_lost_process_stops_the_worker_instead_of_blaming_an_event():
         assert core.stats["dead_letters"] == 0
     finally:
         core.close()
+
+
+def test_a_dropped_prefetched_record_state_makes_the_next_record_full_and_loses_nothing():
+    """Two batches processed before one state record: the record state asked for after the first is dropped by the
+    second's releases (the child's change tracking went with it), so the record must carry the tables in full, and
+    the committed state must be the one the worker without the process commits."""
+    msgs = [(off, raw) for _, off, raw in messages(4000, partitions=1)]
+    states = []
+    for kwargs in ({}, {"aggregates_process": True}):
+        core = WorkerCore(load_config(config_path("oyster")), "t", SECRET, **kwargs)
+        try:
+            ps = core.open_partition(0)
+            core.committed(ps, core.complete(ps, core.process(ps, msgs[:1000]), msgs[:1000]).last_offset)
+            first = core.complete(ps, core.process(ps, msgs[1000:2500]), msgs[1000:2500])
+            second = core.complete(ps, core.process(ps, msgs[2500:]), msgs[2500:])
+            assert any(t == TOPICS.aggregates for t, _, _ in second.messages)    # the second batch released
+            rec = core.committed(ps, second.last_offset)
+            assert rec.full == bool(kwargs)       # in process the changes accumulate: a delta record
+            states.append(_stable(core, ps))
+            assert first.messages and second.messages
+        finally:
+            core.close()
+    assert states[0] == states[1]

@@ -155,28 +155,31 @@ class RemoteAggregates:
         self._ledger_state = (core or {}).get("ledger")
         self._ledger_view = None
         self._record_state: Pending | None = None
-        # a prefetched record state was dropped: the child's change tracking was reset with it, so the next state
-        # record must carry the tables in full (WorkerCore.state_record)
-        self.changes_dropped = False
+        # a prefetched record state was dropped: the child's change tracking was reset with it, so the next
+        # record_state says its changes are unknown (None: WorkerCore.state_record writes the tables in full)
+        self._changes_dropped = False
 
     def messages(self, windows, dumps, metrics_topic: str) -> Pending:
         """Release ``windows`` in the child (``dumps`` is the child's own: the worker's serializer)."""
         if self._record_state is not None:       # a state record must see this release
-            self._record_state, self.changes_dropped = None, True
+            self._record_state, self._changes_dropped = None, True
         return self.process.send("release", self.partition, windows, metrics_topic)
 
     def prefetch_record_state(self) -> None:
         """Request :meth:`record_state` now (after the releases sent so far), for the next state record. Valid as
         long as nothing else is released: a release drops it (and the next record is then a full one)."""
         if self._record_state is not None:
-            self.changes_dropped = True
+            self._changes_dropped = True
         self._record_state = self.process.send("record_state", self.partition)
 
-    def record_state(self) -> tuple[dict, dict, int]:
-        """(state core, state changes, table rows) for a state record: the prefetched reply, else asked now."""
+    def record_state(self) -> tuple[dict, dict | None, int]:
+        """(state core, state changes, table rows) for a state record: the prefetched reply, else asked now. The
+        changes are None when a prefetched reply was dropped since the last record (some changes went with it)."""
         pending, self._record_state = self._record_state, None
         core, changes, rows = (pending or self.process.send("record_state", self.partition)).result()
         self._note_ledger(core["ledger"])
+        if self._changes_dropped:
+            self._changes_dropped, changes = False, None
         return core, changes, rows
 
     def state_core(self, with_ledger: bool = True) -> dict:

@@ -279,11 +279,10 @@ class WorkerCore:
         dp_core, dp_changes, dp_rows = ps.dp.record_state() if ps.dp is not None else (None, {}, 0)
         doc = self._core_doc(ps, seq, offset, flush_pending, dp_core)
         changes = st.changes_by_table(ps.engine.state_changes())
-        changes.update(st.changes_by_table(dp_changes))
+        changes.update(st.changes_by_table(dp_changes or {}))
         rec = st.StateRecord(doc, changes, full=ps.next_full)
-        if getattr(ps.dp, "changes_dropped", False):     # see RemoteAggregates.prefetch_record_state
+        if dp_changes is None:          # the aggregates' changes since the last record are not known: in full
             rec = st.StateRecord.full_of(doc, self.state_tables(ps))
-            ps.dp.changes_dropped = False
         elif not rec.full:
             chained = sum(r.rows for r in ps.chain[1:]) + rec.rows
             if chained > ps.engine.table_rows() + dp_rows or len(ps.chain) >= st.MAX_CHAIN:
@@ -598,11 +597,12 @@ class WorkerCore:
             out.messages.extend(msgs_dp)
             out.counts["aggregate_rows"] += n
 
-    def complete(self, ps: PartitionState, out: BatchOutput, redo) -> BatchOutput:
-        """``out`` with the DP rows the aggregates process released for it, in place (the output as without the
-        process). A release that failed there is the batch's failure: the partition goes back to its committed state
-        and ``redo()`` (the batch's ``process`` or ``flush``) runs again with every release waited for, so that the
-        failure is caught where an engine failure is (isolation, dead letters). Without the process: ``out``."""
+    def complete(self, ps: PartitionState, out: BatchOutput, msgs=None) -> BatchOutput:
+        """``out`` (of ``process(ps, msgs)``, or of ``flush(ps)`` when ``msgs`` is None) with the DP rows the
+        aggregates process released for it, in place (the output as without the process). A release that failed
+        there is the batch's failure: the partition goes back to its committed state and the batch (or the flush)
+        runs again with every release waited for, so that the failure is caught where an engine failure is
+        (isolation, dead letters). Without the process: ``out``."""
         if not out.pending:
             return out
         try:
@@ -611,13 +611,13 @@ class WorkerCore:
             log.error("partition %s: the aggregates process failed on the batch (%s); processing it again, "
                       "waiting for each release", ps.partition, type(exc).__name__)
             self._restore(ps, *self.committed_state(ps))
-            for k, v in out.counts.items():          # the batch is accounted again by redo()
+            for k, v in out.counts.items():          # the batch is accounted again when it runs again
                 self.stats[k] -= v
             self.stats["batches"] -= 1
             ps.events_in -= out.counts["events_in"]
             ps.wait_for_aggregates = True
             try:
-                return redo()
+                return self.flush(ps) if msgs is None else self.process(ps, msgs)
             finally:
                 ps.wait_for_aggregates = False
         out.pending = []
@@ -656,7 +656,7 @@ class WorkerCore:
         out = []
         for p, msgs in by_part.items():
             ps = self.parts.get(p) or self.open_partition(p)
-            batch = self.complete(ps, self.process(ps, msgs), lambda: self.process(ps, msgs))
+            batch = self.complete(ps, self.process(ps, msgs), msgs)
             out.extend(batch.messages)
             self.committed(ps, batch.last_offset)
         return out
@@ -666,7 +666,7 @@ class WorkerCore:
         out = []
         for ps in list(self.parts.values()):
             if ps.dirty_since_flush:
-                out.extend(self.complete(ps, self.flush(ps), lambda: self.flush(ps)).messages)
+                out.extend(self.complete(ps, self.flush(ps)).messages)
                 self.committed(ps, ps.offset)
         return out
 

@@ -189,7 +189,7 @@ class KafkaLoop:
                 continue
             done.append((ps, batch, self.core.process(ps, batch)))
         for ps, batch, out in done:
-            out = self.core.complete(ps, out, lambda ps=ps, batch=batch: self.core.process(ps, batch))
+            out = self.core.complete(ps, out, batch)
             if out.last_offset != ps.offset or out.messages:
                 self._commit(ps, out.messages, out.last_offset)
                 self._note_latency(out)
@@ -281,7 +281,7 @@ class KafkaLoop:
         """Idle flush in two transactions: the decision (state with flush_pending), then its output."""
         if not ps.flush_pending and not self._commit(ps, [], ps.offset, flush_pending=True):
             return
-        out = self.core.complete(ps, self.core.flush(ps), lambda: self.core.flush(ps))
+        out = self.core.complete(ps, self.core.flush(ps))
         if self._commit(ps, out.messages, ps.offset, flush_pending=False):
             self._note_latency(out)
             log.info("partition %s idle: flushed (%d releases)", ps.partition, out.counts["releases"])
