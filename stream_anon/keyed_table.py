@@ -256,3 +256,93 @@ class KeyedTable:
         self._dirty, self._dirty_n = [], 0
         found, rows = self.get(keys)
         return keys[found], rows[found], keys[~found]
+
+
+BLOB = "blob"        # the layout name of a BlobTable's records in a state record
+
+
+class BlobTable:
+    """int64 key -> one variable-length ``bytes`` value (JSON, as the parts that use it write it), with the
+    change tracking of :class:`KeyedTable` and the same interface: what a part keeps per chunk of events or per
+    published class, whose values are not of fixed width (audit tokens, sensitive values, generalizations).
+    ``dtype`` is :data:`BLOB`; records at the interface are lists of ``bytes`` aligned with the keys.
+
+    >>> t = BlobTable()
+    >>> t.put(np.array([2, 1]), [b'"b"', b'"a"'])
+    >>> keys, rows, deleted = t.changes()
+    >>> keys.tolist(), rows, deleted.tolist()
+    ([1, 2], [b'"a"', b'"b"'], [])
+    >>> _ = t.delete(np.array([1])); t.put(np.array([3]), [b'"c"'])
+    >>> [(k.tolist(), r, d.tolist()) for k, r, d in [t.changes()]]
+    [([3], [b'"c"'], [1])]
+    """
+
+    dtype = BLOB
+
+    def __init__(self):
+        self._values: dict[int, bytes] = {}
+        self._tracking = False
+        self._dirty: set[int] = set()
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(map(len, self._values.values())) + 8 * len(self._values)
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, BlobTable):
+            return NotImplemented
+        return self._values == other._values
+
+    __hash__ = None
+
+    def get(self, key: int) -> bytes | None:
+        return self._values.get(int(key))
+
+    def items(self):
+        """(key, value) in key order."""
+        return sorted(self._values.items())
+
+    def put(self, keys, values) -> None:
+        keys = [int(k) for k in np.asarray(keys, dtype=np.int64).tolist()]
+        if len(keys) != len(values):
+            raise ValueError(f"{len(keys)} keys but {len(values)} values")
+        self._values.update(zip(keys, map(bytes, values)))
+        if self._tracking:
+            self._dirty.update(keys)
+
+    def delete(self, keys) -> int:
+        n = 0
+        for k in np.asarray(keys, dtype=np.int64).tolist():
+            if self._values.pop(k, None) is not None:
+                n += 1
+                if self._tracking:
+                    self._dirty.add(k)
+        return n
+
+    def snapshot(self) -> tuple[np.ndarray, list[bytes]]:
+        keys = sorted(self._values)
+        return np.array(keys, dtype=np.int64), [self._values[k] for k in keys]
+
+    def load(self, keys, values) -> None:
+        keys = np.asarray(keys, dtype=np.int64).tolist()
+        if len(keys) != len(values):
+            raise ValueError(f"{len(keys)} keys but {len(values)} values")
+        if len(set(keys)) != len(keys):
+            raise ValueError("duplicate keys in a blob table")
+        self._values = dict(zip(keys, map(bytes, values)))
+        self._tracking, self._dirty = False, set()
+
+    def changes(self) -> tuple[np.ndarray, list[bytes], np.ndarray]:
+        if not self._tracking:
+            self._tracking = True
+            self._dirty = set()
+            keys, values = self.snapshot()
+            return keys, values, np.empty(0, dtype=np.int64)
+        dirty = sorted(self._dirty)
+        self._dirty = set()
+        put = [k for k in dirty if k in self._values]
+        gone = [k for k in dirty if k not in self._values]
+        return (np.array(put, dtype=np.int64), [self._values[k] for k in put], np.array(gone, dtype=np.int64))

@@ -22,9 +22,9 @@ import _aggregates_process_helpers as helpers  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402
 from stream_anon.contract import config_path  # noqa: E402
 from stream_anon.datasets import load_events  # noqa: E402
-from stream_anon.kafka import state as st  # noqa: E402
 from stream_anon.kafka.aggregates_process import AggregatesProcessLost  # noqa: E402
-from stream_anon.kafka.core import TOPICS, WorkerCore  # noqa: E402
+from stream_anon.kafka.core import WorkerCore  # noqa: E402
+from stream_anon.kafka.render import TOPICS  # noqa: E402
 
 SECRET = b"aggregates-process-test-secret-0123456789"
 VOLATILE = ("ts", "created_at", "received_at")
@@ -53,10 +53,11 @@ def run(msgs, batch: int = 700, flush: bool = True, **kwargs) -> tuple[WorkerCor
 
 def _stable(core: WorkerCore, ps) -> tuple:
     """The partition's committed state (core and keyed tables), without the time it was written."""
-    doc, tables = core.committed_state(ps)
+    doc, tables = ps.committed_state()
     doc = {k: v for k, v in doc.items() if k != "written_at"}
-    return (orjson.dumps(doc, option=orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY, default=st.orjson_default),
-            {name: (keys.tobytes(), rows.tobytes()) for name, (keys, rows) in tables.items()})
+    return (orjson.dumps(doc, option=orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY),
+            {name: (keys.tobytes(), b"".join(rows) if isinstance(rows, list) else rows.tobytes())
+             for name, (keys, rows) in tables.items()})
 
 
 def content(msgs) -> list:
@@ -79,7 +80,7 @@ def test_the_process_gives_the_output_and_the_state_of_the_worker_without_it():
     assert len(rows) > 1000                     # the slice closes windows: there are rows to compare
     assert content(out_b) == content(out_a)     # same messages, same order (DP rows where the worker put them)
     assert states_b == states_a                 # same committed state, ledger and unit window counts included
-    assert core_b.stats["aggregate_rows"] == core_a.stats["aggregate_rows"] == len(rows)
+    assert core_b.stats.totals["aggregate_rows"] == core_a.stats.totals["aggregate_rows"] == len(rows)
     ledger = core_b.parts[0].dp.ledger          # the metrics endpoint's view: as of the last state record
     assert ledger.spent == core_a.parts[0].dp.ledger.spent > 0
 
@@ -104,9 +105,10 @@ def test_a_release_failing_in_the_process_is_handled_as_without_the_process(monk
     assert content(out_b) == content(out_a)
     assert states_b == states_a
     for core in (core_a, core_b):
-        accounted = core.stats["published"] + core.stats["suppressed"] + core.stats["dead_letters"]
-        assert core.stats["events_in"] == len(msgs) == accounted + sum(p.engine.deferred for p in core.parts.values())
-    assert core_b.stats == {**core_a.stats, "started": core_b.stats["started"]}
+        totals = core.stats.totals
+        accounted = totals["published"] + totals["suppressed"] + totals["dead_letters"]
+        assert totals["events_in"] == len(msgs) == accounted + sum(p.engine.deferred for p in core.parts.values())
+    assert core_b.stats.totals == {**core_a.stats.totals, "started": core_b.stats.totals["started"]}
 
 
 def test_a_lost_process_stops_the_worker_instead_of_blaming_an_event():
@@ -117,7 +119,7 @@ def test_a_lost_process_stops_the_worker_instead_of_blaming_an_event():
         os.kill(core.aggregates_process.pid, signal.SIGKILL)
         with pytest.raises(AggregatesProcessLost):
             core.handle(msgs[1500:])
-        assert core.stats["dead_letters"] == 0
+        assert core.stats.totals["dead_letters"] == 0
     finally:
         core.close()
 

@@ -96,21 +96,21 @@ def _release(rid, suppressed, ratio, exceeded):
     manifest = {"release_id": rid, "seq": 1, "published": 10, "suppressed": suppressed, "deferred": 0,
                 "ncp_mean": 0.1, "suppression_ratio": ratio, "suppression_limit_exceeded": exceeded}
     return types.SimpleNamespace(release_id=rid, partition=3, records=[], manifest=lambda: manifest,
-                                 record_payloads=lambda dumps: [])
+                                 record_payloads=lambda dumps: [], late=0)
 
 
 def test_worker_logs_release_alerts_as_rate_limited_warnings(tmp_path, caplog):
     from stream_anon.config import load_config
     from stream_anon.contract import config_path
-    from stream_anon.kafka.core import WorkerCore
+    from stream_anon.kafka.render import Renderer
 
-    core = WorkerCore(load_config(config_path("oyster")), "app", b"s" * 32)
+    core = Renderer(load_config(config_path("oyster")), b"s" * 32)
     with caplog.at_level(logging.WARNING, logger="stream_anon.worker"):
-        core._release_docs(_release("r1", {}, 0.0, False))
+        core.release(_release("r1", {}, 0.0, False))
         assert not caplog.records                               # no alert, no line
-        docs, _ = core._release_docs(_release("r2", {"fewer_than_k_individuals_by_deadline": 3}, 0.23, True))
-        core._release_docs(_release("r3", {"class_loss_above_limit": 4}, 0.29, True))
-        core._release_docs(_release("r4", {"class_loss_above_limit": 1}, 0.09, True))
+        docs, _, _ = core.release(_release("r2", {"fewer_than_k_individuals_by_deadline": 3}, 0.23, True))
+        core.release(_release("r3", {"class_loss_above_limit": 4}, 0.29, True))
+        core.release(_release("r4", {"class_loss_above_limit": 1}, 0.09, True))
     lines = [r.getMessage() for r in caplog.records]
     assert any(b'"alert":"suppression_limit_exceeded"' in v for _, _, v in docs)
     assert len(lines) == 2, lines                                # r3/r4's suppression alert held back (10 s)
@@ -119,7 +119,7 @@ def test_worker_logs_release_alerts_as_rate_limited_warnings(tmp_path, caplog):
     assert lines[1].startswith("alert loss_limit: stream oyster partition 3 release r3: 4 records suppressed")
     core.alert_log.last = {k: v - 60 for k, v in core.alert_log.last.items()}     # 60 s later
     with caplog.at_level(logging.WARNING, logger="stream_anon.worker"):
-        core._release_docs(_release("r5", {"class_loss_above_limit": 2}, 0.2, True))
+        core.release(_release("r5", {"class_loss_above_limit": 2}, 0.2, True))
     lines = [r.getMessage() for r in caplog.records]
     assert lines[-2].endswith("(+2 more since the last line)") and "release r5" in lines[-2]
     assert lines[-1].endswith("(+1 more since the last line)")

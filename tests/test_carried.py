@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 import orjson
 
-from stream_anon.engine.carried import CarriedWindow, JSONArray, orjson_default, plain_values
+from stream_anon.engine.buffer import OpenWindows
+from stream_anon.engine.carried import CarriedWindow
+from stream_anon.events import UNIT_IDS
 
 VALUES = ["a", "é", "", 1, 1.0, 2.5, True, False, None, 2**63 - 1, {"nested": [1]}, [1, "x"], float("nan"),
           "\ud800", 2**70]
@@ -25,20 +27,25 @@ def test_values_come_back_as_they_went_in_type_for_type():
     assert _same(w.columns(order)["v"], VALUES[::-1]) and w.columns(order)["n"] == list(range(len(VALUES)))[::-1]
 
 
-def test_json_chunks_survive_the_state_round_trip_and_an_in_memory_restore():
+def test_json_chunks_survive_the_state_round_trip():
     values = ["x", 3, 4.25, None, True]
-    w = CarriedWindow(("v", "ids"))
-    w.append({"v": values, "ids": np.array([7, 8, 9, 10, 11], dtype=np.int64)})
-    raw = w.to_state(raw_json=True)
-    assert type(raw["v"]) is JSONArray and type(raw["ids"]) is np.ndarray
-    assert plain_values(raw) == w.to_state() == {"v": values, "ids": [7, 8, 9, 10, 11]}
-    text = orjson.dumps(raw, default=orjson_default, option=orjson.OPT_SERIALIZE_NUMPY)
-    for saved in (raw, orjson.loads(text)):                  # the committed chain in memory, or a decoded record
-        back = CarriedWindow.from_state(("v", "ids"), saved, 5, {"ids": np.int64}).columns()
-        assert _same(back["v"], values) and back["ids"].dtype == np.int64 and back["ids"].tolist() == [7, 8, 9, 10, 11]
+    w = OpenWindows(("v", UNIT_IDS))
+    w.state_tables()                                         # from here on every append is written as a chunk
+    w.append(4, 17, [1.0] * 5, list("abcde"), {"v": values, UNIT_IDS: np.array([7, 8, 9, 10, 11], dtype=np.int64)})
+    keys, blobs = w.table.snapshot()
+    assert keys.tolist() == [17] and b'["x",3,4.25,null,true]' in blobs[0]     # the JSON chunk as it was
+    back = OpenWindows(("v", UNIT_IDS))
+    back.load_state({"windows": (keys, [bytes(b) for b in blobs])})
+    cols = back.windows[4]["carried"].columns()
+    ids = cols[UNIT_IDS]
+    assert _same(cols["v"], values) and ids.dtype == np.int64 and ids.tolist() == [7, 8, 9, 10, 11]
+    assert back.windows[4]["tokens"] == list("abcde") and back.windows[4]["chunks"] == [(17, 5)]
 
 
 def test_a_field_added_since_the_state_reads_as_null_for_the_saved_events():
-    w = CarriedWindow.from_state(("v", "added"), {"v": [1, 2]}, 2)
-    w.append({"v": [3], "added": ["z"]})
-    assert w.columns() == {"v": [1, 2, 3], "added": [None, None, "z"]}
+    w = OpenWindows(("v",))
+    w.append(0, 1, [1.0, 2.0], ["t1", "t2"], {"v": [1, 2]})
+    back = OpenWindows(("v", "added"))
+    back.load_state(w.state_tables() and {"windows": w.table.snapshot()})
+    back.append(0, 2, [3.0], ["t3"], {"v": [3], "added": ["z"]})
+    assert back.windows[0]["carried"].columns() == {"v": [1, 2, 3], "added": [None, None, "z"]}

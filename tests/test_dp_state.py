@@ -21,6 +21,7 @@ from test_dp_golden import cached_slice, pytestmark  # noqa: E402,F401  (needs t
 
 from stream_anon import contract  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402
+from stream_anon import checkpoint
 from stream_anon.engine import Engine  # noqa: E402
 from stream_anon.kafka.aggregates import PartitionAggregates, needed_fields  # noqa: E402
 
@@ -156,7 +157,7 @@ def test_a_state_with_the_earlier_per_aggregate_tables_restores_to_the_same_coun
 def test_the_worker_messages_carry_exactly_the_rows_of_close_windows():
     """``messages`` serializes each release's common fields once: parsed back, its values are
     ``close_windows``' rows, in order, for twin aggregates fed the same windows (partial releases included)."""
-    from stream_anon.kafka.core import dumps
+    from stream_anon.kafka.render import json_bytes as dumps
     config = _config()
     events = [orjson.loads(m) for m in cached_slice()[:12000]]
     engine = Engine(config, partition=0, secret=SECRET, carried=needed_fields(config))
@@ -171,52 +172,3 @@ def test_the_worker_messages_carry_exactly_the_rows_of_close_windows():
         assert _without_ts([orjson.loads(v) for t, _, v in msgs if t == "anon.metrics"]) == _without_ts(metrics)
         n_rows += n
     assert n_rows > 1000 and {r["kind"] for r in rows} >= {"count", "mean", "ratio"}
-
-
-def test_a_period_keyed_by_unit_hashes_keeps_them_after_an_upgrade_to_the_engines_unit_ids(monkeypatch):
-    """States written before the engine's unit ids were carried key the period's window counts by the aggregator's
-    own hash of the unit. Restored mid-period, the aggregates keep that key (the engine carries the unit field for
-    them) until the period ends, then switch to the ids: every row equals a run keyed by the ids throughout. The
-    naive upgrade, keying the restored counts by the ids at once, looks every unit up under a key it never had:
-    units start again at 0 windows and contribute past the cap W (fewer windows cut)."""
-    from stream_anon.kafka import aggregates
-    config = _config()
-    events = [orjson.loads(m) for m in cached_slice()]
-    half = len(events) // 2 // BATCH * BATCH
-
-    def run(engine, pa, start, stop):
-        rows, cut = [], 0
-        for i in range(start, stop, BATCH):
-            r, metrics = pa.close_windows(engine.process(events[i:i + BATCH]).windows)
-            rows += r
-            cut += sum(sum(m.get("windows_cut", {}).values()) for m in metrics)
-        return rows, cut
-
-    ref_rows, ref_cut = run(Engine(config, partition=0, secret=SECRET, carried=needed_fields(config)),
-                            PartitionAggregates(config, 0, SECRET, None), 0, len(events))
-    with monkeypatch.context() as m:                      # the earlier version: hashes, no "unit_keys" saved
-        m.setattr(aggregates, "unit_ids_carried", lambda config: False)
-        old_engine = Engine(config, partition=0, secret=SECRET, carried=needed_fields(config))
-        old = PartitionAggregates(config, 0, SECRET, None)
-        assert needed_fields(config)[0] == config.stream.privacy_unit
-        rows, cut = run(old_engine, old, 0, half)
-    core = json.loads(json.dumps(old.state_core()))
-    assert core["aggregator"].pop("unit_keys") == "hash" and len(old.state_tables()["dp:unit.windows"][0]) > 100
-    engine_core = json.loads(json.dumps(old_engine.state_core()))
-    assert any(p["carried"] for p in engine_core["pending"].values())
-
-    def upgraded(naive: bool):
-        pa = PartitionAggregates.restore(config, 0, SECRET, None, core, old.state_tables())
-        assert pa.aggregator.unit_keys == "hash" and pa.aggregator.needs_unit_field
-        if naive:
-            pa.aggregator.unit_keys = "ids"
-        engine = Engine.restore(config, 0, SECRET, engine_core, old_engine.state_tables(),
-                                needed_fields(config) if naive else pa.carried)
-        more, more_cut = run(engine, pa, half, len(events))
-        return rows + more, cut + more_cut, pa
-
-    got, got_cut, pa = upgraded(naive=False)
-    assert got == ref_rows and got_cut == ref_cut > 0
-    assert pa.aggregator.unit_keys == "ids"                     # the period ended: keyed by the ids since
-    naive_rows, naive_cut = upgraded(naive=True)[:2]
-    assert naive_cut < ref_cut and naive_rows != ref_rows

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from stream_anon import crypto
 from stream_anon.config import parse_config
+from _state_helpers import reopened
 from stream_anon.engine import Engine, anonymize_dataframe
 from stream_anon.formers.counterfeits import CounterfeitTokens, counterfeit_token
 
@@ -141,8 +142,7 @@ def test_state_roundtrip_resumes_identically():
     ref_rel, _ = run(ref, events, 40)
     a = Engine(make_config(k=4), secret=SECRET)
     part1, _ = run(a, events[:170], 40)
-    state = json.loads(json.dumps(a.state_dict()))
-    b = Engine.from_state(make_config(k=4), state, secret=SECRET)
+    b = reopened(a)
     part2, _ = run(b, events[170:], 40)
     assert [r.records for r in part1 + part2] == [r.records for r in ref_rel]
 

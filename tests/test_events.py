@@ -182,7 +182,7 @@ def test_worker_batch_payload_checks_equal_the_per_message_checks():
     from pathlib import Path
 
     from stream_anon.config import load_config
-    from stream_anon.kafka.core import check_payload, check_payloads
+    from stream_anon.kafka.input_checks import check_payload, check_payloads
     config = load_config(Path(__file__).resolve().parents[1] / "configs" / "oyster.toml")
     base = fare()
     raws = [json.dumps(e).encode() if not isinstance(e, bytes) else e

@@ -277,7 +277,7 @@ def _run_core(cfg, messages, tmp_path):
     for start in range(0, len(msgs), 200):
         out += core.handle(msgs[start:start + 200])
     out += core.flush_all()
-    counts = {k: v for k, v in core.stats.items() if k not in ("started", "batches")}
+    counts = {k: v for k, v in core.stats.totals.items() if k not in ("started", "batches")}
     return out, counts
 
 

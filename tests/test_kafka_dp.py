@@ -30,6 +30,7 @@ from _kafka_helpers import ROUTES, ZONES, read_all, synthetic_fares, write_strea
 from stream_anon import crypto  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402
 from stream_anon.dp import BudgetLedger  # noqa: E402
+from stream_anon import checkpoint
 from stream_anon.engine import Engine  # noqa: E402
 from stream_anon.kafka.aggregates import AGGREGATES_TOPIC, PartitionAggregates, needed_fields  # noqa: E402
 
@@ -78,12 +79,13 @@ def dp_stream_config(directory: Path, name: str, budget: float, epsilon: float =
 
 class DPGlue:
     """The worker's DP path without Kafka: the engine closes the windows, PartitionAggregates releases them;
-    ``state_dict`` is what the worker checkpoints (engine state, with the open window's fields, and DP state)."""
+    ``checkpoint`` is what the worker writes (engine state, with the open window's fields, and DP state), as it
+    reads it back."""
 
     def __init__(self, cfg, partition: int, secret: bytes, ledger_file, state: dict | None = None):
         carried = needed_fields(cfg)
         self.engine = Engine(cfg, partition=partition, secret=secret, carried=carried) if state is None else \
-            Engine.from_state(cfg, state["engine"], secret=secret, carried=carried)
+            Engine.restore(cfg, partition, secret, *state["engine"], carried=carried)
         self.pa = PartitionAggregates(cfg, partition, secret, ledger_file, None if state is None else state["dp"])
         self.ledger = self.pa.ledger
 
@@ -93,8 +95,9 @@ class DPGlue:
     def flush(self):
         return self.pa.close_windows(self.engine.flush().windows)
 
-    def state_dict(self) -> dict:
-        return {"engine": self.engine.state_dict(), "dp": self.pa.state_dict()}
+    def checkpoint(self) -> dict:
+        return {"engine": checkpoint.roundtrip(*checkpoint.full_state(self.engine)),
+                "dp": json.loads(json.dumps(self.pa.state_dict()))}
 
 
 def aggregate_directly(cfg, secret: bytes, raw_by_partition: dict[int, list[dict]]) -> dict:
@@ -212,10 +215,10 @@ def test_restart_from_checkpoint_republishes_identical_rows_and_spends_nothing_t
     ledger_file = tmp_path / "crash.json"
     first = DPGlue(cfg, 0, secret, ledger_file)
     published = first.process(events[:500])[0]
-    checkpoint = json.loads(json.dumps(first.state_dict()))      # what the worker writes after delivery
+    saved = first.checkpoint()                                    # what the worker writes after delivery
     published += first.process(events[500:900])[0]                # delivered, then killed before its checkpoint
     spent_at_crash = BudgetLedger(ledger_file, 50.0).spent
-    resumed = DPGlue(cfg, 0, secret, ledger_file, state=checkpoint)
+    resumed = DPGlue(cfg, 0, secret, ledger_file, state=saved)
     replayed = resumed.process(events[500:])[0] + resumed.flush()[0]
     by_id = {r["row_id"]: r for r in expected}
     assert len(by_id) == len(expected)
@@ -241,10 +244,10 @@ def test_window_reclosed_with_other_events_is_a_second_paid_release_with_fresh_n
     secret, ledger_file = b"flush-secret-0123456789abcdef", tmp_path / "ledger.json"
     first = DPGlue(cfg, 0, secret, ledger_file)
     first.process(early)
-    checkpoint = json.loads(json.dumps(first.state_dict()))
+    saved = first.checkpoint()
     flushed = first.flush()[0]                                     # delivered, never checkpointed
     spent_first = first.ledger.spent
-    second = DPGlue(cfg, 0, secret, ledger_file, state=checkpoint)
+    second = DPGlue(cfg, 0, secret, ledger_file, state=saved)
     reclosed = second.process(late + [closer])[0]
     key = ("taps_per_zone", "per_window")
     a = {r["group_key"]: r for r in flushed if (r["aggregate"], r["output"]) == key}
@@ -257,7 +260,7 @@ def test_window_reclosed_with_other_events_is_a_second_paid_release_with_fresh_n
     true_diff = sum(e["event_type"] == "bus_boarding" for e in late)
     assert b[bus]["value"] - a[bus]["value"] != true_diff, "fresh noise: the true difference stays hidden"
     # the same content again (a plain replay) spends nothing and republishes the same rows
-    third = DPGlue(cfg, 0, secret, ledger_file, state=checkpoint)
+    third = DPGlue(cfg, 0, secret, ledger_file, state=saved)
     assert third.process(late + [closer])[0] == reclosed and third.ledger.spent == second.ledger.spent
 
 
@@ -360,7 +363,7 @@ def test_the_workers_serialized_rows_are_the_aggregate_rows():
     (dicts, serialized one by one), in the same order, for the five kinds of configs/oyster.toml (counts, a
     mean and a ratio with their components, a histogram) over a day crossing midnight (a new period)."""
     from stream_anon.datasets import load_events
-    from stream_anon.kafka.core import dumps
+    from stream_anon.kafka.render import json_bytes as dumps
 
     cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "oyster.toml")
     events = load_events("oyster")
@@ -422,13 +425,13 @@ def test_every_row_is_committed_with_the_ledger_spend_that_pays_for_it(tmp_path)
     for i in range(0, len(events), 100):
         out = core.handle([(0, i + j, json.dumps(e).encode()) for j, e in enumerate(events[i:i + 100])])
         ledger = BudgetLedger(None, 50.0)
-        ledger.merge_state(core.committed_doc(core.parts[0])["dp"]["ledger"])
+        ledger.merge_state(core.parts[0].committed_state()[0]["dp"]["ledger"])
         for topic, _, value in out:
             if topic == AGGREGATES_TOPIC:
                 row = json.loads(value)
                 assert ledger.reserved(row["aggregate"], row["window"]) == pytest.approx(row["epsilon_window"])
                 checked.append(row["row_id"])
-    assert len(checked) > 50 and core.stats["aggregate_rows"] == len(checked)
+    assert len(checked) > 50 and core.stats.totals["aggregate_rows"] == len(checked)
 
 
 def test_running_count_error_matches_a_direct_computation_and_the_theory(tmp_path):

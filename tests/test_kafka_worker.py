@@ -24,7 +24,7 @@ from stream_anon import crypto  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402
 from stream_anon.kafka.replay import replay  # noqa: E402
 from stream_anon.kafka.topics import ensure_topics  # noqa: E402
-from stream_anon.kafka.core import check_payload  # noqa: E402
+from stream_anon.kafka.input_checks import check_payload  # noqa: E402
 from stream_anon.kafka.harness import (OutputReader, run_until_accounted, start_worker_process,  # noqa: E402
                                        stop_worker_process)
 

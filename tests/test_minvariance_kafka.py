@@ -33,11 +33,11 @@ def signatures(bootstrap, app_id, stream) -> dict[int, tuple]:
     """unit id -> signature, from every partition's committed state (keyed unit ids only: no card id in state)."""
     out = {}
     for p, doc in committed_states(bootstrap, app_id, stream, range(4), idle_s=0.3).items():
-        mv = doc["engine"]["former"]
-        if "units" not in mv:
+        table = doc["tables"].get("engine/former/signatures")
+        if table is None:
             continue
-        sigs = [tuple(s) for s in mv["sigs"]]
-        for uid, sid in zip(mv["units"]["ids"], mv["units"]["sig"]):
+        sigs = [tuple(s) for s in doc["engine"]["former"]["sigs"]]
+        for uid, sid in zip(table[0].tolist(), table[1]["sig"].tolist()):
             out[(p, uid)] = sigs[sid]
     return out
 

@@ -15,8 +15,10 @@ from stream_anon.config import M_HORIZON_S, ConfigError, load_config, parse_conf
 from stream_anon.datasets import oyster_cards
 from stream_anon.engine import Engine, demo_config
 from stream_anon.engine.records import DUPLICATE_EVENT
-from stream_anon.engine.state import KeyedTable, compose_state, split_state
+from stream_anon import checkpoint
+from stream_anon.keyed_table import KeyedTable
 from stream_anon.kafka import state as st
+from _state_helpers import reopened
 
 from pathlib import Path
 
@@ -129,39 +131,34 @@ def test_state_changes_rebuild_state_tables_and_restore_continues_identically():
     out = []
     for i in range(0, 5000, 1000):
         out += run(a, events[i:i + 1000])
-        for name, (keys, rows) in a.state_changes().items():
-            if name.endswith(":deleted"):
-                assert rows is None
-                for k in keys.tolist():
-                    mirror[name[:-8]].pop(k)
-            else:
-                mirror.setdefault(name, {}).update(zip(keys.tolist(), rows.tolist()))
-    tables = a.state_tables()
-    assert set(tables) == {"signatures", "seen_events"} and len(tables["signatures"][0]) > 100
+        for name, (keys, rows, deleted) in checkpoint.changes(a).items():
+            table = mirror.setdefault(name, {})
+            for k in deleted.tolist():
+                table.pop(k, None)     # put and deleted between two change sets: reported deleted
+            table.update(zip(keys.tolist(), rows if isinstance(rows, list) else rows.tolist()))
+    core, tables = checkpoint.full_state(a)
+    assert set(tables) == {"former/signatures", "seen_events", "buffer", "windows", "published"}
+    assert len(tables["former/signatures"][0]) > 100
     for name, (keys, rows) in tables.items():
-        assert mirror[name] == dict(zip(keys.tolist(), rows.tolist()))
-    core = json.loads(json.dumps(a.state_core()))          # the core is JSON
-    assert "units" not in core["former"] and core["tables"]["signatures"]
+        assert mirror[name] == dict(zip(keys.tolist(), rows if isinstance(rows, list) else rows.tolist()))
+    core = json.loads(json.dumps(core))          # the core is JSON
+    assert "units" not in core["former"] and "buffer" not in core
+    c = reopened(a)          # through an encoded state record: the same
     b = Engine.restore(cfg, 0, SECRET, core, tables)
     assert b.former.units == a.former.units and b.seen_events == a.seen_events
-    out += run(b, events[5000:])
-    assert fingerprint(out) == fingerprint(ref_out)
-    # state_dict / from_state: the same, as one JSON document
-    doc = json.loads(json.dumps(a.state_dict()))
-    assert doc["former"]["units"]["ids"] and doc["seen_events"]["ids"]
-    c = Engine.from_state(cfg, doc, secret=SECRET)
+    after = run(b, events[5000:])
+    assert fingerprint(out + after) == fingerprint(ref_out)
     assert c.former.units == a.former.units and c.seen_events == a.seen_events
-    core2, tables2 = split_state(compose_state(a.state_core(), a.state_tables()))
-    assert all(np.array_equal(tables2[n][1], tables[n][1]) for n in tables)
+    assert fingerprint(run(c, events[5000:])) == fingerprint(after)
     with pytest.raises(ValueError, match="partition"):
         Engine.restore(cfg, 1, SECRET, core, tables)
 
 
-def test_kanon_engine_has_only_the_seen_events_table():
+def test_kanon_engine_has_no_former_table():
     e = Engine(demo_config(k=2), secret=SECRET)
     e.process([{"event_id": "a", "event_type": "reading", "unit": "u", "time": 1.0, "value": 1.0}])
-    assert set(e.state_tables()) == {"seen_events"}
-    assert set(e.state_changes()) == {"seen_events", "seen_events:deleted"}
+    assert set(e.state_tables()) == {"seen_events", "buffer", "windows", "published"}
+    assert set(checkpoint.changes(e)) == {"seen_events", "buffer", "windows", "published"}
 
 
 # ------------------------------------------------------------------------------------------------ m_horizon_s
@@ -183,12 +180,12 @@ def test_m_horizon_has_a_bounded_default_and_expired_signatures_are_deletions():
     e.process(people + [{"event_id": "x", "event_type": "reading", "unit": "x", "time": 100.0, "value": 1.0,
                          "segment": "a"}])
     assert len(e.former.units) == 9
-    e.state_changes()
+    checkpoint.changes(e)
     e.process([{"event_id": "y", "event_type": "reading", "unit": "y", "time": 2000.0, "value": 1.0,
                 "segment": "b"}])
-    ch = e.state_changes()
-    assert len(ch["signatures:deleted"][0]) == 9 and len(e.former.units) <= 1
-    assert set(ch["signatures:deleted"][0].tolist()) == set(e.reader.unit_ids([f"u{i}" for i in range(9)]).tolist())
+    deleted = checkpoint.changes(e)["former/signatures"][2]
+    assert len(deleted) == 9 and len(e.former.units) <= 1
+    assert set(deleted.tolist()) == set(e.reader.unit_ids([f"u{i}" for i in range(9)]).tolist())
 
 
 # ------------------------------------------------------------------------------------------------ duplicates
@@ -253,14 +250,12 @@ def test_duplicate_across_a_checkpoint_restore(tmp_path):
     cfg = dcfg()
     e = Engine(cfg, secret=SECRET)
     e.process([ev("a", 1), ev("b", 2)])
-    doc = json.loads(json.dumps(e.state_dict()))
-    assert dups(Engine.from_state(cfg, doc, secret=SECRET).process([ev("a", 3)])) == ["a"]
+    assert dups(reopened(e).process([ev("a", 3)])) == ["a"]
     # through the worker's state records: a full record, then a delta holding "c"
-    full = st.StateRecord({"seq": 1, "offset": 10, "engine": e.state_core()},
-                          st.changes_by_table(e.state_changes()), full=True)
+    full = st.StateRecord({"seq": 1, "offset": 10, "engine": e.state_core()}, checkpoint.changes(e), full=True)
+    st.encode_state(full)
     e.process([ev("c", 4)])
-    delta = st.StateRecord({"seq": 2, "offset": 11, "engine": e.state_core()},
-                           st.changes_by_table(e.state_changes()), full=False)
+    delta = st.StateRecord({"seq": 2, "offset": 11, "engine": e.state_core()}, checkpoint.changes(e), full=False)
     assert len(delta.tables["seen_events"][0]) == 1
     rec = st.choose_state([st.encode_state(full), st.encode_state(delta)], marker=2, committed_input=12)
     r = Engine.restore(cfg, 0, SECRET, rec.doc["engine"], rec.tables)

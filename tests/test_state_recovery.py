@@ -7,11 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from stream_anon.engine.state import KeyedTable
+from stream_anon import checkpoint
+from stream_anon.keyed_table import KeyedTable
 from stream_anon.kafka import state as st
 
 DT = np.dtype([("time", "<f8"), ("n", "<u2")])
-NO_KEYS = st.EMPTY_KEYS
+NO_KEYS = checkpoint.EMPTY_KEYS
 
 
 def doc(seq: int, offset: int, topic_id: str | None = "T1", tag: str = "") -> dict:
@@ -107,7 +108,7 @@ def test_the_operator_accepts_a_recreated_topic_and_the_state_carries_on_from_of
 def test_state_records_round_trip_and_barriers_are_told_apart():
     tables = {"t": (np.array([5, 8]), rows(5, 8), np.array([3]))}
     value = st.encode_state(st.StateRecord(doc(12, 3456), tables, full=False))
-    assert st.header(value)[:3] == (st.KIND_DELTA, 12, 3456)
+    assert st.header(value)[:3] == (checkpoint.KIND_DELTA, 12, 3456)
     back = st.decode_state(value)
     assert back.doc["offset"] == 3456 and not back.full
     k, r, d = back.tables["t"]
@@ -117,22 +118,25 @@ def test_state_records_round_trip_and_barriers_are_told_apart():
     assert st.header(b"something else") is None and st.barrier_nonce(value) is None and st.header(None) is None
 
 
-def test_the_json_part_is_an_lz4_frame_and_records_written_with_zlib_still_decode():
-    tables = {"t": (np.array([5, 8]), rows(5, 8), np.array([3]))}
+def test_the_json_part_is_an_lz4_frame_and_blob_tables_round_trip():
+    tables = {"t": (np.array([5, 8]), rows(5, 8), np.array([3])),
+              "b": (np.array([1, 4]), [b'{"x":1}', b""], np.array([2]))}
     rec = st.StateRecord(doc(12, 3456), tables, full=True)
     value = st.encode_state(rec)
-    body_at = 4 + st._HEAD.size + st._BODY.size
-    assert value[body_at:body_at + 4] == st.LZ4_FRAME_MAGIC
-    # the same record as the encoder before 2026-11-25 wrote it: the JSON part zlib-compressed
-    import lz4.frame
+    body_at = 4 + checkpoint.HEAD.size + 4
+    assert value[body_at:body_at + 4] == checkpoint.LZ4_FRAME_MAGIC
+    back = st.decode_state(value)
+    assert back.doc == rec.doc and back.full
+    assert back.tables["b"][0].tolist() == [1, 4] and back.tables["b"][1] == [b'{"x":1}', b""]
+    assert back.tables["b"][2].tolist() == [2]
+    # a record of the earlier format (a zlib JSON part) is refused with the reason, never half-read
     import zlib
-    (n,) = st._BODY.unpack_from(value, 4 + st._HEAD.size)
+    import lz4.frame
+    (n,) = checkpoint._BODY.unpack_from(value, 4 + checkpoint.HEAD.size)
     old_body = zlib.compress(lz4.frame.decompress(value[body_at:body_at + n]), 1)
-    old = value[:4 + st._HEAD.size] + st._BODY.pack(len(old_body)) + old_body + value[body_at + n:]
-    for v in (value, old):
-        back = st.decode_state(v)
-        assert back.doc == rec.doc and back.full
-        assert [a.tolist() for a in back.tables["t"]] == [[5, 8], rows(5, 8).tolist(), [3]]
+    old = value[:4 + checkpoint.HEAD.size] + checkpoint._BODY.pack(len(old_body)) + old_body + value[body_at + n:]
+    with pytest.raises(ValueError, match="earlier format"):
+        st.decode_state(old)
 
 
 # ---- the worker's records, end to end in process (no broker): what recovery reads is what the worker had
@@ -178,14 +182,15 @@ def test_state_records_replayed_from_the_log_restore_the_worker_exactly():
             out_live += out.messages if i >= half else []
             rec = core.committed(ps, out.last_offset)
             value = st.encode_state(rec)
-            sizes[rec.full].append(rec.rows / max(1, ps.engine.table_rows()))
+            sizes[rec.full].append(rec.rows / max(1, checkpoint.table_rows(ps.engine)))
             logs[p].add(value)
             got = st.choose_state(logs[p], marker=ps.seq, committed_input=ps.offset + 1)
             assert got.halt is None and got.doc["offset"] == ps.offset
-            live = core.state_tables(ps)            # the engine's tables and the DP aggregates' (dp:...)
+            live = ps.full_tables()            # the engine's tables (engine/...) and the DP aggregates' (dp:...)
             assert sorted(got.tables) == sorted(live)
             for name, (k, r) in live.items():
-                assert np.array_equal(got.tables[name][0], k) and np.array_equal(got.tables[name][1], r), name
+                assert np.array_equal(got.tables[name][0], k), name
+                assert got.tables[name][1] == r if isinstance(r, list) else np.array_equal(got.tables[name][1], r)
             assert got.doc["engine"] == orjson_roundtrip(ps.engine.state_core())
             assert got.doc["dp"] == orjson_roundtrip(ps.dp.state_core())
         if i + 150 == half:
@@ -194,7 +199,7 @@ def test_state_records_replayed_from_the_log_restore_the_worker_exactly():
                 r = st.choose_state(log, marker=core.parts[p].seq, committed_input=None)
                 restored.open_partition(p, r.doc, r.tables, r.base_seq)
     assert restored is not None and sizes[False], "the run must restore half-way and write deltas"
-    assert any(n.startswith("dp:") for n in live) and any(n == "signatures" for n in live)
+    assert any(n.startswith("dp:") for n in live) and "engine/former/signatures" in live
     out_restored = []
     for i in range(half, len(msgs), 150):
         by_part = {}
@@ -231,10 +236,15 @@ def test_the_committed_state_held_in_memory_is_what_was_written_whatever_comes_a
             ps = core.parts.get(p) or core.open_partition(p)
             out = core.process(ps, part)
             if p in written:              # the batch is processed, not committed: go-back state = last written
-                doc, _ = core.committed_state(ps)
-                assert orjson_roundtrip(doc) == orjson_roundtrip(st.decode_state(written[p]).doc), (i, p)
-                checked += len(doc["engine"]["pending"]) > 0
-            written[p] = st.encode_state(core.committed(ps, out.last_offset))
+                doc, tables = ps.committed_state()
+                back_doc, back_tables = st.resolve_chain([st.decode_state(v) for v in written[p]])
+                assert orjson_roundtrip(doc) == orjson_roundtrip(back_doc), (i, p)
+                assert tables.keys() == back_tables.keys() and all(
+                    np.array_equal(tables[n][0], back_tables[n][0]) for n in tables), (i, p)
+                assert tables["engine/windows"][1] == back_tables["engine/windows"][1], (i, p)
+                checked += len(tables["engine/windows"][0]) > 0
+            rec = core.committed(ps, out.last_offset)
+            written[p] = [st.encode_state(rec)] if rec.full else written[p] + [st.encode_state(rec)]
     assert checked > 10
 
 

@@ -5,11 +5,12 @@ Why: a window is open for 15-30 minutes of event time, so the worker holds tens 
 values at any moment. Kept as the parsed ``str``/``int`` objects they pinned memory among each batch's short-lived
 objects and made everything else in the worker slower (issue 11: carrying the DP fields cost 2.8 us per event in
 ``bench/bench_worker_core.py``, of which ~0.5 is the carrying itself); as one JSON chunk per batch they cost a
-serialization at append, a parse at close and nothing in between, and a state record writes them as they are.
+serialization at append, a parse at close and nothing in between.
 
 A chunk is JSON only when the round trip is exact (:func:`_exact_json`): ``str``, ``int``, finite ``float``,
 ``bool`` and ``None`` values (everything an event parsed from JSON has, except a nested object or list); any
-other chunk (a DataFrame's NaN or numpy value, a nested object) stays the list it was.
+other chunk (a DataFrame's NaN or numpy value, a nested object) stays the list it was. The engine's state writes
+the chunks as they are (:class:`stream_anon.engine.buffer.OpenWindows`).
 
 >>> w = CarriedWindow(("line", "fare"))
 >>> w.append({"line": ["a", "b"], "fare": [150, None]})
@@ -17,12 +18,6 @@ other chunk (a DataFrame's NaN or numpy value, a nested object) stays the list i
 >>> cols = w.columns(np.array([2, 0, 1]))
 >>> cols["line"], cols["fare"][1:]
 (['c', 'a', 'b'], [150, None])
->>> w.to_state()["line"]
-['a', 'b', 'c']
->>> CarriedWindow.from_state(("line", "zone"), {"line": ["a", "b"]}, 2).columns()
-{'line': ['a', 'b'], 'zone': [None, None]}
->>> orjson.dumps(w.to_state(raw_json=True)["line"], default=orjson_default)
-b'["a","b","c"]'
 """
 from __future__ import annotations
 
@@ -45,29 +40,6 @@ def _exact_json(values: list) -> bytes | None:
         return orjson.dumps(values)[1:-1]
     except orjson.JSONEncodeError:
         return None
-
-
-class JSONArray(bytes):
-    """A JSON array's text, kept encoded in a state document (:meth:`CarriedWindow.to_state` with ``raw_json``):
-    :func:`orjson_default` writes it as it is; :meth:`CarriedWindow.from_state` reads it back."""
-
-    __slots__ = ()
-
-    def values(self) -> list:
-        return orjson.loads(bytes(self))
-
-
-def orjson_default(obj):
-    """``default=`` for ``orjson.dumps`` of a document holding :class:`JSONArray` values."""
-    if type(obj) is JSONArray:
-        return orjson.Fragment(bytes(obj))
-    raise TypeError(f"{type(obj).__name__} is not JSON serializable")
-
-
-def plain_values(saved: dict) -> dict:
-    """:meth:`CarriedWindow.to_state`'s output with every field as a list (for tools and tests)."""
-    return {f: v.values() if type(v) is JSONArray else v.tolist() if type(v) is np.ndarray else v
-            for f, v in saved.items()}
 
 
 def _decode(chunks: list):
@@ -108,36 +80,3 @@ class CarriedWindow:
             il = order.tolist()
             out = {f: col[order] if type(col) is np.ndarray else [col[i] for i in il] for f, col in out.items()}
         return out
-
-    def to_state(self, raw_json: bool = False) -> dict:
-        """Field -> values, JSON. ``raw_json``: a field whose chunks are all JSON as a :class:`JSONArray` (written
-        as it is by ``orjson.dumps(..., default=orjson_default)``) and array fields as arrays (orjson's
-        ``OPT_SERIALIZE_NUMPY``)."""
-        out = {}
-        for f, chunks in self.chunks.items():
-            if raw_json and all(type(c) is bytes for c in chunks):
-                out[f] = JSONArray(b"[" + b",".join(chunks) + b"]")
-            else:
-                values = _decode(chunks)
-                out[f] = values.tolist() if type(values) is np.ndarray and not raw_json else values
-        return out
-
-    @classmethod
-    def from_state(cls, fields: tuple[str, ...], saved: dict, n: int, array_fields: dict | None = None
-                   ) -> "CarriedWindow":
-        """A window of ``n`` events from :meth:`to_state` (lists or :class:`JSONArray`). A field not saved (a
-        consumer added since the state was written) reads as ``None`` for those events, as a field missing from
-        an event does. ``array_fields``: field -> numpy dtype of the fields held as arrays (a missing one stays
-        empty: its producer fills it in)."""
-        array_fields = array_fields or {}
-        w = cls(fields)
-        for f in fields:
-            v = saved.get(f)
-            if type(v) is JSONArray:
-                if len(v) > 2:
-                    w.chunks[f].append(bytes(v[1:-1]))
-            elif f in array_fields:
-                w.append({f: np.asarray([] if v is None else v, dtype=array_fields[f])})
-            else:
-                w.append({f: [None] * n if v is None else list(v)})
-        return w

@@ -65,13 +65,8 @@ class SeenEvents:
 
     FIELDS = [("time", "<f8")]
 
-    def __init__(self, table, horizon_s: float, watermark):
-        self.table, self.horizon_s, self.watermark = table, float(horizon_s), watermark
-
-    def check(self, keys: np.ndarray, times: np.ndarray) -> np.ndarray:
-        """Duplicate mask for candidate records in arrival order; the others are recorded as seen."""
-        dup, _ = arrival_checks(keys, times, self, None, self.watermark())
-        return dup
+    def __init__(self, table, horizon_s: float):
+        self.table, self.horizon_s = table, float(horizon_s)
 
     def potential(self, keys: np.ndarray) -> tuple[np.ndarray, dict]:
         """(mask of the keys that may be duplicates: seen before or repeated in the batch, {key: time} of those
@@ -161,7 +156,8 @@ class Records:
 class RecordReader:
     """Reads event dicts (or a DataFrame with dotted column names) into :class:`Records` and rejections."""
 
-    def __init__(self, config, space: QISpace, secret: bytes, carried: tuple[str, ...] = ()):
+    def __init__(self, config, space: QISpace, secret: bytes, carried: tuple[str, ...] = (),
+                 seen: SeenEvents | None = None):
         s = config.stream
         self.config, self.space = config, space
         self.event_types = frozenset(s.event_types)
@@ -175,9 +171,8 @@ class RecordReader:
                                            *(f for f in self.carried if f != UNIT_IDS))))
         self._tokens = crypto.HmacTokens(secret, b"audit:")    # crypto.audit_token, batched
         self._unit_key = hashlib.sha256(b"unit-id:" + secret).digest()[:32]
-        self.seen: SeenEvents | None = None       # set by the engine when duplicate detection is on
+        self.seen = seen                         # duplicate detection (None: off)
         self.max_future_s: float | None = s.max_future_s
-        self.largest_time = lambda: -np.inf     # the engine's largest accepted event time (set by the engine)
 
     def unit_ids(self, units) -> np.ndarray:
         """Keyed 64-bit ids of privacy-unit values (as the records carry them)."""
@@ -221,11 +216,12 @@ class RecordReader:
                 cols[f] = [e.get(f) for e in events]
         return cols, n
 
-    def read(self, events) -> tuple[Records, list[tuple[int, str]]]:
-        """(accepted records, [(input position, reason)] for the rejected ones). Never raises for an event's
-        content: see the module docstring."""
+    def read(self, events, largest: float = -np.inf) -> tuple[Records, list[tuple[int, str]]]:
+        """(accepted records, [(input position, reason)] for the rejected ones). ``largest``: the largest event
+        time accepted before the batch (the reference of ``max_future_s`` and of duplicates). Never raises for an
+        event's content: see the module docstring."""
         try:
-            return self._read(events)
+            return self._read(events, largest)
         except Exception as exc:   # noqa: BLE001 - isolate the event(s) that raised
             # said, not silent (a defect here would only show as slowness); the class name only: an exception's
             # text may quote a raw value of the event
@@ -236,10 +232,12 @@ class RecordReader:
         for i in range(n):
             one = events.iloc[i:i + 1] if hasattr(events, "iloc") else events[i:i + 1]
             try:
-                rec, rej = self._read(one)
+                rec, rej = self._read(one, largest)
             except Exception as exc:   # noqa: BLE001
                 rejected.append((i, f"unreadable event: {type(exc).__name__}"))
                 continue
+            if len(rec):
+                largest = max(largest, float(rec.times.max()))
             rejected += [(i, r) for _, r in rej]
             if len(rec):
                 rec.index = np.array([i], dtype=rec.index.dtype)
@@ -318,7 +316,7 @@ class RecordReader:
                     tl[i] = t
         return reasons, tl
 
-    def _read(self, events) -> tuple[Records, list[tuple[int, str]]]:
+    def _read(self, events, largest: float) -> tuple[Records, list[tuple[int, str]]]:
         cols, n = self.columns(events)
         bulk = self._bulk_checks(cols, n)
         if bulk is not None:
@@ -372,7 +370,7 @@ class RecordReader:
         if len(idx) and (self.seen is not None or self.max_future_s is not None):
             # last: the table of seen events changes only for a batch that was read in full
             keys = self.event_keys(tokens) if self.seen is not None else None
-            dup, future = arrival_checks(keys, times[idx], self.seen, self.max_future_s, self.largest_time())
+            dup, future = arrival_checks(keys, times[idx], self.seen, self.max_future_s, largest)
             drop = dup | future
             if drop.any():
                 for i in idx[dup].tolist():

@@ -2,11 +2,17 @@
 from __future__ import annotations
 
 import numpy as np
+import orjson
+
+from stream_anon.keyed_table import BlobTable
 
 
 class PublishedClasses:
     """Snapped boxes, ids, published generalizations, NCP, creation time and a tag (m-invariance: the signature)
-    of the classes published so far, bounded by ``horizon_s`` of event time and ``max_classes``."""
+    of the classes published so far, bounded by ``horizon_s`` of event time and ``max_classes``.
+
+    State: the ``published`` :class:`~stream_anon.keyed_table.BlobTable`, one entry per class keyed by its serial
+    number (registration order), brought up to date when asked for; the core holds the next serial."""
 
     def __init__(self, space, horizon_s: float, max_classes: int):
         self.space = space
@@ -17,28 +23,40 @@ class PublishedClasses:
         self.gen: list[dict] = []
         self.ncp, self.time = np.empty(0), np.empty(0)
         self.tag = np.empty(0, dtype=np.int64)
+        self.serial = np.empty(0, dtype=np.int64)
+        self.next_serial = 0
+        self.table = BlobTable()
+        self._synced = False
 
     def __len__(self) -> int:
         return len(self.ids)
 
     def register(self, lo, hi, ids, gens, ncp, time: float, tags=None) -> None:
         n = len(ids)
+        start = len(self.ids)
         self.lo = np.concatenate([self.lo, lo])
         self.hi = np.concatenate([self.hi, hi])
         self.ncp = np.concatenate([self.ncp, ncp])
         self.time = np.concatenate([self.time, np.full(n, time)])
         self.tag = np.concatenate([self.tag, np.full(n, -1, dtype=np.int64) if tags is None
                                    else np.asarray(tags, dtype=np.int64)])
+        self.serial = np.concatenate([self.serial, np.arange(self.next_serial, self.next_serial + n)])
+        self.next_serial += n
         self.ids += list(ids)
         self.gen += list(gens)
+        if self._synced:
+            rows = range(start, start + n)
+            self.table.put(self.serial[start:], [self._blob(i) for i in rows])
 
     def expire(self, now: float) -> None:
         keep = self.time >= now - self.horizon_s
         keep &= np.arange(len(keep)) >= len(keep) - self.max_classes
         if not keep.all():
+            if self._synced:
+                self.table.delete(self.serial[~keep])
             idx = np.flatnonzero(keep)
-            self.lo, self.hi, self.ncp, self.time, self.tag = (a[idx] for a in (self.lo, self.hi, self.ncp,
-                                                                                   self.time, self.tag))
+            self.lo, self.hi, self.ncp, self.time, self.tag, self.serial = (
+                a[idx] for a in (self.lo, self.hi, self.ncp, self.time, self.tag, self.serial))
             self.ids = [self.ids[i] for i in idx]
             self.gen = [self.gen[i] for i in idx]
 
@@ -59,14 +77,32 @@ class PublishedClasses:
         return np.where(ok, choice, -1)
 
     # -- state ----------------------------------------------------------------------------------------------
-    def state_dict(self) -> dict:
-        return {"lo": self.lo.tolist(), "hi": self.hi.tolist(), "ids": self.ids, "gen": self.gen,
-                "ncp": self.ncp.tolist(), "time": self.time.tolist(), "tag": self.tag.tolist()}
+    def _blob(self, i: int) -> bytes:
+        return orjson.dumps({"lo": self.lo[i], "hi": self.hi[i], "id": self.ids[i], "gen": self.gen[i],
+                             "ncp": float(self.ncp[i]), "time": float(self.time[i]), "tag": int(self.tag[i])},
+                            option=orjson.OPT_SERIALIZE_NUMPY)
 
-    def load_state(self, state: dict) -> None:
+    def state_core(self) -> dict:
+        return {"next_serial": self.next_serial}
+
+    def state_tables(self) -> dict[str, BlobTable]:
+        """``published``: class serial -> its box, id, generalization, NCP, time and tag (JSON)."""
+        if not self._synced:
+            self.table.load(self.serial, [self._blob(i) for i in range(len(self))])
+            self._synced = True
+        return {"published": self.table}
+
+    def load_state(self, core: dict, tables: dict) -> None:
+        keys, blobs = tables.get("published", (np.empty(0, dtype=np.int64), []))
+        docs = [orjson.loads(b) for b in blobs]
         d = self.space.dims
-        self.lo = np.array(state["lo"], dtype=float).reshape(-1, d)
-        self.hi = np.array(state["hi"], dtype=float).reshape(-1, d)
-        self.ids, self.gen = list(state["ids"]), list(state["gen"])
-        self.ncp, self.time = np.array(state["ncp"], dtype=float), np.array(state["time"], dtype=float)
-        self.tag = np.array(state["tag"], dtype=np.int64)
+        self.lo = np.array([c["lo"] for c in docs], dtype=float).reshape(-1, d)
+        self.hi = np.array([c["hi"] for c in docs], dtype=float).reshape(-1, d)
+        self.ids, self.gen = [c["id"] for c in docs], [c["gen"] for c in docs]
+        self.ncp = np.array([c["ncp"] for c in docs], dtype=float)
+        self.time = np.array([c["time"] for c in docs], dtype=float)
+        self.tag = np.array([c["tag"] for c in docs], dtype=np.int64)
+        self.serial = np.asarray(keys, dtype=np.int64)
+        self.next_serial = int(core["next_serial"])
+        self.table.load(keys, blobs)
+        self._synced = True

@@ -28,9 +28,10 @@ class ClassInfo:
     counterfeit_records: int = 0       # (``records`` counts real and counterfeit records)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Release:
-    """One window's output of one partition (columnar; records materialize on demand)."""
+    """One window's output of one partition (columnar; records materialize on demand). Immutable: every field is
+    given when the engine builds it."""
     release_id: str
     stream: str
     partition: int
@@ -53,6 +54,7 @@ class Release:
                                                     # real ones; manifests give only their numbers)
     m: int | None = None                            # m of an m-invariant release (None: m-invariance off)
     kid: str | None = None                          # key id of the secret of the audit tokens (crypto.key_id)
+    late: int = 0                                   # late events this release handled (published or suppressed)
 
     @property
     def published(self) -> int:

@@ -8,7 +8,7 @@ published-class registry, the release builder and the suppression reasons below)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -77,10 +77,13 @@ def distinct_per_group(values: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     return np.bincount(lv[new], minlength=len(sizes))
 
 
+@runtime_checkable
 class Former(Protocol):
     """Forms a release's classes. Implementations: :class:`~stream_anon.formers.kanon.KAnonymousFormer` and
-    :class:`~stream_anon.formers.minvariant.MInvariantFormer`."""
+    :class:`~stream_anon.formers.minvariant.MInvariantFormer`. A former is a
+    :class:`~stream_anon.checkpoint.Checkpointable` (its core and keyed tables are part of the engine's state)."""
 
+    m: int | None              # m of an m-invariant former (its releases carry it), None for any other
     shuffle_records: bool      # True: the release's records are shuffled (counterfeits must not be findable)
     registry_tags: bool        # True: registered classes carry the tag of their NewClass
 
@@ -96,6 +99,8 @@ class Former(Protocol):
 
     def expire(self, now: float) -> None: ...
 
-    def state_dict(self) -> dict: ...
+    def state_core(self) -> dict: ...
 
-    def load_state(self, state: dict) -> None: ...
+    def state_tables(self) -> dict: ...
+
+    def load_state(self, core: dict, tables: dict) -> None: ...

@@ -86,8 +86,12 @@ class KAnonymousFormer:
     def expire(self, now: float) -> None:
         pass
 
-    def state_dict(self) -> dict:
+    def state_core(self) -> dict:
         return {}
 
-    def load_state(self, state: dict) -> None:
-        pass
+    def state_tables(self) -> dict:
+        return {}
+
+    def load_state(self, core: dict, tables: dict) -> None:
+        if core or tables:
+            raise ValueError("the k-anonymous former keeps no state, but the checkpoint holds some")

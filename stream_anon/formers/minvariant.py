@@ -344,7 +344,7 @@ class MInvariantFormer:
         self.sig_pop: list[Counter] = []
         # bound individuals: keyed table unit id -> (signature id, value id or -1 for null, event time of the last
         # release); value ids index ``values`` (the value dictionary, in the order values were first bound)
-        self.units = units_table             # stream_anon.engine.state.KeyedTable(SIGNATURE_FIELDS), empty
+        self.units = units_table             # stream_anon.keyed_table.KeyedTable(SIGNATURE_FIELDS), empty
         self.values: list[str] = []
         self.value_id: dict[str, int] = {}
         self.freq: Counter = Counter()       # bound individuals per value (for new signatures' companions)
@@ -363,28 +363,23 @@ class MInvariantFormer:
         """The keyed tables of the former: ``signatures`` (unit id -> signature id, value id, last release time)."""
         return {"signatures": self.units}
 
-    def state_dict(self) -> dict:
-        """Core and signature table in one JSON document (``units``: ids, sig, value, last as lists)."""
-        keys, rows = self.units.snapshot()
-        return {**self.state_core(), "units": {"ids": keys.tolist(), "sig": rows["sig"].tolist(),
-                                               "value": rows["value"].tolist(), "last": rows["last"].tolist()}}
-
-    def load_core(self, state: dict) -> None:
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(f"m-invariance state version {state.get('version')!r} is not {STATE_VERSION}")
-        if state["m"] != self.m:
-            raise ValueError(f"checkpoint signatures were made for m = {state['m']}, the config says m = {self.m}: "
+    def load_state(self, core: dict, tables: dict) -> None:
+        """The core of :meth:`state_core` and the ``signatures`` table (unit id -> signature, value, last release)."""
+        if core.get("version") != STATE_VERSION:
+            raise ValueError(f"m-invariance state version {core.get('version')!r} is not {STATE_VERSION}")
+        if core["m"] != self.m:
+            raise ValueError(f"checkpoint signatures were made for m = {core['m']}, the config says m = {self.m}: "
                              "changing m would change signatures (start from an empty state to change it)")
-        self.sigs = [tuple(s) for s in state["sigs"]]
+        unknown = set(tables) - {"signatures"}
+        if unknown:
+            raise ValueError(f"m-invariance state holds unknown table(s) {sorted(unknown)}")
+        self.sigs = [tuple(s) for s in core["sigs"]]
         self.sig_index = {s: i for i, s in enumerate(self.sigs)}
-        self.values = list(state["values"])
+        self.values = list(core["values"])
         self.value_id = {v: i for i, v in enumerate(self.values)}
-        self.pool = {k: [list(t) for t in v] for k, v in state["pool"].items()}
-        self.repr = dict(state["repr"])
-        self.stats = Counter(state.get("stats", {}))
-        self._recount()
-
-    def load_tables(self, tables: dict) -> None:
+        self.pool = {k: [list(t) for t in v] for k, v in core["pool"].items()}
+        self.repr = dict(core["repr"])
+        self.stats = Counter(core.get("stats", {}))
         keys, rows = tables.get("signatures", (np.empty(0, np.int64), np.empty(0, self.units.dtype)))
         rows = np.asarray(rows)
         if rows.dtype != self.units.dtype:
@@ -393,13 +388,6 @@ class MInvariantFormer:
             raise ValueError("signatures table refers to signatures or values the core does not know")
         self.units.load(keys, rows)
         self._recount()
-
-    def load_state(self, state: dict) -> None:
-        self.load_core(state)
-        u = state["units"]
-        rows = np.zeros(len(u["ids"]), dtype=self.units.dtype)
-        rows["sig"], rows["value"], rows["last"] = u["sig"], u["value"], u["last"]
-        self.load_tables({"signatures": (np.array(u["ids"], dtype=np.int64), rows)})
 
     def _recount(self) -> None:
         """Population per signature and value, and per value, from the signature table."""

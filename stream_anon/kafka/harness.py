@@ -25,7 +25,7 @@ from stream_anon.dp.report import (aggregate_rmse, membership_auc, release_relat
                                    true_window_values)
 from stream_anon.engine import event_windows, get_path
 from stream_anon.engine.space import parse_time
-from stream_anon.kafka.core import TOPICS
+from stream_anon.kafka.render import TOPICS
 
 KILL_AFTER_ENV = "STREAM_ANON_TEST_KILL_AFTER_BATCHES"
 KILL_IN_FLUSH_ENV = "STREAM_ANON_TEST_KILL_IN_FLUSH"
@@ -306,11 +306,10 @@ def committed_offsets(bootstrap: str, group: str, topic: str, partitions) -> dic
 
 
 def committed_states(bootstrap: str, app_id: str, stream: str, partitions, idle_s: float = 1.0) -> dict[int, dict]:
-    """Each partition's committed state document (read back as a recovering worker would, for tests and
-    benchmarks of a stopped worker: the state topic is read until idle rather than to a barrier)."""
+    """Each partition's committed state: its core with its tables (name -> (keys, rows)) under ``tables`` (read
+    back as a recovering worker would, for tests and benchmarks of a stopped worker: the state topic is read until
+    idle rather than to a barrier)."""
     from stream_anon.kafka import state as st
-
-    from stream_anon.kafka.core import composed_doc
 
     topic = st.state_topic(app_id)
     markers = committed_offsets(bootstrap, app_id, topic, partitions)
@@ -321,7 +320,7 @@ def committed_states(bootstrap: str, app_id: str, stream: str, partitions, idle_
     for p in partitions:
         rec = st.choose_state(logs.get(p, st.StateLog()), markers.get(p), None)
         if rec.doc is not None:
-            out[p] = composed_doc(rec.doc, rec.tables)
+            out[p] = {**rec.doc, "tables": rec.tables}
     return out
 
 

@@ -35,7 +35,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from stream_anon.kafka import state as st
-from stream_anon.kafka.core import TOPICS, WorkerCore, dumps
+from stream_anon.kafka.core import WorkerCore
+from stream_anon.kafka.render import TOPICS, json_bytes
 
 log = logging.getLogger("stream_anon.worker")
 client_log = logging.getLogger("stream_anon.kafka.client")
@@ -232,7 +233,7 @@ class KafkaLoop:
         except KafkaException as exc:
             self._failed(ps, prod, exc)
             return False
-        self.core.note_committed(ps, rec)
+        ps.note_committed(rec)
         self.counters["transactions"] += 1
         self.counters["full_state_records"] += rec.full
         self.counters["state_bytes"] += len(state_value)
@@ -422,7 +423,7 @@ class KafkaLoop:
             return
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(dumps({"seq": ps.seq, "offset": ps.offset, "input_topic_id": ps.input_topic_id}))
+        tmp.write_bytes(json_bytes({"seq": ps.seq, "offset": ps.offset, "input_topic_id": ps.input_topic_id}))
         os.replace(tmp, path)
 
     def _read_cache(self, p: int) -> dict | None:
@@ -471,7 +472,7 @@ class KafkaLoop:
     def _send_metric(self, doc: dict) -> None:
         doc = {"stream": self.core.stream, "ts": time.time(), **doc}
         try:
-            self._plain.produce(TOPICS.metrics, dumps(doc), self.core.stream.encode())
+            self._plain.produce(TOPICS.metrics, json_bytes(doc), self.core.stream.encode())
             self._plain.poll(0)
         except (BufferError, KafkaException) as exc:   # metrics never stop processing
             client_log.warning("metric not sent: %s", exc)

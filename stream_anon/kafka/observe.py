@@ -20,7 +20,7 @@ class WorkerCollector:
     def collect(self):
         core, loop = self.core, self.loop
         stream = core.stream
-        s = core.stats
+        s = core.stats.totals
 
         def counter(name, doc, value, **labels):
             m = CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=["stream", *labels])
@@ -32,12 +32,12 @@ class WorkerCollector:
         yield counter("releases", "Releases published", s["releases"])
         yield counter("aggregate_rows", "DP aggregate rows published", s["aggregate_rows"])
         m = CounterMetricFamily(f"{PREFIX}_suppressed", "Records suppressed, by reason", labels=["stream", "reason"])
-        for reason, n in sorted(core.by_reason["suppressed"].items()):
+        for reason, n in sorted(core.stats.by_reason["suppressed"].items()):
             m.add_metric([stream, reason], n)
         yield m
         m = CounterMetricFamily(f"{PREFIX}_dead_letters", "Input messages dead-lettered, by reason",
                                 labels=["stream", "reason"])
-        for reason, n in sorted(core.by_reason["dead_letters"].items()):
+        for reason, n in sorted(core.stats.by_reason["dead_letters"].items()):
             m.add_metric([stream, reason], n)
         yield m
         per = {name: GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=["stream", "partition"]) for name, doc in (
@@ -55,7 +55,7 @@ class WorkerCollector:
             hw = loop.highwater.get(p) if loop is not None else None
             if hw is not None:
                 per["consumer_lag"].add_metric(lab, max(0, hw - (ps.offset + 1)))
-            last = core.last_release.get(p)
+            last = core.stats.last_release.get(p)
             if last:
                 per["release_ncp_mean"].add_metric(lab, last["ncp_mean"])
                 per["release_counterfeit_records"].add_metric(lab, last["counterfeit_records"])
@@ -74,7 +74,7 @@ class WorkerCollector:
         yield eps_spent
         yield eps_left
         alerts = CounterMetricFamily(f"{PREFIX}_alerts", "Alerts raised", labels=["stream", "alert"])
-        alerts.add_metric([stream, "suppression_limit_exceeded"], core.alerts.get("suppression_limit_exceeded", 0))
+        alerts.add_metric([stream, "suppression_limit_exceeded"], core.stats.alerts.get("suppression_limit_exceeded", 0))
         if loop is not None:
             alerts.add_metric([stream, "partition_halted"], loop.counters["halts"])
             alerts.add_metric([stream, "broker_lost"], loop.counters["broker_lost"])

@@ -1,0 +1,163 @@
+"""Rendering of a partition's output as Kafka messages ``(topic, key, value bytes)``: a release's records, its
+manifest, its metric and alerts (docs/contracts.md section 5), and dead letters. What a message holds is decided
+here and nowhere else."""
+from __future__ import annotations
+
+import copy
+import hashlib
+import logging
+import time
+from datetime import datetime, timezone
+
+import orjson
+
+from stream_anon import crypto
+from stream_anon.contract import topics
+from stream_anon.engine import get_path
+
+log = logging.getLogger("stream_anon.worker")
+
+TOPICS = topics()           # the topic contract (topics/topics.toml), shipped inside the package
+DEADLETTER_PAYLOAD_MAX = 4096   # characters of an oversized payload kept in its dead letter
+SUPPRESSION_LIMIT_EXCEEDED = "suppression_limit_exceeded"
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat()
+
+
+def json_bytes(obj) -> bytes:
+    """Output serialization: orjson (compact UTF-8, numpy scalars and arrays natively; ~5x faster than json.dumps
+    on the record path)."""
+    return orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)
+
+
+class AlertLog:
+    """WARNING lines for release alerts, at most one per alert name every ``interval_s`` seconds; the lines held
+    back are counted into the next one (``+N more since the last line``)."""
+
+    def __init__(self, interval_s: float = 10.0):
+        self.interval_s = interval_s
+        self.last: dict[str, float] = {}
+        self.held: dict[str, int] = {}
+
+    def warn(self, name: str, msg: str, *args) -> bool:
+        now = time.monotonic()
+        if now - self.last.get(name, float("-inf")) < self.interval_s:
+            self.held[name] = self.held.get(name, 0) + 1
+            return False
+        more = self.held.pop(name, 0)
+        self.last[name] = now
+        log.warning("alert %s: " + msg + (f" (+{more} more since the last line)" if more else ""), name, *args)
+        return True
+
+
+class Renderer:
+    """The messages of one stream's releases and dead letters (``raw_deadletters``: keep payloads that are not
+    JSON objects verbatim, an operator's opt-in)."""
+
+    def __init__(self, config, secret: bytes, raw_deadletters: bool = False):
+        self.config, self.secret, self.raw_deadletters = config, secret, raw_deadletters
+        self.kid = crypto.key_id(secret)          # published with releases and dead letters (secret rotation)
+        self.stream = config.stream.name
+        self.topic = config.stream.input_topic
+        self.alert_log = AlertLog()
+
+    def release(self, rel) -> tuple[list[tuple[str, bytes, bytes]], dict, list[str]]:
+        """(messages, counters, alert names raised) for one release: records, manifest, release metric, alerts."""
+        key = rel.release_id.encode()
+        topic = TOPICS.records(self.stream)
+        out = [(topic, key, payload) for payload in rel.record_payloads(json_bytes)]
+        manifest = rel.manifest()
+        out.append((TOPICS.releases, key, json_bytes(manifest)))
+        metric = {"type": "release", "stream": self.stream, "partition": rel.partition, "ts": now_iso(),
+                  "release_id": rel.release_id, "seq": manifest.get("seq"), "published": manifest.get("published"),
+                  "suppressed": manifest.get("suppressed"), "deferred": manifest.get("deferred"),
+                  "ncp_mean": manifest.get("ncp_mean"), "suppression_ratio": manifest.get("suppression_ratio"),
+                  "late": rel.late}
+        if "m" in manifest:     # m-invariance: counterfeit counts, as in the manifest (never which records)
+            metric.update({name: manifest[name] for name in ("m", "counterfeit_individuals", "counterfeit_records")})
+        out.append((TOPICS.metrics, self.stream.encode(), json_bytes(metric)))
+        alerts = []
+        limit = self.config.anonymization.max_suppression_ratio
+        if manifest.get("suppression_limit_exceeded"):
+            alerts.append(SUPPRESSION_LIMIT_EXCEEDED)
+            alert = {"type": "alert", "stream": self.stream, "partition": rel.partition, "ts": now_iso(),
+                     "alert": SUPPRESSION_LIMIT_EXCEEDED, "release_id": rel.release_id,
+                     "suppression_ratio": manifest.get("suppression_ratio"), "limit": limit}
+            out.append((TOPICS.metrics, self.stream.encode(), json_bytes(alert)))
+            self.alert_log.warn(SUPPRESSION_LIMIT_EXCEEDED, "stream %s partition %s release %s: %.1f%% of its "
+                                "records suppressed (limit %.1f%%): %s", self.stream, rel.partition,
+                                rel.release_id, 100 * (manifest.get("suppression_ratio") or 0), 100 * limit,
+                                manifest.get("suppressed"))
+        lossy = (manifest.get("suppressed") or {}).get("class_loss_above_limit")
+        if lossy:
+            self.alert_log.warn("loss_limit", "stream %s partition %s release %s: %s records suppressed because "
+                                "their class's NCP was above max_class_ncp %.3g", self.stream, rel.partition,
+                                rel.release_id, lossy, self.config.anonymization.max_class_ncp)
+        counts = {"releases": 1, "published": manifest.get("published", 0),
+                  "suppressed": sum((manifest.get("suppressed") or {}).values())}
+        return out, counts, alerts
+
+    def deadletter(self, reason, partition, offset, raw: bytes | None = None,
+                        event: dict | None = None, index: int | None = None,
+                        opaque: bool = False) -> tuple[str, bytes, bytes]:
+        """A dead letter: reason, source coordinates, the event's audit token when it has an event id, and the
+        payload with the identifier fields (privacy unit, ``identifiers.pseudonymize``) replaced by their keyed
+        pseudonyms and ``identifiers.drop`` removed. A payload that is not a JSON object cannot be searched for
+        identifiers: it is withheld (size and digest only) unless ``raw_deadletters`` was asked for."""
+        doc = {"reason": reason, "stream": self.stream,
+               "source": {"topic": self.topic, "partition": partition, "offset": offset},
+               "received_at": now_iso(), "kid": self.kid}
+        if index is not None:       # the event's position inside a multi-event message (stream_anon.inputs)
+            doc["source"]["index"] = index
+        if event is None and raw is not None and not opaque:   # opaque: a mapped format's raw message is never
+            # searched for identifiers (its fields are not the engine's): withheld unless raw_deadletters
+            try:
+                event = orjson.loads(raw)
+            except ValueError:
+                event = None
+        if isinstance(event, dict):
+            eid = event.get("event_id")
+            if isinstance(eid, str) and eid:
+                try:    # the event's audit token: dead letters are accounted for like published records
+                    doc["audit_token"] = crypto.audit_token(self.secret, eid)
+                except UnicodeEncodeError:
+                    pass
+            try:
+                text = orjson.dumps(self.redact(event), default=str).decode()
+            except Exception as exc:   # noqa: BLE001 - e.g. nested deeper than the encoder allows
+                text = None
+                doc["payload_withheld"] = f"cannot be redacted: {type(exc).__name__}"
+                if raw is not None:
+                    doc["payload_bytes"] = len(raw)
+                    doc["payload_sha256"] = hashlib.sha256(raw).hexdigest()
+        elif self.raw_deadletters and raw is not None:
+            text = raw.decode("utf-8", errors="replace")
+        else:
+            text = None
+            if raw is not None:
+                doc["payload_withheld"] = ("raw message of a mapped input: identifiers cannot be located" if opaque
+                                           else "not a JSON object: identifiers cannot be located")
+                doc["payload_bytes"] = len(raw)
+                doc["payload_sha256"] = hashlib.sha256(raw).hexdigest()
+        if text is not None:
+            doc["payload"] = text[:DEADLETTER_PAYLOAD_MAX]
+            if len(text) > DEADLETTER_PAYLOAD_MAX:
+                doc["payload_truncated"] = True
+                doc["payload_bytes"] = len(raw) if raw is not None else len(text)
+        return TOPICS.deadletter, self.stream.encode(), json_bytes(doc)
+
+    def redact(self, event: dict) -> dict:
+        event = copy.deepcopy(event)
+        ids = self.config
+        for path in ids.identifiers:
+            parent, _, leaf = path.rpartition(".")
+            holder = get_path(event, parent) if parent else event
+            if not isinstance(holder, dict) or leaf not in holder:
+                continue
+            if path in ids.drop:
+                del holder[leaf]
+            else:
+                holder[leaf] = "pseudonym:" + crypto.pseudonym(self.secret, str(holder[leaf]))[:20]
+        return event

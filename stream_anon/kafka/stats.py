@@ -1,0 +1,63 @@
+"""The worker's counters: totals of what it processed and produced, counts by reason, each partition's latest
+release figures and the alerts raised (read by ``/metrics``, :mod:`stream_anon.kafka.observe`, and by the
+throughput metric on ``anon.metrics``)."""
+from __future__ import annotations
+
+import os
+import time
+
+from stream_anon.kafka.render import now_iso
+
+LAG_NOTE = ("approximate: computed from the consumed position and the broker's reported end offset, which the "
+            "Tansu broker under-reports for multi-record batches")
+BATCH_COUNTS = ("skipped", "events_in", "dead_letters", "releases", "published", "suppressed", "aggregate_rows")
+
+
+def batch_counts() -> dict:
+    """A batch's counters, all zero."""
+    return dict.fromkeys(BATCH_COUNTS, 0)
+
+
+class WorkerStats:
+    def __init__(self):
+        self.totals = {**batch_counts(), "batches": 0, "started": time.time()}
+        self.by_reason = {"suppressed": {}, "dead_letters": {}}   # counters by reason
+        self.last_release: dict[int, dict] = {}                  # partition -> figures of its latest release
+        self.alerts: dict[str, int] = {}                         # alert name -> times raised
+        self._last_metric = (time.monotonic(), 0)
+
+    def release(self, rel, alerts: list[str]) -> None:
+        for name in alerts:
+            self.alerts[name] = self.alerts.get(name, 0) + 1
+        for reason, n in rel.suppressed.items():
+            self.by_reason["suppressed"][reason] = self.by_reason["suppressed"].get(reason, 0) + n
+        self.last_release[rel.partition] = {"ncp_mean": rel.ncp_mean, "deferred": len(rel.deferred_tokens),
+                                            "counterfeit_records": rel.counterfeit_records,
+                                            "window_end": rel.window_end}
+
+    def deadletter(self, reason: str) -> None:
+        key = reason.split(":", 1)[0]
+        self.by_reason["dead_letters"][key] = self.by_reason["dead_letters"].get(key, 0) + 1
+
+    def batch(self, counts: dict, sign: int = 1) -> None:
+        """Add a batch's counters (``sign=-1``: take back a batch that runs again)."""
+        for k, v in counts.items():
+            self.totals[k] += sign * v
+        self.totals["batches"] += sign
+
+    def throughput_metric(self, stream: str, app_id: str, parts: dict, positions: dict, highwaters: dict) -> dict:
+        now = time.monotonic()
+        t0, n0 = self._last_metric
+        n = self.totals["events_in"]
+        rate = (n - n0) / (now - t0) if now > t0 else 0.0
+        self._last_metric = (now, n)
+        lag = {}
+        for p, hw in highwaters.items():
+            pos = positions.get(p)
+            if hw is not None and pos is not None:
+                lag[str(p)] = max(0, hw - pos)
+        return {"type": "throughput", "stream": stream, "partition": None, "ts": now_iso(),
+                "app_id": app_id, "pid": os.getpid(), "partitions": sorted(parts),
+                "events_per_s": round(rate, 1), **{k: v for k, v in self.totals.items() if k != "started"},
+                "committed": {str(p): ps.offset for p, ps in parts.items()},
+                "lag_approx": lag, "lag_note": LAG_NOTE}
