@@ -78,20 +78,22 @@ def run_script(script: str, tmp_path: Path, timeout: float = 420) -> tuple[int, 
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     env.pop("STREAM_ANON_SECRET", None)
     env.pop("STREAM_ANON_SECRET_FILE", None)
-    proc = subprocess.Popen(["bash", "script.sh"], cwd=work, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True, text=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    log = tmp_path / "script.log"     # a file, not a pipe: a job left running must not hold the script's end
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(["bash", "script.sh"], cwd=work, env=env, stdout=fh, stderr=subprocess.STDOUT,
+                                start_new_session=True)
         try:
-            os.killpg(proc.pid, signal.SIGKILL)       # jobs of the script still running in its process group
-        except ProcessLookupError:
-            pass
-        _kill_left_behind()
-    return proc.returncode, out, work
+            proc.wait(timeout=timeout)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)       # jobs of the script still running in its process group
+            except ProcessLookupError:
+                pass
+            _kill_left_behind()
+    return proc.returncode, log.read_text(errors="replace"), work
 
 
 # ---------------------------------------------------------------------------------------------- README quick start
@@ -104,7 +106,9 @@ def test_readme_quick_start_has_every_step_in_order():
 
 
 def test_readme_quick_start_runs_as_written(tmp_path):
-    returncode, out, work = run_script(quick_start_commands(), tmp_path)
+    # set -e: a command of the quick start that fails stops the script with its status (a reader types the
+    # commands into an interactive shell, where the README does not set it)
+    returncode, out, work = run_script("set -e\n" + quick_start_commands(), tmp_path)
     assert returncode == 0, out[-4000:]
     printed = (work / "audit.txt").read_text()
     assert printed.startswith("AUDIT PASSED"), printed
