@@ -1,11 +1,18 @@
 """stream-anon: a streaming anonymizer for vehicle telemetry and public-transport fare events.
 
-Parts (see docs/contracts.md):
-- ``stream_anon.config``: validated stream configuration (TOML).
-- ``stream_anon.engine``: the incremental anonymization engine (no Kafka, no faust).
-- ``stream_anon.strategies``: pluggable class-forming strategies.
-- ``stream_anon.audit``: independent verification of published output.
-- ``stream_anon.kafka``: the thin faust adapter, topic provisioning and replay.
+Raw events in on Kafka topics; k-anonymous records (k in distinct individuals, m-invariant with
+``anonymization.m``), release manifests that account for every event, and differentially private aggregates out;
+an independent audit checks the outputs. Parts (interfaces in docs/contracts.md, modules in docs/developers.md):
+
+- ``stream_anon.config``: the stream configuration (TOML), validated at load.
+- ``stream_anon.engine``: the window core: event-time windows, releases, suppression (no Kafka client, no faust).
+- ``stream_anon.formers`` and ``stream_anon.strategies``: how a window's records become classes (k-anonymous with
+  a pluggable strategy, or m-invariant).
+- ``stream_anon.dp``: the differentially private aggregates of the closed windows and their budget ledger.
+- ``stream_anon.audit``: independent verification of the published output.
+- ``stream_anon.kafka``: the worker (a confluent-kafka batch loop: one transaction per partition batch holding the
+  output, the partition's state record and the consumer offsets; faust runs the process, its signals and the
+  ``/metrics``, ``/livez`` and ``/readyz`` endpoints), topic provisioning and replay.
 """
 
 __version__ = "0.1.0"

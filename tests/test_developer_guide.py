@@ -1,6 +1,6 @@
-"""The README's developer section holds: a new strategy is one module plus one registry line. Its example is
-executed here, registered, loaded through a configuration (parameters validated with their key) and run by the
-engine, whose former keeps k distinct individuals per class whatever the strategy returns."""
+"""docs/developers.md holds: a new strategy is one module plus one registry line. Its example is executed here,
+registered, loaded through a configuration (parameters validated with their key) and run by the engine, whose
+former keeps k distinct individuals per class whatever the strategy returns."""
 from __future__ import annotations
 
 import re
@@ -19,11 +19,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture
 def fixed_width(monkeypatch):
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("### Adding a strategy or a former"):text.index("### The engine")]
+    text = (ROOT / "docs" / "developers.md").read_text()
+    start = text.index("\n## Adding a strategy or a former\n")
+    section = text[start:text.index("\n## ", start + 1)]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     namespace: dict = {}
-    exec(compile(code, "README example", "exec"), namespace)       # the module as the README shows it
+    exec(compile(code, "docs/developers.md example", "exec"), namespace)   # the module as the guide shows it
     monkeypatch.setitem(strategies.STRATEGIES, "fixed-width", namespace["FixedWidth"])   # its registry line
     return namespace["FixedWidth"]
 

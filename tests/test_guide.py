@@ -1,7 +1,7 @@
-"""docs/your-own-stream.md, executed: its fenced ``sh`` blocks run as written, in order, in one bash shell in an
-empty directory, on the bundled Citi Bike slice (the guide cuts its own trips.csv from it). ``stream-anon`` and
-``python`` are this interpreter (shims on PATH), the package is the checkout (PYTHONPATH). Starts a real broker
-(the guide's own ``python -m stream_anon.broker``) and a worker: slow."""
+"""The documents a new user follows, executed: the quick start of README.md and docs/your-own-stream.md. Their fenced
+``sh`` blocks run as written, in order, in one bash shell in an empty directory. ``stream-anon`` and ``python`` are
+this interpreter (shims on PATH), the package is the checkout (PYTHONPATH). Each starts a real broker and a worker:
+slow. A command of either document that breaks fails its test here."""
 from __future__ import annotations
 
 import json
@@ -15,18 +15,34 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
 GUIDE = ROOT / "docs" / "your-own-stream.md"
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 
+def sh_blocks(text: str) -> list[str]:
+    """The fenced ``sh`` blocks of a markdown text, in order."""
+    return re.findall(r"^```sh\n(.*?)^```", text, flags=re.S | re.M)
+
+
+def quick_start_commands() -> str:
+    """The ``sh`` blocks of the README's "Quick start" section (up to the next ``## `` heading)."""
+    text = README.read_text()
+    start = text.index("\n## Quick start\n")
+    end = text.index("\n## ", start + 1)
+    blocks = sh_blocks(text[start:end])
+    assert len(blocks) >= 4, "the README's quick start lost its commands"
+    return "\n".join(blocks)
+
+
 def guide_commands() -> str:
-    blocks = re.findall(r"^```sh\n(.*?)^```", GUIDE.read_text(), flags=re.S | re.M)
+    blocks = sh_blocks(GUIDE.read_text())
     assert len(blocks) >= 7, "the guide lost its commands"
     return "\n".join(blocks)
 
 
-def _kill_left_behind(work: Path) -> None:
+def _kill_left_behind() -> None:
     """Processes the guide started and did not stop (worker, broker, its Tansu on the guide's port): found by their
     command line and killed by pid. With job control (``set -m``) every job has its own process group."""
     for proc_dir in Path("/proc").iterdir():
@@ -44,6 +60,69 @@ def _kill_left_behind(work: Path) -> None:
                 pass
 
 
+def run_script(script: str, tmp_path: Path, timeout: float = 420) -> tuple[int, str, Path]:
+    """Run ``script`` with bash in an empty directory under ``tmp_path``: (exit status, output, directory). Jobs it
+    left behind in its process group are killed when it ends (the embedded broker's Tansu child exits with the
+    broker)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in (("stream-anon", f'exec "{sys.executable}" -m stream_anon.cli "$@"'),
+                       ("python", f'exec "{sys.executable}" "$@"')):
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "script.sh").write_text(script)
+    env = os.environ.copy()
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env.pop("STREAM_ANON_SECRET", None)
+    env.pop("STREAM_ANON_SECRET_FILE", None)
+    log = tmp_path / "script.log"     # a file, not a pipe: a job left running must not hold the script's end
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(["bash", "script.sh"], cwd=work, env=env, stdout=fh, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            proc.wait(timeout=timeout)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)       # jobs of the script still running in its process group
+            except ProcessLookupError:
+                pass
+            _kill_left_behind()
+    return proc.returncode, log.read_text(errors="replace"), work
+
+
+# ---------------------------------------------------------------------------------------------- README quick start
+def test_readme_quick_start_has_every_step_in_order():
+    script = quick_start_commands()
+    steps = ("stream-anon broker", "stream-anon topics apply", "stream-anon replay", "stream-anon worker",
+             "stream-anon audit")
+    at = [script.index(step) for step in steps]
+    assert at == sorted(at), "the quick start runs broker -> topics apply -> replay -> worker -> audit"
+
+
+def test_readme_quick_start_runs_as_written(tmp_path):
+    # set -e: a command of the quick start that fails stops the script with its status (a reader types the
+    # commands into an interactive shell, where the README does not set it)
+    returncode, out, work = run_script("set -e\n" + quick_start_commands(), tmp_path)
+    assert returncode == 0, out[-4000:]
+    printed = (work / "audit.txt").read_text()
+    assert printed.startswith("AUDIT PASSED"), printed
+    assert "health: NCP of published records mean=" in printed
+    report = json.loads((work / "audit.json").read_text())
+    assert report["passed"], json.dumps(report["summary"])
+    s = report["summary"]
+    assert s["events_in"] == 3000 and s["lost"] == 0 and s["duplicated"] == 0
+    assert s["published"] + s["suppressed"] + s["dead_lettered"] + s["deferred"] == 3000
+    assert s["min_individuals"] >= s["k"] == 10
+    assert "SIGTERM received" in out          # the last block stopped the broker
+
+
+# ------------------------------------------------------------------------------------------ docs/your-own-stream.md
 def test_guide_has_every_step():
     script = guide_commands()
     for step in ("stream-anon calibrate", "python -m stream_anon.broker", "stream-anon topics apply",
@@ -53,29 +132,8 @@ def test_guide_has_every_step():
 
 
 def test_guide_runs_as_written(tmp_path):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for name, body in (("stream-anon", f'exec "{sys.executable}" -m stream_anon.cli "$@"'),
-                       ("python", f'exec "{sys.executable}" "$@"')):
-        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
-        (bin_dir / name).chmod(0o755)
-    work = tmp_path / "work"
-    work.mkdir()
-    (work / "guide.sh").write_text(guide_commands())
-    env = os.environ.copy()
-    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    env.pop("STREAM_ANON_SECRET", None)
-    proc = subprocess.Popen(["bash", "guide.sh"], cwd=work, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True, text=True)
-    try:
-        out, _ = proc.communicate(timeout=420)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        _kill_left_behind(work)
-    assert proc.returncode == 0, out[-4000:]
+    returncode, out, work = run_script(guide_commands(), tmp_path)
+    assert returncode == 0, out[-4000:]
     report = json.loads((work / "audit.json").read_text())
     assert report["passed"], json.dumps(report["summary"])
     s = report["summary"]
