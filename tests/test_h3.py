@@ -142,5 +142,5 @@ def test_reuse_into_an_h3_class_needs_the_record_in_its_cell():
     (a0, a1), (o0, o1) = inner_box(cell)
     engine.registry.register(np.array([[a0, o0]]), np.array([[a1, o1]]), ["c0"], [gen], np.array([0.1]), 0.0)
     assert engine.registry.cover(np.array([inside, corner])).ravel().tolist() == [True, False]
-    kept = engine._exact_cover({0: [0, 1]}, np.array([inside, corner]))
+    kept = engine.registry.exact_cover({0: [0, 1]}, np.array([inside, corner]))
     assert kept == {0: [0]}

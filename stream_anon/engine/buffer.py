@@ -178,6 +178,30 @@ class OpenWindows:
         if self._synced:
             self.table.put([chunk], [self._chunk_blob(w, p, len(p["chunks"]) - 1)])
 
+    def add(self, rec: Records, late: np.ndarray, wins: list[int], chunk: int) -> int:
+        """File the carried fields of the on-time records of ``rec`` by window (``wins``: each record's window), one
+        chunk per window from serial ``chunk``; returns the next free serial."""
+        if not len(wins):
+            return chunk
+        # column by column, one window at a time (a run of records is nearly always of one window)
+        wins_a = np.asarray(wins, dtype=np.int64)
+        on_time = ~np.asarray(late, dtype=bool)
+        if on_time.all() and wins_a[0] == wins_a[-1] and (wins_a == wins_a[0]).all():
+            groups = [(wins[0], None)]                       # None: every record, no copy by index
+        else:
+            groups = [(int(w), np.flatnonzero(on_time & (wins_a == w)).tolist())
+                      for w in np.unique(wins_a[on_time])]
+        times = rec.times.tolist()
+        for w, idx in groups:
+            if idx is None:
+                self.append(w, chunk, times, rec.tokens, rec.carried)
+            else:
+                self.append(w, chunk, [times[i] for i in idx], [rec.tokens[i] for i in idx],
+                            {f: col[idx] if type(col) is np.ndarray else [col[i] for i in idx]
+                             for f, col in rec.carried.items()})
+            chunk += 1
+        return chunk
+
     def pop(self, w: int) -> dict | None:
         p = self.windows.pop(w, None)
         if p is not None and self._synced:

@@ -323,32 +323,12 @@ class Engine:
     # -- internals --------------------------------------------------------------------------------------------
     def _add(self, rec: Records, late: np.ndarray, wins: list[int]) -> None:
         """Buffer records (in canonical order) and file the carried fields of the on-time ones by window."""
-        n = len(rec)
         self.buffer.append(rec, late, self.next_rid, self.next_chunk)
-        self.next_rid += n
-        self.next_chunk += 1
+        self.next_rid += len(rec)
         n_late = int(late.sum())
         self.late_unreported += n_late
         self.late_total += n_late
-        if not len(wins):
-            return
-        # column by column, one window at a time (a chunk's records are nearly always of one window)
-        wins_a = np.asarray(wins, dtype=np.int64)
-        on_time = ~np.asarray(late, dtype=bool)
-        if on_time.all() and wins_a[0] == wins_a[-1] and (wins_a == wins_a[0]).all():
-            groups = [(wins[0], None)]                       # None: every record, no copy by index
-        else:
-            groups = [(int(w), np.flatnonzero(on_time & (wins_a == w)).tolist())
-                      for w in np.unique(wins_a[on_time])]
-        times = rec.times.tolist()
-        for w, idx in groups:
-            if idx is None:
-                self.windows.append(w, self.next_chunk, times, rec.tokens, rec.carried)
-            else:
-                self.windows.append(w, self.next_chunk, [times[i] for i in idx], [rec.tokens[i] for i in idx],
-                                    {f: col[idx] if type(col) is np.ndarray else [col[i] for i in idx]
-                                     for f, col in rec.carried.items()})
-            self.next_chunk += 1
+        self.next_chunk = self.windows.add(rec, late, wins, self.next_chunk + 1)
 
     def _close(self, result: StepResult, w: int, window_end: float, final: bool) -> None:
         """Release window ``w`` (records before ``window_end``) and hand its carried fields on."""
@@ -392,7 +372,7 @@ class Engine:
         placed = np.zeros(len(work), dtype=bool)
         for nc in plan.new_classes:
             placed[nc.rows] = True
-        reused = self._exact_cover(plan.reused, work.X)
+        reused = self.registry.exact_cover(plan.reused, work.X)
         for rows in reused.values():
             placed[rows] = True
         suppressed_rows = {reason: list(rows) for reason, rows in plan.suppressed.items()}
@@ -401,7 +381,7 @@ class Engine:
             resolved[rows] = True
         # due leftovers: an earlier class chosen by the former, else suppressed
         leftovers = np.flatnonzero(due & ~placed[:nv] & ~resolved[:nv])
-        for c, rows in self._exact_cover(former.reuse(view, leftovers, plan), work.X).items():
+        for c, rows in self.registry.exact_cover(former.reuse(view, leftovers, plan), work.X).items():
             reused.setdefault(c, []).extend(rows)
             placed[rows] = True
         loss = plan.loss_rejected
@@ -416,7 +396,7 @@ class Engine:
             if self.late_policy == "next_release":
                 late_view = WindowView(work.X, work.units, work.times, work.sensitive, np.ones(len(work), bool),
                                        final, window_end, self.space, rng, self.registry)
-                for c, rows in self._exact_cover(former.reuse(late_view, late_rows, Plan()), work.X).items():
+                for c, rows in self.registry.exact_cover(former.reuse(late_view, late_rows, Plan()), work.X).items():
                     reused.setdefault(c, []).extend(rows)
                     placed[rows] = True
             for i in late_rows[~placed[late_rows]].tolist():
@@ -431,18 +411,6 @@ class Engine:
         self.buffer.keep(np.concatenate([work_idx[waiting], rest_idx]))
         self.seq += 1
         return release
-
-    def _exact_cover(self, reused: dict[int, list[int]], X: np.ndarray) -> dict[int, list[int]]:
-        """Reuse decisions kept only where the earlier class's published H3 cells hold the record (the registry's
-        boxes for H3 geopoints lie inside their cells; this is the exact test). Without H3 QIs: unchanged."""
-        if not self.space.h3_qis:
-            return reused
-        out: dict[int, list[int]] = {}
-        for c, rows in reused.items():
-            ok = [r for r in rows if self.space.in_published_cells(X[r], self.registry.gen[c])]
-            if ok:
-                out[c] = ok
-        return out
 
 
 def _finite_or_none(x: float):

@@ -76,6 +76,19 @@ class PublishedClasses:
         choice = np.argmax(rng.random(cover.shape) * cover, axis=1)
         return np.where(ok, choice, -1)
 
+    def exact_cover(self, reused: dict[int, list[int]], X: np.ndarray) -> dict[int, list[int]]:
+        """Reuse decisions (class index -> rows of ``X``) kept only where the class's published H3 cells hold the
+        record (the boxes of H3 geopoints lie inside their cells; this is the exact test). Without H3 QIs:
+        unchanged."""
+        if not self.space.h3_qis:
+            return reused
+        out: dict[int, list[int]] = {}
+        for c, rows in reused.items():
+            ok = [r for r in rows if self.space.in_published_cells(X[r], self.gen[c])]
+            if ok:
+                out[c] = ok
+        return out
+
     # -- state ----------------------------------------------------------------------------------------------
     def _blob(self, i: int) -> bytes:
         return orjson.dumps({"lo": self.lo[i], "hi": self.hi[i], "id": self.ids[i], "gen": self.gen[i],
