@@ -8,21 +8,20 @@ a scale that drifted with the data would make information loss incomparable acro
 from __future__ import annotations
 
 import dataclasses
-import math
-import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stream_anon.domains import DOMAIN_KEYS, SensitiveDomain, flat_domains, parse_domain
 from stream_anon.errors import ConfigError
 from stream_anon.formers.minvariant import MInvariantParams
 from stream_anon.hierarchy import Hierarchy
 from stream_anon.inputs import InputSpec, parse_input
 from stream_anon.inputs.mapping import FIELD_KEYS, INPUT_KEYS
 from stream_anon.strategies import STRATEGIES
-from stream_anon.validation import MAX_COUNT, MAX_SECONDS, Table, check_fields, check_integer, check_number, \
-    named_tables
+from stream_anon.validation import MAX_COUNT, MAX_SECONDS, Table, check_fields, check_file, check_integer, \
+    check_number, named_tables
 
 STREAM_KINDS = ("fare", "vehicle")
 QI_KINDS = ("numeric", "timestamp", "categorical", "station", "geopoint")
@@ -33,7 +32,6 @@ MAX_PARTITIONS = 1024                # one engine and one checkpoint per partiti
 MAX_SEED = 2 ** 63 - 1               # the largest TOML integer
 MAX_WEIGHT = 1e6                     # a QI's NCP weight (relative to the others)
 MAX_EVENT_BYTES = 16 * 2 ** 20
-MAX_TEXT_LENGTH = 65536              # a text sensitive value cannot be longer than an event
 
 # Every table of a stream configuration and the keys it may hold (docs/configuration.md lists the same keys;
 # tests/test_config_reference.py compares them). The tables of [dp] and [[aggregates]] are in
@@ -47,7 +45,6 @@ ANONYMIZATION_KEYS = ("k", "window_s", "max_delay_s", "strategy", "strategy_para
                       "time_granularity_s", "m", "m_horizon_s", "m_params")
 QI_KEYS = ("name", "field", "kind", "lower", "upper", "weight", "hierarchy", "grid_deg", "resolutions")
 SENSITIVE_KEYS = ("fields", "invariant", "domains")
-DOMAIN_KEYS = ("type", "values", "other", "lower", "upper", "integer", "max_length", "charset")
 IDENTIFIER_KEYS = ("drop", "pseudonymize")
 LIMIT_KEYS = ("max_event_bytes", "duplicate_horizon_s")
 
@@ -108,128 +105,6 @@ class Anonymization:
     time_granularity_s: float = 60.0       # published time bounds are snapped outward to this grid (> 0)
 
 
-SENSITIVE_TYPES = ("category", "number", "boolean", "text")
-DEFAULT_TEXT_CHARSET = r"A-Za-z0-9 .,:/()&+#%_-"   # no quotes, < > ; \\ = or control characters
-DEFAULT_TEXT_MAX_LENGTH = 64
-_MAX_SAFE_NUMBER = 2.0 ** 53          # undeclared numbers: beyond this a float no longer holds every integer
-
-
-@dataclass(frozen=True)
-class SensitiveDomain:
-    """The values a sensitive field may publish (``[sensitive.domains]``; docs/configuration.md).
-
-    ``type``: ``category`` (``values``; a value outside goes to the dead letters, or is published as ``other``
-    when one is declared), ``number`` (``lower``..``upper``, ``integer``), ``boolean``, ``text`` (at most
-    ``max_length`` characters of the ``charset`` character class), or ``scalar``: the default of a field without
-    a declared domain (null, a boolean, a number of magnitude <= 2**53, or text as ``text`` with the defaults).
-    Null is always allowed (a missing value is published as null).
-
-    >>> d = SensitiveDomain("p", "category", values=("payg", "travelcard"), other="other")
-    >>> d.check("payg"), d.check("<script>"), d.check(["payg"])[1]
-    (('payg', None), ('other', None), 'p: a list is not a category value')
-    >>> SensitiveDomain("t", "text", max_length=8).check("<b>")[1]
-    "t: text '<b>' has characters outside [A-Za-z0-9 .,:/()&+#%_-]"
-    """
-    field: str
-    type: str = "scalar"
-    values: tuple[str, ...] = ()
-    other: str | None = None
-    lower: float | None = None
-    upper: float | None = None
-    integer: bool = False
-    max_length: int = DEFAULT_TEXT_MAX_LENGTH
-    charset: str = DEFAULT_TEXT_CHARSET
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_values", frozenset(self.values))
-        object.__setattr__(self, "_text", re.compile(f"[{self.charset}]*"))
-
-    def check(self, v) -> tuple[object, str | None]:
-        """(the value to publish, None) or (None, the reason the event is rejected)."""
-        if v is None:
-            return None, None
-        t = self.type
-        if t == "category":
-            if not isinstance(v, str):
-                return None, f"{self.field}: a {_kind(v)} is not a category value"
-            if v in self._values:
-                return v, None
-            if self.other is not None:
-                return self.other, None
-            return None, f"{self.field}: value {_shown(v)} is not in its declared categories"
-        if t == "boolean":
-            return (v, None) if isinstance(v, bool) else (None, f"{self.field}: a {_kind(v)} is not a boolean")
-        if t == "number" or (t == "scalar" and isinstance(v, (int, float)) and not isinstance(v, bool)):
-            if isinstance(v, bool) or not isinstance(v, (int, float)):
-                return None, f"{self.field}: a {_kind(v)} is not a number"
-            if not math.isfinite(v):
-                return None, f"{self.field}: number is not finite"
-            lo, hi = (self.lower, self.upper) if t == "number" else (-_MAX_SAFE_NUMBER, _MAX_SAFE_NUMBER)
-            if not lo <= v <= hi:
-                return None, f"{self.field}: number {_shown(v)} outside its domain [{lo:g}, {hi:g}]"
-            if self.integer and float(v) != int(v):
-                return None, f"{self.field}: number {_shown(v)} is not an integer"
-            return v, None
-        if t == "scalar" and isinstance(v, bool):
-            return v, None
-        if not isinstance(v, str):
-            return None, f"{self.field}: a {_kind(v)} is not text"
-        if len(v) > self.max_length:
-            return None, f"{self.field}: text of {len(v)} characters, more than {self.max_length}"
-        if not self._text.fullmatch(v):
-            return None, f"{self.field}: text {_shown(v)} has characters outside [{self.charset}]"
-        return v, None
-
-
-def _kind(v) -> str:
-    return {dict: "object", list: "list", str: "string", bool: "boolean"}.get(type(v), type(v).__name__)
-
-
-def _shown(v, limit: int = 40) -> str:
-    """A value for a reason: repr (escapes control characters and lone surrogates), cut to ``limit``."""
-    r = repr(v)
-    return r if len(r) <= limit else r[:limit] + "...'"
-
-
-def _flat_domains(table: dict, prefix: str = "") -> dict:
-    """Domains by dotted field path: ``"a.b" = {...}`` and the nested form TOML makes of an unquoted dotted key
-    (``a.b = {...}``, ``[sensitive.domains.a] b = {...}``) are the same."""
-    out = {}
-    for key, value in table.items():
-        if isinstance(value, dict) and "type" not in value and value:
-            out.update(_flat_domains(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
-def _parse_domain(name: str, table) -> SensitiveDomain:
-    t = Table(table, f"sensitive.domains.{name}", DOMAIN_KEYS)
-    kind = t.choice("type", SENSITIVE_TYPES)
-    domain = SensitiveDomain(name, kind)
-    if kind == "category":
-        values = t.strings("values", min_items=1)
-        other = t.text("other", None)
-        if other is not None and other not in values:
-            raise ConfigError(f"{t.key('other')}: {other!r} must be one of the declared values")
-        domain = SensitiveDomain(name, kind, values=values, other=other)
-    elif kind == "number":
-        lower, upper = t.number("lower"), t.number("upper")
-        if lower > upper:
-            raise ConfigError(f"{t.path}: lower ({lower}) must not be above upper ({upper})")
-        domain = SensitiveDomain(name, kind, lower=lower, upper=upper, integer=t.boolean("integer", False))
-    elif kind == "text":
-        charset = t.text("charset", DEFAULT_TEXT_CHARSET)
-        try:
-            re.compile(f"[{charset}]*")
-        except re.error as exc:
-            raise ConfigError(f"{t.key('charset')}: not a regular-expression character class: {exc}") from None
-        domain = SensitiveDomain(name, kind, charset=charset,
-                                 max_length=t.integer("max_length", 1, MAX_TEXT_LENGTH, DEFAULT_TEXT_MAX_LENGTH))
-    t.done(f"not a key of a {kind} domain")
-    return domain
-
-
 M_HORIZON_S = 7 * 86400.0          # default anonymization.m_horizon_s (docs/contracts.md, m-invariance)
 DUPLICATE_HORIZON_S = 86400.0       # default limits.duplicate_horizon_s
 
@@ -262,7 +137,8 @@ class StreamConfig:
         return tuple(dict.fromkeys((self.stream.privacy_unit, *self.drop, *self.pseudonymize)))
 
     def replace_anonymization(self, **changes) -> "StreamConfig":
-        """A copy with some anonymization parameters changed (e.g. k from the command line), re-validated."""
+        """A copy with some anonymization parameters changed (e.g. k from the command line; None removes a key),
+        re-validated."""
         raw = {**self.raw, "anonymization": {**self.raw.get("anonymization", {}), **changes}}
         return parse_config(raw, base_dir=self.source.parent if self.source else Path("."), source=self.source)
 
@@ -286,7 +162,7 @@ def parse_config(raw: dict, base_dir: Path = Path("."), source: Path | None = No
     """
     top = Table(raw, "", TOP_LEVEL_KEYS, noun="table")
     stream = _parse_stream(top.table("stream", STREAM_KEYS))
-    anonymization, strategy_params = _parse_anonymization(top.table("anonymization", ANONYMIZATION_KEYS))
+    anonymization, strategy_params = _parse_anonymization(top.table("anonymization", ANONYMIZATION_KEYS), base_dir)
     qis = _parse_quasi_identifiers(top.get("quasi_identifiers", []), base_dir)
     sensitive, invariant, domains = _parse_sensitive(top.table("sensitive", SENSITIVE_KEYS, {}), anonymization)
     drop, pseudo = _parse_identifiers(top.table("identifiers", IDENTIFIER_KEYS, {}), stream, qis, sensitive,
@@ -314,8 +190,8 @@ def _parse_stream(t: Table) -> StreamSection:
     lateness = t.number("allowed_lateness_s", 0.0, at_least=0, at_most=MAX_SECONDS)
     future = t.number("max_future_s", None, above=0, at_most=MAX_SECONDS)
     if future is not None and future < lateness:
-        raise ConfigError(f"stream.max_future_s ({future!r}) must be at least stream.allowed_lateness_s "
-                          f"({lateness!r}): events up to the allowed lateness apart are expected in any order")
+        raise ConfigError(f"stream.max_future_s: must be at least stream.allowed_lateness_s ({lateness!r}), got "
+                          f"{future!r}: events up to the allowed lateness apart are expected in any order")
     section = StreamSection(name=name, kind=kind, input_topic=t.text("input_topic"),
                             privacy_unit=t.text("privacy_unit"), event_time=t.text("event_time"),
                             event_types=event_types, allowed_lateness_s=lateness,
@@ -325,7 +201,7 @@ def _parse_stream(t: Table) -> StreamSection:
     return section
 
 
-def _parse_anonymization(t: Table) -> tuple[Anonymization, Any]:
+def _parse_anonymization(t: Table, base_dir: Path) -> tuple[Anonymization, Any]:
     """[anonymization]: k, windows and deadlines, the strategy and its parameters, reuse, m-invariance."""
     k = t.integer("k", 2, MAX_COUNT)
     window_s = t.number("window_s", above=0, at_most=MAX_SECONDS)
@@ -333,7 +209,7 @@ def _parse_anonymization(t: Table) -> tuple[Anonymization, Any]:
     if max_delay_s < window_s:
         raise ConfigError(f"anonymization.max_delay_s: must be >= window_s ({window_s}), got {max_delay_s}")
     strategy = t.choice("strategy", tuple(STRATEGIES), "mondrian")
-    params = t.mapping("strategy_params", {})
+    params = _graph_files(t.mapping("strategy_params", {}), base_dir)
     strategy_params = _make_params(STRATEGIES[strategy].Params, params, "anonymization.strategy_params")
     reuse = t.choice("reuse", REUSE_POLICIES, "deadline")
     anonymization = Anonymization(
@@ -372,6 +248,16 @@ def _parse_m(t: Table, window_s: float, strategy: str, reuse: str) -> dict:
     if horizon is None:         # the default bounds memory (docs/configuration.md, m_horizon_s)
         horizon = max(M_HORIZON_S, window_s)
     return {"m": m, "m_horizon_s": horizon, "m_params": dict(params)}
+
+
+def _graph_files(params: dict, base_dir: Path) -> dict:
+    """``strategy_params.graphs`` (utility-clustering's station graphs, QI name -> CSV file) with each file
+    resolved against the config file's directory and checked now, as every other file of a configuration."""
+    graphs = params.get("graphs")
+    if not isinstance(graphs, dict):
+        return params
+    return {**params, "graphs": {q: str(check_file(g, f"anonymization.strategy_params.graphs.{q}", base_dir))
+                                 if isinstance(g, str) else g for q, g in graphs.items()}}
 
 
 def _make_params(cls, params: dict, path: str):
@@ -423,7 +309,7 @@ def _parse_qi(t: Table, base_dir: Path) -> QuasiIdentifier:
         read = t.timestamp if kind == "timestamp" else t.number
         lower, upper = read("lower"), read("upper")
         if not lower < upper:
-            raise ConfigError(f"{t.path}: lower ({t.raw['lower']}) must be below upper ({t.raw['upper']})")
+            raise ConfigError(f"{t.key('lower')}: must be below upper ({t.raw['upper']}), got {t.raw['lower']}")
         qi = QuasiIdentifier(name, fields, kind, (lower,), (upper,), weight)
     t.done(f"not a key of a {kind} quasi-identifier")
     return qi
@@ -442,7 +328,8 @@ def _parse_geopoint(t: Table, name: str, fields: tuple[str, ...], weight: float)
                        check_number(v[1], f"{t.key(key)}[1]", at_least=-180, at_most=180)))
     lower, upper = bounds
     if not (lower[0] < upper[0] and lower[1] < upper[1]):
-        raise ConfigError(f"{t.path}: lower must be below upper in both latitude and longitude")
+        raise ConfigError(f"{t.key('lower')}: must be below upper in both latitude and longitude, got {list(lower)} "
+                          f"and {list(upper)}")
     grid = t.number("grid_deg", None, above=0, at_most=180)
     return QuasiIdentifier(name, fields, "geopoint", lower, upper, weight, grid=grid, h3=_parse_h3(t, grid))
 
@@ -486,11 +373,11 @@ def _parse_sensitive(t: Table, anonymization: Anonymization):
         if invariant not in sensitive:
             raise ConfigError(f"sensitive.invariant: {invariant!r} must also be listed in sensitive.fields (its "
                               "values are what each class publishes and what its signature is made of)")
-    domains_raw = _flat_domains(t.mapping("domains", {}))
+    domains_raw = flat_domains(t.mapping("domains", {}))
     for name in domains_raw:
         if name not in sensitive:
             raise ConfigError(f"sensitive.domains.{name}: not one of sensitive.fields")
-    domains = tuple(_parse_domain(f, domains_raw[f]) if f in domains_raw else SensitiveDomain(f)
+    domains = tuple(parse_domain(f, domains_raw[f]) if f in domains_raw else SensitiveDomain(f)
                     for f in sensitive)
     t.done()
     return sensitive, invariant, domains
@@ -501,9 +388,10 @@ def _parse_identifiers(t: Table, stream: StreamSection, qis, sensitive, invarian
     drop, pseudo = t.strings("drop", ()), t.strings("pseudonymize", ())
     t.done()
     identifiers = {stream.privacy_unit, *drop, *pseudo}
-    qi_fields = {f for q in qis for f in q.fields}
-    for bad, where in ((identifiers & set(sensitive), "sensitive.fields"),
-                       (identifiers & qi_fields, "quasi_identifiers"), (identifiers & {invariant}, "sensitive.invariant")):
+    published = {"sensitive.fields": set(sensitive), "quasi_identifiers": {f for q in qis for f in q.fields},
+                 "sensitive.invariant": {invariant}}
+    for where, fields in published.items():
+        bad = identifiers & fields
         if bad:
             raise ConfigError(f"{where}: identifier field(s) {sorted(bad)} would be published; "
                               "identifiers are never output")
@@ -558,12 +446,17 @@ def _parse_input(table, stream: StreamSection, qis, sensitive, dp, base_dir: Pat
 
 def with_absolute_paths(raw: dict, base_dir: Path) -> dict:
     """The config document with every file it names made absolute against ``base_dir`` (the directory of the file
-    it was read from): hierarchies of quasi-identifiers and aggregate groups, CSV lookup tables of ``[input]``. For
-    copies written elsewhere (calibrated configs, the demo's derived configs). Changes ``raw`` in place."""
+    it was read from): hierarchies of quasi-identifiers and aggregate groups, CSV lookup tables of ``[input]``,
+    utility-clustering's station graphs. For copies written elsewhere (calibrated configs, the demo's derived
+    configs). Changes ``raw`` in place."""
     tables = raw.get("quasi_identifiers", []) + [g for a in raw.get("aggregates", []) for g in a.get("group_by", [])]
     for table in tables:
-        if isinstance(table.get("hierarchy"), str):
+        if isinstance(table.get("hierarchy"), str) and table["hierarchy"] != "h3":    # "h3" names no file
             table["hierarchy"] = str((base_dir / table["hierarchy"]).resolve())
+    graphs = (raw.get("anonymization") or {}).get("strategy_params", {}).get("graphs")
+    for q, g in (graphs.items() if isinstance(graphs, dict) else ()):
+        if isinstance(g, str):
+            graphs[q] = str((base_dir / g).resolve())
     for spec in (raw.get("input") or {}).get("fields", {}).values():
         if isinstance(spec, dict) and isinstance(spec.get("lookup"), str):
             spec["lookup"] = str((base_dir / spec["lookup"]).resolve())
@@ -580,8 +473,3 @@ def load_config(path: str | Path) -> StreamConfig:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config: {path} is not valid TOML: {exc}") from None
     return parse_config(raw, base_dir=path.parent, source=path.resolve())
-
-
-def config_dict(cfg: StreamConfig) -> dict[str, Any]:
-    """The raw validated document (for reports)."""
-    return cfg.raw

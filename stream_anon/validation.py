@@ -193,10 +193,10 @@ def check_fields(value, key: str) -> tuple[str, ...]:
 def check_strings(value, key: str, min_items: int = 0, allow_empty: bool = False) -> tuple[str, ...]:
     """A list of at least ``min_items`` strings, none empty unless ``allow_empty`` (field paths, names).
 
-    >>> check_strings(["tap_in", ""], "stream.event_types", min_items=1)
+    >>> check_strings(["tap_in", ""], "event_types", min_items=1)
     Traceback (most recent call last):
     ...
-    stream_anon.errors.ConfigError: stream.event_types: expected a non-empty list of non-empty strings, got list ['tap_in', '']
+    stream_anon.errors.ConfigError: event_types: expected a non-empty list of non-empty strings, got list ['tap_in', '']
     """
     if (not isinstance(value, list) or len(value) < min_items
             or not all(isinstance(v, str) and (v or allow_empty) for v in value)):
