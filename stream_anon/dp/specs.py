@@ -387,8 +387,8 @@ def parse_aggregate(table: Any, path: str, base_dir: Path, event_time: str = "ev
     if kind in ("sum", "mean"):
         lower, upper = t.number("lower"), t.number("upper")
         if not lower < upper:
-            raise ConfigError(f"{t.path}: lower ({lower}) must be below upper ({upper}) (clamping bounds come "
-                              f"from configuration, never from the data)")
+            raise ConfigError(f"{t.key('lower')}: must be below upper ({upper}), got {lower} (clamping bounds "
+                              f"come from configuration, never from the data)")
     if kind == "histogram":
         b = t.get("bins")
         if not isinstance(b, list) or len(b) < 2:
@@ -508,6 +508,8 @@ def _period_mode(t: Table, raw: dict, stream: dict) -> dict:
     if unit == "event":
         # every event is its own unit: the aggregator ignores the field; it stays set (the stream's unit field,
         # else the event time) so field projections that list it keep working
+        if "unit_field" in t:
+            raise ConfigError("dp.unit_field: not with dp.unit = 'event' (every event is its own unit)")
         unit_field = stream.get("privacy_unit")
         unit_field = unit_field if isinstance(unit_field, str) and unit_field else stream.get("event_time",
                                                                                                 "event_time")
