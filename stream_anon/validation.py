@@ -146,7 +146,7 @@ def check_choice(value, key: str, choices: Iterable):
     stream_anon.errors.ConfigError: anonymization.reuse: must be one of deadline, immediate, never, got 'sometimes'
     """
     choices = tuple(choices)
-    if isinstance(value, (dict, list)) or value not in choices or isinstance(value, bool):
+    if isinstance(value, bool) or value not in choices:        # True == 1: a boolean is no choice of numbers
         raise ConfigError(f"{key}: must be one of {', '.join(map(str, choices))}, got {_shown(value)}")
     return value
 
@@ -259,6 +259,12 @@ def check_timestamp(value, key: str) -> float:
     return ts.timestamp()
 
 
+def _check_mapping(value, key: str) -> dict:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key}: expected a table, got {_got(value)}")
+    return value
+
+
 def unknown_key(key: str, name: str, known: Iterable[str], noun: str = "key") -> ConfigError:
     """The error for a key ``name`` that is not one of ``known``, with the nearest known one when close."""
     close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
@@ -311,67 +317,52 @@ class Table:
             raise ConfigError(f"{self.key(name)}: missing")
         return default
 
-    def _take(self, name: str, default):
-        return self.get(name, REQUIRED if default is REQUIRED else _ABSENT)
+    def _checked(self, name: str, default, check, *args, **kwargs):
+        """``check(value, full key, ...)`` of the value of ``name``; ``default`` itself when absent."""
+        v = self.get(name, REQUIRED if default is REQUIRED else _ABSENT)
+        return default if v is _ABSENT else check(v, self.key(name), *args, **kwargs)
 
     def number(self, name: str, default=REQUIRED, **bounds) -> float:
-        v = self._take(name, default)
-        return default if v is _ABSENT else check_number(v, self.key(name), **bounds)
+        return self._checked(name, default, check_number, **bounds)
 
     def integer(self, name: str, lo: int, hi: int, default=REQUIRED) -> int:
-        v = self._take(name, default)
-        return default if v is _ABSENT else check_integer(v, self.key(name), lo, hi)
+        return self._checked(name, default, check_integer, lo, hi)
 
     def choice(self, name: str, choices: Iterable, default=REQUIRED):
-        v = self._take(name, default)
-        return default if v is _ABSENT else check_choice(v, self.key(name), choices)
+        return self._checked(name, default, check_choice, choices)
 
     def text(self, name: str, default=REQUIRED) -> str:
-        v = self._take(name, default)
-        return default if v is _ABSENT else check_text(v, self.key(name))
+        return self._checked(name, default, check_text)
 
     def name(self, name: str = "name", default=REQUIRED) -> str:
-        v = self._take(name, default)
-        return default if v is _ABSENT else check_name(v, self.key(name))
+        return self._checked(name, default, check_name)
 
     def boolean(self, name: str, default=REQUIRED) -> bool:
-        v = self._take(name, default)
-        return default if v is _ABSENT else check_bool(v, self.key(name))
+        return self._checked(name, default, check_bool)
 
     def fields(self, name: str, default=REQUIRED) -> tuple[str, ...]:
-        v = self._take(name, default)
-        return default if v is _ABSENT else check_fields(v, self.key(name))
+        return self._checked(name, default, check_fields)
 
     def strings(self, name: str, default=REQUIRED, min_items: int = 0, allow_empty: bool = False
                 ) -> tuple[str, ...]:
-        v = self._take(name, default)
-        return default if v is _ABSENT else check_strings(v, self.key(name), min_items, allow_empty)
+        return self._checked(name, default, check_strings, min_items, allow_empty)
 
     def file(self, name: str, base_dir, default=REQUIRED) -> Path:
-        v = self._take(name, default)
-        return default if v is _ABSENT else check_file(v, self.key(name), base_dir)
+        return self._checked(name, default, check_file, base_dir)
 
     def timezone(self, name: str, default=REQUIRED):
-        v = self._take(name, default)
-        return default if v is _ABSENT else check_timezone(v, self.key(name))
+        return self._checked(name, default, check_timezone)
 
     def timestamp(self, name: str, default=REQUIRED) -> float:
-        v = self._take(name, default)
-        return default if v is _ABSENT else check_timestamp(v, self.key(name))
+        return self._checked(name, default, check_timestamp)
 
     def mapping(self, name: str, default=REQUIRED) -> dict:
         """A table whose keys are names chosen by the user (field names, QI names), not keys to check."""
-        v = self._take(name, default)
-        if v is _ABSENT:
-            return default
-        if not isinstance(v, dict):
-            raise ConfigError(f"{self.key(name)}: expected a table, got {_got(v)}")
-        return v
+        return self._checked(name, default, _check_mapping)
 
     def table(self, name: str, keys: Iterable[str], default=REQUIRED) -> "Table":
-        """The sub-table ``name`` as a :class:`Table` (an empty one when absent and a default is given)."""
-        v = self._take(name, default)
-        return Table({} if v is _ABSENT else v, self.key(name), keys)
+        """The sub-table ``name`` as a :class:`Table` (of ``default``, e.g. ``{}``, when absent)."""
+        return Table(self.mapping(name, default), self.key(name), keys)
 
     def done(self, unused: str = "not used with the other keys of this table") -> None:
         """Refuse every known key present but not read (``unused`` says why it has no meaning here)."""

@@ -31,7 +31,8 @@ from typing import Any
 
 from stream_anon.errors import ConfigError
 from stream_anon.hierarchy import Hierarchy
-from stream_anon.validation import MAX_COUNT, REQUIRED, Table, check_integer, check_number, named_tables
+from stream_anon.validation import MAX_COUNT, MAX_SECONDS, REQUIRED, Table, check_integer, check_number, \
+    named_tables
 
 KINDS = ("count", "sum", "mean", "histogram", "ratio")
 OUTPUTS = ("per_window", "running", "both")
@@ -341,10 +342,8 @@ def _parse_group(raw: Any, path: str, base_dir: Path, event_time: str) -> GroupK
         group = GroupKey(name, fields, "values", tuple(values), {v: v for v in values})
     else:
         file = t.file("hierarchy", base_dir)
-        level = t.get("level", 0)
-        if isinstance(level, bool) or not isinstance(level, (str, int)):
-            raise ConfigError(f"{t.key('level')}: expected a level name or a number of levels above the leaves")
-        if isinstance(level, int):
+        level = t.get("level", 0)      # a name of the file's levels, or a number of levels above the leaves
+        if not isinstance(level, str):
             check_integer(level, t.key("level"), 0, MAX_LEVEL)
         try:
             _, mapping, domain = hierarchy_level(file, level)
@@ -498,10 +497,9 @@ def _period_mode(t: Table, raw: dict, stream: dict) -> dict:
     t.timezone("timezone")
     budget = t.number("epsilon_per_period", above=0)
     anon = raw.get("anonymization", {}) if isinstance(raw.get("anonymization", {}), dict) else {}
-    window_s = anon.get("window_s")
-    if isinstance(window_s, bool) or not isinstance(window_s, (int, float)) or not window_s > 0:
-        raise ConfigError(f"anonymization.window_s: dp.period needs the window length in seconds, got "
-                          f"{window_s!r}")
+    if anon.get("window_s") is None:
+        raise ConfigError("anonymization.window_s: missing (dp.period needs the window length in seconds)")
+    window_s = check_number(anon["window_s"], "anonymization.window_s", above=0, at_most=MAX_SECONDS)
     if PERIODS[period] % window_s:
         raise ConfigError(f"dp.period: a {period} must hold a whole number of windows of {window_s} s")
     per = int(PERIODS[period] // window_s)
