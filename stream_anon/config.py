@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stream_anon.connection import SETTINGS as KAFKA_KEYS
 from stream_anon.domains import DOMAIN_KEYS, SensitiveDomain, flat_domains, parse_domain
 from stream_anon.errors import ConfigError
 from stream_anon.formers.minvariant import MInvariantParams
@@ -37,7 +38,7 @@ MAX_EVENT_BYTES = 16 * 2 ** 20
 # tests/test_config_reference.py compares them). The tables of [dp] and [[aggregates]] are in
 # stream_anon.dp.specs, those of [input] in stream_anon.inputs.mapping.
 TOP_LEVEL_KEYS = ("stream", "anonymization", "quasi_identifiers", "sensitive", "identifiers", "limits", "dp",
-                  "aggregates", "input")
+                  "aggregates", "input", "kafka")
 STREAM_KEYS = ("name", "kind", "input_topic", "privacy_unit", "event_time", "event_types", "allowed_lateness_s",
                "late_policy", "max_future_s", "partitions")
 ANONYMIZATION_KEYS = ("k", "window_s", "max_delay_s", "strategy", "strategy_params", "seed", "reuse",
@@ -178,6 +179,9 @@ def parse_config(raw: dict, base_dir: Path = Path("."), source: Path | None = No
         from stream_anon.dp.specs import parse_dp_config
         dp = parse_dp_config(raw, base_dir)
     spec = _parse_input(top.get("input", None), stream, qis, sensitive, dp, base_dir)
+    # the connection settings: unknown ones refused here; the values, merged with the environment and the command
+    # line, are checked by stream_anon.connection.resolve when a command starts
+    top.table("kafka", KAFKA_KEYS, {})
     top.done()
     return StreamConfig(stream, anonymization, qis, sensitive, invariant, drop, pseudo, limits, source, raw, dp,
                         domains, input=spec)
@@ -415,7 +419,8 @@ def table_keys() -> dict[str, tuple[str, ...]]:
             "anonymization.m_params": tuple(f.name for f in dataclasses.fields(MInvariantParams)),
             "quasi_identifiers": QI_KEYS, "sensitive": SENSITIVE_KEYS, "sensitive.domains.FIELD": DOMAIN_KEYS,
             "identifiers": IDENTIFIER_KEYS, "limits": LIMIT_KEYS, "dp": DP_KEYS, "aggregates": AGGREGATE_KEYS,
-            "aggregates.group_by": GROUP_KEYS, "input": INPUT_KEYS, "input.fields.FIELD": FIELD_KEYS}
+            "aggregates.group_by": GROUP_KEYS, "input": INPUT_KEYS, "input.fields.FIELD": FIELD_KEYS,
+            "kafka": KAFKA_KEYS}
     for name, cls in STRATEGIES.items():
         keys[f"anonymization.strategy_params ({name})"] = tuple(f.name for f in dataclasses.fields(cls.Params))
     return keys
