@@ -35,8 +35,9 @@ MAX_WEIGHT = 1e6                     # a QI's NCP weight (relative to the others
 MAX_EVENT_BYTES = 16 * 2 ** 20
 
 # Every table of a stream configuration and the keys it may hold (docs/configuration.md lists the same keys;
-# tests/test_config_reference.py compares them). The tables of [dp] and [[aggregates]] are in
-# stream_anon.dp.specs, those of [input] in stream_anon.inputs.mapping.
+# tests/test_config_reference.py compares them; table_keys() lists all). The others are declared beside their
+# readers: [dp] and [[aggregates]] in stream_anon.dp.specs, [input] in stream_anon.inputs.mapping, the sensitive
+# domains in stream_anon.domains, [kafka] in stream_anon.connection.
 TOP_LEVEL_KEYS = ("stream", "anonymization", "quasi_identifiers", "sensitive", "identifiers", "limits", "dp",
                   "aggregates", "input", "kafka")
 STREAM_KEYS = ("name", "kind", "input_topic", "privacy_unit", "event_time", "event_types", "allowed_lateness_s",

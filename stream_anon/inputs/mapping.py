@@ -1,6 +1,7 @@
 """The ``[input]`` table of a stream config: which format the raw topic carries and where each engine field comes
-from. Parsed and validated here (errors name the key, e.g. ``input.fields.speed_kmh.cast: ...``), without the
-engine's config module: the audit parses the same table to decode the raw topic on its own.
+from (every key: docs/configuration.md). Validated here with stream_anon.validation (errors name the key, e.g.
+``input.fields.speed_kmh.cast: ...``; unknown keys are refused), without the engine's config module: the audit
+parses the same table to decode the raw topic on its own.
 
 ::
 
