@@ -13,7 +13,9 @@ Layers (issue 9), from the bottom: strategies, formers and dp (each section's pa
   strategies and formers and the DP specs, which import nothing above them);
 - ``stream_anon.strategies``, ``stream_anon.formers`` and ``stream_anon.dp`` import nothing from config, engine,
   kafka (and the strategies nothing from the formers);
-- ``stream_anon.audit`` imports nothing from engine, strategies, formers, config, kafka.
+- ``stream_anon.audit`` imports nothing from engine, strategies, formers, config, kafka;
+- ``stream_anon.validation`` (used by every layer's parameter checks) is at the very bottom: of the package it
+  imports only ``stream_anon.errors``, and besides that the standard library alone.
 Checked twice: on the direct imports of the layer's modules, and at run time (a fresh interpreter imports every
 module of the layer and must not have loaded a forbidden module through any chain).
 """
@@ -203,6 +205,18 @@ def test_layer_imports_nothing_from_a_higher_layer(layer):
     report = [f"{e.where()} imports {e.target}" for e in sorted(bad, key=lambda e: (e.source, e.line))]
     print("\n".join(report))
     assert not bad, f"{layer} imports from a higher layer:\n" + "\n".join(report)
+
+
+BOTTOM = {"stream_anon.validation": {"stream_anon.errors"}}   # module -> the package modules it may import
+
+
+@pytest.mark.parametrize("module", sorted(BOTTOM))
+def test_bottom_module_imports_only_the_standard_library_and_errors(module):
+    _, edges = import_graph()
+    own = [e for e in edges if e.source == module]
+    bad = [e for e in own if (e.target not in BOTTOM[module] if e.internal
+                              else e.target not in sys.stdlib_module_names and e.target != "__future__")]
+    assert own and not bad, [f"{e.where()} imports {e.target}" for e in bad]
 
 
 _RUNTIME_PROBE = r"""

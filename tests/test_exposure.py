@@ -132,9 +132,10 @@ def test_undeclared_sensitive_fields_get_the_safe_scalar_domain():
     ({"type": "colour"}, "type: must be one of"),
     ({"type": "category", "values": []}, "values: expected a non-empty list"),
     ({"type": "category", "values": ["a"], "other": "b"}, "other: 'b' must be one of"),
-    ({"type": "number", "lower": 5, "upper": 1}, "must be finite and not above"),
+    ({"type": "number", "lower": 5, "upper": 1}, r"lower: must not be above upper \(1.0\), got 5.0"),
+    ({"type": "number", "lower": float("nan"), "upper": 1}, "lower: expected a finite number"),
     ({"type": "text", "charset": "a-"}, None),
-    ({"type": "text", "max_length": 0}, "max_length: must be a positive"),
+    ({"type": "text", "max_length": 0}, r"max_length: must be in \[1, 65536\], got 0"),
     ({"type": "number", "lower": 0, "upper": 1, "values": [1]}, "values: not a key of a number domain"),
 ])
 def test_domain_errors_name_the_key(domain, message):

@@ -15,7 +15,7 @@ pytest.importorskip("google.protobuf")
 pytest.importorskip("google.transit")
 
 from stream_anon.config import ConfigError, load_config, parse_config  # noqa: E402
-from stream_anon.inputs import Decoder, InputConfigError, decode_file, parse_input  # noqa: E402
+from stream_anon.inputs import Decoder, decode_file, parse_input  # noqa: E402
 from stream_anon.inputs.samples import gtfs_feeds, tesla_payloads, vin_of  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,7 +67,7 @@ def test_every_engine_field_mapped_and_nothing_else():
 
 
 def test_parse_input_alone_is_keyed():
-    with pytest.raises(InputConfigError, match=r"^input.fields.x: give exactly one of path, pointer or value"):
+    with pytest.raises(ConfigError, match=r"^input.fields.x: give exactly one of path, pointer or value"):
         parse_input({"format": "json", "fields": {"x": {"cast": "int"}}}, event_types=("t",))
 
 
@@ -149,7 +149,7 @@ def test_number_text_unit_decimal_comma_lost_point():
     ({"path": "a", "null_values": "0.0"}, "input.fields.v.null_values"),
 ])
 def test_new_field_keys_are_validated(field, key, tmp_path):
-    with pytest.raises(InputConfigError) as exc:
+    with pytest.raises(ConfigError) as exc:
         parse_input({"format": "csv", "columns": ["a", "b"], "fields": {
             "t": {"value": "2020-01-01T00:00:00+00:00"}, "v": field}}, event_time="t", event_types=("x",),
             base_dir=tmp_path)

@@ -118,8 +118,8 @@ def base_raw(**anon):
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"anonymization": {"m": 1}}, "anonymization.m: must be an integer >= 2"),
-    ({"anonymization": {"m": "3"}}, "anonymization.m: must be an integer >= 2"),
+    ({"anonymization": {"m": 1}}, "anonymization.m: must be in .2, 1000000., got 1"),
+    ({"anonymization": {"m": "3"}}, "anonymization.m: expected an integer, got string '3'"),
     ({"anonymization": {"m": 2, "m_horizon_s": -5}}, "anonymization.m_horizon_s"),
     ({"anonymization": {"m": 2, "m_horizon_s": 10}}, "anonymization.m_horizon_s: must be at least window_s"),
     ({"anonymization": {"m_horizon_s": 600}}, "anonymization.m_horizon_s: only meaningful with anonymization.m"),

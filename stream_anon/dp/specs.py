@@ -1,12 +1,12 @@
 """Differentially private aggregate specifications: the ``[dp]`` table and ``[[aggregates]]`` tables of a stream
-configuration (docs/contracts.md; example in ``configs/oyster.toml``).
+configuration (every key: docs/configuration.md; example in ``configs/oyster.toml``).
 
-Every parameter is validated once, here, with an error that names the key
-(``aggregates.taps_per_zone.epsilon: must be > 0``). Group-key **domains come from configuration** (an explicit
-list of values, a level of a configured hierarchy, or the hours 0-23), never from the stream: the set of keys
-published is then the same whatever the data, so absent keys are published (with noise) and the key set reveals
-nothing (Dwork & Roth, *The Algorithmic Foundations of Differential Privacy*, 2014, section 2.3: a histogram's
-cells must be fixed in advance).
+Every parameter is validated once, here, through :mod:`stream_anon.validation`, with an error that names the key
+(``aggregates.taps_per_zone.epsilon: must be > 0, got 0``); a key no table knows is refused.
+Group-key **domains come from configuration** (an explicit list of values, a level of a configured hierarchy, or
+the hours 0-23), never from the stream: the set of keys published is then the same whatever the data, so absent
+keys are published (with noise) and the key set reveals nothing (Dwork & Roth, *The Algorithmic Foundations of
+Differential Privacy*, 2014, section 2.3: a histogram's cells must be fixed in advance).
 
 >>> raw = {"stream": {"privacy_unit": "card_id", "event_time": "event_time"},
 ...        "dp": {"epsilon_budget": 4.0},
@@ -24,7 +24,6 @@ import functools
 import itertools
 import json
 import math
-import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -32,6 +31,8 @@ from typing import Any
 
 from stream_anon.errors import ConfigError
 from stream_anon.hierarchy import Hierarchy
+from stream_anon.validation import MAX_COUNT, MAX_SECONDS, REQUIRED, Table, check_integer, check_number, \
+    named_tables
 
 KINDS = ("count", "sum", "mean", "histogram", "ratio")
 OUTPUTS = ("per_window", "running", "both")
@@ -40,8 +41,16 @@ NOISES = ("auto", "geometric", "snapping", "laplace")   # "laplace" = "snapping"
 UNITS = ("event", "journey", "individual")
 PERIODS = {"hour": 3600, "day": 86400, "week": 7 * 86400}
 GROUP_KINDS = ("values", "hierarchy", "hour")
-_NAME_RE = re.compile(r"^[a-z0-9_-]+$")
-MISSING = object()
+MAX_WINDOWS = 10 ** 9      # horizon_windows: more windows than a stream of one-second windows has in 30 years
+MAX_LEVEL = 64             # levels above the leaves of a hierarchy
+
+# the keys of each table (docs/configuration.md lists the same; tests/test_config_reference.py compares them)
+DP_KEYS = ("epsilon_budget", "epsilon_per_period", "unit", "unit_field", "period", "timezone",
+           "max_windows_per_period")
+AGGREGATE_KEYS = ("name", "kind", "group_by", "epsilon", "max_contributions", "output", "horizon_windows",
+                  "mechanism", "noise", "value", "lower", "upper", "bins", "numerator_values", "where",
+                  "release_every_windows", "resolution", "max_windows_per_period")
+GROUP_KEYS = ("name", "field", "kind", "values", "hierarchy", "level")
 
 
 @dataclass(frozen=True)
@@ -281,32 +290,6 @@ def _fmt(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else repr(float(x))
 
 
-def _num(table: dict, key: str, path: str, required=True, default=MISSING):
-    if key not in table:
-        if required:
-            raise ConfigError(f"{path}.{key}: missing")
-        return default
-    v = table[key]
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise ConfigError(f"{path}.{key}: expected a finite number, got {v!r}")
-    return v
-
-
-def _choice(table: dict, key: str, path: str, choices, default):
-    v = table.get(key, default)
-    if v not in choices:
-        raise ConfigError(f"{path}.{key}: must be one of {', '.join(map(str, choices))}, got {v!r}")
-    return v
-
-
-def _fields(v, path: str) -> tuple[str, ...]:
-    if isinstance(v, str):
-        v = [v]
-    if not isinstance(v, list) or not v or not all(isinstance(x, str) and x for x in v):
-        raise ConfigError(f"{path}: expected a field path or a non-empty list of field paths")
-    return tuple(v)
-
-
 def hierarchy_level(file: Path, level: str | int) -> tuple[Hierarchy, dict, tuple[str, ...]]:
     """Leaf -> ancestor at ``level`` (a name from the file's ``levels`` list, ``value`` first, or a depth from
     the leaves: 0 = the leaves themselves). Returns (hierarchy, mapping, domain in depth-first order)."""
@@ -337,131 +320,107 @@ def hierarchy_level(file: Path, level: str | int) -> tuple[Hierarchy, dict, tupl
     return h, mapping, tuple(domain)
 
 
-def _parse_group(table: Any, path: str, base_dir: Path, event_time: str) -> GroupKey:
-    if not isinstance(table, dict):
-        raise ConfigError(f"{path}: expected a table {{name, field, values | hierarchy+level | kind='hour'}}")
-    name = table.get("name")
-    if not isinstance(name, str) or not _NAME_RE.match(name):
-        raise ConfigError(f"{path}.name: use lowercase letters, digits, '_' or '-', got {name!r}")
-    kind = table.get("kind") or ("hierarchy" if "hierarchy" in table else "values" if "values" in table else None)
-    if kind not in GROUP_KINDS:
-        raise ConfigError(f"{path}.kind: must be one of {', '.join(GROUP_KINDS)} (or give 'values' or "
-                          f"'hierarchy'), got {kind!r}; the key domain comes from configuration, never the data")
-    fields = _fields(table.get("field", event_time if kind == "hour" else None), f"{path}.field")
+def _parse_group(raw: Any, path: str, base_dir: Path, event_time: str) -> GroupKey:
+    t = Table(raw, path, GROUP_KEYS)
+    name = t.name()
+    kind = t.choice("kind", GROUP_KINDS, "hierarchy" if "hierarchy" in t else "values" if "values" in t else None)
+    if kind is None:
+        raise ConfigError(f"{t.key('kind')}: give values, hierarchy or kind = 'hour'; the key domain comes from "
+                          f"configuration, never the data")
+    fields = t.fields("field", (event_time,) if kind == "hour" else REQUIRED)
     if kind == "hour":
-        return GroupKey(name, fields, "hour", tuple(range(24)))
-    if kind == "values":
-        values = table.get("values")
+        group = GroupKey(name, fields, "hour", tuple(range(24)))
+    elif kind == "values":
+        values = t.get("values")
         if not isinstance(values, list) or not values or any(isinstance(v, (dict, list)) for v in values):
-            raise ConfigError(f"{path}.values: expected a non-empty list of values (the key domain)")
+            raise ConfigError(f"{t.key('values')}: expected a non-empty list of values (the key domain)")
+        for v in values:
+            if isinstance(v, float):
+                check_number(v, t.key("values"))
         if len(set(values)) != len(values):
-            raise ConfigError(f"{path}.values: duplicate values")
-        return GroupKey(name, fields, "values", tuple(values), {v: v for v in values})
-    hpath = table.get("hierarchy")
-    if not isinstance(hpath, str):
-        raise ConfigError(f"{path}.hierarchy: expected a file path (relative to the config file)")
-    file = (base_dir / hpath).resolve()
-    if not file.exists():
-        raise ConfigError(f"{path}.hierarchy: file not found: {file}")
-    level = table.get("level", 0)
-    if isinstance(level, bool) or not isinstance(level, (str, int)):
-        raise ConfigError(f"{path}.level: expected a level name or a number of levels above the leaves")
-    try:
-        _, mapping, domain = hierarchy_level(file, level)
-    except (ValueError, KeyError) as exc:
-        raise ConfigError(f"{path}.level: {exc}") from None
-    return GroupKey(name, fields, "hierarchy", domain, mapping)
+            raise ConfigError(f"{t.key('values')}: duplicate values")
+        group = GroupKey(name, fields, "values", tuple(values), {v: v for v in values})
+    else:
+        file = t.file("hierarchy", base_dir)
+        level = t.get("level", 0)      # a name of the file's levels, or a number of levels above the leaves
+        if not isinstance(level, str):
+            check_integer(level, t.key("level"), 0, MAX_LEVEL)
+        try:
+            _, mapping, domain = hierarchy_level(file, level)
+        except (ValueError, KeyError) as exc:
+            raise ConfigError(f"{t.key('level')}: {exc}") from None
+        group = GroupKey(name, fields, "hierarchy", domain, mapping)
+    t.done(f"not a key of a group of kind {kind!r}")
+    return group
 
 
-def parse_aggregate(table: Any, i: int, base_dir: Path, event_time: str = "event_time",
+def parse_aggregate(table: Any, path: str, base_dir: Path, event_time: str = "event_time",
                     period_mode: bool = False) -> AggregateSpec:
-    """One ``[[aggregates]]`` table -> :class:`AggregateSpec` (raises :class:`ConfigError` naming the key)."""
-    path = f"aggregates[{i}]"
-    if not isinstance(table, dict):
-        raise ConfigError(f"{path}: expected a table")
-    name = table.get("name")
-    if not isinstance(name, str) or not _NAME_RE.match(name):
-        raise ConfigError(f"{path}.name: use lowercase letters, digits, '_' or '-', got {name!r}")
-    path = f"aggregates.{name}"
-    known = {"name", "kind", "group_by", "epsilon", "max_contributions", "output", "horizon_windows", "mechanism",
-             "noise", "value", "lower", "upper", "bins", "numerator_values", "where", "release_every_windows",
-             "resolution", "max_windows_per_period"}
-    unknown = sorted(set(table) - known)
-    if unknown:
-        raise ConfigError(f"{path}.{unknown[0]}: unknown key (expected one of {', '.join(sorted(known))})")
-    kind = _choice(table, "kind", path, KINDS, table.get("kind"))
-    epsilon = _num(table, "epsilon", path)
-    if not epsilon > 0:
-        raise ConfigError(f"{path}.epsilon: must be > 0, got {epsilon!r}")
-    mc = table.get("max_contributions", MISSING)
-    if mc is MISSING:
-        raise ConfigError(f"{path}.max_contributions: missing (events per individual per window; it sets the "
+    """One ``[[aggregates]]`` table (``path``: ``aggregates.<name>``) -> :class:`AggregateSpec` (raises
+    :class:`ConfigError` naming the key)."""
+    t = table if isinstance(table, Table) else Table(table, path, AGGREGATE_KEYS)
+    name, kind = t.name(), t.choice("kind", KINDS)
+    epsilon = t.number("epsilon", above=0)
+    if "max_contributions" not in t:
+        raise ConfigError(f"{t.key('max_contributions')}: missing (events per individual per window; it sets the "
                           f"sensitivity)")
-    if isinstance(mc, bool) or not isinstance(mc, int) or mc < 1:
-        raise ConfigError(f"{path}.max_contributions: must be a positive integer, got {mc!r}")
-    output = _choice(table, "output", path, OUTPUTS, "per_window")
-    horizon = table.get("horizon_windows")
-    if horizon is not None and (isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1):
-        raise ConfigError(f"{path}.horizon_windows: must be a positive integer (omit it for an unknown horizon), "
-                          f"got {horizon!r}")
-    mechanism = _choice(table, "mechanism", path, MECHANISMS, "auto")
+    mc = t.integer("max_contributions", 1, MAX_COUNT)
+    output = t.choice("output", OUTPUTS, "per_window")
+    horizon = None if period_mode else t.integer("horizon_windows", 1, MAX_WINDOWS, None)
+    mechanism = t.choice("mechanism", MECHANISMS, "auto")
     if mechanism == "binary_tree" and horizon is None and not period_mode:
-        raise ConfigError(f"{path}.mechanism: binary_tree needs horizon_windows (use hybrid for an unknown horizon)")
-    noise = _choice(table, "noise", path, NOISES, "auto")
-    groups_raw = table.get("group_by", [])
+        raise ConfigError(f"{t.key('mechanism')}: binary_tree needs horizon_windows (use hybrid for an unknown "
+                          f"horizon)")
+    noise = t.choice("noise", NOISES, "auto")
+    groups_raw = t.get("group_by", [])
     if not isinstance(groups_raw, list):
-        raise ConfigError(f"{path}.group_by: expected a list of tables")
-    groups = tuple(_parse_group(g, f"{path}.group_by[{j}]", base_dir, event_time) for j, g in enumerate(groups_raw))
+        raise ConfigError(f"{t.key('group_by')}: expected a list of tables")
+    groups = tuple(_parse_group(g, f"{t.key('group_by')}[{j}]", base_dir, event_time)
+                   for j, g in enumerate(groups_raw))
     if len({g.name for g in groups}) != len(groups):
-        raise ConfigError(f"{path}.group_by: duplicate names")
-    value_field = lower = upper = None
+        raise ConfigError(f"{t.key('group_by')}: duplicate names")
+    value_field = t.text("value") if kind in ("sum", "mean", "histogram", "ratio") else None
+    lower = upper = None
     bins: tuple = ()
     numerator: tuple = ()
-    if kind in ("sum", "mean", "histogram", "ratio"):
-        value_field = table.get("value")
-        if not isinstance(value_field, str) or not value_field:
-            raise ConfigError(f"{path}.value: missing (the dotted path of the value field)")
     if kind in ("sum", "mean"):
-        lower, upper = _num(table, "lower", path), _num(table, "upper", path)
+        lower, upper = t.number("lower"), t.number("upper")
         if not lower < upper:
-            raise ConfigError(f"{path}: lower ({lower}) must be below upper ({upper}) (clamping bounds come from "
-                              f"configuration, never from the data)")
-        lower, upper = float(lower), float(upper)
+            raise ConfigError(f"{t.key('lower')}: must be below upper ({upper}), got {lower} (clamping bounds "
+                              f"come from configuration, never from the data)")
     if kind == "histogram":
-        b = table.get("bins")
-        if (not isinstance(b, list) or len(b) < 2 or
-                any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in b)):
-            raise ConfigError(f"{path}.bins: expected at least two numeric bin edges")
-        if any(b[i] >= b[i + 1] for i in range(len(b) - 1)):
-            raise ConfigError(f"{path}.bins: edges must increase strictly")
-        bins = tuple(float(x) for x in b)
+        b = t.get("bins")
+        if not isinstance(b, list) or len(b) < 2:
+            raise ConfigError(f"{t.key('bins')}: expected at least two numeric bin edges")
+        bins = tuple(check_number(x, f"{t.key('bins')}[{i}]") for i, x in enumerate(b))
+        if any(bins[i] >= bins[i + 1] for i in range(len(bins) - 1)):
+            raise ConfigError(f"{t.key('bins')}: edges must increase strictly")
         lower, upper = bins[0], bins[-1]
     if kind == "ratio":
-        nv = table.get("numerator_values")
+        nv = t.get("numerator_values")
         if not isinstance(nv, list) or not nv:
-            raise ConfigError(f"{path}.numerator_values: expected a non-empty list (an event is in the numerator "
-                              f"when its value is one of them)")
+            raise ConfigError(f"{t.key('numerator_values')}: expected a non-empty list (an event is in the "
+                              f"numerator when its value is one of them)")
         numerator = tuple(nv)
-    where_raw = table.get("where", {})
-    if not isinstance(where_raw, dict) or not all(isinstance(v, list) and v for v in where_raw.values()):
-        raise ConfigError(f"{path}.where: expected a table of field = [allowed values]")
-    where = tuple((k, tuple(v)) for k, v in where_raw.items())
-    every = table.get("release_every_windows", 1)
-    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-        raise ConfigError(f"{path}.release_every_windows: must be a positive integer, got {every!r}")
-    resolution = _num(table, "resolution", path, required=False, default=1.0)
-    if not resolution > 0:
-        raise ConfigError(f"{path}.resolution: must be > 0, got {resolution!r}")
+    where_raw = t.mapping("where", {})
+    if not all(isinstance(v, list) and v for v in where_raw.values()):
+        raise ConfigError(f"{t.key('where')}: expected a table of field = [allowed values]")
+    every = t.integer("release_every_windows", 1, MAX_COUNT, 1)
+    resolution = 1.0
     if kind in ("sum", "mean"):
+        resolution = t.number("resolution", 1.0, above=0)
         ratio = max(abs(lower), abs(upper)) / resolution
         if abs(ratio - round(ratio)) > 1e-9:
-            raise ConfigError(f"{path}.resolution: max(|lower|, |upper|) must be a multiple of it (integer noise "
-                              f"on values in units of the resolution), got {resolution!r}")
-    w_own = table.get("max_windows_per_period")
-    if w_own is not None and (isinstance(w_own, bool) or not isinstance(w_own, int) or w_own < 1):
-        raise ConfigError(f"{path}.max_windows_per_period: must be a positive integer, got {w_own!r}")
-    return AggregateSpec(name, kind, groups, float(epsilon), mc, output, horizon, mechanism, noise, value_field,
-                         lower, upper, bins, numerator, where, every, float(resolution), w_own)
+            raise ConfigError(f"{t.key('resolution')}: max(|lower|, |upper|) must be a multiple of it (integer "
+                              f"noise on values in units of the resolution), got {t.get('resolution')!r}")
+    w_own = t.integer("max_windows_per_period", 1, MAX_COUNT, None)
+    if period_mode and "horizon_windows" in t:
+        raise ConfigError(f"{t.key('horizon_windows')}: set by dp.period (the running counters restart every "
+                          f"period); remove it")
+    t.done(f"not a key of a {kind} aggregate")
+    return AggregateSpec(name, kind, groups, epsilon, mc, output, horizon, mechanism, noise, value_field,
+                         lower, upper, bins, numerator, tuple((k, tuple(v)) for k, v in where_raw.items()), every,
+                         resolution, w_own)
 
 
 def parse_dp_config(raw: dict, base_dir: str | Path = ".") -> DPConfig:
@@ -483,106 +442,89 @@ def parse_dp_config(raw: dict, base_dir: str | Path = ".") -> DPConfig:
     """
     base_dir = Path(base_dir)
     stream = raw.get("stream", {}) if isinstance(raw.get("stream", {}), dict) else {}
-    unit_field = stream.get("privacy_unit")
-    dp = raw.get("dp", {})
-    if not isinstance(dp, dict):
-        raise ConfigError("dp: expected a table")
-    known = {"epsilon_budget", "epsilon_per_period", "unit", "unit_field", "period", "timezone",
-             "max_windows_per_period"}
-    unknown = sorted(set(dp) - known)
-    if unknown:
-        raise ConfigError(f"dp.{unknown[0]}: unknown key (expected one of {', '.join(sorted(known))})")
-    period_mode = "period" in dp or "unit" in dp or "epsilon_per_period" in dp
-    unit, period, tz, w_max, window_s = "individual", None, "UTC", None, None
+    t = Table(raw.get("dp", {}), "dp", DP_KEYS)
+    period_mode = "period" in t or "unit" in t or "epsilon_per_period" in t
     if period_mode:
-        if "epsilon_budget" in dp:
-            raise ConfigError("dp.epsilon_budget: with dp.period use dp.epsilon_per_period (epsilon per unit and "
-                              "period)")
-        unit = _choice(dp, "unit", "dp", UNITS, dp.get("unit", MISSING) if "unit" in dp else None)
-        period = _choice(dp, "period", "dp", tuple(PERIODS), dp.get("period") if "period" in dp else None)
-        tz = dp.get("timezone", MISSING)
-        if not isinstance(tz, str):
-            raise ConfigError("dp.timezone: missing (an IANA time zone such as 'Europe/London'; periods are "
-                              "calendar periods there)")
-        try:
-            from zoneinfo import ZoneInfo
-            ZoneInfo(tz)
-        except Exception:                                   # ZoneInfoNotFoundError, ValueError
-            raise ConfigError(f"dp.timezone: unknown time zone {tz!r}") from None
-        budget = _num(dp, "epsilon_per_period", "dp")
-        if not budget > 0:
-            raise ConfigError(f"dp.epsilon_per_period: must be > 0, got {budget!r}")
-        anon = raw.get("anonymization", {}) if isinstance(raw.get("anonymization", {}), dict) else {}
-        window_s = anon.get("window_s")
-        if isinstance(window_s, bool) or not isinstance(window_s, (int, float)) or not window_s > 0:
-            raise ConfigError(f"anonymization.window_s: dp.period needs the window length in seconds, got "
-                              f"{window_s!r}")
-        if PERIODS[period] % window_s:
-            raise ConfigError(f"dp.period: a {period} must hold a whole number of windows of {window_s} s")
-        if unit == "event":
-            # every event is its own unit: the aggregator ignores the field; it stays set (the stream's unit
-            # field, else the event time) so field projections that list it keep working
-            unit_field = unit_field if isinstance(unit_field, str) and unit_field else stream.get("event_time",
-                                                                                                  "event_time")
-            if "max_windows_per_period" in dp and dp["max_windows_per_period"] != 1:
-                raise ConfigError("dp.max_windows_per_period: an event is in one window (omit it or set 1)")
-            w_max = 1
-        else:
-            unit_field = dp.get("unit_field", unit_field)
-            if not isinstance(unit_field, str) or not unit_field:
-                raise ConfigError(f"dp.unit_field: missing (the field identifying the {unit}; default "
-                                  f"stream.privacy_unit)")
-            w_max = dp.get("max_windows_per_period", MISSING)
-            if w_max is MISSING:
-                raise ConfigError("dp.max_windows_per_period: missing (W: windows of a period one unit "
-                                  "contributes to; it sets the per-period sensitivity)")
-            per = int(PERIODS[period] // window_s)
-            if isinstance(w_max, bool) or not isinstance(w_max, int) or not 1 <= w_max <= per:
-                raise ConfigError(f"dp.max_windows_per_period: must be an integer in [1, {per}] (windows per "
-                                  f"{period}), got {w_max!r}")
+        mode = _period_mode(t, raw, stream)
+        budget = mode["epsilon_budget"]
     else:
+        unit_field = stream.get("privacy_unit")
         if not isinstance(unit_field, str) or not unit_field:
             raise ConfigError("stream.privacy_unit: missing (contribution bounding counts events per individual)")
-        budget = _num(dp, "epsilon_budget", "dp")
-        if not budget > 0:
-            raise ConfigError(f"dp.epsilon_budget: must be > 0, got {budget!r}")
-    tables = raw.get("aggregates", [])
-    if not isinstance(tables, list):
-        raise ConfigError("aggregates: expected an array of tables ([[aggregates]])")
-    specs = tuple(parse_aggregate(t, i, base_dir, stream.get("event_time", "event_time"), period_mode)
-                  for i, t in enumerate(tables))
-    names = [s.name for s in specs]
-    dup = next((n for n in names if names.count(n) > 1), None)
-    if dup:
-        raise ConfigError(f"aggregates.{dup}.name: duplicate aggregate name")
-    for s, t in zip(specs, tables):
+        budget = t.number("epsilon_budget", above=0)
+        mode = {"epsilon_budget": budget, "privacy_unit": unit_field}
+    t.done("only meaningful in period mode (with dp.period)")
+    tables = named_tables(raw.get("aggregates", []), "aggregates", AGGREGATE_KEYS)
+    specs = tuple(parse_aggregate(a, a.path, base_dir, stream.get("event_time", "event_time"), period_mode)
+                  for a in tables)
+    unit, window_s = mode.get("unit"), mode.get("window_s")
+    for s in specs:
         if s.epsilon > budget:
             key = "epsilon_per_period" if period_mode else "epsilon_budget"
             raise ConfigError(f"aggregates.{s.name}.epsilon: {s.epsilon} exceeds dp.{key} ({budget})")
-        if period_mode and "horizon_windows" in t:
-            raise ConfigError(f"aggregates.{s.name}.horizon_windows: set by dp.period (the running counters "
-                              f"restart every period); remove it")
         if period_mode and unit == "event" and s.max_contributions != 1:
             raise ConfigError(f"aggregates.{s.name}.max_contributions: must be 1 when dp.unit = 'event'")
         if s.max_windows is not None and (not period_mode or unit == "event"
-                                          or s.max_windows > PERIODS[period] // window_s):
+                                          or s.max_windows > PERIODS[mode["period"]] // window_s):
             raise ConfigError(f"aggregates.{s.name}.max_windows_per_period: needs dp.period and a unit other "
                               f"than 'event', and at most the windows of a period")
         if not period_mode and s.release_every != 1:
             raise ConfigError(f"aggregates.{s.name}.release_every_windows: needs dp.period (releases are aligned "
                               f"to the period's start)")
-    if period_mode:
-        total = sum(s.epsilon for s in specs)
-        if total > budget * (1 + 1e-9):
-            raise ConfigError(f"dp.epsilon_per_period: the aggregates' epsilons add up to {total:g}, above the "
-                              f"budget {budget:g} (the split across aggregates must fit one period's budget)")
-        cfg = DPConfig(float(budget), (), unit_field, str(stream.get("name", "")), unit, period, tz, w_max,
-                       float(window_s))
-        per = cfg.clock.max_windows()
-        specs = tuple(_with_horizon(s, -(-per // s.release_every), s.max_windows or w_max) for s in specs)
-        return DPConfig(float(budget), specs, unit_field, str(stream.get("name", "")), unit, period, tz, w_max,
-                        float(window_s))
-    return DPConfig(float(budget), specs, unit_field, str(stream.get("name", "")))
+    name = str(stream.get("name", ""))
+    if not period_mode:
+        return DPConfig(float(budget), specs, mode["privacy_unit"], name)
+    total = sum(s.epsilon for s in specs)
+    if total > budget * (1 + 1e-9):
+        raise ConfigError(f"dp.epsilon_per_period: the aggregates' epsilons add up to {total:g}, above the "
+                          f"budget {budget:g} (the split across aggregates must fit one period's budget)")
+    cfg = DPConfig(aggregates=(), stream=name, **mode)
+    per = cfg.clock.max_windows()
+    w_max = mode["max_windows_per_period"]
+    specs = tuple(_with_horizon(s, -(-per // s.release_every), s.max_windows or w_max) for s in specs)
+    return DPConfig(aggregates=specs, stream=name, **mode)
+
+
+def _period_mode(t: Table, raw: dict, stream: dict) -> dict:
+    """The [dp] keys of period mode: unit, period, time zone, budget per period, W (DPConfig's fields)."""
+    if "epsilon_budget" in t:
+        raise ConfigError("dp.epsilon_budget: with dp.period use dp.epsilon_per_period (epsilon per unit and "
+                          "period)")
+    unit, period = t.choice("unit", UNITS), t.choice("period", tuple(PERIODS))
+    if "timezone" not in t:
+        raise ConfigError("dp.timezone: missing (an IANA time zone such as 'Europe/London'; periods are "
+                          "calendar periods there)")
+    t.timezone("timezone")
+    budget = t.number("epsilon_per_period", above=0)
+    anon = raw.get("anonymization", {}) if isinstance(raw.get("anonymization", {}), dict) else {}
+    if anon.get("window_s") is None:
+        raise ConfigError("anonymization.window_s: missing (dp.period needs the window length in seconds)")
+    window_s = check_number(anon["window_s"], "anonymization.window_s", above=0, at_most=MAX_SECONDS)
+    if PERIODS[period] % window_s:
+        raise ConfigError(f"dp.period: a {period} must hold a whole number of windows of {window_s} s")
+    per = int(PERIODS[period] // window_s)
+    if unit == "event":
+        # every event is its own unit: the aggregator ignores the field; it stays set (the stream's unit field,
+        # else the event time) so field projections that list it keep working
+        if "unit_field" in t:
+            raise ConfigError("dp.unit_field: not with dp.unit = 'event' (every event is its own unit)")
+        unit_field = stream.get("privacy_unit")
+        unit_field = unit_field if isinstance(unit_field, str) and unit_field else stream.get("event_time",
+                                                                                                "event_time")
+        if t.integer("max_windows_per_period", 1, per, 1) != 1:
+            raise ConfigError("dp.max_windows_per_period: an event is in one window (omit it or set 1)")
+        w_max = 1
+    else:
+        unit_field = t.text("unit_field", stream.get("privacy_unit"))
+        if not isinstance(unit_field, str) or not unit_field:
+            raise ConfigError(f"dp.unit_field: missing (the field identifying the {unit}; default "
+                              f"stream.privacy_unit)")
+        if "max_windows_per_period" not in t:
+            raise ConfigError("dp.max_windows_per_period: missing (W: windows of a period one unit "
+                              "contributes to; it sets the per-period sensitivity)")
+        w_max = t.integer("max_windows_per_period", 1, per)
+    return {"epsilon_budget": budget, "privacy_unit": unit_field, "unit": unit, "period": period,
+            "timezone": t.get("timezone"), "max_windows_per_period": w_max, "window_s": float(window_s)}
 
 
 def _with_horizon(spec: AggregateSpec, horizon: int, max_windows: int) -> AggregateSpec:

@@ -90,6 +90,7 @@ import numpy as np
 from stream_anon.formers.base import (SUPPRESSED_VALUE_CHANGED, Counterfeits, NewClass, Plan, WindowView)
 from stream_anon.formers.counterfeits import counterfeit_need, need_one, spread_counterfeits
 from stream_anon.strategies.partition import split_recursively
+from stream_anon.validation import MAX_COUNT, check_integer, check_number
 
 STATE_VERSION = 3
 # record of the ``signatures`` keyed table (unit id -> ...): 16 bytes per bound individual, plus its 8-byte key
@@ -112,7 +113,7 @@ class MInvariantParams:
     >>> MInvariantParams(slack=1.5)
     Traceback (most recent call last):
     ...
-    ValueError: slack: must be in [0, 1), got 1.5
+    stream_anon.errors.ConfigError: slack: must be in [0, 1), got 1.5
     """
 
     slack: float = 0.1
@@ -121,17 +122,10 @@ class MInvariantParams:
     pool_size: int = 32
 
     def __post_init__(self) -> None:
-        if isinstance(self.slack, bool) or not isinstance(self.slack, (int, float)) or not 0 <= self.slack < 1:
-            raise ValueError(f"slack: must be in [0, 1), got {self.slack}")
-        if isinstance(self.split_tolerance, bool) or not isinstance(self.split_tolerance, int) \
-                or self.split_tolerance < 0:
-            raise ValueError(f"split_tolerance: must be an integer >= 0, got {self.split_tolerance!r}")
-        if isinstance(self.defer_counterfeit_share, bool) or not isinstance(self.defer_counterfeit_share,
-                                                                            (int, float)) \
-                or self.defer_counterfeit_share < 0:
-            raise ValueError(f"defer_counterfeit_share: must be >= 0, got {self.defer_counterfeit_share}")
-        if isinstance(self.pool_size, bool) or not isinstance(self.pool_size, int) or self.pool_size < 1:
-            raise ValueError(f"pool_size: must be a positive integer, got {self.pool_size!r}")
+        check_number(self.slack, "slack", at_least=0, below=1)
+        check_integer(self.split_tolerance, "split_tolerance", 0, MAX_COUNT)
+        check_number(self.defer_counterfeit_share, "defer_counterfeit_share", at_least=0, at_most=100)
+        check_integer(self.pool_size, "pool_size", 1, MAX_COUNT)
 
 
 def invariant_text(v) -> str | None:

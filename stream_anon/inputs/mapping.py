@@ -1,6 +1,7 @@
 """The ``[input]`` table of a stream config: which format the raw topic carries and where each engine field comes
-from. Parsed and validated here (errors name the key, e.g. ``input.fields.speed_kmh.cast: ...``), without the
-engine's config module: the audit parses the same table to decode the raw topic on its own.
+from (every key: docs/configuration.md). Validated here with stream_anon.validation (errors name the key, e.g.
+``input.fields.speed_kmh.cast: ...``; unknown keys are refused), without the engine's config module: the audit
+parses the same table to decode the raw topic on its own.
 
 ::
 
@@ -55,9 +56,10 @@ from __future__ import annotations
 import csv
 import re
 from dataclasses import dataclass, field
-from datetime import timezone as _tz
 from pathlib import Path
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from stream_anon.errors import ConfigError
+from stream_anon.validation import Table, check_number
 
 FORMATS = ("json", "csv", "tesla-fleet-telemetry", "gtfs-realtime")
 MULTI_EVENT_FORMATS = ("gtfs-realtime",)          # one message may hold several events
@@ -66,13 +68,11 @@ TIME_FORMATS = ("iso", "epoch_s", "epoch_ms")
 EPOCH_FORMATS = ("epoch_s", "epoch_ms")
 UNMATCHED = ("reject", "keep", "null")
 TESLA_ENCODINGS = ("auto", "protobuf", "json")
-_TABLE_KEYS = {"path", "pointer", "value", "cast", "optional", "time_format", "timezone", "null_values", "lookup",
-               "unmatched", "unit", "decimal", "integer_digits", "elapsed"}
-_INPUT_KEYS = {"format", "fields", "columns", "delimiter", "null_values", "timezone", "event_type", "encoding"}
-
-
-class InputConfigError(ValueError):
-    """An invalid ``[input]`` table; the message starts with the key (``input.fields.x.cast: ...``)."""
+MAX_INTEGER_DIGITS = 18                           # a float holds no more significant digits
+# the keys of [input] and of a field's table (docs/configuration.md lists the same)
+INPUT_KEYS = ("format", "fields", "columns", "delimiter", "null_values", "timezone", "event_type", "encoding")
+FIELD_KEYS = ("path", "pointer", "value", "cast", "optional", "time_format", "timezone", "null_values", "lookup",
+              "unmatched", "unit", "decimal", "integer_digits", "elapsed")
 
 
 @dataclass(frozen=True)
@@ -128,27 +128,33 @@ class InputSpec:
         return tuple(f.name for f in self.fields)
 
 
-def _err(key: str, msg: str) -> InputConfigError:
-    return InputConfigError(f"{key}: {msg}")
-
-
-def _zone(name, key: str):
-    if not isinstance(name, str) or not name:
-        raise _err(key, f"expected an IANA time zone name, got {name!r}")
-    if name.upper() == "UTC":
-        return _tz.utc
-    try:
-        return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError):
-        raise _err(key, f"unknown time zone {name!r}") from None
-
-
 def _pointer_tokens(ptr: str, key: str) -> tuple[str, ...]:
     if ptr == "":
         return ()
     if not ptr.startswith("/"):
-        raise _err(key, f"a JSON pointer starts with '/', got {ptr!r}")
+        raise ConfigError(f"{key}: a JSON pointer starts with '/', got {ptr!r}")
     return tuple(t.replace("~1", "/").replace("~0", "~") for t in ptr[1:].split("/"))
+
+
+def _source(t: Table) -> dict:
+    """Where a field's value comes from: exactly one of ``path``, ``pointer`` or ``value``."""
+    given = [k for k in ("path", "pointer", "value") if k in t]
+    if len(given) != 1:
+        raise ConfigError(f"{t.path}: give exactly one of path, pointer or value")
+    if given[0] == "path":
+        path = t.text("path")
+        return {"source": path, "parts": tuple(path.split("."))}
+    if given[0] == "pointer":
+        ptr = t.get("pointer")
+        if not isinstance(ptr, str):
+            raise ConfigError(f"{t.key('pointer')}: expected a JSON pointer, got {ptr!r}")
+        return {"source": ptr, "parts": _pointer_tokens(ptr, t.key("pointer")), "pointer": True}
+    value = t.get("value")
+    if not isinstance(value, (str, int, float, bool)):
+        raise ConfigError(f"{t.key('value')}: expected a constant string, number or boolean, got {value!r}")
+    if isinstance(value, float):
+        check_number(value, t.key("value"))
+    return {"source": f"constant {value!r}", "const": value, "has_const": True}
 
 
 def _parse_field(name: str, spec, default_tz, is_time: bool, base_dir) -> FieldSpec:
@@ -156,69 +162,39 @@ def _parse_field(name: str, spec, default_tz, is_time: bool, base_dir) -> FieldS
     if isinstance(spec, str):
         spec = {"pointer": spec} if spec.startswith("/") else {"path": spec}
     if not isinstance(spec, dict):
-        raise _err(key, f"expected a source path or a table, got {type(spec).__name__}")
-    unknown = set(spec) - _TABLE_KEYS
-    if unknown:
-        raise _err(f"{key}.{sorted(unknown)[0]}", f"unknown key (known: {', '.join(sorted(_TABLE_KEYS))})")
-    given = [k for k in ("path", "pointer", "value") if k in spec]
-    if len(given) != 1:
-        raise _err(key, "give exactly one of path, pointer or value")
-    kw: dict = {}
-    if "path" in spec:
-        path = spec["path"]
-        if not isinstance(path, str) or not path:
-            raise _err(f"{key}.path", f"expected a non-empty dotted path, got {path!r}")
-        kw.update(source=path, parts=tuple(path.split(".")))
-    elif "pointer" in spec:
-        ptr = spec["pointer"]
-        if not isinstance(ptr, str):
-            raise _err(f"{key}.pointer", f"expected a JSON pointer, got {ptr!r}")
-        kw.update(source=ptr, parts=_pointer_tokens(ptr, f"{key}.pointer"), pointer=True)
-    else:
-        value = spec["value"]
-        if not isinstance(value, (str, int, float, bool)):
-            raise _err(f"{key}.value", f"expected a constant string, number or boolean, got {value!r}")
-        kw.update(source=f"constant {value!r}", const=value, has_const=True)
-    cast = spec.get("cast")
-    if cast is not None and cast not in CASTS:
-        raise _err(f"{key}.cast", f"must be one of {', '.join(CASTS)}, got {cast!r}")
-    optional = spec.get("optional", False)
-    if not isinstance(optional, bool):
-        raise _err(f"{key}.optional", f"expected true or false, got {optional!r}")
-    tf = spec.get("time_format")
+        raise ConfigError(f"{key}: expected a source path or a table, got {type(spec).__name__}")
+    t = Table(spec, key, FIELD_KEYS)
+    kw = _source(t)
+    cast = t.choice("cast", CASTS, None)
+    optional = t.boolean("optional", False)
+    tf = t.get("time_format", None)
     if tf is not None:
         if not isinstance(tf, str) or not (tf in TIME_FORMATS or "%" in tf):
-            raise _err(f"{key}.time_format", f"expected one of {', '.join(TIME_FORMATS)} or a strptime pattern "
-                                             f"such as '%Y-%m-%d %H:%M:%S', got {tf!r}")
+            raise ConfigError(f"{t.key('time_format')}: expected one of {', '.join(TIME_FORMATS)} or a strptime "
+                              f"pattern such as '%Y-%m-%d %H:%M:%S', got {tf!r}")
         is_time = True
-    tz = _zone(spec["timezone"], f"{key}.timezone") if "timezone" in spec else default_tz
-    if "timezone" in spec:
-        is_time = True
+    tz = t.timezone("timezone", None)
+    is_time = is_time or tz is not None
     if is_time and cast is not None:
-        raise _err(f"{key}.cast", "a time field is converted by time_format, not cast")
-    if "null_values" in spec:
-        nulls = spec["null_values"]
-        if not isinstance(nulls, list) or not all(isinstance(v, str) for v in nulls):
-            raise _err(f"{key}.null_values", "expected a list of strings")
+        raise ConfigError(f"{t.key('cast')}: a time field is converted by time_format, not cast")
+    nulls = t.strings("null_values", None, allow_empty=True)
+    if nulls is not None:
         kw["null_values"] = frozenset(nulls)
-    if "lookup" in spec:
-        kw.update(_parse_lookup(spec["lookup"], f"{key}.lookup", base_dir))
-        unmatched = spec.get("unmatched", "reject")
-        if unmatched not in UNMATCHED:
-            raise _err(f"{key}.unmatched", f"must be one of {', '.join(UNMATCHED)}, got {unmatched!r}")
-        kw["unmatched"] = unmatched
-    elif "unmatched" in spec:
-        raise _err(f"{key}.unmatched", "only with a lookup")
-    kw.update(_parse_number_text(spec, key, cast, tf))
-    if "elapsed" in spec:
-        path = spec["elapsed"]
+    if "lookup" in t:
+        kw.update(_parse_lookup(t.get("lookup"), t.key("lookup"), base_dir))
+        kw["unmatched"] = t.choice("unmatched", UNMATCHED, "reject")
+    elif "unmatched" in t:
+        raise ConfigError(f"{t.key('unmatched')}: only with a lookup")
+    kw.update(_parse_number_text(t, cast, tf))
+    if "elapsed" in t:
         if not is_time:
-            raise _err(f"{key}.elapsed", "only for a time field (the event time, or a field with a time_format)")
-        if not isinstance(path, str) or not path:
-            raise _err(f"{key}.elapsed", f"expected the dotted path of a duration, got {path!r}")
+            raise ConfigError(f"{t.key('elapsed')}: only for a time field (the event time, or a field with a "
+                              f"time_format)")
+        path = t.text("elapsed")
         kw.update(elapsed_parts=tuple(path.split(".")), elapsed_source=path)
+    t.done()
     return FieldSpec(name=name, cast=cast, optional=optional, time_format=(tf or "auto") if is_time else None,
-                     tz=tz, **kw)
+                     tz=tz if tz is not None else default_tz, **kw)
 
 
 def _parse_lookup(table, key: str, base_dir) -> dict:
@@ -226,10 +202,10 @@ def _parse_lookup(table, key: str, base_dir) -> dict:
     if isinstance(table, dict):
         for k, v in table.items():
             if not isinstance(v, (str, int, float, bool)):
-                raise _err(f"{key}.{_quote(k)}", f"expected a string, number or boolean, got {v!r}")
+                raise ConfigError(f"{key}.{_quote(k)}: expected a string, number or boolean, got {v!r}")
         return {"lookup": tuple(sorted(table.items())), "lookup_source": "inline table"}
     if not isinstance(table, str) or not table:
-        raise _err(key, f"expected an inline table or the path of a CSV file, got {table!r}")
+        raise ConfigError(f"{key}: expected an inline table or the path of a CSV file, got {table!r}")
     path = Path(table)
     if not path.is_absolute():
         path = Path(base_dir or ".") / path
@@ -237,42 +213,40 @@ def _parse_lookup(table, key: str, base_dir) -> dict:
         with open(path, newline="", encoding="utf-8") as fh:
             rows = list(csv.reader(fh))
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise _err(key, f"cannot read {table!r} ({path}): {exc}") from None
+        raise ConfigError(f"{key}: cannot read {table!r} ({path}): {exc}") from None
     entries: dict[str, str] = {}
     for n, row in enumerate(rows[1:], start=2):      # rows[0]: the header
         if not row:
             continue
         if len(row) < 2:
-            raise _err(key, f"{table}: line {n}: expected source value,result")
+            raise ConfigError(f"{key}: {table}: line {n}: expected source value,result")
         if row[0] in entries:
-            raise _err(key, f"{table}: line {n}: {row[0]!r} appears twice")
+            raise ConfigError(f"{key}: {table}: line {n}: {row[0]!r} appears twice")
         entries[row[0]] = row[1]
     if not entries:
-        raise _err(key, f"{table}: no entries (a header line, then source value,result per line)")
+        raise ConfigError(f"{key}: {table}: no entries (a header line, then source value,result per line)")
     return {"lookup": tuple(sorted(entries.items())), "lookup_source": str(table)}
 
 
-def _parse_number_text(spec: dict, key: str, cast, tf) -> dict:
-    given = [k for k in ("unit", "decimal", "integer_digits") if k in spec]
+def _parse_number_text(t: Table, cast, tf) -> dict:
+    given = [k for k in ("unit", "decimal", "integer_digits") if k in t]
     if not given:
         return {}
     if cast not in ("int", "float") and tf not in EPOCH_FORMATS:
-        raise _err(f"{key}.{given[0]}", "only for numbers: with cast int or float, or an epoch time_format")
+        raise ConfigError(f"{t.key(given[0])}: only for numbers: with cast int or float, or an epoch time_format")
     kw: dict = {}
-    if "unit" in spec:
-        unit = spec["unit"]
+    if "unit" in t:
+        unit = t.get("unit")
         if not isinstance(unit, str) or not unit.strip() or any(c.isdigit() for c in unit):
-            raise _err(f"{key}.unit", f"expected the unit written after the number (no digits), got {unit!r}")
+            raise ConfigError(f"{t.key('unit')}: expected the unit written after the number (no digits), got "
+                              f"{unit!r}")
         kw["unit"] = unit
-    if "decimal" in spec:
-        if spec["decimal"] not in (".", ","):
-            raise _err(f"{key}.decimal", f"expected '.' or ',', got {spec['decimal']!r}")
-        kw["decimal"] = spec["decimal"]
-    if "integer_digits" in spec:
-        digits = spec["integer_digits"]
-        if isinstance(digits, bool) or not isinstance(digits, int) or digits < 1 or cast != "float":
-            raise _err(f"{key}.integer_digits", f"expected a whole number >= 1, with cast float, got {digits!r}")
-        kw["integer_digits"] = digits
+    if "decimal" in t:
+        kw["decimal"] = t.choice("decimal", (".", ","))
+    if "integer_digits" in t:
+        if cast != "float":
+            raise ConfigError(f"{t.key('integer_digits')}: only with cast float (the decimal point is put back)")
+        kw["integer_digits"] = t.integer("integer_digits", 1, MAX_INTEGER_DIGITS)
     return kw
 
 
@@ -284,85 +258,98 @@ def parse_input(table, event_time: str = "event_time", event_types: tuple[str, .
     ``required``: engine field -> its role (``"privacy unit"``, ``"quasi-identifier time"``, ...): each must be
     mapped, and a mapped field must be one of them (a field nobody reads is refused, so nothing is carried that
     the stream does not need). The audit passes None (the engine's config has checked it).
+
+    >>> parse_input({"format": "csv", "colums": ["a"]})
+    Traceback (most recent call last):
+    ...
+    stream_anon.errors.ConfigError: input.colums: unknown key; did you mean columns?
     """
     if table is None:
         return InputSpec()
-    if not isinstance(table, dict):
-        raise _err("input", "expected a table [input]")
-    unknown = set(table) - _INPUT_KEYS
-    if unknown:
-        raise _err(f"input.{sorted(unknown)[0]}", f"unknown key (known: {', '.join(sorted(_INPUT_KEYS))})")
-    fmt = table.get("format", "json")
-    if fmt not in FORMATS:
-        raise _err("input.format", f"must be one of {', '.join(FORMATS)}, got {fmt!r}")
-    default_tz = _zone(table["timezone"], "input.timezone") if "timezone" in table else None
-    raw_fields = table.get("fields", {})
-    if not isinstance(raw_fields, dict):
-        raise _err("input.fields", "expected a table [input.fields] of engine field = source")
+    t = Table(table, "input", INPUT_KEYS)
+    fmt = t.choice("format", FORMATS, "json")
+    default_tz = t.timezone("timezone", None)
+    raw_fields = t.mapping("fields", {})
     if fmt != "json" and not raw_fields:
-        raise _err("input.fields", f"format {fmt!r} needs a mapping: [input.fields] engine field = source")
-    fields = []
+        raise ConfigError(f"input.fields: format {fmt!r} needs a mapping: [input.fields] engine field = source")
+    fields = _parse_fields(raw_fields, event_time, default_tz, base_dir)
+    columns = t.strings("columns", (), allow_empty=True)
+    if fmt == "csv":
+        _check_columns(columns, fields)
+    elif columns:
+        raise ConfigError("input.columns: only for format 'csv'")
+    delimiter = t.get("delimiter", ",")
+    if not isinstance(delimiter, str) or len(delimiter) != 1:
+        raise ConfigError(f"input.delimiter: expected one character, got {delimiter!r}")
+    nulls = t.strings("null_values", ("",) if fmt == "csv" else (), allow_empty=True)
+    if "encoding" in t and fmt != "tesla-fleet-telemetry":
+        raise ConfigError(f"input.encoding: only for format 'tesla-fleet-telemetry': one of "
+                          f"{', '.join(TESLA_ENCODINGS)}")
+    encoding = t.choice("encoding", TESLA_ENCODINGS, "auto")
+    event_type = _event_type(t, fmt, fields, event_types, required)
+    t.done()
+    return InputSpec(format=fmt, fields=tuple(fields), columns=tuple(columns), delimiter=delimiter,
+                     null_values=frozenset(nulls), event_type=event_type, encoding=encoding, raw=dict(table))
+
+
+def _parse_fields(raw_fields: dict, event_time: str, default_tz, base_dir) -> list[FieldSpec]:
+    """[input.fields]: engine field = source, in name order; no field inside another."""
     names = sorted(raw_fields)
     for i, a in enumerate(names):       # "a" and "a.b" cannot both be fields of one nested event
         for b in names[i + 1:]:
             if b.startswith(a + "."):
-                raise _err(f"input.fields.{b}", f"conflicts with input.fields.{a} (one is inside the other)")
+                raise ConfigError(f"input.fields.{b}: conflicts with input.fields.{a} (one is inside the other)")
+    fields = []
     for name in names:
         if not name or name.startswith(".") or name.endswith(".") or ".." in name:
-            raise _err(f"input.fields.{name}", "engine field names are dotted paths")
+            raise ConfigError(f"input.fields.{name}: engine field names are dotted paths")
         fields.append(_parse_field(name, raw_fields[name], default_tz, is_time=(name == event_time),
                                    base_dir=base_dir))
-    columns = table.get("columns", [])
-    if not isinstance(columns, list) or not all(isinstance(c, str) for c in columns):
-        raise _err("input.columns", "expected a list of column names")
-    if fmt == "csv":
-        if not columns:
-            raise _err("input.columns", "required for format 'csv': the column names of each record (the header "
-                                        "line of your file)")
-        if len(set(columns)) != len(columns):
-            raise _err("input.columns", "duplicate column names")
-        for f in fields:
-            if not f.has_const and (f.parts[0] if f.pointer else f.source) not in columns:
-                raise _err(f"input.fields.{f.name}", f"column {f.source!r} is not in input.columns")
-            if f.elapsed_source and f.elapsed_source not in columns:
-                raise _err(f"input.fields.{f.name}.elapsed", f"column {f.elapsed_source!r} is not in input.columns")
-    elif columns:
-        raise _err("input.columns", "only for format 'csv'")
-    delimiter = table.get("delimiter", ",")
-    if not isinstance(delimiter, str) or len(delimiter) != 1:
-        raise _err("input.delimiter", f"expected one character, got {delimiter!r}")
-    nulls = table.get("null_values", [""] if fmt == "csv" else [])
-    if not isinstance(nulls, list) or not all(isinstance(v, str) for v in nulls):
-        raise _err("input.null_values", "expected a list of strings")
-    encoding = table.get("encoding", "auto")
-    if encoding not in TESLA_ENCODINGS or (fmt != "tesla-fleet-telemetry" and "encoding" in table):
-        raise _err("input.encoding", f"only for format 'tesla-fleet-telemetry': one of {', '.join(TESLA_ENCODINGS)}")
-    event_type = table.get("event_type")
+    return fields
+
+
+def _check_columns(columns: tuple[str, ...], fields: list[FieldSpec]) -> None:
+    """format csv: the columns are given, distinct, and every mapped source is one of them."""
+    if not columns:
+        raise ConfigError("input.columns: required for format 'csv': the column names of each record (the header "
+                          "line of your file)")
+    if len(set(columns)) != len(columns):
+        raise ConfigError("input.columns: duplicate column names")
+    for f in fields:
+        if not f.has_const and (f.parts[0] if f.pointer else f.source) not in columns:
+            raise ConfigError(f"input.fields.{f.name}: column {f.source!r} is not in input.columns")
+        if f.elapsed_source and f.elapsed_source not in columns:
+            raise ConfigError(f"input.fields.{f.name}.elapsed: column {f.elapsed_source!r} is not in input.columns")
+
+
+def _event_type(t: Table, fmt: str, fields: list[FieldSpec], event_types, required) -> str | None:
+    """The constant event type of a mapped input (or None when mapped as a field); the mapped fields are exactly
+    the ones the stream reads (``required``)."""
+    event_type = t.get("event_type", None)
     by_name = {f.name: f for f in fields}
-    if fmt != "json" or fields:
-        if event_type is not None and "event_type" in by_name:
-            raise _err("input.event_type", "give a constant event_type or map input.fields.event_type, not both")
-        if event_type is None and "event_type" not in by_name:
-            if len(event_types) == 1:
-                event_type = event_types[0]
-            else:
-                raise _err("input.event_type", f"the stream accepts several event types {list(event_types)}: map "
-                                               "input.fields.event_type or give a constant")
-        if event_type is not None and not isinstance(event_type, str):
-            raise _err("input.event_type", f"expected a string, got {event_type!r}")
-        if required is not None:
-            for name, role in required.items():
-                if name not in by_name and name not in ("event_id", "event_type"):
-                    raise _err("input.fields", f"{role} {name!r} is not mapped (add input.fields.{_quote(name)})")
-            for name in by_name:
-                if name not in required and name not in ("event_id", "event_type"):
-                    raise _err(f"input.fields.{name}", "not read by the stream (not its privacy unit, event time, a "
-                                                       "quasi-identifier, a sensitive or an aggregate field): unmapped "
-                                                       "fields are dropped, so leave it out")
-    elif event_type is not None:
-        raise _err("input.event_type", "only with a mapping ([input.fields]) or another format than json")
-    return InputSpec(format=fmt, fields=tuple(fields), columns=tuple(columns), delimiter=delimiter,
-                     null_values=frozenset(nulls), event_type=event_type, encoding=encoding, raw=dict(table))
+    if fmt == "json" and not fields:
+        if event_type is not None:
+            raise ConfigError("input.event_type: only with a mapping ([input.fields]) or another format than json")
+        return None
+    if event_type is not None and "event_type" in by_name:
+        raise ConfigError("input.event_type: give a constant event_type or map input.fields.event_type, not both")
+    if event_type is None and "event_type" not in by_name:
+        if len(event_types) != 1:
+            raise ConfigError(f"input.event_type: the stream accepts several event types {list(event_types)}: map "
+                              "input.fields.event_type or give a constant")
+        event_type = event_types[0]
+    if event_type is not None and not isinstance(event_type, str):
+        raise ConfigError(f"input.event_type: expected a string, got {event_type!r}")
+    if required is not None:
+        for name, role in required.items():
+            if name not in by_name and name not in ("event_id", "event_type"):
+                raise ConfigError(f"input.fields: {role} {name!r} is not mapped (add input.fields.{_quote(name)})")
+        for name in by_name:
+            if name not in required and name not in ("event_id", "event_type"):
+                raise ConfigError(f"input.fields.{name}: not read by the stream (not its privacy unit, event time, "
+                                  "a quasi-identifier, a sensitive or an aggregate field): unmapped fields are "
+                                  "dropped, so leave it out")
+    return event_type
 
 
 def _quote(name: str) -> str:

@@ -41,6 +41,7 @@ import pandas as pd
 from stream_anon.hierarchy import Hierarchy
 from stream_anon.strategies.heuristicmin import interval_hierarchy
 from stream_anon.strategies.tabular import generalize_classes, row_groups
+from stream_anon.validation import MAX_COUNT, check_integer, check_number
 
 MAX_LATTICE = 20_000
 
@@ -126,10 +127,8 @@ def _frame_codes(df: pd.DataFrame, qis: Mapping[str, Hierarchy], individual: str
 def cardata_generalize(df: pd.DataFrame, qis: Mapping[str, Hierarchy], individual: str, k: int,
                        suppression_limit: float = 1.0) -> CarDataResult:
     """Approach 1: hierarchy generalization with suppression, k in individuals (see module doc)."""
-    if not isinstance(k, int) or k < 1:
-        raise ValueError(f"car-data.k: a positive integer, got {k!r}")
-    if not 0 <= suppression_limit <= 1:
-        raise ValueError(f"car-data.suppression_limit: in [0, 1], got {suppression_limit!r}")
+    check_integer(k, "car-data.k", 1, MAX_COUNT)
+    check_number(suppression_limit, "car-data.suppression_limit", at_least=0, at_most=1)
     codes = _frame_codes(df, qis, individual)
     levels, label = lattice_classes(codes, list(qis.values()), df[individual].to_numpy(), k, suppression_limit)
     classes = [np.flatnonzero(label == c) for c in np.unique(label[label >= 0])]
@@ -158,8 +157,8 @@ def cardata_synthesize(df: pd.DataFrame, qis: Mapping[str, Hierarchy], individua
 
     Returns the synthetic records (``df`` with each individual's QIs replaced) and the published table
     (every leaf combination with its count, noisy when ``epsilon`` is given)."""
-    if epsilon is not None and not (isinstance(epsilon, (int, float)) and epsilon > 0):
-        raise ValueError(f"car-data.epsilon: a positive number or None, got {epsilon!r}")
+    if epsilon is not None:
+        check_number(epsilon, "car-data.epsilon", above=0)
     codes = _frame_codes(df, qis, individual)
     first = ~df[individual].duplicated().to_numpy()
     people = df[individual].to_numpy()[first]
@@ -198,12 +197,8 @@ class CarDataParams:
     suppression_limit: float = 1.0
 
     def __post_init__(self) -> None:
-        if isinstance(self.numeric_depth, bool) or not isinstance(self.numeric_depth, int) \
-                or not 1 <= self.numeric_depth <= 8:
-            raise ValueError(f"numeric_depth: an integer in 1..8, got {self.numeric_depth!r}")
-        if isinstance(self.suppression_limit, bool) or not isinstance(self.suppression_limit, (int, float)) \
-                or not 0 <= self.suppression_limit <= 1:
-            raise ValueError(f"suppression_limit: in [0, 1], got {self.suppression_limit!r}")
+        check_integer(self.numeric_depth, "numeric_depth", 1, 8)
+        check_number(self.suppression_limit, "suppression_limit", at_least=0, at_most=1)
 
     def check_config(self, sensitive: tuple[str, ...], qi_names: tuple[str, ...]) -> None:
         pass

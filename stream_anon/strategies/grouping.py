@@ -42,8 +42,10 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from stream_anon.errors import ConfigError
 from stream_anon.strategies.mondrian import _distinct
 from stream_anon.strategies.partition import median_partition
+from stream_anon.validation import MAX_COUNT, check_bool, check_integer, check_strings, check_text
 
 MAX_EXACT_ATTRIBUTES = 16
 
@@ -201,7 +203,7 @@ class GroupingParams:
     >>> GroupingParams(field="payload.usertype", l=0)
     Traceback (most recent call last):
     ...
-    ValueError: l: a positive integer, got 0
+    stream_anon.errors.ConfigError: l: must be in [1, 1000000], got 0
     """
     field: str = ""
     l: int = 2
@@ -209,15 +211,14 @@ class GroupingParams:
     relaxed: bool = True
 
     def __post_init__(self) -> None:
-        if not isinstance(self.field, str) or not self.field:
-            raise ValueError("field: the sensitive field to keep l-diverse is required")
-        if isinstance(self.l, bool) or not isinstance(self.l, int) or self.l < 1:
-            raise ValueError(f"l: a positive integer, got {self.l!r}")
-        if isinstance(self.split_on, str) or not all(isinstance(x, str) for x in self.split_on or ()):
-            raise ValueError(f"split_on: a list of quasi-identifier names, got {self.split_on!r}")
-        if not isinstance(self.relaxed, bool):
-            raise ValueError(f"relaxed: true or false, got {self.relaxed!r}")
-        object.__setattr__(self, "split_on", tuple(self.split_on or ()))
+        if self.field == "":
+            raise ConfigError("field: the sensitive field to keep l-diverse is required")
+        check_text(self.field, "field")
+        check_integer(self.l, "l", 1, MAX_COUNT)
+        split_on = self.split_on or []
+        check_strings(list(split_on) if isinstance(split_on, tuple) else split_on, "split_on")
+        check_bool(self.relaxed, "relaxed")
+        object.__setattr__(self, "split_on", tuple(split_on))
 
     def check_config(self, sensitive: tuple[str, ...], qi_names: tuple[str, ...]) -> None:
         if self.field not in sensitive:

@@ -40,6 +40,9 @@ import pandas as pd
 
 from stream_anon.hierarchy import Hierarchy
 from stream_anon.strategies.tabular import row_groups
+from stream_anon.validation import MAX_COUNT, check_integer
+
+MAX_NUMERIC_DEPTH = 16     # a numeric QI's interval tree has 2**depth leaves
 
 
 @dataclass(frozen=True)
@@ -305,15 +308,13 @@ def interval_hierarchy(lower: float, upper: float, depth: int, name: str = "") -
 @dataclass(frozen=True)
 class HeuristicMinParams:
     """``[anonymization.strategy_params]`` of ``heuristicmin``: ``numeric_depth`` (interval-tree levels for
-    numeric QIs, >= 1) and ``max_expansions`` (best-first expansions before the greedy finish, >= 1)."""
+    numeric QIs, 1..16) and ``max_expansions`` (best-first expansions before the greedy finish, >= 1)."""
     numeric_depth: int = 4
     max_expansions: int = 200
 
     def __post_init__(self) -> None:
-        for name in ("numeric_depth", "max_expansions"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name}: an integer >= 1, got {v!r}")
+        check_integer(self.numeric_depth, "numeric_depth", 1, MAX_NUMERIC_DEPTH)
+        check_integer(self.max_expansions, "max_expansions", 1, MAX_COUNT)
 
     def check_config(self, sensitive: tuple[str, ...], qi_names: tuple[str, ...]) -> None:
         pass

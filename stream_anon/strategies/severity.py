@@ -39,12 +39,14 @@ import networkx as nx
 import numpy as np
 import pandas as pd
 
+from stream_anon.errors import ConfigError
 from stream_anon.hierarchy import Hierarchy
 from stream_anon.metrics.severity import (CRIME_SEVERITY, average_severity, distinct_diversity, k_min,
                                           total_severity_penalty)
 from stream_anon.strategies.mondrian import _distinct
 from stream_anon.strategies.partition import frame_keys, median_partition
 from stream_anon.strategies.tabular import frame_attributes, generalize_classes
+from stream_anon.validation import MAX_COUNT, check_bool, check_choice, check_integer, check_number, check_text
 
 PRESETS = {"crime": CRIME_SEVERITY}
 RULES = ("merge", "top", "none")
@@ -103,7 +105,7 @@ class SeverityRule:
 class SeverityParams:
     """``[anonymization.strategy_params]`` of ``severity``: ``field`` (the sensitive field holding the category,
     required), ``severity`` (value -> severity, or ``"crime"``), ``default_severity``, ``cap``, ``l_floor``,
-    ``diversity``, ``k_min_from``; validated by building the rule once."""
+    ``diversity``, ``k_min_from``."""
     field: str = ""
     severity: Mapping | str = "crime"
     default_severity: float | None = None
@@ -113,9 +115,23 @@ class SeverityParams:
     k_min_from: str = "map"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.field, str) or not self.field:
-            raise ValueError("field: the sensitive field holding the category is required")
-        self.rule()
+        if self.field == "":
+            raise ConfigError("field: the sensitive field holding the category is required")
+        check_text(self.field, "field")
+        if isinstance(self.severity, str):
+            check_choice(self.severity, "severity", tuple(PRESETS))
+        elif not isinstance(self.severity, Mapping) or not self.severity:
+            raise ConfigError("severity: a non-empty table sensitive value -> severity, or a preset name")
+        else:
+            for value, s in self.severity.items():
+                check_number(s, f"severity.{value}", above=0, at_most=MAX_COUNT)
+        if self.default_severity is not None:
+            check_number(self.default_severity, "default_severity", above=0, at_most=MAX_COUNT)
+        if self.cap is not None:
+            check_integer(self.cap, "cap", 1, MAX_COUNT)
+        check_integer(self.l_floor, "l_floor", 1, MAX_COUNT)
+        check_bool(self.diversity, "diversity")
+        check_choice(self.k_min_from, "k_min_from", ("map", "data"))
 
     def rule(self) -> "SeverityRule":
         return SeverityRule(self.severity, self.default_severity, self.cap, self.l_floor, self.diversity,

@@ -44,9 +44,11 @@ import networkx as nx
 import numpy as np
 import pandas as pd
 
+from stream_anon.errors import ConfigError
 from stream_anon.metrics.distortion import entropy_factor, utility_weights
 from stream_anon.strategies.mondrian import _distinct
 from stream_anon.strategies.tabular import Attribute, frame_attributes, generalize_classes, space_attributes
+from stream_anon.validation import MAX_COUNT, check_choice, check_integer, check_number
 
 U_MAX = 5                        # largest manual utility factor (Sec. III-A)
 NORMALIZATIONS = ("zscore", "max")
@@ -55,26 +57,22 @@ LEFTOVERS = ("best_class", "defer")
 ENTROPY_BUCKETS = 96             # automatic factor: numeric range / 96 per bucket (900 s over a day)
 
 
-def _validate(k, factors, normalization, head, leftovers, max_block, limits):
-    if not isinstance(k, (int, np.integer)) or k < 1:
-        raise ValueError(f"utility-clustering.k: must be a positive integer, got {k!r}")
-    if normalization not in NORMALIZATIONS:
-        raise ValueError(f"utility-clustering.normalization: one of {NORMALIZATIONS}, got {normalization!r}")
-    if head not in HEADS:
-        raise ValueError(f"utility-clustering.head: one of {HEADS}, got {head!r}")
-    if leftovers not in LEFTOVERS:
-        raise ValueError(f"utility-clustering.leftovers: one of {LEFTOVERS}, got {leftovers!r}")
-    if not isinstance(max_block, int) or max_block < 2:
-        raise ValueError(f"utility-clustering.max_block: must be an integer >= 2, got {max_block!r}")
-    if factors is not None and factors != "entropy":
-        if not isinstance(factors, Mapping):
-            raise ValueError("utility-clustering.factors: 'entropy' or a table attribute -> factor 1..5")
-        for name, u in factors.items():
-            if isinstance(u, bool) or not isinstance(u, (int, np.integer)) or not 1 <= u <= U_MAX:
-                raise ValueError(f"utility-clustering.factors.{name}: an integer in 1..{U_MAX}, got {u!r}")
+def _validate(prefix: str, factors, normalization, head, leftovers, max_block, limits, graphs=None):
+    """The parameters of Algorithm 1; ``prefix`` starts every key (``"utility-clustering."`` for the function's
+    arguments, ``""`` for :class:`UtilityClusteringParams`, whose keys the configuration loader prefixes)."""
+    check_choice(normalization, f"{prefix}normalization", NORMALIZATIONS)
+    check_choice(head, f"{prefix}head", HEADS)
+    check_choice(leftovers, f"{prefix}leftovers", LEFTOVERS)
+    check_integer(max_block, f"{prefix}max_block", 2, MAX_COUNT)
+    for key, table in (("factors", factors if factors != "entropy" else None), ("limits", limits),
+                       ("graphs", graphs)):
+        if table is not None and not isinstance(table, Mapping):
+            raise ConfigError(f"{prefix}{key}: expected a table quasi-identifier -> value"
+                              f"{' (or entropy)' if key == 'factors' else ''}, got {table!r}")
+    for name, u in (factors if isinstance(factors, Mapping) else {}).items():
+        check_integer(u, f"{prefix}factors.{name}", 1, U_MAX)
     for name, v in (limits or {}).items():
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-            raise ValueError(f"utility-clustering.limits.{name}: a number >= 0, got {v!r}")
+        check_number(v, f"{prefix}limits.{name}", at_least=0)
 
 
 def attribute_weights(attrs: list[Attribute], factors, owner_names: list[str] | None = None) -> np.ndarray:
@@ -272,7 +270,8 @@ def utility_clustering(df: pd.DataFrame, qis: Mapping[str, object], k: int, indi
     Returns classes and suppressed rows (positions) and the released table (class generalizations, local
     recoding; suppressed rows all-None).
     """
-    _validate(k, factors, normalization, head, leftovers, max_block, limits)
+    check_integer(k, "utility-clustering.k", 1, MAX_COUNT)
+    _validate("utility-clustering.", factors, normalization, head, leftovers, max_block, limits)
     attrs = frame_attributes(df, qis)
     units = (pd.factorize(df[individual])[0] if individual else np.arange(len(df))).astype(np.int64)
     weights = attribute_weights(attrs, factors)
@@ -305,7 +304,8 @@ class UtilityClusteringParams:
     max_block: int = 1000
 
     def __post_init__(self) -> None:
-        _validate(1, self.factors, self.normalization, self.head, self.leftovers, self.max_block, self.limits)
+        _validate("", self.factors, self.normalization, self.head, self.leftovers, self.max_block, self.limits,
+                  self.graphs)
 
     def check_config(self, sensitive: tuple[str, ...], qi_names: tuple[str, ...]) -> None:
         for key in ("factors", "limits", "graphs"):
