@@ -212,7 +212,7 @@ def state_record_scaling(sizes=(100_000, 400_000, 1_600_000, 6_400_000), repeat:
     """Encoding time and bytes of a delta record with a fixed change set against signature tables of growing
     size (what the worker writes per transaction)."""
     from stream_anon.keyed_table import KeyedTable
-    from stream_anon.formers.minvariant import SIGNATURE_FIELDS
+    from stream_anon.formers.signatures import SIGNATURE_FIELDS
     rng = np.random.default_rng(0)
     core = {"seq": 1, "offset": 0, "buffer": {"tokens": [f"{i:064x}" for i in range(2000)]}}   # fixed core
     out = []

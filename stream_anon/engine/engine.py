@@ -58,7 +58,8 @@ from stream_anon.formers.base import (SUPPRESSED_END, SUPPRESSED_LOSS, SUPPRESSE
                                       WindowView)
 from stream_anon.formers.counterfeits import CounterfeitTokens
 from stream_anon.formers.kanon import KAnonymousFormer
-from stream_anon.formers.minvariant import SIGNATURE_FIELDS, MInvariantFormer, MInvariantParams
+from stream_anon.formers.minvariant import MInvariantFormer, MInvariantParams
+from stream_anon.formers.signatures import SIGNATURE_FIELDS
 from stream_anon.keyed_table import KeyedTable
 from stream_anon.strategies import make_strategy
 

@@ -88,13 +88,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from stream_anon.formers.base import (SUPPRESSED_VALUE_CHANGED, Counterfeits, NewClass, Plan, WindowView)
-from stream_anon.formers.counterfeits import counterfeit_need, need_one, spread_counterfeits
-from stream_anon.strategies.partition import split_recursively
+from stream_anon.formers.buckets import RowValues, invariant_text, split_bucket
+from stream_anon.formers.counterfeits import need_one, spread_counterfeits
+from stream_anon.formers.signatures import Signatures
 from stream_anon.validation import MAX_COUNT, check_integer, check_number
 
-STATE_VERSION = 3
-# record of the ``signatures`` keyed table (unit id -> ...): 16 bytes per bound individual, plus its 8-byte key
-SIGNATURE_FIELDS = [("sig", "<i4"), ("value", "<i4"), ("last", "<f8")]
+STATE_VERSION = 4           # 4: the signatures' core under "signatures"
 FREE = -1            # bucket of the measurement mode without invariance (``invariance=False``)
 
 
@@ -128,188 +127,6 @@ class MInvariantParams:
         check_integer(self.pool_size, "pool_size", 1, MAX_COUNT)
 
 
-def invariant_text(v) -> str | None:
-    """The text form of an invariant value (as the checker compares them); None for null and containers."""
-    if v is None or isinstance(v, (dict, list, tuple)):
-        return None
-    if isinstance(v, bool):
-        return str(v).lower()
-    return v if isinstance(v, str) else str(v)
-
-
-# ------------------------------------------------------------------------------------------ value-aware Mondrian
-def split_bucket(X: np.ndarray, unit: np.ndarray, pair_value: np.ndarray, pair: np.ndarray, s: int, k: int, m: int,
-                 width: np.ndarray, tolerance: int = 0, presence: bool = True) -> list[np.ndarray]:
-    """Split one bucket's records into classes (phase 3).
-
-    ``X`` (n, D) codes, ``unit`` (n,) local individual ids, ``pair`` (n,) local ids of (individual, value) pairs and
-    ``pair_value`` (P,) the signature-value index of each pair (-1 for a null value), ``s`` signature size. A cut
-    along the widest normalized dimension (then the next) is taken at the boundary nearest the median among those
-    leaving k real individuals on both sides whose halves need at most ``tolerance`` more counterfeit individuals
-    than the node; an individual whose records fall on both sides counts on both.
-    """
-    width = np.where(width > 0, width, 1.0)
-    return split_recursively(np.arange(len(X)), lambda idx: _best_cut(
-        X[idx], unit[idx], pair[idx], pair_value, s, k, m, width, tolerance, presence))
-
-
-def _node_counts(unit, pair, pair_value, s):
-    """(real individuals per signature value, individuals, individuals holding a null value) of a node."""
-    if len(unit) == 0:
-        return np.zeros(s, dtype=np.int64), 0, 0
-    # local ids are small non-negative integers: counting beats sorting
-    n = int(np.count_nonzero(np.bincount(unit)))
-    pv = pair_value[np.flatnonzero(np.bincount(pair))]
-    c = np.bincount(np.where(pv >= 0, pv, s), minlength=s + 1)      # last column: null
-    return c[:s], n, c[s]
-
-
-def _best_cut(X, unit, pair, pair_value, s, k, m, width, tolerance, presence):
-    n_rows = len(X)
-    c, n, z = _node_counts(unit, pair, pair_value, s)
-    if n < 2 * k:
-        return None
-    need = int(counterfeit_need(c[None], np.array([n]), m, presence, np.array([z]))[0])
-    span = (X.max(axis=0) - X.min(axis=0)) / width
-    for dim in np.argsort(-span, kind="stable"):
-        if span[dim] <= 0:
-            break
-        order = np.argsort(X[:, dim], kind="stable")
-        col = X[order, dim]
-        u, p = unit[order], pair[order]
-        # first / last occurrence of each individual and each (individual, value) pair along the sorted column
-        first_u, last_u = _first_last(u)
-        first_p, last_p = _first_last(p)
-        # candidate cuts: left = rows [0, b) for b where the column value changes
-        bounds = np.flatnonzero(col[1:] != col[:-1]) + 1
-        if len(bounds) == 0:
-            continue
-        left_n = np.concatenate([[0], np.cumsum(first_u)])[bounds]
-        right_n = np.concatenate([np.cumsum(last_u[::-1])[::-1], [0]])[bounds]
-        ok = (left_n >= k) & (right_n >= k)
-        if not ok.any():
-            continue
-        bounds, left_n, right_n = bounds[ok], left_n[ok], right_n[ok]
-        pv = pair_value[p]
-        col = np.where(pv >= 0, pv, s)                       # column s: null values
-        onehot = np.zeros((n_rows, s + 1), dtype=np.int64)
-        onehot[np.flatnonzero(first_p), col[first_p]] = 1
-        left_c = np.vstack([np.zeros((1, s + 1), dtype=np.int64), np.cumsum(onehot, axis=0)])[bounds]
-        onehot[:] = 0
-        onehot[np.flatnonzero(last_p), col[last_p]] = 1
-        right_c = np.vstack([np.cumsum(onehot[::-1], axis=0)[::-1], np.zeros((1, s + 1), dtype=np.int64)])[bounds]
-        total = (counterfeit_need(left_c[:, :s], left_n, m, presence, left_c[:, s])
-                 + counterfeit_need(right_c[:, :s], right_n, m, presence, right_c[:, s]))
-        good = total <= need + tolerance
-        if not good.any():
-            continue
-        cand = bounds[good]
-        b = int(cand[np.argmin(np.abs(cand - n_rows / 2))])
-        mask = np.zeros(n_rows, dtype=bool)
-        mask[order[:b]] = True
-        return mask
-    return None
-
-
-def _first_last(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Boolean masks of the first and of the last occurrence of each value of ``a`` (in array order), from one
-    stable sort: within a run of equal values the positions ascend.
-
-    >>> [m.astype(int).tolist() for m in _first_last(np.array([3, 1, 3, 2, 1]))]
-    [[1, 1, 0, 1, 0], [0, 0, 1, 1, 1]]
-    """
-    n = len(a)
-    first, last = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
-    if n == 0:
-        return first, last
-    order = np.argsort(a, kind="stable")
-    change = np.flatnonzero(a[order[1:]] != a[order[:-1]])
-    first[order[np.concatenate([[0], change + 1])]] = True
-    last[order[np.concatenate([change, [n - 1]])]] = True
-    return first, last
-
-
-class _RowValues:
-    """The invariant values of a close's rows as integer codes, and the (individual, value) structure phases 1 and 3
-    read, computed with numpy once per close instead of per row in Python."""
-
-    def __init__(self, values: list, units: np.ndarray):
-        self.value_list = [v for v in dict.fromkeys(values) if v is not None]     # first-appearance order
-        self.code_of = {v: i for i, v in enumerate(self.value_list)}
-        self.code_of[None] = -1
-        n = len(values)
-        self.code = np.fromiter(map(self.code_of.__getitem__, values), dtype=np.int64, count=n)
-        _, first = np.unique(self.code, return_index=True)
-        self.first_row = first[1:] if n and self.code[first[0]] < 0 else first    # per value, by code
-        if n:
-            self.uids, self.unit_of_row = np.unique(units, return_inverse=True)
-        else:
-            self.uids, self.unit_of_row = np.empty(0, np.int64), np.empty(0, np.int64)
-        self.unit_of_row = self.unit_of_row.astype(np.int64, copy=False)
-        n_units = len(self.uids)
-        self._base = len(self.value_list) + 1
-        keys = np.unique(self.unit_of_row * self._base + (self.code + 1))    # distinct (individual, value) pairs
-        self._pair_unit, self._pair_code = keys // self._base, keys % self._base - 1
-        valued = self._pair_code >= 0
-        self.n_values = np.bincount(self._pair_unit[valued], minlength=n_units)
-        self.unit_null = np.zeros(n_units, dtype=bool)
-        self.unit_null[self._pair_unit[~valued]] = True
-        self._row_order = None
-
-    def unit_sets(self) -> list[frozenset]:
-        """Per individual, the set of its non-null values (shared frozensets: read, never changed)."""
-        valued = self._pair_code >= 0
-        single = np.full(len(self.uids), -1, dtype=np.int64)
-        single[self._pair_unit[valued]] = self._pair_code[valued]
-        vl = self.value_list
-        sets = [frozenset((v,)) for v in vl] + [frozenset()]       # code -1 (no value) reads the last one
-        out = list(map(sets.__getitem__, single.tolist()))
-        for ui in np.flatnonzero(self.n_values > 1).tolist():     # rare: suppressed in phase 1
-            out[ui] = frozenset(vl[c] for c in self._pair_code[valued & (self._pair_unit == ui)].tolist())
-        return out
-
-    def rows_of(self, ui: int) -> list[int]:
-        return np.flatnonzero(self.unit_of_row == ui).tolist()
-
-    def rows_of_units(self, members) -> np.ndarray:
-        """The rows of the given individuals, ascending."""
-        mask = np.zeros(len(self.uids), dtype=bool)
-        mask[members] = True
-        return np.flatnonzero(mask[self.unit_of_row])
-
-    def pairs(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(local id of each row's (individual, value) pair, numbered in order of first appearance in ``rows``;
-        the value code of each pair, -1 for null)."""
-        keys = self.unit_of_row[rows] * self._base + (self.code[rows] + 1)
-        uniq, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-        rank = np.empty(len(uniq), dtype=np.int64)
-        rank[np.argsort(first, kind="stable")] = np.arange(len(uniq))
-        pair_code = np.empty(len(uniq), dtype=np.int64)
-        pair_code[rank] = uniq % self._base - 1
-        return rank[inverse.reshape(-1)], pair_code
-
-    def columns_for(self, sig) -> np.ndarray:
-        """Value code -> column of ``sig`` (-1: not in it; the last entry, read by the null code -1, is -1)."""
-        out = np.full(len(self.value_list) + 1, -1, dtype=np.int64)
-        for i, v in enumerate(sig):
-            code = self.code_of.get(v)
-            if code is not None and code >= 0:
-                out[code] = i
-        return out
-
-    def class_counts(self, rows: np.ndarray, columns: np.ndarray) -> tuple[np.ndarray, int]:
-        """(distinct individuals per column of a class's rows, individuals with a null value); ``columns`` maps a
-        value code (and -1 for null, the last entry) to its column, -1 for a value outside them."""
-        keys = np.unique(self.unit_of_row[rows] * self._base + (self.code[rows] + 1))
-        codes = keys % self._base - 1
-        nulls = int(np.count_nonzero(codes < 0))
-        cols = columns[codes[codes >= 0]]
-        if (cols < 0).any():
-            raise RuntimeError("a class's value is outside its columns")
-        return cols, nulls
-
-
-# ------------------------------------------------------------------------------------------ the former
 class MInvariantFormer:
     """m-invariant release formation for one engine (one stream partition); see the module docstring.
 
@@ -332,30 +149,21 @@ class MInvariantFormer:
         self.invariance = bool(invariance)
         self.inv_field = invariant_field
         self.inv_col = tuple(sensitive_fields).index(invariant_field)
-        # signatures: id -> sorted tuple of value texts; population (bound individuals) per signature and value
-        self.sigs: list[tuple[str, ...]] = []
-        self.sig_index: dict[tuple[str, ...], int] = {}
-        self.sig_pop: list[Counter] = []
-        # bound individuals: keyed table unit id -> (signature id, value id or -1 for null, event time of the last
-        # release); value ids index ``values`` (the value dictionary, in the order values were first bound)
-        self.units = units_table             # stream_anon.keyed_table.KeyedTable(SIGNATURE_FIELDS), empty
-        self.values: list[str] = []
-        self.value_id: dict[str, int] = {}
-        self.freq: Counter = Counter()       # bound individuals per value (for new signatures' companions)
+        self.stats = Counter()                # counterfeit individuals/records, value changes, signatures made
+        self.book = Signatures(m, k, horizon_s, units_table, self.stats)
         self.pool: dict[str, list] = {}       # value -> recent published sensitive tuples (dress counterfeits)
         self.repr: dict[str, object] = {}     # value text -> a raw value with that text
-        self.stats = Counter()                # counterfeit individuals/records, value changes, signatures made
         self._close = None                    # what form() learnt about the current close, for reuse/complete
 
     # -- state ----------------------------------------------------------------------------------------------
     def state_core(self) -> dict:
         """The bounded part of the state (JSON): signatures, value dictionary, counterfeit pool, statistics."""
-        return {"version": STATE_VERSION, "m": self.m, "sigs": [list(s) for s in self.sigs],
-                "values": list(self.values), "pool": self.pool, "repr": self.repr, "stats": dict(self.stats)}
+        return {"version": STATE_VERSION, "m": self.m, "signatures": self.book.state_core(), "pool": self.pool,
+                "repr": self.repr, "stats": dict(self.stats)}
 
     def state_tables(self) -> dict:
         """The keyed tables of the former: ``signatures`` (unit id -> signature id, value id, last release time)."""
-        return {"signatures": self.units}
+        return self.book.state_tables()
 
     def load_state(self, core: dict, tables: dict) -> None:
         """The core of :meth:`state_core` and the ``signatures`` table (unit id -> signature, value, last release)."""
@@ -364,86 +172,27 @@ class MInvariantFormer:
         if core["m"] != self.m:
             raise ValueError(f"checkpoint signatures were made for m = {core['m']}, the config says m = {self.m}: "
                              "changing m would change signatures (start from an empty state to change it)")
-        unknown = set(tables) - {"signatures"}
-        if unknown:
-            raise ValueError(f"m-invariance state holds unknown table(s) {sorted(unknown)}")
-        self.sigs = [tuple(s) for s in core["sigs"]]
-        self.sig_index = {s: i for i, s in enumerate(self.sigs)}
-        self.values = list(core["values"])
-        self.value_id = {v: i for i, v in enumerate(self.values)}
+        self.stats.clear()
+        self.stats.update(core.get("stats", {}))
+        self.book.load_state(core["signatures"], tables)
         self.pool = {k: [list(t) for t in v] for k, v in core["pool"].items()}
         self.repr = dict(core["repr"])
-        self.stats = Counter(core.get("stats", {}))
-        keys, rows = tables.get("signatures", (np.empty(0, np.int64), np.empty(0, self.units.dtype)))
-        rows = np.asarray(rows)
-        if rows.dtype != self.units.dtype:
-            raise ValueError(f"signatures table: records of dtype {rows.dtype}, expected {self.units.dtype}")
-        if len(rows) and (rows["sig"].max() >= len(self.sigs) or rows["value"].max() >= len(self.values)):
-            raise ValueError("signatures table refers to signatures or values the core does not know")
-        self.units.load(keys, rows)
-        self._recount()
 
-    def _recount(self) -> None:
-        """Population per signature and value, and per value, from the signature table."""
-        self.sig_pop = [Counter() for _ in self.sigs]
-        self.freq = Counter()
-        if len(self.units) == 0:
-            return
-        _, rows = self.units.snapshot()
-        pairs, counts = np.unique(np.stack([rows["sig"], rows["value"]], axis=1), axis=0, return_counts=True)
-        for (sid, vid), n in zip(pairs.tolist(), counts.tolist()):
-            v = None if vid < 0 else self.values[vid]
-            self.sig_pop[sid][v] += n
-            self.freq[v] += n
+    @property
+    def units(self):
+        """The bound individuals' keyed table (:class:`~stream_anon.formers.signatures.Signatures`)."""
+        return self.book.units
 
-    def _vid(self, v: str | None) -> int:
-        if v is None:
-            return -1
-        i = self.value_id.get(v)
-        if i is None:
-            i = self.value_id[v] = len(self.values)
-            self.values.append(v)
-        return i
+    @property
+    def sigs(self) -> list[tuple[str, ...]]:
+        return self.book.sigs
 
-    # -- helpers --------------------------------------------------------------------------------------------
     def signature_of(self, unit_id: int) -> tuple[str, ...] | None:
-        found, rows = self.units.get(np.array([int(unit_id)], dtype=np.int64))
-        return self.sigs[int(rows["sig"][0])] if found[0] else None
-
-    def _sig_id(self, values) -> int:
-        key = tuple(sorted(values))
-        sid = self.sig_index.get(key)
-        if sid is None:
-            sid = self.sig_index[key] = len(self.sigs)
-            self.sigs.append(key)
-            self.sig_pop.append(Counter())
-            self.stats["signatures"] += 1
-        return sid
-
-    def _template(self, v: str | None, freq: Counter) -> tuple[str, ...] | None:
-        """A new signature for value v: v plus the m most frequent other values seen so far (m + 1 values: one more
-        than m leaves slack for the 1/m rule; with exactly m values every class would have to be perfectly
-        balanced). None (the individual waits) while fewer than m + 1 values have been seen, unless 4 m k
-        individuals have been seen and the domain really seems to have m values."""
-        others = sorted((w for w in freq if w is not None and w != v and freq[w] > 0),
-                        key=lambda w: (-freq[w], w))
-        chosen = (([v] if v is not None else []) + others)[: self.m + 1]
-        enough = sum(freq.values()) >= 4 * self.m * self.k
-        return tuple(sorted(chosen)) if len(chosen) > self.m or (enough and len(chosen) == self.m) else None
+        return self.book.signature_of(unit_id)
 
     def expire(self, now: float) -> None:
         """Forget the signatures of individuals not released for ``m_horizon_s`` (module docstring: Horizon)."""
-        if self.horizon_s is None:
-            return
-        keys, rows = self.units.delete_where("last", now - self.horizon_s)
-        if len(keys) == 0:
-            return
-        pairs, counts = np.unique(np.stack([rows["sig"], rows["value"]], axis=1), axis=0, return_counts=True)
-        for (sid, vid), n in zip(pairs.tolist(), counts.tolist()):
-            v = None if vid < 0 else self.values[vid]
-            self.sig_pop[sid][v] -= n
-            self.freq[v] -= n
-        self.stats["signatures_expired"] += len(keys)
+        self.book.expire(now)
 
     # -- phases 1-3 -----------------------------------------------------------------------------------------
     def form(self, view: WindowView) -> Plan:
@@ -451,7 +200,7 @@ class MInvariantFormer:
         rng = view.rng
         n_rows = len(view)
         values = [invariant_text(s[self.inv_col]) for s in view.sensitive]
-        rv = _RowValues(values, view.units)
+        rv = RowValues(values, view.units)
         for v, r in zip(rv.value_list, rv.first_row):
             if v not in self.repr:
                 self.repr[v] = view.sensitive[r][self.inv_col]
@@ -460,7 +209,7 @@ class MInvariantFormer:
         plan = Plan(loss_rejected=np.zeros(n_rows, dtype=bool))
         # bound signatures of the present individuals (one vectorized lookup; -1: not bound)
         if self.invariance and len(uids):
-            found, brow = self.units.get(uids)
+            found, brow = self.book.units.get(uids)
             bound_sig = np.where(found, brow["sig"], -1).tolist()
             bound_now = (bound_sig, brow["value"].tolist(), brow["last"].tolist())
         else:
@@ -474,7 +223,7 @@ class MInvariantFormer:
         sig_sets: dict[int, set] = {}
         for ui, (vals, bsid) in enumerate(zip(unit_vals, bound_sig)):
             if len(vals) > 1 or (bsid >= 0 and not vals <= (sig_sets.get(bsid) or
-                                                          sig_sets.setdefault(bsid, set(self.sigs[bsid])))):
+                                                          sig_sets.setdefault(bsid, set(self.book.sigs[bsid])))):
                 # two values at once, or a value outside the bound signature: suppressed (module docstring)
                 plan.suppressed.setdefault(SUPPRESSED_VALUE_CHANGED, []).extend(rv.rows_of(ui))
                 self.stats["value_changed_individuals"] += 1
@@ -485,7 +234,7 @@ class MInvariantFormer:
 
         # -- phase 2: balancing and assignment of new individuals -------------------------------------------
         if self.invariance:
-            self._assign(new_units, unit_vals, bucket_units, rng)
+            self.book.assign(new_units, unit_vals, bucket_units, rng, self.params.slack)
         elif new_units:
             bucket_units[FREE] = new_units          # measurement mode: one bucket, classes choose their values
 
@@ -495,7 +244,7 @@ class MInvariantFormer:
             members = bucket_units[sid]
             rows = rv.rows_of_units(members)
             presence = sid != FREE
-            sig = self.sigs[sid] if presence else tuple(sorted({v for ui in members for v in unit_vals[ui]}))
+            sig = self.book.sigs[sid] if presence else tuple(sorted({v for ui in members for v in unit_vals[ui]}))
             if len(members) < k or len(sig) < m:
                 continue                                         # waits; suppressed or reused when due
             vidx = {v: i for i, v in enumerate(sig)}
@@ -526,7 +275,7 @@ class MInvariantFormer:
                     cols, zz = rv.class_counts(cls_rows, sig_col)
                     cc = np.bincount(cols, minlength=len(sig))
                     x = spread_counterfeits(cc, len(np.unique(unit_of_row[cls_rows])), m, presence=False, nulls=zz)
-                    plan.new_classes.append(NewClass(cls_rows, self._sig_id([v for v, n in zip(sig, cc + x)
+                    plan.new_classes.append(NewClass(cls_rows, self.book.sig_id([v for v, n in zip(sig, cc + x)
                                                                              if n > 0])))
                     continue
                 plan.new_classes.append(NewClass(cls_rows, sid))
@@ -536,119 +285,6 @@ class MInvariantFormer:
                 placed_sig[ui] = nc.tag
         self._close = (unit_of_row, uids, unit_vals, values, placed_sig, bound_now, rv)
         return plan
-
-    def _assign(self, new_units, unit_vals, bucket_units, rng) -> dict[int, int]:
-        """Phase 2: put every new individual in a bucket (tentatively: bound only once published)."""
-        m = self.m
-        out: dict[int, int] = {}
-        if not new_units:
-            return out
-        val_of = {ui: next(iter(unit_vals[ui])) if unit_vals[ui] else None for ui in new_units}
-        freq = Counter(self.freq)
-        freq.update(v for v in val_of.values() if v is not None)
-        cap = (1.0 - self.params.slack) / m
-        # present counts per bucket (this release) and population per signature (bound + tentative)
-        present: dict[int, Counter] = {}
-        present_n: Counter = Counter()
-        for sid, members in bucket_units.items():
-            cnt = Counter()
-            for ui in members:
-                cnt.update(unit_vals[ui])
-            present[sid] = cnt
-            present_n[sid] = len(members)
-        pop = {sid: Counter(c) for sid, c in enumerate(self.sig_pop)}
-        order = [new_units[i] for i in rng.permutation(len(new_units))]
-        # stable sort by (no value, frequency of the value), as sorted() with that key
-        no_value = np.array([val_of[ui] is None for ui in order], dtype=bool)
-        f = np.array([freq[val_of[ui]] if val_of[ui] is not None else 0 for ui in order], dtype=np.int64)
-        order = [order[i] for i in np.lexsort((f, no_value)).tolist()]
-        # The choice for an individual with value v is the smallest key(sid, v) over the signatures holding v
-        # (a new signature from today's frequencies only when every one of them is over the cap). key(sid, v)
-        # depends only on the bucket and population of sid, which change only when an individual joins sid, so
-        # keys are cached per signature and recomputed after a join (same choices as evaluating every key).
-        empty = Counter()
-        keys: dict[int, dict] = {}                # sid -> {v: key}
-        base: dict[int, int] = {}                 # sid -> counterfeits the bucket needs now
-        totals = {sid: sum(p.values()) for sid, p in pop.items()}
-        cands_of: dict = {}                       # v -> signatures holding v (None: every signature)
-        template_of: dict = {}                    # v -> its new-signature template (freq is fixed here)
-        keys_of_v: dict = {}                      # v -> {sid: key(sid, v)} over cands_of[v]
-        stale: dict = {}                          # v -> signatures whose key changed (or appeared) since
-
-        def key_of(sid, v):
-            ks = keys.setdefault(sid, {})
-            key = ks.get(v)
-            if key is None:
-                sig = self.sigs[sid]
-                here = present.get(sid, empty)
-                n0 = present_n[sid]
-                b = base.get(sid)
-                if b is None:
-                    b = base[sid] = need_one([here[w] for w in sig], n0, m)
-                delta = need_one([here[w] + (w == v) for w in sig], n0 + 1, m) - b
-                p = pop.get(sid, empty)
-                total = totals.get(sid, 0) + 1
-                share = (p[v] + 1) / total if v is not None else 0.0
-                over = max(0.0, share - cap) if total > 1 else 0.0
-                key = ks[v] = (over > 0, delta > 0, delta, over, n0 == 0, share, -n0, sid)
-            return key
-
-        def best_for(v, cands):
-            kv = keys_of_v.get(v)
-            if kv is None:
-                stale.pop(v, None)
-                kv = keys_of_v[v] = {sid: key_of(sid, v) for sid in cands}
-            else:
-                for sid in stale.pop(v, ()):
-                    kv[sid] = key_of(sid, v)
-            return min(kv.values()) if kv else None
-
-        def changed(sid):
-            sig = self.sigs[sid]
-            for w in keys_of_v:
-                if w is None or w in sig:
-                    stale.setdefault(w, set()).add(sid)
-
-        for ui in order:
-            v = val_of[ui]
-            cands = cands_of.get(v)
-            if cands is None:
-                cands = cands_of[v] = [sid for sid, sig in enumerate(self.sigs) if v is None or v in sig]
-            if v in template_of:
-                template = template_of[v]
-            else:
-                template = template_of[v] = self._template(v, freq)
-            fresh = template is not None and template not in self.sig_index
-            if not cands and template is None:
-                continue                      # fewer than m values seen so far: it waits (deferred)
-            best_key = best_for(v, cands)
-            if fresh and (best_key is None or best_key[0]):
-                # no existing signature takes v within the cap: a new one from today's frequencies
-                sid = self._sig_id(template)
-                pop.setdefault(sid, Counter())
-                totals.setdefault(sid, 0)
-                sig = self.sigs[sid]
-                for w, lst in cands_of.items():
-                    if w is None or w in sig:
-                        lst.append(sid)
-                changed(sid)
-                key = key_of(sid, v)
-                if best_key is None or key < best_key:
-                    best_key = key
-            best = best_key[-1]
-            out[ui] = best
-            bucket_units.setdefault(best, []).append(ui)
-            here = present.get(best)
-            if here is None:
-                here = present[best] = Counter()
-            if v is not None:
-                here[v] += 1
-            present_n[best] += 1
-            pop[best][v] += 1                     # every signature has a population entry (made with it)
-            totals[best] = totals.get(best, 0) + 1
-            keys.pop(best, None)
-            base[best] += best_key[2]             # the bucket's need now: the need with v counted
-            changed(best)
 
     # -- phase 4 --------------------------------------------------------------------------------------------
     def reuse(self, view: WindowView, rows: np.ndarray, plan: Plan) -> dict[int, list[int]]:
@@ -670,7 +306,7 @@ class MInvariantFormer:
             if bsid >= 0 or ui in placed_sig:
                 fits = registry.tag == (bsid if bsid >= 0 else placed_sig[ui])
             else:
-                fits = np.array([vals <= set(self.sigs[s]) for s in registry.tag.tolist()], dtype=bool)
+                fits = np.array([vals <= set(self.book.sigs[s]) for s in registry.tag.tolist()], dtype=bool)
             local = by_unit[ui]
             ok = cover[local].all(axis=0) & fits
             if not ok.any():
@@ -706,7 +342,7 @@ class MInvariantFormer:
             self.pool[v] = (self.pool.get(v, []) + lst[::-1])[-self.params.pool_size:]
         out = []
         for cid, rows, sid in groups:
-            sig = self.sigs[sid]
+            sig = self.book.sigs[sid]
             members, rec_counts = np.unique(unit_of_row[rows], return_counts=True)
             # distinct (individual, value) pairs of the class (an individual has one non-null value per release);
             # a value outside the signature raises (phases 1 and 2 guarantee it never happens)
@@ -731,33 +367,12 @@ class MInvariantFormer:
             self.stats["counterfeit_individuals"] += int(x.sum())
             self.stats["counterfeit_records"] += len(dressed)
             for ui in (members.tolist() if self.invariance else []):
-                self._bind(binds, ui, bound_now, unit_vals[ui], sid, view.window_end)
+                self.book.bind(binds, ui, bound_now, unit_vals[ui], sid, view.window_end)
         if binds:
             local = np.fromiter(binds, dtype=np.int64, count=len(binds))
-            rows = np.array([tuple(b) for b in binds.values()], dtype=self.units.dtype)
-            self.units.put(uids[local], rows)
+            rows = np.array([tuple(b) for b in binds.values()], dtype=self.book.units.dtype)
+            self.book.units.put(uids[local], rows)
         return out
-
-    def _bind(self, binds: dict, ui: int, bound_now, vals: frozenset, sid: int, window_end: float) -> None:
-        """Bind (or refresh) the signature of local unit ``ui`` in ``binds`` (written to the table in bulk)."""
-        v = next(iter(vals)) if len(vals) == 1 else None
-        bound = binds.get(ui)
-        if bound is None:
-            if bound_now[0][ui] < 0:
-                binds[ui] = [sid, self._vid(v), float(window_end)]
-                self.sig_pop[sid][v] += 1
-                self.freq[v] += 1
-                return
-            bound = binds[ui] = [bound_now[0][ui], bound_now[1][ui], bound_now[2][ui]]
-        old = None if bound[1] < 0 else self.values[bound[1]]
-        if v is not None and v != old:
-            self.sig_pop[sid][old] -= 1
-            self.sig_pop[sid][v] += 1
-            self.freq[old] -= 1
-            self.freq[v] += 1
-            bound[1] = self._vid(v)
-            self.stats["value_changes_within_signature"] += 1
-        bound[2] = float(window_end)
 
     def _dress(self, v: str, rng) -> tuple:
         """Sensitive tuple of a counterfeit record with invariant value v: a real published tuple with that value
