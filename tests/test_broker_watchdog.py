@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from stream_anon.config import load_config
-from stream_anon.kafka import loop as loop_module
+from stream_anon.kafka import watchdog as watchdog_module
 from stream_anon.kafka.core import WorkerCore
 from stream_anon.kafka.loop import KafkaLoop
 
@@ -31,17 +31,17 @@ class PausableBroker:
         type(self).calls += 1
         if self.paused.is_set():
             time.sleep(min(timeout, 0.02))
-            raise loop_module.KafkaException("Local: Timed out")
+            raise watchdog_module.KafkaException("Local: Timed out")
         return object()
 
 
 def test_one_warning_when_the_broker_stops_answering_and_one_when_it_is_back(monkeypatch, caplog):
-    monkeypatch.setattr(loop_module, "AdminClient", PausableBroker)
+    monkeypatch.setattr(watchdog_module, "AdminClient", PausableBroker)
     core = WorkerCore(load_config(OYSTER), "watchdog", SECRET, flush_when_idle_s=1.0)
     loop = KafkaLoop(core, {"bootstrap.servers": "localhost:9"})
-    loop.probe_interval_s, loop.probe_timeout_s = 0.01, 0.02
+    loop.watch.probe_interval_s, loop.watch.probe_timeout_s = 0.01, 0.02
     caplog.set_level(logging.WARNING, logger="stream_anon.worker")
-    watchdog = threading.Thread(target=loop._watch_broker, daemon=True)
+    watchdog = threading.Thread(target=loop.watch.run, daemon=True)
     watchdog.start()
 
     def wait_for(pred):
@@ -50,7 +50,7 @@ def test_one_warning_when_the_broker_stops_answering_and_one_when_it_is_back(mon
             time.sleep(0.01)
         assert pred()
     try:
-        wait_for(lambda: loop._answered_at > -math.inf)
+        wait_for(lambda: loop.watch.answered_at > -math.inf)
         PausableBroker.paused.set()
         wait_for(lambda: not loop.connected)
         n = PausableBroker.calls
@@ -58,8 +58,8 @@ def test_one_warning_when_the_broker_stops_answering_and_one_when_it_is_back(mon
         assert loop.counters["broker_lost"] == 1
         paused_at = time.monotonic()
         PausableBroker.paused.clear()
-        wait_for(lambda: loop.connected and loop._answered_at > paused_at)
-        assert loop._outage_ended_at >= paused_at             # the idle clock restarts at the end of the outage
+        wait_for(lambda: loop.connected and loop.watch.answered_at > paused_at)
+        assert loop.watch.outage_ended_at >= paused_at             # the idle clock restarts at the end of the outage
     finally:
         loop.stop()
         PausableBroker.paused.clear()

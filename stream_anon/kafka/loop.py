@@ -23,27 +23,24 @@ Failures:
 from __future__ import annotations
 
 import logging
-import math
-import os
 import threading
 import time
 import uuid
 
-import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicCollection, \
     TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from stream_anon.kafka import state as st
 from stream_anon.kafka.core import WorkerCore
+from stream_anon.kafka.state_cache import CommittedCache, read_to_barriers
+from stream_anon.kafka.watchdog import BrokerWatch
 from stream_anon.kafka.render import TOPICS, json_bytes
 
 log = logging.getLogger("stream_anon.worker")
 client_log = logging.getLogger("stream_anon.kafka.client")
 
 TXN_TIMEOUT_S = 60.0
-PROBE_INTERVAL_S = 2.0                 # the broker watchdog's metadata request, every ...
-PROBE_TIMEOUT_S = 4.0                  # ... unanswered after this: the broker is lost
 _UNSET = -1001                         # librdkafka's OFFSET_INVALID (no committed offset)
 # Compression of the transaction's batches (output, state records). lz4: the worker's CPU per event fell 8-20% in
 # paired end-to-end runs (fewer bytes through the broker), and every client reads it (kafka-python with the
@@ -71,6 +68,25 @@ class RateLimited(logging.Filter):
 client_log.addFilter(RateLimited())
 
 
+def transactional_producer(client_config: dict, app_id: str, partition: int, compression: str) -> Producer:
+    """The producer of one partition's transactions (``<app_id>-p<partition>``: initializing it fences a zombie)."""
+    return Producer({
+        **client_config, "transactional.id": st.transactional_id(app_id, partition),
+        "transaction.timeout.ms": int(TXN_TIMEOUT_S * 1000), "linger.ms": 5,
+        "batch.num.messages": 10000, "queue.buffering.max.messages": 2000000,
+        "queue.buffering.max.kbytes": 1048576, "message.max.bytes": 33554432, "logger": client_log,
+        "compression.type": compression})
+
+
+def input_topic_id(admin: AdminClient, topic: str) -> str | None:
+    """The topic's id (None on a broker without topic ids: the cache and offsets checks remain)."""
+    try:
+        desc = admin.describe_topics(TopicCollection([topic]))[topic].result(30)
+        return str(desc.topic_id) if desc.topic_id is not None else None
+    except Exception:          # noqa: BLE001
+        return None
+
+
 class KafkaLoop:
     """The batch loop of one worker (see the module docstring); ``run()`` is the thread's target."""
 
@@ -85,25 +101,20 @@ class KafkaLoop:
         self.batch_max, self.batch_within_s = int(batch_max), float(batch_within_s)
         self.metrics_interval_s = float(metrics_interval_s)
         self.accept_input_reset = accept_input_reset
-        self.cache_dir = cache_dir
         self.input = core.topic
         self.state_topic = st.state_topic(core.app_id)
         self.producers: dict[int, Producer] = {}
         self.halted: dict[int, dict] = {}                 # partition -> {"reason", "detail", "since"}
         self.assigned: set[int] = set()
-        self.connected = True
-        # Broker liveness (a watchdog thread probes it: a stopped broker gives no transport error, only silence):
-        # when the last answered probe was sent, and when the last outage ended (the idle clock restarts there).
-        self._answered_at = -math.inf
-        self._outage_ended_at = -math.inf
-        self._conn_lock = threading.Lock()
-        self.probe_interval_s, self.probe_timeout_s = PROBE_INTERVAL_S, PROBE_TIMEOUT_S
         self.ready = False                               # assigned partitions recovered (readiness)
         self.stopping = threading.Event()
         self.stopped = threading.Event()
         self.error: BaseException | None = None
         self.counters = {"transactions": 0, "aborted": 0, "recoveries": 0, "halts": 0, "broker_lost": 0,
                          "state_bytes": 0, "full_state_records": 0}
+        # broker liveness: a stopped broker gives no transport error, only silence (a watchdog thread probes it)
+        self.watch = BrokerWatch(self.cfg, self.input, self.stopping, self.counters)
+        self.cache = CommittedCache(cache_dir, core.app_id, core.stream)
         self._consumer: Consumer | None = None
         self._plain: Producer | None = None
         self._last_metric = 0.0
@@ -117,7 +128,7 @@ class KafkaLoop:
     def run(self) -> None:
         try:
             self._setup()
-            threading.Thread(target=self._watch_broker, name="broker-watchdog", daemon=True).start()
+            threading.Thread(target=self.watch.run, name="broker-watchdog", daemon=True).start()
             while not self.stopping.is_set():
                 self._step()
         except BaseException as exc:       # the app reports it and exits non-zero; nothing was committed
@@ -149,7 +160,7 @@ class KafkaLoop:
             "isolation.level": "read_committed", "auto.offset.reset": "earliest",
             "session.timeout.ms": 6000, "heartbeat.interval.ms": 1000, "max.poll.interval.ms": 300000,
             "partition.assignment.strategy": "range", "fetch.max.bytes": 52428800,
-            "error_cb": self._on_error, "logger": client_log})
+            "error_cb": self.watch.on_error, "logger": client_log})
         self._consumer.subscribe([self.input], on_assign=self._on_assign, on_revoke=self._on_revoke,
                                  on_lost=self._on_revoke)
 
@@ -196,8 +207,8 @@ class KafkaLoop:
                 self._note_latency(out)
         # Idle means the stream is quiet, not that the broker is: the partitions must have been without input since
         # a broker that was answering (a probe sent at least flush_when_idle_s after the last input and after the
-        # end of the last outage answered). A flush during a broker pause made its backlog late (879 events).
-        for ps in self.core.idle_partitions(answered_at=self._answered_at, not_before=self._outage_ended_at):
+        # end of the last outage answered); a flush during a broker pause would make the pause's backlog late.
+        for ps in self.core.idle_partitions(answered_at=self.watch.answered_at, not_before=self.watch.outage_ended_at):
             if ps.partition not in self.halted:
                 self._flush(ps)
         now = time.monotonic()
@@ -237,8 +248,8 @@ class KafkaLoop:
         self.counters["transactions"] += 1
         self.counters["full_state_records"] += rec.full
         self.counters["state_bytes"] += len(state_value)
-        self._connected()
-        self._write_cache(ps)
+        self.watch.restored()
+        self.cache.write(ps)
         return True
 
     def _end_transaction(self, prod: Producer, offsets: list) -> None:
@@ -275,7 +286,7 @@ class KafkaLoop:
         log.warning("partition %s: transaction aborted (%s): recovering its state from Kafka", p, err)
         if err.code() in (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT,
                           KafkaError._MSG_TIMED_OUT):
-            self._lost(str(err))
+            self.watch.lost(str(err))
         self._recover_and_seek(p)
 
     def _flush(self, ps) -> None:
@@ -336,27 +347,23 @@ class KafkaLoop:
             old = self.producers.pop(p, None)
             if old is not None:
                 old.flush(1)        # a producer is initialized once; recovery starts a new one (same id)
-            prod = self.producers[p] = Producer({
-                **self.cfg, "transactional.id": st.transactional_id(self.core.app_id, p),
-                "transaction.timeout.ms": int(TXN_TIMEOUT_S * 1000), "linger.ms": 5,
-                "batch.num.messages": 10000, "queue.buffering.max.messages": 2000000,
-                "queue.buffering.max.kbytes": 1048576, "message.max.bytes": 33554432, "logger": client_log,
-                "compression.type": self.compression})
+            prod = self.producers[p] = transactional_producer(self.cfg, self.core.app_id, p, self.compression)
             prod.init_transactions(TXN_TIMEOUT_S)      # fences a zombie; ends a transaction it left open
             nonces[p] = uuid.uuid4().hex.encode()
             prod.begin_transaction()
             self._produce(prod, self.state_topic, st.encode_barrier(nonces[p]), st.barrier_key(self.core.stream, p),
                           partition=p)
             prod.commit_transaction(TXN_TIMEOUT_S)
-        logs = self._read_to_barriers(nonces)
+        logs = read_to_barriers({**self.cfg, "logger": client_log}, f"{self.core.app_id}-state-reader",
+                                self.state_topic, nonces)
         committed = self._consumer.committed([TopicPartition(t, p) for p in parts
                                               for t in (self.input, self.state_topic)], timeout=30)
         offsets = {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None) for tp in committed}
-        topic_id = self._topic_id()
+        topic_id = input_topic_id(self._admin, self.input)
         starts = {}
         for p in parts:
             rec = st.choose_state(logs[p], offsets.get((self.state_topic, p)), offsets.get((self.input, p)),
-                                  self._read_cache(p), topic_id, self.accept_input_reset)
+                                  self.cache.read(p), topic_id, self.accept_input_reset)
             if rec.halt:
                 self._halt(p, rec.halt, rec.detail)
                 starts[p] = None
@@ -371,39 +378,6 @@ class KafkaLoop:
             starts[p] = ps.offset + 1 if ps.offset >= 0 else None
         return starts
 
-    def _read_to_barriers(self, nonces: dict[int, bytes]) -> dict[int, st.StateLog]:
-        """Read each partition of the state topic from the beginning until its barrier comes back."""
-        reader = Consumer({**self.cfg, "group.id": f"{self.core.app_id}-state-reader", "enable.auto.commit": False,
-                           "isolation.level": "read_committed", "logger": client_log})
-        logs = {p: st.StateLog() for p in nonces}
-        waiting = set(nonces)
-        try:
-            reader.assign([TopicPartition(self.state_topic, p, OFFSET_BEGINNING) for p in nonces])
-            deadline = time.monotonic() + 120
-            while waiting and time.monotonic() < deadline:
-                for m in reader.consume(num_messages=1000, timeout=0.2):
-                    p = m.partition()
-                    if m.error() is not None or p not in waiting:
-                        continue
-                    v = m.value()
-                    if st.barrier_nonce(v) == nonces[p]:
-                        waiting.discard(p)
-                        reader.pause([TopicPartition(self.state_topic, p)])
-                    else:
-                        logs[p].add(v)
-            if waiting:
-                raise RuntimeError(f"partitions {sorted(waiting)}: the state barrier did not come back within 120 s")
-            return logs
-        finally:
-            reader.close()
-
-    def _topic_id(self) -> str | None:
-        try:
-            desc = self._admin.describe_topics(TopicCollection([self.input]))[self.input].result(30)
-            return str(desc.topic_id) if desc.topic_id is not None else None
-        except Exception:          # a broker without topic ids: the cache and offsets checks remain
-            return None
-
     def _halt(self, p: int, reason: str, detail: str) -> None:
         self.counters["halts"] += 1
         self.halted[p] = {"reason": reason, "detail": detail, "since": time.time()}
@@ -412,62 +386,9 @@ class KafkaLoop:
         self._send_metric({"type": "alert", "alert": "partition_halted", "partition": p, "reason": reason,
                            "detail": detail})
 
-    # ---- local cache of the committed headers (detects a broker or state-topic reset) -------------------------
-    def _cache_path(self, p: int):
-        return None if self.cache_dir is None else \
-            self.cache_dir / self.core.app_id / f"{self.core.stream}-p{p}.committed.json"
-
-    def _write_cache(self, ps) -> None:
-        path = self._cache_path(ps.partition)
-        if path is None:
-            return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(json_bytes({"seq": ps.seq, "offset": ps.offset, "input_topic_id": ps.input_topic_id}))
-        os.replace(tmp, path)
-
-    def _read_cache(self, p: int) -> dict | None:
-        path = self._cache_path(p)
-        if path is None or not path.exists():
-            return None
-        return orjson.loads(path.read_bytes())
-
-    # ---- outages and metrics ----------------------------------------------------------------------------------
-    def _on_error(self, err: KafkaError) -> None:
-        if err.code() in (KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT):
-            self._lost(err.str())
-        else:
-            client_log.warning("kafka: %s", err)
-
-    def _lost(self, why: str) -> None:
-        with self._conn_lock:
-            if self.connected:
-                self.connected = False
-                self.counters["broker_lost"] += 1
-                log.warning("broker connection lost (%s): processing waits; nothing is committed meanwhile", why)
-
-    def _connected(self) -> None:
-        with self._conn_lock:
-            if not self.connected:
-                self.connected = True
-                self._outage_ended_at = time.monotonic()
-                log.warning("broker connection restored")
-
-    def _watch_broker(self) -> None:
-        """Probe the broker with a metadata request every ``probe_interval_s`` (its own client: the loop's thread
-        may be blocked in a transaction meanwhile). Unanswered within ``probe_timeout_s``: lost; answered again:
-        restored. One warning each way."""
-        admin = AdminClient({**self.cfg, "logger": client_log})
-        while not self.stopping.wait(self.probe_interval_s):
-            sent = time.monotonic()
-            try:
-                admin.list_topics(topic=self.input, timeout=self.probe_timeout_s)
-            except Exception as exc:  # noqa: BLE001 - KafkaException (timeout, transport) or anything else
-                self._lost(f"no answer to a metadata request within {self.probe_timeout_s:g} s: "
-                           f"{type(exc).__name__}")
-                continue
-            self._connected()
-            self._answered_at = sent
+    @property
+    def connected(self) -> bool:
+        return self.watch.connected
 
     def _send_metric(self, doc: dict) -> None:
         doc = {"stream": self.core.stream, "ts": time.time(), **doc}
@@ -488,6 +409,6 @@ class KafkaLoop:
                 highwaters[p] = None
         self.highwater = {p: h for p, h in highwaters.items() if h is not None}
         doc = self.core.throughput_metric(positions, highwaters)
-        doc.update({"connected": self.connected, "halted": {str(p): h["reason"] for p, h in self.halted.items()},
+        doc.update({"connected": self.watch.connected, "halted": {str(p): h["reason"] for p, h in self.halted.items()},
                     **self.counters})
         self._send_metric(doc)

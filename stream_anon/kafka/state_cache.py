@@ -1,0 +1,73 @@
+"""What a recovering worker reads besides the committed offsets: the partitions' state records up to a barrier it
+committed itself (:func:`read_to_barriers`), and the local cache of the last committed header per partition
+(:class:`CommittedCache`), which tells a broker or state topic that lost its data from a partition that never had
+any (:func:`stream_anon.kafka.state.choose_state`)."""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import orjson
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+from stream_anon.kafka import state as st
+from stream_anon.kafka.render import json_bytes
+
+BARRIER_WAIT_S = 120
+
+
+def read_to_barriers(client_config: dict, group_id: str, state_topic: str, nonces: dict[int, bytes]
+                     ) -> dict[int, st.StateLog]:
+    """Read each partition of the state topic from the beginning until its barrier (``nonces[p]``) comes back."""
+    reader = Consumer({**client_config, "group.id": group_id, "enable.auto.commit": False,
+                       "isolation.level": "read_committed"})
+    logs = {p: st.StateLog() for p in nonces}
+    waiting = set(nonces)
+    try:
+        reader.assign([TopicPartition(state_topic, p, OFFSET_BEGINNING) for p in nonces])
+        deadline = time.monotonic() + BARRIER_WAIT_S
+        while waiting and time.monotonic() < deadline:
+            for m in reader.consume(num_messages=1000, timeout=0.2):
+                p = m.partition()
+                if m.error() is not None or p not in waiting:
+                    continue
+                v = m.value()
+                if st.barrier_nonce(v) == nonces[p]:
+                    waiting.discard(p)
+                    reader.pause([TopicPartition(state_topic, p)])
+                else:
+                    logs[p].add(v)
+        if waiting:
+            raise RuntimeError(f"partitions {sorted(waiting)}: the state barrier did not come back within "
+                               f"{BARRIER_WAIT_S} s")
+        return logs
+    finally:
+        reader.close()
+
+
+class CommittedCache:
+    """``<cache_dir>/<app_id>/<stream>-p<p>.committed.json``: the last committed ``{seq, offset, input_topic_id}``
+    of each partition (None: no cache directory)."""
+
+    def __init__(self, cache_dir, app_id: str, stream: str):
+        self.dir = None if cache_dir is None else Path(cache_dir) / app_id
+        self.stream = stream
+
+    def path(self, p: int) -> Path | None:
+        return None if self.dir is None else self.dir / f"{self.stream}-p{p}.committed.json"
+
+    def write(self, ps) -> None:
+        path = self.path(ps.partition)
+        if path is None:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(json_bytes({"seq": ps.seq, "offset": ps.offset, "input_topic_id": ps.input_topic_id}))
+        os.replace(tmp, path)
+
+    def read(self, p: int) -> dict | None:
+        path = self.path(p)
+        if path is None or not path.exists():
+            return None
+        return orjson.loads(path.read_bytes())

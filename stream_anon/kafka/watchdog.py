@@ -1,0 +1,64 @@
+"""Whether the worker can reach its broker: a metadata request every ``probe_interval_s`` from a client of its own
+(the loop's thread may be blocked in a transaction meanwhile) and the client library's error callbacks. One
+WARNING when the connection is lost and one when it is back; the idle flush counts quiet time only from the end of
+an outage and from answers the broker gave (``answered_at``)."""
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+
+from confluent_kafka import KafkaError, KafkaException  # noqa: F401  (what a probe raises)
+from confluent_kafka.admin import AdminClient
+
+log = logging.getLogger("stream_anon.worker")
+client_log = logging.getLogger("stream_anon.kafka.client")
+
+PROBE_INTERVAL_S = 2.0                 # the metadata request, every ...
+PROBE_TIMEOUT_S = 4.0                  # ... unanswered after this: the broker is lost
+
+
+class BrokerWatch:
+    def __init__(self, client_config: dict, topic: str, stopping: threading.Event, counters: dict):
+        self.cfg, self.topic, self.stopping, self.counters = client_config, topic, stopping, counters
+        self.connected = True
+        self.answered_at = -math.inf           # when the last answered probe was sent
+        self.outage_ended_at = -math.inf
+        self.probe_interval_s, self.probe_timeout_s = PROBE_INTERVAL_S, PROBE_TIMEOUT_S
+        self._lock = threading.Lock()
+
+    def on_error(self, err: KafkaError) -> None:
+        """The client library's error callback."""
+        if err.code() in (KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT):
+            self.lost(err.str())
+        else:
+            client_log.warning("kafka: %s", err)
+
+    def lost(self, why: str) -> None:
+        with self._lock:
+            if self.connected:
+                self.connected = False
+                self.counters["broker_lost"] += 1
+                log.warning("broker connection lost (%s): processing waits; nothing is committed meanwhile", why)
+
+    def restored(self) -> None:
+        with self._lock:
+            if not self.connected:
+                self.connected = True
+                self.outage_ended_at = time.monotonic()
+                log.warning("broker connection restored")
+
+    def run(self) -> None:
+        """The probing thread's target, until ``stopping`` is set."""
+        admin = AdminClient({**self.cfg, "logger": client_log})
+        while not self.stopping.wait(self.probe_interval_s):
+            sent = time.monotonic()
+            try:
+                admin.list_topics(topic=self.topic, timeout=self.probe_timeout_s)
+            except Exception as exc:  # noqa: BLE001 - KafkaException (timeout, transport) or anything else
+                self.lost(f"no answer to a metadata request within {self.probe_timeout_s:g} s: "
+                          f"{type(exc).__name__}")
+                continue
+            self.restored()
+            self.answered_at = sent
