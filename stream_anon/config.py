@@ -15,6 +15,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from stream_anon.criteria import parse_criteria
 from stream_anon.errors import ConfigError
 from stream_anon.formers.minvariant import MInvariantParams
 from stream_anon.hierarchy import Hierarchy
@@ -82,6 +83,7 @@ class Anonymization:
                                            # (event time); default M_HORIZON_S when m is set
     m_params: dict = field(default_factory=dict)   # tuning of the m-invariant class former (MInvariantParams)
     time_granularity_s: float = 60.0       # published time bounds are snapped outward to this grid (> 0)
+    criteria: tuple = ()                   # [[anonymization.criteria]] beyond k (stream_anon.criteria)
 
 
 SENSITIVE_TYPES = ("category", "number", "boolean", "text")
@@ -576,6 +578,8 @@ def parse_config(raw: dict, base_dir: Path = Path("."), source: Path | None = No
         if invariant not in sensitive:
             raise ConfigError(f"sensitive.invariant: {invariant!r} must also be listed in sensitive.fields (its "
                               "values are what each class publishes and what its signature is made of)")
+    anonymization = dataclasses.replace(anonymization, criteria=parse_criteria(
+        a.get("criteria"), k=anonymization.k, sensitive=tuple(sensitive), m=anonymization.m))
     domains_raw = _flat_domains(_get(sens, "domains", "sensitive", dict, required=False, default={}))
     for name in domains_raw:
         if name not in sensitive:
