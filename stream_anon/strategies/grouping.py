@@ -250,6 +250,11 @@ class Grouping:
         self.params = p = GroupingParams(**params)
         self.field, self.l, self.split_on, self.relaxed = p.field, p.l, list(p.split_on), p.relaxed
 
+    def criteria(self, k: int, sensitive: dict | None = None) -> tuple:
+        """What its buckets meet besides k (``stream-anon evaluate`` checks them): frequency l-diversity of the
+        field."""
+        return (FrequencyLDiversity(self.field, self.l),)
+
     def form_classes(self, X, units, k, space, rng=None, sensitive=None) -> list[np.ndarray]:
         if sensitive is None or self.field not in sensitive:
             raise ValueError(f"grouping.field: {self.field!r} is not a configured sensitive field")

@@ -132,6 +132,11 @@ class Severity:
         self.field = p.field
         self.rule = p.rule()
 
+    def criteria(self, k: int, sensitive: dict) -> tuple:
+        """What its classes meet (``stream-anon evaluate`` checks them): the severity rule with the k_min of these
+        values."""
+        return (self.rule.criterion(self.field, self.rule.k_min(k, self.rule.scores(sensitive[self.field]))),)
+
     def form_classes(self, X, units, k, space, rng=None, sensitive=None) -> list[np.ndarray]:
         if sensitive is None or self.field not in sensitive:
             raise ValueError(f"severity.field: {self.field!r} is not a configured sensitive field")
