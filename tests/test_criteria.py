@@ -134,13 +134,15 @@ def test_severity_k_min_comes_from_k_and_the_map():
 
 
 def stream_config(tmp_path: Path, name: str = "stream", criteria=None, dataset: str = "oyster",
-                  **anonymization) -> Path:
-    """configs/<dataset>.toml without its DP tables, with ``[[anonymization.criteria]]`` and overrides."""
+                  stream: dict | None = None, **anonymization) -> Path:
+    """configs/<dataset>.toml without its DP tables, with ``[[anonymization.criteria]]`` and overrides (of
+    ``[stream]`` and ``[anonymization]``)."""
     src = ROOT / "configs" / f"{dataset}.toml"
     raw = tomllib.loads(src.read_text())
     raw.pop("dp", None)
     raw.pop("aggregates", None)
     with_absolute_paths(raw, src.parent)
+    raw["stream"].update(stream or {})
     raw["anonymization"].update(anonymization)
     if criteria is not None:
         raw["anonymization"]["criteria"] = criteria

@@ -19,6 +19,9 @@ from stream_anon.config import load_config
 from stream_anon.datasets import load_events
 from stream_anon.engine import Engine
 from stream_anon.kafka.core import WorkerCore
+from stream_anon.kafka.replay import replay
+from stream_anon.kafka.supervise import run_until_accounted
+from stream_anon.kafka.topics import ensure_topics
 from test_criteria import stream_config
 
 SECRET = b"criteria-stream-secret-0123456789"
@@ -155,3 +158,23 @@ def test_homogeneity_attack_discloses_a_naive_k_release_and_not_an_l_diverse_one
     assert rates["naive"] > 0.5 and rates["ours"] == 0.0, rates
     # the cost: windows without a customer cannot be 2-diverse (5,992 and 3,707 records published)
     assert published["ours"] > 0.5 * published["naive"], published
+
+
+@pytest.mark.kafka
+def test_the_worker_on_a_broker_enforces_l_diversity_and_the_audit_agrees(broker, tmp_path, secret_env):
+    from stream_anon.audit.kafka_source import audit_from_kafka
+
+    name = "oysterl3"
+    path = stream_config(tmp_path, name, criteria=L3, stream={"name": name, "input_topic": f"raw.test.{name}"})
+    cfg = load_config(path)
+    ensure_topics(broker.bootstrap, names=[cfg.stream.input_topic, f"anon.{name}.records", "anon.releases",
+                                           "anon.deadletter", "anon.metrics"],
+                  default_partitions={cfg.stream.input_topic: 2, f"anon.{name}.records": 1})
+    events = load_events("oyster", limit=3000)
+    replay(broker.bootstrap, cfg.stream.input_topic, events, cfg.stream.privacy_unit, progress=False)
+    acc = run_until_accounted(path, broker.bootstrap, tmp_path / "state", len(events), timeout_s=180,
+                              log_path=tmp_path / "worker.log")
+    assert acc["accounted"] == len(events) and acc["published"] > 0.9 * len(events)
+    report = audit_from_kafka(broker.bootstrap, path, secret_env)
+    assert report.passed, failures(report)
+    assert report.checks["l_diversity"]["lowest"] == {"distinct_l_diversity:fare_product": 3.0}
