@@ -1,7 +1,8 @@
 """Criteria through the worker and the independent audit (issue 27, "Done when"): Mondrian + distinct 3-diversity of
 the fare product on the bundled Oyster slice runs in ``WorkerCore``; the audit's own l-diversity and severity checks
 pass on its output and fail on a release tampered to break them; the homogeneity attack that discloses riders' user
-type from a naive k-only release learns nothing from an l-diverse one."""
+type from a naive k-only release learns nothing from an l-diverse one, and the severity rule keeps a severe value out
+of a class smaller than its severity (seed 003's penalty at most 1)."""
 from __future__ import annotations
 
 import copy
@@ -178,3 +179,29 @@ def test_the_worker_on_a_broker_enforces_l_diversity_and_the_audit_agrees(broker
     report = audit_from_kafka(broker.bootstrap, path, secret_env)
     assert report.passed, failures(report)
     assert report.checks["l_diversity"]["lowest"] == {"distinct_l_diversity:fare_product": 3.0}
+
+
+def worst_severity_penalty(records, events, field: str, severity: dict, default: float) -> float:
+    """Seed 003's attack measure (Eq. 5): the largest S(value) / individuals of its class over published records; above
+    1 an adversary narrows a severe record (a disability pass) to fewer people than its severity asks."""
+    unit_of = {audit_token(SECRET, e["event_id"]): e["journey_id"] for e in events}
+    units, worst = defaultdict(set), defaultdict(float)
+    for r in records:
+        units[r["class_id"]].add(unit_of[r["audit_token"]])
+        worst[r["class_id"]] = max(worst[r["class_id"]], severity.get(r["sensitive"].get(field), default))
+    return max(worst[c] / len(units[c]) for c in units)
+
+
+def test_severity_rule_keeps_severe_values_out_of_small_classes(tmp_path):
+    events = load_events("oyster", limit=12000)
+    (rule,) = SEVERITY
+    penalty = {}
+    for name, criteria in (("naive", []), ("ours", SEVERITY)):
+        path = stream_config(tmp_path, name, criteria=criteria)
+        engine = Engine(load_config(path), secret=SECRET)
+        result = engine.process(events)
+        result.extend(engine.flush())
+        records = [r for rel in result.releases for r in rel.records]
+        penalty[name] = worst_severity_penalty(records, events, "fare_product", rule["severity"],
+                                               rule["default_severity"])
+    assert penalty["naive"] > 1.0 >= penalty["ours"], penalty
