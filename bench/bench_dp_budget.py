@@ -37,7 +37,8 @@ sys.path.insert(0, str(REPO))
 from stream_anon.datasets import DATASETS, oyster_cards  # noqa: E402
 from stream_anon.dp import BudgetLedger, DPAggregator, parse_dp_config  # noqa: E402
 from stream_anon.dp.merge import merge_rows  # noqa: E402
-from stream_anon.dp.report import aggregate_rmse, membership_auc, relative_errors, true_cells  # noqa: E402
+from stream_anon.dp.report import aggregate_rmse, relative_errors, true_cells  # noqa: E402
+from stream_anon.evaluate.stream_figures import membership_auc  # noqa: E402
 from stream_anon.dp.specs import load_dp_config  # noqa: E402
 from stream_anon.events import parse_event_time  # noqa: E402
 

@@ -33,7 +33,7 @@ from stream_anon.config import load_config  # noqa: E402
 from stream_anon.datasets import load_events  # noqa: E402
 from stream_anon.engine import Engine  # noqa: E402
 from stream_anon.kafka.aggregates_view import ledger_charge_by_period, read_rows  # noqa: E402
-from stream_anon.kafka.harness import OutputReader, start_worker_process, stop_worker_process  # noqa: E402
+from stream_anon.kafka.supervise import OutputReader, start_worker_process, stop_worker_process  # noqa: E402
 from stream_anon.kafka.replay import replay  # noqa: E402
 from stream_anon.kafka.topics import apply_topics, load_topic_definitions  # noqa: E402
 

@@ -27,15 +27,17 @@ import orjson
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))      # the fuzzer's hostile messages (tests/_worker_harness.py)
 
 from stream_anon import contract  # noqa: E402
 from stream_anon.audit.kafka_source import audit_from_kafka, read_topic  # noqa: E402
 from stream_anon.broker import EmbeddedBroker, free_port  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402
 from stream_anon.datasets import load_events  # noqa: E402
-from stream_anon.kafka.harness import (POISON_TIMES, OutputReader, committed_states, mutate,  # noqa: E402
-                                       start_worker_process, stop_worker_process)
+from stream_anon.kafka.supervise import (OutputReader, committed_states, start_worker_process,  # noqa: E402
+                                         stop_worker_process)
 from stream_anon.kafka.replay import replay  # noqa: E402
+from _worker_harness import POISON_TIMES, mutate  # noqa: E402
 from stream_anon.kafka.topics import apply_topics, load_topic_definitions  # noqa: E402
 
 SECRET = "chaos-secret-3f9a1c7e5b2d4a6c8e0f1b3d5a7c9e1f"

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from stream_anon.connection import SETTINGS as KAFKA_KEYS
+from stream_anon.criteria import parse_criteria
 from stream_anon.domains import DOMAIN_KEYS, SensitiveDomain, flat_domains, parse_domain
 from stream_anon.errors import ConfigError
 from stream_anon.formers.minvariant import MInvariantParams
@@ -44,7 +45,7 @@ STREAM_KEYS = ("name", "kind", "input_topic", "privacy_unit", "event_time", "eve
                "late_policy", "max_future_s", "partitions")
 ANONYMIZATION_KEYS = ("k", "window_s", "max_delay_s", "strategy", "strategy_params", "seed", "reuse",
                       "reuse_max_classes", "reuse_horizon_s", "max_class_ncp", "max_suppression_ratio",
-                      "time_granularity_s", "m", "m_horizon_s", "m_params")
+                      "time_granularity_s", "m", "m_horizon_s", "m_params", "criteria")
 QI_KEYS = ("name", "field", "kind", "lower", "upper", "weight", "hierarchy", "grid_deg", "resolutions")
 SENSITIVE_KEYS = ("fields", "invariant", "domains")
 IDENTIFIER_KEYS = ("drop", "pseudonymize")
@@ -105,6 +106,7 @@ class Anonymization:
                                            # (event time); default M_HORIZON_S when m is set
     m_params: dict = field(default_factory=dict)   # tuning of the m-invariant class former (MInvariantParams)
     time_granularity_s: float = 60.0       # published time bounds are snapped outward to this grid (> 0)
+    criteria: tuple = ()                   # [[anonymization.criteria]] beyond k (stream_anon.criteria)
 
 
 M_HORIZON_S = 7 * 86400.0          # default anonymization.m_horizon_s (docs/contracts.md, m-invariance)
@@ -164,9 +166,13 @@ def parse_config(raw: dict, base_dir: Path = Path("."), source: Path | None = No
     """
     top = Table(raw, "", TOP_LEVEL_KEYS, noun="table")
     stream = _parse_stream(top.table("stream", STREAM_KEYS))
-    anonymization, strategy_params = _parse_anonymization(top.table("anonymization", ANONYMIZATION_KEYS), base_dir)
+    anonymization, strategy_params, criteria = _parse_anonymization(top.table("anonymization", ANONYMIZATION_KEYS),
+                                                                    base_dir)
     qis = _parse_quasi_identifiers(top.get("quasi_identifiers", []), base_dir)
     sensitive, invariant, domains = _parse_sensitive(top.table("sensitive", SENSITIVE_KEYS, {}), anonymization)
+    # the criteria name sensitive fields: read with the [anonymization] table, checked once those are known
+    anonymization = dataclasses.replace(anonymization, criteria=parse_criteria(
+        criteria, k=anonymization.k, sensitive=tuple(sensitive), m=anonymization.m))
     drop, pseudo = _parse_identifiers(top.table("identifiers", IDENTIFIER_KEYS, {}), stream, qis, sensitive,
                                       invariant)
     try:
@@ -206,8 +212,9 @@ def _parse_stream(t: Table) -> StreamSection:
     return section
 
 
-def _parse_anonymization(t: Table, base_dir: Path) -> tuple[Anonymization, Any]:
-    """[anonymization]: k, windows and deadlines, the strategy and its parameters, reuse, m-invariance."""
+def _parse_anonymization(t: Table, base_dir: Path) -> tuple[Anonymization, Any, list | None]:
+    """[anonymization]: k, windows and deadlines, the strategy and its parameters, reuse, m-invariance; and the
+    ``[[anonymization.criteria]]`` tables as given (:func:`stream_anon.criteria.parse_criteria` reads them)."""
     k = t.integer("k", 2, MAX_COUNT)
     window_s = t.number("window_s", above=0, at_most=MAX_SECONDS)
     max_delay_s = t.number("max_delay_s", above=0, at_most=MAX_SECONDS)
@@ -227,8 +234,9 @@ def _parse_anonymization(t: Table, base_dir: Path) -> tuple[Anonymization, Any]:
         time_granularity_s=t.number("time_granularity_s", 60.0, above=0, at_most=MAX_SECONDS),
         **_parse_m(t, window_s, strategy, reuse),
     )
+    criteria = t.get("criteria", None)
     t.done()
-    return anonymization, strategy_params
+    return anonymization, strategy_params, criteria
 
 
 def _parse_m(t: Table, window_s: float, strategy: str, reuse: str) -> dict:

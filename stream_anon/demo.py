@@ -3,7 +3,9 @@
 Steps: start the embedded Tansu broker on a free loopback port, provision the topics, replay N real events of
 the bundled slice (keyed by the pseudonymized privacy unit), run a worker until every replayed event is
 accounted for (published, suppressed, dead-lettered or deferred), audit the output topics against the raw
-topic, print a summary and write a JSON report. Exit status 1 when the audit fails.
+topic, print a summary and write a JSON report. Exit status 1 when the audit fails. The attacks the report states
+(intersection on m-invariant releases, membership inference on DP aggregates) come from
+:mod:`stream_anon.evaluate.stream_figures`: no production module imports an attack.
 """
 from __future__ import annotations
 
@@ -68,7 +70,7 @@ def run_demo(dataset: str = "oyster", events: int | None = None, k: int | None =
     from stream_anon.datasets import load_events
     from stream_anon.kafka.replay import replay, unit_key_fn
     from stream_anon.kafka.topics import apply_topics, load_topic_definitions
-    from stream_anon.kafka.harness import run_until_accounted
+    from stream_anon.kafka.supervise import run_until_accounted
 
     secret = crypto.throwaway_secret()
     _say("generated a throwaway secret for this run (audit tokens cannot be mapped back after it exits); "
@@ -103,7 +105,7 @@ def run_demo(dataset: str = "oyster", events: int | None = None, k: int | None =
             published = read_outputs(broker.bootstrap, config.stream.name, idle_s=1.0)
             manifests = {m["release_id"]: m for m in published.manifests}
             if dp:
-                from stream_anon.kafka.harness import read_dp_report
+                from stream_anon.evaluate.stream_figures import read_dp_report
                 dp_report = read_dp_report(broker.bootstrap, config)
     finally:
         if env_secret is None:
@@ -133,6 +135,7 @@ def run_demo(dataset: str = "oyster", events: int | None = None, k: int | None =
                              "real time)"},
     }
     if config.anonymization.m is not None:
+        from stream_anon.evaluate.stream_figures import minvariance_report
         out.update(minvariance_report(config, config_path, report, published.records, data, secret))
         _say(f"m-invariance (m = {out['m']}): checker {'PASSED' if out['m_invariance_passed'] else 'FAILED'}, "
              f"{out['signature_changes']} signature changes, {out['counterfeit_individuals']:,} counterfeit "
@@ -168,45 +171,6 @@ def run_demo(dataset: str = "oyster", events: int | None = None, k: int | None =
         Path(report_path).write_text(json.dumps(out, indent=2))
         print(f"report written to {report_path}")
     return 0 if report.passed else 1
-
-
-def minvariance_report(config, config_path, audit_report, records: list[dict], events: list[dict],
-                       secret: bytes) -> dict:
-    """The m-invariance part of the demo report: the independent checker's verdict (run by the audit on every
-    release) and the intersection attack on our releases and on naive per-window k-anonymous, l-diverse (l = m)
-    releases of the same events (stream_anon.attacks.intersection)."""
-    from stream_anon.attacks.intersection import intersection_attack, naive_kl_releases
-    from stream_anon.audit import AuditConfig
-
-    a, s = config.anonymization, audit_report.summary
-    chk = audit_report.checks.get("m_invariance", {"passed": False})
-    unit, invariant = config.stream.privacy_unit, config.invariant_sensitive
-    ours = intersection_attack(records, events, secret, privacy_unit=unit, invariant=invariant)
-    naive, _ = naive_kl_releases(events, a.k, a.m, secret=secret, privacy_unit=unit, invariant=invariant,
-                                 window_s=a.window_s, quasi_identifiers=AuditConfig.from_toml(config_path)
-                                 .quasi_identifiers, sensitive_fields=[invariant], stream=f"naive-{config.stream.name}")
-    leak = intersection_attack(naive, events, secret, privacy_unit=unit, invariant=invariant)
-
-    def rnd(x):
-        return None if x is None else round(float(x), 4)
-
-    individuals = s.get("m_invariance_individuals") or 0
-    return {
-        "m": a.m, "invariant": invariant, "m_invariance_passed": bool(chk["passed"]),
-        "signature_changes": s.get("signature_changes"), "counterfeit_individuals": s.get("counterfeit_individuals"),
-        "counterfeit_lower_bound": s.get("counterfeit_lower_bound"),
-        "counterfeit_records": s.get("counterfeit_records"),
-        "counterfeit_records_share": rnd(s.get("counterfeit_records", 0) / max(1, s["records"])),
-        "intersection_attack": {
-            "naive_success_rate": rnd(leak["success_rate"]), "naive_mean_candidates": rnd(leak["mean_candidates"]),
-            "success_rate": rnd(ours["success_rate"]), "mean_candidates": rnd(ours["mean_candidates"]),
-            "min_candidates": ours["min_candidates"], "targets": ours["targets"], "naive_targets": leak["targets"],
-            "individuals": individuals,
-            "adversary": "knows which class holds the target in every release it appears in; intersects the "
-                         "classes' sets of published invariant values (pinned = one value left)",
-            "naive": f"per-window k = {a.k} (distinct individuals), distinct l = {a.m} diversity, no invariance",
-        },
-    }
 
 
 if __name__ == "__main__":  # pragma: no cover

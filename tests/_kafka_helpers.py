@@ -261,7 +261,7 @@ def committed_offsets(bootstrap, group, topic):
 
 def state_offsets(bootstrap, app_id, stream) -> dict[int, int]:
     """Per partition, the last input offset covered by the committed state (-1: none), from the state topic."""
-    from stream_anon.kafka.harness import committed_states
+    from stream_anon.kafka.supervise import committed_states
 
     states = committed_states(bootstrap, app_id, stream, range(4), idle_s=0.3)
     return {p: states[p]["offset"] if p in states else -1 for p in range(4)}

@@ -6,18 +6,25 @@ Every ``import`` / ``from ... import`` anywhere in a module counts (module level
 ``importlib.import_module("literal")`` calls. ``from pkg import name`` is an edge to ``pkg.name`` when that is a
 module of the package, else to ``pkg``; relative imports are resolved against the importing module's package.
 
-Layers (issue 9), from the bottom: strategies, formers and dp (each section's parameter declarations) <- config
-<- engine <- kafka; the audit stands apart:
+Layers (issue 9), from the bottom: criteria <- strategies, formers and dp (each section's parameter declarations)
+<- config <- engine <- kafka; the audit stands apart:
 - ``stream_anon.engine`` imports nothing from ``stream_anon.kafka`` nor faust / aiokafka / kafka / confluent_kafka;
 - ``stream_anon.config`` imports nothing from engine, kafka, audit (it may read the parameter dataclasses of the
-  strategies and formers and the DP specs, which import nothing above them);
+  strategies and formers, the criteria and the DP specs, which import nothing above them);
+- ``stream_anon.criteria`` (what must hold, issue 27) imports nothing from config, engine, kafka, audit, strategies,
+  formers: the strategies search for the criteria and the formers enforce them, never the other way round;
 - ``stream_anon.strategies``, ``stream_anon.formers`` and ``stream_anon.dp`` import nothing from config, engine,
   kafka (and the strategies nothing from the formers);
-- ``stream_anon.audit`` imports nothing from engine, strategies, formers, config, kafka;
+- ``stream_anon.audit`` imports nothing from engine, strategies, formers, criteria, config, kafka (its checks of the
+  criteria are its own code);
 - ``stream_anon.validation`` (used by every layer's parameter checks) is at the very bottom: of the package it
   imports only ``stream_anon.errors``, and besides that the standard library alone.
 Checked twice: on the direct imports of the layer's modules, and at run time (a fresh interpreter imports every
 module of the layer and must not have loaded a forbidden module through any chain).
+
+Evaluation code stays off production paths (issue 27): no module outside ``stream_anon.attacks`` and
+``stream_anon.evaluate`` imports an attack, and no module of the package imports the test and benchmark harness
+(the modules of ``tests/`` and ``bench/``).
 """
 from __future__ import annotations
 
@@ -43,9 +50,13 @@ LAYERS = {
                                 "stream_anon.formers"), KAFKA_CLIENTS),
     "stream_anon.formers": (("stream_anon.config", "stream_anon.engine", "stream_anon.kafka"), KAFKA_CLIENTS),
     "stream_anon.dp": (("stream_anon.config", "stream_anon.engine", "stream_anon.kafka"), KAFKA_CLIENTS),
-    "stream_anon.audit": (("stream_anon.engine", "stream_anon.strategies", "stream_anon.formers", "stream_anon.config",
-                           "stream_anon.kafka"), ()),
+    "stream_anon.criteria": (("stream_anon.config", "stream_anon.engine", "stream_anon.kafka", "stream_anon.audit",
+                              "stream_anon.strategies", "stream_anon.formers"), KAFKA_CLIENTS),
+    "stream_anon.audit": (("stream_anon.engine", "stream_anon.strategies", "stream_anon.formers", "stream_anon.criteria",
+                           "stream_anon.config", "stream_anon.kafka"), ()),
 }
+ATTACKS = "stream_anon.attacks"
+MAY_IMPORT_ATTACKS = (ATTACKS, "stream_anon.evaluate")
 
 
 @dataclass(frozen=True)
@@ -253,3 +264,45 @@ def test_importing_a_layer_loads_no_higher_layer(layer):
                 chains.append(" -> ".join(min(paths, key=len)))
         print("\n".join(chains))
     assert not bad, f"importing {layer} loads {bad}"
+
+
+# ------------------------------------------------------------------------------------- evaluation code off production
+def test_no_module_outside_the_attacks_and_evaluate_imports_an_attack():
+    _, edges = import_graph()
+    bad = [e for e in edges if e.internal and in_layer(e.target, ATTACKS)
+           and not any(in_layer(e.source, allowed) for allowed in MAY_IMPORT_ATTACKS)]
+    report = [f"{e.where()} imports {e.target}" for e in sorted(bad, key=lambda e: (e.source, e.line))]
+    assert not bad, "an attack imported outside stream_anon.attacks / stream_anon.evaluate:\n" + "\n".join(report)
+
+
+def harness_modules(root: Path = ROOT) -> set[str]:
+    """Top-level names a module of the package would import the test or benchmark harness by."""
+    return {"tests", "bench"} | {p.stem for d in ("tests", "bench") for p in (root / d).glob("*.py")}
+
+
+def test_no_module_imports_the_test_or_bench_harness():
+    names = harness_modules()
+    assert {"_worker_harness", "_kafka_helpers", "fingerprint", "chaos"} <= names     # the reader sees them
+    _, edges = import_graph()
+    bad = [e for e in edges if not e.internal and e.target in names]
+    assert not bad, "\n".join(f"{e.where()} imports the harness module {e.target}" for e in bad)
+    assert not [m for m in package_modules() if "harness" in m.split(".")[-1]], "a harness module in the package"
+
+
+_ATTACK_PROBE = r"""
+import importlib, json, sys
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+print(json.dumps(sorted(m for m in sys.modules if m.startswith("stream_anon."))))
+"""
+
+
+def test_the_worker_cli_and_demo_load_no_attack():
+    """Run time: importing the worker, the command line, the demo and the DP report loads no attack module."""
+    out = subprocess.run([sys.executable, "-c", _ATTACK_PROBE, "stream_anon.kafka.app", "stream_anon.cli",
+                          "stream_anon.demo", "stream_anon.dp.report"], capture_output=True, text=True, cwd=ROOT,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    loaded = json.loads(out.stdout.splitlines()[-1])
+    assert "stream_anon.kafka.core" in loaded
+    assert not [m for m in loaded if in_layer(m, ATTACKS)], loaded

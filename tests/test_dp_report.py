@@ -81,7 +81,7 @@ def test_membership_attack_layout_is_what_the_release_path_publishes():
     from stream_anon.config import load_config
     from stream_anon.datasets import load_events
     from stream_anon.dp.report import membership_setting
-    from stream_anon.kafka.harness import windows_by_event_time
+    from stream_anon.evaluate.stream_figures import windows_by_event_time
 
     cfg = load_config("configs/oyster-cards.toml")
     dp = replace(cfg.dp, aggregates=tuple(replace(s, epsilon=1e6) for s in cfg.dp.aggregates), epsilon_budget=5e6)

@@ -22,8 +22,8 @@ from _kafka_helpers import (account, collect, read_all, setup_stream, state_offs
                             synthetic_fares, wait_for)
 
 from stream_anon.broker import free_port  # noqa: E402
-from stream_anon.kafka.harness import (OutputReader, run_until_accounted, start_worker_process,  # noqa: E402
-                                       stop_worker_process)
+from _worker_harness import start_worker_process  # noqa: E402  (honours the kill-at-the-worst-moment variables)
+from stream_anon.kafka.supervise import OutputReader, run_until_accounted, stop_worker_process  # noqa: E402
 from stream_anon.kafka.replay import replay  # noqa: E402
 
 pytestmark = pytest.mark.kafka

@@ -22,7 +22,7 @@ from stream_anon.datasets import load_events
 from stream_anon.engine import Engine
 from stream_anon.kafka.core import WorkerCore
 from stream_anon.kafka.render import TOPICS
-from stream_anon.kafka.harness import POISON_TIMES, mutate
+from _worker_harness import POISON_TIMES, mutate
 
 # this checkout's bundled config (an installed stream_anon.configs may belong to another checkout)
 OYSTER = Path(__file__).resolve().parents[1] / "configs" / "oyster.toml"

@@ -439,7 +439,7 @@ def test_running_count_error_matches_a_direct_computation_and_the_theory(tmp_pat
     over 24 independent secrets (running counts over ~19 windows are correlated, so one run is too noisy)."""
     from stream_anon.dp.report import running_count_errors, true_window_values
     from stream_anon.engine.space import parse_time
-    from stream_anon.kafka.harness import windows_by_event_time
+    from stream_anon.evaluate.stream_figures import windows_by_event_time
 
     cfg = load_config(dp_stream_config(tmp_path, "dprep", budget=1e6))
     spec = cfg.dp.spec("taps_per_zone")
@@ -502,7 +502,7 @@ def _dedupe(rows):
 
 def _ledger(bootstrap, app_id, stream, partition, budget) -> BudgetLedger:
     """The partition's committed DP ledger, read from the worker's state topic."""
-    from stream_anon.kafka.harness import committed_states
+    from stream_anon.kafka.supervise import committed_states
 
     ledger = BudgetLedger(None, budget)
     doc = committed_states(bootstrap, app_id, stream, [partition]).get(partition)
@@ -525,7 +525,8 @@ def _domain_rows(by_id, cfg):
 @pytest.mark.kafka
 def test_worker_restart_never_overspends_nor_republishes_different_noise(broker, tmp_path, secret_env):
     from stream_anon.kafka.replay import replay
-    from stream_anon.kafka.harness import run_until_accounted, start_worker_process
+    from _worker_harness import start_worker_process
+    from stream_anon.kafka.supervise import run_until_accounted
 
     path = dp_stream_config(tmp_path / "cfg", "dpcrash", budget=1000.0, epsilon=RECOUNT_EPS)
     cfg = _setup(broker.bootstrap, path)
@@ -574,7 +575,7 @@ def test_tiny_budget_stops_aggregates_with_an_event_and_keys_do_not_depend_on_da
     """Bus-only input (no rail tap at all) under a budget of 0.5: every rail key is still published, with noise,
     for the same key set as a different stream; after the budget the aggregates stop with budget_exhausted."""
     from stream_anon.kafka.replay import replay
-    from stream_anon.kafka.harness import run_until_accounted
+    from stream_anon.kafka.supervise import run_until_accounted
 
     budget = 0.5
     path = dp_stream_config(tmp_path / "cfg", "dptiny", budget=budget)
@@ -614,7 +615,7 @@ def test_tiny_budget_stops_aggregates_with_an_event_and_keys_do_not_depend_on_da
     assert other == keys, "a different input (rail and bus) gives the same key set"
     assert math.isfinite(sum(r["value"] for r in by_id.values()))
     # the demo's dp report, read back from the broker
-    from stream_anon.kafka.harness import read_dp_report
+    from stream_anon.evaluate.stream_figures import read_dp_report
     rep = read_dp_report(broker.bootstrap, cfg)
     print("dp report:", {k: v for k, v in rep.items() if k not in ("running_counts", "notes")})
     assert rep["aggregates_published"] == len(by_id) and rep["budget_exhausted_events"] == 8
@@ -631,7 +632,7 @@ def test_aggregates_view_prints_one_figure_per_key_summed_over_partitions(broker
 
     from stream_anon.cli import main
     from stream_anon.kafka.replay import replay
-    from stream_anon.kafka.harness import run_until_accounted
+    from stream_anon.kafka.supervise import run_until_accounted
 
     path = dp_stream_config(tmp_path / "cfg", "dpview", budget=1000.0, epsilon=1.0)
     cfg = _setup(broker.bootstrap, path)

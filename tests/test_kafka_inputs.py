@@ -22,7 +22,7 @@ from stream_anon.calibrate import dumps as toml_dumps  # noqa: E402
 from stream_anon.config import load_config, with_absolute_paths  # noqa: E402
 from stream_anon.inputs import Decoder  # noqa: E402
 from stream_anon.inputs.samples import gtfs_feeds, tesla_payloads, vin_of  # noqa: E402
-from stream_anon.kafka.harness import run_until_accounted  # noqa: E402
+from stream_anon.kafka.supervise import run_until_accounted  # noqa: E402
 from stream_anon.kafka.replay import replay  # noqa: E402
 from stream_anon.kafka.topics import ensure_topics  # noqa: E402
 
@@ -107,7 +107,7 @@ def test_gtfs_realtime_feeds_through_worker_and_audit(broker, tmp_path, secret_e
     alerts_only.entity.add(id="a").alert.header_text.translation.add(text="detour")
     bad = [alerts_only.SerializeToString(), b"\xff\xfe not a feed"]
     # a feed of 2 vehicles, the first without a position: its dead letter names the event's index (one bad
-    # vehicle per message: the harness's OutputReader counts dead letters by (topic, partition, offset))
+    # vehicle per message: stream_anon.kafka.supervise.OutputReader counts dead letters by (topic, partition, offset))
     mixed = rt.FeedMessage()
     mixed.header.gtfs_realtime_version = "2.0"
     for i in range(2):

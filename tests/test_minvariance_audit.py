@@ -122,7 +122,8 @@ def test_demo_report_keys_from_audited_outputs(run, tmp_path):
     """The m part of `stream-anon demo --m M`'s report, built from audited outputs (the demo reads the same from
     the broker)."""
     from stream_anon.cli import build_parser
-    from stream_anon.demo import derived_config, minvariance_report
+    from stream_anon.demo import derived_config
+    from stream_anon.evaluate.stream_figures import minvariance_report
 
     args = build_parser().parse_args(["demo", "--dataset", "oyster-cards", "--m", "3"])
     assert (args.dataset, args.m) == ("oyster-cards", 3)

@@ -22,7 +22,8 @@ from stream_anon.config import load_config  # noqa: E402
 from stream_anon.datasets import oyster_cards  # noqa: E402
 from stream_anon.kafka.replay import replay  # noqa: E402
 from stream_anon.kafka.topics import ensure_topics  # noqa: E402
-from stream_anon.kafka.harness import committed_states, run_until_accounted, start_worker_process  # noqa: E402
+from _worker_harness import start_worker_process  # noqa: E402  (honours the kill-at-the-worst-moment variables)
+from stream_anon.kafka.supervise import committed_states, run_until_accounted  # noqa: E402
 
 pytestmark = pytest.mark.kafka
 

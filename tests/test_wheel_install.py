@@ -204,7 +204,7 @@ def test_installed_package_runs_broker_topics_worker_replay_and_audit(installed)
     """What a new user does after ``pip install``, from an empty directory: ``stream-anon broker``, ``topics
     apply``, ``replay`` of a bundled slice, ``worker`` with the bundled oyster config by name, ``audit`` passing
     with its health figures; the same steps as the container image (Dockerfile) and docker-compose.yml."""
-    from stream_anon.kafka.harness import OutputReader     # the test's own reader, to know when to stop the worker
+    from stream_anon.kafka.supervise import OutputReader     # the test's own reader, to know when to stop the worker
 
     secret = {"STREAM_ANON_SECRET": "wheel-test-secret-" + "0123456789abcdef" * 2}
     broker = installed.start("broker", stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -1,10 +1,13 @@
 """The audit's view of a stream config, read from the TOML with :mod:`tomllib` (the one place the audit reads it).
 
-The audit does not use :mod:`stream_anon.config`: a bug in the engine's config parsing (a k read wrongly, a
-hierarchy misparsed) would otherwise make the engine and its checker agree on the wrong thing.
+The audit does not use :mod:`stream_anon.config` nor :mod:`stream_anon.criteria`: a bug in the engine's config
+parsing (a k read wrongly, a hierarchy misparsed, an l dropped) would otherwise make the engine and its checker
+agree on the wrong thing. ``[[anonymization.criteria]]`` is read here into the audit's own specs; a criterion kind
+the audit does not know is an error, never a pass.
 """
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +35,62 @@ class MInvarianceConfig:
         return AuditConfig.from_toml(path).m_invariance(m, source=path)
 
 
+L_KINDS = ("distinct_l_diversity", "entropy_l_diversity", "frequency_l_diversity")
+# Seed 003, Table 1 and Example 2 (Kayem, Vester & Meinel, DEXA 2016): the "crime" preset of a severity rule,
+# written out here so that the audit shares no table with the engine
+CRIME_SEVERITY = {"Embezzlement": 3, "Disorderly Conduct": 3, "Theft": 5, "Drunken Driving": 5, "Robbery": 7,
+                  "Murder": 25}
+
+
+@dataclass(frozen=True)
+class LDiversitySpec:
+    """An l-diversity criterion: ``kind`` (one of ``L_KINDS``), the sensitive ``field`` and ``l``."""
+    kind: str
+    field: str
+    l: float
+
+
+@dataclass(frozen=True)
+class SeveritySpec:
+    """Seed 003's severity rule: ``k_min`` = max(anonymization.k, the map's smallest severity)."""
+    field: str
+    severity: dict
+    k_min: int
+    default: float
+    cap: int | None = None
+    l_floor: int = 1
+    diversity: bool = True
+
+    def score(self, value: Any) -> float:
+        return self.severity.get(str(value), self.default) if value is not None else self.default
+
+
+def _criteria(raw: Any, k: int) -> list:
+    """The audit's reading of ``[[anonymization.criteria]]``."""
+    out: list = []
+    for i, t in enumerate(raw or []):
+        at = f"anonymization.criteria[{i}]"
+        kind = t.get("kind") if isinstance(t, dict) else None
+        if kind in L_KINDS:
+            l = t.get("l")
+            if isinstance(l, bool) or not isinstance(l, (int, float)) or not math.isfinite(l) or l < 1:
+                raise ValueError(f"{at}.l: a number >= 1, got {l!r}")
+            out.append(LDiversitySpec(kind, str(t["field"]), float(l)))
+        elif kind == "severity":
+            sev = t.get("severity")
+            sev = CRIME_SEVERITY if sev == "crime" else sev
+            if not isinstance(sev, dict) or not sev:
+                raise ValueError(f"{at}.severity: a table value -> severity, or \"crime\"; got {sev!r}")
+            sev = {str(v): float(s) for v, s in sev.items()}
+            default = t.get("default_severity")
+            out.append(SeveritySpec(str(t["field"]), sev, int(max(k, min(sev.values()))),
+                                    float(default) if default is not None else max(sev.values()), t.get("cap"),
+                                    int(t.get("l_floor", 1)), bool(t.get("diversity", True))))
+        else:
+            raise ValueError(f"{at}.kind: the audit cannot check {kind!r}")
+    return out
+
+
 @dataclass
 class AuditConfig:
     """What the audit needs from a stream config, nothing more."""
@@ -46,6 +105,7 @@ class AuditConfig:
     m: int | None = None                 # [anonymization] m: the m-invariance check runs when set
     invariant: str | None = None         # [sensitive] invariant
     input_topic: str | None = None       # [stream] input_topic: the raw topic the audit reads from a broker
+    criteria: list = field(default_factory=list)   # LDiversitySpec / SeveritySpec of [[anonymization.criteria]]
 
     def __post_init__(self) -> None:
         self.quasi_identifiers = [q if isinstance(q, QISpec) else QISpec(*q) for q in self.quasi_identifiers]
@@ -87,4 +147,5 @@ class AuditConfig:
             m=int(anon["m"]) if anon.get("m") is not None else None,
             invariant=sensitive.get("invariant"),
             input_topic=stream.get("input_topic"),
+            criteria=_criteria(anon.get("criteria"), int(anon["k"])),
         )

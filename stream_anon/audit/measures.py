@@ -47,6 +47,34 @@ def class_individuals(ctx: AuditContext) -> ClassIndividuals:
     return out
 
 
+@dataclass
+class ClassMembers:
+    """The published records of every class, each with the privacy unit of its raw event (None: no known
+    individual, e.g. a counterfeit record): over all releases, and in the release that created the class."""
+
+    overall: dict[Any, list[tuple[Any, dict]]] = field(default_factory=lambda: defaultdict(list))
+    at_creation: dict[Any, list[tuple[Any, dict]]] = field(default_factory=lambda: defaultdict(list))
+
+
+def class_members(ctx: AuditContext) -> ClassMembers:
+    """Every published record by class (the equivalence class an adversary sees: one ``class_id`` over all the
+    releases it appears in) and the records of the class's creating release (manifest entry ``reused: false``)."""
+    created: dict[Any, Any] = {}
+    for m in ctx.manifests:
+        for c in m.get("classes") or []:
+            if isinstance(c, dict) and not c.get("reused"):
+                created.setdefault(c.get("class_id"), m.get("release_id"))
+    out = ClassMembers()
+    for r in ctx.records:
+        raw = ctx.raw_of(r)
+        unit = raw.unit if raw is not None else None
+        cid = r.get("class_id")
+        out.overall[cid].append((unit, r))
+        if created.get(cid) == r.get("release_id"):
+            out.at_creation[cid].append((unit, r))
+    return out
+
+
 def counterfeit_lower_bound(releases: Iterable[Any], m: int) -> int:
     """Sum over releases of ``max(0, m*c - n)``: a release of n individuals whose most common invariant value is
     held by c of them needs at least that many counterfeit individuals to be m-unique (any split into classes

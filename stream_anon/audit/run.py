@@ -14,8 +14,9 @@ plus the stream's TOML config (:mod:`.config`).
 
 Checks, in report order (each module's docstring says what it defeats): ``duplicates`` (:mod:`.inputs`:
 identical copies from restarted workers merged, differing copies fail), ``k`` (:mod:`.checks.k_individuals`),
-``leaks``, ``coverage``, ``accounting``, ``consistency``, ``m_invariance`` (only for a stream with
-``[anonymization] m``) and ``config`` (only when it finds something).
+``l_diversity`` and ``severity`` (:mod:`.checks.l_diversity`, :mod:`.checks.severity`: only for a stream with
+such ``[[anonymization.criteria]]``), ``leaks``, ``coverage``, ``accounting``, ``consistency``, ``m_invariance``
+(only for a stream with ``[anonymization] m``) and ``config`` (only when it finds something).
 
 Counterfeit records (m-invariance)
 ----------------------------------
@@ -37,15 +38,17 @@ from .checks.config_sanity import ConfigSanity
 from .checks.consistency import Consistency
 from .checks.coverage import Coverage
 from .checks.k_individuals import KInIndividuals
+from .checks.l_diversity import LDiversity
 from .checks.leaks import Leaks
 from .checks.m_invariance import MInvariance
+from .checks.severity import Severity
 from .config import AuditConfig
 from .inputs import build_context
 from .measures import class_individuals, health_figures
 from .report import AuditReport
 
-CHECKS: tuple[Check, ...] = (KInIndividuals(), Leaks(), Coverage(), Accounting(), Consistency(), MInvariance(),
-                             ConfigSanity())
+CHECKS: tuple[Check, ...] = (KInIndividuals(), LDiversity(), Severity(), Leaks(), Coverage(), Accounting(),
+                             Consistency(), MInvariance(), ConfigSanity())
 _M_SUMMARY_RENAMED = ("releases", "classes", "individuals")   # the audit's own summary has these names
 
 

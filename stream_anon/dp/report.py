@@ -1,6 +1,8 @@
-"""Error, budget and attack figures of published DP aggregates, measured against the true values (``stream-anon
-demo --dp``, bench/bench_dp_budget.py). Pure functions over what was read back from ``anon.aggregates`` /
-``anon.metrics`` and the raw input; nothing here is published (the true values never leave the process).
+"""Error and budget figures of published DP aggregates, measured against the true values (``stream-anon demo --dp``,
+bench/bench_dp_budget.py), and the inputs of the membership game (:func:`membership_setting`; the attack itself runs
+in :func:`stream_anon.evaluate.stream_figures.membership_auc`: no production module imports an attack). Pure
+functions over what was read back from ``anon.aggregates`` / ``anon.metrics`` and the raw input; nothing here is
+published (the true values never leave the process).
 
 Stream-wide running counts: every input partition holds different individuals and publishes its own rows, so the
 stream-wide running count of a cell at window ``w`` is the sum over partitions of each partition's latest running
@@ -267,29 +269,3 @@ def membership_setting(dp: DPConfig, events_by_w: dict[int, list], max_cards: in
                 y[col], t2[col] = r["value"], r["noise_std"] ** 2
         return y, t2
     return names, period, units, vec, release
-
-
-def membership_auc(dp: DPConfig, events_by_w: dict[int, list], max_cards: int = 3000, seed: int = 14,
-                   targets: int = 8, group_size: int = 20, trials: int = 30) -> dict | None:
-    """Membership inference (stream_anon.attacks.membership, Knock-Knock style likelihood-ratio test) against
-    the count aggregates of ``dp`` over the first period of the events (:func:`membership_setting`): can the
-    adversary who knows a unit's events tell whether it is in a group of ``group_size`` units from the group's
-    releases? AUC without noise (the bounded true counts) and through the release path at the configured
-    budget, over ``targets`` units with at least 3 counted events and ``trials`` games each. None when
-    :func:`membership_setting` is, or when there are too few units."""
-    from stream_anon.attacks.membership import membership_game
-
-    rng = np.random.default_rng(seed)
-    setting = membership_setting(dp, events_by_w, max_cards, rng)
-    if setting is None:
-        return None
-    names, period, units, vec, release = setting
-    active = np.flatnonzero(vec.sum(1) >= 3)
-    if len(active) < targets or len(units) <= group_size:
-        return None
-    chosen = rng.choice(active, targets, replace=False)
-    clear = membership_game(vec, chosen, group_size, trials, lambda m: vec[m].sum(0), np.random.default_rng(seed + 1))
-    noisy = membership_game(vec, chosen, group_size, trials, release, np.random.default_rng(seed + 1))
-    return {"aggregates": names, "period": period, "units": len(units), "group_size": group_size,
-            "targets": targets, "games": noisy["games"], "auc_no_noise": clear["auc"],
-            "auc_default_budget": noisy["auc"]}

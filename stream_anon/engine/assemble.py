@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from stream_anon.engine.release import ClassInfo, Release
-from stream_anon.formers.base import NewClass, WindowView, distinct_per_group
+from stream_anon.criteria.base import distinct_per_group
+from stream_anon.formers.base import NewClass, WindowView
 
 
 def assemble_release(engine, buf, view: WindowView, release_id: str, window_start: float,

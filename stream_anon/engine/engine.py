@@ -120,7 +120,7 @@ def make_former(config: StreamConfig, invariance: bool = True) -> Former:
                                 config.invariant_sensitive, a.m_horizon_s, a.max_class_ncp, a.reuse, invariance,
                                 units_table=KeyedTable(SIGNATURE_FIELDS))
     return KAnonymousFormer(make_strategy(a.strategy, a.strategy_params), a.k, a.max_class_ncp, a.reuse,
-                            config.sensitive)
+                            config.sensitive, a.criteria)
 
 
 class Engine:

@@ -12,9 +12,13 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-# Why a record was suppressed (published in manifests; the audit counts them by reason).
-SUPPRESSED_NO_CLASS = "fewer_than_k_individuals_by_deadline"
-SUPPRESSED_LOSS = "class_loss_above_limit"
+# re-exported: the engine counts a release's individuals per class with it
+from stream_anon.criteria.k_individuals import K_REASON, LOSS_REASON
+
+# Why a record was suppressed (published in manifests; the audit counts them by reason). A record whose class fails
+# a configured criterion by its deadline carries that criterion's ``reason`` (stream_anon.criteria).
+SUPPRESSED_NO_CLASS = K_REASON
+SUPPRESSED_LOSS = LOSS_REASON
 SUPPRESSED_END = "end_of_stream"
 SUPPRESSED_VALUE_CHANGED = "invariant_value_changed"
 
@@ -58,23 +62,6 @@ class Counterfeits:
     """Counterfeit records a former adds to one class of a release (m-invariance)."""
     individuals: int
     sensitive: list            # one sensitive tuple per counterfeit record
-
-
-def distinct_per_group(values: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-    """Distinct values in each of the consecutive groups of ``values`` of the given sizes.
-
-    >>> distinct_per_group(np.array([5, 5, 7, 1, 1, 1, 2]), np.array([3, 4])).tolist()
-    [2, 2]
-    """
-    sizes = np.asarray(sizes, dtype=np.int64)
-    if len(values) == 0:
-        return np.zeros(len(sizes), dtype=np.int64)
-    label = np.repeat(np.arange(len(sizes)), sizes)
-    order = np.lexsort((values, label))
-    lv, vv = label[order], values[order]
-    new = np.ones(len(vv), dtype=bool)
-    new[1:] = (lv[1:] != lv[:-1]) | (vv[1:] != vv[:-1])
-    return np.bincount(lv[new], minlength=len(sizes))
 
 
 @runtime_checkable

@@ -58,6 +58,12 @@ the 1/m rule needs, so the variant keeps the guarantee above and changes how it 
    individual: any signature containing its value), completed to an m-unique class of that release with
    counterfeits; otherwise they are suppressed with a reason.
 
+Other privacy criteria (``[[anonymization.criteria]]``) are refused with m at configuration load
+(:mod:`stream_anon.criteria.parse`), not checked at close: every class is already m-diverse in the invariant field
+(no value held by more than 1/m of its individuals, counterfeits included: frequency, hence entropy and distinct,
+m-diversity), and a class cannot be merged or suppressed for another field's criterion after the signatures of its
+individuals are bound without breaking invariance; half-enforcing one would promise what the former cannot keep.
+
 Conservative choices (documented in docs/contracts.md)
 ------------------------------------------------------
 * **Value changes.** An individual whose invariant value changes to another value *inside* its signature keeps its

@@ -10,8 +10,8 @@
   bounded core) and the fail-closed decision at recovery.
 - ``stream_anon.kafka.app``: ``make_app(...)`` (faust), ``run_worker(...)``, ``worker_main(argv)``
   (``stream-anon worker``).
-- ``stream_anon.kafka.harness``: tests and benchmarks only: worker subprocesses, the output reader,
-  ``run_until_accounted(...)``, the demo's DP figures.
+- ``stream_anon.kafka.supervise``: a worker run and watched from outside (the demo, tests, benchmarks): worker
+  subprocesses, the output reader, ``run_until_accounted(...)``.
 
 Importing this package does not import faust or kafka-python; the submodules do.
 """

@@ -19,13 +19,17 @@ Future Internet 9(4), 2017 (../shared/papers/002_*.txt), after Slicing (Li, Li, 
    bucket B, Slicing's p(t, s) = sum_B p(t, B) p(s | t, B) is a convex combination of the p(s | t, B), so
    requiring p(s | t, B) <= 1/l in every bucket (the share of s among the bucket's tuples that agree with t
    on the QI part of the sensitive column) makes every tuple l-diverse [ours: a sufficient check that is
-   local to a bucket, so a split can be tested on its own]. ``k`` additionally asks for k distinct
-   individuals per bucket (the stream's requirement: one rider has many trips).
+   local to a bucket, so a split can be tested on its own]. That is frequency l-diversity
+   (:class:`stream_anon.criteria.FrequencyLDiversity`) of every such group; with ``individual`` (the engine: the
+   privacy unit) the shares are counted in individuals, each weighing 1 over its trips [ours]. ``k``
+   additionally asks for k distinct individuals per bucket (the stream's requirement: one rider has many trips).
 
 The batch form returns a DataFrame of original values permuted within buckets. The engine adapter
 (:class:`Grouping`) forms the same l-diverse buckets over a window, but the engine publishes a bucket as the
 members' generalized box, never permuted raw values: permutation keeps every exact value, which the engine's
-published-class contract does not allow. Use :func:`grouping_anonymize` for the paper's release.
+published-class contract does not allow. Use :func:`grouping_anonymize` for the paper's release. Its parameters
+steer the search only: to have the former enforce l on every published class and the audit check it, list
+``kind = "frequency_l_diversity"`` (the same test) in ``[[anonymization.criteria]]``.
 
 >>> import pandas as pd
 >>> df = pd.DataFrame({"d": [5, 1, 4, 2, 6, 3], "s": list("abcabc")})
@@ -42,8 +46,8 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from stream_anon.criteria import Classes, Column, FrequencyLDiversity, KIndividuals
 from stream_anon.errors import ConfigError
-from stream_anon.strategies.mondrian import _distinct
 from stream_anon.strategies.partition import median_partition
 from stream_anon.validation import MAX_COUNT, check_bool, check_integer, check_strings, check_text
 
@@ -106,26 +110,29 @@ def group_attributes(df: pd.DataFrame, attributes: Sequence[str], n_columns: int
 
 
 class DiversityCheck:
-    """Per-bucket l-diversity of Slicing: p(s | t, B) <= 1/l for every tuple t of the bucket (see module doc),
-    plus at least ``k`` distinct individuals."""
+    """Per-bucket l-diversity of Slicing (see module doc): frequency l-diversity
+    (:class:`~stream_anon.criteria.FrequencyLDiversity`, counted in individuals) of the sensitive column within each
+    group of the bucket's tuples that agree on the column's QI part, plus at least ``k`` distinct individuals.
+    Without ``units`` every tuple is its own individual (the paper's setting)."""
 
     def __init__(self, sensitive_codes: np.ndarray, qi_part_codes: np.ndarray | None, l: int, units=None,
                  k: int = 1):
-        self.s, self.q, self.l, self.units, self.k = sensitive_codes, qi_part_codes, l, units, k
+        self.column = Column(np.asarray(sensitive_codes, dtype=np.int64))
+        self.q = None if qi_part_codes is None else np.asarray(qi_part_codes)
+        self.units = np.arange(len(self.column.codes)) if units is None else np.asarray(units)
+        self.k_rule = KIndividuals(k)
+        self.l_rule = FrequencyLDiversity("s", l)
 
     def __call__(self, idx: np.ndarray) -> bool:
-        if self.units is not None and _distinct(self.units[idx]) < self.k:
+        if len(idx) == 0 or not self.k_rule.holds(Classes.single(self.units[idx]))[0]:
             return False
-        if len(idx) < self.l:
-            return False
-        s = self.s[idx]
         if self.q is None:
-            return np.bincount(s).max() * self.l <= len(idx)
-        q = self.q[idx]
-        pair = pd.DataFrame({"q": q, "s": s})
-        per_pair = pair.groupby(["q", "s"]).size()
-        per_q = pair.groupby("q").size()
-        return bool((per_pair * self.l <= per_q.reindex(per_pair.index.get_level_values(0)).to_numpy()).all())
+            groups = [idx]
+        else:       # the tuples of idx by their QI part: one group per distinct value
+            order = idx[np.argsort(self.q[idx], kind="stable")]
+            q = self.q[order]
+            groups = np.split(order, np.flatnonzero(q[1:] != q[:-1]) + 1)
+        return bool(self.l_rule.holds(Classes.of(groups, self.units, {"s": self.column})).all())
 
 
 def _codes(df: pd.DataFrame, cols: Sequence[str]) -> np.ndarray | None:
@@ -244,10 +251,15 @@ class Grouping:
         self.params = p = GroupingParams(**params)
         self.field, self.l, self.split_on, self.relaxed = p.field, p.l, list(p.split_on), p.relaxed
 
+    def criteria(self, k: int, sensitive: dict | None = None) -> tuple:
+        """What its buckets meet besides k (``stream-anon evaluate`` checks them): frequency l-diversity of the
+        field."""
+        return (FrequencyLDiversity(self.field, self.l),)
+
     def form_classes(self, X, units, k, space, rng=None, sensitive=None) -> list[np.ndarray]:
         if sensitive is None or self.field not in sensitive:
             raise ValueError(f"grouping.field: {self.field!r} is not a configured sensitive field")
-        codes = pd.factorize(pd.Series(sensitive[self.field], dtype=object).astype(str))[0]
+        codes = Column.encode(sensitive[self.field]).codes
         dims = None
         if self.split_on:
             names = [space.qis[o].name for o in space.owner]

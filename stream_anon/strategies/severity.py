@@ -22,6 +22,11 @@ Kayem, Vester & Meinel, "Automated k-anonymization and l-diversity for shared da
 
 An unmapped sensitive value gets ``default_severity`` (default: the map's maximum, privacy first).
 
+The acceptance test is the criterion :class:`stream_anon.criteria.severity.SeverityRule`. The strategy's parameters
+steer the search only; to have the former enforce the rule on every published class (whatever the strategy, and
+with reuse of earlier classes turned off, since the rule is not monotone) and the audit check it, list it in
+``[[anonymization.criteria]]`` (``kind = "severity"``).
+
 >>> import pandas as pd
 >>> df = pd.DataFrame({"age": [20, 21, 22, 60, 61, 62], "crime": ["Theft"] * 3 + ["Robbery"] * 3})
 >>> sev = {"Theft": 2, "Robbery": 2}
@@ -39,65 +44,51 @@ import networkx as nx
 import numpy as np
 import pandas as pd
 
+from stream_anon.criteria import Classes, Column
+from stream_anon.criteria.severity import PRESETS
+from stream_anon.criteria.severity import SeverityRule as SeverityCriterion
 from stream_anon.errors import ConfigError
 from stream_anon.hierarchy import Hierarchy
-from stream_anon.metrics.severity import (CRIME_SEVERITY, average_severity, distinct_diversity, k_min,
-                                          total_severity_penalty)
-from stream_anon.strategies.mondrian import _distinct
+from stream_anon.metrics.severity import average_severity, distinct_diversity, k_min, total_severity_penalty
 from stream_anon.strategies.partition import frame_keys, median_partition
 from stream_anon.strategies.tabular import frame_attributes, generalize_classes
 from stream_anon.validation import MAX_COUNT, check_bool, check_choice, check_integer, check_number, check_text
 
-PRESETS = {"crime": CRIME_SEVERITY}
 RULES = ("merge", "top", "none")
 L_RANGE = (3, 25)          # the paper's diversity range for the global l target
 
 
 class SeverityRule:
-    """The acceptance test of a candidate class: severity-sized and (optionally) AS_e <= l_e, l_e >= l_floor."""
+    """The search side of seed 003's rule: where k_min comes from (``k_min_from``: the map, fixed per
+    configuration, or the records being anonymized) and the acceptance test of a candidate class, which is the
+    criterion :class:`stream_anon.criteria.SeverityRule` (the former and the batch form check the same code)."""
 
-    def __init__(self, severity: Mapping, default_severity: float | None = None, cap: int | None = None,
+    def __init__(self, severity: Mapping | str, default_severity: float | None = None, cap: int | None = None,
                  l_floor: int = 1, diversity: bool = True, k_min_from: str = "map"):
-        if isinstance(severity, str):
-            if severity not in PRESETS:
-                raise ValueError(f"severity.severity: unknown preset {severity!r}; known: {sorted(PRESETS)}")
-            severity = PRESETS[severity]
-        if not isinstance(severity, Mapping) or not severity:
-            raise ValueError("severity.severity: a non-empty mapping sensitive value -> severity, or a preset")
-        for v, s in severity.items():
-            if isinstance(s, bool) or not isinstance(s, (int, float)) or s <= 0:
-                raise ValueError(f"severity.severity.{v}: a positive number, got {s!r}")
-        if cap is not None and (not isinstance(cap, int) or cap < 1):
-            raise ValueError(f"severity.cap: a positive integer or None, got {cap!r}")
-        if not isinstance(l_floor, int) or l_floor < 1:
-            raise ValueError(f"severity.l_floor: an integer >= 1, got {l_floor!r}")
         if k_min_from not in ("map", "data"):
-            raise ValueError(f"severity.k_min_from: 'map' or 'data', got {k_min_from!r}")
-        self.severity = {str(k): float(v) for k, v in severity.items()}
-        self.default = float(default_severity) if default_severity is not None else max(self.severity.values())
+            raise ValueError(f"k_min_from: 'map' or 'data', got {k_min_from!r}")
+        self.params = dict(severity=severity, default_severity=default_severity, cap=cap, l_floor=l_floor,
+                           diversity=diversity)
+        self.probe = self.criterion("field", 1)         # validates the parameters once
+        self.severity, self.default = self.probe.severity, self.probe.default
         self.cap, self.l_floor, self.diversity, self.k_min_from = cap, l_floor, diversity, k_min_from
 
+    def criterion(self, field: str, kmin: int) -> SeverityCriterion:
+        return SeverityCriterion(field, k_min=int(kmin), **self.params)
+
     def scores(self, values) -> np.ndarray:
-        get = self.severity.get
-        return np.array([get(str(v), self.default) if v is not None else self.default for v in values], float)
+        return self.probe.scores(values)
 
     def k_min(self, k_cons: int, scores: np.ndarray) -> int:
         source = self.severity.values() if self.k_min_from == "map" else (scores if len(scores) else [k_cons])
         return k_min(k_cons, source)
 
-    def acceptor(self, units: np.ndarray, values, scores: np.ndarray, kmin: int):
-        codes = pd.factorize(pd.Series(list(values), dtype=object).astype(str))[0]
+    def acceptor(self, units: np.ndarray, values, kmin: int):
+        """``accept(idx)``: the criterion on the candidate class of rows ``idx``."""
+        rule, column, units = self.criterion("s", kmin), Column.encode(list(values)), np.asarray(units)
 
         def accept(idx: np.ndarray) -> bool:
-            need = max(kmin, int(np.ceil(scores[idx].max())))
-            if self.cap is not None:
-                need = max(kmin, min(need, self.cap))
-            if _distinct(units[idx]) < need:
-                return False
-            if not self.diversity:
-                return True
-            l_e = _distinct(codes[idx])
-            return l_e >= self.l_floor and average_severity(scores[idx]) <= l_e
+            return bool(rule.holds(Classes.single(units[idx], {"s": column.take(idx)}))[0])
         return accept
 
 
@@ -158,12 +149,17 @@ class Severity:
         self.field = p.field
         self.rule = p.rule()
 
+    def criteria(self, k: int, sensitive: dict) -> tuple:
+        """What its classes meet (``stream-anon evaluate`` checks them): the severity rule with the k_min of these
+        values."""
+        return (self.rule.criterion(self.field, self.rule.k_min(k, self.rule.scores(sensitive[self.field]))),)
+
     def form_classes(self, X, units, k, space, rng=None, sensitive=None) -> list[np.ndarray]:
         if sensitive is None or self.field not in sensitive:
             raise ValueError(f"severity.field: {self.field!r} is not a configured sensitive field")
         values = sensitive[self.field]
         scores = self.rule.scores(values)
-        accept = self.rule.acceptor(np.asarray(units), values, scores, self.rule.k_min(k, scores))
+        accept = self.rule.acceptor(np.asarray(units), values, self.rule.k_min(k, scores))
         return median_partition(X, accept, width=space.width)
 
 
@@ -200,7 +196,7 @@ def severity_anonymize(df: pd.DataFrame, qis: Mapping[str, object], sensitive: s
     values = df[sensitive].tolist()
     scores = sr.scores(values)
     kmin = sr.k_min(k_cons, scores)
-    classes = median_partition(frame_keys(attrs), sr.acceptor(units, values, scores, kmin))
+    classes = median_partition(frame_keys(attrs), sr.acceptor(units, values, kmin))
     released = generalize_classes(df, classes, qis)
     top = []
     if rule == "top":

@@ -1,0 +1,118 @@
+"""The severity rule of seed 003: severe sensitive values ask for larger and more diverse classes.
+
+Kayem, Vester & Meinel, "Automated k-anonymization and l-diversity for shared data privacy", DEXA 2016
+(../shared/papers/003_*.txt). Each sensitive category c has a severity S(c) (Table 1; e.g. Murder 25). A class
+meets the rule when
+
+- it holds at least ``clip(max S in the class, k_min, cap)`` distinct individuals **[our reading]**, with
+  k_min = max(k_cons, min S) (Eq. 4); so every tuple's severity penalty S(c_d) / |e_d| (Eq. 5) is at most 1 unless
+  ``cap`` (the paper's unstated size threshold) binds. In a stream k_min is taken over the severity map, fixed per
+  configuration, so it does not move between windows;
+- with ``diversity``: its average severity AS_e (Eq. 10, the mean over the class's tuples) is at most its number of
+  distinct values l_e, and l_e >= ``l_floor`` (the CG-Diverse rule, Sec. 3.4: a class with AS_e > l_e is at risk).
+
+An unmapped value (null included) gets ``default_severity`` (default: the map's maximum, privacy first). Not
+monotone: a severe record added to a class raises what it needs.
+
+>>> import numpy as np
+>>> from stream_anon.criteria.base import Classes, Column
+>>> rule = SeverityRule("crime", {"Theft": 5, "Murder": 25}, k_min=5)
+>>> crimes = Column.encode(["Theft"] * 5 + ["Murder"] + ["Theft"] * 4)
+>>> c = Classes.of([np.arange(5), np.arange(5, 10)], np.arange(10), {"crime": crimes})
+>>> rule.holds(c).tolist()     # AS_e 5 > l_e 1; and a Murder needs 25 individuals
+[False, False]
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+import numpy as np
+
+from stream_anon.criteria.base import Classes
+
+PRESETS = ("crime",)
+
+
+def severity_map(severity) -> dict[str, float]:
+    """A severity map (value -> positive number) or a preset's name, validated, keys as text."""
+    if isinstance(severity, str):
+        if severity not in PRESETS:
+            raise ValueError(f"severity: unknown preset {severity!r}; known: {list(PRESETS)}")
+        from stream_anon.metrics.severity import CRIME_SEVERITY     # the paper's Table 1; metrics load pandas
+        severity = CRIME_SEVERITY
+    if not isinstance(severity, Mapping) or not severity:
+        raise ValueError("severity: a non-empty mapping sensitive value -> severity, or a preset")
+    for v, s in severity.items():
+        if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or s <= 0:
+            raise ValueError(f"severity.{v}: a positive number, got {s!r}")
+    return {str(k): float(v) for k, v in severity.items()}
+
+
+def k_min(k_cons: int, severities: Iterable[float]) -> int:
+    """k_min = max(k_cons, min S) (Eq. 4)."""
+    return int(max(k_cons, min(severities)))
+
+
+@dataclass(frozen=True)
+class SeverityRule:
+    """Seed 003's rule on sensitive ``field`` (module docstring). ``k_min``: the minimum class size in individuals."""
+    field: str
+    severity: Mapping | str
+    k_min: int = 1
+    default_severity: float | None = None
+    cap: int | None = None
+    l_floor: int = 1
+    diversity: bool = True
+    kind = "severity"
+    monotone = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.field, str) or not self.field:
+            raise ValueError("field: the sensitive field holding the category is required")
+        object.__setattr__(self, "severity", severity_map(self.severity))
+        d = self.default_severity
+        if d is not None and (isinstance(d, bool) or not isinstance(d, (int, float)) or not math.isfinite(d)
+                              or d <= 0):
+            raise ValueError(f"default_severity: a positive number, got {d!r}")
+        if isinstance(self.k_min, bool) or not isinstance(self.k_min, int) or self.k_min < 1:
+            raise ValueError(f"k_min: a positive integer, got {self.k_min!r}")
+        if self.cap is not None and (isinstance(self.cap, bool) or not isinstance(self.cap, int) or self.cap < 1):
+            raise ValueError(f"cap: a positive integer or absent, got {self.cap!r}")
+        if isinstance(self.l_floor, bool) or not isinstance(self.l_floor, int) or self.l_floor < 1:
+            raise ValueError(f"l_floor: an integer >= 1, got {self.l_floor!r}")
+        if not isinstance(self.diversity, bool):
+            raise ValueError(f"diversity: true or false, got {self.diversity!r}")
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        return (self.field,)
+
+    @property
+    def reason(self) -> str:
+        return f"severity_rule_not_met:{self.field}"
+
+    @property
+    def default(self) -> float:
+        return float(self.default_severity) if self.default_severity is not None else max(self.severity.values())
+
+    def scores(self, values) -> np.ndarray:
+        """S of each value (unmapped and null: the default)."""
+        get, default = self.severity.get, self.default
+        return np.array([get(str(v), default) if v is not None else default for v in values], dtype=float)
+
+    def holds(self, classes: Classes) -> np.ndarray:
+        if len(classes) == 0:
+            return np.zeros(0, dtype=bool)
+        column = classes.columns[self.field]
+        s = self.scores(column.values)[column.codes]
+        need = np.maximum(self.k_min, np.ceil(np.maximum.reduceat(s, classes.starts)))
+        if self.cap is not None:
+            need = np.maximum(self.k_min, np.minimum(need, self.cap))
+        ok = classes.individuals >= need
+        if self.diversity:
+            l_e = classes.distinct_values(self.field)
+            average = np.add.reduceat(s, classes.starts) / classes.sizes
+            ok &= (l_e >= self.l_floor) & (average <= l_e)
+        return ok
