@@ -15,6 +15,7 @@ from typing import Any
 
 from stream_anon.connection import SETTINGS as KAFKA_KEYS
 from stream_anon.criteria import parse_criteria
+from stream_anon.criteria.parse import KEYS as CRITERIA_KEYS
 from stream_anon.domains import DOMAIN_KEYS, SensitiveDomain, flat_domains, parse_domain
 from stream_anon.errors import ConfigError
 from stream_anon.formers.minvariant import MInvariantParams
@@ -432,6 +433,8 @@ def table_keys() -> dict[str, tuple[str, ...]]:
             "kafka": KAFKA_KEYS}
     for name, cls in STRATEGIES.items():
         keys[f"anonymization.strategy_params ({name})"] = tuple(f.name for f in dataclasses.fields(cls.Params))
+    for kind, names in CRITERIA_KEYS.items():
+        keys[f"anonymization.criteria ({kind})"] = names
     return keys
 
 

@@ -147,7 +147,10 @@ def check_choice(value, key: str, choices: Iterable):
     """
     choices = tuple(choices)
     if isinstance(value, bool) or value not in choices:        # True == 1: a boolean is no choice of numbers
-        raise ConfigError(f"{key}: must be one of {', '.join(map(str, choices))}, got {_shown(value)}")
+        near = difflib.get_close_matches(value, [c for c in choices if isinstance(c, str)], n=1) \
+            if isinstance(value, str) else []
+        raise ConfigError(f"{key}: must be one of {', '.join(map(str, choices))}, got {_shown(value)}"
+                          + (f"; did you mean {near[0]}?" if near else ""))
     return value
 
 

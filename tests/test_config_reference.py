@@ -87,6 +87,16 @@ def place(table: str, key: str, name: str, value) -> tuple[dict, str]:
     if table == "anonymization.m_params":
         raw["anonymization"]["m_params"][name] = value
         return raw, f"{table}.{name}"
+    criterion = re.fullmatch(r"anonymization\.criteria \((.+)\)", table)
+    if criterion:
+        a = raw["anonymization"]
+        for k in ("m", "m_horizon_s", "m_params"):
+            del a[k]
+        del raw["sensitive"]["invariant"]
+        entry = {"kind": criterion.group(1), "field": "contract",
+                 **({"severity": {"lease": 3}} if criterion.group(1) == "severity" else {"l": 2})}
+        a["criteria"] = [{**entry, name: value}]
+        return raw, f"anonymization.criteria[0].{name}"
     strategy = re.fullmatch(r"anonymization\.strategy_params \((.+)\)", table)
     if strategy:
         a = raw["anonymization"]
@@ -149,6 +159,8 @@ def _keys_by_table(raw: dict) -> set[tuple[str, str]]:
     for table in ("stream", "anonymization", "sensitive", "identifiers", "limits", "dp", "input"):
         out |= {(table, k) for k in raw.get(table, {})}
     out |= {("anonymization.m_params", k) for k in raw.get("anonymization", {}).get("m_params", {})}
+    out |= {(f"anonymization.criteria ({c['kind']})", k) for c in raw.get("anonymization", {}).get("criteria", [])
+            for k in c}
     out |= {("quasi_identifiers", k) for q in raw.get("quasi_identifiers", []) for k in q}
     out |= {("sensitive.domains.FIELD", k) for d in raw.get("sensitive", {}).get("domains", {}).values() for k in d}
     out |= {("aggregates", k) for a in raw.get("aggregates", []) for k in a}

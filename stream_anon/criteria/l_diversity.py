@@ -28,17 +28,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from stream_anon.criteria.base import Classes
+from stream_anon.validation import MAX_COUNT, check_integer, check_number, check_text
 
 TOLERANCE = 1e-9
 
 
 def _check(field: str, l, integer: bool) -> None:
-    if not isinstance(field, str) or not field:
-        raise ValueError("field: the sensitive field to keep diverse is required")
-    if isinstance(l, bool) or not isinstance(l, (int, float) if not integer else int) or not math.isfinite(l):
-        raise ValueError(f"l: {'an integer' if integer else 'a finite number'} >= 1, got {l!r}")
-    if l < 1:
-        raise ValueError(f"l: at least 1 (1 holds for every class), got {l!r}")
+    check_text(field, "field")
+    if integer:
+        check_integer(l, "l", 1, MAX_COUNT)
+    else:
+        check_number(l, "l", at_least=1, at_most=MAX_COUNT)
 
 
 @dataclass(frozen=True)

@@ -26,29 +26,44 @@ stream_anon.errors.ConfigError: anonymization.criteria[0].ll: unknown key; did y
 """
 from __future__ import annotations
 
-import difflib
-
 from stream_anon.criteria.l_diversity import DistinctLDiversity, EntropyLDiversity, FrequencyLDiversity
-from stream_anon.criteria.severity import SeverityRule, k_min, severity_map
+from stream_anon.criteria.severity import PRESETS, SeverityRule, k_min, severity_map
 from stream_anon.errors import ConfigError
+from stream_anon.validation import MAX_COUNT, Table, check_choice, check_number
 
 KINDS = {"distinct_l_diversity": DistinctLDiversity, "entropy_l_diversity": EntropyLDiversity,
          "frequency_l_diversity": FrequencyLDiversity, "severity": SeverityRule}
-KEYS = {"distinct_l_diversity": ("kind", "field", "l"), "entropy_l_diversity": ("kind", "field", "l"),
-        "frequency_l_diversity": ("kind", "field", "l"),
+L_KEYS = ("kind", "field", "l")
+KEYS = {"distinct_l_diversity": L_KEYS, "entropy_l_diversity": L_KEYS, "frequency_l_diversity": L_KEYS,
         "severity": ("kind", "field", "severity", "default_severity", "cap", "l_floor", "diversity")}
-REQUIRED = {"distinct_l_diversity": ("field", "l"), "entropy_l_diversity": ("field", "l"),
-            "frequency_l_diversity": ("field", "l"), "severity": ("field", "severity")}
 WITH_M = ("not combinable with anonymization.m: m-invariance already makes every class m-diverse in "
           "sensitive.invariant (no value held by more than 1/m of its individuals, counterfeits included), and its "
           "classes come from a signature-aware search whose classes cannot be merged or suppressed for another "
           "criterion without changing the signatures it has bound")
 
 
-def _unknown(key: str, known, path: str) -> ConfigError:
-    near = difflib.get_close_matches(key, list(known), n=1)
-    hint = f"did you mean {near[0]}?" if near else f"known: {', '.join(known)}"
-    return ConfigError(f"{path}.{key}: unknown key; {hint}")
+def _criterion(t: Table, kind: str, k: int, sensitive: tuple[str, ...]):
+    field = t.text("field")
+    if field not in sensitive:
+        raise ConfigError(f"{t.key('field')}: {field!r} is not listed in sensitive.fields")
+    if kind != "severity":
+        integer = kind == "distinct_l_diversity"       # the others take a real l (entropy: log l)
+        l = t.integer("l", 1, MAX_COUNT) if integer else t.number("l", at_least=1, at_most=MAX_COUNT)
+        return KINDS[kind](field=field, l=l)
+    raw = t.get("severity")
+    if isinstance(raw, str):
+        check_choice(raw, t.key("severity"), PRESETS)
+    elif isinstance(raw, dict) and raw:
+        for value, s in raw.items():
+            check_number(s, f"{t.key('severity')}.{value}", above=0, at_most=MAX_COUNT)
+    else:
+        raise ConfigError(f"{t.key('severity')}: a non-empty table sensitive value -> severity, or a preset "
+                          f"({', '.join(PRESETS)})")
+    severity = severity_map(raw)
+    return SeverityRule(field=field, severity=severity, k_min=k_min(k, severity.values()),
+                        default_severity=t.number("default_severity", None, above=0, at_most=MAX_COUNT),
+                        cap=t.integer("cap", 1, MAX_COUNT, None), l_floor=t.integer("l_floor", 1, MAX_COUNT, 1),
+                        diversity=t.boolean("diversity", True))
 
 
 def parse_criteria(raw, *, k: int, sensitive: tuple[str, ...], m: int | None = None,
@@ -64,28 +79,13 @@ def parse_criteria(raw, *, k: int, sensitive: tuple[str, ...], m: int | None = N
     out, seen = [], {}
     for i, table in enumerate(raw):
         at = f"{path}[{i}]"
-        kind = table.get("kind")
-        if kind == "k":
+        if table.get("kind") == "k":
             raise ConfigError(f"{at}.kind: k is anonymization.k (always enforced), not a criteria entry")
-        if kind not in KINDS:
-            near = difflib.get_close_matches(str(kind), list(KINDS), n=1)
-            raise ConfigError(f"{at}.kind: one of {', '.join(KINDS)}, got {kind!r}"
-                              + (f"; did you mean {near[0]}?" if near else ""))
-        for key in table:
-            if key not in KEYS[kind]:
-                raise _unknown(key, KEYS[kind], at)
-        for key in REQUIRED[kind]:
-            if key not in table:
-                raise ConfigError(f"{at}.{key}: missing")
-        if table["field"] not in sensitive:
-            raise ConfigError(f"{at}.field: {table['field']!r} is not listed in sensitive.fields")
-        params = {key: v for key, v in table.items() if key != "kind"}
-        try:
-            if kind == "severity":
-                params["k_min"] = k_min(k, severity_map(params["severity"]).values())
-            criterion = KINDS[kind](**params)
-        except ValueError as exc:
-            raise ConfigError(f"{at}.{exc}") from None
+        kind = check_choice(table.get("kind"), f"{at}.kind", tuple(KINDS))
+        t = Table(table, at, KEYS[kind])
+        t.get("kind")
+        criterion = _criterion(t, kind, k, sensitive)
+        t.done(f"not a key of a {kind} criterion")
         if (kind, criterion.field) in seen:
             raise ConfigError(f"{at}: a second {kind} on {criterion.field!r} (the first is {path}"
                               f"[{seen[(kind, criterion.field)]}])")

@@ -24,13 +24,13 @@ monotone: a severe record added to a class raises what it needs.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 import numpy as np
 
 from stream_anon.criteria.base import Classes
+from stream_anon.validation import MAX_COUNT, check_bool, check_integer, check_number, check_text
 
 PRESETS = ("crime",)
 
@@ -45,8 +45,7 @@ def severity_map(severity) -> dict[str, float]:
     if not isinstance(severity, Mapping) or not severity:
         raise ValueError("severity: a non-empty mapping sensitive value -> severity, or a preset")
     for v, s in severity.items():
-        if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or s <= 0:
-            raise ValueError(f"severity.{v}: a positive number, got {s!r}")
+        check_number(s, f"severity.{v}", above=0, at_most=MAX_COUNT)
     return {str(k): float(v) for k, v in severity.items()}
 
 
@@ -69,21 +68,15 @@ class SeverityRule:
     monotone = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.field, str) or not self.field:
-            raise ValueError("field: the sensitive field holding the category is required")
+        check_text(self.field, "field")
         object.__setattr__(self, "severity", severity_map(self.severity))
-        d = self.default_severity
-        if d is not None and (isinstance(d, bool) or not isinstance(d, (int, float)) or not math.isfinite(d)
-                              or d <= 0):
-            raise ValueError(f"default_severity: a positive number, got {d!r}")
-        if isinstance(self.k_min, bool) or not isinstance(self.k_min, int) or self.k_min < 1:
-            raise ValueError(f"k_min: a positive integer, got {self.k_min!r}")
-        if self.cap is not None and (isinstance(self.cap, bool) or not isinstance(self.cap, int) or self.cap < 1):
-            raise ValueError(f"cap: a positive integer or absent, got {self.cap!r}")
-        if isinstance(self.l_floor, bool) or not isinstance(self.l_floor, int) or self.l_floor < 1:
-            raise ValueError(f"l_floor: an integer >= 1, got {self.l_floor!r}")
-        if not isinstance(self.diversity, bool):
-            raise ValueError(f"diversity: true or false, got {self.diversity!r}")
+        if self.default_severity is not None:
+            check_number(self.default_severity, "default_severity", above=0, at_most=MAX_COUNT)
+        check_integer(self.k_min, "k_min", 1, MAX_COUNT)
+        if self.cap is not None:
+            check_integer(self.cap, "cap", 1, MAX_COUNT)
+        check_integer(self.l_floor, "l_floor", 1, MAX_COUNT)
+        check_bool(self.diversity, "diversity")
 
     @property
     def fields(self) -> tuple[str, ...]:
