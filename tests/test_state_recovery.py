@@ -182,7 +182,7 @@ def test_state_records_replayed_from_the_log_restore_the_worker_exactly():
             logs[p].add(value)
             got = st.choose_state(logs[p], marker=ps.seq, committed_input=ps.offset + 1)
             assert got.halt is None and got.doc["offset"] == ps.offset
-            live = core.state_tables(ps)            # the engine's tables and the DP aggregates' (dp:...)
+            live = core.state_tables(ps)            # the engine's tables and the DP aggregates' (dp/...)
             assert sorted(got.tables) == sorted(live)
             for name, (k, r) in live.items():
                 assert np.array_equal(got.tables[name][0], k) and np.array_equal(got.tables[name][1], r), name
@@ -194,7 +194,7 @@ def test_state_records_replayed_from_the_log_restore_the_worker_exactly():
                 r = st.choose_state(log, marker=core.parts[p].seq, committed_input=None)
                 restored.open_partition(p, r.doc, r.tables, r.base_seq)
     assert restored is not None and sizes[False], "the run must restore half-way and write deltas"
-    assert any(n.startswith("dp:") for n in live) and any(n == "signatures" for n in live)
+    assert any(n.startswith("dp/") for n in live) and any(n == "signatures" for n in live)
     out_restored = []
     for i in range(half, len(msgs), 150):
         by_part = {}

@@ -1,8 +1,8 @@
 """Continual release of running totals under differential privacy, on diffprivlib's mechanisms.
 
-Three counters with one API (``update(x, random_state) -> noisy running total``, ``running_variance(t)``,
-``state_dict()`` / ``from_state()``), vectorized over the cells of an aggregate (one entry of ``x`` per group
-key). The noise comes from diffprivlib's mechanisms (``Geometric`` for integer counts and sums, ``Snapping``
+Three counters with one API (``update(x, random_state) -> noisy running total``, ``running_variance(t)``, and the
+checkpoint's ``state_core()`` / ``load_state()``), vectorized over the cells of an aggregate (one entry of ``x`` per
+group key). The noise comes from diffprivlib's mechanisms (``Geometric`` for integer counts and sums, ``Snapping``
 for real values), drawn in bulk by :mod:`stream_anon.dp.diffprivlib_adapter`: its geometric sampler is
 diffprivlib's inverse-CDF formula written for arrays (the same values as ``randomise``, one numpy call per window
 instead of one Python call per cell), and every use of diffprivlib's internals is there.
@@ -143,9 +143,36 @@ class _Counter:
                 * self.resolution ** 2
         return noise_variance(self.noise, epsilon, self.sensitivity)
 
-    def _base_state(self) -> dict:
+    # -- checkpoint: a part without keyed tables (O(levels x cells) numbers, bounded by the configuration) ------
+    def parameters(self) -> dict:
+        """What the noise is calibrated to; a saved state is loaded only into a counter of the same."""
         return {"mechanism": self.name, "n_cells": self.n_cells, "epsilon": self.epsilon,
-                "sensitivity": self.sensitivity, "noise": self.noise, "resolution": self.resolution, "t": self.t}
+                "sensitivity": self.sensitivity, "noise": self.noise, "resolution": self.resolution}
+
+    def matches(self, core: dict) -> bool:
+        """Whether ``core`` (a :meth:`state_core`) was written by a counter of this one's parameters."""
+        return all(core.get(k) == v for k, v in self.parameters().items())
+
+    def state_core(self) -> dict:
+        return {**self.parameters(), "t": self.t, **self._progress()}
+
+    def state_tables(self) -> dict:
+        return {}
+
+    def load_state(self, core: dict, tables=None) -> None:
+        """Continue from ``core``: refused (ValueError) when it was written with other parameters, since the noise
+        still to come must be calibrated to the epsilon the ledger charges."""
+        if not self.matches(core):
+            raise ValueError(f"counter state of other parameters: {({k: core.get(k) for k in self.parameters()})}, "
+                             f"this counter {self.parameters()}")
+        self.t = int(core["t"])
+        self._load_progress(core)
+
+    def _progress(self) -> dict:
+        raise NotImplementedError
+
+    def _load_progress(self, core: dict) -> None:
+        raise NotImplementedError
 
     def _check_x(self, x) -> np.ndarray:
         x = np.asarray(x, dtype=float)
@@ -153,14 +180,6 @@ class _Counter:
             raise ValueError(f"x: expected shape ({self.n_cells},), got {x.shape}")
         return x
 
-    def state_dict(self) -> dict:
-        raise NotImplementedError
-
-    @staticmethod
-    def from_state(state: dict) -> "_Counter":
-        cls = {"per_window": PerWindowCounter, "binary_tree": BinaryTreeCounter, "hybrid": HybridCounter}[
-            state["mechanism"]]
-        return cls._from_state(state)
 
 
 class PerWindowCounter(_Counter):
@@ -198,14 +217,11 @@ class PerWindowCounter(_Counter):
     def running_terms(self, t: int) -> int:
         return t
 
-    def state_dict(self) -> dict:
-        return {**self._base_state(), "running": self.running.tolist(), "last_window": self.last_window.tolist()}
+    def _progress(self) -> dict:
+        return {"running": self.running.tolist(), "last_window": self.last_window.tolist()}
 
-    @classmethod
-    def _from_state(cls, s: dict) -> "PerWindowCounter":
-        c = cls(s["n_cells"], s["epsilon"], s["sensitivity"], s["noise"], s.get("resolution", 1.0))
-        c.t, c.running, c.last_window = s["t"], np.array(s["running"], float), np.array(s["last_window"], float)
-        return c
+    def _load_progress(self, s: dict) -> None:
+        self.running, self.last_window = np.array(s["running"], float), np.array(s["last_window"], float)
 
 
 class BinaryTreeCounter(_Counter):
@@ -269,18 +285,18 @@ class BinaryTreeCounter(_Counter):
     def running_variance(self, t: int) -> float:
         return self.running_terms(t) * self.node_variance()
 
-    def state_dict(self) -> dict:
-        return {**self._base_state(), "horizon": self.horizon, "t_epoch": self.t_epoch, "epochs": self.epochs, "alpha": self.alpha.tolist(),
+    def parameters(self) -> dict:
+        return {**super().parameters(), "horizon": self.horizon}
+
+    def _progress(self) -> dict:
+        return {"t_epoch": self.t_epoch, "epochs": self.epochs, "alpha": self.alpha.tolist(),
                 "alpha_hat": self.alpha_hat.tolist(), "base": self.base.tolist()}
 
-    @classmethod
-    def _from_state(cls, s: dict) -> "BinaryTreeCounter":
-        c = cls(s["n_cells"], s["epsilon"], s["sensitivity"], s["noise"], s["horizon"], s.get("resolution", 1.0))
-        c.t, c.t_epoch, c.epochs = s["t"], s["t_epoch"], s["epochs"]
-        c.alpha = np.array(s["alpha"], float).reshape(c.levels, c.n_cells)
-        c.alpha_hat = np.array(s["alpha_hat"], float).reshape(c.levels, c.n_cells)
-        c.base = np.array(s["base"], float)
-        return c
+    def _load_progress(self, s: dict) -> None:
+        self.t_epoch, self.epochs = int(s["t_epoch"]), int(s["epochs"])
+        self.alpha = np.array(s["alpha"], float).reshape(self.levels, self.n_cells)
+        self.alpha_hat = np.array(s["alpha_hat"], float).reshape(self.levels, self.n_cells)
+        self.base = np.array(s["base"], float)
 
 
 class HybridCounter(_Counter):
@@ -331,16 +347,17 @@ class HybridCounter(_Counter):
             var += n_tree * self._var(self.epsilon / 2 / (k + 1))
         return var
 
-    def state_dict(self) -> dict:
-        return {**self._base_state(), "beta": self.beta.tolist(),
-                "beta_snap": self.beta_snap.tolist(), "tree": self.tree.state_dict() if self.tree else None}
+    def _progress(self) -> dict:
+        return {"beta": self.beta.tolist(), "beta_snap": self.beta_snap.tolist(),
+                "tree": self.tree.state_core() if self.tree else None}
 
-    @classmethod
-    def _from_state(cls, s: dict) -> "HybridCounter":
-        c = cls(s["n_cells"], s["epsilon"], s["sensitivity"], s["noise"], s.get("resolution", 1.0))
-        c.t, c.beta, c.beta_snap = s["t"], np.array(s["beta"], float), np.array(s["beta_snap"], float)
-        c.tree = BinaryTreeCounter._from_state(s["tree"]) if s["tree"] else None
-        return c
+    def _load_progress(self, s: dict) -> None:
+        self.beta, self.beta_snap = np.array(s["beta"], float), np.array(s["beta_snap"], float)
+        self.tree = None
+        if s["tree"] is not None:        # the current block's tree: horizon 2^k, at epsilon/2 (update())
+            self.tree = BinaryTreeCounter(self.n_cells, self.epsilon / 2, self.sensitivity, self.noise,
+                                          horizon=int(s["tree"]["horizon"]), resolution=self.resolution)
+            self.tree.load_state(s["tree"])
 
 
 # -- theory and choice ----------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from datetime import datetime, timezone
 import orjson
 
 from stream_anon import crypto
+from stream_anon.checkpoint import SEPARATOR
 from stream_anon.contract import topics
 from stream_anon.engine import Engine, get_path
 from stream_anon.events import schema_ok_batch, schema_reason
@@ -220,8 +221,8 @@ class WorkerCore:
             # written before the engine and the aggregates are restored from (and may keep) its objects
             chain = [st.StateRecord.full_of(doc, tables)]
             st.encode_state(chain[0])
-            # the aggregates first: which fields the engine carries depends on their restored period
-            dp = self._aggregates(partition, doc.get("dp"), tables)
+            # the aggregates first: they name the fields the engine carries to the closed windows
+            dp = self._aggregates(partition, doc.get("dp"), dp_tables(tables))
             engine = Engine.restore(self.config, partition, self.secret, doc["engine"], engine_tables(tables),
                                     dp.carried if dp else ())
             ps = PartitionState(partition, engine, offset=doc["offset"], seq=doc["seq"],
@@ -235,14 +236,15 @@ class WorkerCore:
         return ps
 
     def _aggregates(self, partition: int, core: dict | None, tables: dict | None = None):
-        """The partition's DP aggregates (None without ``[dp]``): new, or from their core and the ``dp:`` tables."""
+        """The partition's DP aggregates (None without ``[dp]``): new, or from their core and their own tables."""
         if self.config.dp is None or not self.config.dp.aggregates:
             return None
         if self.aggregates_process is not None:
             return self.aggregates_process.open(self.config, partition, core, tables)
-        if core is None:
-            return aggregates.PartitionAggregates(self.config, partition, self.secret, None)
-        return aggregates.PartitionAggregates.restore(self.config, partition, self.secret, None, core, tables or {})
+        dp = aggregates.PartitionAggregates(self.config, partition, self.secret)
+        if core is not None:
+            dp.load_state(core, tables or {})
+        return dp
 
     def close_partition(self, partition: int) -> None:
         ps = self.parts.pop(partition, None)
@@ -264,11 +266,6 @@ class WorkerCore:
             doc["dp"] = ps.dp.state_core() if dp_core is None else dp_core
         return doc
 
-    @staticmethod
-    def _parts(ps: PartitionState) -> list:
-        """The partition's state holders: the engine, and the DP aggregates when the stream has them."""
-        return [ps.engine] if ps.dp is None else [ps.engine, ps.dp]
-
     def state_record(self, ps: PartitionState, seq: int, offset: int, flush_pending: bool = False
                      ) -> st.StateRecord:
         """The record of the partition's state for state transaction ``seq`` (kafka/state.py): the core, and the
@@ -279,7 +276,7 @@ class WorkerCore:
         dp_core, dp_changes, dp_rows = ps.dp.record_state() if ps.dp is not None else (None, {}, 0)
         doc = self._core_doc(ps, seq, offset, flush_pending, dp_core)
         changes = st.changes_by_table(ps.engine.state_changes())
-        changes.update(st.changes_by_table(dp_changes or {}))
+        changes.update(as_dp_tables(dp_changes or {}))
         rec = st.StateRecord(doc, changes, full=ps.next_full)
         if dp_changes is None:          # the aggregates' changes since the last record are not known: in full
             rec = st.StateRecord.full_of(doc, self.state_tables(ps))
@@ -290,10 +287,10 @@ class WorkerCore:
         return rec
 
     def state_tables(self, ps: PartitionState) -> dict:
-        """Every keyed table of the partition in full: the engine's and the DP aggregates' (``dp:`` names)."""
-        tables = {}
-        for part in self._parts(ps):
-            tables.update(part.state_tables())
+        """Every keyed table of the partition in full: the engine's and the DP aggregates' (``dp/`` names)."""
+        tables = dict(ps.engine.state_tables())
+        if ps.dp is not None:
+            tables.update(as_dp_tables(ps.dp.full_tables()))
         return tables
 
     def note_committed(self, ps: PartitionState, rec: st.StateRecord) -> None:
@@ -712,7 +709,7 @@ class WorkerCore:
 
 def composed_doc(doc: dict | None, tables: dict) -> dict | None:
     """A state (core and tables) as one document for tests and tools: the engine's tables composed into
-    ``engine`` (:func:`stream_anon.engine.state.compose_state`); the DP core stays under ``dp`` with its ``dp:``
+    ``engine`` (:func:`stream_anon.engine.state.compose_state`); the DP core stays under ``dp`` with its ``dp/``
     tables under ``dp_tables``."""
     if doc is None:
         return None
@@ -726,6 +723,19 @@ def composed_doc(doc: dict | None, tables: dict) -> dict | None:
     return out
 
 
+DP_PREFIX = "dp" + SEPARATOR        # the DP aggregates' tables among a partition's: dp/<their table>
+
+
 def engine_tables(tables: dict) -> dict:
-    """The engine's tables among a partition's (the DP aggregates' carry the ``dp:`` prefix)."""
-    return {n: t for n, t in tables.items() if not n.startswith(aggregates.TABLE_PREFIX)}
+    """The engine's tables among a partition's."""
+    return {n: t for n, t in tables.items() if not n.startswith(DP_PREFIX)}
+
+
+def dp_tables(tables: dict) -> dict:
+    """The DP aggregates' tables among a partition's, by their own names."""
+    return {n[len(DP_PREFIX):]: t for n, t in tables.items() if n.startswith(DP_PREFIX)}
+
+
+def as_dp_tables(tables: dict) -> dict:
+    """The DP aggregates' tables (or changes) named as among a partition's."""
+    return {DP_PREFIX + n: t for n, t in tables.items()}
