@@ -40,7 +40,7 @@ log = logging.getLogger("stream_anon.worker")
 TOPICS = topics()           # the topic contract (topics/topics.toml), shipped inside the package
 LAG_NOTE = ("approximate: computed from the consumed position and the broker's reported end offset, which the "
             "Tansu broker under-reports for multi-record batches")
-STATE_VERSION = 2              # 2: core and keyed tables apart (full and delta state records)
+STATE_VERSION = 3              # 3: the DP state as Checkpointable parts, its tables named dp/<part>/<table>
 BISECT_MAX_DEPTH = 16          # a failing batch is split at most this deep before its events are dead-lettered
 DEADLETTER_PAYLOAD_MAX = 4096   # characters of an oversized payload kept in its dead letter
 
