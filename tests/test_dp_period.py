@@ -240,3 +240,33 @@ def test_report_running_errors_restart_every_period_and_match_the_stated_noise()
     print(out)
     assert out["windows"] == 48 and out["mechanism"] == ["binary_tree/geometric"]
     assert abs(out["continual_count_rmse"] / out["continual_count_rmse_theory"] - 1) < 0.25
+
+
+def test_a_state_of_another_configuration_keeps_what_still_holds(caplog):
+    """Restored under a changed configuration: each unit's window counts stay with its aggregate (by name), an
+    aggregate whose counters were calibrated to another epsilon starts its counters and its partial release again
+    (noise of the old calibration would not match what the ledger now charges), a new aggregate starts empty. A
+    period's table is refused where no period is configured."""
+    old = parse_dp_config(_raw([_count("n", 0.5, release_every_windows=4, output="both")]))
+    new = parse_dp_config(_raw([_count("n", 0.4, release_every_windows=4, output="both"), _count("m", 0.3)]))
+    agg = DPAggregator(old, BudgetLedger(None, 1.0), seed=b"s")
+    for i in range(5):                  # a release at the 4th window, the 5th pending
+        agg.process_window(W0 + i, [{"card": f"c{j}", "line": "a"} for j in range(5)])
+    core, tables = full_state(agg)
+    assert core["pending"]["n"]["count"] == [0.0, 0.0]   # W = 4: the 5th window of each unit is cut
+    same = DPAggregator(old, BudgetLedger(None, 1.0), seed=b"s")
+    same.load_state(json.loads(json.dumps(core)), tables)
+    assert same.state.counters["n"]["count"]["window"].t == 1 and "n" in same.state.pending
+    changed = DPAggregator(new, BudgetLedger(None, 1.0), seed=b"s")
+    with caplog.at_level("WARNING", logger="stream_anon.dp.state"):
+        changed.load_state(json.loads(json.dumps(core)), tables)
+    assert "aggregate n" in caplog.text
+    assert changed.state.counters["n"]["count"]["window"].t == 0 and "n" not in changed.state.pending
+    keys, rows = changed.state.unit_windows.snapshot()
+    assert np.array_equal(keys, tables["unit_windows"][0]) and rows["n"].tolist() == [4] * 5
+    assert rows["m"].tolist() == [0] * 5 and changed.metrics["contributions_cut"]["m"] == 0
+    rows = changed.process_window(W0 + 7, [{"card": "c0", "line": "a"}])
+    assert {r["aggregate"] for r in rows} == {"n", "m"}
+    legacy = parse_dp_config({**_raw([_count("n", 0.5)]), "dp": {"epsilon_budget": 1.0}})
+    with pytest.raises(ValueError, match="no period is configured"):
+        DPAggregator(legacy, BudgetLedger(None, 1.0), seed=b"s").load_state(json.loads(json.dumps(core)), tables)
