@@ -1,8 +1,9 @@
-"""The columnar DP path (:mod:`stream_anon.dp.columns`, ``DPAggregator._cell_values``) against the per-event rules
-it replaced, window after window with the W-windows cap carried between windows: the same cell values, the same
-counts of what was left out, the same unit window counts -- on messy events (missing units and stations, unknown
-and unhashable values, bools and numbers where times or fares are expected) and with unit hashes forced to
-collide. The cap of the reference is the original one: a dict of counts, unit by unit.
+"""The columnar DP path (:mod:`stream_anon.dp.cells` and ``Bounding.bound`` of :mod:`stream_anon.dp.contribution`)
+against the per-event rules (:mod:`stream_anon.dp.per_event`), window after window with the W-windows cap carried
+between windows: the same cell values, the same counts of what was left out, the same unit window counts -- on
+messy events (missing units and stations, unknown and unhashable values, bools and numbers where times or fares
+are expected) and with unit hashes forced to collide. The cap of the reference is the original one: a dict of
+counts, unit by unit.
 """
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ import pytest
 
 from stream_anon.config import load_config
 from stream_anon.datasets import load_events
-from stream_anon.dp import BudgetLedger, DPAggregator
-from stream_anon.dp.columns import UnitGroups, WindowColumns
-from stream_anon.dp.contribution import bound_contributions
+from stream_anon.dp import BudgetLedger, DPAggregator, per_event
+from stream_anon.dp.columns import WindowColumns
+from stream_anon.dp.contribution import UnitGroups, WindowUnits, bound_contributions
 from stream_anon.events import flatten
 
 BREAKERS = [("journey_id", None), ("station", None), ("station", "Atlantis"), ("station", ["list"]),
@@ -52,9 +53,9 @@ def _original_cap(agg: DPAggregator, counts: dict):
         table = counts.setdefault(name, {})
         admitted = {}
         for u in dict.fromkeys(units):
-            h = int(agg._unit_hashes([u])[0])
+            h = int(agg.bounding.keys.hashes([u])[0])
             c = table.get(h, 0)
-            admitted[u] = c < agg._w[name]
+            admitted[u] = c < agg.bounding.caps[name]
             if admitted[u] and commit:
                 table[h] = c + 1
         mask = [admitted[u] for u in units]
@@ -62,28 +63,55 @@ def _original_cap(agg: DPAggregator, counts: dict):
     return window_cap
 
 
+def _window_units(agg):
+    return WindowUnits(agg.state.unit_windows) if agg.clock is not None else None
+
+
+def _columnar(agg, spec, flats):
+    """The aggregator's own choice of path (columnar where it takes the window), its window counts written."""
+    window_units = _window_units(agg)
+    out = agg._bounded(spec, WindowColumns.from_flats(flats, agg.fields), window_units)
+    window_units.flush()
+    return out
+
+
+def _per_event(agg, spec, flats):
+    window_units = _window_units(agg)
+    out = per_event.cell_values(spec, WindowColumns.from_flats(flats, agg.fields), agg.cells, agg.bounding,
+                                window_units)
+    window_units.flush()
+    return out
+
+
+def _unit_window_counts(agg, name):
+    """(keys, counts) of the units that used one of aggregate ``name``'s windows in the period."""
+    keys, rows = agg.state.unit_windows.snapshot()
+    used = rows[name] > 0
+    return keys[used], rows[name][used].astype(np.int64)
+
+
 @pytest.mark.parametrize("collide", [False, True])
 def test_columnar_cell_values_equal_the_per_event_ones_window_after_window(collide, monkeypatch):
     dp = _config()
     W0 = int(1257753600 // 900) + 30                     # 2009-11-09 07:30 UTC: one period for every window
     columnar = DPAggregator(dp, BudgetLedger(None, dp.epsilon_budget), seed=b"columns")
-    per_event = DPAggregator(dp, BudgetLedger(None, dp.epsilon_budget), seed=b"columns")
+    reference = DPAggregator(dp, BudgetLedger(None, dp.epsilon_budget), seed=b"columns")
     if collide:       # 64 hash values for 300 units: distinct units of one window share a count
         weak = lambda units: np.array([zlib.crc32(str(u).encode()) % 64 for u in units], dtype=np.uint64)  # noqa
-        monkeypatch.setattr(columnar, "_unit_hashes", weak)
-        monkeypatch.setattr(per_event, "_unit_hashes", weak)
+        monkeypatch.setattr(columnar.bounding.keys, "hashes", weak)
+        monkeypatch.setattr(reference.bounding.keys, "hashes", weak)
     counts: dict = {}
-    monkeypatch.setattr(per_event, "_window_cap", _original_cap(per_event, counts))
+    monkeypatch.setattr(reference.bounding, "window_cap", _original_cap(reference, counts))
     cut = 0
     for w, flats in enumerate(_windows(11 + collide)):
-        columnar._new_period("2009-11-09") if w == 0 else None
-        per_event._new_period("2009-11-09") if w == 0 else None
+        for agg in (columnar, reference):
+            agg.state.start_period("2009-11-09") if w == 0 else None
         for spec in dp.aggregates:
-            x1, stats1, _ = columnar._cell_values(spec, WindowColumns.from_flats(flats, columnar.fields))
-            x2, stats2, _ = per_event._cell_values_per_event(spec, WindowColumns.from_flats(flats, per_event.fields))
+            x1, stats1 = _columnar(columnar, spec, flats)
+            x2, stats2 = _per_event(reference, spec, flats)
             assert stats1 == stats2, (w, spec.name)
             assert x1.keys() == x2.keys() and all(np.array_equal(x1[c], x2[c]) for c in x1), (w, spec.name)
-            keys, windows = columnar.unit_window_counts(spec.name)
+            keys, windows = _unit_window_counts(columnar, spec.name)
             want = counts.get(spec.name, {})
             assert dict(zip(keys.view(np.uint64).tolist(), windows.tolist())) == want, (w, spec.name)
             cut += stats1["windows_cut"]
@@ -98,10 +126,11 @@ def test_a_bool_and_a_number_in_an_hour_field_count_as_the_per_event_rule_counts
               {"journey_id": "b", "event_type": "tap_in", "event_time": 1},
               {"journey_id": "c", "event_type": "tap_in", "event_time": True}]
     spec = next(s for s in dp.aggregates if s.name == "tap_ins_per_hour")
-    columnar = DPAggregator(dp, BudgetLedger(None, dp.epsilon_budget), seed=b"columns")
-    per_event = DPAggregator(dp, BudgetLedger(None, dp.epsilon_budget), seed=b"columns")
-    x1, stats1, _ = columnar._cell_values(spec, WindowColumns.from_flats(events, columnar.fields))
-    x2, stats2, _ = per_event._cell_values_per_event(spec, WindowColumns.from_flats(events, per_event.fields))
+    agg = DPAggregator(dp, BudgetLedger(None, dp.epsilon_budget), seed=b"columns")
+    wc = WindowColumns.from_flats(events, agg.fields)
+    assert agg.cells.of_window(spec, wc) is None, "the columnar path declines the window"
+    x1, stats1 = _columnar(agg, spec, events)
+    x2, stats2 = _per_event(agg, spec, events)
     assert stats1 == stats2 and np.array_equal(x1["count"], x2["count"])
     assert x2["count"][0] == 2          # both tap-ins in hour 0 (epoch second 1), as the per-event rule has it
 

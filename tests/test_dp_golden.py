@@ -14,6 +14,7 @@ Regenerate (only when a change of output is intended): ``python tests/test_dp_go
 """
 from __future__ import annotations
 
+import base64
 import dataclasses
 import functools
 import hashlib
@@ -22,6 +23,7 @@ import sys
 import zlib
 from pathlib import Path
 
+import numpy as np
 import orjson
 import pytest
 
@@ -98,8 +100,26 @@ def run_worker(messages, config) -> dict:
         core.committed(ps, out.last_offset)
     out = core.flush(ps)
     collect(out.messages)
-    state = ps.dp.state_dict(with_ledger=False)
-    return {"rows": rows, "windows": windows, "dp_state": state}
+    return {"rows": rows, "windows": windows, "dp_state": aggregator_state(ps.dp)}
+
+
+def aggregator_state(dp) -> dict:
+    """The aggregator's state (core and unit window table) in the one document the golden file digests: the core,
+    and in period mode each aggregate's unit window counts (base64 of the units' keys as uint64, ascending, and of
+    their counts as u2) under ``unit_windows``."""
+    core = dict(dp.state_core()["aggregator"])
+    tables = dp.full_tables()
+    if "aggregator/unit_windows" in tables:
+        keys, rows = tables["aggregator/unit_windows"]
+        core["unit_windows"] = {}
+        for name in rows.dtype.names:
+            used = rows[name] > 0
+            hashes = keys[used].view(np.uint64)
+            order = np.argsort(hashes)
+            core["unit_windows"][name] = {
+                "n": len(hashes), "hashes": base64.b64encode(hashes[order].astype("<u8").tobytes()).decode(),
+                "counts": base64.b64encode(rows[name][used][order].astype("<u2").tobytes()).decode()}
+    return {"aggregator": core}
 
 
 def digest(obj) -> str:

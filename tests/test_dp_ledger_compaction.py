@@ -32,12 +32,19 @@ def _run_days(days: int, ledger: BudgetLedger, windows_per_day: int = 96) -> tup
     for d in range(days):
         for w in range(windows_per_day):
             agg.process_window(W0 + 96 * d + w, [{"card": f"c{w % 7}", "line": "a"}])
-        sizes.append(len(json.dumps(ledger.state_dict())))
+        sizes.append(len(json.dumps(ledger.state_core())))
     return agg, sizes
 
 
-def test_ledger_size_is_bounded_and_its_totals_unchanged(tmp_path, monkeypatch):
-    ledger, ref = BudgetLedger(tmp_path / "l.json", 1.0), BudgetLedger(None, 1.0)
+def _restored(ledger: BudgetLedger) -> BudgetLedger:
+    """The ledger as a restarted worker reads it from its state."""
+    again = BudgetLedger(None, ledger.epsilon_budget)
+    again.load_state(json.loads(json.dumps(ledger.state_core())))
+    return again
+
+
+def test_ledger_size_is_bounded_and_its_totals_unchanged(monkeypatch):
+    ledger, ref = BudgetLedger(None, 1.0), BudgetLedger(None, 1.0)
     _, sizes = _run_days(6, ledger)
     monkeypatch.setattr(ledger_mod, "KEEP_PERIODS", 10**6)           # the same stream without compaction
     _, ref_sizes = _run_days(6, ref)
@@ -46,23 +53,23 @@ def test_ledger_size_is_bounded_and_its_totals_unchanged(tmp_path, monkeypatch):
     # entries of two days at most (96 + 24 per day); the other days are totals of ~100 bytes
     assert len(ledger) == 2 * (96 + 24) and len(ref) == 6 * (96 + 24)
     assert sizes[5] - sizes[2] < 1000 < ref_sizes[5] - ref_sizes[2]
-    reloaded = BudgetLedger(tmp_path / "l.json", 1.0)                 # the file: the same totals
-    assert reloaded.spent_by_period() == ledger.spent_by_period()
-    merged = BudgetLedger(None, 1.0)                                  # the worker's state (Kafka): the same
-    merged.merge_state(json.loads(json.dumps(ledger.state_dict())))
-    merged.merge_state(json.loads(json.dumps(ledger.state_dict())))   # merged twice: nothing counted twice
-    assert merged.spent_by_period() == ledger.spent_by_period()
+    restored = _restored(ledger)                                      # the worker's state (Kafka): the same
+    assert restored.spent_by_period() == ledger.spent_by_period() and len(restored) == len(ledger)
+    assert restored.state_core() == json.loads(json.dumps(ledger.state_core()))
+    with pytest.raises(ValueError, match="already holds"):             # loaded once, on a new ledger
+        restored.load_state(json.loads(json.dumps(ledger.state_core())))
 
 
-def test_merging_a_compacted_copy_into_one_with_the_entries_counts_each_release_once():
+def test_a_compacted_ledger_restored_charges_as_the_one_that_kept_every_entry():
     full, compacted = BudgetLedger(None, 1.0), BudgetLedger(None, 1.0)
     for led in (full, compacted):
         for d in range(3):
             led.reserve_many([("n", W0 + 96 * d + w, 0.2, None, f"2009-11-{9 + d:02d}", 0.6) for w in range(4)])
     assert compacted.compact("2009-11-12") == 8                  # days 9 and 10: before the last two periods
-    full.merge_state(json.loads(json.dumps(compacted.state_dict())))
-    assert full.spent_by_period() == pytest.approx({"2009-11-09": 0.6, "2009-11-10": 0.6, "2009-11-11": 0.6})
-    assert len(full) == 4
+    restored = _restored(compacted)
+    assert restored.spent_by_period() == pytest.approx(full.spent_by_period())
+    assert restored.spent_by_period() == pytest.approx({"2009-11-09": 0.6, "2009-11-10": 0.6, "2009-11-11": 0.6})
+    assert len(restored) == 4 and restored.spent == pytest.approx(full.spent)
 
 
 def test_a_stop_in_a_compacted_period_is_kept_and_the_current_period_still_enforces_the_budget():
@@ -77,9 +84,9 @@ def test_a_stop_in_a_compacted_period_is_kept_and_the_current_period_still_enfor
     w = W0 + 3 * 96
     assert led.reserve_many([("n", w, 0.7, None, "2009-11-12", 1.0)])[0].ok
     assert not led.reserve_many([("m", w, 0.7, None, "2009-11-12", 1.0)])[0].ok        # the cap still holds
-    again = BudgetLedger(None, 1.0)
-    again.merge_state(json.loads(json.dumps(led.state_dict())))
+    again = _restored(led)
     assert again.is_stopped("m@2009-11-09") and again.is_stopped("m@2009-11-12")
+    assert not again.reserve_many([("m", w + 1, 0.1, None, "2009-11-12", 1.0)])[0].ok     # stopped for the day
 
 
 def test_beyond_the_summaries_only_the_largest_charge_is_kept(monkeypatch):
@@ -90,9 +97,8 @@ def test_beyond_the_summaries_only_the_largest_charge_is_kept(monkeypatch):
         led.compact(f"2009-11-{9 + d:02d}")
     # the 15th and 16th with their entries, the 3 days before as totals, the 3 first in the archive
     assert sorted(led.spent_by_period()) == [f"2009-11-{d:02d}" for d in range(12, 17)] and len(led) == 2
-    assert led.state_dict()["archive"] == {"periods": 3, "first": "2009-11-09", "last": "2009-11-11",
+    assert led.state_core()["archive"] == {"periods": 3, "first": "2009-11-09", "last": "2009-11-11",
                                            "max_spent": 0.9}
     assert led.spent == pytest.approx(0.9)                        # the archived day's charge still counts
-    copy = BudgetLedger(None, 1.0)
-    copy.merge_state(json.loads(json.dumps(led.state_dict())))
+    copy = _restored(led)
     assert copy.spent == pytest.approx(0.9) and copy.spent_by_period() == led.spent_by_period()

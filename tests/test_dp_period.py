@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from stream_anon.checkpoint import full_state
 from stream_anon.dp import BudgetLedger, DPAggregator, parse_dp_config
-from stream_anon.dp.continual import (BinaryTreeCounter, PerWindowCounter, make_mechanism, noise_variance,
-                                      snapping_grid)
+from stream_anon.dp.continual import BinaryTreeCounter, PerWindowCounter, noise_variance
+from stream_anon.dp.diffprivlib_adapter import make_mechanism, snapping_grid
 from stream_anon.errors import ConfigError
 
 DAY0 = 1257724800            # 2009-11-09T00:00:00Z (London = UTC in November)
@@ -44,23 +45,24 @@ def test_unit_capped_to_w_windows_per_period_and_counts_reset_next_day():
         cut.append(agg.window_metrics["windows_cut"]["n"])
     assert vals == [1, 1, 1, 1, 0, 1] and cut == [0, 0, 0, 0, 1, 1]      # epsilon huge: noise ~ 0
     assert agg.metrics["units_window_capped"]["n"] == 2
-    state = json.loads(json.dumps(agg.state_dict()))
-    assert "x" not in json.dumps(state["unit_windows"])                    # keyed hashes only
-    again = DPAggregator.from_state(cfg, agg.ledger, b"s", state)
-    assert again.unit_windows == agg.unit_windows and len(again.unit_window_counts("n")[0]) == 2
+    core, tables = full_state(agg)
+    assert '"x"' not in json.dumps(core) and tables["unit_windows"][0].dtype == np.int64    # keyed hashes only
+    again = DPAggregator(cfg, agg.ledger, seed=b"s")
+    again.load_state(json.loads(json.dumps(core)), tables)
+    assert again.state.unit_windows == agg.state.unit_windows and len(again.state.unit_windows) == 2
     rows = again.process_window(W0 + 96, [{"card": "x", "line": "a"}])   # next day: x counts again
     assert next(r["value"] for r in rows if r["group_key"] == "a" and r["window"] == W0 + 96) == 1
-    assert again.period == "2009-11-10"
-    assert len(again.unit_window_counts("n")[0]) == 1
+    assert again.state.period == "2009-11-10"
+    assert len(again.state.unit_windows) == 1
 
 
-def test_ledger_charges_epsilon_per_period_whatever_the_number_of_windows(tmp_path):
+def test_ledger_charges_epsilon_per_period_whatever_the_number_of_windows():
     cfg = parse_dp_config(_raw([_count("n", 0.6), _count("m", 0.4, release_every_windows=4)]))
-    path = tmp_path / "l.json"
-    agg = DPAggregator(cfg, BudgetLedger(path, 1.0), seed=b"s")
+    agg = DPAggregator(cfg, BudgetLedger(None, 1.0), seed=b"s")
     for w in range(96 * 2):                             # two whole days of windows
         agg.process_window(W0 + w, [{"card": f"c{w % 7}", "line": "a"}])
-    ledger = BudgetLedger(path, 1.0)                    # reloaded from disk
+    ledger = BudgetLedger(None, 1.0)                    # restored from the state
+    ledger.load_state(json.loads(json.dumps(agg.ledger.state_core())))
     per = ledger.spent_by_period()
     assert per == pytest.approx({"2009-11-09": 1.0, "2009-11-10": 1.0})
     assert ledger.spent == pytest.approx(1.0) and agg.metrics["budget_exhausted_events"] == 0
@@ -200,20 +202,24 @@ def test_event_unit_needs_no_unit_field_and_counts_every_event():
         parse_dp_config({**raw, "aggregates": [_count("n", 0.5, max_contributions=2)]})
 
 
-def test_restart_mid_release_resumes_partial_sums_and_reproduces_rows(tmp_path):
+def test_restart_mid_release_resumes_partial_sums_and_reproduces_rows():
     cfg = parse_dp_config(_raw([_count("h", 0.5, release_every_windows=4, output="both")]))
     evs = {i: [{"card": f"c{j}", "line": "ab"[j % 2]} for j in range(i + 3)] for i in range(8)}
-    full = DPAggregator(cfg, BudgetLedger(tmp_path / "a.json", 1.0), seed=b"s")
+    full = DPAggregator(cfg, BudgetLedger(None, 1.0), seed=b"s")
     want = [r for i in range(8) for r in full.process_window(W0 + i, evs[i])]
-    part = DPAggregator(cfg, BudgetLedger(tmp_path / "b.json", 1.0), seed=b"s")
+    part = DPAggregator(cfg, BudgetLedger(None, 1.0), seed=b"s")
     got = [r for i in range(2) for r in part.process_window(W0 + i, evs[i])]
-    state = json.loads(json.dumps(part.state_dict()))                   # checkpoint in the middle of an hour
-    assert state["pending"]["h"]["count"] == [4.0, 3.0]                 # lines a, b over windows 0-1
-    part = DPAggregator.from_state(cfg, BudgetLedger(tmp_path / "b.json", 1.0), b"s", state)
+    core, tables = full_state(part)                                    # checkpoint in the middle of an hour
+    core, ledger_core = json.loads(json.dumps(core)), json.loads(json.dumps(part.ledger.state_core()))
+    assert core["pending"]["h"]["count"] == [4.0, 3.0]                 # lines a, b over windows 0-1
+    ledger = BudgetLedger(None, 1.0)
+    ledger.load_state(ledger_core)
+    part = DPAggregator(cfg, ledger, seed=b"s")
+    part.load_state(core, tables)
     got += [r for i in range(2, 8) for r in part.process_window(W0 + i, evs[i])]
     assert [(r["window"], r["output"], r["group_key"], r["value"]) for r in got] == \
         [(r["window"], r["output"], r["group_key"], r["value"]) for r in want]
-    assert BudgetLedger(tmp_path / "b.json", 1.0).spent == pytest.approx(0.5)   # W = 4: one release is worst case
+    assert ledger.spent == pytest.approx(0.5)                          # W = 4: one release is worst case
 
 
 def test_report_running_errors_restart_every_period_and_match_the_stated_noise():
@@ -234,3 +240,33 @@ def test_report_running_errors_restart_every_period_and_match_the_stated_noise()
     print(out)
     assert out["windows"] == 48 and out["mechanism"] == ["binary_tree/geometric"]
     assert abs(out["continual_count_rmse"] / out["continual_count_rmse_theory"] - 1) < 0.25
+
+
+def test_a_state_of_another_configuration_keeps_what_still_holds(caplog):
+    """Restored under a changed configuration: each unit's window counts stay with its aggregate (by name), an
+    aggregate whose counters were calibrated to another epsilon starts its counters and its partial release again
+    (noise of the old calibration would not match what the ledger now charges), a new aggregate starts empty. A
+    period's table is refused where no period is configured."""
+    old = parse_dp_config(_raw([_count("n", 0.5, release_every_windows=4, output="both")]))
+    new = parse_dp_config(_raw([_count("n", 0.4, release_every_windows=4, output="both"), _count("m", 0.3)]))
+    agg = DPAggregator(old, BudgetLedger(None, 1.0), seed=b"s")
+    for i in range(5):                  # a release at the 4th window, the 5th pending
+        agg.process_window(W0 + i, [{"card": f"c{j}", "line": "a"} for j in range(5)])
+    core, tables = full_state(agg)
+    assert core["pending"]["n"]["count"] == [0.0, 0.0]   # W = 4: the 5th window of each unit is cut
+    same = DPAggregator(old, BudgetLedger(None, 1.0), seed=b"s")
+    same.load_state(json.loads(json.dumps(core)), tables)
+    assert same.state.counters["n"]["count"]["window"].t == 1 and "n" in same.state.pending
+    changed = DPAggregator(new, BudgetLedger(None, 1.0), seed=b"s")
+    with caplog.at_level("WARNING", logger="stream_anon.dp.state"):
+        changed.load_state(json.loads(json.dumps(core)), tables)
+    assert "aggregate n" in caplog.text
+    assert changed.state.counters["n"]["count"]["window"].t == 0 and "n" not in changed.state.pending
+    keys, rows = changed.state.unit_windows.snapshot()
+    assert np.array_equal(keys, tables["unit_windows"][0]) and rows["n"].tolist() == [4] * 5
+    assert rows["m"].tolist() == [0] * 5 and changed.metrics["contributions_cut"]["m"] == 0
+    rows = changed.process_window(W0 + 7, [{"card": "c0", "line": "a"}])
+    assert {r["aggregate"] for r in rows} == {"n", "m"}
+    legacy = parse_dp_config({**_raw([_count("n", 0.5)]), "dp": {"epsilon_budget": 1.0}})
+    with pytest.raises(ValueError, match="no period is configured"):
+        DPAggregator(legacy, BudgetLedger(None, 1.0), seed=b"s").load_state(json.loads(json.dumps(core)), tables)

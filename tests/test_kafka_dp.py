@@ -79,14 +79,16 @@ def dp_stream_config(directory: Path, name: str, budget: float, epsilon: float =
 
 class DPGlue:
     """The worker's DP path without Kafka: the engine closes the windows, PartitionAggregates releases them;
-    ``checkpoint`` is what the worker writes (engine state, with the open window's fields, and DP state), as it
-    reads it back."""
+    ``checkpoint`` is what the worker writes (engine state, with the open window's fields, and the DP state:
+    aggregator and ledger), as it reads it back."""
 
-    def __init__(self, cfg, partition: int, secret: bytes, ledger_file, state: dict | None = None):
+    def __init__(self, cfg, partition: int, secret: bytes, state: dict | None = None):
         carried = needed_fields(cfg)
         self.engine = Engine(cfg, partition=partition, secret=secret, carried=carried) if state is None else \
             Engine.restore(cfg, partition, secret, *state["engine"], carried=carried)
-        self.pa = PartitionAggregates(cfg, partition, secret, ledger_file, None if state is None else state["dp"])
+        self.pa = PartitionAggregates(cfg, partition, secret)
+        if state is not None:
+            self.pa.load_state(*state["dp"])
         self.ledger = self.pa.ledger
 
     def process(self, events):
@@ -97,14 +99,14 @@ class DPGlue:
 
     def checkpoint(self) -> dict:
         return {"engine": checkpoint.roundtrip(*checkpoint.full_state(self.engine)),
-                "dp": json.loads(json.dumps(self.pa.state_dict()))}
+                "dp": checkpoint.roundtrip(*checkpoint.full_state(self.pa))}
 
 
 def aggregate_directly(cfg, secret: bytes, raw_by_partition: dict[int, list[dict]]) -> dict:
     """Rows by row_id of the worker's aggregation run directly (no broker) on the given input."""
     rows = {}
     for p, events in raw_by_partition.items():
-        pa = DPGlue(cfg, p, secret, None)
+        pa = DPGlue(cfg, p, secret)
         for r in pa.process(events)[0] + pa.flush()[0]:
             assert r["row_id"] not in rows
             rows[r["row_id"]] = r
@@ -209,16 +211,16 @@ def test_restart_from_checkpoint_republishes_identical_rows_and_spends_nothing_t
     cfg = load_config(dp_stream_config(tmp_path, "dpunit", budget=50.0))
     events = synthetic_fares(1200, seed=31)
     secret = b"unit-secret-0123456789abcdef"
-    straight = DPGlue(cfg, 0, secret, tmp_path / "straight.json")
+    straight = DPGlue(cfg, 0, secret)
     expected = straight.process(events)[0] + straight.flush()[0]
 
-    ledger_file = tmp_path / "crash.json"
-    first = DPGlue(cfg, 0, secret, ledger_file)
+    first = DPGlue(cfg, 0, secret)
     published = first.process(events[:500])[0]
-    saved = first.checkpoint()                                    # what the worker writes after delivery
-    published += first.process(events[500:900])[0]                # delivered, then killed before its checkpoint
-    spent_at_crash = BudgetLedger(ledger_file, 50.0).spent
-    resumed = DPGlue(cfg, 0, secret, ledger_file, state=saved)
+    saved = first.checkpoint()                                    # committed with the rows before it
+    published += first.process(events[500:900])[0]                # seen (e.g. an aborted transaction), then lost
+    spent_at_crash = first.ledger.spent
+    resumed = DPGlue(cfg, 0, secret, state=saved)
+    assert resumed.ledger.spent < spent_at_crash
     replayed = resumed.process(events[500:])[0] + resumed.flush()[0]
     by_id = {r["row_id"]: r for r in expected}
     assert len(by_id) == len(expected)
@@ -232,22 +234,29 @@ def test_restart_from_checkpoint_republishes_identical_rows_and_spends_nothing_t
     assert len(resumed.ledger) == len(straight.ledger)
 
 
+def _ledger_of(glue: "DPGlue", state: dict) -> dict:
+    """``state`` with the ledger of ``glue`` in place of its own."""
+    core, tables = state["dp"]
+    return {**state, "dp": ({**core, "ledger": json.loads(json.dumps(glue.ledger.state_core()))}, tables)}
+
+
 def test_window_reclosed_with_other_events_is_a_second_paid_release_with_fresh_noise(tmp_path):
-    """An idle flush closes window 06:00 early and is delivered, the worker dies before checkpointing it, and
-    after the restart more events of that window arrive, so it closes with other content. Re-using the first
-    release's noise would publish the exact difference of the true counts (the noise cancels); the ledger keys
-    the release by a digest of its content, so this one is charged again and drawn from fresh noise."""
+    """An idle flush closes window 06:00 early and releases it; the engine then resumes from a state before the
+    flush while the ledger knows the release, and more events of that window arrive, so it closes with other
+    content. Re-using the first release's noise would publish the exact difference of the true counts (the noise
+    cancels); the ledger keys the release by a digest of its content, so this one is charged again and drawn from
+    fresh noise."""
     cfg = load_config(dp_stream_config(tmp_path, "dpflush", budget=50.0))
     events = [e for e in synthetic_fares(1200, seed=38) if e["event_time"] < "2009-11-09T06:15"]
     early, late = events[:len(events) // 2], events[len(events) // 2:]
     closer = {**events[-1], "event_id": "closer", "journey_id": "closer", "event_time": "2009-11-09T06:16:00+00:00"}
-    secret, ledger_file = b"flush-secret-0123456789abcdef", tmp_path / "ledger.json"
-    first = DPGlue(cfg, 0, secret, ledger_file)
+    secret = b"flush-secret-0123456789abcdef"
+    first = DPGlue(cfg, 0, secret)
     first.process(early)
     saved = first.checkpoint()
-    flushed = first.flush()[0]                                     # delivered, never checkpointed
+    flushed = first.flush()[0]
     spent_first = first.ledger.spent
-    second = DPGlue(cfg, 0, secret, ledger_file, state=saved)
+    second = DPGlue(cfg, 0, secret, state=_ledger_of(first, saved))
     reclosed = second.process(late + [closer])[0]
     key = ("taps_per_zone", "per_window")
     a = {r["group_key"]: r for r in flushed if (r["aggregate"], r["output"]) == key}
@@ -260,7 +269,7 @@ def test_window_reclosed_with_other_events_is_a_second_paid_release_with_fresh_n
     true_diff = sum(e["event_type"] == "bus_boarding" for e in late)
     assert b[bus]["value"] - a[bus]["value"] != true_diff, "fresh noise: the true difference stays hidden"
     # the same content again (a plain replay) spends nothing and republishes the same rows
-    third = DPGlue(cfg, 0, secret, ledger_file, state=saved)
+    third = DPGlue(cfg, 0, secret, state=_ledger_of(second, saved))
     assert third.process(late + [closer])[0] == reclosed and third.ledger.spent == second.ledger.spent
 
 
@@ -274,26 +283,11 @@ def test_partition_aggregates_match_an_independent_recount(tmp_path):
     secret = b"recount-secret-0123456789abcdef"
     rows, ledgers = {}, {}
     for p, evs in parts.items():
-        pa = DPGlue(cfg, p, secret, tmp_path / f"p{p}.json")
+        pa = DPGlue(cfg, p, secret)
         for r in pa.process(evs)[0] + pa.flush()[0]:
             rows[r["row_id"]] = r
-        ledgers[p] = BudgetLedger(tmp_path / f"p{p}.json", 1000.0)
+        ledgers[p] = pa.ledger
     check_rows_against_recount(rows, independent_recount(parts), ledgers, RECOUNT_EPS)
-
-
-def test_two_workers_holding_one_partition_share_one_ledger(tmp_path):
-    """During a rebalance two workers may both process a partition for a moment. Each ledger writing its own
-    memory would let them spend 0.6 + 0.6 of a budget of 1.0 and drop each other's entries; ours merge the file
-    under a lock before every reservation."""
-    path = tmp_path / "p0.ledger.json"
-    old_owner, new_owner = BudgetLedger(path, 1.0), BudgetLedger(path, 1.0)     # both loaded an empty ledger
-    assert new_owner.reserve("taps", 10, 0.6).ok
-    late = old_owner.reserve("taps", 11, 0.6)
-    assert not late.ok and late.event()["type"] == "budget_exhausted", "the other worker's spend counts"
-    assert old_owner.reserve("taps", 10, 0.6).new is False, "a window the other worker released spends nothing"
-    on_disk = BudgetLedger(path, 1.0)
-    assert on_disk.spent == pytest.approx(0.6) and on_disk.reserved("taps", 10) == pytest.approx(0.6)
-    assert on_disk.is_stopped("taps")
 
 
 def _reference_cells(spec, unit_field, flats):
@@ -368,8 +362,8 @@ def test_the_workers_serialized_rows_are_the_aggregate_rows():
     cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "oyster.toml")
     events = load_events("oyster")
     secret = b"serialization-secret-0123456789abcdef"
-    as_rows = DPGlue(cfg, 0, secret, None)
-    as_bytes = PartitionAggregates(cfg, 0, secret, None)
+    as_rows = DPGlue(cfg, 0, secret)
+    as_bytes = PartitionAggregates(cfg, 0, secret)
     engine = Engine(cfg, partition=0, secret=secret, carried=needed_fields(cfg))
     rows, values = [], []
     for start in range(0, len(events), 5000):
@@ -397,7 +391,7 @@ def test_averaging_restarted_releases_recovers_nothing(tmp_path):
     truth = Counter(e["event_type"] for e in events[:-1] if e["bus_route"])["bus_boarding"]   # Routes cell
 
     def bus_cell(secret: bytes) -> float:
-        pa = DPGlue(cfg, 0, secret, None)
+        pa = DPGlue(cfg, 0, secret)
         rows, _ = pa.process(events)
         return next(r["value"] for r in rows if r["aggregate"] == "taps_per_zone" and r["output"] == "per_window"
                     and r["group_key"] == "Routes 1-20|bus_boarding")
@@ -425,7 +419,7 @@ def test_every_row_is_committed_with_the_ledger_spend_that_pays_for_it(tmp_path)
     for i in range(0, len(events), 100):
         out = core.handle([(0, i + j, json.dumps(e).encode()) for j, e in enumerate(events[i:i + 100])])
         ledger = BudgetLedger(None, 50.0)
-        ledger.merge_state(core.parts[0].committed_state()[0]["dp"]["ledger"])
+        ledger.load_state(core.parts[0].committed_state()[0]["dp"]["ledger"], {})
         for topic, _, value in out:
             if topic == AGGREGATES_TOPIC:
                 row = json.loads(value)
@@ -450,7 +444,7 @@ def test_running_count_error_matches_a_direct_computation_and_the_theory(tmp_pat
     assert sum(x.sum() for x in truth.values()) == 2000 - sum(n - 1 for n in per_unit.values() if n > 1)
     mse, var = [], []
     for i in range(24):
-        pa = DPGlue(cfg, 0, f"secret-{i}-0123456789abcdef".encode(), None)
+        pa = DPGlue(cfg, 0, f"secret-{i}-0123456789abcdef".encode())
         rows = [r for r in pa.process(events)[0] + pa.flush()[0] if r["aggregate"] == "taps_per_zone"]
         rep = running_count_errors(rows, truth, spec)
         ws = sorted({w for _, w in truth})
@@ -507,7 +501,7 @@ def _ledger(bootstrap, app_id, stream, partition, budget) -> BudgetLedger:
     ledger = BudgetLedger(None, budget)
     doc = committed_states(bootstrap, app_id, stream, [partition]).get(partition)
     if doc is not None:
-        ledger.merge_state(doc["dp"]["ledger"])
+        ledger.load_state(doc["dp"]["ledger"], {})
     return ledger
 
 

@@ -186,7 +186,7 @@ def test_state_records_replayed_from_the_log_restore_the_worker_exactly():
             logs[p].add(value)
             got = st.choose_state(logs[p], marker=ps.seq, committed_input=ps.offset + 1)
             assert got.halt is None and got.doc["offset"] == ps.offset
-            live = ps.full_tables()            # the engine's tables (engine/...) and the DP aggregates' (dp:...)
+            live = ps.full_tables()            # the engine's tables (engine/...) and the DP aggregates' (dp/...)
             assert sorted(got.tables) == sorted(live)
             for name, (k, r) in live.items():
                 assert np.array_equal(got.tables[name][0], k), name
@@ -199,7 +199,7 @@ def test_state_records_replayed_from_the_log_restore_the_worker_exactly():
                 r = st.choose_state(log, marker=core.parts[p].seq, committed_input=None)
                 restored.open_partition(p, r.doc, r.tables, r.base_seq)
     assert restored is not None and sizes[False], "the run must restore half-way and write deltas"
-    assert any(n.startswith("dp:") for n in live) and "engine/former/signatures" in live
+    assert any(n.startswith("dp/") for n in live) and "engine/former/signatures" in live
     out_restored = []
     for i in range(half, len(msgs), 150):
         by_part = {}

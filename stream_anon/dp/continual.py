@@ -1,10 +1,11 @@
 """Continual release of running totals under differential privacy, on diffprivlib's mechanisms.
 
-Three counters with one API (``update(x, random_state) -> noisy running total``, ``running_variance(t)``,
-``state_dict()`` / ``from_state()``), vectorized over the cells of an aggregate (one entry of ``x`` per group
-key). Noise always comes from a diffprivlib mechanism (``Laplace`` for real values, ``Geometric`` for integer
-counts): no sampler is written here. :func:`draw_noise` only calls the mechanism's own Laplace sampler on arrays
-of uniforms drawn from the mechanism's own generator, so a window with thousands of cells costs one numpy call.
+Three counters with one API (``update(x, random_state) -> noisy running total``, ``running_variance(t)``, and the
+checkpoint's ``state_core()`` / ``load_state()``), vectorized over the cells of an aggregate (one entry of ``x`` per
+group key). The noise comes from diffprivlib's mechanisms (``Geometric`` for integer counts and sums, ``Snapping``
+for real values), drawn in bulk by :mod:`stream_anon.dp.diffprivlib_adapter`: its geometric sampler is
+diffprivlib's inverse-CDF formula written for arrays (the same values as ``randomise``, one numpy call per window
+instead of one Python call per cell), and every use of diffprivlib's internals is there.
 
 - :class:`PerWindowCounter`: each window's value gets fresh noise ``Lap(sensitivity/epsilon)``; the running total
   is the prefix sum of the noisy values (post-processing, free), with error growing like ``sqrt(t)``.
@@ -37,90 +38,13 @@ import math
 from typing import Any
 
 import numpy as np
-from diffprivlib.mechanisms import Geometric, Laplace, Snapping
-from diffprivlib.mechanisms.base import DPMechanism
+
+from stream_anon.dp.diffprivlib_adapter import draw_noise, geometric_noise, make_mechanism, snapping_grid
 
 Z95 = 1.959963984540054
 
 
-# -- mechanisms -----------------------------------------------------------------------------------------------
-SNAP_BOUND = 2.0 ** 30     # Snapping's clamp, in units of the sensitivity: far above any count or sum released
-
-
-def make_mechanism(noise: str, epsilon: float, sensitivity: float, random_state=None) -> DPMechanism:
-    """A diffprivlib mechanism: ``Geometric`` (Ghosh, Roughgarden & Sundararajan, STOC 2009) for integers (counts,
-    and sums in units of their resolution), ``Snapping`` (Mironov, *On Significance of the Least Significant Bits
-    for Differential Privacy*, CCS 2012) for real values. ``Laplace`` (Dwork, McSherry, Nissim & Smith, TCC
-    2006) is kept for reference and tests only: sampled on doubles, its output's low-order bits reveal the input
-    (Mironov's attack), so no release path uses it. Geometric noise is unbiased and symmetric, so sums of node
-    noises in a tree stay unbiased; Snapping clamps at ``+-SNAP_BOUND * sensitivity`` (never reached)."""
-    if noise == "snapping":
-        bound = SNAP_BOUND * float(sensitivity)
-        return Snapping(epsilon=float(epsilon), sensitivity=float(sensitivity), lower=-bound, upper=bound,
-                        random_state=random_state)
-    if noise == "geometric":
-        if float(sensitivity) != int(sensitivity):
-            raise ValueError(f"geometric noise needs an integer sensitivity, got {sensitivity}")
-        return Geometric(epsilon=float(epsilon), sensitivity=int(sensitivity), random_state=random_state)
-    if noise == "laplace":
-        return Laplace(epsilon=float(epsilon), sensitivity=float(sensitivity), random_state=random_state)
-    raise ValueError(f"noise: expected 'geometric' or 'laplace', got {noise!r}")
-
-
-@functools.lru_cache(maxsize=1024)
-def _geometric_scale(epsilon: float, sensitivity: int) -> float:
-    """diffprivlib's own ``Geometric._scale`` (``-epsilon / sensitivity`` after its checks) for these parameters."""
-    return Geometric(epsilon=epsilon, sensitivity=sensitivity)._scale
-
-
-def geometric_noise(random_state: np.random.RandomState, epsilon: float, sensitivity: int, n: int) -> np.ndarray:
-    """``n`` draws of ``Geometric(epsilon, sensitivity, random_state).randomise(0)`` (the two-sided geometric
-    mechanism, Ghosh, Roughgarden & Sundararajan, STOC 2009, as diffprivlib samples it) in one pass: the same
-    uniforms from ``random_state`` in the same order, and the same floating-point operations on each (inverse CDF:
-    ``sgn * floor(log(sgn * u) / scale)`` with ``u = (U - 1/2)(1 + e^scale)``), so the same values as the loop
-    over ``randomise``, without constructing a mechanism per window.
-
-    >>> a = geometric_noise(np.random.RandomState(5), 0.3, 2, 6)
-    >>> m = Geometric(epsilon=0.3, sensitivity=2, random_state=np.random.RandomState(5))
-    >>> a.tolist() == [float(m.randomise(0)) for _ in range(6)]
-    True
-    """
-    scale = _geometric_scale(float(epsilon), int(sensitivity))
-    u = random_state.random_sample(n) - 0.5
-    u *= 1 + np.exp(scale)
-    sgn = np.where(u < 0, -1.0, 1.0)
-    with np.errstate(divide="ignore"):
-        out = np.round(sgn * np.floor(np.log(sgn * u) / scale))
-    if not np.isfinite(out).all():       # U == 1/2 exactly: randomise's int() of an infinity raises
-        raise OverflowError("cannot convert float infinity to integer")
-    return out + 0.0                      # -0.0 -> 0.0, as int() then float() gives
-
-
-def draw_noise(mech: DPMechanism, n: int) -> np.ndarray:
-    """``n`` independent noise values of ``mech`` (its ``randomise(0)``), vectorized for Laplace.
-
-    For a plain ``Laplace`` with a seeded generator this evaluates diffprivlib's own four-uniform sampler
-    (``Laplace._laplace_sampler``, Holohan & Braghin 2021) on arrays of uniforms from the mechanism's generator:
-    the same distribution as ``randomise``, without a Python loop. Any other mechanism is called value by value.
-    """
-    if type(mech) is Geometric and isinstance(mech._rng, np.random.RandomState):
-        return geometric_noise(mech._rng, mech.epsilon, mech.sensitivity, n)
-    if type(mech) is Laplace and isinstance(mech._rng, np.random.RandomState) and mech.delta == 0:
-        u = mech._rng.random_sample((4, n))
-        scale = mech.sensitivity / mech.epsilon
-        return -scale * Laplace._laplace_sampler(u[0], u[1], u[2], u[3])
-    return np.fromiter((mech.randomise(0) for _ in range(n)), dtype=float, count=n)
-
-
-def snapping_grid(epsilon: float, sensitivity: float) -> float:
-    """Snapping's output grid ``Lambda``: the smallest power of two >= ``1/epsilon'``, in units of the
-    sensitivity (Mironov 2012, section 5.2), where ``epsilon'`` is diffprivlib's effective epsilon (slightly
-    below ``epsilon``, so an epsilon whose inverse is a power of two gets twice that grid)."""
-    eta = np.finfo(float).epsneg
-    eff = (float(epsilon) - 2 * eta) / (1 + 12 * SNAP_BOUND * eta)
-    return 2.0 ** math.ceil(math.log2(1.0 / eff)) * float(sensitivity)
-
-
+# -- noise of one draw ----------------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=4096)     # a pure function of its arguments, asked for at every release
 def noise_variance(noise: str, epsilon: float, sensitivity: float) -> float:
     """Variance of one draw, from diffprivlib (``2 b^2`` for Laplace; the two-sided geometric's variance).
@@ -219,9 +143,36 @@ class _Counter:
                 * self.resolution ** 2
         return noise_variance(self.noise, epsilon, self.sensitivity)
 
-    def _base_state(self) -> dict:
+    # -- checkpoint: a part without keyed tables (O(levels x cells) numbers, bounded by the configuration) ------
+    def parameters(self) -> dict:
+        """What the noise is calibrated to; a saved state is loaded only into a counter of the same."""
         return {"mechanism": self.name, "n_cells": self.n_cells, "epsilon": self.epsilon,
-                "sensitivity": self.sensitivity, "noise": self.noise, "resolution": self.resolution, "t": self.t}
+                "sensitivity": self.sensitivity, "noise": self.noise, "resolution": self.resolution}
+
+    def matches(self, core: dict) -> bool:
+        """Whether ``core`` (a :meth:`state_core`) was written by a counter of this one's parameters."""
+        return all(core.get(k) == v for k, v in self.parameters().items())
+
+    def state_core(self) -> dict:
+        return {**self.parameters(), "t": self.t, **self._progress()}
+
+    def state_tables(self) -> dict:
+        return {}
+
+    def load_state(self, core: dict, tables=None) -> None:
+        """Continue from ``core``: refused (ValueError) when it was written with other parameters, since the noise
+        still to come must be calibrated to the epsilon the ledger charges."""
+        if not self.matches(core):
+            raise ValueError(f"counter state of other parameters: {({k: core.get(k) for k in self.parameters()})}, "
+                             f"this counter {self.parameters()}")
+        self.t = int(core["t"])
+        self._load_progress(core)
+
+    def _progress(self) -> dict:
+        raise NotImplementedError
+
+    def _load_progress(self, core: dict) -> None:
+        raise NotImplementedError
 
     def _check_x(self, x) -> np.ndarray:
         x = np.asarray(x, dtype=float)
@@ -229,14 +180,6 @@ class _Counter:
             raise ValueError(f"x: expected shape ({self.n_cells},), got {x.shape}")
         return x
 
-    def state_dict(self) -> dict:
-        raise NotImplementedError
-
-    @staticmethod
-    def from_state(state: dict) -> "_Counter":
-        cls = {"per_window": PerWindowCounter, "binary_tree": BinaryTreeCounter, "hybrid": HybridCounter}[
-            state["mechanism"]]
-        return cls._from_state(state)
 
 
 class PerWindowCounter(_Counter):
@@ -274,14 +217,11 @@ class PerWindowCounter(_Counter):
     def running_terms(self, t: int) -> int:
         return t
 
-    def state_dict(self) -> dict:
-        return {**self._base_state(), "running": self.running.tolist(), "last_window": self.last_window.tolist()}
+    def _progress(self) -> dict:
+        return {"running": self.running.tolist(), "last_window": self.last_window.tolist()}
 
-    @classmethod
-    def _from_state(cls, s: dict) -> "PerWindowCounter":
-        c = cls(s["n_cells"], s["epsilon"], s["sensitivity"], s["noise"], s.get("resolution", 1.0))
-        c.t, c.running, c.last_window = s["t"], np.array(s["running"], float), np.array(s["last_window"], float)
-        return c
+    def _load_progress(self, s: dict) -> None:
+        self.running, self.last_window = np.array(s["running"], float), np.array(s["last_window"], float)
 
 
 class BinaryTreeCounter(_Counter):
@@ -345,18 +285,18 @@ class BinaryTreeCounter(_Counter):
     def running_variance(self, t: int) -> float:
         return self.running_terms(t) * self.node_variance()
 
-    def state_dict(self) -> dict:
-        return {**self._base_state(), "horizon": self.horizon, "t_epoch": self.t_epoch, "epochs": self.epochs, "alpha": self.alpha.tolist(),
+    def parameters(self) -> dict:
+        return {**super().parameters(), "horizon": self.horizon}
+
+    def _progress(self) -> dict:
+        return {"t_epoch": self.t_epoch, "epochs": self.epochs, "alpha": self.alpha.tolist(),
                 "alpha_hat": self.alpha_hat.tolist(), "base": self.base.tolist()}
 
-    @classmethod
-    def _from_state(cls, s: dict) -> "BinaryTreeCounter":
-        c = cls(s["n_cells"], s["epsilon"], s["sensitivity"], s["noise"], s["horizon"], s.get("resolution", 1.0))
-        c.t, c.t_epoch, c.epochs = s["t"], s["t_epoch"], s["epochs"]
-        c.alpha = np.array(s["alpha"], float).reshape(c.levels, c.n_cells)
-        c.alpha_hat = np.array(s["alpha_hat"], float).reshape(c.levels, c.n_cells)
-        c.base = np.array(s["base"], float)
-        return c
+    def _load_progress(self, s: dict) -> None:
+        self.t_epoch, self.epochs = int(s["t_epoch"]), int(s["epochs"])
+        self.alpha = np.array(s["alpha"], float).reshape(self.levels, self.n_cells)
+        self.alpha_hat = np.array(s["alpha_hat"], float).reshape(self.levels, self.n_cells)
+        self.base = np.array(s["base"], float)
 
 
 class HybridCounter(_Counter):
@@ -407,16 +347,17 @@ class HybridCounter(_Counter):
             var += n_tree * self._var(self.epsilon / 2 / (k + 1))
         return var
 
-    def state_dict(self) -> dict:
-        return {**self._base_state(), "beta": self.beta.tolist(),
-                "beta_snap": self.beta_snap.tolist(), "tree": self.tree.state_dict() if self.tree else None}
+    def _progress(self) -> dict:
+        return {"beta": self.beta.tolist(), "beta_snap": self.beta_snap.tolist(),
+                "tree": self.tree.state_core() if self.tree else None}
 
-    @classmethod
-    def _from_state(cls, s: dict) -> "HybridCounter":
-        c = cls(s["n_cells"], s["epsilon"], s["sensitivity"], s["noise"], s.get("resolution", 1.0))
-        c.t, c.beta, c.beta_snap = s["t"], np.array(s["beta"], float), np.array(s["beta_snap"], float)
-        c.tree = BinaryTreeCounter._from_state(s["tree"]) if s["tree"] else None
-        return c
+    def _load_progress(self, s: dict) -> None:
+        self.beta, self.beta_snap = np.array(s["beta"], float), np.array(s["beta_snap"], float)
+        self.tree = None
+        if s["tree"] is not None:        # the current block's tree: horizon 2^k, at epsilon/2 (update())
+            self.tree = BinaryTreeCounter(self.n_cells, self.epsilon / 2, self.sensitivity, self.noise,
+                                          horizon=int(s["tree"]["horizon"]), resolution=self.resolution)
+            self.tree.load_state(s["tree"])
 
 
 # -- theory and choice ----------------------------------------------------------------------------------------

@@ -1,18 +1,22 @@
-"""Privacy budget ledger: user-level accounting across windows, persisted before any release spends it.
+"""Privacy budget ledger: user-level accounting across windows, reserved before any release spends it. Step 4
+of the walk of a DP value (:mod:`stream_anon.dp`).
 
 Accounting unit. Every release of an aggregate for a window is charged to **every** individual (the worst case
 of an individual present in every window and every aggregate), so the total over all reservations bounds the
 privacy loss of any one individual by sequential composition (Dwork & Roth 2014, Theorem 3.16; McSherry, PINQ,
 SIGMOD 2009). The sum is checked by diffprivlib's :class:`~diffprivlib.accountant.BudgetAccountant` (pure
-epsilon, no slack, i.e. basic composition), rebuilt from the file at every start. Per-individual filters
+epsilon, no slack, i.e. basic composition). Per-individual filters
 (Feldman & Zrnic, NeurIPS 2021) could charge only the individuals present, but the budget check would then
 depend on the data; the worst-case charge keeps the stop decision data-independent.
 
-Durability. :meth:`BudgetLedger.reserve` writes the whole ledger to a temporary file, fsyncs it and renames it
-over the old one (atomic on POSIX) **before** returning, so a release is only published after its spend is on
-disk. A reservation is keyed by ``(aggregate, window)``: reserving it again (a restarted worker re-producing the
-same window) returns the existing reservation and spends nothing. That is sound because the aggregator's noise is
-a deterministic function of a secret seed and the window, so a re-produced release is identical to the first.
+Durability. The ledger is part of the partition's state (a :class:`~stream_anon.checkpoint.Checkpointable` with
+a bounded core and no keyed table): the worker writes it in the same Kafka transaction as the rows that spend it
+(:mod:`stream_anon.kafka.state`), so a release is published only together with its spend, and a restarted worker
+resumes from the committed ledger. A reservation is keyed by ``(aggregate, window)``: reserving it again (a
+restarted worker re-producing the same window) returns the existing reservation and spends nothing. That is sound
+because the aggregator's noise is a deterministic function of a secret seed and the window, so a re-produced
+release is identical to the first; and a window released again with other content (its bounded values, seen
+through :func:`content_digest`) is a second, paid release with its own noise.
 
 Periods (``[dp] period``, the unit of privacy explicit). A reservation may carry the period it belongs to and a
 cap: the most that aggregate can charge one unit in that period. The aggregator calibrates the noise so that a
@@ -23,38 +27,38 @@ the budget, which is per unit **and period**. Periods are disjoint in time, so a
 is at most ``k`` times the per-period budget (sequential composition; Dwork & Roth 2014, Theorem 3.16). A paid
 re-release (``"<window>~<n>"``) is charged outside the cap: it releases the same data a second time.
 
-Bounded size (issue 11). In period mode the ledger would otherwise grow by one entry per aggregate and release
-for ever, and it is written whole with every state record. When the aggregator starts a period,
-:meth:`BudgetLedger.compact` folds every period older than the previous one into its totals (per aggregate: the
-sum of its releases and its cap; the paid re-releases; the stops): what :meth:`period_spent` and :attr:`spent`
-need; after :data:`SUMMARY_PERIODS` such periods only the largest charge of the older ones is kept (for
-:attr:`spent`). Their per-window entries, needed only to recognise a re-produced release of a window, go: the aggregator
-never processes a window at or before its last one, so no release of a finished period is produced again (one
-that were would be charged again, never less).
+Bounded size. In period mode the ledger would otherwise grow by one entry per aggregate and release for ever,
+and it is written whole with every state record. When the aggregator starts a period, :meth:`BudgetLedger.compact`
+folds every period older than the previous one into its totals (per aggregate: the sum of its releases and its
+cap; the paid re-releases; the stops): what :meth:`period_spent` and :attr:`spent` need; after
+:data:`SUMMARY_PERIODS` such periods only the largest charge of the older ones is kept (for :attr:`spent`). Their
+per-window entries, needed only to recognise a re-produced release of a window, go: the aggregator never processes
+a window at or before its last one, so no release of a finished period is produced again (one that were would be
+charged again, never less). Without a period the entries are bounded by the budget (each spends epsilon > 0).
 
->>> import tempfile, os
->>> path = os.path.join(tempfile.mkdtemp(), "ledger.json")
->>> ledger = BudgetLedger(path, epsilon_budget=1.0)
+>>> ledger = BudgetLedger(None, epsilon_budget=1.0)
 >>> ledger.reserve("taps", 0, 0.6).ok, ledger.reserve("taps", 0, 0.6).new
 (True, False)
->>> out = BudgetLedger(path, epsilon_budget=1.0).reserve("taps", 1, 0.6)
+>>> restarted = BudgetLedger(None, epsilon_budget=1.0)
+>>> restarted.load_state(json.loads(json.dumps(ledger.state_core())), {})
+>>> out = restarted.reserve("taps", 1, 0.6)
 >>> out.ok, round(out.spent, 3), out.event()["type"]
 (False, 0.6, 'budget_exhausted')
 """
 from __future__ import annotations
 
-import contextlib
-import fcntl
+import hashlib
+import hmac
 import json
 import math
-import os
-import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from pathlib import Path
 
+import numpy as np
 from diffprivlib.accountant import BudgetAccountant
 from diffprivlib.utils import BudgetError
+
+from stream_anon.checkpoint import load_tables
 
 LEDGER_VERSION = 1
 KEEP_PERIODS = 2           # periods whose per-window entries are kept (the current one and the one before)
@@ -62,9 +66,18 @@ SUMMARY_PERIODS = 31       # older periods kept as per-aggregate totals; beyond 
 _REL_TOL = 1e-9     # floating-point slack: ten spends of 0.1 must fit a budget of 1.0
 
 
+def content_digest(seed: bytes, aggregate: str, window: int, values: dict[str, np.ndarray]) -> str:
+    """Keyed digest (HMAC of the secret seed) of a release's bounded true values (component -> per cell), the
+    ``content`` of a reservation: without the seed it reveals nothing of the values."""
+    h = hmac.new(seed, f"stream-anon/dp-content\x00{aggregate}\x00{window}".encode(), hashlib.sha256)
+    for comp in sorted(values):
+        h.update(comp.encode() + b"\x00" + np.ascontiguousarray(values[comp], dtype=float).tobytes())
+    return h.hexdigest()[:32]
+
+
 @dataclass(frozen=True)
 class Reservation:
-    """A spend recorded on disk. ``new`` is False when the same (aggregate, window) was reserved before."""
+    """A spend recorded in the ledger. ``new`` is False when the same (aggregate, window) was reserved before."""
     aggregate: str
     window: str
     epsilon: float
@@ -102,21 +115,24 @@ class BudgetExhaustedError(BudgetError):
 
 
 class BudgetLedger:
-    """Budget ledger persisted to ``path`` (JSON). ``path=None`` keeps it in memory (tests, dry runs).
+    """Budget ledger (module docstring), a Checkpointable: :meth:`state_core`, :meth:`load_state`.
 
     Parameters
     ----------
-    path : str or Path or None
-        The ledger file; loaded when it exists (a restart never resets it).
+    path : None
+        The ledger has no file: it lives in the partition's state. Any other value is refused.
     epsilon_budget : float
-        Total epsilon per individual over all aggregates and windows. Must be in (0, inf).
+        Total epsilon per individual over all aggregates and windows (per period in period mode). Must be in
+        (0, inf).
     """
 
-    def __init__(self, path: str | Path | None, epsilon_budget: float):
+    def __init__(self, path: None, epsilon_budget: float):
+        if path is not None:
+            raise TypeError(f"path: the ledger is kept in the partition's state (state_core / load_state), not in "
+                            f"a file; got {path!r}")
         if isinstance(epsilon_budget, bool) or not isinstance(epsilon_budget, (int, float)) \
                 or not (0 < epsilon_budget < math.inf):
             raise ValueError(f"epsilon_budget: must be a finite number > 0, got {epsilon_budget!r}")
-        self.path = Path(path) if path is not None else None
         self.epsilon_budget = float(epsilon_budget)
         self._entries: dict[tuple[str, str], float] = {}
         self._exhausted: dict[str, dict] = {}
@@ -128,7 +144,8 @@ class BudgetLedger:
         # compacted periods (:meth:`compact`): their totals stay in _psum/_pcap/_pextra; here what else is kept
         self._compacted: dict[str, dict] = {}               # period -> {"entries": count, "exhausted": stops}
         self._archive: dict | None = None                   # periods before the compacted ones: largest charge
-        self._merge_from_disk()
+        # without a period: the total, checked by diffprivlib (pure epsilon, basic composition)
+        self._accountant = BudgetAccountant(epsilon=self.epsilon_budget * (1 + _REL_TOL), delta=0.0)
 
     def _index(self, key: tuple[str, str], epsilon: float, period: str, cap: float) -> None:
         a, w = key
@@ -163,59 +180,46 @@ class BudgetLedger:
     def period_mode(self) -> bool:
         return bool(self._period or self._compacted or self._archive)
 
-    def _merge_from_disk(self) -> None:
-        """Add the file's reservations to ours and rebuild the accountant. Called at start and, under the file
-        lock, before every reservation: during a rebalance two workers may briefly hold the same partition,
-        and a ledger written from one worker's memory alone would drop the other's spends."""
-        self.merge_state(json.loads(self.path.read_text()) if self.path is not None and self.path.exists()
-                         else None)
+    # -- Checkpointable -------------------------------------------------------------------------------------
+    def state_core(self) -> dict:
+        """Every reservation (JSON), the stops, and the compacted periods' totals: bounded by the configuration
+        (module docstring), never by the units seen."""
+        return {"version": LEDGER_VERSION, "epsilon_budget": self.epsilon_budget, "spent": self.spent,
+                "entries": [{"aggregate": a, "window": w, "epsilon": e, "content": self._content.get((a, w)),
+                             **({"period": self._period[(a, w)][0], "cap": self._period[(a, w)][1]}
+                                if (a, w) in self._period else {})}
+                            for (a, w), e in self._entries.items()],
+                "exhausted": self._exhausted,
+                **({"periods": {p: self._summary(p) for p in sorted(self._compacted)}} if self._compacted else {}),
+                **({"archive": self._archive} if self._archive else {})}
 
-    def merge_state(self, data: dict | None) -> None:
-        """Add the reservations of a :meth:`state_dict` (a file's, or the worker's state in Kafka) to ours."""
-        new: list[float] = []
-        if data is not None:
-            if data.get("version") != LEDGER_VERSION:
-                raise ValueError(f"{self.path or 'ledger state'}: unsupported ledger version {data.get('version')!r}")
-            if data.get("archive"):
-                self._merge_archive(data["archive"])
-            for period, summary in data.get("periods", {}).items():
-                if not self._archived(period):
-                    self._merge_summary(period, summary)
-            for e in data["entries"]:
-                key = (e["aggregate"], str(e["window"]))
-                if e.get("period") is not None and (e["period"] in self._compacted or self._archived(e["period"])):
-                    continue                                 # already in that period's totals
-                if key not in self._entries:
-                    if e.get("period") is not None:
-                        self._index(key, float(e["epsilon"]), e["period"], e["cap"])
-                    else:
-                        new.append(float(e["epsilon"]))
-                self._entries[key] = float(e["epsilon"])
-                if e.get("content") is not None:
-                    self._content[key] = e["content"]
-            for a, info in data.get("exhausted", {}).items():
-                self._exhausted.setdefault(a, info)
-        if not hasattr(self, "_accountant"):
-            self._accountant = BudgetAccountant(epsilon=self.epsilon_budget * (1 + _REL_TOL), delta=0.0)
-        # only the spends we did not know (usually none): diffprivlib re-validates every past spend at each
-        # spend, so re-building the accountant for every reservation would be quadratic in the ledger's length
-        for eps in new:
-            self._accountant.spend(eps, 0.0)
+    def state_tables(self) -> dict:
+        return {}
 
-    @contextlib.contextmanager
-    def _locked(self):
-        """Exclusive lock on ``<ledger>.lock`` (POSIX advisory) around a read-merge-reserve-write."""
-        if self.path is None:
-            yield
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path.with_name(self.path.name + ".lock"), "a") as fh:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-            try:
-                self._merge_from_disk()
-                yield
-            finally:
-                fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+    def load_state(self, core: dict, tables=None) -> None:
+        """The reservations of a :meth:`state_core`, into a ledger that holds none yet."""
+        load_tables({}, tables or {})
+        if self._entries or self._exhausted or self._compacted or self._archive:
+            raise ValueError("load_state: the ledger already holds reservations")
+        if core.get("version") != LEDGER_VERSION:
+            raise ValueError(f"ledger state: unsupported version {core.get('version')!r}")
+        if core.get("archive"):
+            a = core["archive"]
+            self._archive = {"periods": int(a["periods"]), "first": a["first"], "last": a["last"],
+                             "max_spent": float(a["max_spent"])}
+        for period, summary in core.get("periods", {}).items():
+            if not self._archived(period):
+                self._load_summary(period, summary)
+        for e in core["entries"]:
+            key, eps = (e["aggregate"], str(e["window"])), float(e["epsilon"])
+            if e.get("period") is not None:
+                self._index(key, eps, e["period"], e["cap"])
+            else:
+                self._accountant.spend(eps, 0.0)
+            self._entries[key] = eps
+            if e.get("content") is not None:
+                self._content[key] = e["content"]
+        self._exhausted = dict(core.get("exhausted", {}))
 
     # -- queries ------------------------------------------------------------------------------------------
     @property
@@ -275,7 +279,7 @@ class BudgetLedger:
 
     # -- spending -----------------------------------------------------------------------------------------
     def reserve(self, aggregate: str, window, epsilon: float, raise_on_exhausted: bool = False):
-        """Record a spend of ``epsilon`` for ``(aggregate, window)`` on disk, then return a
+        """Record a spend of ``epsilon`` for ``(aggregate, window)`` and return a
         :class:`Reservation`; or a :class:`BudgetExhausted` outcome (raised as :class:`BudgetExhaustedError`
         with ``raise_on_exhausted``) when the total would exceed the budget."""
         out = self.reserve_many([(aggregate, window, epsilon)])[0]
@@ -284,7 +288,7 @@ class BudgetLedger:
         return out
 
     def reserve_many(self, requests) -> list:
-        """Several reservations (e.g. every aggregate of a window) with one durable write, in order.
+        """Several reservations (e.g. every aggregate of a window), in order.
 
         A request is ``(aggregate, window, epsilon)``, ``(aggregate, window, epsilon, content)`` or, in period
         mode, ``(aggregate, window, epsilon, content, period, cap)``: the budget then applies to ``period``'s
@@ -296,12 +300,7 @@ class BudgetLedger:
         second release of that window, charged again under the key ``"<window>~<n>"``; the returned
         :attr:`Reservation.window` is that key, and the aggregator draws the release's noise from it.
         """
-        with self._locked():
-            return self._reserve_many(requests)
-
-    def _reserve_many(self, requests) -> list:
-        """The body of :meth:`reserve_many`, under the file lock with the file merged in."""
-        outcomes, dirty = [], False
+        outcomes = []
         for aggregate, window, epsilon, *rest in requests:
             window = str(window)
             content = rest[0] if rest else None
@@ -335,7 +334,6 @@ class BudgetLedger:
             except BudgetError:
                 spent_now = self.spent if period is None else self.period_spent(period)
                 self._exhausted[stop_key] = {"window": window, "epsilon": float(epsilon), "spent": spent_now}
-                dirty = True
                 outcomes.append(BudgetExhausted(aggregate, window, float(epsilon), spent_now, self.epsilon_budget))
                 continue
             self._entries[key] = float(epsilon)
@@ -343,29 +341,15 @@ class BudgetLedger:
                 self._index(key, float(epsilon), period, cap)
             if content is not None:
                 self._content[key] = content
-            dirty = True
             outcomes.append(Reservation(aggregate, window, float(epsilon), self.spent, self.epsilon_budget))
-        if dirty:
-            self.save()
         return outcomes
-
-    # -- persistence --------------------------------------------------------------------------------------
-    def state_dict(self) -> dict:
-        return {"version": LEDGER_VERSION, "epsilon_budget": self.epsilon_budget, "spent": self.spent,
-                "entries": [{"aggregate": a, "window": w, "epsilon": e, "content": self._content.get((a, w)),
-                             **({"period": self._period[(a, w)][0], "cap": self._period[(a, w)][1]}
-                                if (a, w) in self._period else {})}
-                            for (a, w), e in self._entries.items()],
-                "exhausted": self._exhausted,
-                **({"periods": {p: self._summary(p) for p in sorted(self._compacted)}} if self._compacted else {}),
-                **({"archive": self._archive} if self._archive else {})}
 
     # -- bounded size -------------------------------------------------------------------------------------
     def compact(self, current: str, keep: int | None = None) -> int:
         """Fold the entries of every period before the last ``keep`` periods up to ``current`` (labels sort in
         time: ``YYYY-MM-DD``, ``YYYY-MM-DDTHH``) into the period's totals (default ``keep``:
         :data:`KEEP_PERIODS`), and the totals beyond the last :data:`SUMMARY_PERIODS` into the archive; returns
-        the entries dropped. Saved with the next reservation (file) or state record (Kafka)."""
+        the entries dropped (the next state record carries the ledger compacted)."""
         keep = KEEP_PERIODS if keep is None else keep
         periods = sorted({p for p, _ in self._period.values()} | {current})
         kept = set(periods[max(0, periods.index(current) - keep + 1):])
@@ -374,7 +358,7 @@ class BudgetLedger:
             return 0
         dropped = sum(self._fold_period(p) for p in sorted(old))
         for p in sorted(self._compacted)[:max(0, len(self._compacted) - SUMMARY_PERIODS)]:
-            self._merge_archive({"periods": 1, "first": p, "last": p, "max_spent": self.period_spent(p)})
+            self._archive_period(p)
         return dropped
 
     def _fold_period(self, period: str) -> int:
@@ -407,56 +391,22 @@ class BudgetLedger:
         for key in [key for key in self._psum if key[0] == period]:
             del self._psum[key], self._pcap[key]
 
-    def _merge_archive(self, archive: dict) -> None:
-        """Add periods to the archive (one compacted period, or another copy's archive); the compacted periods
-        it covers are dropped."""
-        mine = self._archive
+    def _archive_period(self, period: str) -> None:
+        """Move the oldest compacted period into the archive (periods are compacted in time order, so it follows
+        every archived one): only its charge is kept, as the archive's largest if it is."""
+        spent, mine = self.period_spent(period), self._archive
         if mine is None:
-            self._archive = {"periods": int(archive["periods"]), "first": archive["first"],
-                             "last": archive["last"], "max_spent": float(archive["max_spent"])}
-        elif archive["first"] > mine["last"]:        # later periods
-            mine.update({"periods": mine["periods"] + int(archive["periods"]), "last": archive["last"],
-                         "max_spent": max(mine["max_spent"], float(archive["max_spent"]))})
-        else:                                        # periods it holds already (another copy of the ledger)
-            mine.update({"periods": max(mine["periods"], int(archive["periods"])),
-                         "first": min(mine["first"], archive["first"]), "last": max(mine["last"], archive["last"]),
-                         "max_spent": max(mine["max_spent"], float(archive["max_spent"]))})
-        for p in [p for p in self._compacted if self._archived(p)]:
-            self._drop_period(p)
+            self._archive = {"periods": 1, "first": period, "last": period, "max_spent": spent}
+        else:
+            mine.update({"periods": mine["periods"] + 1, "last": period, "max_spent": max(mine["max_spent"], spent)})
+        self._drop_period(period)
 
-    def _merge_summary(self, period: str, summary: dict) -> None:
-        """Add a compacted period's totals (another copy of the ledger's) to ours: per aggregate the larger sum
-        (the copies share their history; never less than either), and the period's entries are dropped."""
-        self._fold_period(period)
-        folded = self._compacted[period]
+    def _load_summary(self, period: str, summary: dict) -> None:
+        """A compacted period's totals, entry count and stops (:meth:`_summary`), as saved."""
         for a, v in summary["sums"].items():
-            self._psum[(period, a)] = max(self._psum.get((period, a), 0.0), float(v))
+            self._psum[(period, a)] = float(v)
             self._pcap[(period, a)] = float(summary["caps"][a])
-        extra = max(self._pextra.get(period, 0.0), float(summary.get("extra", 0.0)))
-        if extra:
-            self._pextra[period] = extra
-        folded["entries"] = max(folded["entries"], int(summary.get("entries", 0)))
-        for k, info in summary.get("exhausted", {}).items():
-            folded["exhausted"].setdefault(k, info)
-
-    def save(self) -> None:
-        """Atomic durable write: temp file in the same directory, fsync, rename, fsync the directory."""
-        if self.path is None:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=self.path.name + ".", suffix=".tmp", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "w") as fh:
-                json.dump(self.state_dict(), fh)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
-        dir_fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        if float(summary.get("extra", 0.0)):
+            self._pextra[period] = float(summary["extra"])
+        self._compacted[period] = {"entries": int(summary.get("entries", 0)),
+                                   "exhausted": dict(summary.get("exhausted", {}))}

@@ -8,9 +8,10 @@ their budgets compose in parallel: McSherry, PINQ, SIGMOD 2009, Theorem 4):
   fields of the accepted events that arrived while it was open) is handed to the aggregator, which releases it
   (and every skipped window, empty: publication never depends on data). The engine carries the fields listed by
   :func:`needed_fields` and keeps the open window's in its checkpointed state.
-- **Ledger**: kept in the partition's state (:meth:`PartitionAggregates.state_core`), written in the same Kafka
-  transaction as the rows that spend it (stream_anon.kafka.state); the aggregator's counters and the per-unit
-  window counts (the ``dp:unit.windows`` table) go there too.
+- **State**: :class:`PartitionAggregates` is a :class:`~stream_anon.checkpoint.Checkpointable` of two parts, the
+  aggregator and its ledger (core ``{"aggregator": ..., "ledger": ...}``, the keyed table
+  ``aggregator/unit_windows`` in period mode), written in the same Kafka transaction as the rows that spend the
+  ledger (stream_anon.kafka.state).
 - **Restarts**: the worker re-processes input after its committed state. The re-closed windows find their
   reservations in the ledger (idempotent: nothing is spent twice) and get the same noise, because the noise
   seed is ``HMAC(stream secret, stream, partition)`` and each window's generator ``HMAC(seed, aggregate,
@@ -24,9 +25,8 @@ plus a ``budget_exhausted`` event when the ledger stops an aggregate.
 from __future__ import annotations
 
 from datetime import datetime, timezone
-import numpy as np
 
-from stream_anon import crypto
+from stream_anon import checkpoint, crypto
 from stream_anon.events import UNIT_IDS
 from stream_anon.contract import topics
 
@@ -38,15 +38,11 @@ def unit_ids_carried(config) -> bool:
     return dp.privacy_unit == config.stream.privacy_unit and not (dp.clock is not None and dp.unit == "event")
 
 
-def needed_fields(config, unit_field: bool = False) -> tuple[str, ...]:
-    """Every field the aggregates read: the engine carries only these to the closed windows. The unit's ids in
-    place of its field where :func:`unit_ids_carried`, the field too when ``unit_field`` (a restored period keyed
-    by hashes of it: ``DPAggregator.needs_unit_field``)."""
+def needed_fields(config) -> tuple[str, ...]:
+    """Every field the aggregates read: the engine carries only these to the closed windows (the unit's ids in
+    place of its field where :func:`unit_ids_carried`)."""
     dp = config.dp
-    ids = unit_ids_carried(config)
-    fields = [UNIT_IDS] if ids else [dp.privacy_unit]
-    if ids and unit_field:
-        fields.append(dp.privacy_unit)
+    fields = [UNIT_IDS] if unit_ids_carried(config) else [dp.privacy_unit]
     fields.append(config.stream.event_time)
     for s in dp.aggregates:
         for g in s.group_by:
@@ -62,7 +58,6 @@ def _iso(ts: float) -> str:
 
 
 AGGREGATES_TOPIC = topics().aggregates
-TABLE_PREFIX = "dp:"     # the aggregates' keyed tables beside the engine's (seen_events, signatures)
 
 
 class _IsoCache(dict):
@@ -87,23 +82,16 @@ class PartitionAggregates:
     partition : int
     secret : bytes
         The stream secret; the noise seed is derived from it and never stored.
-    ledger_file : str or Path or None
-        The partition's budget ledger (``None``: in memory, tests only).
-    state : dict, optional
-        ``state_dict()`` of a checkpoint to resume from, or its ``state_core()`` when ``tables`` is given.
-    tables : dict, optional
-        ``state_tables()`` of the checkpoint (name -> (keys, records)); names without the ``dp:`` prefix (the
-        engine's tables, when the caller holds them all) are ignored. A missing table is empty.
 
-    State: like the engine's (:meth:`stream_anon.engine.Engine.state_core` / ``state_tables`` /
-    ``state_changes``), a bounded JSON **core** (the aggregator's counters, metrics, period and partial releases;
-    the ledger) and a **keyed table** that grows with the units seen, in period mode ``dp:unit.windows``: the
-    unit's keyed 64-bit hash -> windows it used in the period, one column per aggregate (a new period deletes
-    them all), so a checkpoint can carry what changed since the previous one.
+    State (:class:`~stream_anon.checkpoint.Checkpointable`): :meth:`state_core` is ``{"aggregator": its core (counters,
+    metrics, period, partial releases), "ledger": the ledger's}``; :meth:`state_tables`, in period mode,
+    ``aggregator/unit_windows``: the unit's keyed 64-bit id or hash -> windows it used in the period, one column per
+    aggregate (a new period deletes them all); :meth:`load_state` on aggregates just built. For the worker's state
+    records, :meth:`record_state` and :meth:`full_tables` give the same as copies (the aggregates may live in
+    another process: :mod:`stream_anon.kafka.aggregates_process`).
     """
 
-    def __init__(self, config, partition: int, secret: bytes, ledger_file, state: dict | None = None,
-                 tables: dict | None = None):
+    def __init__(self, config, partition: int, secret: bytes):
         if config.dp is None:
             raise ValueError("config.dp: the stream configuration has no [dp] / [[aggregates]] tables")
         if not secret:
@@ -115,25 +103,12 @@ class PartitionAggregates:
         # imported here: diffprivlib (with scikit-learn) loads only in a worker whose stream has DP aggregates,
         # ~0.6 s of every other worker's start
         from stream_anon.dp import BudgetLedger, DPAggregator
-        self.ledger = BudgetLedger(ledger_file, self.dp.epsilon_budget)
-        if state is not None and "ledger" in state:       # the worker keeps the ledger in its state (Kafka)
-            self.ledger.merge_state(state["ledger"])
+        self.ledger = BudgetLedger(None, self.dp.epsilon_budget)
         seed = crypto.dp_noise_seed(secret, self.stream, self.partition)
-        kwargs = {"stream": self.stream, "unit_ids": unit_ids_carried(config)}
-        if state is None:
-            self.aggregator = DPAggregator(self.dp, self.ledger, seed, **kwargs)
-        elif tables is None:
-            self.aggregator = DPAggregator.from_state(self.dp, self.ledger, seed, state["aggregator"], **kwargs)
-        else:
-            own = {name[len(TABLE_PREFIX):]: t for name, t in tables.items() if name.startswith(TABLE_PREFIX)}
-            self.aggregator = DPAggregator.restore(self.dp, self.ledger, seed, state["aggregator"], own, **kwargs)
-        self.carried = needed_fields(config, self.aggregator.needs_unit_field)   # what the engine must carry
-
-    @classmethod
-    def restore(cls, config, partition: int, secret: bytes, ledger_file, core: dict,
-                tables: dict[str, tuple]) -> "PartitionAggregates":
-        """The partition's aggregates from :meth:`state_core` and :meth:`state_tables`."""
-        return cls(config, partition, secret, ledger_file, core, tables)
+        self.aggregator = DPAggregator(self.dp, self.ledger, seed, stream=self.stream,
+                                       unit_ids=unit_ids_carried(config))
+        self._parts = checkpoint.Composite({"aggregator": self.aggregator, "ledger": self.ledger})
+        self.carried = needed_fields(config)          # what the engine must carry
 
     def close_windows(self, windows) -> tuple[list[dict], list[dict]]:
         """(aggregate rows, metric events) of the windows the engine closed (``ClosedWindow`` objects, in
@@ -167,8 +142,8 @@ class PartitionAggregates:
     def _close(self, window, metrics: list) -> tuple[list, dict, "_IsoCache"]:
         """Release one closed window: the aggregator's releases (``ReleasedCells``), the ledger's total through
         each window they cover, and the window start times; appends the metric events to ``metrics``."""
-        from stream_anon.dp.aggregator import ReleasedCells
         from stream_anon.dp.columns import WindowColumns
+        from stream_anon.dp.release import ReleasedCells
         w = window.index
         out = self.aggregator.release_columns(w, WindowColumns(window.carried))   # reserves (writes) the ledger
         now = _now_iso()
@@ -220,41 +195,24 @@ class PartitionAggregates:
         return values
 
     # -- checkpoint --------------------------------------------------------------------------------------------
-    def state_core(self, with_ledger: bool = True) -> dict:
-        """The bounded part of the state, JSON: the aggregator's counters, metrics, period and partial releases,
-        and the ledger (written in the same transaction as the rows that spend it)."""
-        doc = {"aggregator": self.aggregator.state_core()}
-        if with_ledger:
-            doc["ledger"] = self.ledger.state_dict()
-        return doc
+    def state_core(self) -> dict:
+        return self._parts.state_core()
 
-    def state_tables(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        """Every keyed table in full, ``dp:unit.windows`` -> (int64 keys sorted ascending, structured records):
-        copies; does not reset what :meth:`state_changes` reports. None without a period."""
-        return {TABLE_PREFIX + name: t for name, t in self.aggregator.state_tables().items()}
+    def state_tables(self) -> dict:
+        return self._parts.state_tables()
 
-    def state_changes(self) -> dict[str, tuple[np.ndarray, np.ndarray | None]]:
-        """What changed in :meth:`state_tables` since the previous call: ``dp:unit.windows`` -> (keys put, their
-        records) and ``dp:unit.windows:deleted`` -> (keys deleted, None), the contract of
-        :meth:`stream_anon.engine.Engine.state_changes` (the first call returns every row as put)."""
-        return {TABLE_PREFIX + name: t for name, t in self.aggregator.state_changes().items()}
-
-    def table_rows(self) -> int:
-        """Rows held by the keyed tables (what a full state record carries of them)."""
-        return len(self.aggregator.unit_windows) if self.aggregator.clock else 0
+    def load_state(self, core: dict, tables) -> None:
+        self._parts.load_state(core, tables)
 
     def record_state(self) -> tuple[dict, dict, int]:
-        """What a state record takes of the aggregates: (:meth:`state_core`, :meth:`state_changes`,
-        :meth:`table_rows`)."""
-        return self.state_core(), self.state_changes(), self.table_rows()
+        """What a state record takes of the aggregates: (:meth:`state_core`, the tables' changes since the previous
+        call (:func:`stream_anon.checkpoint.changes`), the rows the tables hold)."""
+        return self.state_core(), checkpoint.changes(self), checkpoint.table_rows(self)
 
-    def state_dict(self, with_ledger: bool = True) -> dict:
-        """Core and tables in one JSON document (the unit window counts packed as base64 under
-        ``aggregator.unit_windows``): the worker's state record, local checkpoints and tests."""
-        doc = {"aggregator": self.aggregator.state_dict()}
-        if with_ledger:
-            doc["ledger"] = self.ledger.state_dict()
-        return doc
+    def full_tables(self) -> dict:
+        """Every table in full, as copies (name -> (keys, records)); does not reset what :meth:`record_state`
+        reports."""
+        return checkpoint.full_state(self)[1]
 
 
 def _now_iso() -> str:

@@ -182,26 +182,16 @@ class RemoteAggregates:
             self._changes_dropped, changes = False, None
         return core, changes, rows
 
-    def state_core(self, with_ledger: bool = True) -> dict:
-        doc = self.process.call("state_core", self.partition, with_ledger)
-        if with_ledger:
-            self._note_ledger(doc["ledger"])
+    def state_core(self) -> dict:
+        doc = self.process.call("state_core", self.partition)
+        self._note_ledger(doc["ledger"])
         return doc
 
     def _note_ledger(self, state: dict) -> None:
         self._ledger_state, self._ledger_view = state, None
 
-    def state_changes(self) -> dict:
-        return self.process.call("state_changes", self.partition)
-
-    def state_tables(self) -> dict:
-        return self.process.call("state_tables", self.partition)
-
-    def table_rows(self) -> int:
-        return self.process.call("table_rows", self.partition)
-
-    def state_dict(self, with_ledger: bool = True) -> dict:
-        return self.process.call("state_dict", self.partition, with_ledger)
+    def full_tables(self) -> dict:
+        return self.process.call("full_tables", self.partition)
 
     def close(self) -> None:
         if not self.process.closed:
@@ -216,7 +206,7 @@ class RemoteAggregates:
             from stream_anon.dp import BudgetLedger
             view = BudgetLedger(None, self.dp.epsilon_budget)
             if self._ledger_state is not None:
-                view.merge_state(self._ledger_state)
+                view.load_state(self._ledger_state, {})
             self._ledger_view = view
         return view
 
@@ -249,15 +239,16 @@ def serve_requests(requests, replies) -> None:
                 value = None
             elif op == "open":
                 core, tables = args
-                parts[p] = (aggregates.PartitionAggregates(config, p, secret, None) if core is None else
-                            aggregates.PartitionAggregates.restore(config, p, secret, None, core, tables or {}))
+                parts[p] = aggregates.PartitionAggregates(config, p, secret)
+                if core is not None:
+                    parts[p].load_state(core, tables or {})
                 value = parts[p].carried
             elif op == "release":
                 windows, topic = args
                 value = parts[p].messages(windows, dumps, topic)
             elif op == "close":
                 value = parts.pop(p, None) is not None
-            elif op in ("state_core", "state_changes", "state_tables", "table_rows", "state_dict", "record_state"):
+            elif op in ("state_core", "full_tables", "record_state"):
                 value = getattr(parts[p], op)(*args)
             else:
                 raise ValueError(f"unknown request {op!r}")

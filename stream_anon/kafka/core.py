@@ -79,14 +79,15 @@ class WorkerCore:
         return ps
 
     def _aggregates(self, partition: int, core: dict | None, tables: dict | None = None):
-        """The partition's DP aggregates (None without ``[dp]``): new, or from their core and tables."""
+        """The partition's DP aggregates (None without ``[dp]``): new, or from their core and their own tables."""
         if self.config.dp is None or not self.config.dp.aggregates:
             return None
         if self.aggregates_process is not None:
             return self.aggregates_process.open(self.config, partition, core, tables)
-        if core is None:
-            return aggregates.PartitionAggregates(self.config, partition, self.secret, None)
-        return aggregates.PartitionAggregates.restore(self.config, partition, self.secret, None, core, tables or {})
+        dp = aggregates.PartitionAggregates(self.config, partition, self.secret)
+        if core is not None:
+            dp.load_state(core, tables or {})
+        return dp
 
     def close_partition(self, partition: int) -> None:
         ps = self.parts.pop(partition, None)

@@ -4,8 +4,8 @@ state records (:mod:`stream_anon.checkpoint`).
 
 State record of a partition: the core ``{"version", "stream", "partition", "seq", "offset", "input_topic",
 "input_topic_id", "flush_pending", "written_at", "engine": <engine core>, "dp": <aggregates core>}`` and the
-tables ``engine/<table>`` (:meth:`stream_anon.engine.Engine.state_tables`) and the aggregates' tables under their
-own names (``dp:...``).
+tables ``engine/<table>`` (:meth:`stream_anon.engine.Engine.state_tables`) and ``dp/<table>`` (the DP aggregates',
+:class:`stream_anon.kafka.aggregates.PartitionAggregates`).
 """
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from stream_anon import checkpoint
 from stream_anon.engine import Engine
 from stream_anon.kafka.state import MAX_CHAIN
 
-STATE_VERSION = 3              # 3: one state model (engine tables under engine/)
-ENGINE = "engine/"             # prefix of the engine's tables in a partition's state record
+STATE_VERSION = 3              # 3: one state model (the engine's tables under engine/, the aggregates' under dp/)
+ENGINE, DP = "engine/", "dp/"  # prefixes of the parts' tables in a partition's state record
 
 
 @dataclass
@@ -56,7 +56,7 @@ class PartitionState:
         _, tables = checkpoint.full_state(self.engine)
         out = {ENGINE + name: t for name, t in tables.items()}
         if self.dp is not None:
-            out.update(self.dp.state_tables())
+            out.update({DP + name: t for name, t in self.dp.full_tables().items()})
         return out
 
     def record(self, stream: str, input_topic: str, seq: int, offset: int, flush_pending: bool = False
@@ -71,7 +71,7 @@ class PartitionState:
         changes = {ENGINE + name: c for name, c in checkpoint.changes(self.engine).items()}
         if dp_changes is None:          # the aggregates' changes since the last record are not known: in full
             return checkpoint.StateRecord.full_of(doc, self.full_tables())
-        changes.update(_dp_changes(dp_changes))
+        changes.update({DP + name: c for name, c in dp_changes.items()})
         rec = checkpoint.StateRecord(doc, changes, full=self.next_full)
         if not rec.full:
             chained = sum(r.rows for r in self.chain[1:]) + rec.rows
@@ -104,18 +104,13 @@ class PartitionState:
 
 
 def split_tables(tables: dict) -> tuple[dict, dict]:
-    """(engine tables without their prefix, the aggregates' tables) of a partition's state."""
-    engine = {n[len(ENGINE):]: t for n, t in tables.items() if n.startswith(ENGINE)}
-    return engine, {n: t for n, t in tables.items() if not n.startswith(ENGINE)}
-
-
-def _dp_changes(changes: dict) -> dict:
-    """The aggregates' changes as name -> (keys, rows, deleted keys) (they report deletions as ``name:deleted``)."""
-    out = {}
-    for name, (keys, rows) in changes.items():
-        if not name.endswith(":deleted"):
-            out[name] = (keys, rows, changes.get(name + ":deleted", (checkpoint.EMPTY_KEYS, None))[0])
-    return out
+    """(the engine's tables, the aggregates' tables) of a partition's state, by their own names; a table of
+    neither is refused (a state of another layout must not be half-read)."""
+    unknown = sorted(n for n in tables if not n.startswith((ENGINE, DP)))
+    if unknown:
+        raise ValueError(f"partition state holds table(s) {unknown} of no part")
+    return ({n[len(ENGINE):]: t for n, t in tables.items() if n.startswith(ENGINE)},
+            {n[len(DP):]: t for n, t in tables.items() if n.startswith(DP)})
 
 
 def open_partition(config, secret: bytes, partition: int, aggregates, doc: dict | None = None,
