@@ -26,7 +26,7 @@ from stream_anon.config import load_config  # noqa: E402
 from stream_anon import checkpoint
 from stream_anon.engine import Engine  # noqa: E402
 from stream_anon.kafka.aggregates import PartitionAggregates, needed_fields  # noqa: E402
-from stream_anon.kafka.core import as_dp_tables  # noqa: E402
+from stream_anon.kafka.partition import PartitionState, split_tables  # noqa: E402
 
 SECRET = b"dp-state-secret-0123456789abcdef0123"
 BATCH = 1000
@@ -120,7 +120,10 @@ def test_tables_hold_keyed_hashes_not_units_and_do_not_collide_with_the_engines(
     assert len(keys) > 1000
     journeys = {int(e["journey_id"]) for e in events}          # Oyster journey ids are numeric text
     assert not journeys & set(keys.tolist())
-    assert not set(as_dp_tables(tables)) & set(engine.state_tables()), "a table name of the engine's"
+    # in the partition's state the two parts' tables are told apart by their prefixes, and split back
+    part_tables = PartitionState(0, engine, pa).full_tables()
+    engine_tables, dp_tables = split_tables(part_tables)
+    assert set(engine_tables) == set(engine.state_tables()) and set(dp_tables) == set(tables)
     # keyed: another secret gives other keys for the same units
     other_secret = b"another-secret-0123456789abcdef"       # the worker's engine and aggregates share one
     other = PartitionAggregates(config, 0, other_secret)

@@ -33,7 +33,7 @@ def test_every_stage_implements_its_protocol(cards, plain):
         assert isinstance(engine, pipeline.WindowCore)
         assert isinstance(engine.former, Former)
         assert isinstance(Renderer(config, SECRET), pipeline.Renderer)
-    assert isinstance(PartitionAggregates(cards, 0, SECRET, None), pipeline.WindowConsumer)
+    assert isinstance(PartitionAggregates(cards, 0, SECRET), pipeline.WindowConsumer)
 
 
 def test_every_stateful_stage_is_checkpointable(cards, plain):
@@ -41,6 +41,9 @@ def test_every_stateful_stage_is_checkpointable(cards, plain):
         engine = Engine(config, secret=SECRET)
         for part in (engine, engine.former, engine.registry):
             assert isinstance(part, checkpoint.Checkpointable), type(part).__name__
+    dp = PartitionAggregates(cards, 0, SECRET)
+    for part in (dp, dp.aggregator, dp.ledger):
+        assert isinstance(part, checkpoint.Checkpointable), type(part).__name__
 
 
 def test_a_protocol_check_fails_for_a_stage_missing_a_method():
