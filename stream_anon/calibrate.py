@@ -48,7 +48,7 @@ def calibrate(config_path: str | Path, events: list[dict], out_path: str | Path,
         bounds[qi["name"]] = (qi["lower"], qi["upper"])
     out_path = Path(out_path)
     out_path.write_text(f"# Calibrated by `stream-anon calibrate` from {len(events)} events on "
-                        f"{datetime.now(timezone.utc).date()}; source config {config_path.name}.\n" + dumps(raw))
+                        f"{datetime.now(timezone.utc).date()}; source config {config_path.name}.\n" + toml_text(raw))
     try:
         load_config(out_path)
     except ConfigError as exc:
@@ -78,7 +78,7 @@ def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat()
 
 
-def dumps(doc: dict) -> str:
+def toml_text(doc: dict) -> str:
     """A small TOML writer for configuration documents (tables, arrays of tables, scalars, lists)."""
     lines: list[str] = []
 

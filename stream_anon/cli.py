@@ -219,7 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--host", default="127.0.0.1", help="listen and advertise address (default: 127.0.0.1)")
     b.set_defaults(func=_cmd_broker)
 
-    w = sub.add_parser("worker", help="run the faust anonymization worker (see `stream-anon worker --help`)",
+    w = sub.add_parser("worker", help="run the anonymization worker (see `stream-anon worker --help`)",
                        add_help=False)
     w.set_defaults(func=None)
 

@@ -85,7 +85,7 @@ class StreamSection:
     max_future_s: float | None = None
     # Partitions of the input topic: classes form within a partition (one engine each), so more partitions mean
     # more parallel workers and fewer individuals per class candidate set (more loss and suppression on sparse
-    # data; README "Partitions"). None: not declared (stream_anon.kafka.topics.input_partitions decides).
+    # data; docs/operations.md, Partitions). None: not declared (stream_anon.kafka.topics.input_partitions decides).
     partitions: int | None = None
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from stream_anon import contract, crypto
-from stream_anon.calibrate import dumps as toml_dumps
+from stream_anon.calibrate import toml_text
 from stream_anon.config import with_absolute_paths
 
 
@@ -35,7 +35,7 @@ def derived_config(dataset: str, out_dir: Path, dp: bool = True, **anonymization
     with_absolute_paths(raw, src.parent)
     raw["anonymization"].update({k: v for k, v in anonymization.items() if v is not None})
     out = out_dir / f"{dataset}.toml"
-    out.write_text(toml_dumps(raw))
+    out.write_text(toml_text(raw))
     return out
 
 

@@ -15,7 +15,7 @@ into the main arrays when it outgrows ``max(4096, len/16)`` keys (each key is co
 amortized). Lookups are vectorized binary searches in both segments. Deletions compact the arrays at once (they
 come in bulk, at window closes). Records are held as opaque fixed-width bytes (a ``np.void`` view of the dtype) and
 seen through the dtype only at the interface: numpy copies, inserts and gathers structured records field by field,
-10-15x slower than the same bytes as one void item (issue 11: inserts into the DP unit window table).
+10-15x slower than the same bytes as one void item (measured on inserts into the DP unit window table).
 
 >>> t = KeyedTable([("time", "f8")])
 >>> t.put(np.array([5, 3]), np.array([(50.0,), (30.0,)], dtype=t.dtype))

@@ -306,3 +306,20 @@ def test_the_worker_cli_and_demo_load_no_attack():
     loaded = json.loads(out.stdout.splitlines()[-1])
     assert "stream_anon.kafka.core" in loaded
     assert not [m for m in loaded if in_layer(m, ATTACKS)], loaded
+
+
+# ------------------------------------------------------------------------------------------------ sizes
+MODULE_MAX_LINES = 600        # a module larger than this holds more than one job (issue 27)
+CLASS_MAX_LINES = 300
+
+
+def test_no_module_over_600_lines_and_no_class_over_300():
+    too_long = []
+    for module, (path, _) in package_modules().items():
+        text = path.read_text()
+        if text.count("\n") > MODULE_MAX_LINES:
+            too_long.append(f"{module}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > CLASS_MAX_LINES:
+                too_long.append(f"{module}.{node.name}: {node.end_lineno - node.lineno + 1} lines")
+    assert not too_long, "split these by job:\n" + "\n".join(too_long)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from stream_anon.audit import AuditConfig, audit
-from stream_anon.calibrate import dumps as toml_dumps
+from stream_anon.calibrate import toml_text
 from stream_anon.config import load_config, with_absolute_paths
 from stream_anon.criteria import (Classes, Column, DistinctLDiversity, EntropyLDiversity, FrequencyLDiversity,
                                   KIndividuals, SeverityRule, parse_criteria)
@@ -147,7 +147,7 @@ def stream_config(tmp_path: Path, name: str = "stream", criteria=None, dataset: 
     if criteria is not None:
         raw["anonymization"]["criteria"] = criteria
     path = tmp_path / f"{name}.toml"
-    path.write_text(toml_dumps(raw))
+    path.write_text(toml_text(raw))
     return path
 
 

@@ -18,7 +18,7 @@ from _kafka_helpers import read_all  # noqa: E402
 
 from stream_anon import crypto  # noqa: E402
 from stream_anon.audit.kafka_source import audit_from_kafka, read_topic  # noqa: E402
-from stream_anon.calibrate import dumps as toml_dumps  # noqa: E402
+from stream_anon.calibrate import toml_text  # noqa: E402
 from stream_anon.config import load_config, with_absolute_paths  # noqa: E402
 from stream_anon.inputs import Decoder  # noqa: E402
 from stream_anon.inputs.samples import gtfs_feeds, tesla_payloads, vin_of  # noqa: E402
@@ -35,7 +35,7 @@ def stream_copy(tmp_path, bundled: str, name: str, bootstrap: str, partitions: i
     raw = with_absolute_paths(tomllib.loads(source.read_text()), source.parent)   # its lookups and hierarchies
     raw["stream"].update(name=name, input_topic=f"raw.test.{name}")
     path = tmp_path / f"{name}.toml"
-    path.write_text(toml_dumps(raw))
+    path.write_text(toml_text(raw))
     cfg = load_config(path)
     ensure_topics(bootstrap, names=[cfg.stream.input_topic, f"anon.{name}.records", "anon.releases",
                                     "anon.deadletter", "anon.metrics"],

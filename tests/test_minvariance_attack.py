@@ -1,5 +1,5 @@
 """m-invariance (issue 3), engine-independent parts: the oyster-cards demo stream, the independent checker
-(stream_anon.audit.minvariance) and the intersection attack with its naive per-window baseline
+(stream_anon.audit.checks.m_invariance) and the intersection attack with its naive per-window baseline
 (stream_anon.attacks.intersection)."""
 from __future__ import annotations
 

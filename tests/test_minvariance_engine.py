@@ -1,5 +1,5 @@
 """m-invariant release formation in the engine (issue 3), verified by code that is not the engine's: the independent
-checker (stream_anon.audit.minvariance) and the intersection attack (stream_anon.attacks.intersection)."""
+checker (stream_anon.audit.checks.m_invariance) and the intersection attack (stream_anon.attacks.intersection)."""
 from __future__ import annotations
 
 import dataclasses

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from stream_anon.hierarchy import Hierarchy
-from stream_anon.metrics import Release, min_k
+from stream_anon.metrics import AnonymizedTable, min_k
 from stream_anon.strategies.cardata import (cardata_generalize, cardata_microaggregate, cardata_synthesize,
                                             lattice_classes)
 
@@ -40,7 +40,7 @@ def test_generalization_counts_k_in_drivers(trips, k):
     res = cardata_generalize(trips, QIS, "driver", k=k)
     suppressed = np.zeros(len(trips), bool)
     suppressed[res.suppressed] = True
-    r = Release(trips, res.released, list(QIS), individual="driver", class_col="class_id", suppressed=suppressed,
+    r = AnonymizedTable(trips, res.released, list(QIS), individual="driver", class_col="class_id", suppressed=suppressed,
                 hierarchies=QIS)
     if r.n_released:
         assert min_k(r) >= k

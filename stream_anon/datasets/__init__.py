@@ -35,7 +35,7 @@ DATASETS = {
                     SHARED_DATA / "obd2" / "obd2_19drivers.csv.gz"),
     # demo: the real Oyster journeys of the slice (or full Monday file) grouped into persistent synthetic cards
     # (stream_anon.datasets.oyster_cards, OysterCardsParams defaults); the privacy unit comes back release after
-    # release, which is what m-invariance (issue 3) is about
+    # release, which is what m-invariance is about
     "oyster-cards": Dataset(oyster_cards.read_events, oyster.SLICE_PATH,
                             SHARED_DATA / "oyster" / "oyster_events_mon.csv.gz", derived=True),
 }

@@ -11,7 +11,7 @@ Data quirks handled here (see ``/work/shared/data/citibike_jc/SOURCE.md``):
   kept as published. ``usertype`` may be empty (117 rows, null); ``gender`` is 0 unknown, 1 male, 2 female.
 - ``bikeid`` is the vehicle, seen across many trips and months: the natural privacy unit.
 
-The invariant sensitive attribute for m-invariance (issue 3): ``payload.fleet_contract``
+The invariant sensitive attribute for m-invariance: ``payload.fleet_contract``
 -----------------------------------------------------------------------------------------
 m-invariance protects a property of the *vehicle* that never changes and is sensitive, like the fleet contract
 type the issue names (owned, leased, sponsor, partner: the terms a fleet operator negotiates, or for a private car

@@ -1,7 +1,7 @@
 """``oyster-cards``: a stream of persistent synthetic fare cards built from REAL Oyster journeys (demo dataset).
 
 The public Oyster sample (:mod:`stream_anon.datasets.oyster`) has no card id, so no individual appears in more
-than one journey. m-invariance (issue 3) is about individuals that come back release after release, so this
+than one journey. m-invariance is about individuals that come back release after release, so this
 module groups real journeys into synthetic cards. Every event it emits is a real tap of the Monday file (or of
 the committed slice): only ``card_id``, ``event_id``, ``journey_id`` and the date are synthetic.
 

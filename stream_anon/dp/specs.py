@@ -37,7 +37,7 @@ from stream_anon.validation import MAX_COUNT, MAX_SECONDS, REQUIRED, Table, chec
 KINDS = ("count", "sum", "mean", "histogram", "ratio")
 OUTPUTS = ("per_window", "running", "both")
 MECHANISMS = ("auto", "binary_tree", "per_window", "hybrid")
-NOISES = ("auto", "geometric", "snapping", "laplace")   # "laplace" = "snapping" (floating-point safe, issue 10)
+NOISES = ("auto", "geometric", "snapping", "laplace")   # "laplace" = "snapping" (floating-point safe)
 UNITS = ("event", "journey", "individual")
 PERIODS = {"hour": 3600, "day": 86400, "week": 7 * 86400}
 GROUP_KINDS = ("values", "hierarchy", "hour")

@@ -3,7 +3,7 @@ held as compact JSON rather than as Python objects.
 
 Why: a window is open for 15-30 minutes of event time, so the worker holds tens of thousands of events' carried
 values at any moment. Kept as the parsed ``str``/``int`` objects they pinned memory among each batch's short-lived
-objects and made everything else in the worker slower (issue 11: carrying the DP fields cost 2.8 us per event in
+objects and made everything else in the worker slower (carrying the DP fields as objects cost 2.8 us per event in
 ``bench/bench_worker_core.py``, of which ~0.5 is the carrying itself); as one JSON chunk per batch they cost a
 serialization at append, a parse at close and nothing in between.
 

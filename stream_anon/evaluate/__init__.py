@@ -5,7 +5,7 @@ strategy forms classes (k counted in distinct individuals) with the engine's QI 
 as the snapped generalization of its box (``QISpace.snap``), and rows in no class are suppressed. Then:
 
 - privacy and utility metrics of :mod:`stream_anon.metrics` (NCP, the thesis's eleven, Prec, distortion ratio,
-  COUNT-query relative error) on a :class:`~stream_anon.metrics.Release`;
+  COUNT-query relative error) on an :class:`~stream_anon.metrics.AnonymizedTable`;
 - the thesis's Utility Demonstrator (KPI relative error, :mod:`stream_anon.metrics.kpi`);
 - the thesis's Privacy Demonstrator (AOI homogeneity attack, :mod:`stream_anon.attacks.aoi`) on data with
   positions (Citi Bike stations, Oyster stations, OBD-II GPS).

@@ -138,11 +138,11 @@ def release_frame(table: EvalTable, anon: Anonymized) -> pd.DataFrame:
 
 
 def make_release(table: EvalTable, anon: Anonymized):
-    from stream_anon.metrics import Release
+    from stream_anon.metrics import AnonymizedTable
 
     released = release_frame(table, anon)
     released["_class"] = anon.record_class
-    return Release(table.original, released, table.columns, sensitive=table.sensitive, individual="_individual",
+    return AnonymizedTable(table.original, released, table.columns, sensitive=table.sensitive, individual="_individual",
                    class_col="_class", suppressed=anon.record_class < 0, hierarchies=table.hierarchies,
                    bounds=table.bounds)
 
@@ -212,11 +212,11 @@ def evaluate(table: EvalTable, strategies: list[str], ks: list[int], l: int | No
              baselines=BASELINES, n_queries: int = 100, progress: Callable[[str], None] | None = None
              ) -> list[dict]:
     """Rows for every (strategy, k), plus the naive baselines; deterministic for ``seed``."""
-    from stream_anon.metrics import Release, random_count_queries
+    from stream_anon.metrics import AnonymizedTable, random_count_queries
     from stream_anon.strategies.mondrian import Mondrian
 
     raw_anon = raw_release(table)
-    raw = Release.identity(table.original, table.columns, sensitive=table.sensitive, individual="_individual",
+    raw = AnonymizedTable.identity(table.original, table.columns, sensitive=table.sensitive, individual="_individual",
                            hierarchies=table.hierarchies, bounds=table.bounds)
     queries = random_count_queries(raw, n_queries, dims=min(2, len(table.columns)), selectivity=0.1,
                                    rng=np.random.default_rng(seed))

@@ -1,4 +1,4 @@
-"""Your own data (issue 13): a file read through a stream config's ``[input]`` mapping, the streaming engine's NCP
+"""Your own data: a file read through a stream config's ``[input]`` mapping, the streaming engine's NCP
 on it and offline Mondrian on the same windows or on the whole table, for ``stream-anon evaluate --config C --file F``
 (:func:`stream_anon.evaluate.commands.run_own`).
 """

@@ -21,7 +21,7 @@ from stream_anon.engine import event_windows, get_path
 from stream_anon.engine.space import parse_time
 from stream_anon.kafka.render import TOPICS
 
-# the count whose relative error the demo reports (issue 14's target: hourly tap-ins per zone, oyster-cards)
+# the count whose relative error the demo reports (hourly tap-ins per zone, oyster-cards)
 RELATIVE_ERROR_AGGREGATE = "tap_ins_zone_hour"
 
 

@@ -10,8 +10,8 @@ Figure 4.1; :mod:`stream_anon.attacks.intersection` measures it). m-invariance g
 **signature**, the set of invariant values of its class, in every release it appears in, so the intersection never
 falls below m values.
 
-Guarantee (checked independently by :mod:`stream_anon.audit.minvariance`)
------------------------------------------------------------------------
+Guarantee (checked independently by :mod:`stream_anon.audit.checks.m_invariance`)
+-------------------------------------------------------------------------------
 For every release and every class in it (a reused class is judged by the records it holds in that release):
 
 * **m-unique**: among the class's individuals (real ones, counted once each, plus counterfeit ones) there are at

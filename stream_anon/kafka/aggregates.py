@@ -1,5 +1,5 @@
 """Differentially private aggregates in the worker: the per-partition glue between the Kafka worker and
-:class:`stream_anon.dp.DPAggregator` (issue 4). No noise, accounting, bounding or windowing logic lives here.
+:class:`stream_anon.dp.DPAggregator`. No noise, accounting, bounding or windowing logic lives here.
 
 Per input partition (one individual -> one partition, so the partitions hold disjoint sets of individuals and
 their budgets compose in parallel: McSherry, PINQ, SIGMOD 2009, Theorem 4):

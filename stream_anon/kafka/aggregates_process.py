@@ -1,4 +1,4 @@
-"""The DP aggregates of a worker's partitions in a second process (issue 11).
+"""The DP aggregates of a worker's partitions in a second process.
 
 Why: the worker's loop is one thread on one core; on the 2-core machine of the benchmarks that thread was busy
 100% of the processing span while the broker used ~10% of the other core. Releasing the closed windows' aggregates

@@ -78,6 +78,39 @@ def transactional_producer(client_config: dict, app_id: str, partition: int, com
         "compression.type": compression})
 
 
+def produce(prod: Producer, topic: str, value: bytes | None, key: bytes, partition: int | None = None) -> None:
+    kw = {"partition": partition} if partition is not None else {}
+    while True:
+        try:
+            prod.produce(topic, value, key, **kw)
+            return
+        except BufferError:            # local queue full: let librdkafka send, then retry
+            prod.poll(0.05)
+
+
+def end_offsets(consumer: Consumer, topic: str, partitions) -> dict[int, int | None]:
+    """Each partition's end offset as the consumer last saw it (None: not known)."""
+    out = {}
+    for p in partitions:
+        try:
+            hi = consumer.get_watermark_offsets(TopicPartition(topic, p), cached=True)[1]
+            out[p] = hi if hi >= 0 else None
+        except KafkaException:
+            out[p] = None
+    return out
+
+
+def fence_and_barrier(prod: Producer, state_topic: str, stream: str, partition: int) -> bytes:
+    """Initialize the partition's transactional producer (fences a zombie, ends a transaction it left open) and
+    commit a barrier with a fresh nonce to the state partition (kafka/state.py: how far recovery reads)."""
+    prod.init_transactions(TXN_TIMEOUT_S)
+    nonce = uuid.uuid4().hex.encode()
+    prod.begin_transaction()
+    produce(prod, state_topic, st.encode_barrier(nonce), st.barrier_key(stream, partition), partition)
+    prod.commit_transaction(TXN_TIMEOUT_S)
+    return nonce
+
+
 def input_topic_id(admin: AdminClient, topic: str) -> str | None:
     """The topic's id (None on a broker without topic ids: the cache and offsets checks remain)."""
     try:
@@ -119,7 +152,6 @@ class KafkaLoop:
         self._plain: Producer | None = None
         self._last_metric = 0.0
         self.highwater: dict[int, int] = {}
-        self.release_latency_s: list[float] = []
 
     # ---- lifecycle --------------------------------------------------------------------------------------------
     def stop(self) -> None:
@@ -204,7 +236,7 @@ class KafkaLoop:
             out = self.core.complete(ps, out, batch)
             if out.last_offset != ps.offset or out.messages:
                 self._commit(ps, out.messages, out.last_offset)
-                self._note_latency(out)
+                self.core.stats.note_latency(out.releases)
         # Idle means the stream is quiet, not that the broker is: the partitions must have been without input since
         # a broker that was answering (a probe sent at least flush_when_idle_s after the last input and after the
         # end of the last outage answered); a flush during a broker pause would make the pause's backlog late.
@@ -215,12 +247,6 @@ class KafkaLoop:
         if now - self._last_metric >= self.metrics_interval_s:
             self._last_metric = now
             self._publish_metrics()
-
-    def _note_latency(self, out) -> None:
-        now = time.time()
-        for rel in out.releases:
-            self.release_latency_s.append(max(0.0, now - rel.window_end) if rel.window_end else 0.0)
-        del self.release_latency_s[:-1000]
 
     # ---- transactions -----------------------------------------------------------------------------------------
     def _commit(self, ps, messages: list, offset: int, flush_pending: bool = False) -> bool:
@@ -234,11 +260,11 @@ class KafkaLoop:
         try:
             prod.begin_transaction()
             for topic, key, value in messages:
-                self._produce(prod, topic, value, key)
-            self._produce(prod, self.state_topic, state_value, st.state_key(self.core.stream, p, seq), partition=p)
+                produce(prod, topic, value, key)
+            produce(prod, self.state_topic, state_value, st.state_key(self.core.stream, p, seq), partition=p)
             if rec.full:          # the chain before this full record is obsolete: tombstones for compaction
                 for old in range(ps.chain_start, seq):
-                    self._produce(prod, self.state_topic, None, st.state_key(self.core.stream, p, old), partition=p)
+                    produce(prod, self.state_topic, None, st.state_key(self.core.stream, p, old), partition=p)
             offsets = [TopicPartition(self.input, p, offset + 1), TopicPartition(self.state_topic, p, seq)]
             self._end_transaction(prod, offsets)
         except KafkaException as exc:
@@ -256,16 +282,6 @@ class KafkaLoop:
         """Offsets (input position and state marker) into the transaction, then commit it."""
         prod.send_offsets_to_transaction(offsets, self._consumer.consumer_group_metadata(), TXN_TIMEOUT_S)
         prod.commit_transaction(TXN_TIMEOUT_S)
-
-    @staticmethod
-    def _produce(prod: Producer, topic: str, value: bytes | None, key: bytes, partition: int | None = None) -> None:
-        kw = {"partition": partition} if partition is not None else {}
-        while True:
-            try:
-                prod.produce(topic, value, key, **kw)
-                return
-            except BufferError:            # local queue full: let librdkafka send, then retry
-                prod.poll(0.05)
 
     def _failed(self, ps, prod: Producer, exc: KafkaException) -> None:
         err = exc.args[0]
@@ -295,7 +311,7 @@ class KafkaLoop:
             return
         out = self.core.complete(ps, self.core.flush(ps))
         if self._commit(ps, out.messages, ps.offset, flush_pending=False):
-            self._note_latency(out)
+            self.core.stats.note_latency(out.releases)
             log.info("partition %s idle: flushed (%d releases)", ps.partition, out.counts["releases"])
 
     # ---- assignment and recovery ------------------------------------------------------------------------------
@@ -348,12 +364,7 @@ class KafkaLoop:
             if old is not None:
                 old.flush(1)        # a producer is initialized once; recovery starts a new one (same id)
             prod = self.producers[p] = transactional_producer(self.cfg, self.core.app_id, p, self.compression)
-            prod.init_transactions(TXN_TIMEOUT_S)      # fences a zombie; ends a transaction it left open
-            nonces[p] = uuid.uuid4().hex.encode()
-            prod.begin_transaction()
-            self._produce(prod, self.state_topic, st.encode_barrier(nonces[p]), st.barrier_key(self.core.stream, p),
-                          partition=p)
-            prod.commit_transaction(TXN_TIMEOUT_S)
+            nonces[p] = fence_and_barrier(prod, self.state_topic, self.core.stream, p)
         logs = read_to_barriers({**self.cfg, "logger": client_log}, f"{self.core.app_id}-state-reader",
                                 self.state_topic, nonces)
         committed = self._consumer.committed([TopicPartition(t, p) for p in parts
@@ -381,8 +392,8 @@ class KafkaLoop:
     def _halt(self, p: int, reason: str, detail: str) -> None:
         self.counters["halts"] += 1
         self.halted[p] = {"reason": reason, "detail": detail, "since": time.time()}
-        log.error("partition %s HALTED (%s): %s. It stays paused until an operator decides (see README: "
-                  "Reliability).", p, reason, detail)
+        log.error("partition %s HALTED (%s): %s. It stays paused until an operator decides (docs/operations.md, "
+                  "Faults and what the worker does).", p, reason, detail)
         self._send_metric({"type": "alert", "alert": "partition_halted", "partition": p, "reason": reason,
                            "detail": detail})
 
@@ -399,14 +410,8 @@ class KafkaLoop:
             client_log.warning("metric not sent: %s", exc)
 
     def _publish_metrics(self) -> None:
-        positions, highwaters = {}, {}
-        for p, ps in self.core.parts.items():
-            positions[p] = ps.offset + 1
-            try:
-                lo, hi = self._consumer.get_watermark_offsets(TopicPartition(self.input, p), cached=True)
-                highwaters[p] = hi if hi >= 0 else None
-            except KafkaException:
-                highwaters[p] = None
+        positions = {p: ps.offset + 1 for p, ps in self.core.parts.items()}
+        highwaters = end_offsets(self._consumer, self.input, self.core.parts)
         self.highwater = {p: h for p, h in highwaters.items() if h is not None}
         doc = self.core.throughput_metric(positions, highwaters)
         doc.update({"connected": self.watch.connected, "halted": {str(p): h["reason"] for p, h in self.halted.items()},

@@ -81,7 +81,7 @@ class WorkerCollector:
         yield alerts
         if loop is None:
             return
-        lat = np.array(loop.release_latency_s or [0.0])
+        lat = np.array(core.stats.release_latency_s or [0.0])
         g = GaugeMetricFamily(f"{PREFIX}_release_latency_seconds", "Wall time from a window's end (event time) to "
                               "its release, over the last 1,000 releases", labels=["stream", "quantile"])
         for q in (0.5, 0.99):

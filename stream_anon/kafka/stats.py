@@ -25,6 +25,7 @@ class WorkerStats:
         self.last_release: dict[int, dict] = {}                  # partition -> figures of its latest release
         self.alerts: dict[str, int] = {}                         # alert name -> times raised
         self._last_metric = (time.monotonic(), 0)
+        self.release_latency_s: list[float] = []                 # wall time from a window's end, last 1,000
 
     def release(self, rel, alerts: list[str]) -> None:
         for name in alerts:
@@ -34,6 +35,13 @@ class WorkerStats:
         self.last_release[rel.partition] = {"ncp_mean": rel.ncp_mean, "deferred": len(rel.deferred_tokens),
                                             "counterfeit_records": rel.counterfeit_records,
                                             "window_end": rel.window_end}
+
+    def note_latency(self, releases) -> None:
+        """Releases just committed: wall time since their window's end (event time)."""
+        now = time.time()
+        for rel in releases:
+            self.release_latency_s.append(max(0.0, now - rel.window_end) if rel.window_end else 0.0)
+        del self.release_latency_s[:-1000]
 
     def deadletter(self, reason: str) -> None:
         key = reason.split(":", 1)[0]

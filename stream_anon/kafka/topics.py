@@ -158,7 +158,7 @@ def apply_topics(bootstrap, defs, timeout_s: float = 15.0) -> dict[str, str]:
 DEFAULT_INPUT_PARTITIONS = 1
 """Partitions of a stream's input topic when neither ``[stream] partitions`` nor a topic definition says: one.
 Classes form within a partition, so one partition gives every class the whole stream's individuals to form from:
-the lowest information loss and suppression (README "Partitions": measured at 1, 2, 4, 8). Declare more when one
+the lowest information loss and suppression (docs/benchmarks.md, partitions: measured at 1, 2, 4, 8). Declare more when one
 worker cannot keep up; the count cannot be lowered later without moving keys."""
 
 

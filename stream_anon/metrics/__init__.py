@@ -1,6 +1,6 @@
 """Privacy and utility metrics of the source papers, on plain pandas DataFrames.
 
-**Input convention.** Every metric takes a :class:`Release`: the original table (one row per record), the
+**Input convention.** Every metric takes an :class:`AnonymizedTable`: the original table (one row per record), the
 anonymized table with the same index (generalized QI values: hierarchy node labels, numeric ``(lo, hi)``
 intervals or numbers, station sets), the QI columns, and optionally the sensitive column, the individual
 column (k is counted in distinct individuals), a class-id column (default: classes are the distinct released
@@ -12,7 +12,7 @@ numeric bounds and station graphs. Metrics are functions ``metric(release, ...) 
 >>> h = Hierarchy.from_nested({"*": ["a", "b"]})
 >>> orig = pd.DataFrame({"q": ["a", "b", "a"], "who": [1, 2, 3], "s": ["x", "y", "x"]})
 >>> rel = pd.DataFrame({"q": ["*", "*", None]})
->>> r = Release(orig, rel, ["q"], sensitive="s", individual="who", hierarchies={"q": h})
+>>> r = AnonymizedTable(orig, rel, ["q"], sensitive="s", individual="who", hierarchies={"q": h})
 >>> round(suppression_ratio(r), 3), min_k(r), min_l(r), ncp(r)
 (0.333, 2, 2, 1.0)
 
@@ -28,7 +28,7 @@ Modules (one per family, each function cites its source):
 - ``severity``: k_min, severity penalty, average severity, l_e and the AS_e > l_e rule (seed 003);
 - ``thesis``: the eleven thesis metrics with min-max scaling.
 """
-from stream_anon.metrics.base import Release, min_max
+from stream_anon.metrics.base import AnonymizedTable, min_max
 from stream_anon.metrics.distortion import distortion, entropy_factor, utility_weights
 from stream_anon.metrics.distribution import emd, g_balance, h_affiliation, knowledge_gain
 from stream_anon.metrics.precision import (cross_data_precision_loss, distortion_ratio, in_data_precision_loss, ncp,
@@ -38,7 +38,7 @@ from stream_anon.metrics.syntactic import (average_class_size, discernibility, m
                                            suppression_ratio)
 from stream_anon.metrics.thesis import thesis_metrics
 
-__all__ = ["Release", "min_max", "distortion", "entropy_factor", "utility_weights", "emd", "g_balance",
+__all__ = ["AnonymizedTable", "min_max", "distortion", "entropy_factor", "utility_weights", "emd", "g_balance",
            "h_affiliation", "knowledge_gain", "cross_data_precision_loss", "distortion_ratio",
            "in_data_precision_loss", "ncp", "prec", "utility_percent", "weighted_information_loss",
            "count_query_error", "random_count_queries", "average_class_size", "discernibility", "min_k",

@@ -1,4 +1,4 @@
-"""The input convention shared by every metric: a :class:`Release` (original table + its anonymized form).
+"""The input convention shared by every metric: an :class:`AnonymizedTable` (original table + its anonymized form).
 
 A metric is a plain function ``metric(release, ...) -> float`` (or a dict for per-attribute families).
 """
@@ -17,7 +17,7 @@ _INTERVAL = re.compile(r"^\s*[\[(]\s*([-+0-9.eE]+)\s*,\s*([-+0-9.eE]+)\s*[\])]\s
 
 
 @dataclass
-class Release:
+class AnonymizedTable:
     """An original table and its anonymized release, record by record.
 
     - ``original``: one row per input record, raw values (QIs, sensitive attribute, individual id).
@@ -52,10 +52,10 @@ class Release:
     def __post_init__(self):
         self.qis = list(self.qis)
         if len(self.original) != len(self.released) or not self.original.index.equals(self.released.index):
-            raise ValueError("Release: original and released must have the same index (one row per record)")
+            raise ValueError("AnonymizedTable: original and released must have the same index (one row per record)")
         missing = [q for q in self.qis if q not in self.original or q not in self.released]
         if missing:
-            raise ValueError(f"Release: quasi-identifiers {missing} missing from original or released")
+            raise ValueError(f"AnonymizedTable: quasi-identifiers {missing} missing from original or released")
         if self.suppressed is None:
             self.suppressed = self.released[self.qis].isna().all(axis=1).to_numpy()
         self.suppressed = np.asarray(self.suppressed, dtype=bool)
@@ -68,7 +68,7 @@ class Release:
         self.bounds = bounds
 
     @classmethod
-    def identity(cls, original: pd.DataFrame, qis, **kw) -> "Release":
+    def identity(cls, original: pd.DataFrame, qis, **kw) -> "AnonymizedTable":
         """The raw data as a release (no generalization, no suppression): the thesis's m_min reference."""
         return cls(original, original.copy(), qis, suppressed=np.zeros(len(original), bool), **kw)
 
@@ -104,7 +104,7 @@ class Release:
 
     def sensitive_values(self, kept_only: bool = True) -> pd.Series:
         if self.sensitive is None:
-            raise ValueError("this metric needs Release.sensitive")
+            raise ValueError("this metric needs AnonymizedTable.sensitive")
         src = self.released if self.sensitive in self.released else self.original
         return src[self.sensitive][self.kept] if kept_only else self.original[self.sensitive]
 
@@ -145,7 +145,7 @@ def lca(h: Hierarchy, labels) -> str:
     return h.generalize(min(r[0] for r in ranges), max(r[1] for r in ranges))[2]
 
 
-def cell_loss(release: Release, attr: str, value, original=None) -> float:
+def cell_loss(release: AnonymizedTable, attr: str, value, original=None) -> float:
     """Normalized loss of one released cell in [0, 1].
 
     Tree: (leaves(node) - 1) / (leaves(root) - 1) (Iyengar, KDD 2002); with ``original`` the node is the

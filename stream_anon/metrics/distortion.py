@@ -15,7 +15,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from stream_anon.metrics.base import Release, graph_spread, lca, leaves_under
+from stream_anon.metrics.base import AnonymizedTable, graph_spread, lca, leaves_under
 
 
 def utility_weights(factors: Sequence[float]) -> list[float]:
@@ -36,7 +36,7 @@ def entropy_factor(values, bucket: float | None = None) -> float:
     return float(-(p * np.log2(p)).sum())
 
 
-def class_sizes(r: Release) -> pd.DataFrame:
+def class_sizes(r: AnonymizedTable) -> pd.DataFrame:
     """Per class (rows) and attribute (columns): the normalized generalization size of the class."""
     classes = r.class_ids()
     orig = r.original.loc[classes.index]
@@ -62,7 +62,7 @@ def class_sizes(r: Release) -> pd.DataFrame:
     return out
 
 
-def distortion(r: Release, weights: Mapping[str, float] | None = None) -> dict:
+def distortion(r: AnonymizedTable, weights: Mapping[str, float] | None = None) -> dict:
     """Gamma_g, Gamma_s, Gamma_tot and per attribute Gamma^a.
 
     Gamma_g^c = |c| sum_a w_a size_a(c); Gamma_g = sum_c Gamma_g^c / |T_ano|; Gamma_s = suppressed / |T|;

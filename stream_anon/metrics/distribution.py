@@ -3,7 +3,7 @@ g-balance, h-affiliation and adversarial knowledge gain.
 
 >>> import pandas as pd
 >>> orig = pd.DataFrame({"q": ["a", "a", "b", "b"], "who": [1, 2, 3, 3], "s": ["x", "y", "x", "x"]})
->>> r = Release.identity(orig, ["q"], individual="who", sensitive="s")
+>>> r = AnonymizedTable.identity(orig, ["q"], individual="who", sensitive="s")
 >>> emd(r), g_balance(r), h_affiliation(r), knowledge_gain(r)
 (0.25, 0.0, 1.0, 0.25)
 """
@@ -13,10 +13,10 @@ import numpy as np
 import pandas as pd
 
 from stream_anon.hierarchy import Hierarchy
-from stream_anon.metrics.base import Release, tree_height
+from stream_anon.metrics.base import AnonymizedTable, tree_height
 
 
-def _distributions(r: Release, base: str = "released"):
+def _distributions(r: AnonymizedTable, base: str = "released"):
     s = r.sensitive_values()
     classes = r.class_ids().to_numpy()
     ref = s if base == "released" else r.sensitive_values(kept_only=False)
@@ -91,7 +91,7 @@ def _preorder(h: Hierarchy):
         stack.extend(h.graph.successors(n))
 
 
-def emd(r: Release, kind: str = "equal", hierarchy: Hierarchy | None = None, base: str = "released") -> float:
+def emd(r: AnonymizedTable, kind: str = "equal", hierarchy: Hierarchy | None = None, base: str = "released") -> float:
     """M_EMD = max over classes of EMD(P_e, Q) (thesis Sec. 4.2.9); ``kind`` equal | ordered | hierarchical.
 
     Q is the sensitive distribution of the released table T' (``base="released"``, as the thesis defines
@@ -115,7 +115,7 @@ def emd(r: Release, kind: str = "equal", hierarchy: Hierarchy | None = None, bas
     return worst
 
 
-def g_balance(r: Release) -> float:
+def g_balance(r: AnonymizedTable) -> float:
     """M_GB = min over classes of 1 - sum_i (c_i / sum_j c_j)^2, c_i records of individual i in the class
     (Ullah et al. 2020; thesis Sec. 4.2.10). 0 when one individual fills a class."""
     df = pd.DataFrame({"c": r.class_ids().to_numpy(), "who": r.individuals().to_numpy()})
@@ -127,7 +127,7 @@ def g_balance(r: Release) -> float:
     return float(min(1.0, balance.min()))
 
 
-def h_affiliation(r: Release, ignore=()) -> float:
+def h_affiliation(r: AnonymizedTable, ignore=()) -> float:
     """M_HA = max over classes of max_j n_j / n_t, n_j individuals holding sensitive value j, n_t individuals
     in the class (Ullah et al. 2020; thesis Sec. 4.2.11). ``ignore``: values every individual has (the thesis
     ignores "Radio")."""
@@ -141,7 +141,7 @@ def h_affiliation(r: Release, ignore=()) -> float:
     return float((n_j / n_t.reindex(n_j.index.get_level_values(0)).to_numpy()).max())
 
 
-def knowledge_gain(r: Release, variant: str = "additive", base: str = "released") -> float:
+def knowledge_gain(r: AnonymizedTable, variant: str = "additive", base: str = "released") -> float:
     """Adversarial knowledge gain 1/|T'| sum_e |e| A_diff(e) (Brickell & Shmatikov, KDD 2008; thesis
     Sec. 4.2.12). additive: 1/2 sum_v |p(T, v) - p(e, v)|; multiplicative: sum_v |log(p(e, v)/p(T, v))| with
     log 0 := 0. The definition takes p(T, .) from the original table, the thesis's worked example from the

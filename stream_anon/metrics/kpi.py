@@ -11,7 +11,7 @@ for an engine type absent from synthetic data).
 >>> import pandas as pd
 >>> orig = pd.DataFrame({"g": [1, 1, 2, 2], "e": [1, 0, 1, 1]})
 >>> rel = pd.DataFrame({"g": [(1, 2)] * 4, "e": [1, 0, 1, 1]})
->>> r = Release(orig, rel, ["g"], bounds={"g": (1, 2)})
+>>> r = AnonymizedTable(orig, rel, ["g"], bounds={"g": (1, 2)})
 >>> out = kpi_relative_error(r, orig["e"].to_numpy() == 1, "g", {"one": (0.5, 1.5), "two": (1.5, 2.5)})
 >>> out["overall"], round(out["groups"]["one"]["error"], 3)   # group "one": y = 1/2, y' = 3/4
 (0.0, 0.5)
@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from stream_anon.metrics.base import Release
+from stream_anon.metrics.base import AnonymizedTable
 from stream_anon.metrics.queries import _match_share, _true_matches
 
 
-def kpi_relative_error(r: Release, event: np.ndarray, group_attr: str | None = None,
+def kpi_relative_error(r: AnonymizedTable, event: np.ndarray, group_attr: str | None = None,
                        groups: dict | None = None) -> dict:
     """``event``: (n_records,) bool, the KPI's event per original record (read from a column published
     unchanged, such as a sensitive attribute). ``groups``: label -> condition on ``group_attr`` (a set of

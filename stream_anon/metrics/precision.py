@@ -9,7 +9,7 @@ Tree attributes lose (leaves(node) - 1) / (leaves(root) - 1), numeric ones (hi -
 >>> h = Hierarchy.from_nested({"*": {"AB": ["a", "b"], "c": []}})
 >>> orig = pd.DataFrame({"q": ["a", "b", "c"], "n": [0, 10, 5]})
 >>> rel = pd.DataFrame({"q": ["AB", "AB", "c"], "n": [(0, 10), (0, 10), 5]})
->>> r = Release(orig, rel, ["q", "n"], hierarchies={"q": h})
+>>> r = AnonymizedTable(orig, rel, ["q", "n"], hierarchies={"q": h})
 >>> round(ncp(r), 4)   # ((0.5 + 1) * 2 + 0) / (3 * 2)
 0.5
 >>> round(prec(r), 4)  # levels: AB is 1 of height 2; numeric has no levels
@@ -21,10 +21,10 @@ from typing import Mapping
 
 import numpy as np
 
-from stream_anon.metrics.base import Release, cell_loss, tree_height
+from stream_anon.metrics.base import AnonymizedTable, cell_loss, tree_height
 
 
-def cell_losses(r: Release, cross: bool = False) -> np.ndarray:
+def cell_losses(r: AnonymizedTable, cross: bool = False) -> np.ndarray:
     """(n_records, n_qis) matrix of cell losses; suppressed rows are 1."""
     out = np.ones((r.n_records, len(r.qis)))
     kept = np.flatnonzero(r.kept)
@@ -47,7 +47,7 @@ def _hashable(v):
     return v
 
 
-def ncp(r: Release, weights: Mapping[str, float] | None = None, include_suppressed: bool = True) -> float:
+def ncp(r: AnonymizedTable, weights: Mapping[str, float] | None = None, include_suppressed: bool = True) -> float:
     """Normalized certainty penalty (Xu et al., KDD 2006): mean over records of the weighted mean cell loss.
 
     ``include_suppressed=False`` averages over released records only (the convention of Mondrian NCP figures).
@@ -58,13 +58,13 @@ def ncp(r: Release, weights: Mapping[str, float] | None = None, include_suppress
     return float(rows.mean()) if len(rows) else 0.0
 
 
-def in_data_precision_loss(r: Release) -> float:
+def in_data_precision_loss(r: AnonymizedTable) -> float:
     """IPL = 1/(|T| m) sum_t sum_i IPL_Ai(t') (Iyengar 2002 with Nergiz & Clifton's normalization; thesis
     Sec. 4.2.7): categorical (M_P - 1)/(M - 1), numeric (z - y)/|A_i|, suppressed records 1 per attribute."""
     return float(cell_losses(r).mean()) if r.n_records else 0.0
 
 
-def cross_data_precision_loss(r: Release) -> float:
+def cross_data_precision_loss(r: AnonymizedTable) -> float:
     """CPL (thesis Sec. 4.2.8): loss of the closest common ancestor of original and released value, with the
     same (M_u - 1)/(M - 1) scale as IPL so that CPL equals IPL for generalized data, as the thesis states
     (its printed size(u)/|A_i| form would charge 1/|A_i| to an unchanged value). Numeric: width of the
@@ -72,7 +72,7 @@ def cross_data_precision_loss(r: Release) -> float:
     return float(cell_losses(r, cross=True).mean()) if r.n_records else 0.0
 
 
-def _levels(r: Release) -> np.ndarray:
+def _levels(r: AnonymizedTable) -> np.ndarray:
     """(n, m) generalization level / height per cell; numeric QIs without hierarchy count 0 (kept) or 1."""
     out = np.ones((r.n_records, len(r.qis)))
     kept = np.flatnonzero(r.kept)
@@ -97,7 +97,7 @@ def _depth(h, label, default):
         return default
 
 
-def prec(r: Release) -> float:
+def prec(r: AnonymizedTable) -> float:
     """Prec = 1 - 1/(n m) sum_cells level(t_ij) / height(tree_i) (Sweeney 2002, used by Arca & Hewett, seed 001).
 
     Record-weighted (a row with #Rec = 6 counts six times). level = generalization steps from the original
@@ -105,18 +105,18 @@ def prec(r: Release) -> float:
     return 1.0 - float(_levels(r).mean()) if r.n_records else 1.0
 
 
-def distortion_ratio(r: Release) -> float:
+def distortion_ratio(r: AnonymizedTable) -> float:
     """DR = D_published / D_fully_generalized (Hasan, Jiang & Li 2017, seed 002): a cell at a leaf costs 0,
     one level up 1/H, the root 1, so the fully generalized table costs one per cell. Utility = 100 (1 - DR)."""
     return float(_levels(r).mean()) if r.n_records else 0.0
 
 
-def utility_percent(r: Release) -> float:
+def utility_percent(r: AnonymizedTable) -> float:
     """Seed 002's utility = 100 - DR in percent."""
     return 100.0 * (1.0 - distortion_ratio(r))
 
 
-def weighted_information_loss(r: Release, weights: Mapping[str, float] | None = None,
+def weighted_information_loss(r: AnonymizedTable, weights: Mapping[str, float] | None = None,
                               categorical: str = "leaves") -> float:
     """IL_weight = sum_d sum_a w_a IL_d(a) (Kayem, Vester & Meinel, seed 003, Eq. 1-3).
 

@@ -9,7 +9,7 @@ leaves under a node, or the overlap of a released interval). Relative error |est
 >>> import pandas as pd
 >>> orig = pd.DataFrame({"n": [1, 2, 3, 4]})
 >>> rel = pd.DataFrame({"n": [(1, 2), (1, 2), (3, 4), (3, 4)]})
->>> r = Release(orig, rel, ["n"], bounds={"n": (1, 4)})
+>>> r = AnonymizedTable(orig, rel, ["n"], bounds={"n": (1, 4)})
 >>> round(count_query_error(r, [{"n": (0.5, 1.2)}]), 3)   # true 1, estimate 2 * 0.2
 0.6
 """
@@ -18,10 +18,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from stream_anon.metrics.base import Release, interval
+from stream_anon.metrics.base import AnonymizedTable, interval
 
 
-def _match_share(r: Release, attr, value, cond) -> float:
+def _match_share(r: AnonymizedTable, attr, value, cond) -> float:
     h = r.hierarchies.get(attr)
     if h is not None:
         lo, hi = h.node_range(str(value))
@@ -34,7 +34,7 @@ def _match_share(r: Release, attr, value, cond) -> float:
     return max(0.0, min(hi, qhi) - max(lo, qlo)) / (hi - lo)
 
 
-def count_query_error(r: Release, queries: list[dict]) -> float:
+def count_query_error(r: AnonymizedTable, queries: list[dict]) -> float:
     """Mean relative error of COUNT queries (each a dict attr -> set of leaves | (lo, hi)).
 
     Vectorized per attribute: the matching share is computed once per distinct released value."""
@@ -61,14 +61,14 @@ def _key(v):
     return frozenset(v) if isinstance(v, (set, list)) else v
 
 
-def _true_matches(r: Release, attr, column, cond) -> np.ndarray:
+def _true_matches(r: AnonymizedTable, attr, column, cond) -> np.ndarray:
     if attr in r.hierarchies:
         return column.astype(str).isin(cond).to_numpy()
     x = pd.to_numeric(column, errors="coerce").to_numpy(dtype=float)
     return (cond[0] <= x) & (x <= cond[1])
 
 
-def random_count_queries(r: Release, n: int, dims: int, selectivity: float, rng: np.random.Generator
+def random_count_queries(r: AnonymizedTable, n: int, dims: int, selectivity: float, rng: np.random.Generator
                          ) -> list[dict]:
     """n random queries over ``dims`` QIs; each condition keeps about ``selectivity ** (1/dims)`` of its
     attribute's domain (a random contiguous block of leaves, or a random sub-range)."""

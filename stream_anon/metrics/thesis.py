@@ -7,16 +7,16 @@ in [0, 1] and are reported as they are.
 """
 from __future__ import annotations
 
-from stream_anon.metrics.base import Release, min_max
+from stream_anon.metrics.base import AnonymizedTable, min_max
 from stream_anon.metrics.distribution import emd, g_balance, h_affiliation, knowledge_gain
 from stream_anon.metrics.precision import cross_data_precision_loss, in_data_precision_loss
 from stream_anon.metrics.syntactic import (average_class_size, discernibility, min_k, min_l,
                                            suppression_ratio)
 
 
-def thesis_metrics(r: Release, raw: Release | None = None, h_ignore=()) -> dict:
+def thesis_metrics(r: AnonymizedTable, raw: AnonymizedTable | None = None, h_ignore=()) -> dict:
     """Raw values of the eleven metrics, plus ``<name>_scaled`` for the four the thesis scales (needs ``raw``,
-    the identity release of the input: ``Release.identity(original, qis, ...)``)."""
+    the identity release of the input: ``AnonymizedTable.identity(original, qis, ...)``)."""
     out = {
         "suppression_ratio": suppression_ratio(r),
         "min_k": min_k(r),

@@ -1,5 +1,5 @@
 """Shared pieces of the batch (DataFrame) forms of the strategies: attribute kinds, per-attribute distances,
-and the generalization of a table by classes into the :class:`stream_anon.metrics.Release` format.
+and the generalization of a table by classes into the :class:`stream_anon.metrics.AnonymizedTable` format.
 
 A quasi-identifier is described by what it is generalized with:
 - a :class:`~stream_anon.hierarchy.Hierarchy` (categorical, tree): published as the lowest common ancestor;

@@ -107,16 +107,16 @@ class ClusteringResult:
     qis: Mapping = field(default_factory=dict)
 
     def release(self, original: pd.DataFrame, sensitive: str | None = None, individual: str | None = None):
-        """The :class:`stream_anon.metrics.Release` of this result, for the metrics."""
+        """The :class:`stream_anon.metrics.AnonymizedTable` of this result, for the metrics."""
         from stream_anon.hierarchy import Hierarchy
-        from stream_anon.metrics import Release
+        from stream_anon.metrics import AnonymizedTable
 
         hier = {q: s for q, s in self.qis.items() if isinstance(s, Hierarchy)}
         graphs = {q: s for q, s in self.qis.items() if isinstance(s, nx.Graph)}
         bounds = {q: tuple(s) for q, s in self.qis.items() if isinstance(s, tuple)}
         mask = np.zeros(len(original), bool)
         mask[self.suppressed] = True
-        return Release(original, self.released, list(self.qis), sensitive=sensitive, individual=individual,
+        return AnonymizedTable(original, self.released, list(self.qis), sensitive=sensitive, individual=individual,
                        class_col="class_id", suppressed=mask, hierarchies=hier, graphs=graphs, bounds=bounds)
 
 

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from stream_anon.hierarchy import Hierarchy
-from stream_anon.metrics import Release, distortion, entropy_factor, utility_weights
+from stream_anon.metrics import AnonymizedTable, distortion, entropy_factor, utility_weights
 
 # passenger type, boarding, alighting, start time
 TABLE4 = {"S_OD": ([1, 5, 5, 1], [0.083, 0.416, 0.416, 0.083]),
@@ -35,7 +35,7 @@ def test_distortion_family():
     rel["stn"] = None
     rel["t"] = None
     rel.loc[4, "pt"] = None
-    r = Release(orig, rel, ["pt", "stn", "t"], class_col="c", hierarchies={"pt": tree}, graphs={"stn": line},
+    r = AnonymizedTable(orig, rel, ["pt", "stn", "t"], class_col="c", hierarchies={"pt": tree}, graphs={"stn": line},
                 bounds={"t": (0, 7200)}, suppressed=[False, False, False, False, True])
     w = {"pt": 0.5, "stn": 0.25, "t": 0.25}
     d = distortion(r, w)

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from stream_anon.hierarchy import Hierarchy
-from stream_anon.metrics import Release, prec
+from stream_anon.metrics import AnonymizedTable, prec
 from stream_anon.strategies import STRATEGIES, make_strategy
 from stream_anon.strategies.heuristicmin import heuristicmin
 
@@ -60,7 +60,7 @@ def test_t1_result_and_nine_generalisations(run):
 def test_figure10c_precisions(run):
     orig = expand(T).astype(str)
     hm = expand(run.table).astype(str)
-    assert round(prec(Release(orig, hm, ["edu", "sex", "hrs"], hierarchies=H)), 2) == 0.89   # HeuristicMin = AllMin
+    assert round(prec(AnonymizedTable(orig, hm, ["edu", "sex", "hrs"], hierarchies=H)), 2) == 0.89   # HeuristicMin = AllMin
     # MinGen's tables T9 and T10 (Figure 6(c), 6(d)); MinGen itself is not implemented: Prec on its tables.
     t9 = orig.copy()
     t9.loc[(orig.edu.isin(["10th", "9th"])) & (orig.sex == "M") & (orig.hrs == "30"), "edu"] = "High"
@@ -69,9 +69,9 @@ def test_figure10c_precisions(run):
     t10.loc[(orig.edu == "9th") & (orig.hrs == "30"), "sex"] = "Any"
     t10.loc[orig.edu == "12th", "hrs"] = "Any"
     # The paper prints the T9 distortion as 1/20 (6/3 + 4*2/2); 1/120 is meant: 1/(3 attributes * 40 records).
-    assert prec(Release(orig, t9, ["edu", "sex", "hrs"], hierarchies=H)) == pytest.approx(1 - 6 / 120)
-    assert round(prec(Release(orig, t9, ["edu", "sex", "hrs"], hierarchies=H)), 2) == 0.95
-    assert round(prec(Release(orig, t10, ["edu", "sex", "hrs"], hierarchies=H)), 2) == 0.92
+    assert prec(AnonymizedTable(orig, t9, ["edu", "sex", "hrs"], hierarchies=H)) == pytest.approx(1 - 6 / 120)
+    assert round(prec(AnonymizedTable(orig, t9, ["edu", "sex", "hrs"], hierarchies=H)), 2) == 0.95
+    assert round(prec(AnonymizedTable(orig, t10, ["edu", "sex", "hrs"], hierarchies=H)), 2) == 0.92
 
 
 CASE3 = pd.DataFrame([("Acc", "F", 30, "A", 5), ("Acc", "F", 20, "A", 16), ("Acc", "F", 40, "A", 3),
@@ -91,7 +91,7 @@ def test_case3():
     assert int(res.rows.records.sum()) == 83
     orig = expand(CASE3).astype(str)
     out = expand(res.table).astype(str)
-    assert round(prec(Release(orig, out, ["app", "sex", "age"], hierarchies=H3)), 2) == 0.67
+    assert round(prec(AnonymizedTable(orig, out, ["app", "sex", "age"], hierarchies=H3)), 2) == 0.67
 
 
 def test_multiple_requirements_and_individuals():

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from stream_anon.hierarchy import Hierarchy
-from stream_anon.metrics import Release, distortion_ratio, utility_percent
+from stream_anon.metrics import AnonymizedTable, distortion_ratio, utility_percent
 from stream_anon.strategies.grouping import group_attributes, grouping_anonymize, k_medoids, phi_squared
 
 E47, W49, E17, E27 = "E 47 St & Park Ave", "W 49 St & 8 Ave", "E 17 St & Broadway", "E 27 St & 1 Ave"
@@ -75,7 +75,7 @@ def test_distortion_is_one_quarter(table1):
                              columns=COLUMNS, generalize={"gender": "Person"})
     released = res.released.sort_index()
     qis = ["birth_year", "gender", "start_station", "end_station"]
-    r = Release(table1, released[qis], qis, hierarchies={"gender": GENDER},
+    r = AnonymizedTable(table1, released[qis], qis, hierarchies={"gender": GENDER},
                 suppressed=np.zeros(len(table1), bool))
     assert distortion_ratio(r) == pytest.approx(0.25)
     assert utility_percent(r) == pytest.approx(75.0)

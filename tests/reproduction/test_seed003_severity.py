@@ -3,7 +3,7 @@ import pandas as pd
 import pytest
 
 from stream_anon.hierarchy import Hierarchy
-from stream_anon.metrics import Release, weighted_information_loss
+from stream_anon.metrics import AnonymizedTable, weighted_information_loss
 from stream_anon.metrics.severity import (CRIME_SEVERITY, average_severity, distinct_diversity, k_min,
                                           needs_top_generalization, severity_penalty, total_severity_penalty)
 
@@ -31,7 +31,7 @@ def test_weighted_information_loss():
     h = Hierarchy.from_nested({"*": {"North": ["A", "B"], "South": ["C", "D"]}})
     orig = pd.DataFrame({"age": [20, 22, 40, 60], "suburb": ["A", "B", "C", "D"]})
     rel = pd.DataFrame({"age": [(20, 22), (20, 22), (40, 60), (40, 60)], "suburb": ["North", "North", "*", "*"]})
-    r = Release(orig, rel, ["age", "suburb"], hierarchies={"suburb": h})
+    r = AnonymizedTable(orig, rel, ["age", "suburb"], hierarchies={"suburb": h})
     # age: 2/40 twice, 20/40 twice; suburb: 1/3 twice, 1 twice
     assert weighted_information_loss(r, {"age": 1, "suburb": 1}) == pytest.approx(2 * 0.05 + 2 * 0.5 + 2 / 3 + 2)
     assert weighted_information_loss(r, {"age": 10, "suburb": 5}) == pytest.approx(10 * 1.1 + 5 * (2 / 3 + 2))

@@ -11,7 +11,7 @@ import pytest
 from pycanon import anonymity
 
 from stream_anon.hierarchy import Hierarchy
-from stream_anon.metrics import (Release, average_class_size, cross_data_precision_loss, discernibility, emd,
+from stream_anon.metrics import (AnonymizedTable, average_class_size, cross_data_precision_loss, discernibility, emd,
                                  g_balance, h_affiliation, in_data_precision_loss, knowledge_gain, min_k, min_l,
                                  suppression_ratio, thesis_metrics)
 
@@ -32,7 +32,7 @@ REL["artist"] = ORIG["artist"]
 
 @pytest.fixture(scope="module")
 def release():
-    return Release(ORIG, REL, QI, sensitive="artist", individual="driver", hierarchies=H)
+    return AnonymizedTable(ORIG, REL, QI, sensitive="artist", individual="driver", hierarchies=H)
 
 
 def test_table_4_8_values(release):
@@ -52,7 +52,7 @@ def test_table_4_8_values(release):
 
 
 def test_table_4_8_scaled(release):
-    m = thesis_metrics(release, raw=Release.identity(ORIG, QI, sensitive="artist", individual="driver",
+    m = thesis_metrics(release, raw=AnonymizedTable.identity(ORIG, QI, sensitive="artist", individual="driver",
                                                      hierarchies=H))
     assert m["min_k_scaled"] == pytest.approx(1 / 5)       # (2 - 1) / (6 - 1)
     assert m["min_l_scaled"] == pytest.approx(1 / 4)       # (2 - 1) / (5 - 1)
@@ -70,7 +70,7 @@ def test_table_4_5_arithmetic():
         rows += [(e, b, s, ids[t % vehicles]) for t in range(trips)]
     df = pd.DataFrame(rows, columns=QI + ["driver"])
     assert len(df) == 5556 and df.driver.nunique() == 15
-    raw = Release.identity(df, QI, individual="driver")
+    raw = AnonymizedTable.identity(df, QI, individual="driver")
     assert round(average_class_size(raw), 2) == 1.67         # 15 drivers / 9 classes
     assert discernibility(raw) == 6_570_474                  # sum of squared trip counts
     assert min_k(raw) == 1
@@ -78,11 +78,11 @@ def test_table_4_5_arithmetic():
 
 def test_min_k_and_min_l_agree_with_pycanon(release):
     kept = REL[release.kept].copy()
-    per_record = Release(ORIG[release.kept], kept, QI, sensitive="artist", hierarchies=H)
+    per_record = AnonymizedTable(ORIG[release.kept], kept, QI, sensitive="artist", hierarchies=H)
     assert min_k(per_record) == anonymity.k_anonymity(kept, QI) == 3
     assert min_l(per_record) == anonymity.l_diversity(kept, QI, ["artist"]) == 2
     rng = np.random.default_rng(1)
     df = pd.DataFrame({"a": rng.integers(0, 4, 300), "b": rng.integers(0, 3, 300), "s": rng.integers(0, 6, 300)})
-    r = Release.identity(df, ["a", "b"], sensitive="s")
+    r = AnonymizedTable.identity(df, ["a", "b"], sensitive="s")
     assert min_k(r) == anonymity.k_anonymity(df, ["a", "b"])
     assert min_l(r) == anonymity.l_diversity(df, ["a", "b"], ["s"])

@@ -1,4 +1,4 @@
-"""Privacy criterion ``m_invariance`` (issue 3): m-uniqueness, signature invariance and counterfeit accounting.
+"""Privacy criterion ``m_invariance``: m-uniqueness, signature invariance and counterfeit accounting.
 
 It runs on its own (:func:`check_m_invariance`, for benchmarks and tests) and as one check of the audit
 (:class:`MInvariance`, for a stream with ``[anonymization] m``, on the audit's deduplicated outputs). It
