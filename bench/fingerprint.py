@@ -137,6 +137,20 @@ def run_evaluate() -> dict:
     return out
 
 
+_ABSENT = object()
+
+
+def _equal(x, y) -> bool:
+    """Equality of JSON values where NaN equals NaN (a figure that is undefined in both runs is the same)."""
+    if isinstance(x, float) and isinstance(y, float) and x != x and y != y:
+        return True
+    if isinstance(x, dict) and isinstance(y, dict):
+        return x.keys() == y.keys() and all(_equal(x[k], y[k]) for k in x)
+    if isinstance(x, list) and isinstance(y, list):
+        return len(x) == len(y) and all(_equal(u, v) for u, v in zip(x, y))
+    return x == y
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", help="write the fingerprints to this JSON file")
@@ -163,9 +177,10 @@ def main(argv=None) -> int:
                 same &= ok
                 print(f"{run:14s} {key:28s} {'same' if ok else 'DIFFERENT'}")
         for name in sorted(set(a.get("evaluate", {})) | set(b.get("evaluate", {}))):
-            ok = a.get("evaluate", {}).get(name) == b.get("evaluate", {}).get(name)
-            same &= ok
-            print(f"evaluate {name:20s} {'same' if ok else 'DIFFERENT'}")
+            ra, rb = a.get("evaluate", {}).get(name) or {}, b.get("evaluate", {}).get(name) or {}
+            differ = sorted(k for k in set(ra) | set(rb) if not _equal(ra.get(k, _ABSENT), rb.get(k, _ABSENT)))
+            same &= not differ
+            print(f"evaluate {name:20s} {'same' if not differ else 'DIFFERENT: ' + ', '.join(differ)}")
         return 0 if same else 1
     names = args.only.split(",") if args.only else list(RUNS)
     result = {"benchmark": "output fingerprints on fixed runs (bench/fingerprint.py)",
