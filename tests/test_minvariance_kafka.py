@@ -37,7 +37,7 @@ def signatures(bootstrap, app_id, stream) -> dict[int, tuple]:
         table = doc["tables"].get("engine/former/signatures")
         if table is None:
             continue
-        sigs = [tuple(s) for s in doc["engine"]["former"]["sigs"]]
+        sigs = [tuple(s) for s in doc["engine"]["former"]["signatures"]["sigs"]]
         for uid, sid in zip(table[0].tolist(), table[1]["sig"].tolist()):
             out[(p, uid)] = sigs[sid]
     return out
