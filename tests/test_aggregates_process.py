@@ -24,7 +24,7 @@ from stream_anon.contract import config_path  # noqa: E402
 from stream_anon.datasets import load_events  # noqa: E402
 from stream_anon.kafka.aggregates_process import AggregatesProcessLost  # noqa: E402
 from stream_anon.kafka.core import WorkerCore  # noqa: E402
-from stream_anon.kafka.render import TOPICS  # noqa: E402
+from stream_anon.render import TOPICS  # noqa: E402
 
 SECRET = b"aggregates-process-test-secret-0123456789"
 VOLATILE = ("ts", "created_at", "received_at")

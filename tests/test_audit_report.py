@@ -102,7 +102,7 @@ def _release(rid, suppressed, ratio, exceeded):
 def test_worker_logs_release_alerts_as_rate_limited_warnings(tmp_path, caplog):
     from stream_anon.config import load_config
     from stream_anon.contract import config_path
-    from stream_anon.kafka.render import Renderer
+    from stream_anon.render import Renderer
 
     core = Renderer(load_config(config_path("oyster")), b"s" * 32)
     with caplog.at_level(logging.WARNING, logger="stream_anon.worker"):

@@ -135,7 +135,7 @@ def test_tables_hold_keyed_hashes_not_units_and_do_not_collide_with_the_engines(
 def test_the_worker_messages_carry_exactly_the_rows_of_close_windows():
     """``messages`` serializes each release's common fields once: parsed back, its values are
     ``close_windows``' rows, in order, for twin aggregates fed the same windows (partial releases included)."""
-    from stream_anon.kafka.render import json_bytes as dumps
+    from stream_anon.render import json_bytes as dumps
     config = _config()
     events = [orjson.loads(m) for m in cached_slice()[:12000]]
     engine = Engine(config, partition=0, secret=SECRET, carried=needed_fields(config))

@@ -21,7 +21,7 @@ from stream_anon.config import load_config
 from stream_anon.datasets import load_events
 from stream_anon.engine import Engine
 from stream_anon.kafka.core import WorkerCore
-from stream_anon.kafka.render import TOPICS
+from stream_anon.render import TOPICS
 from _worker_harness import POISON_TIMES, mutate
 
 # this checkout's bundled config (an installed stream_anon.configs may belong to another checkout)

@@ -357,7 +357,7 @@ def test_the_workers_serialized_rows_are_the_aggregate_rows():
     (dicts, serialized one by one), in the same order, for the five kinds of configs/oyster.toml (counts, a
     mean and a ratio with their components, a histogram) over a day crossing midnight (a new period)."""
     from stream_anon.datasets import load_events
-    from stream_anon.kafka.render import json_bytes as dumps
+    from stream_anon.render import json_bytes as dumps
 
     cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "oyster.toml")
     events = load_events("oyster")

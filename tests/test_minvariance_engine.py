@@ -381,7 +381,7 @@ def test_property_checker_passes_and_every_event_is_accounted(seed, n, n_units, 
 def test_record_payloads_are_the_bytes_of_each_record_serialized_alone(m3):
     """The worker serializes a class's common prefix once (Release.record_payloads): the bytes must be those of
     each record dict serialized on its own, counterfeits and non-ASCII sensitive values included."""
-    from stream_anon.kafka.render import json_bytes as dumps
+    from stream_anon.render import json_bytes as dumps
     _, releases, records, _ = m3
     assert any(rel.manifest().get("counterfeit_records") for rel in releases)
     for rel in releases[:40]:

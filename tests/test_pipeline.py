@@ -11,7 +11,7 @@ from stream_anon.contract import config_path
 from stream_anon.engine import Engine, RecordReader
 from stream_anon.formers.base import Former
 from stream_anon.kafka.aggregates import PartitionAggregates
-from stream_anon.kafka.render import Renderer
+from stream_anon.render import Renderer
 
 SECRET = b"pipeline-test-secret-0123456789"
 

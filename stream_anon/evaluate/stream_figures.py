@@ -19,7 +19,7 @@ from stream_anon.dp.report import (aggregate_rmse, membership_setting, release_r
 from stream_anon.dp.specs import DPConfig
 from stream_anon.engine import event_windows, get_path
 from stream_anon.engine.space import parse_time
-from stream_anon.kafka.render import TOPICS
+from stream_anon.render import TOPICS
 
 # the count whose relative error the demo reports (hourly tap-ins per zone, oyster-cards)
 RELATIVE_ERROR_AGGREGATE = "tap_ins_zone_hour"

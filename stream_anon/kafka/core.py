@@ -23,7 +23,7 @@ from stream_anon.kafka import aggregates
 from stream_anon.kafka import state as st
 from stream_anon.kafka.input_checks import InputBatch
 from stream_anon.kafka.partition import PartitionState, open_partition
-from stream_anon.kafka.render import TOPICS, Renderer, json_bytes
+from stream_anon.render import TOPICS, Renderer, json_bytes
 from stream_anon.kafka.stats import WorkerStats, batch_counts
 
 log = logging.getLogger("stream_anon.worker")
@@ -44,7 +44,7 @@ class BatchOutput:
 class WorkerCore:
     """Everything the worker does between reading input and writing output, for the partitions it owns: each
     partition's pipeline (:class:`~stream_anon.kafka.partition.PartitionState`), the batch's input decoding, its
-    rendering (:class:`~stream_anon.kafka.render.Renderer`), failure isolation and the worker's counters."""
+    rendering (:class:`~stream_anon.render.Renderer`), failure isolation and the worker's counters."""
 
     def __init__(self, config, app_id: str, secret: bytes, flush_when_idle_s: float | None = None,
                  raw_deadletters: bool = False, aggregates_process: bool = False, aggregates_setup=None,

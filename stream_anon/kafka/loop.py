@@ -35,7 +35,7 @@ from stream_anon.kafka import state as st
 from stream_anon.kafka.core import WorkerCore
 from stream_anon.kafka.state_cache import CommittedCache, read_to_barriers
 from stream_anon.kafka.watchdog import BrokerWatch
-from stream_anon.kafka.render import TOPICS, json_bytes
+from stream_anon.render import TOPICS, json_bytes
 
 log = logging.getLogger("stream_anon.worker")
 client_log = logging.getLogger("stream_anon.kafka.client")

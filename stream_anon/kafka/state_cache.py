@@ -12,7 +12,7 @@ import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from stream_anon.kafka import state as st
-from stream_anon.kafka.render import json_bytes
+from stream_anon.render import json_bytes
 
 BARRIER_WAIT_S = 120
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 
-from stream_anon.kafka.render import now_iso
+from stream_anon.render import now_iso
 
 LAG_NOTE = ("approximate: computed from the consumed position and the broker's reported end offset, which the "
             "Tansu broker under-reports for multi-record batches")

@@ -16,7 +16,7 @@ from pathlib import Path
 from stream_anon.audit.kafka_source import read_topic
 from stream_anon.config import load_config
 from stream_anon.connection import as_connection, secret_env, to_args
-from stream_anon.kafka.render import TOPICS
+from stream_anon.render import TOPICS
 
 WORKER = ("-m", "stream_anon.kafka.app")
 
