@@ -265,3 +265,24 @@ def stable(messages) -> list:
             doc.pop("created_at", None)
             out.append((topic, key, doc))
     return out
+
+
+def test_a_state_written_under_another_key_halts_with_both_key_ids():
+    """A worker started with another secret must not resume a state made under the first: its keyed unit ids,
+    event keys and audit tokens would not match. The partition halts with one line naming both key ids."""
+    from stream_anon import contract
+    from stream_anon.config import load_config
+    from stream_anon.kafka.core import WorkerCore
+
+    cfg = load_config(contract.config_path("oyster-cards"))
+    first = WorkerCore(cfg, "app", b"first-secret-0123456789abcdef0123")
+    ps = first.open_partition(0)
+    first.process(ps, [(i, m) for i, (_, _, m) in enumerate(_cards_messages(300))])
+    value = st.encode_state(first.committed(ps, ps.offset))
+    second = WorkerCore(cfg, "app", b"other-secret-0123456789abcdef0123")
+    rec = st.choose_state([value], marker=ps.seq, committed_input=ps.offset + 1, kid=second.kid)
+    assert rec.halt == st.HALT_KEY_CHANGED and rec.doc is None
+    assert rec.detail == (f"the state was written with key id {first.kid}, this worker's secret is key id "
+                          f"{second.kid}")
+    same = st.choose_state([value], marker=ps.seq, committed_input=ps.offset + 1, kid=first.kid)
+    assert same.halt is None and same.doc["kid"] == first.kid

@@ -374,7 +374,7 @@ class KafkaLoop:
         starts = {}
         for p in parts:
             rec = st.choose_state(logs[p], offsets.get((self.state_topic, p)), offsets.get((self.input, p)),
-                                  self.cache.read(p), topic_id, self.accept_input_reset)
+                                  self.cache.read(p), topic_id, self.accept_input_reset, kid=self.core.kid)
             if rec.halt:
                 self._halt(p, rec.halt, rec.detail)
                 starts[p] = None

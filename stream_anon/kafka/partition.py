@@ -3,7 +3,8 @@ the DP aggregates on the windows it closes), its position in the input, and its 
 state records (:mod:`stream_anon.checkpoint`).
 
 State record of a partition: the core ``{"version", "stream", "partition", "seq", "offset", "input_topic",
-"input_topic_id", "flush_pending", "written_at", "engine": <engine core>, "dp": <aggregates core>}`` and the
+"input_topic_id", "kid" (the key id of the secret it was written with), "flush_pending", "written_at", "engine":
+<engine core>, "dp": <aggregates core>}`` and the
 tables ``engine/<table>`` (:meth:`stream_anon.engine.Engine.state_tables`) and ``dp/<table>`` (the DP aggregates',
 :class:`stream_anon.kafka.aggregates.PartitionAggregates`).
 """
@@ -46,7 +47,8 @@ class PartitionState:
                  dp_core: dict | None = None) -> dict:
         doc = {"version": STATE_VERSION, "stream": stream, "partition": self.partition, "seq": seq,
                "offset": offset, "input_topic": input_topic, "input_topic_id": self.input_topic_id,
-               "flush_pending": flush_pending, "engine": self.engine.state_core(), "written_at": time.time()}
+               "kid": self.engine.kid, "flush_pending": flush_pending, "engine": self.engine.state_core(),
+               "written_at": time.time()}
         if self.dp is not None:
             doc["dp"] = self.dp.state_core() if dp_core is None else dp_core
         return doc

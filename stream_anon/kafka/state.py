@@ -47,6 +47,7 @@ HALT_STATE_WITHOUT_MARKER = "state_without_committed_marker"
 HALT_TOPIC_RECREATED = "input_topic_recreated"
 HALT_STATE_RESET = "state_topic_reset"
 HALT_OFFSET_MISMATCH = "committed_offset_mismatch"
+HALT_KEY_CHANGED = "key_changed"
 
 
 def state_topic(app_id: str) -> str:
@@ -127,14 +128,15 @@ class Recovery:
 
 def choose_state(states, marker: int | None, committed_input: int | None,
                  cached: dict | None = None, input_topic_id: str | None = None,
-                 accept_input_reset: bool = False) -> Recovery:
+                 accept_input_reset: bool = False, kid: str | None = None) -> Recovery:
     """Decide how a partition resumes (pure function: the loop reads, this decides).
 
     ``states``: a :class:`StateLog`, or the partition's state-topic values in log order; ``marker``: the
     committed marker offset (the sequence number of the last committed state transaction) or None;
     ``committed_input``: the group's committed input offset or None; ``cached``: the worker's local cache header of
     the partition (``{"seq", "offset", "input_topic_id"}``) or None; ``input_topic_id``: the input topic's
-    current id.
+    current id; ``kid``: the key id of the worker's secret (a state written under another key is not resumed:
+    its keyed unit ids, event keys and tokens would not match what this key makes).
 
     >>> choose_state([], None, None).doc is None, choose_state([], None, None).halt
     (True, None)
@@ -167,6 +169,10 @@ def choose_state(states, marker: int | None, committed_input: int | None,
     if chain is None:
         return Recovery(halt=HALT_MARKER_WITHOUT_STATE, detail=why)
     doc, tables = resolve_chain(chain)
+    if kid is not None and doc.get("kid") != kid:
+        return Recovery(halt=HALT_KEY_CHANGED,
+                        detail=f"the state was written with key id {doc.get('kid')}, this worker's secret is key id "
+                               f"{kid}")
     if committed_input is not None and committed_input != doc["offset"] + 1:
         return Recovery(halt=HALT_OFFSET_MISMATCH,
                         detail=f"committed input offset {committed_input} but the state covers up to "
