@@ -26,6 +26,7 @@ from typing import Iterator
 import orjson
 
 from stream_anon.inputs.mapping import FieldSpec, InputSpec
+from stream_anon.inputs.values import Invalid, Undecodable
 
 
 @dataclass
@@ -109,6 +110,12 @@ class Decoder:
 
     def _value(self, f: FieldSpec, rec: dict):
         value = f.const if f.has_const else _find(rec, f.source, f.parts, f.pointer)
+        if isinstance(value, Undecodable):        # optional or not: absent is fine, unreadable is not
+            return None, f"{f.name}: cannot decode the value: {value.why} (input {f.source})"
+        if isinstance(value, Invalid):
+            if f.optional:
+                return None, None
+            return None, f"{f.name}: the source marks the value invalid (input {f.source})"
         if self._is_null(value, f):
             if f.optional:
                 return None, None
@@ -204,6 +211,8 @@ def _find(rec, source: str, parts: tuple[str, ...], pointer: bool):
         return rec[source]
     cur = rec
     for part in parts:
+        if isinstance(cur, (Undecodable, Invalid)):
+            return cur
         if isinstance(cur, dict):
             if part not in cur:
                 return MISSING
