@@ -33,7 +33,12 @@ def _cmd_replay(args) -> int:
     if args.file and config is not None and not config.input.legacy:
         # a mapped [input]: the file's records go to the topic as they are; the worker maps them
         from stream_anon.kafka.replay import mapped_messages
-        pairs = mapped_messages(args.file, config, secret, limit=args.events)
+        try:
+            pairs = mapped_messages(args.file, config, secret, limit=args.events, framing=args.framing,
+                                    order=args.order)
+        except ValueError as exc:
+            print(f"stream-anon replay: {exc}", file=sys.stderr)
+            return 2
         counts = replay(conn, args.topic, [], key_fn=None, raw_payloads=pairs, secret=secret,
                         progress=not args.quiet, total=len(pairs))
         print(json.dumps(counts))
@@ -46,7 +51,12 @@ def _cmd_replay(args) -> int:
         from stream_anon.datasets import load_events
         events = load_events(args.dataset, limit=args.events, full=args.full)
     elif args.file:
-        events = read_jsonl(args.file)[: args.events]
+        try:
+            events = read_jsonl(args.file)[: args.events]
+        except (OSError, ValueError) as exc:     # not JSONL text (UnicodeDecodeError, JSONDecodeError): one line
+            print(f"stream-anon replay: {args.file}: not a JSONL file of events ({type(exc).__name__}: "
+                  f"{str(exc)[:120]}); binary messages need --config with their [input] format", file=sys.stderr)
+            return 2
     else:
         print("stream-anon replay: give a JSONL FILE or --dataset NAME", file=sys.stderr)
         return 2
@@ -226,8 +236,10 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("replay", help="produce events to a topic with a progress bar",
                        description="Produce events keyed by the keyed pseudonym of the privacy unit. With a --config "
                                    "whose [input] maps a format, a CSV or JSONL FILE is produced record by record "
-                                   "as it is (the worker maps it).")
-    r.add_argument("file", nargs="?", help="JSONL file of events, or a CSV/JSONL file of a mapped [input]")
+                                   "as it is (the worker maps it); binary formats from a .pb file (one message), "
+                                   "a directory of them, or a length-delimited file.")
+    r.add_argument("file", nargs="?", help="JSONL file of events; with a mapped [input]: a CSV, JSONL or binary "
+                                           "file, or a directory of them")
     r.add_argument("--file", dest="file_opt", default=None, help="same as FILE")
     r.add_argument("--topic", required=True)
     kafka_connection.add_arguments(r)
@@ -236,6 +248,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--events", type=int, default=None)
     r.add_argument("--config", help=CONFIG_HELP + "; its privacy unit keys the messages")
     r.add_argument("--key-field", default=None, help="privacy-unit field when no --config is given")
+    r.add_argument("--framing", choices=("auto", "records", "lines", "message", "delimited"), default="auto",
+                   help="how a file holds the messages of a mapped [input] (auto: by name and format; *.pb: one "
+                        "message, *.pbd: varint length-delimited, *.jsonl: lines)")
+    r.add_argument("--order", choices=("name", "mtime"), default="name",
+                   help="FILE is a directory: its files in name or modification-time order")
     r.add_argument("--quiet", action="store_true")
     r.set_defaults(func=_cmd_replay)
 

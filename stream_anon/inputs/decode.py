@@ -21,10 +21,10 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from functools import lru_cache
-from typing import Iterator
 
 import orjson
 
+from stream_anon.inputs.files import file_messages
 from stream_anon.inputs.mapping import FieldSpec, InputSpec
 from stream_anon.inputs.values import Invalid, Undecodable
 
@@ -364,49 +364,9 @@ def _shifted(iso: str, seconds: float) -> str:
     return (dt.astimezone(timezone.utc) + timedelta(seconds=seconds)).astimezone(dt.tzinfo).isoformat()
 
 
-# ---- files (replay, evaluate, calibrate)
-def file_messages(path, spec: InputSpec) -> Iterator[bytes]:
-    """The messages a file holds for this stream's format: a CSV file's records (header checked against
-    ``input.columns``, each record re-serialized as one CSV line) or a JSONL file's lines."""
-    from pathlib import Path
-
-    path = Path(path)
-    opener = _open_text(path)
-    if spec.format == "csv":
-        with opener() as fh:
-            reader = csv.reader(fh, delimiter=spec.delimiter)
-            header = next(reader, None)
-            if header is None:
-                return
-            if tuple(header) != spec.columns:
-                raise ValueError(f"{path}: header {header} differs from input.columns {list(spec.columns)}")
-            for row in reader:
-                if not row:
-                    continue
-                buf = io.StringIO()
-                csv.writer(buf, delimiter=spec.delimiter, lineterminator="").writerow(row)
-                yield buf.getvalue().encode("utf-8")
-        return
-    if spec.format in ("json", "tesla-fleet-telemetry"):
-        with opener() as fh:
-            for line in fh:
-                line = line.strip()
-                if line:
-                    yield line.encode("utf-8")
-        return
-    raise ValueError(f"{path}: files of format {spec.format!r} are not read line by line (produce the binary "
-                     "messages with a Kafka producer)")
-
-
-def _open_text(path):
-    import gzip
-
-    if str(path).endswith(".gz"):
-        return lambda: gzip.open(path, "rt", encoding="utf-8", newline="")
-    return lambda: open(path, encoding="utf-8", newline="")
-
-
-def decode_file(path, spec: InputSpec, max_bytes: int = 1 << 30, topic: str | None = None):
+# ---- files (replay, evaluate, calibrate): stream_anon/inputs/files.py
+def decode_file(path, spec: InputSpec, max_bytes: int = 1 << 30, topic: str | None = None,
+                framing: str = "auto", order: str = "name"):
     """(events accepted by the mapping, [(message number, index, reason)] of the rest) for a whole file; derived
     event ids use ``topic`` (default: the file name), partition 0 and the message number as offset."""
     from pathlib import Path
@@ -414,7 +374,7 @@ def decode_file(path, spec: InputSpec, max_bytes: int = 1 << 30, topic: str | No
     topic = topic or Path(path).name
     decoder = Decoder(spec, max_bytes=max_bytes)
     events, rejected = [], []
-    for n, raw in enumerate(file_messages(path, spec)):
+    for n, raw in enumerate(file_messages(path, spec, framing, order)):
         d = decoder.decode(raw, topic, 0, n)
         if d.reason:
             rejected.append((n, None, d.reason))
