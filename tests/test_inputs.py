@@ -295,7 +295,7 @@ def _audit(cfg_path, cfg, messages, out):
         elif t == "anon.deadletter":
             outputs.deadletters.append(doc)
     raw = [((topic, 0, i), m) for i, m in enumerate(messages)]
-    decode = raw_decoder(cfg_path)
+    decode = raw_decoder(cfg_path, SECRET)
     return audit(decode(raw), outputs, SECRET, AuditConfig.from_toml(cfg_path))
 
 

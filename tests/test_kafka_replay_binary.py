@@ -51,3 +51,33 @@ def test_binary_files_replayed_through_worker_and_audit(bundled, messages_of, br
     assert s["published"] > 0.8 * expected and s["min_individuals"] >= cfg.anonymization.k
     print(f"{bundled} files e2e:", acc, "audit:",
           {k: s[k] for k in ("events_in", "published", "suppressed", "dead_lettered")})
+
+
+def test_resends_through_worker_and_audit(broker, tmp_path, secret_env):
+    """The same Payloads twice, the second copies marked ``is_resend``, with ``event_key``: each event published
+    once, every copy of an accepted event a ``duplicate_event`` dead letter."""
+    import tomllib
+
+    from _kafka_helpers import read_all
+    from test_event_key import TESLA_KEY, with_resends
+
+    from stream_anon.calibrate import toml_text
+    from stream_anon.inputs import Decoder
+
+    path, cfg = stream_copy(tmp_path, "obd2-tesla", "tesla-resend", broker.bootstrap, partitions=1)
+    raw = tomllib.loads(path.read_text())
+    raw["input"]["event_key"] = TESLA_KEY
+    path.write_text(toml_text(raw))
+    originals = tesla_payloads("protobuf", limit=1500)
+    messages, _copies = with_resends(originals)
+    ld = tmp_path / "with-resends.pbd"
+    write_delimited(messages, ld)
+    assert main(["replay", str(ld), "--config", str(path), "--topic", cfg.stream.input_topic,
+                 "--broker", broker.bootstrap, "--quiet"]) == 0
+    dec = Decoder(cfg.input)
+    readable = sum(1 for i, m in enumerate(originals[:-20]) if dec.decode(m, "t", 0, i).reasons == [None])
+    acc, report, s = run_and_audit(path, broker.bootstrap, tmp_path, secret_env, len(messages))
+    deads = [d["reason"] for _, d, _, _ in read_all(broker.bootstrap, "anon.deadletter", stream="tesla-resend")]
+    assert deads.count("duplicate_event") == readable > 1000
+    assert s["published"] + s["suppressed"] + s["deferred"] == len(messages) - len(deads)
+    print("resends e2e:", acc, "duplicate_event:", deads.count("duplicate_event"))

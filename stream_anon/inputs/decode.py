@@ -15,8 +15,11 @@ dead letter names its position: source ``(topic, partition, offset, index)``.
 from __future__ import annotations
 
 import csv
+import hashlib
+import hmac
 import io
 import math
+import os
 import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -25,7 +28,7 @@ from functools import lru_cache
 import orjson
 
 from stream_anon.inputs.files import file_messages
-from stream_anon.inputs.mapping import FieldSpec, InputSpec
+from stream_anon.inputs.mapping import RECORD_KEYS, FieldSpec, InputSpec
 from stream_anon.inputs.values import Invalid, Undecodable
 
 
@@ -59,10 +62,14 @@ class Decoder:
     """Decodes raw messages of one stream's ``[input]`` (not for the built-in JSON shape: the worker keeps its
     schema check for that)."""
 
-    def __init__(self, spec: InputSpec, max_bytes: int = 65536):
+    def __init__(self, spec: InputSpec, max_bytes: int = 65536, secret: bytes | None = None):
+        """``secret``: keys the event ids of an ``event_key`` (the worker and the audit pass the stream's secret,
+        so they derive the same ids; without it, e.g. calibrate and evaluate, a random key: ids of this decoder
+        only)."""
         if spec.legacy:
             raise ValueError("the built-in JSON event shape has no mapping decoder (the worker checks its schema)")
         self.spec, self.max_bytes = spec, max_bytes
+        self._key_secret = (secret or os.urandom(32)) if spec.event_key else None
         self._records = {"json": self._json_records, "csv": self._csv_records,
                          "tesla-fleet-telemetry": self._tesla_records,
                          "gtfs-realtime": self._gtfs_records}[spec.format]
@@ -99,7 +106,11 @@ class Decoder:
                 reason = reason or why
                 continue
             _put(event, f.name, value)
-        if not self._has_id:
+        if self.spec.event_key:
+            key_id, why = self._key_id(rec)
+            event["event_id"] = key_id or default_id      # a failed key keeps the derived id (and its token)
+            reason = reason or why
+        elif not self._has_id:
             event["event_id"] = default_id
         elif not isinstance(event.get("event_id"), str):
             if "event_id" in event:
@@ -107,6 +118,22 @@ class Decoder:
         if self.spec.event_type is not None:
             event["event_type"] = self.spec.event_type
         return event, reason
+
+    def _key_id(self, rec: dict) -> tuple[str | None, str | None]:
+        """The event id of a natural key: ``key:`` + keyed hash (HMAC-SHA256, 128 bits) of the key's values, so no
+        identifier (a VIN) is in the id; or the reason the key cannot be read."""
+        values = []
+        for path, parts in self.spec.event_key:
+            if path == RECORD_KEYS:
+                values.append(sorted(rec))
+                continue
+            v = _find(rec, path, parts, False)
+            if v is MISSING or v is None or isinstance(v, (Undecodable, Invalid)):
+                what = "cannot be decoded" if isinstance(v, Undecodable) else "is missing"
+                return None, f"event_id: event_key {path} {what} (input {path})"
+            values.append(v)
+        text = orjson.dumps(values, option=orjson.OPT_SORT_KEYS, default=str)
+        return "key:" + hmac.new(self._key_secret, b"event:" + text, hashlib.sha256).hexdigest()[:32], None
 
     def _value(self, f: FieldSpec, rec: dict):
         value = f.const if f.has_const else _find(rec, f.source, f.parts, f.pointer)

@@ -167,7 +167,7 @@ def mapped_messages(path: str | Path, config, secret: bytes, limit: int | None =
     (a framing mistake, e.g. a length-delimited file read as one message)."""
     from stream_anon.inputs import Decoder, file_messages
 
-    decoder = Decoder(config.input, max_bytes=1 << 30)
+    decoder = Decoder(config.input, max_bytes=1 << 30, secret=secret)
     unit_path = config.stream.privacy_unit
     out, cache = [], {}
     first_reason, readable = None, 0
