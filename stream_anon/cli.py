@@ -143,7 +143,7 @@ def _cmd_calibrate(args) -> int:
     source = resolve_config(args.config)
     if args.dataset:
         events = load_events(args.dataset, limit=args.events, full=args.full)
-    elif not args.file or not Path(args.file).is_file():
+    elif not args.file or not Path(args.file).exists():
         raise FileNotFoundError(f"calibration sample not found: {args.file}")
     else:
         from stream_anon.config import load_config
@@ -152,15 +152,37 @@ def _cmd_calibrate(args) -> int:
             events = read_jsonl(args.file)
         else:   # a mapped [input]: the file read through the mapping (records it rejects do not calibrate)
             from stream_anon.inputs import decode_file
-            events, rejected = decode_file(args.file, spec)
+            events, rejected = decode_file(args.file, spec, framing=args.framing)
             if rejected:
                 print(f"calibrate: {len(rejected)} records rejected by the mapping, e.g. {rejected[0][2]}",
                       file=sys.stderr)
     bounds = calibrate(source, events, args.out, margin=args.margin)
     for name, (lo, hi) in bounds.items():
         print(f"{name}: [{lo}, {hi}]")
+    if args.suggest or args.apply_suggestions:
+        _suggest(args.out, events, args.apply_suggestions)
     print(f"wrote {args.out}")
     return 0
+
+
+def _suggest(out, events, write: bool) -> None:
+    """Settings suggested from the sample (stream_anon.suggest), with their figures; written into ``out`` when
+    asked (the bounds just calibrated stay)."""
+    import tomllib
+
+    from stream_anon.calibrate import toml_text
+    from stream_anon.config import load_config
+    from stream_anon.suggest import apply, suggest
+
+    out = Path(out)
+    suggestions = suggest(load_config(out), events)
+    for s in suggestions:
+        print(f"suggest {s.key} = {s.value} (now {s.current}): {s.figures}")
+    if write:
+        head = out.read_text().splitlines()[0]
+        out.write_text(head + "\n# Settings suggested from the sample (stream-anon calibrate --apply-suggestions)."
+                       "\n" + toml_text(apply(tomllib.loads(out.read_text()), suggestions)))
+        load_config(out)
 
 
 def _cmd_evaluate(args) -> int:
@@ -302,10 +324,17 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--config", required=True, help=CONFIG_HELP)
     c.add_argument("--out", required=True)
     c.add_argument("--dataset", choices=DATASET_CHOICES)
-    c.add_argument("--file", help="JSONL sample of events")
+    c.add_argument("--file", help="sample: JSONL events, or a file (or directory) of a mapped [input]")
     c.add_argument("--full", action="store_true")
     c.add_argument("--events", type=int, default=None)
     c.add_argument("--margin", type=float, default=0.0, help="widen each range by this share on both sides")
+    c.add_argument("--file-framing", dest="framing", default="auto",
+                   choices=("auto", "records", "lines", "message", "delimited"),
+                   help="how --file holds the messages of a mapped [input] (as for replay --framing)")
+    c.add_argument("--suggest", action="store_true",
+                   help="also print suggested settings from the sample, with their figures: the coarsest H3 "
+                        "resolution, window_s/max_delay_s for k, allowed_lateness_s from the arrival lag")
+    c.add_argument("--apply-suggestions", action="store_true", help="write the suggested settings into --out")
     c.set_defaults(func=_cmd_calibrate)
 
     e = sub.add_parser("evaluate", help="compare strategies: privacy, utility, attack recall, plots",
