@@ -33,7 +33,12 @@ def _cmd_replay(args) -> int:
     if args.file and config is not None and not config.input.legacy:
         # a mapped [input]: the file's records go to the topic as they are; the worker maps them
         from stream_anon.kafka.replay import mapped_messages
-        pairs = mapped_messages(args.file, config, secret, limit=args.events)
+        try:
+            pairs = mapped_messages(args.file, config, secret, limit=args.events, framing=args.framing,
+                                    order=args.order)
+        except ValueError as exc:
+            print(f"stream-anon replay: {exc}", file=sys.stderr)
+            return 2
         counts = replay(conn, args.topic, [], key_fn=None, raw_payloads=pairs, secret=secret,
                         progress=not args.quiet, total=len(pairs))
         print(json.dumps(counts))
@@ -46,7 +51,12 @@ def _cmd_replay(args) -> int:
         from stream_anon.datasets import load_events
         events = load_events(args.dataset, limit=args.events, full=args.full)
     elif args.file:
-        events = read_jsonl(args.file)[: args.events]
+        try:
+            events = read_jsonl(args.file)[: args.events]
+        except (OSError, ValueError) as exc:     # not JSONL text (UnicodeDecodeError, JSONDecodeError): one line
+            print(f"stream-anon replay: {args.file}: not a JSONL file of events ({type(exc).__name__}: "
+                  f"{str(exc)[:120]}); binary messages need --config with their [input] format", file=sys.stderr)
+            return 2
     else:
         print("stream-anon replay: give a JSONL FILE or --dataset NAME", file=sys.stderr)
         return 2
@@ -133,7 +143,7 @@ def _cmd_calibrate(args) -> int:
     source = resolve_config(args.config)
     if args.dataset:
         events = load_events(args.dataset, limit=args.events, full=args.full)
-    elif not args.file or not Path(args.file).is_file():
+    elif not args.file or not Path(args.file).exists():
         raise FileNotFoundError(f"calibration sample not found: {args.file}")
     else:
         from stream_anon.config import load_config
@@ -142,15 +152,37 @@ def _cmd_calibrate(args) -> int:
             events = read_jsonl(args.file)
         else:   # a mapped [input]: the file read through the mapping (records it rejects do not calibrate)
             from stream_anon.inputs import decode_file
-            events, rejected = decode_file(args.file, spec)
+            events, rejected = decode_file(args.file, spec, framing=args.framing)
             if rejected:
                 print(f"calibrate: {len(rejected)} records rejected by the mapping, e.g. {rejected[0][2]}",
                       file=sys.stderr)
     bounds = calibrate(source, events, args.out, margin=args.margin)
     for name, (lo, hi) in bounds.items():
         print(f"{name}: [{lo}, {hi}]")
+    if args.suggest or args.apply_suggestions:
+        _suggest(args.out, events, args.apply_suggestions)
     print(f"wrote {args.out}")
     return 0
+
+
+def _suggest(out, events, write: bool) -> None:
+    """Settings suggested from the sample (stream_anon.suggest), with their figures; written into ``out`` when
+    asked (the bounds just calibrated stay)."""
+    import tomllib
+
+    from stream_anon.calibrate import toml_text
+    from stream_anon.config import load_config
+    from stream_anon.suggest import apply, suggest
+
+    out = Path(out)
+    suggestions = suggest(load_config(out), events)
+    for s in suggestions:
+        print(f"suggest {s.key} = {s.value} (now {s.current}): {s.figures}")
+    if write:
+        head = out.read_text().splitlines()[0]
+        out.write_text(head + "\n# Settings suggested from the sample (stream-anon calibrate --apply-suggestions)."
+                       "\n" + toml_text(apply(tomllib.loads(out.read_text()), suggestions)))
+        load_config(out)
 
 
 def _cmd_evaluate(args) -> int:
@@ -226,8 +258,10 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("replay", help="produce events to a topic with a progress bar",
                        description="Produce events keyed by the keyed pseudonym of the privacy unit. With a --config "
                                    "whose [input] maps a format, a CSV or JSONL FILE is produced record by record "
-                                   "as it is (the worker maps it).")
-    r.add_argument("file", nargs="?", help="JSONL file of events, or a CSV/JSONL file of a mapped [input]")
+                                   "as it is (the worker maps it); binary formats from a .pb file (one message), "
+                                   "a directory of them, or a length-delimited file.")
+    r.add_argument("file", nargs="?", help="JSONL file of events; with a mapped [input]: a CSV, JSONL or binary "
+                                           "file, or a directory of them")
     r.add_argument("--file", dest="file_opt", default=None, help="same as FILE")
     r.add_argument("--topic", required=True)
     kafka_connection.add_arguments(r)
@@ -236,6 +270,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--events", type=int, default=None)
     r.add_argument("--config", help=CONFIG_HELP + "; its privacy unit keys the messages")
     r.add_argument("--key-field", default=None, help="privacy-unit field when no --config is given")
+    r.add_argument("--framing", choices=("auto", "records", "lines", "message", "delimited"), default="auto",
+                   help="how a file holds the messages of a mapped [input] (auto: by name and format; *.pb: one "
+                        "message, *.pbd: varint length-delimited, *.jsonl: lines)")
+    r.add_argument("--order", choices=("name", "mtime"), default="name",
+                   help="FILE is a directory: its files in name or modification-time order")
     r.add_argument("--quiet", action="store_true")
     r.set_defaults(func=_cmd_replay)
 
@@ -285,10 +324,17 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--config", required=True, help=CONFIG_HELP)
     c.add_argument("--out", required=True)
     c.add_argument("--dataset", choices=DATASET_CHOICES)
-    c.add_argument("--file", help="JSONL sample of events")
+    c.add_argument("--file", help="sample: JSONL events, or a file (or directory) of a mapped [input]")
     c.add_argument("--full", action="store_true")
     c.add_argument("--events", type=int, default=None)
     c.add_argument("--margin", type=float, default=0.0, help="widen each range by this share on both sides")
+    c.add_argument("--file-framing", dest="framing", default="auto",
+                   choices=("auto", "records", "lines", "message", "delimited"),
+                   help="how --file holds the messages of a mapped [input] (as for replay --framing)")
+    c.add_argument("--suggest", action="store_true",
+                   help="also print suggested settings from the sample, with their figures: the coarsest H3 "
+                        "resolution, window_s/max_delay_s for k, allowed_lateness_s from the arrival lag")
+    c.add_argument("--apply-suggestions", action="store_true", help="write the suggested settings into --out")
     c.set_defaults(func=_cmd_calibrate)
 
     e = sub.add_parser("evaluate", help="compare strategies: privacy, utility, attack recall, plots",

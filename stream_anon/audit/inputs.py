@@ -39,10 +39,11 @@ def outputs_part(outputs: Any, name: str) -> list:
     return list(getattr(outputs, name, None) or [])
 
 
-def raw_decoder(config_path) -> Any:
+def raw_decoder(config_path, secret: bytes | None = None) -> Any:
     """A function decoding the raw messages of a stream whose TOML has a mapped ``[input]`` (None for the built-in
-    JSON shape, which the audit parses as it is). The TOML is read here with tomllib, the decoding done by
-    :mod:`stream_anon.inputs` (independent of the engine and its config module)."""
+    JSON shape, which the audit parses as it is); ``secret`` keys the event ids of an ``[input] event_key`` as the
+    worker does. The TOML is read here with tomllib, the decoding done by :mod:`stream_anon.inputs` (independent
+    of the engine and its config module)."""
     import tomllib
     from pathlib import Path
 
@@ -54,7 +55,7 @@ def raw_decoder(config_path) -> Any:
                        event_types=tuple(stream.get("event_types", ())), base_dir=Path(config_path).parent)
     if spec.legacy:
         return None
-    decoder = Decoder(spec, max_bytes=int(raw.get("limits", {}).get("max_event_bytes", 65536)))
+    decoder = Decoder(spec, max_bytes=int(raw.get("limits", {}).get("max_event_bytes", 65536)), secret=secret)
     return lambda raw_events: decode_raw(raw_events, decoder)
 
 

@@ -130,7 +130,8 @@ def audit_from_kafka(bootstrap, config_path: str | Path, secret: bytes | str, ra
     if cfg.stream is None:
         raise ValueError(f"{config_path}: [stream] name is required to find the output topics")
     raw = read_topic(bootstrap, raw_topic, idle_s=idle_s, max_wait_s=max_wait_s, complete=True)
-    decode = raw_decoder(config_path)      # a mapped [input] (csv, tesla-fleet-telemetry, gtfs-realtime, ...)
+    secret = secret.encode() if isinstance(secret, str) else secret
+    decode = raw_decoder(config_path, secret)   # a mapped [input] (csv, tesla-fleet-telemetry, gtfs-realtime, ...)
     if decode is not None:
         raw = decode(raw)
     outputs = read_outputs(bootstrap, cfg.stream, idle_s=idle_s, max_wait_s=max_wait_s)

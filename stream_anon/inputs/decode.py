@@ -15,17 +15,21 @@ dead letter names its position: source ``(topic, partition, offset, index)``.
 from __future__ import annotations
 
 import csv
+import hashlib
+import hmac
 import io
 import math
+import os
 import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from functools import lru_cache
-from typing import Iterator
 
 import orjson
 
-from stream_anon.inputs.mapping import FieldSpec, InputSpec
+from stream_anon.inputs.files import file_messages
+from stream_anon.inputs.mapping import RECORD_KEYS, FieldSpec, InputSpec
+from stream_anon.inputs.values import Invalid, Undecodable
 
 
 @dataclass
@@ -58,10 +62,14 @@ class Decoder:
     """Decodes raw messages of one stream's ``[input]`` (not for the built-in JSON shape: the worker keeps its
     schema check for that)."""
 
-    def __init__(self, spec: InputSpec, max_bytes: int = 65536):
+    def __init__(self, spec: InputSpec, max_bytes: int = 65536, secret: bytes | None = None):
+        """``secret``: keys the event ids of an ``event_key`` (the worker and the audit pass the stream's secret,
+        so they derive the same ids; without it, e.g. calibrate and evaluate, a random key: ids of this decoder
+        only)."""
         if spec.legacy:
             raise ValueError("the built-in JSON event shape has no mapping decoder (the worker checks its schema)")
         self.spec, self.max_bytes = spec, max_bytes
+        self._key_secret = (secret or os.urandom(32)) if spec.event_key else None
         self._records = {"json": self._json_records, "csv": self._csv_records,
                          "tesla-fleet-telemetry": self._tesla_records,
                          "gtfs-realtime": self._gtfs_records}[spec.format]
@@ -98,7 +106,11 @@ class Decoder:
                 reason = reason or why
                 continue
             _put(event, f.name, value)
-        if not self._has_id:
+        if self.spec.event_key:
+            key_id, why = self._key_id(rec)
+            event["event_id"] = key_id or default_id      # a failed key keeps the derived id (and its token)
+            reason = reason or why
+        elif not self._has_id:
             event["event_id"] = default_id
         elif not isinstance(event.get("event_id"), str):
             if "event_id" in event:
@@ -107,8 +119,30 @@ class Decoder:
             event["event_type"] = self.spec.event_type
         return event, reason
 
+    def _key_id(self, rec: dict) -> tuple[str | None, str | None]:
+        """The event id of a natural key: ``key:`` + keyed hash (HMAC-SHA256, 128 bits) of the key's values, so no
+        identifier (a VIN) is in the id; or the reason the key cannot be read."""
+        values = []
+        for path, parts in self.spec.event_key:
+            if path == RECORD_KEYS:
+                values.append(sorted(rec))
+                continue
+            v = _find(rec, path, parts, False)
+            if v is MISSING or v is None or isinstance(v, (Undecodable, Invalid)):
+                what = "cannot be decoded" if isinstance(v, Undecodable) else "is missing"
+                return None, f"event_id: event_key {path} {what} (input {path})"
+            values.append(v)
+        text = orjson.dumps(values, option=orjson.OPT_SORT_KEYS, default=str)
+        return "key:" + hmac.new(self._key_secret, b"event:" + text, hashlib.sha256).hexdigest()[:32], None
+
     def _value(self, f: FieldSpec, rec: dict):
         value = f.const if f.has_const else _find(rec, f.source, f.parts, f.pointer)
+        if isinstance(value, Undecodable):        # optional or not: absent is fine, unreadable is not
+            return None, f"{f.name}: cannot decode the value: {value.why} (input {f.source})"
+        if isinstance(value, Invalid):
+            if f.optional:
+                return None, None
+            return None, f"{f.name}: the source marks the value invalid (input {f.source})"
         if self._is_null(value, f):
             if f.optional:
                 return None, None
@@ -204,6 +238,8 @@ def _find(rec, source: str, parts: tuple[str, ...], pointer: bool):
         return rec[source]
     cur = rec
     for part in parts:
+        if isinstance(cur, (Undecodable, Invalid)):
+            return cur
         if isinstance(cur, dict):
             if part not in cur:
                 return MISSING
@@ -355,49 +391,9 @@ def _shifted(iso: str, seconds: float) -> str:
     return (dt.astimezone(timezone.utc) + timedelta(seconds=seconds)).astimezone(dt.tzinfo).isoformat()
 
 
-# ---- files (replay, evaluate, calibrate)
-def file_messages(path, spec: InputSpec) -> Iterator[bytes]:
-    """The messages a file holds for this stream's format: a CSV file's records (header checked against
-    ``input.columns``, each record re-serialized as one CSV line) or a JSONL file's lines."""
-    from pathlib import Path
-
-    path = Path(path)
-    opener = _open_text(path)
-    if spec.format == "csv":
-        with opener() as fh:
-            reader = csv.reader(fh, delimiter=spec.delimiter)
-            header = next(reader, None)
-            if header is None:
-                return
-            if tuple(header) != spec.columns:
-                raise ValueError(f"{path}: header {header} differs from input.columns {list(spec.columns)}")
-            for row in reader:
-                if not row:
-                    continue
-                buf = io.StringIO()
-                csv.writer(buf, delimiter=spec.delimiter, lineterminator="").writerow(row)
-                yield buf.getvalue().encode("utf-8")
-        return
-    if spec.format in ("json", "tesla-fleet-telemetry"):
-        with opener() as fh:
-            for line in fh:
-                line = line.strip()
-                if line:
-                    yield line.encode("utf-8")
-        return
-    raise ValueError(f"{path}: files of format {spec.format!r} are not read line by line (produce the binary "
-                     "messages with a Kafka producer)")
-
-
-def _open_text(path):
-    import gzip
-
-    if str(path).endswith(".gz"):
-        return lambda: gzip.open(path, "rt", encoding="utf-8", newline="")
-    return lambda: open(path, encoding="utf-8", newline="")
-
-
-def decode_file(path, spec: InputSpec, max_bytes: int = 1 << 30, topic: str | None = None):
+# ---- files (replay, evaluate, calibrate): stream_anon/inputs/files.py
+def decode_file(path, spec: InputSpec, max_bytes: int = 1 << 30, topic: str | None = None,
+                framing: str = "auto", order: str = "name"):
     """(events accepted by the mapping, [(message number, index, reason)] of the rest) for a whole file; derived
     event ids use ``topic`` (default: the file name), partition 0 and the message number as offset."""
     from pathlib import Path
@@ -405,7 +401,7 @@ def decode_file(path, spec: InputSpec, max_bytes: int = 1 << 30, topic: str | No
     topic = topic or Path(path).name
     decoder = Decoder(spec, max_bytes=max_bytes)
     events, rejected = [], []
-    for n, raw in enumerate(file_messages(path, spec)):
+    for n, raw in enumerate(file_messages(path, spec, framing, order)):
         d = decoder.decode(raw, topic, 0, n)
         if d.reason:
             rejected.append((n, None, d.reason))

@@ -5,11 +5,22 @@
 "direction_id", "start_date", "start_time"}, "position": {"latitude", "longitude", "bearing", "odometer", "speed"},
 "timestamp", "current_stop_sequence", "stop_id", "current_status", "congestion_level", "occupancy_status"}``
 
-with only the fields the feed sets (an unset one is missing). Entities without a vehicle (trip updates, alerts)
-are no events of a positions stream and are not mapped; a feed with no vehicle at all is one unreadable message
-(dead-lettered). Classes: ``gtfs-realtime-bindings`` (``google.transit.gtfs_realtime_pb2``).
+with only the fields the feed sets (an unset one is missing: a mapped field of it dead-letters, naming the field).
+Paths are relative to the entity's ``VehiclePosition`` (``position.latitude``, ``vehicle.id``, ``timestamp``), plus
+``entity_id`` and ``header_timestamp``. Edge cases (docs/inputs.md):
+
+- entities without a vehicle (trip updates, alerts) and entities with ``is_deleted = true`` (a DIFFERENTIAL feed
+  withdrawing a vehicle) are no position events and are not mapped; a feed with no vehicle at all is one
+  unreadable message (dead-lettered);
+- a DIFFERENTIAL feed is read like a FULL_DATASET one: each vehicle entity it carries is one event;
+- float32 members (``position.latitude``, ``longitude``, ``bearing``, ``speed``) are given as the shortest decimal
+  that is the same float32 (``40.7128``, not ``40.712799072265625``).
+
+Classes: ``gtfs-realtime-bindings`` (``google.transit.gtfs_realtime_pb2``).
 """
 from __future__ import annotations
+
+from stream_anon.inputs.values import float32
 
 _SUBS = {"vehicle": ("id", "label", "license_plate"),
          "trip": ("trip_id", "route_id", "direction_id", "start_date", "start_time"),
@@ -30,7 +41,7 @@ def vehicle_records(raw: bytes) -> list[dict]:
     out = []
     header_ts = feed.header.timestamp if feed.header.HasField("timestamp") else None
     for ent in feed.entity:
-        if not ent.HasField("vehicle"):
+        if not ent.HasField("vehicle") or ent.is_deleted:
             continue
         vp = ent.vehicle
         rec: dict = {"entity_id": ent.id}
@@ -39,7 +50,7 @@ def vehicle_records(raw: bytes) -> list[dict]:
         for sub, names in _SUBS.items():
             if vp.HasField(sub):
                 msg = getattr(vp, sub)
-                rec[sub] = {n: getattr(msg, n) for n in names if msg.HasField(n)}
+                rec[sub] = {n: _value(msg, n) for n in names if msg.HasField(n)}
         for n in _TOP:
             if vp.HasField(n):
                 rec[n] = getattr(vp, n)
@@ -49,3 +60,8 @@ def vehicle_records(raw: bytes) -> list[dict]:
                 rec[n] = desc.values_by_number[getattr(vp, n)].name
         out.append(rec)
     return out
+
+
+def _value(msg, name: str):
+    v = getattr(msg, name)
+    return float32(v) if msg.DESCRIPTOR.fields_by_name[name].type == 2 else v     # 2: FieldDescriptor.TYPE_FLOAT

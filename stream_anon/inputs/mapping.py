@@ -70,7 +70,9 @@ UNMATCHED = ("reject", "keep", "null")
 TESLA_ENCODINGS = ("auto", "protobuf", "json")
 MAX_INTEGER_DIGITS = 18                           # a float holds no more significant digits
 # the keys of [input] and of a field's table (docs/configuration.md lists the same)
-INPUT_KEYS = ("format", "fields", "columns", "delimiter", "null_values", "timezone", "event_type", "encoding")
+INPUT_KEYS = ("format", "fields", "columns", "delimiter", "null_values", "timezone", "event_type", "encoding",
+              "event_key")
+RECORD_KEYS = "$keys"                             # event_key entry: the sorted key names of the source record
 FIELD_KEYS = ("path", "pointer", "value", "cast", "optional", "time_format", "timezone", "null_values", "lookup",
               "unmatched", "unit", "decimal", "integer_digits", "elapsed")
 
@@ -112,6 +114,7 @@ class InputSpec:
     null_values: frozenset = frozenset()
     event_type: str | None = None             # constant, when event_type is not a mapped field
     encoding: str = "auto"                    # tesla-fleet-telemetry: protobuf, json or auto (by first byte)
+    event_key: tuple[tuple[str, tuple[str, ...]], ...] = ()   # (source path, its parts): the natural event key
     raw: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -287,9 +290,32 @@ def parse_input(table, event_time: str = "event_time", event_types: tuple[str, .
                           f"{', '.join(TESLA_ENCODINGS)}")
     encoding = t.choice("encoding", TESLA_ENCODINGS, "auto")
     event_type = _event_type(t, fmt, fields, event_types, required)
+    event_key = _event_key(t, fmt, fields, columns)
     t.done()
     return InputSpec(format=fmt, fields=tuple(fields), columns=tuple(columns), delimiter=delimiter,
-                     null_values=frozenset(nulls), event_type=event_type, encoding=encoding, raw=dict(table))
+                     null_values=frozenset(nulls), event_type=event_type, encoding=encoding, event_key=event_key,
+                     raw=dict(table))
+
+
+def _event_key(t: Table, fmt: str, fields: list[FieldSpec], columns) -> tuple:
+    """``event_key``: source paths whose values identify an event (``"$keys"``: the record's key names, e.g. a
+    Tesla Payload's field set). Its keyed hash becomes the event id, so a copy of an event (a resend) is a
+    ``duplicate_event`` within the duplicate horizon, whatever its offset."""
+    if "event_key" not in t:
+        return ()
+    if fmt == "json" and not fields:
+        raise ConfigError("input.event_key: only with a mapping ([input.fields]) or another format than json")
+    if any(f.name == "event_id" for f in fields):
+        raise ConfigError("input.event_key: give event_key or map input.fields.event_id, not both")
+    paths = t.strings("event_key", min_items=1)
+    if len(set(paths)) != len(paths):
+        raise ConfigError("input.event_key: a path appears twice")
+    for p in paths:
+        if not p or p.startswith(".") or p.endswith(".") or ".." in p:
+            raise ConfigError(f"input.event_key: {p!r} is not a source path (dotted, or \"{RECORD_KEYS}\")")
+        if fmt == "csv" and p != RECORD_KEYS and p not in columns:
+            raise ConfigError(f"input.event_key: column {p!r} is not in input.columns")
+    return tuple((p, tuple(p.split("."))) for p in paths)
 
 
 def _parse_fields(raw_fields: dict, event_time: str, default_tz, base_dir) -> list[FieldSpec]:

@@ -60,7 +60,7 @@ class WorkerCore:
         self.parts: dict[int, PartitionState] = {}
         self.stats = WorkerStats()
         # [input] mapping (stream_anon.inputs); None: the built-in JSON shape, checked by check_payloads
-        self.decoder = None if config.input.legacy else Decoder(config.input, config.limits.max_event_bytes)
+        self.decoder = None if config.input.legacy else Decoder(config.input, config.limits.max_event_bytes, secret)
         # the DP aggregates in a child process (stream_anon.kafka.aggregates_process); their rows are then collected
         # by complete() before a batch's output is written
         self.aggregates_process = None

@@ -156,20 +156,28 @@ def replay_file(path: str | Path, topic: str, bootstrap: str, key_fn=None, **kwa
     return replay(bootstrap, topic, read_jsonl(path), key_fn, **kwargs)
 
 
-def mapped_messages(path: str | Path, config, secret: bytes, limit: int | None = None) -> list[tuple[bytes | None,
-                                                                                                    bytes]]:
-    """``(key, message)`` pairs of a CSV or JSONL file for a stream with a mapped ``[input]``: the messages go to
-    the raw topic as they are in the file (a CSV record as one CSV line), keyed by the keyed pseudonym of the
-    privacy unit the mapping reads from them (no key when it cannot: the worker then dead-letters the message)."""
+def mapped_messages(path: str | Path, config, secret: bytes, limit: int | None = None, framing: str = "auto",
+                    order: str = "name") -> list[tuple[bytes | None, bytes]]:
+    """``(key, message)`` pairs of a file (or a directory of files) for a stream with a mapped ``[input]``: the
+    messages go to the raw topic as they are in the file (a CSV record as one CSV line, a binary message as its
+    bytes; framings: stream_anon/inputs/files.py), keyed by the keyed pseudonym of the privacy unit the mapping
+    reads from them (no key when it cannot: the worker then dead-letters the message).
+
+    ValueError (naming the file) when the file cannot be read, or when not one of its messages is of the format
+    (a framing mistake, e.g. a length-delimited file read as one message)."""
     from stream_anon.inputs import Decoder, file_messages
 
-    decoder = Decoder(config.input, max_bytes=1 << 30)
+    decoder = Decoder(config.input, max_bytes=1 << 30, secret=secret)
     unit_path = config.stream.privacy_unit
     out, cache = [], {}
-    for n, raw in enumerate(file_messages(path, config.input)):
+    first_reason, readable = None, 0
+    for n, raw in enumerate(file_messages(path, config.input, framing, order)):
         if limit is not None and n >= limit:
             break
         d = decoder.decode(raw, "replay", 0, n)
+        if d.reason is None:
+            readable += 1
+        first_reason = first_reason or d.reason
         unit = _dotted(d.events[0], unit_path) if d.events else None
         key = None
         if unit is not None:
@@ -178,4 +186,7 @@ def mapped_messages(path: str | Path, config, secret: bytes, limit: int | None =
             if key is None:
                 key = cache[unit] = crypto.pseudonym(secret, unit).encode()
         out.append((key, raw))
+    if out and not readable:
+        raise ValueError(f"{path}: none of its {len(out)} messages is a {config.input.format} message (the first: "
+                         f"{first_reason}); check the framing (--framing message|delimited|lines)")
     return out
