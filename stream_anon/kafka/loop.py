@@ -330,9 +330,12 @@ class KafkaLoop:
             if ps.flush_pending and p not in self.halted:
                 self._flush(ps)
         self.ready = True
-        log.info("assigned partitions %s (halted: %s)", sorted(self.assigned), sorted(self.halted))
+        log.info("partitions assigned: %s (now %s; halted: %s)", sorted(mine), sorted(self.assigned),
+                 sorted(self.halted))
+        log.info("ready: %d partition(s) recovered, consuming %s", len(self.assigned) - len(self.halted), self.input)
 
     def _on_revoke(self, consumer: Consumer, partitions) -> None:
+        log.info("partitions revoked: %s", sorted(tp.partition for tp in partitions if tp.topic == self.input))
         for tp in partitions:
             if tp.topic == self.input:
                 self._drop(tp.partition)
