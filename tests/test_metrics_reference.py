@@ -33,14 +33,14 @@ def dp_worker(broker, tmp_path_factory):
         status, text = get(port, "/metrics")
         assert status == 200
         rows = read_rows(broker.bootstrap, cfg.stream.name, idle_s=2.0)
-        yield text, rows, cfg
+        yield text, rows, cfg, port
     finally:
         stop_worker_process(proc)
 
 
 @pytest.mark.kafka
 def test_every_exported_series_is_in_the_reference_and_every_listed_one_is_exported(dp_worker):
-    text, _, _ = dp_worker
+    text = dp_worker[0]
     fams, ref = families(text), reference()
     exported = {(n + "_total" if f["type"] == "counter" and not n.endswith("_total") else n): f
                 for n, f in fams.items()}
@@ -54,7 +54,7 @@ def test_every_exported_series_is_in_the_reference_and_every_listed_one_is_expor
 
 @pytest.mark.kafka
 def test_epsilon_spent_is_the_ledger_charge_of_the_period_on_the_committed_rows(dp_worker):
-    text, rows, cfg = dp_worker
+    text, rows, cfg, _ = dp_worker
     fams = families(text)
     assert rows, "the DP worker published aggregate rows"
     by_period = ledger_charge_by_period(rows.values())
@@ -77,3 +77,37 @@ def test_epsilon_spent_is_the_ledger_charge_of_the_period_on_the_committed_rows(
     budget = cfg.dp.epsilon_budget
     for _, lab, v in fams["stream_anon_epsilon_left"]["samples"]:
         assert v == pytest.approx(budget - period_spent[lab["partition"]])
+
+
+def _health_commands() -> dict[str, list[str]]:
+    """The Dockerfile's HEALTHCHECK (liveness) and the compose workers' healthcheck (readiness), as argv."""
+    import json
+    import re
+
+    import yaml
+
+    root = Path(__file__).resolve().parents[1]
+    text = re.sub(r"\\\n\s*", " ", (root / "Dockerfile").read_text())
+    line = next(ln for ln in text.splitlines() if ln.startswith("HEALTHCHECK"))
+    image = json.loads(line[line.index("CMD ") + 4:])
+    port = re.search(r"^ENV STREAM_ANON_WEB_PORT=(\d+)$", text, re.M).group(1)
+    compose = yaml.safe_load((root / "docker-compose.yml").read_text())
+    workers = [s for s in compose["services"].values() if s.get("command", [None])[0] == "worker"]
+    assert workers and all(s["command"][s["command"].index("--web-port") + 1] == port for s in workers)
+    return {"image /livez": image, "compose /readyz": workers[0]["healthcheck"]["test"][1:]}
+
+
+@pytest.mark.kafka
+def test_the_image_and_compose_health_checks_pass_on_a_running_worker_and_fail_without_one(dp_worker):
+    import os
+    import subprocess
+
+    from stream_anon.broker import free_port
+    port = dp_worker[3]
+    for name, argv in _health_commands().items():
+        assert "/livez" in " ".join(argv) if "image" in name else "/readyz" in " ".join(argv)
+        cmd = [sys.executable if a == "python" else a for a in argv]
+        ok = subprocess.run(cmd, env={**os.environ, "STREAM_ANON_WEB_PORT": str(port)}, capture_output=True)
+        assert ok.returncode == 0, (name, ok.stderr)
+        down = subprocess.run(cmd, env={**os.environ, "STREAM_ANON_WEB_PORT": str(free_port())}, capture_output=True)
+        assert down.returncode != 0, name
