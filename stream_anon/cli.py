@@ -75,6 +75,13 @@ def _cmd_topics_apply(args) -> int:
     return 0
 
 
+def _cmd_monitoring(args) -> int:
+    from stream_anon.monitoring import paths
+    for name, path in paths().items():
+        print(f"{name}: {path}")
+    return 0
+
+
 def _cmd_topics_list(args) -> int:
     from stream_anon.kafka.topics import load_topic_definitions
     for t in sorted(load_topic_definitions(args.dir).values(), key=lambda t: t.name):
@@ -253,6 +260,11 @@ def build_parser() -> argparse.ArgumentParser:
     tl.add_argument("--dir", default=None, help="topic definitions directory (default: the bundled definitions)")
     tl.set_defaults(func=_cmd_topics_list)
 
+    mo = sub.add_parser("monitoring", help="print the paths of the shipped Grafana dashboard and Prometheus alert rules",
+                        description="Print where the installed package keeps its Grafana dashboard (JSON) and "
+                                    "Prometheus alert rules (YAML): import the one, add the other to rule_files.")
+    mo.set_defaults(func=_cmd_monitoring)
+
     a = sub.add_parser("audit", help="verify the output topics against the raw topic (independent of the engine)",
                        description="Needs STREAM_ANON_SECRET. Exit status 1 when any check fails.")
     a.add_argument("--config", required=True, help=CONFIG_HELP)
@@ -315,7 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="timestamp QI bounds = the data's first and last hour (evaluate a full file longer than "
                         "the configured period instead of rejecting its events)")
     e.set_defaults(func=_cmd_evaluate)
-    for sp in (d, b, r, ta, tl, a, g, c, e):
+    for sp in (d, b, r, ta, tl, mo, a, g, c, e):
         logsetup.add_arguments(sp)
         sp.add_argument("--loglevel", default="warning", help="log level (default: warning)")
     return p

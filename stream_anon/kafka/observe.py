@@ -129,9 +129,11 @@ def loop_series(core, loop):
     g = _gauge("ready", "1 while /readyz answers 200 (partitions assigned and recovered, none halted), else 0")
     g.add_metric([stream], 1.0 if readiness(loop)[0] else 0.0)
     yield g
-    h = _gauge("partition_halted", "1 for a partition halted until an operator decides", ["partition", "reason"])
-    for p, info in sorted(loop.halted.items()):
-        h.add_metric([stream, str(p), info["reason"]], 1.0)
+    h = _gauge("partition_halted", "1 for a partition halted until an operator decides (label reason), 0 for an "
+               "assigned partition that runs", ["partition", "reason"])
+    for p in sorted(set(loop.assigned) | set(loop.halted)):
+        info = loop.halted.get(p)
+        h.add_metric([stream, str(p), info["reason"] if info else ""], 1.0 if info else 0.0)
     yield h
     for name, doc, key in (("transactions", "Committed transactions", "transactions"),
                            ("transactions_aborted", "Aborted transactions", "aborted")):
