@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from stream_anon import __version__, crypto
+from stream_anon.dp.ledger import current_charges
 from stream_anon.kafka.stats import LATENCY_BUCKETS
 
 PREFIX = "stream_anon"
@@ -104,7 +105,7 @@ def budget_series(core):
         if ps.dp is None:
             continue
         ledger = ps.dp.ledger
-        period, charges = ledger.current_charges()
+        period, charges = current_charges(ledger)
         label = period or ""
         for spec in ps.dp.dp.aggregates:
             spent.add_metric([stream, str(p), spec.name, label], charges.get(spec.name, 0.0))
