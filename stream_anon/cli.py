@@ -74,15 +74,21 @@ def _cmd_broker(args) -> int:
 
 def _cmd_topics_apply(args) -> int:
     from stream_anon.config import load_config
-    from stream_anon.kafka.topics import apply_topics, load_topic_definitions, stream_topic_defs
+    from stream_anon.kafka.topics import apply_plan, apply_topics, load_topic_definitions
     configs = [resolve_config(c) for c in args.config or ()]
     conn = kafka_connection.from_args(args, config_path=configs[0] if len(configs) == 1 else None)
-    defs = load_topic_definitions(args.dir)
-    for path in configs:        # each stream's topics, its input topic with its declared partition count
-        defs.update(stream_topic_defs(load_config(path), defs))
+    # with --config: the shared topics and those streams' (input topic with the declared partition count)
+    defs = apply_plan(load_topic_definitions(args.dir), [load_config(path) for path in configs])
     result = apply_topics(conn, defs)
     for name, status in sorted(result.items()):
         print(f"{name}: {status}")
+    return 0
+
+
+def _cmd_monitoring(args) -> int:
+    from stream_anon.monitoring import paths
+    for name, path in paths().items():
+        print(f"{name}: {path}")
     return 0
 
 
@@ -229,7 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demo", help="real events through an embedded broker, a worker and the audit",
                        description="Start the embedded broker, replay N real events, anonymize, audit, report.")
-    d.add_argument("--dataset", choices=DATASET_CHOICES, default="oyster")
+    d.add_argument("--dataset", choices=DATASET_CHOICES, default="oyster",
+                   help="bundled dataset and its config (default: oyster)")
     d.add_argument("--events", type=int, default=None, help="number of events (default: the whole bundled slice)")
     d.add_argument("--k", type=int, default=None, help="override k of configs/<dataset>.toml")
     d.add_argument("--m", type=int, default=None,
@@ -263,11 +270,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("file", nargs="?", help="JSONL file of events; with a mapped [input]: a CSV, JSONL or binary "
                                            "file, or a directory of them")
     r.add_argument("--file", dest="file_opt", default=None, help="same as FILE")
-    r.add_argument("--topic", required=True)
+    r.add_argument("--topic", required=True, help="topic to produce the events to (the stream's input topic)")
     kafka_connection.add_arguments(r)
     r.add_argument("--dataset", choices=DATASET_CHOICES, help="replay a bundled dataset instead of a file")
     r.add_argument("--full", action="store_true", help="with --dataset: the full file under ../shared/data")
-    r.add_argument("--events", type=int, default=None)
+    r.add_argument("--events", type=int, default=None, help="produce only the first N events (default: all)")
     r.add_argument("--config", help=CONFIG_HELP + "; its privacy unit keys the messages")
     r.add_argument("--key-field", default=None, help="privacy-unit field when no --config is given")
     r.add_argument("--framing", choices=("auto", "records", "lines", "message", "delimited"), default="auto",
@@ -275,7 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "message, *.pbd: varint length-delimited, *.jsonl: lines)")
     r.add_argument("--order", choices=("name", "mtime"), default="name",
                    help="FILE is a directory: its files in name or modification-time order")
-    r.add_argument("--quiet", action="store_true")
+    r.add_argument("--quiet", action="store_true", help="no progress bar")
     r.set_defaults(func=_cmd_replay)
 
     t = sub.add_parser("topics", help="topic administration")
@@ -284,12 +291,18 @@ def build_parser() -> argparse.ArgumentParser:
     kafka_connection.add_arguments(ta)
     ta.add_argument("--dir", default=None, help="topic definitions directory (default: the bundled definitions)")
     ta.add_argument("--config", action="append", default=None,
-                    help=CONFIG_HELP + "; also create this stream's topics, its input topic with the stream's "
-                                       "[stream] partitions (repeatable)")
+                    help=CONFIG_HELP + "; create only the shared topics and this stream's, its input topic with "
+                                       "the stream's [stream] partitions (repeatable; without it: every defined "
+                                       "topic)")
     ta.set_defaults(func=_cmd_topics_apply)
     tl = tsub.add_parser("list", help="print the topic definitions (no broker needed)")
     tl.add_argument("--dir", default=None, help="topic definitions directory (default: the bundled definitions)")
     tl.set_defaults(func=_cmd_topics_list)
+
+    mo = sub.add_parser("monitoring", help="print the paths of the shipped Grafana dashboard and Prometheus alert rules",
+                        description="Print where the installed package keeps its Grafana dashboard (JSON) and "
+                                    "Prometheus alert rules (YAML): import the one, add the other to rule_files.")
+    mo.set_defaults(func=_cmd_monitoring)
 
     a = sub.add_parser("audit", help="verify the output topics against the raw topic (independent of the engine)",
                        description="Needs STREAM_ANON_SECRET. Exit status 1 when any check fails.")
@@ -310,7 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "value lies with probability --level, partitions = the partitions summed.")
     g.add_argument("--config", required=True, help=CONFIG_HELP)
     kafka_connection.add_arguments(g)
-    g.add_argument("--format", choices=("jsonl", "csv"), default="jsonl")
+    g.add_argument("--format", choices=("jsonl", "csv"), default="jsonl",
+                   help="one JSON object per merged row (default) or CSV")
     g.add_argument("--out", default=None, help="write here (default: stdout)")
     g.add_argument("--level", type=float, default=0.95, help="coverage of the stated interval (default 0.95)")
     g.add_argument("--incomplete", action="store_true",
@@ -322,11 +336,11 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("calibrate", help="write fixed domain bounds from a sample into a config file",
                        description="Bounds never drift with the stream: calibrate once, review, deploy.")
     c.add_argument("--config", required=True, help=CONFIG_HELP)
-    c.add_argument("--out", required=True)
-    c.add_argument("--dataset", choices=DATASET_CHOICES)
+    c.add_argument("--out", required=True, help="write the calibrated config (TOML) here")
+    c.add_argument("--dataset", choices=DATASET_CHOICES, help="calibrate from a bundled dataset (or --file)")
     c.add_argument("--file", help="sample: JSONL events, or a file (or directory) of a mapped [input]")
-    c.add_argument("--full", action="store_true")
-    c.add_argument("--events", type=int, default=None)
+    c.add_argument("--full", action="store_true", help="with --dataset: the full file under ../shared/data")
+    c.add_argument("--events", type=int, default=None, help="calibrate from the first N events (default: all)")
     c.add_argument("--margin", type=float, default=0.0, help="widen each range by this share on both sides")
     c.add_argument("--file-framing", dest="framing", default="auto",
                    choices=("auto", "records", "lines", "message", "delimited"),
@@ -353,13 +367,13 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--limit", type=int, default=None, help="first N records only")
     e.add_argument("--encoding", choices=("hierarchy", "codes"), default="hierarchy",
                    help="adult: ARX hierarchies, or the Mondrian reference's integer codes")
-    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--seed", type=int, default=0, help="random seed of the strategies and attacks (default 0)")
     e.add_argument("--no-baselines", action="store_true", help="skip the raw and k-in-records baselines")
     e.add_argument("--fit-time-bounds", action="store_true",
                    help="timestamp QI bounds = the data's first and last hour (evaluate a full file longer than "
                         "the configured period instead of rejecting its events)")
     e.set_defaults(func=_cmd_evaluate)
-    for sp in (d, b, r, ta, tl, a, g, c, e):
+    for sp in (d, b, r, ta, tl, mo, a, g, c, e):
         logsetup.add_arguments(sp)
         sp.add_argument("--loglevel", default="warning", help="log level (default: warning)")
     return p

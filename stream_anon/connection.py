@@ -351,12 +351,14 @@ def add_arguments(parser, broker_required: bool = False) -> None:
     g.add_argument("--broker", required=broker_required, default=None,
                    help=f"bootstrap servers HOST:PORT[,HOST:PORT] (or env {ENV_PREFIX}BOOTSTRAP)")
     g.add_argument("--kafka-config", default=None, help="TOML file with a [kafka] table of connection settings")
-    g.add_argument("--security-protocol", default=None, type=str.upper, choices=PROTOCOLS)
+    g.add_argument("--security-protocol", default=None, type=str.upper, choices=PROTOCOLS,
+                   help="how the clients talk to the brokers (default: PLAINTEXT)")
     g.add_argument("--ssl-cafile", default=None, help="CA certificate(s) to verify the brokers (PEM)")
     g.add_argument("--ssl-certfile", default=None, help="client certificate (PEM) for mutual TLS")
     g.add_argument("--ssl-keyfile", default=None, help="client private key (PEM); its password: env "
                                                        f"{ENV_PREFIX}SSL_PASSWORD")
-    g.add_argument("--sasl-mechanism", default=None, type=str.upper, choices=MECHANISMS)
+    g.add_argument("--sasl-mechanism", default=None, type=str.upper, choices=MECHANISMS,
+                   help="SASL mechanism with SASL_PLAINTEXT or SASL_SSL")
     g.add_argument("--sasl-username", default=None, help=f"password: env {ENV_PREFIX}SASL_PASSWORD")
 
 

@@ -72,13 +72,22 @@ def make_handler(fmt: str = "text", stream=None) -> logging.Handler:
     return handler
 
 
+# Loggers of the libraries the worker and the commands run on: their INFO lines are client internals (connections,
+# metadata, group protocol), shown only when the level asked for is DEBUG; their warnings and errors always show.
+THIRD_PARTY = ("kafka", "faust", "mode", "aiokafka", "aiohttp", "asyncio", "urllib3", "venusian", "yarl")
+
+
 def setup_logging(level: str = "warning", fmt: str = "text") -> None:
-    """Configure the root logger once (replaces handlers set before, e.g. by a library)."""
+    """Configure the root logger once (replaces handlers set before, e.g. by a library); the loggers of
+    :data:`THIRD_PARTY` at WARNING unless ``level`` is DEBUG."""
     root = logging.getLogger()
     for h in list(root.handlers):
         root.removeHandler(h)
     root.addHandler(make_handler(fmt))
-    root.setLevel(getattr(logging, str(level).upper(), logging.INFO))
+    lvl = getattr(logging, str(level).upper(), logging.INFO)
+    root.setLevel(lvl)
+    for name in THIRD_PARTY:
+        logging.getLogger(name).setLevel(lvl if lvl <= logging.DEBUG else max(lvl, logging.WARNING))
 
 
 def add_arguments(parser) -> None:

@@ -410,3 +410,24 @@ class BudgetLedger:
             self._pextra[period] = float(summary["extra"])
         self._compacted[period] = {"entries": int(summary.get("entries", 0)),
                                    "exhausted": dict(summary.get("exhausted", {}))}
+
+
+def current_charges(ledger: BudgetLedger) -> tuple[str | None, dict[str, float]]:
+    """(current period, aggregate -> what it charged the worst-case unit in that period): in period mode the
+    latest period (labels sort in time) and per aggregate ``min(sum of its releases, cap)`` plus its paid
+    re-releases, summing to :meth:`BudgetLedger.period_spent`; without periods (None, the sum of each aggregate's
+    reservations), summing to :attr:`BudgetLedger.spent`."""
+    if not ledger.period_mode:
+        out: dict[str, float] = {}
+        for (a, _), e in ledger._entries.items():
+            out[a] = out.get(a, 0.0) + e
+        return None, out
+    periods = {p for p, _ in ledger._psum} | set(ledger._pextra)
+    if not periods:
+        return None, {}
+    period = max(periods)
+    out = {a: min(v, ledger._pcap.get((p, a), math.inf)) for (p, a), v in sorted(ledger._psum.items()) if p == period}
+    for (a, w), (p, _) in ledger._period.items():
+        if p == period and "~" in w:
+            out[a] = out.get(a, 0.0) + ledger._entries[(a, w)]
+    return period, out

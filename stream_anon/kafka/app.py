@@ -16,13 +16,14 @@ import os
 import signal
 import sys
 import threading
+import warnings
 from pathlib import Path
 
 import faust
 from faust.app.base import BootStrategy
 from mode import Service
 
-from stream_anon import crypto, logsetup
+from stream_anon import __version__, crypto, logsetup
 from stream_anon import connection as kafka_connection
 from stream_anon.connection import as_connection
 from stream_anon.config import load_config
@@ -45,6 +46,8 @@ class WorkerApp(faust.App):
     # a class attribute: passed to the constructor it would only become a setting, and faust would still start
     # its consumer, which joins a consumer group of its own and holds the worker's stop for its session timeout
     BootStrategy = _NoFaustKafka
+    # faust's service lines (Starting..., Stopping...) are the framework's: shown at DEBUG like the rest of faust
+    logger = logging.getLogger("faust.app.stream_anon")
 
     async def _wait_for_table_recovery_completed(self) -> bool:
         return False          # no faust tables: the partitions' state lives in the worker's state topic
@@ -82,14 +85,21 @@ def make_app(config, bootstrap: str, state_dir, app_id: str | None = None, secre
     class LoopService(Service):
         """Starts the loop's thread with the app; on stop (SIGTERM/SIGINT) lets it finish or abort the batch in
         flight (no partial commit) and leave the consumer group."""
+        logger = logging.getLogger("mode.services.stream_anon")
 
         async def on_start(self) -> None:
+            log.info("started: stream-anon %s, stream %s, app id %s, input %s, key id %s, web %s", __version__,
+                     config.stream.name, app_id, config.stream.input_topic, crypto.key_id(secret),
+                     f"127.0.0.1:{web_port}" if web_port is not None else "off")
             self._thread = threading.Thread(target=loop.run, name="kafka-loop", daemon=True)
             self._thread.start()
 
         async def on_stop(self) -> None:
+            log.info("stopping: finishing or aborting the batch in flight, leaving the consumer group")
             loop.stop()
             await self.loop.run_in_executor(None, self._thread.join, 60)
+            log.info("stopped: %d transactions committed, %d aborted%s", loop.counters["transactions"],
+                     loop.counters["aborted"], f"; loop error: {loop.error!r}" if loop.error is not None else "")
 
     @app.timer(1.0)
     async def watch_loop():
@@ -139,6 +149,8 @@ def run_worker(config, bootstrap: str, state_dir, app_id: str | None = None, sec
     app = make_app(config, bootstrap, state_dir, app_id=app_id, secret=secret, **app_kwargs)
     tune_gc()
     worker = faust.Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False, override_logging=False)
+    if not worker.stdout.isatty():
+        worker.spinner = None          # its cursor controls (\b, ESC[?25h) are for terminals only
     try:
         worker.execute_from_commandline()
     except SystemExit as exc:
@@ -168,9 +180,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "broker reset; default: state)")
     p.add_argument("--app-id", default=None, help="app id: consumer group, state topic <ID>-state, transactional "
                    "ids (default: stream-anon-<stream>)")
-    p.add_argument("--batch-max", type=int, default=10000)
+    p.add_argument("--batch-max", type=int, default=10000,
+                   help="most input messages consumed in one batch (default: 10000)")
     p.add_argument("--batch-within", type=float, default=0.5, help="seconds to wait to fill a batch")
-    p.add_argument("--metrics-interval", type=float, default=5.0)
+    p.add_argument("--metrics-interval", type=float, default=5.0,
+                   help="seconds between throughput metrics on anon.metrics and consumer lag reads (default: 5)")
     p.add_argument("--flush-when-idle", type=float, default=None,
                    help="flush a partition's engine after this many seconds without input (end of a replay/demo)")
     p.add_argument("--no-create-topics", action="store_true", help="do not apply topics/*.toml at start")
@@ -188,7 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compression", choices=COMPRESSIONS, default=DEFAULT_COMPRESSION,
                    help="compression of the batches the worker writes: output, dead letters, state (default: "
                         f"{DEFAULT_COMPRESSION})")
-    p.add_argument("--loglevel", default="warning")
+    p.add_argument("--loglevel", default="info",
+                   help="log level: debug (adds the Kafka and faust clients' internals), info (default: the "
+                        "worker's lifecycle lines), warning, error")
     logsetup.add_arguments(p)
     return p
 
@@ -214,9 +230,12 @@ def worker_main(argv=None) -> int:
         return 2
     log.info("Kafka connection: %s", conn.describe())
     if not args.no_create_topics:
-        from stream_anon.kafka.topics import ensure_stream_topics
-        # the input topic gets the stream's declared partition count ([stream] partitions), else its definition's
-        ensure_stream_topics(conn, config)
+        from stream_anon.kafka.topics import TopicMismatchWarning, ensure_stream_topics
+        # the input topic gets the stream's declared partition count ([stream] partitions), else its definition's;
+        # a partition mismatch is logged (as a WARNING line), not printed a second time as a Python warning
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", TopicMismatchWarning)
+            ensure_stream_topics(conn, config)
     run_worker(config, conn, args.state_dir, app_id=args.app_id, secret=secret, loglevel=args.loglevel,
                batch_max=args.batch_max, batch_within_s=args.batch_within, metrics_interval_s=args.metrics_interval,
                flush_when_idle_s=args.flush_when_idle, raw_deadletters=args.deadletter_raw_payload,

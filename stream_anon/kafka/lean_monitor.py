@@ -6,10 +6,13 @@ faust's default Monitor sensor records statistics for every consumed message, st
 """
 from __future__ import annotations
 
+import logging
+
 from faust.sensors import Monitor
 
 
 class LeanMonitor(Monitor):
+    logger = logging.getLogger("faust.sensors.lean")     # its start/stop lines are faust's: DEBUG-only chatter
     def on_message_in(self, tp, offset, message) -> None:
         return None
 

@@ -212,6 +212,7 @@ class KafkaLoop:
     # ---- one step ---------------------------------------------------------------------------------------------
     def _step(self) -> None:
         msgs = self._consumer.consume(num_messages=self.batch_max, timeout=self.batch_within_s)
+        arrived = time.time()
         by_part: dict[int, list] = {}
         for m in msgs:
             err = m.error()
@@ -234,9 +235,8 @@ class KafkaLoop:
             done.append((ps, batch, self.core.process(ps, batch)))
         for ps, batch, out in done:
             out = self.core.complete(ps, out, batch)
-            if out.last_offset != ps.offset or out.messages:
-                self._commit(ps, out.messages, out.last_offset)
-                self.core.stats.note_latency(out.releases)
+            if (out.last_offset != ps.offset or out.messages) and self._commit(ps, out.messages, out.last_offset):
+                self.core.stats.note_commit(out.releases, arrived)
         # Idle means the stream is quiet, not that the broker is: the partitions must have been without input since
         # a broker that was answering (a probe sent at least flush_when_idle_s after the last input and after the
         # end of the last outage answered); a flush during a broker pause would make the pause's backlog late.
@@ -311,7 +311,7 @@ class KafkaLoop:
             return
         out = self.core.complete(ps, self.core.flush(ps))
         if self._commit(ps, out.messages, ps.offset, flush_pending=False):
-            self.core.stats.note_latency(out.releases)
+            self.core.stats.note_commit(out.releases)
             log.info("partition %s idle: flushed (%d releases)", ps.partition, out.counts["releases"])
 
     # ---- assignment and recovery ------------------------------------------------------------------------------
@@ -330,9 +330,12 @@ class KafkaLoop:
             if ps.flush_pending and p not in self.halted:
                 self._flush(ps)
         self.ready = True
-        log.info("assigned partitions %s (halted: %s)", sorted(self.assigned), sorted(self.halted))
+        log.info("partitions assigned: %s (now %s; halted: %s)", sorted(mine), sorted(self.assigned),
+                 sorted(self.halted))
+        log.info("ready: %d partition(s) recovered, consuming %s", len(self.assigned) - len(self.halted), self.input)
 
     def _on_revoke(self, consumer: Consumer, partitions) -> None:
+        log.info("partitions revoked: %s", sorted(tp.partition for tp in partitions if tp.topic == self.input))
         for tp in partitions:
             if tp.topic == self.input:
                 self._drop(tp.partition)

@@ -1,16 +1,159 @@
 """The worker's figures in Prometheus text format (``/metrics``), read at scrape time from the same counters that
-feed the ``anon.metrics`` topic (one source), plus liveness and readiness.
+feed the ``anon.metrics`` topic (one source), plus liveness and readiness. Every series is described in
+docs/operations.md (Metrics reference); tests/test_metrics_reference.py holds the two to each other.
 
 Readiness: every partition assigned to the worker has its state recovered and none is halted (a halted partition
 needs an operator: the worker is alive but not ready).
 """
 from __future__ import annotations
 
-import numpy as np
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from stream_anon import __version__, crypto
+from stream_anon.dp.ledger import current_charges
+from stream_anon.kafka.stats import LATENCY_BUCKETS
 
 PREFIX = "stream_anon"
+
+
+def _gauge(name: str, doc: str, labels=()) -> GaugeMetricFamily:
+    return GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=["stream", *labels])
+
+
+def _counter(name: str, doc: str, labels=()) -> CounterMetricFamily:
+    return CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=["stream", *labels])
+
+
+def stream_series(core):
+    """Counters of the whole worker, by stream (and reason), and the stream's configuration figures."""
+    stream, s = core.stream, core.stats.totals
+    for name, doc, key in (("events_in", "Input messages processed", "events_in"),
+                           ("published", "Real records published", "published"),
+                           ("releases", "Releases published", "releases"),
+                           ("aggregate_rows", "DP aggregate rows published", "aggregate_rows")):
+        m = _counter(name, doc)
+        m.add_metric([stream], s[key])
+        yield m
+    for name, doc in (("suppressed", "Records suppressed, by reason"),
+                      ("dead_letters", "Input messages dead-lettered, by reason")):
+        m = _counter(name, doc, ["reason"])
+        for reason, n in sorted(core.stats.by_reason[name].items()):
+            m.add_metric([stream, reason], n)
+        yield m
+    m = _gauge("suppression_limit", "Largest share of a release's records that may be suppressed "
+               "(anonymization.max_suppression_ratio)")
+    m.add_metric([stream], float(core.config.anonymization.max_suppression_ratio))
+    yield m
+    m = _gauge("window_seconds", "Event-time length of a window (anonymization.window_s)")
+    m.add_metric([stream], float(core.config.anonymization.window_s))
+    yield m
+    m = _gauge("info", "1, labelled with the version, the input topic and the secret's key id",
+               ["version", "input_topic", "key_id"])
+    m.add_metric([stream, __version__, core.topic, crypto.key_id(core.secret)], 1.0)
+    yield m
+
+
+def partition_series(core, loop):
+    """Per assigned partition: progress, lag, the latest release's figures."""
+    stream = core.stream
+    per = {name: _gauge(name, doc, ["partition"]) for name, doc in (
+        ("partition_events_in", "Input messages processed per partition"),
+        ("deferred", "Records deferred (waiting for a class) per partition"),
+        ("consumer_lag", "Consumer lag per partition in messages: the broker's end offset minus the next offset "
+                         "to process, read every --metrics-interval (the Tansu broker under-reports end offsets)"),
+        ("release_ncp_mean", "Mean NCP (information loss, 0..1) of the partition's latest release"),
+        ("release_suppression_ratio", "Share of the records of the partition's latest release that were "
+                                      "suppressed"),
+        ("release_counterfeit_records", "Counterfeit records in the partition's latest release"),
+        ("event_time_lag_seconds", "Wall time at the commit of the partition's latest release minus the end "
+                                   "(event time) of its window: how far the output trails the clock"),
+        ("state_transactions", "Committed state transactions per partition"))}
+    for p, ps in sorted(core.parts.items()):
+        lab = [stream, str(p)]
+        per["partition_events_in"].add_metric(lab, ps.events_in)
+        per["deferred"].add_metric(lab, ps.engine.deferred)
+        hw = loop.highwater.get(p) if loop is not None else None
+        if hw is not None:
+            per["consumer_lag"].add_metric(lab, max(0, hw - (ps.offset + 1)))
+        last = core.stats.last_release.get(p)
+        if last:
+            per["release_ncp_mean"].add_metric(lab, last["ncp_mean"])
+            per["release_suppression_ratio"].add_metric(lab, last["suppression_ratio"])
+            per["release_counterfeit_records"].add_metric(lab, last["counterfeit_records"])
+        if p in core.stats.event_time_lag_s:
+            per["event_time_lag_seconds"].add_metric(lab, core.stats.event_time_lag_s[p])
+        per["state_transactions"].add_metric(lab, ps.seq)
+    yield from per.values()
+
+
+def budget_series(core):
+    """The DP budget per partition ledger (as of its last committed state): what each aggregate charged the
+    worst-case unit of privacy in the current period (the whole stream without ``[dp] period``), the budget and
+    what is left of it."""
+    stream = core.stream
+    spent = _gauge("epsilon_spent", "Epsilon charged to the worst-case unit of privacy in the current period by "
+                   "each aggregate (whole stream without [dp] period), per partition ledger",
+                   ["partition", "aggregate", "period"])
+    total = _gauge("epsilon_period_spent", "Epsilon charged to the worst-case unit of privacy in the current "
+                   "period, all aggregates (the ledger_epsilon_spent of the period's rows)", ["partition", "period"])
+    budget = _gauge("epsilon_budget", "Epsilon budget per unit of privacy and period ([dp] epsilon_budget)",
+                    ["partition"])
+    left = _gauge("epsilon_left", "Epsilon budget left to the worst-case unit in the current period",
+                  ["partition"])
+    for p, ps in sorted(core.parts.items()):
+        if ps.dp is None:
+            continue
+        ledger = ps.dp.ledger
+        period, charges = current_charges(ledger)
+        label = period or ""
+        for spec in ps.dp.dp.aggregates:
+            spent.add_metric([stream, str(p), spec.name, label], charges.get(spec.name, 0.0))
+        charged = ledger.period_spent(period) if period is not None else ledger.spent
+        total.add_metric([stream, str(p), label], charged)
+        budget.add_metric([stream, str(p)], ledger.epsilon_budget)
+        left.add_metric([stream, str(p)], max(0.0, ledger.epsilon_budget - charged))
+    yield from (spent, total, budget, left)
+
+
+def loop_series(core, loop):
+    """The Kafka loop's figures: alerts, broker, halts, transactions, processing latency, the latest release."""
+    stream = core.stream
+    alerts = _counter("alerts", "Alerts raised", ["alert"])
+    alerts.add_metric([stream, "suppression_limit_exceeded"], core.stats.alerts.get("suppression_limit_exceeded", 0))
+    alerts.add_metric([stream, "partition_halted"], loop.counters["halts"])
+    alerts.add_metric([stream, "broker_lost"], loop.counters["broker_lost"])
+    yield alerts
+    g = _gauge("broker_connected", "1 while the broker is reachable, else 0")
+    g.add_metric([stream], 1.0 if loop.connected else 0.0)
+    yield g
+    g = _gauge("ready", "1 while /readyz answers 200 (partitions assigned and recovered, none halted), else 0")
+    g.add_metric([stream], 1.0 if readiness(loop)[0] else 0.0)
+    yield g
+    h = _gauge("partition_halted", "1 for a partition halted until an operator decides (label reason), 0 for an "
+               "assigned partition that runs", ["partition", "reason"])
+    for p in sorted(set(loop.assigned) | set(loop.halted)):
+        info = loop.halted.get(p)
+        h.add_metric([stream, str(p), info["reason"] if info else ""], 1.0 if info else 0.0)
+    yield h
+    for name, doc, key in (("transactions", "Committed transactions", "transactions"),
+                           ("transactions_aborted", "Aborted transactions", "aborted")):
+        m = _counter(name, doc)
+        m.add_metric([stream], loop.counters[key])
+        yield m
+    proc = core.stats.processing
+    cum, buckets = 0, []
+    for bound, n in zip(LATENCY_BUCKETS, proc["buckets"]):
+        cum += n
+        buckets.append(("+Inf" if bound == float("inf") else repr(bound), cum))
+    lat = HistogramMetricFamily(f"{PREFIX}_processing_latency_seconds", "Seconds from a partition batch's arrival "
+                                "at the worker to the commit of its transaction", labels=["stream"])
+    lat.add_metric([stream], buckets, proc["sum"])
+    yield lat
+    g = _gauge("last_release_timestamp_seconds", "Wall time (Unix seconds) of the latest committed release; the "
+               "worker's start while it has committed none")
+    g.add_metric([stream], core.stats.last_release_at or core.stats.totals["started"])
+    yield g
 
 
 class WorkerCollector:
@@ -18,84 +161,11 @@ class WorkerCollector:
         self.core, self.loop = core, loop
 
     def collect(self):
-        core, loop = self.core, self.loop
-        stream = core.stream
-        s = core.stats.totals
-
-        def counter(name, doc, value, **labels):
-            m = CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=["stream", *labels])
-            m.add_metric([stream, *labels.values()], value)
-            return m
-
-        yield counter("events_in", "Input messages processed", s["events_in"])
-        yield counter("published", "Real records published", s["published"])
-        yield counter("releases", "Releases published", s["releases"])
-        yield counter("aggregate_rows", "DP aggregate rows published", s["aggregate_rows"])
-        m = CounterMetricFamily(f"{PREFIX}_suppressed", "Records suppressed, by reason", labels=["stream", "reason"])
-        for reason, n in sorted(core.stats.by_reason["suppressed"].items()):
-            m.add_metric([stream, reason], n)
-        yield m
-        m = CounterMetricFamily(f"{PREFIX}_dead_letters", "Input messages dead-lettered, by reason",
-                                labels=["stream", "reason"])
-        for reason, n in sorted(core.stats.by_reason["dead_letters"].items()):
-            m.add_metric([stream, reason], n)
-        yield m
-        per = {name: GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=["stream", "partition"]) for name, doc in (
-            ("partition_events_in", "Input messages processed per partition"),
-            ("deferred", "Records deferred (waiting for a class) per partition"),
-            ("consumer_lag", "Approximate consumer lag per partition (the broker's end offset minus the committed "
-                             "position; the Tansu broker under-reports end offsets)"),
-            ("release_ncp_mean", "Mean NCP of the partition's latest release"),
-            ("release_counterfeit_records", "Counterfeit records in the partition's latest release"),
-            ("state_transactions", "Committed state transactions per partition"))}
-        for p, ps in sorted(core.parts.items()):
-            lab = [stream, str(p)]
-            per["partition_events_in"].add_metric(lab, ps.events_in)
-            per["deferred"].add_metric(lab, ps.engine.deferred)
-            hw = loop.highwater.get(p) if loop is not None else None
-            if hw is not None:
-                per["consumer_lag"].add_metric(lab, max(0, hw - (ps.offset + 1)))
-            last = core.stats.last_release.get(p)
-            if last:
-                per["release_ncp_mean"].add_metric(lab, last["ncp_mean"])
-                per["release_counterfeit_records"].add_metric(lab, last["counterfeit_records"])
-            per["state_transactions"].add_metric(lab, ps.seq)
-        yield from per.values()
-        eps_spent = GaugeMetricFamily(f"{PREFIX}_epsilon_spent", "DP epsilon spent per aggregate (worst case per "
-                                      "individual, ledger of the partition)", labels=["stream", "partition", "aggregate"])
-        eps_left = GaugeMetricFamily(f"{PREFIX}_epsilon_left", "DP budget left (ledger of the partition)",
-                                     labels=["stream", "partition"])
-        for p, ps in sorted(core.parts.items()):
-            if ps.dp is None:
-                continue
-            for spec in ps.dp.dp.aggregates:
-                eps_spent.add_metric([stream, str(p), spec.name], ps.dp.ledger.spent_by(spec.name))
-            eps_left.add_metric([stream, str(p)], ps.dp.ledger.remaining)
-        yield eps_spent
-        yield eps_left
-        alerts = CounterMetricFamily(f"{PREFIX}_alerts", "Alerts raised", labels=["stream", "alert"])
-        alerts.add_metric([stream, "suppression_limit_exceeded"], core.stats.alerts.get("suppression_limit_exceeded", 0))
-        if loop is not None:
-            alerts.add_metric([stream, "partition_halted"], loop.counters["halts"])
-            alerts.add_metric([stream, "broker_lost"], loop.counters["broker_lost"])
-        yield alerts
-        if loop is None:
-            return
-        lat = np.array(core.stats.release_latency_s or [0.0])
-        g = GaugeMetricFamily(f"{PREFIX}_release_latency_seconds", "Wall time from a window's end (event time) to "
-                              "its release, over the last 1,000 releases", labels=["stream", "quantile"])
-        for q in (0.5, 0.99):
-            g.add_metric([stream, str(q)], float(np.quantile(lat, q)))
-        yield g
-        yield GaugeMetricFamily(f"{PREFIX}_broker_connected", "1 while the broker is reachable",
-                                value=1.0 if loop.connected else 0.0)
-        h = GaugeMetricFamily(f"{PREFIX}_partition_halted", "1 for a partition halted until an operator decides",
-                              labels=["stream", "partition", "reason"])
-        for p, info in sorted(loop.halted.items()):
-            h.add_metric([stream, str(p), info["reason"]], 1.0)
-        yield h
-        yield counter("transactions", "Committed transactions", loop.counters["transactions"])
-        yield counter("transactions_aborted", "Aborted transactions", loop.counters["aborted"])
+        yield from stream_series(self.core)
+        yield from partition_series(self.core, self.loop)
+        yield from budget_series(self.core)
+        if self.loop is not None:
+            yield from loop_series(self.core, self.loop)
 
 
 def prometheus_text(core, loop) -> bytes:

@@ -3,6 +3,7 @@ release figures and the alerts raised (read by ``/metrics``, :mod:`stream_anon.k
 throughput metric on ``anon.metrics``)."""
 from __future__ import annotations
 
+import bisect
 import os
 import time
 
@@ -10,6 +11,8 @@ from stream_anon.render import now_iso
 
 LAG_NOTE = ("approximate: computed from the consumed position and the broker's reported end offset, which the "
             "Tansu broker under-reports for multi-record batches")
+# upper bounds (seconds) of the processing-latency histogram's buckets; the last one catches the rest
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, float("inf"))
 BATCH_COUNTS = ("skipped", "events_in", "dead_letters", "releases", "published", "suppressed", "aggregate_rows")
 
 
@@ -25,7 +28,10 @@ class WorkerStats:
         self.last_release: dict[int, dict] = {}                  # partition -> figures of its latest release
         self.alerts: dict[str, int] = {}                         # alert name -> times raised
         self._last_metric = (time.monotonic(), 0)
-        self.release_latency_s: list[float] = []                 # wall time from a window's end, last 1,000
+        # processing latency: seconds from a partition batch's arrival at the worker to its transaction's commit
+        self.processing = {"buckets": [0] * len(LATENCY_BUCKETS), "sum": 0.0, "count": 0}
+        self.event_time_lag_s: dict[int, float] = {}             # partition -> commit time minus its window's end
+        self.last_release_at: float | None = None                # wall time of the latest committed release
 
     def release(self, rel, alerts: list[str]) -> None:
         for name in alerts:
@@ -33,15 +39,24 @@ class WorkerStats:
         for reason, n in rel.suppressed.items():
             self.by_reason["suppressed"][reason] = self.by_reason["suppressed"].get(reason, 0) + n
         self.last_release[rel.partition] = {"ncp_mean": rel.ncp_mean, "deferred": len(rel.deferred_tokens),
+                                            "suppression_ratio": rel.suppression_ratio,
                                             "counterfeit_records": rel.counterfeit_records,
                                             "window_end": rel.window_end}
 
-    def note_latency(self, releases) -> None:
-        """Releases just committed: wall time since their window's end (event time)."""
+    def note_commit(self, releases, arrived: float | None = None) -> None:
+        """A partition batch just committed (``arrived``: wall time its messages reached the worker; None for an
+        idle flush, which has no arrival) with ``releases``: their event-time lag (commit time minus the window's
+        end) per partition and the time of the latest release."""
         now = time.time()
+        if arrived is not None:
+            d = max(0.0, now - arrived)
+            self.processing["buckets"][bisect.bisect_left(LATENCY_BUCKETS, d)] += 1
+            self.processing["sum"] += d
+            self.processing["count"] += 1
         for rel in releases:
-            self.release_latency_s.append(max(0.0, now - rel.window_end) if rel.window_end else 0.0)
-        del self.release_latency_s[:-1000]
+            if rel.window_end:
+                self.event_time_lag_s[rel.partition] = now - rel.window_end
+            self.last_release_at = now
 
     def deadletter(self, reason: str) -> None:
         key = reason.split(":", 1)[0]

@@ -200,6 +200,31 @@ def stream_topic_defs(config, defs: dict[str, TopicDef] | None = None) -> dict[s
     return out
 
 
+def shared_topic_defs(defs: dict[str, TopicDef] | None = None) -> dict[str, TopicDef]:
+    """The topics every stream writes (releases, dead letters, metrics, DP aggregates), from their definitions."""
+    from stream_anon.contract import topics as names_of
+
+    defs = load_topic_definitions() if defs is None else defs
+    names = names_of()
+    out = {}
+    for name in (names.releases, names.deadletter, names.metrics, names.aggregates):
+        if name not in defs:
+            raise TopicError(f"no definition for shared topic {name}")
+        out[name] = defs[name]
+    return out
+
+
+def apply_plan(defs: dict[str, TopicDef], configs=()) -> dict[str, TopicDef]:
+    """What ``topics apply`` creates: without stream configs every defined topic; with them the shared topics and
+    each stream's (:func:`stream_topic_defs`), no other stream's."""
+    if not configs:
+        return dict(defs)
+    out = shared_topic_defs(defs)
+    for config in configs:
+        out.update(stream_topic_defs(config, defs))
+    return out
+
+
 def ensure_stream_topics(bootstrap, config, directory: str | Path | None = None) -> dict[str, str]:
     """Apply the topics of one stream (:func:`stream_topic_defs`); idempotent."""
     defs = load_topic_definitions(directory)
