@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .dp_config import DPBudget, read_dp
 from .primitives import Hierarchy, QISpec
 
 
@@ -106,6 +107,7 @@ class AuditConfig:
     invariant: str | None = None         # [sensitive] invariant
     input_topic: str | None = None       # [stream] input_topic: the raw topic the audit reads from a broker
     criteria: list = field(default_factory=list)   # LDiversitySpec / SeveritySpec of [[anonymization.criteria]]
+    dp: DPBudget | None = None           # [dp] and [[aggregates]]: the DP check's budget
 
     def __post_init__(self) -> None:
         self.quasi_identifiers = [q if isinstance(q, QISpec) else QISpec(*q) for q in self.quasi_identifiers]
@@ -148,4 +150,5 @@ class AuditConfig:
             invariant=sensitive.get("invariant"),
             input_topic=stream.get("input_topic"),
             criteria=_criteria(anon.get("criteria"), int(anon["k"])),
+            dp=read_dp(raw),
         )

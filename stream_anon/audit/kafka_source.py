@@ -101,8 +101,11 @@ def _decode(value: Any) -> Any:
     return obj if isinstance(obj, dict) else None
 
 
-def read_outputs(bootstrap, stream: str, idle_s: float = 3.0, max_wait_s: float = 120.0) -> AuditOutputs:
-    """Records of ``anon.<stream>.records`` and this stream's manifests and dead letters (duplicates kept)."""
+def read_outputs(bootstrap, stream: str, idle_s: float = 3.0, max_wait_s: float = 120.0,
+                 dp: bool = True) -> AuditOutputs:
+    """Records of ``anon.<stream>.records`` and this stream's manifests, dead letters and committed DP rows of
+    anon.aggregates (duplicates kept). ``dp`` False: a stream without ``[dp]``, whose aggregates topic may not
+    exist: waited for 1 s only (rows found there still fail the DP check)."""
     out = AuditOutputs()
     names = topics()
     for topic, target, filter_stream in ((names.records(stream), out.records, False),
@@ -114,6 +117,11 @@ def read_outputs(bootstrap, stream: str, idle_s: float = 3.0, max_wait_s: float 
                 out.malformed.append(value)
             elif not filter_stream or obj.get("stream") == stream:
                 target.append(obj)
+    for _src, value in read_topic(bootstrap, names.aggregates, idle_s=idle_s, max_wait_s=max_wait_s,
+                                  metadata_wait_s=5.0 if dp else 1.0, committed_only=True, complete=True):
+        obj = _decode(value)
+        if obj is not None and obj.get("stream") == stream and "row_id" in obj:
+            out.aggregates.append(obj)
     return out
 
 
@@ -133,7 +141,7 @@ def audit_from_kafka(bootstrap, config_path: str | Path, secret: bytes | str, ra
     decode = raw_decoder(config_path)      # a mapped [input] (csv, tesla-fleet-telemetry, gtfs-realtime, ...)
     if decode is not None:
         raw = decode(raw)
-    outputs = read_outputs(bootstrap, cfg.stream, idle_s=idle_s, max_wait_s=max_wait_s)
+    outputs = read_outputs(bootstrap, cfg.stream, idle_s=idle_s, max_wait_s=max_wait_s, dp=cfg.dp is not None)
     alerts = read_alerts(bootstrap, cfg.stream, idle_s=idle_s, max_wait_s=max_wait_s) if health else None
     return audit(raw, outputs, secret.encode() if isinstance(secret, str) else secret, cfg, alerts=alerts)
 

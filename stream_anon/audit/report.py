@@ -52,6 +52,6 @@ class AuditReport:
             info = {k: v for k, v in chk.items() if k not in ("passed", "examples") and not isinstance(v, (dict, list))}
             lines.append(f"  [{'ok' if chk['passed'] else 'FAIL'}] {name}: " + ", ".join(f"{k}={v}" for k, v in info.items()))
             for ex in chk.get("examples", [])[:3] if not chk["passed"] else []:
-                lines.append(f"      - {ex}")
+                lines.append(f"      - {ex.get('line', ex) if isinstance(ex, dict) else ex}")
         lines.extend(self.format_health())
         return "\n".join(lines)

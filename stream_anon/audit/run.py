@@ -16,7 +16,8 @@ Checks, in report order (each module's docstring says what it defeats): ``duplic
 identical copies from restarted workers merged, differing copies fail), ``k`` (:mod:`.checks.k_individuals`),
 ``l_diversity`` and ``severity`` (:mod:`.checks.l_diversity`, :mod:`.checks.severity`: only for a stream with
 such ``[[anonymization.criteria]]``), ``leaks``, ``coverage``, ``accounting``, ``consistency``, ``m_invariance``
-(only for a stream with ``[anonymization] m``) and ``config`` (only when it finds something).
+(only for a stream with ``[anonymization] m``), ``dp`` (:mod:`.checks.dp_budget`: only for a stream with ``[dp]``
+or aggregate rows) and ``config`` (only when it finds something).
 
 Counterfeit records (m-invariance)
 ----------------------------------
@@ -37,6 +38,7 @@ from .checks.accounting import Accounting
 from .checks.config_sanity import ConfigSanity
 from .checks.consistency import Consistency
 from .checks.coverage import Coverage
+from .checks.dp_budget import DPBudgetCheck
 from .checks.k_individuals import KInIndividuals
 from .checks.l_diversity import LDiversity
 from .checks.leaks import Leaks
@@ -48,7 +50,7 @@ from .measures import class_individuals, health_figures
 from .report import AuditReport
 
 CHECKS: tuple[Check, ...] = (KInIndividuals(), LDiversity(), Severity(), Leaks(), Coverage(), Accounting(),
-                             Consistency(), MInvariance(), ConfigSanity())
+                             Consistency(), MInvariance(), DPBudgetCheck(), ConfigSanity())
 _M_SUMMARY_RENAMED = ("releases", "classes", "individuals")   # the audit's own summary has these names
 
 
@@ -57,7 +59,8 @@ def audit(raw_events: Iterable, outputs: Any, secret: bytes | str, config_view: 
     """Audit published outputs against the raw input. See the module docstring for the checks.
 
     raw_events: iterable of ``((topic, partition, offset), payload)`` with payload bytes/str (may be malformed).
-    outputs: dict or object with lists ``records``, ``manifests``, ``deadletters`` (and optional ``malformed``).
+    outputs: dict or object with lists ``records``, ``manifests``, ``deadletters`` (and optional ``malformed`` and
+    ``aggregates``, the DP rows of anon.aggregates).
     alerts: the stream's messages on anon.metrics (any type; alerts are picked out), or None if not read.
     The report's ``health`` (:func:`.measures.health_figures`) states loss, class sizes, dead letters by reason
     and alerts; it never changes the verdict.
