@@ -108,6 +108,7 @@ class AuditConfig:
     input_topic: str | None = None       # [stream] input_topic: the raw topic the audit reads from a broker
     criteria: list = field(default_factory=list)   # LDiversitySpec / SeveritySpec of [[anonymization.criteria]]
     dp: DPBudget | None = None           # [dp] and [[aggregates]]: the DP check's budget
+    max_suppression_ratio: float = 0.05  # [anonymization]: a run suppressing more is NOT PASSED
 
     def __post_init__(self) -> None:
         self.quasi_identifiers = [q if isinstance(q, QISpec) else QISpec(*q) for q in self.quasi_identifiers]
@@ -151,4 +152,5 @@ class AuditConfig:
             input_topic=stream.get("input_topic"),
             criteria=_criteria(anon.get("criteria"), int(anon["k"])),
             dp=read_dp(raw),
+            max_suppression_ratio=float(anon.get("max_suppression_ratio", 0.05)),
         )
