@@ -116,7 +116,7 @@ class QISpace:
                         if values[i] is None:
                             codes[i] = self.missing_code[d]
                         elif reasons[i] is None:
-                            reasons[i] = f"{qi.name}: value {values[i]!r} is not in hierarchy {qi.hierarchy.name!r}"
+                            reasons[i] = f"{qi.name}: value is not in hierarchy {qi.hierarchy.name!r}"
                     X[:, d] = codes
                 else:
                     X[:, d] = self._numeric(values, d, qi, reasons, qi.fields[0])
@@ -142,13 +142,12 @@ class QISpace:
             x = fast(v) if fast is not None and type(v) is str else parse(v)
             if x is None:
                 if reasons[i] is None:
-                    reasons[i] = f"{qi.name}: {field} value {v!r} is not a valid {qi.kind}"
+                    reasons[i] = f"{qi.name}: {field} value is not a valid {qi.kind}"
                 out[i] = self.missing_code[d]
             elif not lo <= x <= hi:
                 if reasons[i] is None:
-                    shown = iso(x) if qi.kind == "timestamp" else x
                     bounds = (iso(lo), iso(hi)) if qi.kind == "timestamp" else (lo, hi)
-                    reasons[i] = f"{qi.name}: {field} value {shown} outside configured domain [{bounds[0]}, {bounds[1]}]"
+                    reasons[i] = f"{qi.name}: {field} value outside configured domain [{bounds[0]}, {bounds[1]}]"
                 out[i] = self.missing_code[d]
             else:
                 out[i] = x
