@@ -55,8 +55,8 @@ class AlertLog:
 
 
 class Renderer:
-    """The messages of one stream's releases and dead letters (``raw_deadletters``: keep payloads that are not
-    JSON objects verbatim, an operator's opt-in)."""
+    """The messages of one stream's releases and dead letters (``raw_deadletters``: every field of a dead-lettered
+    event with its identifiers redacted, and payloads that are not JSON objects verbatim: an operator's opt-in)."""
 
     def __init__(self, config, secret: bytes, raw_deadletters: bool = False):
         self.config, self.secret, self.raw_deadletters = config, secret, raw_deadletters
