@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .dp_config import DPBudget, read_dp
-from .primitives import Hierarchy, QISpec
+from .primitives import Hierarchy, QISpec, numeric_granularity
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,8 @@ class AuditConfig:
             hier = None
             if q.get("hierarchy") and q.get("kind") != "geopoint":     # a geopoint's "h3" is no file
                 hier = Hierarchy.load((path.parent / q["hierarchy"]).resolve())
-            qis.append(QISpec(q["name"], q["field"], q["kind"], hier, q.get("lower"), q.get("upper")))
+            qis.append(QISpec(q["name"], q["field"], q["kind"], hier, q.get("lower"), q.get("upper"),
+                              numeric_granularity(q)))
         identifiers = list(dict.fromkeys([*ids.get("drop", []), *ids.get("pseudonymize", [])]))
         return cls(
             k=int(anon["k"]),

@@ -11,7 +11,9 @@ values first; a class holding a missing value publishes the whole domain for tha
 Published time intervals are half-open, ``[from, to)``, and snapped outward to the configured granularity
 (``[anonymization] time_granularity_s``, default 60 s): ``from = floor(min / g) * g``, ``to = floor(max / g) * g +
 g``. A class whose members share one exact minute publishes ``[t, t + 60 s)``, never a zero-width interval; the
-whole-domain interval of a missing time is snapped the same way. Numeric intervals stay closed ``[from, to]``.
+whole-domain interval of a missing time is snapped the same way. Numeric intervals are closed ``[from, to]``,
+snapped outward the same way to the quasi-identifier's ``granularity`` within its domain (:func:`snap_numeric`):
+no bound is a member's exact value off the grid.
 
 **Positions along H3** (``hierarchy = "h3"``, ``resolutions = [rmin, rmax]``): a geopoint is still encoded as
 latitude and longitude (partitioning strategies split on them), but a class publishes one H3 cell: the cell of
@@ -193,6 +195,8 @@ class QISpace:
                     hi[:, axis] = np.minimum(self.upper[axis], np.ceil(hi[:, axis] / qi.grid) * qi.grid)
             elif qi.kind == "timestamp":
                 lo[:, d], hi[:, d] = snap_time(lo[:, d], hi[:, d], self.granularity)
+            elif qi.kind == "numeric" and qi.granularity:
+                lo[:, d], hi[:, d] = snap_numeric(lo[:, d], hi[:, d], qi.granularity, self.lower[d], self.upper[d])
             d += qi.dims
         return lo, hi, labels
 
@@ -267,6 +271,27 @@ def snap_time(lo, hi, granularity: float):
 
 
 # -- H3 -----------------------------------------------------------------------------------------------------------
+def snap_numeric(lo, hi, granularity: float, lower: float, upper: float):
+    """Closed numeric bounds ``[from, to]`` snapped outward to ``granularity`` as times are (``from = floor(min/g)
+    * g``, ``to = floor(max/g) * g + g``), within the domain: a bound is a multiple of ``g`` or a domain bound,
+    never a member's exact value off the grid, and never zero width.
+
+    >>> [b.tolist() for b in snap_numeric(np.array([10345.0, 7.0]), np.array([10345.0, 19.0]), 1000.0, 0.0, 2e4)]
+    [[10000.0, 0.0], [11000.0, 1000.0]]
+    >>> [b.tolist() for b in snap_numeric(np.array([0.31, 0.3]), np.array([0.37, 0.3]), 0.1, 0.0, 0.35)]
+    [[0.3, 0.3], [0.35, 0.35]]
+    """
+    g = float(granularity)
+    f, t = np.floor(lo / g) * g, np.floor(hi / g) * g + g
+    if not g.is_integer():        # 0.3 / 0.1 is 2.9999999999999996: bounds on the decimal grid
+        f, t = np.floor(lo / g + 1e-9) * g, np.floor(hi / g + 1e-9) * g + g
+        digits = max(0, -math.floor(math.log10(g))) + 6
+        f, t = np.round(f, digits), np.round(t, digits)
+        f = np.round(np.where(f > lo, f - g, f), digits)          # never inside a member after rounding
+        t = np.round(np.where(t <= hi, t + g, t), digits)
+    return np.maximum(f, lower), np.minimum(t, upper)
+
+
 def _h3():
     import h3       # only streams with an H3 geopoint need the package (checked when their config loads)
     return h3
