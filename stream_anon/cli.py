@@ -110,13 +110,28 @@ def _cmd_audit(args) -> int:
     print(report.format_text())
     if args.report:
         Path(args.report).write_text(json.dumps(report.to_dict(), indent=2))
-    if not report.passed:
+    return audit_exit_status(report, args.fail_on_alert, args.fail_on_open)
+
+
+def audit_exit_status(report, fail_on_alert: bool = False, fail_on_open: bool = False) -> int:
+    """0 PASSED, 1 FAILED (a check failed), 4 NOT PASSED (nothing published, or more suppressed than
+    max_suppression_ratio), 3 alerts with ``--fail-on-alert``, 5 events in windows still open with
+    ``--fail-on-open`` (docs/operations.md, Audit)."""
+    if report.verdict == "FAILED" or (not report.passed and report.verdict != "NOT PASSED"):
         return 1
+    if report.verdict == "NOT PASSED":
+        print(f"stream-anon audit: NOT PASSED: {report.verdict_reason}", file=sys.stderr)
+        return 4
     alerts = (report.health or {}).get("alerts", {})
-    if args.fail_on_alert and alerts:
+    if fail_on_alert and alerts:
         print("stream-anon audit: --fail-on-alert: alerts on anon.metrics: "
               + ", ".join(f"{k} x{v}" for k, v in sorted(alerts.items())), file=sys.stderr)
         return 3
+    n_open = (report.summary or {}).get("open") or 0
+    if fail_on_open and n_open:
+        print(f"stream-anon audit: --fail-on-open: {n_open} events in windows not released yet (oldest "
+              f"{report.summary.get('open_oldest')})", file=sys.stderr)
+        return 5
     return 0
 
 
@@ -305,7 +320,9 @@ def build_parser() -> argparse.ArgumentParser:
     mo.set_defaults(func=_cmd_monitoring)
 
     a = sub.add_parser("audit", help="verify the output topics against the raw topic (independent of the engine)",
-                       description="Needs STREAM_ANON_SECRET. Exit status 1 when any check fails.")
+                       description="Needs STREAM_ANON_SECRET. Exit status 0 PASSED, 1 FAILED (a check failed), "
+                                   "4 NOT PASSED (nothing published, or more suppressed than "
+                                   "max_suppression_ratio), 3 and 5 with --fail-on-alert / --fail-on-open.")
     a.add_argument("--config", required=True, help=CONFIG_HELP)
     kafka_connection.add_arguments(a)
     a.add_argument("--raw-topic", default=None, help="default: the config's input topic")
@@ -313,7 +330,9 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--report", default=None, help="write the audit report as JSON here")
     a.add_argument("--fail-on-alert", action="store_true",
                    help="exit 3 when an alert (e.g. suppression_limit_exceeded) was published on anon.metrics, "
-                        "even if every check passed")
+                        "even if every check passed (events in windows still open are no alert)")
+    a.add_argument("--fail-on-open", action="store_true",
+                   help="exit 5 when events wait in windows not released yet (reported as open, never as lost)")
     a.set_defaults(func=_cmd_audit)
 
     g = sub.add_parser("aggregates", help="the stream's DP aggregates, one merged figure per window and key",

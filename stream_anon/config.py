@@ -7,6 +7,8 @@ a scale that drifted with the data would make information loss incomparable acro
 """
 from __future__ import annotations
 
+import math
+
 import dataclasses
 import tomllib
 from dataclasses import dataclass, field
@@ -47,7 +49,8 @@ STREAM_KEYS = ("name", "kind", "input_topic", "privacy_unit", "event_time", "eve
 ANONYMIZATION_KEYS = ("k", "window_s", "max_delay_s", "strategy", "strategy_params", "seed", "reuse",
                       "reuse_max_classes", "reuse_horizon_s", "max_class_ncp", "max_suppression_ratio",
                       "time_granularity_s", "m", "m_horizon_s", "m_params", "criteria")
-QI_KEYS = ("name", "field", "kind", "lower", "upper", "weight", "hierarchy", "grid_deg", "resolutions")
+QI_KEYS = ("name", "field", "kind", "lower", "upper", "weight", "hierarchy", "grid_deg", "resolutions",
+           "granularity")
 SENSITIVE_KEYS = ("fields", "invariant", "domains")
 IDENTIFIER_KEYS = ("drop", "pseudonymize")
 LIMIT_KEYS = ("max_event_bytes", "duplicate_horizon_s")
@@ -64,6 +67,7 @@ class QuasiIdentifier:
     hierarchy: Hierarchy | None = None
     grid: float | None = None        # geopoint: boxes widen to this grid (degrees)
     h3: tuple[int, int] | None = None  # geopoint with hierarchy = "h3": (min, max) resolution of published cells
+    granularity: float | None = None   # numeric: published bounds snapped outward to this grid
 
     @property
     def dims(self) -> int:
@@ -324,9 +328,31 @@ def _parse_qi(t: Table, base_dir: Path) -> QuasiIdentifier:
         lower, upper = read("lower"), read("upper")
         if not lower < upper:
             raise ConfigError(f"{t.key('lower')}: must be below upper ({t.raw['upper']}), got {t.raw['lower']}")
-        qi = QuasiIdentifier(name, fields, kind, (lower,), (upper,), weight)
+        granularity = None
+        if kind == "numeric":
+            granularity = t.number("granularity", default_granularity(lower, upper), above=0,
+                                   at_most=upper - lower)
+        elif "granularity" in t:
+            raise ConfigError(f"{t.key('granularity')}: a timestamp's bounds follow "
+                              f"anonymization.time_granularity_s")
+        qi = QuasiIdentifier(name, fields, kind, (lower,), (upper,), weight, granularity=granularity)
     t.done(f"not a key of a {kind} quasi-identifier")
     return qi
+
+
+def default_granularity(lower: float, upper: float) -> float:
+    """A numeric quasi-identifier's default granularity: the largest power of ten at most 1% of its domain, and at
+    least 1 when both bounds are whole numbers (counts, years, readings).
+
+    >>> default_granularity(1931, 1999), default_granularity(0, 200), default_granularity(0, 1_000_000)
+    (1, 1, 10000)
+    >>> default_granularity(0.0, 1.5)
+    0.01
+    """
+    e = math.floor(math.log10((upper - lower) / 100))
+    if float(lower).is_integer() and float(upper).is_integer():
+        e = max(e, 0)
+    return 10 ** e if e >= 0 else float(f"1e{e}")
 
 
 def _parse_geopoint(t: Table, name: str, fields: tuple[str, ...], weight: float) -> QuasiIdentifier:

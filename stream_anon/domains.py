@@ -62,7 +62,7 @@ class SensitiveDomain:
                 return v, None
             if self.other is not None:
                 return self.other, None
-            return None, f"{self.field}: value {_shown(v)} is not in its declared categories"
+            return None, f"{self.field}: value is not in its declared categories"
         if t == "boolean":
             return (v, None) if isinstance(v, bool) else (None, f"{self.field}: a {_kind(v)} is not a boolean")
         if t == "number" or (t == "scalar" and isinstance(v, (int, float)) and not isinstance(v, bool)):
@@ -72,9 +72,9 @@ class SensitiveDomain:
                 return None, f"{self.field}: number is not finite"
             lo, hi = (self.lower, self.upper) if t == "number" else (-_MAX_SAFE_NUMBER, _MAX_SAFE_NUMBER)
             if not lo <= v <= hi:
-                return None, f"{self.field}: number {_shown(v)} outside its domain [{lo:g}, {hi:g}]"
+                return None, f"{self.field}: number outside its domain [{lo:g}, {hi:g}]"
             if self.integer and float(v) != int(v):
-                return None, f"{self.field}: number {_shown(v)} is not an integer"
+                return None, f"{self.field}: number is not an integer"
             return v, None
         if t == "scalar" and isinstance(v, bool):
             return v, None
@@ -83,7 +83,7 @@ class SensitiveDomain:
         if len(v) > self.max_length:
             return None, f"{self.field}: text of {len(v)} characters, more than {self.max_length}"
         if not self._text.fullmatch(v):
-            return None, f"{self.field}: text {_shown(v)} has characters outside [{self.charset}]"
+            return None, f"{self.field}: text has characters outside [{self.charset}]"
         return v, None
 
 
@@ -91,10 +91,6 @@ def _kind(v) -> str:
     return {dict: "object", list: "list", str: "string", bool: "boolean"}.get(type(v), type(v).__name__)
 
 
-def _shown(v, limit: int = 40) -> str:
-    """A value for a reason: repr (escapes control characters and lone surrogates), cut to ``limit``."""
-    r = repr(v)
-    return r if len(r) <= limit else r[:limit] + "...'"
 
 
 def flat_domains(table: dict, prefix: str = "") -> dict:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import copy
 import hashlib
 import logging
+import math
+import re
 import time
 from datetime import datetime, timezone
 
@@ -53,8 +55,8 @@ class AlertLog:
 
 
 class Renderer:
-    """The messages of one stream's releases and dead letters (``raw_deadletters``: keep payloads that are not
-    JSON objects verbatim, an operator's opt-in)."""
+    """The messages of one stream's releases and dead letters (``raw_deadletters``: every field of a dead-lettered
+    event with its identifiers redacted, and payloads that are not JSON objects verbatim: an operator's opt-in)."""
 
     def __init__(self, config, secret: bytes, raw_deadletters: bool = False):
         self.config, self.secret, self.raw_deadletters = config, secret, raw_deadletters
@@ -102,10 +104,12 @@ class Renderer:
     def deadletter(self, reason, partition, offset, raw: bytes | None = None,
                         event: dict | None = None, index: int | None = None,
                         opaque: bool = False) -> tuple[str, bytes, bytes]:
-        """A dead letter: reason, source coordinates, the event's audit token when it has an event id, and the
-        payload with the identifier fields (privacy unit, ``identifiers.pseudonymize``) replaced by their keyed
-        pseudonyms and ``identifiers.drop`` removed. A payload that is not a JSON object cannot be searched for
-        identifiers: it is withheld (size and digest only) unless ``raw_deadletters`` was asked for."""
+        """A dead letter: reason (naming the field and the problem, never a value of the event), source
+        coordinates, the event's audit token when it has an event id, and the payload as the output contract
+        allows it (:meth:`contract_payload`). A payload that is not a JSON object cannot be searched for
+        identifiers: it is withheld (size and digest only). ``raw_deadletters`` (``--deadletter-raw-payload``):
+        every field of the event with only its identifiers redacted (:meth:`redact`), and a payload that is not a
+        JSON object verbatim."""
         doc = {"reason": reason, "stream": self.stream,
                "source": {"topic": self.topic, "partition": partition, "offset": offset},
                "received_at": now_iso(), "kid": self.kid}
@@ -118,6 +122,7 @@ class Renderer:
             except ValueError:
                 event = None
         if isinstance(event, dict):
+            doc["reason"] = reason_without_values(str(reason), event)
             eid = event.get("event_id")
             if isinstance(eid, str) and eid:
                 try:    # the event's audit token: dead letters are accounted for like published records
@@ -125,7 +130,8 @@ class Renderer:
                 except UnicodeEncodeError:
                     pass
             try:
-                text = orjson.dumps(self.redact(event), default=str).decode()
+                shown = self.redact(event) if self.raw_deadletters else self.contract_payload(event)
+                text = orjson.dumps(shown, default=str).decode()
             except Exception as exc:   # noqa: BLE001 - e.g. nested deeper than the encoder allows
                 text = None
                 doc["payload_withheld"] = f"cannot be redacted: {type(exc).__name__}"
@@ -148,6 +154,36 @@ class Renderer:
                 doc["payload_bytes"] = len(raw) if raw is not None else len(text)
         return TOPICS.deadletter, self.stream.encode(), json_bytes(doc)
 
+    def contract_payload(self, event: dict) -> dict:
+        """What a dead letter may hold of an event: the fields the output publishes (the quasi-identifiers' and
+        the sensitive fields) and the privacy unit and ``identifiers.pseudonymize`` fields as keyed pseudonyms;
+        the event time and every timestamp quasi-identifier floored to ``time_granularity_s`` (a time that does not
+        parse becomes ``"unreadable"``); every other field (``identifiers.drop``, fields no output publishes, the
+        event id, whose audit token the dead letter carries) left out."""
+        cfg = self.config
+        g = float(cfg.anonymization.time_granularity_s)
+        times = {cfg.stream.event_time, *(f for q in cfg.quasi_identifiers if q.kind == "timestamp" for f in q.fields)}
+        pseudonymized = {cfg.stream.privacy_unit, *cfg.pseudonymize}
+        kept = dict.fromkeys([*pseudonymized, *(f for q in cfg.quasi_identifiers for f in q.fields), *cfg.sensitive,
+                              cfg.stream.event_time])
+        out: dict = {}
+        for path in kept:
+            if path in cfg.drop:
+                continue
+            value = get_path(event, path)
+            if value is None:
+                continue
+            if path in pseudonymized:
+                value = "pseudonym:" + crypto.pseudonym(self.secret, str(value))[:20]
+            elif path in times:
+                value = coarse_time(value, g)
+            holder = out
+            *parents, leaf = path.split(".")
+            for p in parents:
+                holder = holder.setdefault(p, {})
+            holder[leaf] = value
+        return out
+
     def redact(self, event: dict) -> dict:
         event = copy.deepcopy(event)
         ids = self.config
@@ -161,3 +197,54 @@ class Renderer:
             else:
                 holder[leaf] = "pseudonym:" + crypto.pseudonym(self.secret, str(holder[leaf]))[:20]
         return event
+
+
+def coarse_time(value, granularity_s: float) -> str:
+    """An ISO-8601 time floored to ``granularity_s`` (UTC), as the output's time bounds are; ``"unreadable"``.
+
+    >>> coarse_time("2009-11-09T07:31:42+00:00", 60), coarse_time("2009-11-09T07:31:42+01:00", 900), coarse_time(3, 60)
+    ('2009-11-09T07:31:00+00:00', '2009-11-09T06:30:00+00:00', 'unreadable')
+    """
+    if not isinstance(value, str):
+        return "unreadable"
+    try:
+        t = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        return "unreadable"
+    if t.tzinfo is None:
+        return "unreadable"
+    ts = math.floor(t.timestamp() / granularity_s) * granularity_s
+    return datetime.fromtimestamp(ts, timezone.utc).isoformat()
+
+
+def _leaves(obj, depth: int = 0):
+    if depth > 32:
+        return
+    if isinstance(obj, dict):
+        for v in obj.values():
+            yield from _leaves(v, depth + 1)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _leaves(v, depth + 1)
+    else:
+        yield obj
+
+
+def reason_without_values(reason: str, event: dict) -> str:
+    """``reason`` with every value of ``event`` it quotes replaced by ``<value>``: a dead letter's reason names
+    the field and the problem, never the raw value (a rule every reader's reason keeps, enforced here for all).
+
+    >>> reason_without_values("station: 'Atlantis' is not in hierarchy 'loc'", {"station": "Atlantis"})
+    "station: <value> is not in hierarchy 'loc'"
+    >>> reason_without_values("fare: number 123456 outside [0, 1000]", {"fare": 123456})
+    'fare: number <value> outside [0, 1000]'
+    """
+    for v in _leaves(event):
+        if isinstance(v, str) and v:
+            for shown in (repr(v), f'"{v}"'):
+                reason = reason.replace(shown, "<value>")
+            if len(v) >= 4:
+                reason = re.sub(rf"(?<!\w){re.escape(v)}(?!\w)", "<value>", reason)
+        elif isinstance(v, (int, float)) and not isinstance(v, bool) and len(str(v)) >= 2:
+            reason = re.sub(rf"(?<![\w.]){re.escape(str(v))}(?![\w.])", "<value>", reason)
+    return reason

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
+import json
 import logging
 import types
 
@@ -34,17 +36,35 @@ def test_health_figures_from_a_known_release_set():
     h = report.health
     # real records: 2 at 0.1 (R1 c1), 1 at 0.1 (R2 c1), 2 at 0.5 (R2 c2): mean 1.3 / 5, p95 0.5
     assert h["ncp"] == {"records": 5, "mean": 0.26, "p95": 0.5}
-    # individuals per (release, class): R1 c1 {J1001, J1002}, R2 c1 {J1003}, R2 c2 {J1001, J1004}; k = 2
-    assert h["class_individuals"] == {"classes": 3, "min": 1, "p50": 2, "mean": 1.67, "p95": 2, "max": 2,
-                                      "bins": {"< k": 1, "k": 2, "k+1 .. 2k-1": 0, "2k .. 4k-1": 0, ">= 4k": 0}}
+    # individuals per class over its releases (docs/privacy.md, Reuse of published classes): c1 {J1001, J1002}
+    # in R1 and J1003 reusing it in R2, c2 {J1001, J1004}; k = 2
+    assert h["class_individuals"] == {"classes": 2, "min": 2, "p50": 2, "mean": 2.5, "p95": 3, "max": 3,
+                                      "bins": {"< k": 0, "k": 1, "k+1 .. 2k-1": 1, "2k .. 4k-1": 0, ">= 4k": 0}}
     assert h["suppressed_by_reason"] == {"ncp": 1} and h["deferred"] == 1
     assert h["deadletters_by_reason"] == {"malformed_json": 1, "oversized payload": 1}
     assert h["alerts"] == {"loss_limit": 1, "suppression_limit_exceeded": 2}
     text = report.format_text()
     assert "health: NCP of published records mean=0.26 p95=0.5 (records=5)" in text
-    assert "individuals per class: min=1 p50=2 mean=1.67 p95=2 max=2 over 3 classes; < k=1, k=2" in text
+    assert "individuals per class: min=2 p50=2 mean=2.5 p95=3 max=3 over 2 classes; < k=0, k=1" in text
     assert "alerts on anon.metrics: loss_limit=1, suppression_limit_exceeded=2 (ALERT)" in text
     assert report.to_dict()["health"] == h
+
+
+def test_summary_and_health_agree_on_a_class_reused_by_a_late_record():
+    """R2 places the late record of J1003 in c1, which R1 published with J1001 and J1002: one rule for both
+    parts of the report (the class counts every individual published in it), and the class counts 3."""
+    raw, outputs = health_scenario()
+    reused = [c for m in outputs["manifests"] for c in m["classes"] if c["reused"]]
+    assert [c["individuals"] for c in reused] == [1]        # the reusing release adds one individual only
+    report = audit(raw, outputs, SECRET, cfg())
+    assert report.summary["min_individuals"] == report.health["class_individuals"]["min"] == 2
+    assert report.summary["classes"] == report.health["class_individuals"]["classes"] == 2
+    assert report.health["class_individuals"]["max"] == 3
+    # a class below k at creation still fails the k check whatever the reuse rule
+    assert outputs["records"][0]["release_id"] == "test-p0-000001"
+    outputs["records"] = outputs["records"][1:]             # c1 created with J1002 only
+    report = audit(raw, outputs, SECRET, cfg())
+    assert report.checks["k"]["violations_by_kind"].get("class below k at creation") == 1
 
 
 def test_health_without_metrics_says_not_read_and_counterfeits_are_no_records():
@@ -90,6 +110,86 @@ def test_audit_command_exit_status_with_fail_on_alert(monkeypatch, capsys, tmp_p
     assert ("--fail-on-alert: alerts on anon.metrics: suppression_limit_exceeded x3" in out.err) == (code == 3)
     assert seen["conn"].bootstrap == "127.0.0.1:9"
     assert '"health"' in (tmp_path / "r.json").read_text()
+
+
+def _timed(outputs):
+    """The scenario's releases with real window bounds: R1 closes 07:00-07:15, R2 07:15-07:30."""
+    for m, (start, end) in zip(outputs["manifests"], (("07:00", "07:15"), ("07:15", "07:30"))):
+        m["window_start"], m["window_end"] = f"2009-11-09T{start}:00+00:00", f"2009-11-09T{end}:00+00:00"
+    return outputs
+
+
+def _add_raw(raw, eid, minute, partition=0, unit="J2001"):
+    from test_audit import TOPIC, ev
+    offset = 1 + max(src[2] for src, _ in raw if src[1] == partition) if any(
+        src[1] == partition for src, _ in raw) else 0
+    raw.append(((TOPIC, partition, offset), json.dumps(ev(eid, unit, "Bank", minute)).encode()))
+
+
+def test_events_of_windows_still_open_are_open_not_lost():
+    raw, outputs = scenario()
+    outputs = _timed(copy.deepcopy(outputs))
+    _add_raw(raw, "e8", 50)                       # after R2's window: its window is still open
+    _add_raw(raw, "e9", 45)
+    _add_raw(raw, "e10", 5, partition=1)          # a partition that released nothing yet
+    report = audit(raw, outputs, SECRET, cfg())
+    assert report.passed, report.format_text()
+    s = report.summary
+    assert (s["open"], s["lost"], s["open_oldest"]) == (3, 0, "2009-11-09T07:05:00+00:00")
+    assert "open: 3 events in windows not released yet (oldest event time 2009-11-09T07:05:00+00:00)" in \
+        report.format_text()
+    # an unplaced event of a window already released is lost, open windows or not
+    _add_raw(raw, "e11", 10)
+    report = audit(raw, outputs, SECRET, cfg())
+    assert not report.passed and (report.summary["lost"], report.summary["open"]) == (1, 3)
+    # e6 waited (deferred) in R1 and R2; dropped from R2's list it is lost although its time is open
+    raw, outputs = scenario()
+    outputs = _timed(copy.deepcopy(outputs))
+    outputs["manifests"][1]["deferred_tokens"], outputs["manifests"][1]["deferred"] = [], 0
+    report = audit(raw, outputs, SECRET, cfg())
+    assert (report.summary["lost"], report.summary["open"]) == (1, 0)
+
+
+def test_a_run_that_publishes_nothing_or_suppresses_too_much_is_not_passed():
+    raw, outputs = scenario()
+    outputs = copy.deepcopy(outputs)
+    strict = dataclasses.replace(cfg(), max_suppression_ratio=0.05)
+    report = audit(raw, outputs, SECRET, strict)      # 1 of 6 placed events suppressed: 16.7%
+    assert all(c["passed"] for c in report.checks.values())
+    assert (report.passed, report.verdict) == (False, "NOT PASSED")
+    assert report.format_text().startswith("AUDIT NOT PASSED: 16.7% of the placed events suppressed")
+    assert audit(raw, outputs, SECRET, dataclasses.replace(cfg(), max_suppression_ratio=0.2)).passed
+    # every event suppressed: nothing published
+    tokens = [r["audit_token"] for r in outputs["records"]]
+    outputs["records"] = []
+    outputs["manifests"][0]["suppressed_tokens"]["fewer_than_k"] = tokens
+    for m in outputs["manifests"]:
+        m["classes"], m["published"] = [], 0
+    report = audit(raw, outputs, SECRET, dataclasses.replace(cfg(), max_suppression_ratio=1.0))
+    assert report.checks["accounting"]["passed"], report.format_text()
+    assert report.verdict == "NOT PASSED" and report.verdict_reason.startswith("nothing published")
+    assert report.to_dict()["verdict"] == "NOT PASSED"
+
+
+@pytest.mark.parametrize("verdict, n_open, flags, code", [
+    ("PASSED", 0, [], 0), ("FAILED", 0, [], 1), ("NOT PASSED", 0, [], 4), ("NOT PASSED", 0, ["--fail-on-alert"], 4),
+    ("PASSED", 7, [], 0), ("PASSED", 7, ["--fail-on-alert"], 0), ("PASSED", 7, ["--fail-on-open"], 5)])
+def test_audit_command_exit_status_by_verdict_and_open_events(monkeypatch, capsys, verdict, n_open, flags, code):
+    from stream_anon import cli
+    from stream_anon.audit import kafka_source
+    from stream_anon.audit.report import AuditReport
+
+    monkeypatch.setenv("STREAM_ANON_SECRET", "9f2c4e6a8b0d1f3e5a7c9e1b3d5f7a9c")
+    summary = {k: 0 for k in ("events_in", "published", "suppressed", "dead_lettered", "deferred", "lost",
+                              "duplicated", "releases", "classes", "min_individuals", "k")}
+    summary.update(open=n_open, open_oldest="2009-11-09T07:05:00+00:00" if n_open else None)
+    report = AuditReport(verdict == "PASSED", {}, summary, health={"alerts": {}}, verdict=verdict,
+                         verdict_reason=None if verdict == "PASSED" else "why")
+    monkeypatch.setattr(kafka_source, "audit_from_kafka", lambda *a, **kw: report)
+    assert cli.main(["audit", "--config", "oyster", "--broker", "127.0.0.1:9", *flags]) == code
+    out = capsys.readouterr()
+    assert out.out.startswith(f"AUDIT {verdict}")
+    assert ("--fail-on-open: 7 events in windows not released yet" in out.err) == (code == 5)
 
 
 def _release(rid, suppressed, ratio, exceeded):

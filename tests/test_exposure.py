@@ -110,9 +110,9 @@ def test_values_outside_a_domain_without_other_are_dead_lettered_with_a_reason()
     res, _ = run(oyster(), events)
     reasons = {r.event["event_id"]: r.reason for r in res.rejected}
     assert reasons == {
-        "m0": "sensitive full_fare_pence: number 1000000000000 outside its domain [0, 2000]",
+        "m0": "sensitive full_fare_pence: number outside its domain [0, 2000]",
         "m1": "sensitive daily_capping: a string is not a boolean",
-        "m2": "sensitive full_fare_pence: number 12.5 is not an integer",
+        "m2": "sensitive full_fare_pence: number is not an integer",
         "m3": "sensitive discounted_fare_pence: a object is not a number"}
 
 

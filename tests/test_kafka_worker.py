@@ -170,11 +170,11 @@ def test_bad_input_goes_to_deadletter(broker, tmp_path, secret_env):
         1: "malformed JSON: ",
         2: "schema: event_time: missing",
         3: "schema: full_fare_pence: expected integer",
-        4: "schema: event_type: 'teleport' is not one of",
+        4: "schema: event_type: <value> is not one of",
         5: f"oversized payload: {len(bad['oversized'])} bytes > limit {cfg.limits.max_event_bytes}",
-        6: "time: event_time value 1999-01-01T00:00:00+00:00 outside configured domain",
-        7: "time: event_time value 2031-01-01T00:00:00+00:00 outside configured domain",
-        8: "location: value 'Atlantis' is not in hierarchy 'test_location'",
+        6: "time: event_time value outside configured domain",
+        7: "time: event_time value outside configured domain",
+        8: "location: value is not in hierarchy 'test_location'",
     }
     for i, prefix in expected.items():
         assert by_id[i].startswith(prefix), (i, by_id[i])

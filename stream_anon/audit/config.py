@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .primitives import Hierarchy, QISpec
+from .dp_config import DPBudget, read_dp
+from .primitives import Hierarchy, QISpec, numeric_granularity
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,8 @@ class AuditConfig:
     invariant: str | None = None         # [sensitive] invariant
     input_topic: str | None = None       # [stream] input_topic: the raw topic the audit reads from a broker
     criteria: list = field(default_factory=list)   # LDiversitySpec / SeveritySpec of [[anonymization.criteria]]
+    dp: DPBudget | None = None           # [dp] and [[aggregates]]: the DP check's budget
+    max_suppression_ratio: float = 0.05  # [anonymization]: a run suppressing more is NOT PASSED
 
     def __post_init__(self) -> None:
         self.quasi_identifiers = [q if isinstance(q, QISpec) else QISpec(*q) for q in self.quasi_identifiers]
@@ -134,7 +137,8 @@ class AuditConfig:
             hier = None
             if q.get("hierarchy") and q.get("kind") != "geopoint":     # a geopoint's "h3" is no file
                 hier = Hierarchy.load((path.parent / q["hierarchy"]).resolve())
-            qis.append(QISpec(q["name"], q["field"], q["kind"], hier, q.get("lower"), q.get("upper")))
+            qis.append(QISpec(q["name"], q["field"], q["kind"], hier, q.get("lower"), q.get("upper"),
+                              numeric_granularity(q)))
         identifiers = list(dict.fromkeys([*ids.get("drop", []), *ids.get("pseudonymize", [])]))
         return cls(
             k=int(anon["k"]),
@@ -148,4 +152,6 @@ class AuditConfig:
             invariant=sensitive.get("invariant"),
             input_topic=stream.get("input_topic"),
             criteria=_criteria(anon.get("criteria"), int(anon["k"])),
+            dp=read_dp(raw),
+            max_suppression_ratio=float(anon.get("max_suppression_ratio", 0.05)),
         )

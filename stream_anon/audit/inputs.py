@@ -30,6 +30,7 @@ class AuditOutputs:
     manifests: list[dict] = field(default_factory=list)
     deadletters: list[dict] = field(default_factory=list)
     malformed: list[Any] = field(default_factory=list)  # output messages that were not JSON objects
+    aggregates: list[dict] = field(default_factory=list)  # DP rows of anon.aggregates (duplicates kept)
 
 
 def outputs_part(outputs: Any, name: str) -> list:
@@ -126,6 +127,21 @@ def deduplicate(records: list[dict], manifests: list[dict], log: ViolationLog) -
     return [v[1] for v in seen_r.values()], [v[1] for v in seen_m.values()]
 
 
+def deduplicate_rows(rows: list[dict], log: ViolationLog) -> list[dict]:
+    """One DP row per ``row_id`` (a re-produced row is identical); copies that differ are a "conflicting
+    duplicate row" (one window and cell released twice with different noise)."""
+    seen: dict[Any, tuple[str, dict]] = {}
+    for r in rows:
+        rid = r.get("row_id")
+        c = canonical_json(r)
+        if rid in seen:
+            if seen[rid][0] != c:
+                log.fail("conflicting duplicate row", row_id=rid, what="aggregate")
+            continue
+        seen[rid] = (c, r)
+    return [v[1] for v in seen.values()]
+
+
 def _well_formed(items: list, malformed: list) -> list[dict]:
     """The JSON objects of bounded nesting among ``items``; the others are appended to ``malformed``."""
     kept = []
@@ -147,9 +163,13 @@ def build_context(raw_events: Iterable, outputs: Any, secret: bytes,
     if config.stream is not None:
         manifests = [m for m in manifests if m.get("stream") in (None, config.stream)]
         deadletters = [d for d in deadletters if d.get("stream") in (None, config.stream)]
+    aggregates = _well_formed(outputs_part(outputs, "aggregates"), malformed)
+    if config.stream is not None:
+        aggregates = [a for a in aggregates if a.get("stream") in (None, config.stream)]
     duplicates = ViolationLog()
     records, manifests = deduplicate(records, manifests, duplicates)
+    aggregates = deduplicate_rows(aggregates, duplicates)
     ctx = AuditContext(config=config, secret=secret, raws=parse_raw(raw_events, secret, config.privacy_unit),
                        records=records, manifests=manifests, deadletters=deadletters, malformed=malformed,
-                       counterfeits=counterfeit_tokens(manifests, secret))
+                       counterfeits=counterfeit_tokens(manifests, secret), aggregates=aggregates)
     return ctx, duplicates.result()

@@ -101,27 +101,61 @@ def _decode(value: Any) -> Any:
     return obj if isinstance(obj, dict) else None
 
 
-def read_outputs(bootstrap, stream: str, idle_s: float = 3.0, max_wait_s: float = 120.0) -> AuditOutputs:
-    """Records of ``anon.<stream>.records`` and this stream's manifests and dead letters (duplicates kept)."""
-    out = AuditOutputs()
+def _parallel(calls: dict) -> dict:
+    """Run ``name -> (function, args, kwargs)`` each in its own thread (one consumer each): the reads wait for
+    quiet topics, so reading them side by side takes the longest read's time, not the sum."""
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(max_workers=len(calls), thread_name_prefix="audit-read") as pool:
+        futures = {name: pool.submit(fn, *args, **kwargs) for name, (fn, args, kwargs) in calls.items()}
+        return {name: f.result() for name, f in futures.items()}
+
+
+def _output_reads(bootstrap, stream: str, idle_s: float, max_wait_s: float, dp: bool) -> dict:
     names = topics()
-    for topic, target, filter_stream in ((names.records(stream), out.records, False),
-                                         (names.releases, out.manifests, True),
-                                         (names.deadletter, out.deadletters, True)):
-        for _src, value in read_topic(bootstrap, topic, idle_s=idle_s, max_wait_s=max_wait_s, complete=True):
+    read = {"idle_s": idle_s, "max_wait_s": max_wait_s, "complete": True}
+    return {"records": (read_topic, (bootstrap, names.records(stream)), read),
+            "manifests": (read_topic, (bootstrap, names.releases), read),
+            "deadletters": (read_topic, (bootstrap, names.deadletter), read),
+            "aggregates": (read_topic, (bootstrap, names.aggregates),
+                           {**read, "metadata_wait_s": 5.0 if dp else 1.0, "committed_only": True})}
+
+
+def _outputs_of(read: dict, stream: str) -> AuditOutputs:
+    out = AuditOutputs()
+    for part, filter_stream in (("records", False), ("manifests", True), ("deadletters", True)):
+        target = getattr(out, part)
+        for _src, value in read[part]:
             obj = _decode(value)
             if obj is None:
                 out.malformed.append(value)
             elif not filter_stream or obj.get("stream") == stream:
                 target.append(obj)
+    for _src, value in read["aggregates"]:
+        obj = _decode(value)
+        if obj is not None and obj.get("stream") == stream and "row_id" in obj:
+            out.aggregates.append(obj)
     return out
+
+
+def read_outputs(bootstrap, stream: str, idle_s: float = 3.0, max_wait_s: float = 120.0,
+                 dp: bool = True) -> AuditOutputs:
+    """Records of ``anon.<stream>.records`` and this stream's manifests, dead letters and committed DP rows of
+    anon.aggregates (duplicates kept), the topics read side by side. ``dp`` False: a stream without ``[dp]``,
+    whose aggregates topic may not exist: waited for 1 s only (rows found there still fail the DP check)."""
+    return _outputs_of(_parallel(_output_reads(bootstrap, stream, idle_s, max_wait_s, dp)), stream)
+
+
+# anon.metrics is written every few seconds by a running worker: it never goes quiet. The alerts are health
+# figures, never the verdict, so that read is bounded instead of complete.
+ALERTS_MAX_WAIT_S = 10.0
 
 
 def audit_from_kafka(bootstrap, config_path: str | Path, secret: bytes | str, raw_topic: str | None = None,
                      idle_s: float = 3.0, max_wait_s: float = 120.0, health: bool = True) -> AuditReport:
-    """Read raw input and outputs from the broker and audit them against the stream config. ``health``: also
-    read anon.metrics for the alerts of the report's health figures. Raises :class:`IncompleteRead` when the raw
-    or an output topic is still growing after ``max_wait_s`` (a verdict on part of a topic would be wrong)."""
+    """Read raw input and outputs from the broker (every topic side by side) and audit them against the stream
+    config. ``health``: also read anon.metrics (for at most :data:`ALERTS_MAX_WAIT_S`) for the alerts of the
+    report's health figures. Raises :class:`IncompleteRead` when the raw or an output topic is still growing after
+    ``max_wait_s`` (a verdict on part of a topic would be wrong)."""
     cfg = AuditConfig.from_toml(config_path)
     if raw_topic is None:
         raw_topic = cfg.input_topic
@@ -129,14 +163,21 @@ def audit_from_kafka(bootstrap, config_path: str | Path, secret: bytes | str, ra
         raise ValueError(f"{config_path}: [stream] input_topic is required to find the raw topic")
     if cfg.stream is None:
         raise ValueError(f"{config_path}: [stream] name is required to find the output topics")
-    raw = read_topic(bootstrap, raw_topic, idle_s=idle_s, max_wait_s=max_wait_s, complete=True)
+    calls = _output_reads(bootstrap, cfg.stream, idle_s, max_wait_s, cfg.dp is not None)
+    calls["raw"] = (read_topic, (bootstrap, raw_topic), {"idle_s": idle_s, "max_wait_s": max_wait_s,
+                                                         "complete": True})
+    if health:
+        calls["alerts"] = (read_alerts, (bootstrap, cfg.stream),
+                           {"idle_s": idle_s, "max_wait_s": min(max_wait_s, ALERTS_MAX_WAIT_S)})
+    read = _parallel(calls)
+    raw = read["raw"]
     secret = secret.encode() if isinstance(secret, str) else secret
     decode = raw_decoder(config_path, secret)   # a mapped [input] (csv, tesla-fleet-telemetry, gtfs-realtime, ...)
     if decode is not None:
         raw = decode(raw)
-    outputs = read_outputs(bootstrap, cfg.stream, idle_s=idle_s, max_wait_s=max_wait_s)
-    alerts = read_alerts(bootstrap, cfg.stream, idle_s=idle_s, max_wait_s=max_wait_s) if health else None
-    return audit(raw, outputs, secret.encode() if isinstance(secret, str) else secret, cfg, alerts=alerts)
+    outputs = _outputs_of(read, cfg.stream)
+    return audit(raw, outputs, secret.encode() if isinstance(secret, str) else secret, cfg,
+                 alerts=read.get("alerts"))
 
 
 def read_alerts(bootstrap, stream: str, idle_s: float = 3.0, max_wait_s: float = 120.0) -> list[dict]:

@@ -153,8 +153,9 @@ def health_figures(ctx: AuditContext, individuals: ClassIndividuals, alerts: Ite
 
     - ``ncp``: mean and p95 normalized certainty penalty of the published *real* records, each record at its
       class's NCP from the (deduplicated) manifests; counterfeit records left out;
-    - ``class_individuals``: distribution of distinct individuals per class and release (counted from the raw
-      events behind the records, like the k check);
+    - ``class_individuals``: distribution of distinct individuals per class (a class reused by later releases
+      counts every individual published in it, in any release: the rule of the k check and of the summary,
+      docs/privacy.md "Reuse of published classes"), counted from the raw events behind the records;
     - ``deadletters_by_reason``: dead letters (deduplicated by source offset) by the kind of their reason;
     - ``alerts``: alert messages of this stream on anon.metrics by alert name (deduplicated by alert, partition
       and release); ``None`` when the metrics topic was not read.
@@ -184,7 +185,7 @@ def health_figures(ctx: AuditContext, individuals: ClassIndividuals, alerts: Ite
     out = {
         "ncp": {"records": weight, "mean": None if mean is None else round(mean, 6),
                 "p95": None if p95 is None else round(p95, 6)},
-        "class_individuals": size_distribution((len(u) for u in individuals.per_release.values()), ctx.config.k),
+        "class_individuals": size_distribution((len(u) for u in individuals.overall.values()), ctx.config.k),
         "deadletters_by_reason": dict(sorted(by_reason.items())),
         "alerts": None,
     }

@@ -286,7 +286,8 @@ class Hierarchy:
 # ----------------------------------------------------------------------------------------------- QIs
 @dataclass
 class QISpec:
-    """One quasi-identifier: output key, field (path or list of paths), kind, hierarchy, domain bounds."""
+    """One quasi-identifier: output key, field (path or list of paths), kind, hierarchy, domain bounds, and for a
+    numeric one the granularity its published bounds must sit on (None: not checked)."""
 
     name: str
     field: str | list[str]
@@ -294,6 +295,7 @@ class QISpec:
     hierarchy: Any = None  # contract JSON dict, or a Hierarchy
     lower: Any = None
     upper: Any = None
+    granularity: float | None = None
 
     def __post_init__(self) -> None:
         if self.hierarchy is not None:
@@ -302,6 +304,31 @@ class QISpec:
     @property
     def fields(self) -> list[str]:
         return [self.field] if isinstance(self.field, str) else list(self.field)
+
+
+def numeric_granularity(q: dict) -> float | None:
+    """The granularity of a numeric ``[[quasi_identifiers]]`` table as the audit reads it: ``granularity``, else
+    the largest power of ten at most 1% of the domain, at least 1 for whole-number bounds (docs/configuration.md).
+
+    >>> numeric_granularity({"kind": "numeric", "lower": 0, "upper": 1_000_000}), numeric_granularity(
+    ...     {"kind": "numeric", "lower": 0.0, "upper": 1.5}), numeric_granularity({"kind": "timestamp"})
+    (10000.0, 0.01, None)
+    """
+    if q.get("kind") != "numeric":
+        return None
+    if q.get("granularity") is not None:
+        return float(q["granularity"])
+    lo, hi = float(q["lower"]), float(q["upper"])
+    e = math.floor(math.log10((hi - lo) / 100))
+    if lo.is_integer() and hi.is_integer():
+        e = max(e, 0)
+    return float(10 ** e) if e >= 0 else float(f"1e{e}")
+
+
+def on_grid(x: float, g: float) -> bool:
+    """``x`` is a multiple of ``g`` (to 1e-9 of a step)."""
+    r = x / g
+    return abs(r - round(r)) <= 1e-9 * max(1.0, abs(r))
 
 
 def qi_value(q: QISpec, event: dict) -> Any:

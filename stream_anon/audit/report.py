@@ -11,15 +11,28 @@ def _fmt(counts: dict | None) -> str:
     return ", ".join(f"{k}={v}" for k, v in counts.items()) or "none"
 
 
+PASSED, FAILED, NOT_PASSED = "PASSED", "FAILED", "NOT PASSED"
+
+
 @dataclass
 class AuditReport:
+    """``passed`` only for the verdict PASSED; ``verdict`` FAILED (a check failed) or NOT PASSED (every check held
+    but the run published nothing or suppressed more than ``max_suppression_ratio``: :func:`.run.judge`)."""
+
     passed: bool
     checks: dict[str, dict]
     summary: dict[str, Any]
     health: dict[str, Any] = field(default_factory=dict)   # measures.health_figures: figures, never a verdict
+    verdict: str | None = None
+    verdict_reason: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.verdict is None:
+            self.verdict = PASSED if self.passed else FAILED
 
     def to_dict(self) -> dict:
-        return {"passed": self.passed, "summary": self.summary, "health": self.health, "checks": self.checks}
+        return {"passed": self.passed, "verdict": self.verdict, "verdict_reason": self.verdict_reason,
+                "summary": self.summary, "health": self.health, "checks": self.checks}
 
     def format_health(self) -> list[str]:
         """Privacy/utility health lines (loss, class sizes, suppression, deferred, dead letters, alerts)."""
@@ -41,17 +54,20 @@ class AuditReport:
         return lines
 
     def format_text(self) -> str:
-        lines = [f"AUDIT {'PASSED' if self.passed else 'FAILED'}"]
+        lines = [f"AUDIT {self.verdict}" + (f": {self.verdict_reason}" if self.verdict_reason else "")]
         s = self.summary
         lines.append(
             "events_in={events_in} published={published} suppressed={suppressed} dead_lettered={dead_lettered} "
-            "deferred={deferred} lost={lost} duplicated={duplicated} releases={releases} classes={classes} "
-            "min_individuals={min_individuals} (k={k})".format(**s)
+            "deferred={deferred} open={open} lost={lost} duplicated={duplicated} releases={releases} "
+            "classes={classes} min_individuals={min_individuals} (k={k})".format(**{"open": 0, **s})
         )
+        if s.get("open"):
+            lines.append(f"  open: {s['open']} events in windows not released yet (oldest event time "
+                         f"{s.get('open_oldest')}): not lost, released when their windows close")
         for name, chk in self.checks.items():
             info = {k: v for k, v in chk.items() if k not in ("passed", "examples") and not isinstance(v, (dict, list))}
             lines.append(f"  [{'ok' if chk['passed'] else 'FAIL'}] {name}: " + ", ".join(f"{k}={v}" for k, v in info.items()))
             for ex in chk.get("examples", [])[:3] if not chk["passed"] else []:
-                lines.append(f"      - {ex}")
+                lines.append(f"      - {ex.get('line', ex) if isinstance(ex, dict) else ex}")
         lines.extend(self.format_health())
         return "\n".join(lines)

@@ -16,7 +16,8 @@ Checks, in report order (each module's docstring says what it defeats): ``duplic
 identical copies from restarted workers merged, differing copies fail), ``k`` (:mod:`.checks.k_individuals`),
 ``l_diversity`` and ``severity`` (:mod:`.checks.l_diversity`, :mod:`.checks.severity`: only for a stream with
 such ``[[anonymization.criteria]]``), ``leaks``, ``coverage``, ``accounting``, ``consistency``, ``m_invariance``
-(only for a stream with ``[anonymization] m``) and ``config`` (only when it finds something).
+(only for a stream with ``[anonymization] m``), ``dp`` (:mod:`.checks.dp_budget`: only for a stream with ``[dp]``
+or aggregate rows) and ``config`` (only when it finds something).
 
 Counterfeit records (m-invariance)
 ----------------------------------
@@ -37,6 +38,7 @@ from .checks.accounting import Accounting
 from .checks.config_sanity import ConfigSanity
 from .checks.consistency import Consistency
 from .checks.coverage import Coverage
+from .checks.dp_budget import DPBudgetCheck
 from .checks.k_individuals import KInIndividuals
 from .checks.l_diversity import LDiversity
 from .checks.leaks import Leaks
@@ -45,10 +47,10 @@ from .checks.severity import Severity
 from .config import AuditConfig
 from .inputs import build_context
 from .measures import class_individuals, health_figures
-from .report import AuditReport
+from .report import FAILED, NOT_PASSED, PASSED, AuditReport
 
 CHECKS: tuple[Check, ...] = (KInIndividuals(), LDiversity(), Severity(), Leaks(), Coverage(), Accounting(),
-                             Consistency(), MInvariance(), ConfigSanity())
+                             Consistency(), MInvariance(), DPBudgetCheck(), ConfigSanity())
 _M_SUMMARY_RENAMED = ("releases", "classes", "individuals")   # the audit's own summary has these names
 
 
@@ -57,7 +59,8 @@ def audit(raw_events: Iterable, outputs: Any, secret: bytes | str, config_view: 
     """Audit published outputs against the raw input. See the module docstring for the checks.
 
     raw_events: iterable of ``((topic, partition, offset), payload)`` with payload bytes/str (may be malformed).
-    outputs: dict or object with lists ``records``, ``manifests``, ``deadletters`` (and optional ``malformed``).
+    outputs: dict or object with lists ``records``, ``manifests``, ``deadletters`` (and optional ``malformed`` and
+    ``aggregates``, the DP rows of anon.aggregates).
     alerts: the stream's messages on anon.metrics (any type; alerts are picked out), or None if not read.
     The report's ``health`` (:func:`.measures.health_figures`) states loss, class sizes, dead letters by reason
     and alerts; it never changes the verdict.
@@ -73,8 +76,8 @@ def audit(raw_events: Iterable, outputs: Any, secret: bytes | str, config_view: 
 
     accounting = checks["accounting"]
     counts = {key: accounting[key] for key in ("events_in", "published", "suppressed", "dead_lettered",
-                                               "deferred", "lost", "duplicated", "unknown_tokens",
-                                               "counterfeit_records")}
+                                               "deferred", "open", "open_oldest", "lost", "duplicated",
+                                               "unknown_tokens", "counterfeit_records")}
     summary = {**counts, "suppressed_by_reason": accounting["suppressed_by_reason"],
                "releases": len(ctx.manifests), "records": len(ctx.records), "classes": checks["k"]["classes"],
                "min_individuals": checks["k"]["min_individuals"], "k": cfg.k}
@@ -84,5 +87,22 @@ def audit(raw_events: Iterable, outputs: Any, secret: bytes | str, config_view: 
     health = health_figures(ctx, class_individuals(ctx), alerts)
     health["suppressed_by_reason"] = dict(sorted(accounting["suppressed_by_reason"].items()))
     health["deferred"] = accounting["deferred"]
-    return AuditReport(passed=all(c["passed"] for c in checks.values()), checks=checks, summary=summary,
-                       health=health)
+    verdict, reason = judge(checks, summary, cfg.max_suppression_ratio)
+    return AuditReport(passed=verdict == PASSED, checks=checks, summary=summary, health=health, verdict=verdict,
+                       verdict_reason=reason)
+
+
+def judge(checks: dict, summary: dict, max_suppression_ratio: float) -> tuple[str, str | None]:
+    """The verdict: FAILED when a check failed; NOT PASSED when every check held but the run published nothing,
+    or suppressed more than ``max_suppression_ratio`` of the events it placed (suppressed / (published +
+    suppressed)); else PASSED. A run that protects by publishing nothing is no evidence that the stream works."""
+    if not all(c["passed"] for c in checks.values()):
+        return FAILED, ", ".join(name for name, c in checks.items() if not c["passed"])
+    published, suppressed = summary["published"], summary["suppressed"]
+    if not published:
+        return NOT_PASSED, f"nothing published ({summary['events_in']} events in, {suppressed} suppressed)"
+    ratio = suppressed / (published + suppressed)
+    if ratio > max_suppression_ratio:
+        return NOT_PASSED, (f"{ratio:.1%} of the placed events suppressed, above max_suppression_ratio "
+                            f"{max_suppression_ratio:g}")
+    return PASSED, None

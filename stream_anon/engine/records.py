@@ -282,7 +282,7 @@ class RecordReader:
         if None in tl:
             for i, t in enumerate(tl):
                 if t is None:
-                    reasons[i] = f"{self.time_field}: not an ISO-8601 time with UTC offset: {_short(ts[i])}"
+                    reasons[i] = f"{self.time_field}: not an ISO-8601 time with UTC offset"
                     tl[i] = 0.0
         return reasons, tl
 
@@ -299,8 +299,8 @@ class RecordReader:
             elif not (eid.isascii() or _utf8(eid)):
                 reasons[i] = "event_id: not valid Unicode text"
             elif not isinstance(etype, str) or etype not in allowed:
-                reasons[i] = f"unknown event type: {_short(etype)} (stream {self.config.stream.name} accepts " \
-                             f"{sorted(allowed)})"
+                reasons[i] = f"unknown event type: event_type is not one of {sorted(allowed)} (stream " \
+                             f"{self.config.stream.name})"
             elif unit is None or unit == "":
                 reasons[i] = f"{self.unit_field}: privacy unit missing"
             elif isinstance(unit, bool) or not isinstance(unit, (str, int, float)):
@@ -311,7 +311,7 @@ class RecordReader:
             else:
                 t = _parse_iso(ts) if type(ts) is str else parse_time(ts)
                 if t is None:
-                    reasons[i] = f"{tf}: not an ISO-8601 time with UTC offset: {_short(ts)}"
+                    reasons[i] = f"{tf}: not an ISO-8601 time with UTC offset"
                 else:
                     tl[i] = t
         return reasons, tl
@@ -418,7 +418,4 @@ def _utf8(text: str) -> bool:
     return True
 
 
-def _short(v, limit: int = 40) -> str:
-    r = repr(v)
-    return r if len(r) <= limit else r[:limit] + "..."
 

@@ -11,7 +11,9 @@ values first; a class holding a missing value publishes the whole domain for tha
 Published time intervals are half-open, ``[from, to)``, and snapped outward to the configured granularity
 (``[anonymization] time_granularity_s``, default 60 s): ``from = floor(min / g) * g``, ``to = floor(max / g) * g +
 g``. A class whose members share one exact minute publishes ``[t, t + 60 s)``, never a zero-width interval; the
-whole-domain interval of a missing time is snapped the same way. Numeric intervals stay closed ``[from, to]``.
+whole-domain interval of a missing time is snapped the same way. Numeric intervals are closed ``[from, to]``,
+snapped outward the same way to the quasi-identifier's ``granularity`` within its domain (:func:`snap_numeric`):
+no bound is a member's exact value off the grid.
 
 **Positions along H3** (``hierarchy = "h3"``, ``resolutions = [rmin, rmax]``): a geopoint is still encoded as
 latitude and longitude (partitioning strategies split on them), but a class publishes one H3 cell: the cell of
@@ -116,7 +118,7 @@ class QISpace:
                         if values[i] is None:
                             codes[i] = self.missing_code[d]
                         elif reasons[i] is None:
-                            reasons[i] = f"{qi.name}: value {values[i]!r} is not in hierarchy {qi.hierarchy.name!r}"
+                            reasons[i] = f"{qi.name}: value is not in hierarchy {qi.hierarchy.name!r}"
                     X[:, d] = codes
                 else:
                     X[:, d] = self._numeric(values, d, qi, reasons, qi.fields[0])
@@ -142,13 +144,12 @@ class QISpace:
             x = fast(v) if fast is not None and type(v) is str else parse(v)
             if x is None:
                 if reasons[i] is None:
-                    reasons[i] = f"{qi.name}: {field} value {v!r} is not a valid {qi.kind}"
+                    reasons[i] = f"{qi.name}: {field} value is not a valid {qi.kind}"
                 out[i] = self.missing_code[d]
             elif not lo <= x <= hi:
                 if reasons[i] is None:
-                    shown = iso(x) if qi.kind == "timestamp" else x
                     bounds = (iso(lo), iso(hi)) if qi.kind == "timestamp" else (lo, hi)
-                    reasons[i] = f"{qi.name}: {field} value {shown} outside configured domain [{bounds[0]}, {bounds[1]}]"
+                    reasons[i] = f"{qi.name}: {field} value outside configured domain [{bounds[0]}, {bounds[1]}]"
                 out[i] = self.missing_code[d]
             else:
                 out[i] = x
@@ -194,6 +195,8 @@ class QISpace:
                     hi[:, axis] = np.minimum(self.upper[axis], np.ceil(hi[:, axis] / qi.grid) * qi.grid)
             elif qi.kind == "timestamp":
                 lo[:, d], hi[:, d] = snap_time(lo[:, d], hi[:, d], self.granularity)
+            elif qi.kind == "numeric" and qi.granularity:
+                lo[:, d], hi[:, d] = snap_numeric(lo[:, d], hi[:, d], qi.granularity, self.lower[d], self.upper[d])
             d += qi.dims
         return lo, hi, labels
 
@@ -268,6 +271,27 @@ def snap_time(lo, hi, granularity: float):
 
 
 # -- H3 -----------------------------------------------------------------------------------------------------------
+def snap_numeric(lo, hi, granularity: float, lower: float, upper: float):
+    """Closed numeric bounds ``[from, to]`` snapped outward to ``granularity`` as times are (``from = floor(min/g)
+    * g``, ``to = floor(max/g) * g + g``), within the domain: a bound is a multiple of ``g`` or a domain bound,
+    never a member's exact value off the grid, and never zero width.
+
+    >>> [b.tolist() for b in snap_numeric(np.array([10345.0, 7.0]), np.array([10345.0, 19.0]), 1000.0, 0.0, 2e4)]
+    [[10000.0, 0.0], [11000.0, 1000.0]]
+    >>> [b.tolist() for b in snap_numeric(np.array([0.31, 0.3]), np.array([0.37, 0.3]), 0.1, 0.0, 0.35)]
+    [[0.3, 0.3], [0.35, 0.35]]
+    """
+    g = float(granularity)
+    f, t = np.floor(lo / g) * g, np.floor(hi / g) * g + g
+    if not g.is_integer():        # 0.3 / 0.1 is 2.9999999999999996: bounds on the decimal grid
+        f, t = np.floor(lo / g + 1e-9) * g, np.floor(hi / g + 1e-9) * g + g
+        digits = max(0, -math.floor(math.log10(g))) + 6
+        f, t = np.round(f, digits), np.round(t, digits)
+        f = np.round(np.where(f > lo, f - g, f), digits)          # never inside a member after rounding
+        t = np.round(np.where(t <= hi, t + g, t), digits)
+    return np.maximum(f, lower), np.minimum(t, upper)
+
+
 def _h3():
     import h3       # only streams with an H3 geopoint need the package (checked when their config loads)
     return h3

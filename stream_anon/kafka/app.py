@@ -189,8 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="flush a partition's engine after this many seconds without input (end of a replay/demo)")
     p.add_argument("--no-create-topics", action="store_true", help="do not apply topics/*.toml at start")
     p.add_argument("--deadletter-raw-payload", action="store_true",
-                   help="keep payloads that are not JSON objects verbatim in dead letters (they may hold "
-                        "identifiers; by default only their size and digest are kept)")
+                   help="keep every field of a dead-lettered event (identifiers still redacted) and payloads that "
+                        "are not JSON objects verbatim (they may hold identifiers); by default a dead letter holds "
+                        "only what the output contract allows (docs/privacy.md, Dead letters)")
     p.add_argument("--web-port", type=int, default=None,
                    help="serve /metrics (Prometheus), /livez and /readyz on 127.0.0.1:PORT")
     p.add_argument("--accept-input-reset", action="store_true",

@@ -1,5 +1,12 @@
-"""Check ``accounting``: each raw message ends in exactly one place: published, suppressed, dead-lettered or
-still deferred (latest manifest per partition). Defeats silent loss and double publication.
+"""Check ``accounting``: each raw message ends in exactly one place: published, suppressed, dead-lettered, still
+deferred (latest manifest per partition) or **open**. Defeats silent loss and double publication.
+
+Open: an event no output places, whose event time is at or after the end of the last window its input partition
+released (or whose partition released nothing yet), is in a window still open at audit time: it is reported as
+open (``open``, ``open_oldest``: their number and the oldest event time), never as lost, and does not fail the check.
+An unplaced event of an already released time is lost, as is one an earlier manifest listed as deferred (the latest
+manifest of its partition must still place it), and every unplaced event of a partition whose manifests state no
+readable ``window_end``.
 
 Published/suppressed/deferred tokens of no raw event, and dead letters whose source is not a raw message read,
 also fail it (fabricated output, or an incomplete read of the input). An announced counterfeit record is no
@@ -11,7 +18,32 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 
 from ..check import AuditContext, RawEvent, ViolationLog
-from ..primitives import source_key, string_values
+from ..primitives import get_path, parse_time, source_key, string_values
+
+
+def _released_until(manifests: list[dict]) -> dict:
+    """Input partition -> the end of the last window its releases closed (an aware datetime)."""
+    out: dict = {}
+    for m in manifests:
+        end = parse_time(m.get("window_end"))
+        p = m.get("partition")
+        out.setdefault(p, None)            # released, end unknown: nothing of it is open
+        if end is not None and (out[p] is None or end > out[p]):
+            out[p] = end
+    return out
+
+
+def _open_time(ctx: AuditContext, raw: RawEvent, released: dict):
+    """The event time of ``raw`` when it lies in a window its partition has not released yet, else None."""
+    if raw.event is None or raw.source is None:
+        return None
+    t = parse_time(get_path(raw.event, ctx.config.event_time))
+    if t is None:
+        return None
+    if raw.source[1] not in released:
+        return t
+    end = released[raw.source[1]]
+    return t if end is not None and t >= end else None
 
 
 class Accounting:
@@ -44,6 +76,7 @@ class Accounting:
         for m in latest.values():
             for t in string_values(m.get("deferred_tokens")):
                 placed[t].append("deferred")
+        ever_deferred = {t for m in ctx.manifests for t in string_values(m.get("deferred_tokens"))}
         dl_by_source: Counter = Counter(source_key(d.get("source")) for d in ctx.deadletters)
         sources = Counter(r.source for r in raws)
         for src, n in sources.items():
@@ -54,6 +87,8 @@ class Accounting:
                 log.fail("dead letter of unknown source", source=src)
         raws_by_token: dict[str, list[RawEvent]] = defaultdict(list)
         outcome: Counter = Counter()
+        released = _released_until(ctx.manifests)
+        open_times: list = []
         for raw in raws:
             n_dl = dl_by_source.get(raw.source, 0)
             if n_dl:
@@ -77,6 +112,11 @@ class Accounting:
                     suppressed_by_reason[p.split(":", 1)[1]] += 1
             if len(places) < len(open_):
                 for r in open_[len(places):]:
+                    t = None if token in ever_deferred else _open_time(ctx, r, released)
+                    if t is not None:
+                        outcome["open"] += 1
+                        open_times.append(t)
+                        continue
                     outcome["lost"] += 1
                     log.fail("lost", source=r.source, audit_token=token)
             elif len(places) > len(open_):
@@ -88,11 +128,14 @@ class Accounting:
         counts = {
             "events_in": len(raws), "published": outcome["published"], "suppressed": outcome["suppressed"],
             "suppressed_by_reason": dict(suppressed_by_reason), "dead_lettered": outcome["dead_lettered"],
-            "deferred": outcome["deferred"], "lost": outcome["lost"], "duplicated": outcome["duplicated"],
+            "deferred": outcome["deferred"], "open": outcome["open"],
+            "open_oldest": min(open_times).isoformat() if open_times else None,
+            "lost": outcome["lost"], "duplicated": outcome["duplicated"],
             "unknown_tokens": len(unknown), "counterfeit_records": counterfeit,
         }
-        balance = counts["published"] + counts["suppressed"] + counts["dead_lettered"] + counts["deferred"]
+        balance = counts["published"] + counts["suppressed"] + counts["dead_lettered"] + counts["deferred"] \
+            + counts["open"]
         equation = f"{counts['events_in']} == {counts['published']} + {counts['suppressed']} + " \
-                   f"{counts['dead_lettered']} + {counts['deferred']}"
+                   f"{counts['dead_lettered']} + {counts['deferred']} + {counts['open']}"
         log.details.update(counts, equation=equation, balanced=balance == counts["events_in"])
         return log.result(extra_ok=balance == counts["events_in"])

@@ -10,13 +10,18 @@ such as fares never match an id):
   when split on whitespace and ``, ; : / | = ( ) [ ] { } " '`` (not on ``- _ .`` so ISO times, decimals and
   release/class ids stay whole). Values shorter than 4 chars are skipped, as are values that equal a hierarchy
   label or a raw value of a configured (non-identifier) sensitive field: those are published legitimately.
+
+Numeric bounds: where a numeric quasi-identifier has a granularity (configured, or the default derived from its
+domain), each published ``from`` / ``to`` must be a multiple of it or a domain bound; a bound off the grid that
+equals the record's own raw value fails as ``numeric bound equals a member's value`` (every bound that equals some
+member's value is met on that member's record), any other off the grid as ``numeric bound off its granularity``.
 """
 from __future__ import annotations
 
 import re
 
 from ..check import AuditContext, ViolationLog
-from ..primitives import as_text, get_path, pseudonym, strings_in
+from ..primitives import as_float, as_text, get_path, on_grid, pseudonym, qi_value, strings_in
 
 MIN_NEEDLE_LEN = 4
 _SPLIT_RE = re.compile(r"[\s,;:/|=()\[\]{}\"']+")
@@ -86,5 +91,32 @@ class Leaks:
                         found = cache[s] = leaks_in(s)
                     for what in found:
                         log.fail(what, where=kind, release_id=item.get("release_id"), path=path)
-        log.details.update(strings_scanned=scanned, identifier_values=len(exact), pseudonym_needles=len(hexes))
+        log.details.update(strings_scanned=scanned, identifier_values=len(exact), pseudonym_needles=len(hexes),
+                           numeric_bounds_checked=numeric_bounds(ctx, log))
         return log.result()
+
+
+def numeric_bounds(ctx: AuditContext, log: ViolationLog) -> int:
+    """Check every numeric bound against its granularity (module docstring); the number of bounds checked."""
+    qis = [q for q in ctx.config.quasi_identifiers if q.kind == "numeric" and q.granularity]
+    checked = 0
+    for r in ctx.records if qis else ():
+        qi = r.get("qi") if isinstance(r.get("qi"), dict) else {}
+        raw = ctx.raw_of(r)
+        for q in qis:
+            pub = qi.get(q.name)
+            if not isinstance(pub, dict):
+                continue
+            value = as_float(qi_value(q, raw.event)) if raw is not None and raw.event is not None else None
+            for key in ("from", "to"):
+                b = as_float(pub.get(key))
+                if b is None:
+                    continue
+                checked += 1
+                if b in (as_float(q.lower), as_float(q.upper)) or on_grid(b, float(q.granularity)):
+                    continue
+                exact = value is not None and abs(b - value) <= 1e-9 * max(1.0, abs(value))
+                log.fail("numeric bound equals a member's value" if exact else "numeric bound off its granularity",
+                         qi=q.name, bound=b, granularity=q.granularity, release_id=r.get("release_id"),
+                         class_id=r.get("class_id"))
+    return checked

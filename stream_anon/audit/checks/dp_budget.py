@@ -1,0 +1,230 @@
+"""Check ``dp``: the privacy loss of the differentially private aggregates, recomputed from the published rows
+(``anon.aggregates``) and the config alone, never from the worker's ledger nor from the rows' ``epsilon`` claims.
+
+What a row proves. A row declares its noise (``noise_scale`` and ``noise_std``, per component for a mean or a
+ratio). One unit's contributions to one window change a component by at most ``max_contributions`` (times
+``max(|lower|, |upper|)`` for a sum), from the config (or the row's ``max_contributions`` when larger). The
+**rate** of a release is what one window of one unit costs in it: the sum over components of that sensitivity
+divided by the noise scale (the smaller of the declared scale and the scale its declared standard deviation implies:
+a row whose noise is smaller than its scale says is charged for the smaller noise). Rows tampered to claim less
+noise, or noise drawn for a larger epsilon than the row's ``epsilon`` field says, therefore cost what they cost.
+
+Worst unit. Per partition (units are keyed to one partition: parallel composition), period and aggregate, the worst
+unit puts its ``W`` windows of the period where they cost most: each release holds at most ``min(W,
+release_every_windows, windows_in_release)`` of them, the releases taken by rate, highest first (a fractional
+knapsack: the exact maximum over every way a unit may spread ``W`` windows over the releases). A paid re-release of
+a window (release key ``<window>~<n>``) is charged in full on top. A running output whose mechanism is
+``per_window`` is the prefix sum of the per-window rows (post-processing, free) and is charged only when no
+per-window row of that release is published; a tree mechanism (``binary_tree``, ``hybrid``) does not declare its
+depth, so its release is charged the larger of its declared ``epsilon`` and the per-window rate. In legacy mode
+(no ``dp.period``) every release is one window and every release is charged.
+
+Verdict, with one line per finding (aggregate, period, partition and the worst unit's charge):
+``aggregate over its epsilon`` (the config's share), ``period over budget`` (the config's
+``epsilon_per_period``), ``period over declared budget`` (the rows' ``ledger_epsilon_budget``), ``declared budget
+above the config``, ``declared budget raised`` / ``declared epsilon raised`` (an increase between periods),
+``period label`` (a row filed under another period than its window's), ``unknown aggregate``, ``malformed row``
+and ``rows without [dp]``.
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+from ..check import AuditContext, ViolationLog
+from ..dp_config import COMPONENTS, AggregateBudget, DPBudget
+
+REL_TOL = 1e-9
+
+
+def _num(x) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
+
+
+def geometric_scale_of_std(std: float, resolution: float = 1.0) -> float:
+    """The scale ``b`` (``p = exp(-1/b)`` in steps of ``resolution``) of a two-sided geometric noise of standard
+    deviation ``std``: the variance ``2p / (1-p)^2`` solved for ``p``.
+
+    >>> round(geometric_scale_of_std(11.306346158727699), 6)
+    8.0
+    """
+    s2 = (std / resolution) ** 2
+    if s2 <= 0:
+        return 0.0
+    u = (-2.0 + math.sqrt(4.0 + 8.0 * s2)) / (2.0 * s2)        # u = 1 - p
+    return resolution * -1.0 / math.log1p(-u) if u < 1 else 0.0
+
+
+def _as_components(value, comps: tuple[str, ...]) -> dict | None:
+    if isinstance(value, dict):
+        return {c: _num(value.get(c)) for c in comps}
+    if len(comps) == 1:
+        return {comps[0]: _num(value)}
+    return None
+
+
+def row_rate(row: dict, spec: AggregateBudget) -> float | None:
+    """Epsilon one window of one unit costs in this row's release (None: the row does not declare its noise)."""
+    comps = COMPONENTS[spec.kind]
+    scales, stds = _as_components(row.get("noise_scale"), comps), _as_components(row.get("noise_std"), comps)
+    if scales is None:
+        return None
+    geometric = str(row.get("mechanism", "")).endswith("geometric")
+    per_window = str(row.get("mechanism", "")).startswith("per_window") and row.get("output") == "per_window"
+    c_row = row.get("max_contributions")
+    c_factor = max(1.0, float(c_row) / spec.max_contributions) if isinstance(c_row, int) and c_row > 0 else 1.0
+    rate = 0.0
+    for c in comps:
+        b = scales.get(c)
+        if b is None or b <= 0:
+            return math.inf if b is not None else None
+        s = (stds or {}).get(c)
+        if s is not None and per_window:       # one draw: its std says the scale as well
+            res = spec.resolution if c == "sum" else 1.0
+            b = min(b, geometric_scale_of_std(s, res) if geometric else s / math.sqrt(2.0))
+            if b <= 0:
+                return math.inf
+        rate += spec.window_sensitivity(c) * c_factor / b
+    return rate
+
+
+def worst_charge(releases: list[tuple[float, int, bool]], w: float) -> float:
+    """The most one unit can be charged by ``releases`` ((rate, windows it may hold, paid re-release)) when it
+    contributes to at most ``w`` windows: paid re-releases in full, the others filled by rate, highest first.
+
+    >>> worst_charge([(0.1, 4, False), (0.3, 2, False), (0.2, 4, False)], 4)
+    1.0
+    >>> worst_charge([(0.125, 4, False)] * 6, 4), worst_charge([(0.125, 4, False), (0.125, 4, True)], 4)
+    (0.5, 1.0)
+    """
+    paid = sum(rate * cap for rate, cap, rerelease in releases if rerelease)
+    left, total = w, 0.0
+    for rate, cap, _ in sorted((r for r in releases if not r[2]), key=lambda r: -r[0]):
+        take = min(cap, left)
+        total += rate * take
+        left -= take
+        if left <= 0:
+            break
+    return total + paid
+
+
+def _charge_blocks(ctx: AuditContext, dp: DPBudget, log: ViolationLog) -> dict:
+    """(partition, period, aggregate) -> [(rate, windows, paid)] over the releases, and the rows' declarations."""
+    blocks: dict[tuple, dict] = {}      # (partition, aggregate, release) -> output -> (rate, row)
+    for row in ctx.aggregates:
+        name = row.get("aggregate")
+        spec = dp.aggregates.get(name)
+        if spec is None:
+            log.fail("unknown aggregate", aggregate=name, row_id=row.get("row_id"))
+            continue
+        rate = row_rate(row, spec)
+        window = row.get("window")
+        if rate is None or not isinstance(window, int) or isinstance(window, bool):
+            log.fail("malformed row", aggregate=name, row_id=row.get("row_id"))
+            continue
+        if str(row.get("mechanism", "")).split("/")[0] in ("binary_tree", "hybrid"):
+            declared = _num(row.get("epsilon")) or 0.0
+            rate = max(rate, declared / max(1.0, min(spec.max_windows, spec.release_every)))
+        key = (row.get("partition"), name, str(row.get("release", window)))
+        out = blocks.setdefault(key, {"window": window, "outputs": {}})
+        prev = out["outputs"].get(row.get("output"))
+        if prev is None or rate > prev[0]:
+            out["outputs"][row.get("output")] = (rate, row)
+    charges: dict[tuple, list] = defaultdict(list)
+    for (partition, name, release), b in blocks.items():
+        spec = dp.aggregates[name]
+        outs = b["outputs"]
+        chosen = [outs["per_window"]] if "per_window" in outs else []
+        if "running" in outs and (not chosen or not str(outs["running"][1].get("mechanism")).startswith("per_window")):
+            chosen.append(outs["running"])
+        period = dp.period_of(b["window"])
+        for rate, row in chosen:
+            if dp.period is not None and row.get("period") != period:
+                log.fail("period label", aggregate=name, partition=partition, release=release,
+                         declared=row.get("period"), period=period)
+            held = row.get("windows_in_release")
+            held = held if isinstance(held, int) and held > 0 else spec.release_every
+            cap = 1 if dp.period is None else min(spec.max_windows, spec.release_every, held)
+            charges[(partition, period, name)].append((rate, cap, "~" in release))
+    return charges
+
+
+def _declared(ctx: AuditContext, dp: DPBudget, log: ViolationLog) -> dict:
+    """(partition, period) -> the smallest budget its rows declare; increases between periods reported."""
+    by_part: dict = defaultdict(lambda: defaultdict(list))
+    for row in ctx.aggregates:
+        w = row.get("window")
+        if isinstance(w, int) and not isinstance(w, bool):
+            by_part[row.get("partition")][dp.period_of(w)].append(row)
+    declared: dict[tuple, float] = {}
+    for partition, periods in by_part.items():
+        last_budget, last_eps = None, {}
+        for period in sorted(periods, key=lambda p: min(r["window"] for r in periods[p])):
+            budgets = [b for b in (_num(r.get("ledger_epsilon_budget")) for r in periods[period]) if b is not None]
+            if not budgets:
+                continue
+            declared[(partition, period)] = min(budgets)
+            top = max(budgets)
+            if top > dp.budget * (1 + REL_TOL):
+                log.fail("declared budget above the config", partition=partition, period=period, declared=top,
+                         config=dp.budget)
+            if last_budget is not None and top > last_budget * (1 + REL_TOL):
+                log.fail("declared budget raised", partition=partition, period=period, before=last_budget,
+                         after=top)
+            last_budget = top
+            eps: dict[str, float] = {}
+            for r in periods[period]:
+                e = _num(r.get("epsilon_period"))
+                if e is not None:
+                    eps[r.get("aggregate")] = max(eps.get(r.get("aggregate"), 0.0), e)
+            for name, e in eps.items():
+                if name in last_eps and e > last_eps[name] * (1 + REL_TOL):
+                    log.fail("declared epsilon raised", aggregate=name, partition=partition, period=period,
+                             before=last_eps[name], after=e)
+            last_eps.update(eps)
+    return declared
+
+
+class DPBudgetCheck:
+    name = "dp"
+
+    def applies(self, ctx: AuditContext) -> bool:
+        return ctx.config.dp is not None or bool(ctx.aggregates)
+
+    def run(self, ctx: AuditContext) -> dict:
+        log = ViolationLog()
+        dp: DPBudget | None = ctx.config.dp
+        if dp is None:
+            log.fail("rows without [dp]", rows=len(ctx.aggregates))
+            return log.result()
+        charges = _charge_blocks(ctx, dp, log)
+        declared = _declared(ctx, dp, log)
+        per_period: dict[tuple, dict[str, float]] = defaultdict(dict)
+        for (partition, period, name), releases in charges.items():
+            spec = dp.aggregates[name]
+            charge = worst_charge(releases, spec.max_windows)
+            per_period[(partition, period)][name] = charge
+            if charge > spec.epsilon * (1 + REL_TOL):
+                log.fail("aggregate over its epsilon", line=f"dp: {name} period {period}: worst unit charged "
+                         f"{charge:.6g} > epsilon {spec.epsilon:g} (config) on partition {partition}",
+                         aggregate=name, period=period, partition=partition, charge=charge, epsilon=spec.epsilon)
+        worst = {"charge": 0.0}
+        for (partition, period), by_agg in per_period.items():
+            total = sum(by_agg.values())
+            top = max(by_agg, key=by_agg.get)
+            if total > worst["charge"]:
+                worst = {"charge": total, "period": period, "partition": partition}
+            line = (f"dp: period {period}: worst unit charged {total:.6g} on partition {partition} "
+                    f"(most by {top}: {by_agg[top]:.6g})")
+            if total > dp.budget * (1 + REL_TOL):
+                log.fail("period over budget", line=f"{line} > budget {dp.budget:g} (config)", period=period,
+                         partition=partition, charge=total, budget=dp.budget, aggregate=top)
+            d = declared.get((partition, period))
+            if d is not None and total > d * (1 + REL_TOL):
+                log.fail("period over declared budget", line=f"{line} > budget {d:g} (declared by the rows)",
+                         period=period, partition=partition, charge=total, budget=d, aggregate=top)
+        log.details.update(rows=len(ctx.aggregates), budget=dp.budget, period=dp.period,
+                           periods=len({p for _, p in per_period}),
+                           worst_unit_charge=round(worst["charge"], 9), worst_period=worst.get("period"),
+                           worst_partition=worst.get("partition"))
+        return log.result()
