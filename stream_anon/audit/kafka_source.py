@@ -176,8 +176,7 @@ def audit_from_kafka(bootstrap, config_path: str | Path, secret: bytes | str, ra
     if decode is not None:
         raw = decode(raw)
     outputs = _outputs_of(read, cfg.stream)
-    return audit(raw, outputs, secret.encode() if isinstance(secret, str) else secret, cfg,
-                 alerts=read.get("alerts"))
+    return audit(raw, outputs, secret, cfg, alerts=read.get("alerts"))
 
 
 def read_alerts(bootstrap, stream: str, idle_s: float = 3.0, max_wait_s: float = 120.0) -> list[dict]:
