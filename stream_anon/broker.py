@@ -57,10 +57,14 @@ class EmbeddedBroker:
     ('127.0.0.1', True, True)
     >>> broker.proc is None                 # stopped when the block ends
     True
+
+    On Linux the broker also dies with the process that started it (``PR_SET_PDEATHSIG``; ``die_with_parent``),
+    even when that process is killed without cleaning up: start it from a thread that lives as long as you need
+    the broker (the signal follows the starting thread).
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int | None = None, startup_timeout_s: float = 20.0,
-                 binary: str | None = None, die_with_parent: bool = False):
+                 binary: str | None = None, die_with_parent: bool = True):
         self.host = host
         self.die_with_parent = die_with_parent
         self.port = port

@@ -172,3 +172,38 @@ def test_broker_command_reports_a_port_in_use():
         proc = subprocess.run([sys.executable, "-m", "stream_anon.cli", "broker", "--port", str(port)],
                               capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "stream-anon broker:" in proc.stderr and proc.stdout == ""
+
+
+def test_a_broker_dies_with_the_process_that_started_it(tmp_path):
+    """A benchmark or test killed by a timeout (SIGKILL: no cleanup runs) must not leave its Tansu broker running."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = ("import sys, time\nfrom stream_anon.broker import EmbeddedBroker\n"
+              "b = EmbeddedBroker().start()\nprint(b.proc.pid, flush=True)\ntime.sleep(600)\n")
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(parent.stdout.readline())
+        os.kill(child, 0)                                  # the broker runs
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                os.kill(child, 0)
+            except ProcessLookupError:
+                break
+            try:                                           # reap it if it is ours to reap (it is not: init's)
+                os.waitpid(child, os.WNOHANG)
+            except ChildProcessError:
+                pass
+            time.sleep(0.1)
+        else:
+            os.kill(child, signal.SIGKILL)
+            raise AssertionError("the broker outlived the process that started it")
+    finally:
+        if parent.poll() is None:
+            parent.kill()
