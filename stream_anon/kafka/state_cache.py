@@ -4,6 +4,7 @@ committed itself (:func:`read_to_barriers`), and the local cache of the last com
 any (:func:`stream_anon.kafka.state.choose_state`)."""
 from __future__ import annotations
 
+import logging
 import os
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ from stream_anon.kafka import state as st
 from stream_anon.render import json_bytes
 
 BARRIER_WAIT_S = 120
+log = logging.getLogger("stream_anon.worker")
 
 
 def read_to_barriers(client_config: dict, group_id: str, state_topic: str, nonces: dict[int, bytes]
@@ -53,21 +55,39 @@ class CommittedCache:
     def __init__(self, cache_dir, app_id: str, stream: str):
         self.dir = None if cache_dir is None else Path(cache_dir) / app_id
         self.stream = stream
+        self.failing: str | None = None         # why the last write failed (None: it did not)
 
     def path(self, p: int) -> Path | None:
         return None if self.dir is None else self.dir / f"{self.stream}-p{p}.committed.json"
 
     def write(self, ps) -> None:
+        """Record the partition's committed header. The cache only helps to notice a broker reset: a disk that
+        cannot take it (full, read-only) degrades the worker to the broker's state alone, with one WARNING when
+        writing starts failing and one when it works again, never a stop."""
         path = self.path(ps.partition)
         if path is None:
             return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(json_bytes({"seq": ps.seq, "offset": ps.offset, "input_topic_id": ps.input_topic_id}))
-        os.replace(tmp, path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_bytes(json_bytes({"seq": ps.seq, "offset": ps.offset, "input_topic_id": ps.input_topic_id}))
+            os.replace(tmp, path)
+        except OSError as exc:
+            if self.failing is None:
+                log.warning("local state cache %s not written (%s): recovery relies on the broker's state alone "
+                            "until it can be written again; a broker reset would then not be detected",
+                            self.dir, exc.strerror or type(exc).__name__)
+            self.failing = exc.strerror or type(exc).__name__
+            return
+        if self.failing is not None:
+            log.warning("local state cache %s written again", self.dir)
+            self.failing = None
 
     def read(self, p: int) -> dict | None:
         path = self.path(p)
-        if path is None or not path.exists():
+        try:
+            return None if path is None or not path.exists() else orjson.loads(path.read_bytes())
+        except (OSError, ValueError) as exc:       # unreadable or cut short (a full disk): no cache, said once
+            log.warning("local state cache %s unreadable (%s): recovering from the broker's state alone", path,
+                        type(exc).__name__)
             return None
-        return orjson.loads(path.read_bytes())

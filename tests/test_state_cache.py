@@ -1,0 +1,44 @@
+"""The local cache of committed headers is only a cache: a disk that cannot take it degrades the worker to the
+broker's state alone with one warning each way, never a crash loop."""
+from __future__ import annotations
+
+import logging
+import os
+from types import SimpleNamespace
+
+from stream_anon.kafka.state_cache import CommittedCache
+
+def test_a_full_cache_disk_warns_once_and_the_worker_goes_on(tmp_path, caplog, monkeypatch):
+    cache = CommittedCache(tmp_path, "app", "oyster")
+    ps = SimpleNamespace(partition=0, seq=1, offset=9, input_topic_id="T")
+    cache.write(ps)
+    assert cache.read(0) == {"seq": 1, "offset": 9, "input_topic_id": "T"}
+    real_replace = os.replace
+
+    def full(src, dst):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(os, "replace", full)
+    with caplog.at_level(logging.WARNING, logger="stream_anon.worker"):
+        for seq in range(2, 6):
+            cache.write(SimpleNamespace(partition=0, seq=seq, offset=10 * seq, input_topic_id="T"))
+        monkeypatch.setattr(os, "replace", real_replace)
+        cache.write(SimpleNamespace(partition=0, seq=6, offset=60, input_topic_id="T"))
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2, lines
+    assert "No space left on device" in lines[0] and "broker's state alone" in lines[0]
+    assert lines[1].endswith("written again")
+    assert cache.read(0)["seq"] == 6
+
+def test_an_unreadable_cache_file_is_no_cache(tmp_path, caplog):
+    cache = CommittedCache(tmp_path, "app", "oyster")
+    path = cache.path(0)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b'{"seq": 3, "off')                  # cut short by a full disk
+    with caplog.at_level(logging.WARNING, logger="stream_anon.worker"):
+        assert cache.read(0) is None
+    assert "unreadable" in caplog.records[0].getMessage()
+
+def test_no_cache_directory_is_no_cache():
+    cache = CommittedCache(None, "app", "oyster")
+    cache.write(SimpleNamespace(partition=0, seq=1, offset=1, input_topic_id=None))
+    assert cache.read(0) is None
