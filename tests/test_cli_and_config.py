@@ -1,6 +1,7 @@
 """Command line, configuration validation and the deployment description (no broker needed)."""
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -302,3 +303,19 @@ def test_compose_env_commands_and_services_agree_with_the_cli():
     # every connection variable named (even in comments) is one the CLI reads
     named = set(re.findall(r"STREAM_ANON_KAFKA_([A-Z_]+)", text))
     assert named and {n.lower() for n in named} <= set(connection.SETTINGS)
+
+
+def test_an_unreachable_broker_at_start_is_one_line_and_exit_2(tmp_path):
+    """No traceback after a long wait: one line naming the broker, exit status 2."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "STREAM_ANON_SECRET": "0123456789abcdef0123456789abcdef"}
+    out = subprocess.run([sys.executable, "-m", "stream_anon.cli", "worker", "--config", "oyster", "--broker",
+                          "127.0.0.1:9", "--state-dir", str(tmp_path), "--broker-wait", "2", "--loglevel", "warning"],
+                         capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 2, out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("stream-anon worker: broker 127.0.0.1:9 (PLAINTEXT) unreachable: "
+                                                   "no answer to a metadata request within 2 s"), out.stderr
+    assert "Traceback" not in out.stderr

@@ -32,6 +32,7 @@ from stream_anon.kafka.loop import COMPRESSIONS, DEFAULT_COMPRESSION, KafkaLoop
 from stream_anon.kafka.observe import prometheus_text, readiness
 
 log = logging.getLogger("stream_anon.worker")
+BROKER_PROBE_S = 15.0          # the worker's wait for its broker at start (--broker-wait)
 
 
 class _NoFaustKafka(BootStrategy):
@@ -203,11 +204,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compression", choices=COMPRESSIONS, default=DEFAULT_COMPRESSION,
                    help="compression of the batches the worker writes: output, dead letters, state (default: "
                         f"{DEFAULT_COMPRESSION})")
+    p.add_argument("--broker-wait", type=float, default=BROKER_PROBE_S,
+                   help="seconds to wait at start for the broker to answer a metadata request; no answer: one line "
+                        f"naming the broker and exit 2 (default: {BROKER_PROBE_S:g})")
     p.add_argument("--loglevel", default="info",
                    help="log level: debug (adds the Kafka and faust clients' internals), info (default: the "
                         "worker's lifecycle lines), warning, error")
     logsetup.add_arguments(p)
     return p
+
+
+def broker_unreachable(conn, timeout_s: float = BROKER_PROBE_S) -> str | None:
+    """One line saying why the broker cannot be used at start (no answer to a metadata request within
+    ``timeout_s``), or None: a worker that cannot reach its broker when it starts says so and exits 2, where it
+    would otherwise wait and stop with a traceback."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    client_log = logging.getLogger("stream_anon.kafka.client")
+    client_log.disabled = True            # librdkafka's retries during the probe are this one line's business
+    try:
+        AdminClient({**conn.confluent(), "logger": client_log}).list_topics(timeout=timeout_s)
+    except KafkaException as exc:
+        err = exc.args[0] if exc.args else exc
+        why = err.str() if hasattr(err, "str") else str(err)
+        return f"broker {conn.describe()} unreachable: no answer to a metadata request within {timeout_s:g} s ({why})"
+    finally:
+        client_log.disabled = False
+    return None
 
 
 def worker_main(argv=None) -> int:
@@ -230,6 +254,10 @@ def worker_main(argv=None) -> int:
         print(f"stream-anon worker: {exc}", file=sys.stderr)
         return 2
     log.info("Kafka connection: %s", conn.describe())
+    unreachable = broker_unreachable(conn, args.broker_wait)
+    if unreachable:
+        print(f"stream-anon worker: {unreachable}", file=sys.stderr)
+        return 2
     if not args.no_create_topics:
         from stream_anon.kafka.topics import TopicMismatchWarning, ensure_stream_topics
         # the input topic gets the stream's declared partition count ([stream] partitions), else its definition's;
