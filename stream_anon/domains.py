@@ -34,7 +34,7 @@ class SensitiveDomain:
     >>> d.check("payg"), d.check("<script>"), d.check(["payg"])[1]
     (('payg', None), ('other', None), 'p: a list is not a category value')
     >>> SensitiveDomain("t", "text", max_length=8).check("<b>")[1]
-    "t: text '<b>' has characters outside [A-Za-z0-9 .,:/()&+#%_-]"
+    't: text has characters outside [A-Za-z0-9 .,:/()&+#%_-]'
     """
     field: str
     type: str = "scalar"
