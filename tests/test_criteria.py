@@ -236,7 +236,9 @@ def test_a_window_that_cannot_be_diverse_is_suppressed_with_the_criterions_reaso
     events = [e for e in load_events("oyster", limit=4000) if e.get("fare_product") == "PAYG"]
     path = stream_config(tmp_path, criteria=[{"kind": "distinct_l_diversity", "field": "fare_product", "l": 2}])
     run = audited(path, events)
-    assert not run.records and run.report.passed, failures(run.report)
+    # every check holds, and a run that published nothing is NOT PASSED (docs/operations.md, Audit)
+    assert not run.records and all(c["passed"] for c in run.report.checks.values()), failures(run.report)
+    assert run.report.verdict == "NOT PASSED" and run.report.verdict_reason.startswith("nothing published")
     reasons = Counter()
     for rel in run.result.releases:
         reasons.update({r: len(t) for r, t in rel.suppressed_tokens.items()})
