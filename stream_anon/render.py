@@ -238,13 +238,15 @@ def reason_without_values(reason: str, event: dict) -> str:
     "station: <value> is not in hierarchy 'loc'"
     >>> reason_without_values("fare: number 123456 outside [0, 1000]", {"fare": 123456})
     'fare: number <value> outside [0, 1000]'
+    >>> reason_without_values("latitude: missing (input position.latitude)", {"kind": "position"})
+    'latitude: missing (input position.latitude)'
     """
     for v in _leaves(event):
         if isinstance(v, str) and v:
             for shown in (repr(v), f'"{v}"'):
                 reason = reason.replace(shown, "<value>")
-            if len(v) >= 4:
-                reason = re.sub(rf"(?<!\w){re.escape(v)}(?!\w)", "<value>", reason)
+            if len(v) >= 4:         # a bare word of the reason, not part of a dotted path or a longer word
+                reason = re.sub(rf"(?<![\w.]){re.escape(v)}(?![\w.])", "<value>", reason)
         elif isinstance(v, (int, float)) and not isinstance(v, bool) and len(str(v)) >= 2:
             reason = re.sub(rf"(?<![\w.]){re.escape(str(v))}(?![\w.])", "<value>", reason)
     return reason
