@@ -29,6 +29,7 @@ from stream_anon.connection import as_connection
 from stream_anon.config import load_config
 from stream_anon.kafka.core import WorkerCore
 from stream_anon.kafka.loop import COMPRESSIONS, DEFAULT_COMPRESSION, KafkaLoop
+from stream_anon.kafka.state import MIN_PART_BYTES, PART_MAX_BYTES
 from stream_anon.kafka.observe import prometheus_text, readiness
 
 log = logging.getLogger("stream_anon.worker")
@@ -58,7 +59,8 @@ def make_app(config, bootstrap: str, state_dir, app_id: str | None = None, secre
              batch_max: int = 10000, batch_within_s: float = 0.5, metrics_interval_s: float = 5.0,
              flush_when_idle_s: float | None = None, web_port: int | None = None, raw_deadletters: bool = False,
              accept_input_reset: bool = False, client_config: dict | None = None,
-             compression: str = DEFAULT_COMPRESSION, aggregates_process: str = "auto"):
+             compression: str = DEFAULT_COMPRESSION, aggregates_process: str = "auto",
+             state_part_bytes: int = PART_MAX_BYTES):
     """The faust app of one worker and its :class:`KafkaLoop` (``app.stream_anon_loop``)."""
     app_id = app_id or f"stream-anon-{config.stream.name}"
     secret = secret if secret is not None else crypto.load_secret()
@@ -79,7 +81,8 @@ def make_app(config, bootstrap: str, state_dir, app_id: str | None = None, secre
                       aggregates_setup=tune_gc)
     loop = KafkaLoop(core, {**as_connection(bootstrap).confluent(), **(client_config or {})}, batch_max=batch_max,
                      batch_within_s=batch_within_s, metrics_interval_s=metrics_interval_s,
-                     accept_input_reset=accept_input_reset, cache_dir=state_dir, compression=compression)
+                     accept_input_reset=accept_input_reset, cache_dir=state_dir, compression=compression,
+                     state_part_bytes=state_part_bytes)
     app.stream_anon_core, app.stream_anon_loop = core, loop
 
     @app.service
@@ -204,6 +207,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compression", choices=COMPRESSIONS, default=DEFAULT_COMPRESSION,
                    help="compression of the batches the worker writes: output, dead letters, state (default: "
                         f"{DEFAULT_COMPRESSION})")
+    p.add_argument("--state-part-bytes", type=int, default=PART_MAX_BYTES,
+                   help="largest value written to the state topic: a longer state record is written as several "
+                        f"(between {MIN_PART_BYTES} and the default {PART_MAX_BYTES}; lower it for a cluster whose "
+                        "max.message.bytes is lower)")
     p.add_argument("--broker-wait", type=float, default=BROKER_PROBE_S,
                    help="seconds to wait at start for the broker to answer a metadata request; no answer: one line "
                         f"naming the broker and exit 2 (default: {BROKER_PROBE_S:g})")
@@ -248,6 +255,10 @@ def worker_main(argv=None) -> int:
     except (OSError, ValueError) as exc:     # ConfigError is a ValueError
         print(f"stream-anon worker: {args.config}: {exc}", file=sys.stderr)
         return 2
+    if not MIN_PART_BYTES <= args.state_part_bytes <= PART_MAX_BYTES:
+        print(f"stream-anon worker: --state-part-bytes {args.state_part_bytes}: between {MIN_PART_BYTES} and "
+              f"{PART_MAX_BYTES}", file=sys.stderr)
+        return 2
     try:
         conn = kafka_connection.from_args(args, config_path=args.config)
     except kafka_connection.ConnectionSettingsError as exc:
@@ -269,7 +280,7 @@ def worker_main(argv=None) -> int:
                batch_max=args.batch_max, batch_within_s=args.batch_within, metrics_interval_s=args.metrics_interval,
                flush_when_idle_s=args.flush_when_idle, raw_deadletters=args.deadletter_raw_payload,
                web_port=args.web_port, accept_input_reset=args.accept_input_reset, compression=args.compression,
-               aggregates_process=args.aggregates_process)
+               aggregates_process=args.aggregates_process, state_part_bytes=args.state_part_bytes)
     return 0
 
 

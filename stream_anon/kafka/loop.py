@@ -29,7 +29,7 @@ import uuid
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicCollection, \
     TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from stream_anon.kafka import state as st
 from stream_anon.kafka.core import WorkerCore
@@ -74,7 +74,7 @@ def transactional_producer(client_config: dict, app_id: str, partition: int, com
         **client_config, "transactional.id": st.transactional_id(app_id, partition),
         "transaction.timeout.ms": int(TXN_TIMEOUT_S * 1000), "linger.ms": 5,
         "batch.num.messages": 10000, "queue.buffering.max.messages": 2000000,
-        "queue.buffering.max.kbytes": 1048576, "message.max.bytes": 33554432, "logger": client_log,
+        "queue.buffering.max.kbytes": 1048576, "message.max.bytes": st.MESSAGE_MAX_BYTES, "logger": client_log,
         "compression.type": compression})
 
 
@@ -111,6 +111,19 @@ def fence_and_barrier(prod: Producer, state_topic: str, stream: str, partition: 
     return nonce
 
 
+def produce_state(prod: Producer, topic: str, stream: str, partition: int, seq: int, value: bytes,
+                  obsolete: dict[int, int], part_bytes: int = st.PART_MAX_BYTES) -> int:
+    """Transaction ``seq``'s state record, in parts of at most ``part_bytes`` when longer, and tombstones for the
+    records of ``obsolete`` (sequence number -> the values it was written as). Returns the values written."""
+    values = st.split_value(value, part_bytes)
+    for key, part in zip(st.record_keys(stream, partition, seq, len(values)), values):
+        produce(prod, topic, part, key, partition)
+    for old, parts in obsolete.items():
+        for key in st.record_keys(stream, partition, old, parts):
+            produce(prod, topic, None, key, partition)
+    return len(values)
+
+
 def input_topic_id(admin: AdminClient, topic: str) -> str | None:
     """The topic's id (None on a broker without topic ids: the cache and offsets checks remain)."""
     try:
@@ -120,14 +133,41 @@ def input_topic_id(admin: AdminClient, topic: str) -> str | None:
         return None
 
 
+def ensure_state_topic(admin: AdminClient, topic: str, partitions: int, exists: bool,
+                       part_bytes: int = st.PART_MAX_BYTES) -> None:
+    """Create the state topic (compacted, ``max.message.bytes`` = ``state.MESSAGE_MAX_BYTES``), or refuse an
+    existing one that cannot take the worker's values of at most ``part_bytes`` (:func:`state.topic_limit_problem`;
+    a broker that does not describe it is taken at its word)."""
+    if not exists:
+        for f in admin.create_topics([NewTopic(topic, partitions, 1, config=st.STATE_TOPIC_CONFIG)]).values():
+            try:
+                f.result(30)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise
+        return
+    try:
+        found = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, topic)])
+        configs = {name: c.value for f in found.values() for name, c in f.result(30).items()}
+    except KafkaException:
+        return
+    problem = st.topic_limit_problem(configs, part_bytes)
+    if problem:
+        raise RuntimeError(f"state topic {topic}: {problem}")
+
+
 class KafkaLoop:
     """The batch loop of one worker (see the module docstring); ``run()`` is the thread's target."""
 
     def __init__(self, core: WorkerCore, client_config: dict, batch_max: int = 10000, batch_within_s: float = 0.5,
                  metrics_interval_s: float = 5.0, accept_input_reset: bool = False, cache_dir=None,
-                 compression: str = DEFAULT_COMPRESSION):
+                 compression: str = DEFAULT_COMPRESSION, state_part_bytes: int = st.PART_MAX_BYTES):
         if compression not in COMPRESSIONS:
             raise ValueError(f"compression {compression!r}: one of {', '.join(COMPRESSIONS)}")
+        if not st.MIN_PART_BYTES <= state_part_bytes <= st.PART_MAX_BYTES:
+            raise ValueError(f"state_part_bytes {state_part_bytes}: between {st.MIN_PART_BYTES} and "
+                             f"{st.PART_MAX_BYTES}")
+        self.state_part_bytes = int(state_part_bytes)
         self.core = core
         self.compression = compression
         self.cfg = dict(client_config)
@@ -175,15 +215,8 @@ class KafkaLoop:
         md = admin.list_topics(timeout=30)
         if self.input not in md.topics:
             raise RuntimeError(f"input topic {self.input} does not exist (create it with `stream-anon topics apply`)")
-        n = len(md.topics[self.input].partitions)
-        if self.state_topic not in md.topics:
-            fut = admin.create_topics([NewTopic(self.state_topic, n, 1, config={"cleanup.policy": "compact"})])
-            for f in fut.values():
-                try:
-                    f.result(30)
-                except KafkaException as exc:
-                    if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                        raise
+        ensure_state_topic(admin, self.state_topic, len(md.topics[self.input].partitions),
+                           exists=self.state_topic in md.topics, part_bytes=self.state_part_bytes)
         self._admin = admin
         self._plain = Producer({**self.cfg, "logger": client_log, "linger.ms": 20,
                                 "compression.type": self.compression})
@@ -261,16 +294,16 @@ class KafkaLoop:
             prod.begin_transaction()
             for topic, key, value in messages:
                 produce(prod, topic, value, key)
-            produce(prod, self.state_topic, state_value, st.state_key(self.core.stream, p, seq), partition=p)
-            if rec.full:          # the chain before this full record is obsolete: tombstones for compaction
-                for old in range(ps.chain_start, seq):
-                    produce(prod, self.state_topic, None, st.state_key(self.core.stream, p, old), partition=p)
+            # the chain before a full record is obsolete: tombstones for compaction
+            obsolete = {old: ps.record_parts.get(old, 1) for old in range(ps.chain_start, seq)} if rec.full else {}
+            parts = produce_state(prod, self.state_topic, self.core.stream, p, seq, state_value, obsolete,
+                                  self.state_part_bytes)
             offsets = [TopicPartition(self.input, p, offset + 1), TopicPartition(self.state_topic, p, seq)]
             self._end_transaction(prod, offsets)
         except KafkaException as exc:
             self._failed(ps, prod, exc)
             return False
-        ps.note_committed(rec)
+        ps.note_committed(rec, parts)
         self.counters["transactions"] += 1
         self.counters["full_state_records"] += rec.full
         self.counters["state_bytes"] += len(state_value)
@@ -294,6 +327,11 @@ class KafkaLoop:
                 prod.abort_transaction(TXN_TIMEOUT_S)
             except KafkaException:
                 fenced = True
+        if not fenced and err.code() == KafkaError.MSG_SIZE_TOO_LARGE:   # the batch would fail again
+            self._halt(p, st.HALT_MESSAGE_TOO_LARGE, f"a message of the batch after input offset {ps.offset} is over "
+                       f"the producer's message.max.bytes ({st.MESSAGE_MAX_BYTES}): {err.str()}")
+            self._consumer.pause([TopicPartition(self.input, p)])
+            return
         if fenced:
             # another worker initialized this partition's transactional id: it owns the partition now
             log.warning("partition %s: producer fenced (%s): another worker owns it; dropped", p, err)
@@ -384,6 +422,7 @@ class KafkaLoop:
                 continue
             ps = self.core.open_partition(p, rec.doc, rec.tables, rec.base_seq)
             ps.input_topic_id = topic_id or ps.input_topic_id
+            ps.record_parts = dict(rec.record_parts)
             if rec.adopted_reset:
                 log.warning("partition %s: input topic re-created; accepted by the operator: resuming its state "
                             "from offset 0 of the new topic", p)

@@ -37,6 +37,7 @@ class PartitionState:
     chain: list = field(default_factory=list)
     next_full: bool = True         # the parts' change tracking starts from an empty base (new or restored)
     chain_start: int = 1           # lowest sequence number whose record key may still hold a record (tombstones)
+    record_parts: dict = field(default_factory=dict)   # seq -> values it was written as, of records in parts
     last_input: float = field(default_factory=time.monotonic)
     dirty_since_flush: bool = False
     events_in: int = 0
@@ -81,16 +82,19 @@ class PartitionState:
                 rec = checkpoint.StateRecord.full_of(doc, self.full_tables())
         return rec
 
-    def note_committed(self, rec: checkpoint.StateRecord) -> None:
-        """``rec`` was committed: it is the partition's state now (as written: its encoding, made here if it was
-        not, is what :meth:`committed_state` reads)."""
+    def note_committed(self, rec: checkpoint.StateRecord, parts: int = 1) -> None:
+        """``rec`` was committed (written as ``parts`` state-topic values): it is the partition's state now (as
+        written: its encoding, made here if it was not, is what :meth:`committed_state` reads)."""
         checkpoint.encode_state(rec)
         self.seq, self.offset, self.flush_pending = rec.seq, rec.doc["offset"], rec.doc.get("flush_pending", False)
         if rec.full:
             self.chain = [rec]
             self.chain_start = rec.seq
+            self.record_parts = {}
         else:
             self.chain.append(rec)
+        if parts > 1:               # the keys its chain's tombstones must reach
+            self.record_parts[rec.seq] = parts
         self.next_full = False
 
     def committed_state(self) -> tuple[dict | None, dict]:
