@@ -29,7 +29,7 @@ from stream_anon.connection import as_connection
 from stream_anon.config import load_config
 from stream_anon.kafka.core import WorkerCore
 from stream_anon.kafka.loop import COMPRESSIONS, DEFAULT_COMPRESSION, KafkaLoop
-from stream_anon.kafka.state import MIN_PART_BYTES, PART_MAX_BYTES
+from stream_anon.kafka.state import MIN_PART_BYTES, PART_MAX_BYTES, checked_part_bytes
 from stream_anon.kafka.observe import prometheus_text, readiness
 
 log = logging.getLogger("stream_anon.worker")
@@ -60,7 +60,7 @@ def make_app(config, bootstrap: str, state_dir, app_id: str | None = None, secre
              flush_when_idle_s: float | None = None, web_port: int | None = None, raw_deadletters: bool = False,
              accept_input_reset: bool = False, client_config: dict | None = None,
              compression: str = DEFAULT_COMPRESSION, aggregates_process: str = "auto",
-             state_part_bytes: int = PART_MAX_BYTES):
+             accept_config_change: bool = False, state_part_bytes: int = PART_MAX_BYTES):
     """The faust app of one worker and its :class:`KafkaLoop` (``app.stream_anon_loop``)."""
     app_id = app_id or f"stream-anon-{config.stream.name}"
     secret = secret if secret is not None else crypto.load_secret()
@@ -82,7 +82,7 @@ def make_app(config, bootstrap: str, state_dir, app_id: str | None = None, secre
     loop = KafkaLoop(core, {**as_connection(bootstrap).confluent(), **(client_config or {})}, batch_max=batch_max,
                      batch_within_s=batch_within_s, metrics_interval_s=metrics_interval_s,
                      accept_input_reset=accept_input_reset, cache_dir=state_dir, compression=compression,
-                     state_part_bytes=state_part_bytes)
+                     accept_config_change=accept_config_change, state_part_bytes=state_part_bytes)
     app.stream_anon_core, app.stream_anon_loop = core, loop
 
     @app.service
@@ -201,6 +201,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--accept-input-reset", action="store_true",
                    help="operator decision: a partition halted because its input topic was re-created resumes "
                         "its state (signatures, DP ledger) from offset 0 of the new topic")
+    p.add_argument("--accept-config-change", action="store_true",
+                   help="operator decision: partitions whose state was written under other guarantee settings (k, "
+                        "criteria, windows, quasi-identifiers, domains) resume under the new ones; every published "
+                        "class is retired from reuse and the change is written into the next release manifest "
+                        "(m and DP settings never change in place)")
     p.add_argument("--aggregates-process", choices=AGGREGATES_PROCESS, default="auto",
                    help="release the DP aggregates in a second process, beside the engine (auto: when the machine "
                    "has 2 or more CPUs; streams without [dp] never start it)")
@@ -255,9 +260,10 @@ def worker_main(argv=None) -> int:
     except (OSError, ValueError) as exc:     # ConfigError is a ValueError
         print(f"stream-anon worker: {args.config}: {exc}", file=sys.stderr)
         return 2
-    if not MIN_PART_BYTES <= args.state_part_bytes <= PART_MAX_BYTES:
-        print(f"stream-anon worker: --state-part-bytes {args.state_part_bytes}: between {MIN_PART_BYTES} and "
-              f"{PART_MAX_BYTES}", file=sys.stderr)
+    try:
+        checked_part_bytes(args.state_part_bytes)
+    except ValueError as exc:
+        print(f"stream-anon worker: {exc}", file=sys.stderr)
         return 2
     try:
         conn = kafka_connection.from_args(args, config_path=args.config)
@@ -280,6 +286,7 @@ def worker_main(argv=None) -> int:
                batch_max=args.batch_max, batch_within_s=args.batch_within, metrics_interval_s=args.metrics_interval,
                flush_when_idle_s=args.flush_when_idle, raw_deadletters=args.deadletter_raw_payload,
                web_port=args.web_port, accept_input_reset=args.accept_input_reset, compression=args.compression,
+               accept_config_change=args.accept_config_change,
                aggregates_process=args.aggregates_process, state_part_bytes=args.state_part_bytes)
     return 0
 

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from stream_anon import guarantees
 from stream_anon.checkpoint import (HEAD, KIND_BARRIER, KIND_FULL, KIND_PART, MAGIC, MIN_PART_BYTES,  # noqa: F401
                                     PART_MAX_BYTES, STATE_KINDS, Part, StateRecord, decode_state, encode_state,
                                     header, join_parts, read_part, resolve_chain, split_value)
@@ -63,6 +64,8 @@ HALT_STATE_RESET = "state_topic_reset"
 HALT_OFFSET_MISMATCH = "committed_offset_mismatch"
 HALT_KEY_CHANGED = "key_changed"
 HALT_MESSAGE_TOO_LARGE = "message_too_large"
+HALT_CONFIG_CHANGED = "config_changed"
+HALT_CONFIG_CHANGE_REFUSED = "config_change_refused"
 
 
 def state_topic(app_id: str) -> str:
@@ -82,6 +85,13 @@ def state_key(stream: str, partition: int, seq: int, part: int = 0) -> bytes:
 def record_keys(stream: str, partition: int, seq: int, parts: int = 1) -> list[bytes]:
     """The keys of transaction ``seq``'s record written as ``parts`` values."""
     return [state_key(stream, partition, seq, i) for i in range(parts)]
+
+
+def checked_part_bytes(part_bytes: int) -> int:
+    """The largest state-topic value a worker is given (``--state-part-bytes``), or ValueError."""
+    if not MIN_PART_BYTES <= part_bytes <= PART_MAX_BYTES:
+        raise ValueError(f"--state-part-bytes {part_bytes}: between {MIN_PART_BYTES} and {PART_MAX_BYTES}")
+    return int(part_bytes)
 
 
 def message_bytes_needed(part_bytes: int = PART_MAX_BYTES) -> int:
@@ -223,11 +233,13 @@ class Recovery:
     detail: str = ""
     adopted_reset: bool = False
     record_parts: dict = field(default_factory=dict)   # seq -> values it was written as, of records in parts
+    changes: list = field(default_factory=list)     # guarantee settings that differ from the state's (one line each)
 
 
 def choose_state(states, marker: int | None, committed_input: int | None,
                  cached: dict | None = None, input_topic_id: str | None = None,
-                 accept_input_reset: bool = False, kid: str | None = None) -> Recovery:
+                 accept_input_reset: bool = False, kid: str | None = None, settings: dict | None = None,
+                 accept_config_change: bool = False) -> Recovery:
     """Decide how a partition resumes (pure function: the loop reads, this decides).
 
     ``states``: a :class:`StateLog`, or the partition's state-topic values in log order; ``marker``: the
@@ -235,7 +247,10 @@ def choose_state(states, marker: int | None, committed_input: int | None,
     ``committed_input``: the group's committed input offset or None; ``cached``: the worker's local cache header of
     the partition (``{"seq", "offset", "input_topic_id"}``) or None; ``input_topic_id``: the input topic's
     current id; ``kid``: the key id of the worker's secret (a state written under another key is not resumed:
-    its keyed unit ids, event keys and tokens would not match what this key makes).
+    its keyed unit ids, event keys and tokens would not match what this key makes); ``settings``: the guarantee
+    settings in force (:func:`stream_anon.guarantees.settings`): a state written under others is resumed only when
+    ``accept_config_change`` (the changes are then listed in ``Recovery.changes``), else the partition halts with
+    them.
 
     >>> choose_state([], None, None).doc is None, choose_state([], None, None).halt
     (True, None)
@@ -273,6 +288,9 @@ def choose_state(states, marker: int | None, committed_input: int | None,
         return Recovery(halt=HALT_KEY_CHANGED,
                         detail=f"the state was written with key id {doc.get('kid')}, this worker's secret is key id "
                                f"{kid}")
+    changed = guarantees.changes(doc.get("settings", {}), settings) if settings is not None else []
+    if changed and not accept_config_change:
+        return Recovery(halt=HALT_CONFIG_CHANGED, detail="; ".join(changed), changes=changed)
     if committed_input is not None and committed_input != doc["offset"] + 1:
         return Recovery(halt=HALT_OFFSET_MISMATCH,
                         detail=f"committed input offset {committed_input} but the state covers up to "
@@ -288,6 +306,6 @@ def choose_state(states, marker: int | None, committed_input: int | None,
                             detail=f"input topic id changed from {old} to {input_topic_id} (re-created): offsets "
                                    "in the state do not refer to the new topic")
         doc = {**doc, "offset": -1, "input_topic_id": input_topic_id}
-        return Recovery(doc=doc, tables=tables, base_seq=chain[0].seq, adopted_reset=True,
+        return Recovery(doc=doc, tables=tables, base_seq=chain[0].seq, adopted_reset=True, changes=changed,
                         record_parts=record_parts)
-    return Recovery(doc=doc, tables=tables, base_seq=chain[0].seq, record_parts=record_parts)
+    return Recovery(doc=doc, tables=tables, base_seq=chain[0].seq, changes=changed, record_parts=record_parts)
