@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import sys
 import time
 import tomllib
@@ -54,12 +55,13 @@ def cpu_seconds(pid: int) -> float:
 
 
 def config_file(name: str, workdir: Path, without_dp: bool = False, journeys: bool = False) -> Path:
-    """The bundled config (hierarchy paths made absolute), optionally without its DP tables, or with the journey
+    """The bundled config (its hierarchies copied beside it), optionally without its DP tables, or with the journey
     as privacy unit (oyster-cards on the Oyster Monday file, which has no card id: every journey an individual,
     the worst case for the m-invariance signature table)."""
     src = contract.config_path(name)
     raw = tomllib.loads(src.read_text())
-    text = src.read_text().replace('hierarchy = "hierarchies/', f'hierarchy = "{src.parent}/hierarchies/')
+    text = src.read_text()
+    shutil.copytree(src.parent / "hierarchies", workdir / "hierarchies", dirs_exist_ok=True)   # in its tree
     if without_dp:
         text = text[:text.index("[dp]")] if "[dp]" in text else text
     if journeys:

@@ -9,6 +9,7 @@ from pathlib import Path
 from stream_anon import connection as kafka_connection
 from stream_anon import logsetup
 from stream_anon.contract import resolve_config
+from stream_anon.validation import ALLOW_OUTSIDE_FLAG, ALLOW_OUTSIDE_HELP
 
 DATASET_CHOICES = ("oyster", "citibike", "obd2", "oyster-cards")
 CONFIG_HELP = "stream config: a TOML file, or the name of a bundled config (oyster, citibike, obd2, oyster-cards)"
@@ -28,7 +29,7 @@ def _cmd_replay(args) -> int:
 
     secret = crypto.load_secret()
     config_path = resolve_config(args.config) if args.config else None
-    config = load_config(config_path) if config_path else None
+    config = load_config(config_path, args.allow_outside_paths) if config_path else None
     conn = kafka_connection.from_args(args, config_path=config_path)
     if args.file and config is not None and not config.input.legacy:
         # a mapped [input]: the file's records go to the topic as they are; the worker maps them
@@ -78,7 +79,8 @@ def _cmd_topics_apply(args) -> int:
     configs = [resolve_config(c) for c in args.config or ()]
     conn = kafka_connection.from_args(args, config_path=configs[0] if len(configs) == 1 else None)
     # with --config: the shared topics and those streams' (input topic with the declared partition count)
-    defs = apply_plan(load_topic_definitions(args.dir), [load_config(path) for path in configs])
+    defs = apply_plan(load_topic_definitions(args.dir), [load_config(path, args.allow_outside_paths)
+                                                         for path in configs])
     result = apply_topics(conn, defs)
     for name, status in sorted(result.items()):
         print(f"{name}: {status}")
@@ -106,7 +108,7 @@ def _cmd_audit(args) -> int:
     config_path = resolve_config(args.config)
     conn = kafka_connection.from_args(args, config_path=config_path)
     report = audit_from_kafka(conn, config_path, crypto.load_secret(), raw_topic=args.raw_topic,
-                              idle_s=args.idle, health=True)
+                              idle_s=args.idle, health=True, allow_outside_paths=args.allow_outside_paths)
     print(report.format_text())
     if args.report:
         Path(args.report).write_text(json.dumps(report.to_dict(), indent=2))
@@ -142,7 +144,7 @@ def _cmd_aggregates(args) -> int:
         print(f"stream-anon aggregates: --level must be in (0, 1), got {args.level}", file=sys.stderr)
         return 2
     config_path = resolve_config(args.config)
-    config = load_config(config_path)
+    config = load_config(config_path, args.allow_outside_paths)
     if config.dp is None:
         print(f"stream-anon aggregates: {args.config}: the stream has no [dp] / [[aggregates]] tables",
               file=sys.stderr)
@@ -168,7 +170,7 @@ def _cmd_calibrate(args) -> int:
         raise FileNotFoundError(f"calibration sample not found: {args.file}")
     else:
         from stream_anon.config import load_config
-        spec = load_config(source).input
+        spec = load_config(source, args.allow_outside_paths).input
         if spec.legacy:
             events = read_jsonl(args.file)
         else:   # a mapped [input]: the file read through the mapping (records it rejects do not calibrate)
@@ -177,7 +179,7 @@ def _cmd_calibrate(args) -> int:
             if rejected:
                 print(f"calibrate: {len(rejected)} records rejected by the mapping, e.g. {rejected[0][2]}",
                       file=sys.stderr)
-    bounds = calibrate(source, events, args.out, margin=args.margin)
+    bounds = calibrate(source, events, args.out, margin=args.margin, allow_outside_paths=args.allow_outside_paths)
     for name, (lo, hi) in bounds.items():
         print(f"{name}: [{lo}, {hi}]")
     if args.suggest or args.apply_suggestions:
@@ -228,7 +230,7 @@ def _cmd_evaluate(args) -> int:
             return 2
         from stream_anon.evaluate import run_own
         res = run_own(resolve_config(args.config), args.file, strategies, ks, args.out, seed=args.seed,
-                      baselines=baselines)
+                      baselines=baselines, allow_outside_paths=args.allow_outside_paths)
         from stream_anon.evaluate import comparison_table
         print(comparison_table(res["comparison"]), end="")
         print(f"wrote {args.out}/: {', '.join(sorted(p.name for p in Path(args.out).iterdir()))}")
@@ -392,6 +394,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="timestamp QI bounds = the data's first and last hour (evaluate a full file longer than "
                         "the configured period instead of rejecting its events)")
     e.set_defaults(func=_cmd_evaluate)
+    for sp in (r, ta, a, g, c, e):       # the commands that read a stream config
+        sp.add_argument(ALLOW_OUTSIDE_FLAG, action="store_true", help=ALLOW_OUTSIDE_HELP)
     for sp in (d, b, r, ta, tl, mo, a, g, c, e):
         logsetup.add_arguments(sp)
         sp.add_argument("--loglevel", default="warning", help="log level (default: warning)")

@@ -10,12 +10,15 @@ from __future__ import annotations
 import math
 
 import dataclasses
+import hashlib
+import shutil
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from stream_anon.connection import SETTINGS as KAFKA_KEYS
+from stream_anon.contract import config_dir
 from stream_anon.criteria import parse_criteria
 from stream_anon.criteria.parse import KEYS as CRITERIA_KEYS
 from stream_anon.domains import DOMAIN_KEYS, SensitiveDomain, flat_domains, parse_domain
@@ -139,6 +142,7 @@ class StreamConfig:
     dp: "DPConfig | None" = None            # the [dp] / [[aggregates]] tables, when the stream has any
     domains: tuple[SensitiveDomain, ...] = ()   # aligned with ``sensitive`` (undeclared: the ``scalar`` domain)
     input: InputSpec = field(default_factory=InputSpec)   # the [input] mapping (stream_anon.inputs)
+    allow_outside_paths: bool = False     # its files may lie outside its directory tree (--allow-outside-paths)
 
     @property
     def identifiers(self) -> tuple[str, ...]:
@@ -149,12 +153,16 @@ class StreamConfig:
         """A copy with some anonymization parameters changed (e.g. k from the command line; None removes a key),
         re-validated."""
         raw = {**self.raw, "anonymization": {**self.raw.get("anonymization", {}), **changes}}
-        return parse_config(raw, base_dir=self.source.parent if self.source else Path("."), source=self.source)
+        return parse_config(raw, base_dir=self.source.parent if self.source else Path("."), source=self.source,
+                            allow_outside_paths=self.allow_outside_paths)
 
 
 # -- one reader per table ----------------------------------------------------------------------------------
-def parse_config(raw: dict, base_dir: Path = Path("."), source: Path | None = None) -> StreamConfig:
-    """Validate a parsed TOML document into a StreamConfig (errors name the key).
+def parse_config(raw: dict, base_dir: Path = Path("."), source: Path | None = None,
+                 allow_outside_paths: bool = False) -> StreamConfig:
+    """Validate a parsed TOML document into a StreamConfig (errors name the key). The files it names resolve
+    against ``base_dir`` (the config file's directory) and must lie in its tree unless ``allow_outside_paths``
+    (:class:`~stream_anon.validation.ConfigDir`).
 
     A configuration that loads never fails later for a configuration reason: parameters, cross-references
     (a strategy's sensitive field, QI names) and hierarchies are all checked here, and a key that no reader
@@ -169,6 +177,7 @@ def parse_config(raw: dict, base_dir: Path = Path("."), source: Path | None = No
     ...
     stream_anon.errors.ConfigError: anonymisation: unknown table; did you mean anonymization?
     """
+    base_dir = config_dir(base_dir, allow_outside_paths)
     top = Table(raw, "", TOP_LEVEL_KEYS, noun="table")
     stream = _parse_stream(top.table("stream", STREAM_KEYS))
     anonymization, strategy_params, criteria = _parse_anonymization(top.table("anonymization", ANONYMIZATION_KEYS),
@@ -196,7 +205,7 @@ def parse_config(raw: dict, base_dir: Path = Path("."), source: Path | None = No
     top.table("kafka", KAFKA_KEYS, {})
     top.done()
     return StreamConfig(stream, anonymization, qis, sensitive, invariant, drop, pseudo, limits, source, raw, dp,
-                        domains, input=spec)
+                        domains, input=spec, allow_outside_paths=base_dir.allow_outside)
 
 
 def _parse_stream(t: Table) -> StreamSection:
@@ -487,27 +496,48 @@ def _parse_input(table, stream: StreamSection, qis, sensitive, dp, base_dir: Pat
     return spec
 
 
-def with_absolute_paths(raw: dict, base_dir: Path) -> dict:
-    """The config document with every file it names made absolute against ``base_dir`` (the directory of the file
-    it was read from): hierarchies of quasi-identifiers and aggregate groups, CSV lookup tables of ``[input]``,
-    utility-clustering's station graphs. For copies written elsewhere (calibrated configs, the demo's derived
-    configs). Changes ``raw`` in place."""
+def config_files(raw: dict) -> list[tuple[dict, str]]:
+    """Every file a config document names, as (the table holding it, its key): hierarchies of quasi-identifiers
+    and aggregate groups, CSV lookup tables of ``[input]`` fields, utility-clustering's station graphs."""
+    out = []
     tables = raw.get("quasi_identifiers", []) + [g for a in raw.get("aggregates", []) for g in a.get("group_by", [])]
     for table in tables:
-        if isinstance(table.get("hierarchy"), str) and table["hierarchy"] != "h3":    # "h3" names no file
-            table["hierarchy"] = str((base_dir / table["hierarchy"]).resolve())
+        if isinstance(table, dict) and isinstance(table.get("hierarchy"), str) and table["hierarchy"] != "h3":
+            out.append((table, "hierarchy"))          # "h3" names no file
     graphs = (raw.get("anonymization") or {}).get("strategy_params", {}).get("graphs")
     for q, g in (graphs.items() if isinstance(graphs, dict) else ()):
         if isinstance(g, str):
-            graphs[q] = str((base_dir / g).resolve())
-    for spec in (raw.get("input") or {}).get("fields", {}).values():
+            out.append((graphs, q))
+    for spec in ((raw.get("input") or {}).get("fields") or {}).values():
         if isinstance(spec, dict) and isinstance(spec.get("lookup"), str):
-            spec["lookup"] = str((base_dir / spec["lookup"]).resolve())
+            out.append((spec, "lookup"))
+    return out
+
+
+def with_files_beside(raw: dict, base_dir: Path, out_dir: Path) -> dict:
+    """The config document read from ``base_dir``, made to be written into ``out_dir`` (a calibrated config, the
+    demo's derived configs) naming the same files within its own directory tree: a file inside ``out_dir``'s tree
+    by its path relative to ``out_dir``, any other copied into ``out_dir/files/`` (prefixed with its digest when
+    another file of that name is there). Changes ``raw`` in place."""
+    out_dir = Path(out_dir).resolve()
+    for table, key in config_files(raw):
+        src = (Path(base_dir) / table[key]).resolve()
+        if src.is_relative_to(out_dir) or not src.is_file():   # a missing file is reported when the copy loads
+            table[key] = src.relative_to(out_dir).as_posix() if src.is_relative_to(out_dir) else str(src)
+            continue
+        dest = out_dir / "files" / src.name
+        if dest.exists() and dest.read_bytes() != src.read_bytes():
+            dest = dest.with_name(f"{hashlib.sha256(src.read_bytes()).hexdigest()[:12]}-{src.name}")
+        if not dest.exists():
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, dest)
+        table[key] = dest.relative_to(out_dir).as_posix()
     return raw
 
 
-def load_config(path: str | Path) -> StreamConfig:
-    """Load and validate a stream configuration file."""
+def load_config(path: str | Path, allow_outside_paths: bool = False) -> StreamConfig:
+    """Load and validate a stream configuration file (``allow_outside_paths``: the files it names may lie outside
+    its directory tree)."""
     path = Path(path)
     try:
         raw = tomllib.loads(path.read_text())
@@ -515,4 +545,4 @@ def load_config(path: str | Path) -> StreamConfig:
         raise ConfigError(f"config: file not found: {path}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config: {path} is not valid TOML: {exc}") from None
-    return parse_config(raw, base_dir=path.parent, source=path.resolve())
+    return parse_config(raw, base_dir=path.parent, source=path.resolve(), allow_outside_paths=allow_outside_paths)

@@ -12,7 +12,7 @@ import pytest
 
 from stream_anon import contract
 from stream_anon.audit import AuditConfig, audit
-from stream_anon.config import load_config, parse_config, with_absolute_paths
+from stream_anon.config import load_config, parse_config
 from stream_anon.datasets import load_events
 from stream_anon.kafka import state as st
 from stream_anon.kafka.core import WorkerCore
@@ -22,9 +22,14 @@ from stream_anon.render import TOPICS
 SECRET = b"config-change-secret-0123456789abcdef"
 
 
+def parsed(raw: dict):
+    """A config document of the bundled configs' directory (its hierarchies are there)."""
+    return parse_config(raw, base_dir=contract.configs_dir())
+
+
 def oyster_raw(**anonymization) -> dict:
     path = contract.config_path("oyster")
-    raw = with_absolute_paths(tomllib.loads(path.read_text()), path.parent)
+    raw = tomllib.loads(path.read_text())
     raw.pop("dp", None)
     raw.pop("aggregates", None)
     raw["anonymization"].update(anonymization)
@@ -43,9 +48,9 @@ def committed_record(core: WorkerCore, msgs) -> tuple[bytes, object]:
 
 
 def test_k_lowered_halts_with_one_line_naming_the_setting():
-    core = WorkerCore(parse_config(oyster_raw(k=10)), "app", SECRET)
+    core = WorkerCore(parsed(oyster_raw(k=10)), "app", SECRET)
     value, ps = committed_record(core, messages(1500))
-    lower = WorkerCore(parse_config(oyster_raw(k=3)), "app", SECRET)
+    lower = WorkerCore(parsed(oyster_raw(k=3)), "app", SECRET)
     rec = st.choose_state([value], marker=ps.seq, committed_input=ps.offset + 1, kid=lower.kid,
                           settings=lower.settings)
     assert rec.halt == st.HALT_CONFIG_CHANGED and rec.doc is None
@@ -57,10 +62,10 @@ def test_k_lowered_halts_with_one_line_naming_the_setting():
 
 def test_an_accepted_change_retires_published_classes_and_is_written_into_the_next_manifest():
     msgs = messages(3000)
-    core = WorkerCore(parse_config(oyster_raw(k=10)), "app", SECRET)
+    core = WorkerCore(parsed(oyster_raw(k=10)), "app", SECRET)
     value, ps = committed_record(core, msgs[:1500])
     assert len(ps.engine.registry) > 0
-    higher = WorkerCore(parse_config(oyster_raw(k=12)), "app", SECRET)
+    higher = WorkerCore(parsed(oyster_raw(k=12)), "app", SECRET)
     rec = st.choose_state([value], marker=ps.seq, committed_input=ps.offset + 1, kid=higher.kid,
                           settings=higher.settings, accept_config_change=True)
     assert rec.halt is None and rec.changes == ["anonymization.k 10 -> 12"]
@@ -88,7 +93,7 @@ def test_m_and_dp_settings_are_refused_even_when_accepted():
     raw["dp"]["epsilon_per_period"] = raw["dp"]["epsilon_per_period"] * 5       # epsilon x5
     for aggregate in raw["aggregates"]:
         aggregate["epsilon"] = aggregate["epsilon"] * 5
-    changed = WorkerCore(parse_config(with_absolute_paths(raw, contract.config_path("oyster-cards").parent)),
+    changed = WorkerCore(parsed(raw),
                          "app", SECRET)
     rec = st.choose_state([value], marker=ps.seq, committed_input=ps.offset + 1, kid=changed.kid,
                           settings=changed.settings, accept_config_change=True)
@@ -101,13 +106,13 @@ def test_m_and_dp_settings_are_refused_even_when_accepted():
 
 def test_a_new_window_length_re_windows_the_open_windows_and_every_event_is_accounted():
     msgs = messages(4000)
-    first = WorkerCore(parse_config(oyster_raw(window_s=900, max_delay_s=1800)), "app", SECRET)
+    first = WorkerCore(parsed(oyster_raw(window_s=900, max_delay_s=1800)), "app", SECRET)
     out = []
     ps = first.open_partition(0)
     out += first.process(ps, msgs[:2100]).messages
     value = st.encode_state(first.committed(ps, ps.offset))
     assert len(ps.engine.windows) > 0                               # windows open across the change
-    config = parse_config(oyster_raw(window_s=600, max_delay_s=1800))
+    config = parsed(oyster_raw(window_s=600, max_delay_s=1800))
     second = WorkerCore(config, "app", SECRET)
     rec = st.choose_state([value], marker=ps.seq, committed_input=ps.offset + 1, kid=second.kid,
                           settings=second.settings, accept_config_change=True)
@@ -134,12 +139,12 @@ def test_a_new_window_length_re_windows_the_open_windows_and_every_event_is_acco
 
 def test_a_quasi_identifier_change_waits_for_the_buffered_records():
     msgs = messages(1500)
-    core = WorkerCore(parse_config(oyster_raw()), "app", SECRET)
+    core = WorkerCore(parsed(oyster_raw()), "app", SECRET)
     value, ps = committed_record(core, msgs)
     raw = oyster_raw()
     time_qi = next(q for q in raw["quasi_identifiers"] if q["kind"] == "timestamp")
     time_qi["upper"] = "2009-11-11T06:00:00+00:00"
-    changed = WorkerCore(parse_config(raw), "app", SECRET)
+    changed = WorkerCore(parsed(raw), "app", SECRET)
     rec = st.choose_state([value], marker=ps.seq, committed_input=ps.offset + 1, kid=changed.kid,
                           settings=changed.settings, accept_config_change=True)
     assert len(rec.changes) == 1 and rec.changes[0].startswith(f"quasi_identifiers.{time_qi['name']}.upper ")

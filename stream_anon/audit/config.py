@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stream_anon.contract import config_dir
+
 from .dp_config import DPBudget, read_dp
 from .primitives import Hierarchy, QISpec, numeric_granularity
 
@@ -126,17 +128,20 @@ class AuditConfig:
                                  stream=self.stream)
 
     @classmethod
-    def from_toml(cls, path: str | Path) -> "AuditConfig":
+    def from_toml(cls, path: str | Path, allow_outside_paths: bool = False) -> "AuditConfig":
+        """The stream config at ``path``; the hierarchy files it names must lie in its directory tree unless
+        ``allow_outside_paths`` (the rule of the worker: stream_anon.validation.ConfigDir)."""
         path = Path(path)
         with path.open("rb") as fh:
             raw = tomllib.load(fh)
+        files = config_dir(path.parent, allow_outside_paths)
         stream, anon = raw.get("stream", {}), raw.get("anonymization", {})
         ids, sensitive = raw.get("identifiers", {}), raw.get("sensitive", {})
         qis = []
         for q in raw.get("quasi_identifiers", []):
             hier = None
             if q.get("hierarchy") and q.get("kind") != "geopoint":     # a geopoint's "h3" is no file
-                hier = Hierarchy.load((path.parent / q["hierarchy"]).resolve())
+                hier = Hierarchy.load(files.file(q["hierarchy"], f"quasi_identifiers.{q.get('name')}.hierarchy"))
             qis.append(QISpec(q["name"], q["field"], q["kind"], hier, q.get("lower"), q.get("upper"),
                               numeric_granularity(q)))
         identifiers = list(dict.fromkeys([*ids.get("drop", []), *ids.get("pseudonymize", [])]))

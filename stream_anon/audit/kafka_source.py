@@ -151,12 +151,14 @@ ALERTS_MAX_WAIT_S = 10.0
 
 
 def audit_from_kafka(bootstrap, config_path: str | Path, secret: bytes | str, raw_topic: str | None = None,
-                     idle_s: float = 3.0, max_wait_s: float = 120.0, health: bool = True) -> AuditReport:
+                     idle_s: float = 3.0, max_wait_s: float = 120.0, health: bool = True,
+                     allow_outside_paths: bool = False) -> AuditReport:
     """Read raw input and outputs from the broker (every topic side by side) and audit them against the stream
     config. ``health``: also read anon.metrics (for at most :data:`ALERTS_MAX_WAIT_S`) for the alerts of the
     report's health figures. Raises :class:`IncompleteRead` when the raw or an output topic is still growing after
-    ``max_wait_s`` (a verdict on part of a topic would be wrong)."""
-    cfg = AuditConfig.from_toml(config_path)
+    ``max_wait_s`` (a verdict on part of a topic would be wrong). ``allow_outside_paths``: the files the config
+    names may lie outside its directory tree."""
+    cfg = AuditConfig.from_toml(config_path, allow_outside_paths)
     if raw_topic is None:
         raw_topic = cfg.input_topic
     if raw_topic is None:
@@ -172,7 +174,8 @@ def audit_from_kafka(bootstrap, config_path: str | Path, secret: bytes | str, ra
     read = _parallel(calls)
     raw = read["raw"]
     secret = secret.encode() if isinstance(secret, str) else secret
-    decode = raw_decoder(config_path, secret)   # a mapped [input] (csv, tesla-fleet-telemetry, gtfs-realtime, ...)
+    # a mapped [input] (csv, tesla-fleet-telemetry, gtfs-realtime, ...)
+    decode = raw_decoder(config_path, secret, allow_outside_paths)
     if decode is not None:
         raw = decode(raw)
     outputs = _outputs_of(read, cfg.stream)

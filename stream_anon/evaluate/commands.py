@@ -26,13 +26,13 @@ def run(dataset: str, strategies: list[str], ks: list[int], out: str | Path, l: 
 
 
 def run_own(config_path, file, strategies: list[str], ks: list[int], out, seed: int = 0,
-            baselines=BASELINES, progress=print) -> dict:
+            baselines=BASELINES, progress=print, allow_outside_paths: bool = False) -> dict:
     """``stream-anon evaluate --config C --file F``: the file through the config's mapping; per k, the streaming
     engine with each strategy against offline Mondrian on the same windows and on the whole table (NCP with the
     engine's definition, suppressed records at 1); plus the batch rows of :func:`evaluate` on the whole table."""
     from stream_anon.config import ConfigError, load_config
 
-    config = load_config(config_path)
+    config = load_config(config_path, allow_outside_paths)
     events, rejected = read_own_events(config, file)
     table = table_from_events(config.stream.name, config, events)
     progress(f"{file}: {len(events)} events mapped, {len(rejected)} rejected by the mapping, "

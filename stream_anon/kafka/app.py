@@ -30,6 +30,7 @@ from stream_anon.config import load_config
 from stream_anon.kafka.core import WorkerCore
 from stream_anon.kafka.loop import COMPRESSIONS, DEFAULT_COMPRESSION, KafkaLoop
 from stream_anon.kafka.state import MIN_PART_BYTES, PART_MAX_BYTES, checked_part_bytes
+from stream_anon.validation import ALLOW_OUTSIDE_FLAG, ALLOW_OUTSIDE_HELP
 from stream_anon.kafka.observe import prometheus_text, readiness
 
 log = logging.getLogger("stream_anon.worker")
@@ -212,6 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compression", choices=COMPRESSIONS, default=DEFAULT_COMPRESSION,
                    help="compression of the batches the worker writes: output, dead letters, state (default: "
                         f"{DEFAULT_COMPRESSION})")
+    p.add_argument(ALLOW_OUTSIDE_FLAG, action="store_true", help=ALLOW_OUTSIDE_HELP)
     p.add_argument("--state-part-bytes", type=int, default=PART_MAX_BYTES,
                    help="largest value written to the state topic: a longer state record is written as several "
                         f"(between {MIN_PART_BYTES} and the default {PART_MAX_BYTES}; lower it for a cluster whose "
@@ -256,7 +258,7 @@ def worker_main(argv=None) -> int:
         print(f"stream-anon worker: {exc}", file=sys.stderr)
         return 2
     try:
-        config = load_config(args.config)
+        config = load_config(args.config, args.allow_outside_paths)
     except (OSError, ValueError) as exc:     # ConfigError is a ValueError
         print(f"stream-anon worker: {args.config}: {exc}", file=sys.stderr)
         return 2
