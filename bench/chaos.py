@@ -3,7 +3,10 @@
 Scenarios (each on its own broker): ``kill9`` (kill -9 at random points, restart, until every event is accounted),
 ``lost_disk`` (two workers on separate state directories, one lost for good), ``broker_pause`` (the broker
 stopped with SIGSTOP for 30 s mid-stream), ``broker_reset`` (the broker restarts empty: the worker must halt its
-partitions, not start over), ``poison`` (the two poison-pill timestamps) and ``fuzz`` (N hostile messages).
+partitions, not start over), ``poison`` (the two poison-pill timestamps), ``fuzz`` (N hostile messages) and
+``network_partition`` (two workers in their own network namespaces, one cut off mid-transaction for longer than
+the session timeout, then reconnected: tests/_netns.py; needs root and ``ip netns``, else the result says why it
+was skipped).
 For each: events in, lost, release ids published with two contents, m-invariance violations (m streams),
 the worst unit's epsilon charge in a period against the budget (DP streams: the audit's DP check), worker crashes (exits we did not cause), halts.
 
@@ -37,6 +40,7 @@ from stream_anon.datasets import load_events  # noqa: E402
 from stream_anon.kafka.supervise import OutputReader, start_worker_process, stop_worker_process  # noqa: E402
 from stream_anon.kafka.replay import replay  # noqa: E402
 from _worker_harness import POISON_TIMES, mutate  # noqa: E402
+import _netns as netns  # noqa: E402
 from stream_anon.kafka.topics import apply_topics, load_topic_definitions  # noqa: E402
 
 SECRET = "chaos-secret-3f9a1c7e5b2d4a6c8e0f1b3d5a7c9e1f"
@@ -242,9 +246,30 @@ def scenario_fuzz(workdir, n: int) -> dict:
                      {"accounted": acc, "seconds": round(time.monotonic() - t0, 1)})
 
 
+def scenario_network_partition(workdir, events_n: int | None, cut_s: float = 20.0) -> dict:
+    """Two workers on separate network namespaces (tests/_netns.py); A, held inside a transaction, is cut off for
+    ``cut_s`` (> the 6 s session timeout) while B takes every partition, then reconnected and fed the second half
+    of the stream. Judged by the audit; plus A's fenced or aborted commits, its rejoin and the halts."""
+    why = netns.unavailable()
+    if why:
+        return {"skipped": why}
+    events = load_events("oyster-cards", limit=events_n)
+    half = len(events) // 2
+    with netns.NetnsLab() as lab, EmbeddedBroker(host=lab.broker_ip) as b:
+        apply_topics(b.bootstrap, load_topic_definitions())
+        cfg_path = contract.config_path("oyster-cards")
+        cfg = load_config(cfg_path)
+
+        def send(part):
+            return lambda: replay(b.bootstrap, cfg.stream.input_topic, part, cfg.stream.privacy_unit, progress=False)
+        figures = netns.run_partition(lab, b.bootstrap, cfg_path, cfg.stream.name, send(events[:half]),
+                                      send(events[half:]), len(events), 4, workdir, cut_s=cut_s)
+        return judge(b.bootstrap, cfg_path, "chaos-netpart", len(events), figures.pop("worker_crashes"), figures)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", default="poison,kill9,lost_disk,broker_pause,broker_reset,fuzz")
+    ap.add_argument("--only", default="poison,kill9,lost_disk,broker_pause,broker_reset,fuzz,network_partition")
     ap.add_argument("--kills", type=int, default=100)
     ap.add_argument("--fuzz", type=int, default=1_000_000)
     ap.add_argument("--events", type=int, default=None, help="events per scenario (default: the bundled slice)")
@@ -272,6 +297,8 @@ def main(argv=None) -> int:
             r = scenario_poison(d)
         elif name == "fuzz":
             r = scenario_fuzz(d, args.fuzz)
+        elif name == "network_partition":
+            r = scenario_network_partition(d, args.events)
         else:
             raise SystemExit(f"unknown scenario {name}")
         r["wall_s"] = round(time.monotonic() - t0, 1)
