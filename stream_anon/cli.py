@@ -77,10 +77,14 @@ def _cmd_topics_apply(args) -> int:
     from stream_anon.config import load_config
     from stream_anon.kafka.topics import apply_plan, apply_topics, load_topic_definitions
     configs = [resolve_config(c) for c in args.config or ()]
+    if args.app_id is not None and len(configs) != 1:
+        print(f"stream-anon topics apply: --app-id {args.app_id}: the state topic belongs to one stream; give one "
+              "--config", file=sys.stderr)
+        return 2
     conn = kafka_connection.from_args(args, config_path=configs[0] if len(configs) == 1 else None)
     # with --config: the shared topics and those streams' (input topic with the declared partition count)
     defs = apply_plan(load_topic_definitions(args.dir), [load_config(path, args.allow_outside_paths)
-                                                         for path in configs])
+                                                         for path in configs], app_id=args.app_id)
     result = apply_topics(conn, defs)
     for name, status in sorted(result.items()):
         print(f"{name}: {status}")
@@ -311,6 +315,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help=CONFIG_HELP + "; create only the shared topics and this stream's, its input topic with "
                                        "the stream's [stream] partitions (repeatable; without it: every defined "
                                        "topic)")
+    ta.add_argument("--app-id", default=None,
+                    help="with one --config: also create the state topic <ID>-state of the worker with that app id, "
+                         "as the worker would (compacted, max.message.bytes=1048576), for a worker that may not "
+                         "create topics")
     ta.set_defaults(func=_cmd_topics_apply)
     tl = tsub.add_parser("list", help="print the topic definitions (no broker needed)")
     tl.add_argument("--dir", default=None, help="topic definitions directory (default: the bundled definitions)")

@@ -116,12 +116,28 @@ def test_records_over_the_limit_are_written_in_parts_and_a_second_worker_recover
     assert after == before
 
 
-def test_an_existing_state_topic_below_the_limit_the_records_need_is_refused_naming_the_setting(broker, tmp_path):
-    from confluent_kafka.admin import AdminClient, NewTopic
+def test_topics_apply_creates_the_state_topic_as_the_worker_would_and_one_below_the_limit_is_refused(
+        broker, tmp_path):
+    from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+
+    from stream_anon.cli import main
 
     cfg, _ = _setup(broker, tmp_path, "smalltopic", oyster_cards.read_events()[:50], partitions=1)
-    app_id = "smalltopic-app"
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    # an operator creates it beforehand (a worker that may not create topics): the worker takes it as it is
+    assert main(["topics", "apply", "--broker", broker.bootstrap, "--config", str(cfg.source),
+                 "--app-id", "applied-app"]) == 0
+    found = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, st.state_topic("applied-app"))])
+    configs = {n: c.value for f in found.values() for n, c in f.result(30).items()}
+    assert configs["max.message.bytes"] == str(st.MESSAGE_MAX_BYTES) and configs["cleanup.policy"] == "compact"
+    core, loop, thread = _run_loop(cfg, broker.bootstrap, "applied-app", tmp_path / "cache")
+    try:
+        wait_for(lambda: loop.ready, 30, "the worker on the applied state topic")
+        assert loop.error is None and not loop.halted
+    finally:
+        _stop(loop, thread)
+    # one with a lower limit is refused with the setting to change
+    app_id = "smalltopic-app"
     for f in admin.create_topics([NewTopic(st.state_topic(app_id), 1, 1,
                                            config={"cleanup.policy": "compact", "max.message.bytes": "2000"})]).values():
         f.result(30)

@@ -214,14 +214,30 @@ def shared_topic_defs(defs: dict[str, TopicDef] | None = None) -> dict[str, Topi
     return out
 
 
-def apply_plan(defs: dict[str, TopicDef], configs=()) -> dict[str, TopicDef]:
+def state_topic_def(config, app_id: str, defs: dict[str, TopicDef] | None = None) -> TopicDef:
+    """The state topic of the worker ``app_id`` of ``config``'s stream, as that worker creates it when it is
+    missing (stream_anon.kafka.state: compacted, ``max.message.bytes`` for its values), one partition per input
+    partition."""
+    from stream_anon.kafka.state import STATE_TOPIC_CONFIG, state_topic
+
+    return TopicDef(state_topic(app_id), input_partitions(config, defs)[0],
+                    value="the worker's state records (stream_anon.kafka.state)", configs=dict(STATE_TOPIC_CONFIG))
+
+
+def apply_plan(defs: dict[str, TopicDef], configs=(), app_id: str | None = None) -> dict[str, TopicDef]:
     """What ``topics apply`` creates: without stream configs every defined topic; with them the shared topics and
-    each stream's (:func:`stream_topic_defs`), no other stream's."""
+    each stream's (:func:`stream_topic_defs`), no other stream's; with ``app_id`` (one config) also the state
+    topic of that worker (:func:`state_topic_def`)."""
     if not configs:
         return dict(defs)
     out = shared_topic_defs(defs)
     for config in configs:
         out.update(stream_topic_defs(config, defs))
+    if app_id is not None:
+        if len(configs) != 1:
+            raise TopicError(f"--app-id {app_id}: the state topic belongs to one stream; give one --config")
+        state = state_topic_def(configs[0], app_id, defs)
+        out[state.name] = state
     return out
 
 
