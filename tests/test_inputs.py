@@ -307,7 +307,7 @@ def _feed_with_bad_vehicles() -> bytes:
     for i in range(3):
         vp = feed.entity.add(id=f"x{i}").vehicle
         vp.vehicle.id = f"bike-x{i}"
-        vp.timestamp = 1486000000 + i
+        vp.timestamp = 1484230000 + i          # just after the feeds above: in time, not ahead of it
         if i == 1:
             vp.position.latitude, vp.position.longitude = 40.72, -74.05
     return feed.SerializeToString()

@@ -112,7 +112,7 @@ def test_gtfs_realtime_feeds_through_worker_and_audit(broker, tmp_path, secret_e
     mixed.header.gtfs_realtime_version = "2.0"
     for i in range(2):
         vp = mixed.entity.add(id=f"m{i}").vehicle
-        vp.vehicle.id, vp.timestamp = f"bike-m{i}", 1486000000 + i
+        vp.vehicle.id, vp.timestamp = f"bike-m{i}", 1484230000 + i     # after the feeds: in time
         if i:
             vp.position.latitude, vp.position.longitude = 40.72, -74.05
     messages = feeds + bad + [mixed.SerializeToString()]
