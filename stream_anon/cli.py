@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -105,8 +106,11 @@ def _cmd_audit(args) -> int:
     from stream_anon.audit.kafka_source import audit_from_kafka
     config_path = resolve_config(args.config)
     conn = kafka_connection.from_args(args, config_path=config_path)
+    env = args.previous_secret_env
+    previous = [crypto.load_secret(env, env + "_FILE")] if os.environ.get(env) or os.environ.get(env + "_FILE") \
+        else []
     report = audit_from_kafka(conn, config_path, crypto.load_secret(), raw_topic=args.raw_topic,
-                              idle_s=args.idle, health=True)
+                              idle_s=args.idle, health=True, previous_secrets=previous)
     print(report.format_text())
     if args.report:
         Path(args.report).write_text(json.dumps(report.to_dict(), indent=2))
@@ -328,6 +332,10 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--raw-topic", default=None, help="default: the config's input topic")
     a.add_argument("--idle", type=float, default=3.0, help="quiet seconds that mark the end of a topic")
     a.add_argument("--report", default=None, help="write the audit report as JSON here")
+    a.add_argument("--previous-secret-env", default="STREAM_ANON_PREVIOUS_SECRET", metavar="VAR",
+                   help="after a key rotation: the variable holding the previous secret (or VAR_FILE naming its "
+                        "file); when set, releases under either key are audited as one stream (default: "
+                        "%(default)s)")
     a.add_argument("--fail-on-alert", action="store_true",
                    help="exit 3 when an alert (e.g. suppression_limit_exceeded) was published on anon.metrics, "
                         "even if every check passed (events in windows still open are no alert)")

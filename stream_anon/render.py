@@ -65,17 +65,21 @@ class Renderer:
         self.topic = config.stream.input_topic
         self.alert_log = AlertLog()
 
-    def release(self, rel, settings_changed: list[str] | None = None
+    def release(self, rel, settings_changed: list[str] | None = None, notes: dict | None = None
                 ) -> tuple[list[tuple[str, bytes, bytes]], dict, list[str]]:
         """(messages, counters, alert names raised) for one release: records, manifest, release metric, alerts.
         ``settings_changed``: guarantee settings changed (and accepted) since the partition's previous release,
-        written into the manifest (``settings_changed``): the release and those after it were made under them."""
+        written into the manifest (``settings_changed``): the release and those after it were made under them.
+        ``notes``: further fields of the manifest (``lineage_started``: the first release of a partition in a new
+        lineage; ``key_rotated``: the first release under a rotated secret)."""
         key = rel.release_id.encode()
         topic = TOPICS.records(self.stream)
         out = [(topic, key, payload) for payload in rel.record_payloads(json_bytes)]
         manifest = rel.manifest()
         if settings_changed:
             manifest["settings_changed"] = list(settings_changed)
+        if notes:
+            manifest.update(notes)
         out.append((TOPICS.releases, key, json_bytes(manifest)))
         metric = {"type": "release", "stream": self.stream, "partition": rel.partition, "ts": now_iso(),
                   "release_id": rel.release_id, "seq": manifest.get("seq"), "published": manifest.get("published"),
@@ -108,7 +112,7 @@ class Renderer:
 
     def deadletter(self, reason, partition, offset, raw: bytes | None = None,
                         event: dict | None = None, index: int | None = None,
-                        opaque: bool = False) -> tuple[str, bytes, bytes]:
+                        opaque: bool = False, lineage: str | None = None) -> tuple[str, bytes, bytes]:
         """A dead letter: reason (naming the field and the problem, never a value of the event), source
         coordinates, the event's audit token when it has an event id, and the payload as the output contract
         allows it (:meth:`contract_payload`). A payload that is not a JSON object cannot be searched for
@@ -118,6 +122,8 @@ class Renderer:
         doc = {"reason": reason, "stream": self.stream,
                "source": {"topic": self.topic, "partition": partition, "offset": offset},
                "received_at": now_iso(), "kid": self.kid}
+        if lineage is not None:     # the stream's lineage (stream_anon.kafka.lineage): dedupe by it and the source
+            doc["lineage"] = lineage
         if index is not None:       # the event's position inside a multi-event message (stream_anon.inputs)
             doc["source"]["index"] = index
         if event is None and raw is not None and not opaque:   # opaque: a mapped format's raw message is never

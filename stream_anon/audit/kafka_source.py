@@ -151,7 +151,8 @@ ALERTS_MAX_WAIT_S = 10.0
 
 
 def audit_from_kafka(bootstrap, config_path: str | Path, secret: bytes | str, raw_topic: str | None = None,
-                     idle_s: float = 3.0, max_wait_s: float = 120.0, health: bool = True) -> AuditReport:
+                     idle_s: float = 3.0, max_wait_s: float = 120.0, health: bool = True,
+                     previous_secrets=()) -> AuditReport:
     """Read raw input and outputs from the broker (every topic side by side) and audit them against the stream
     config. ``health``: also read anon.metrics (for at most :data:`ALERTS_MAX_WAIT_S`) for the alerts of the
     report's health figures. Raises :class:`IncompleteRead` when the raw or an output topic is still growing after
@@ -176,7 +177,7 @@ def audit_from_kafka(bootstrap, config_path: str | Path, secret: bytes | str, ra
     if decode is not None:
         raw = decode(raw)
     outputs = _outputs_of(read, cfg.stream)
-    return audit(raw, outputs, secret, cfg, alerts=read.get("alerts"))
+    return audit(raw, outputs, secret, cfg, alerts=read.get("alerts"), previous_secrets=previous_secrets)
 
 
 def read_alerts(bootstrap, stream: str, idle_s: float = 3.0, max_wait_s: float = 120.0) -> list[dict]:

@@ -64,6 +64,15 @@ class AuditReport:
         if s.get("open"):
             lines.append(f"  open: {s['open']} events in windows not released yet (oldest event time "
                          f"{s.get('open_oldest')}): not lost, released when their windows close")
+        lineages = s.get("lineages")
+        for name, f in (lineages.items() if isinstance(lineages, dict) else ()):
+            lines.append(f"  lineage {name}: {f['verdict']}, events_in={f['events_in']} releases={f['releases']} "
+                         f"published={f['published']}" + (f", DP worst unit charge {f['dp_worst_unit_charge']} "
+                                                          f"(period {f['dp_worst_period']})" if f.get("dp_charges")
+                                                          else ""))
+        if s.get("dp_across_lineages"):
+            lines.append("  dp across lineages (what a consumer of every lineage faces): " + ", ".join(
+                f"period {p}: {c:g}" for p, c in s["dp_across_lineages"].items()))
         for name, chk in self.checks.items():
             info = {k: v for k, v in chk.items() if k not in ("passed", "examples") and not isinstance(v, (dict, list))}
             lines.append(f"  [{'ok' if chk['passed'] else 'FAIL'}] {name}: " + ", ".join(f"{k}={v}" for k, v in info.items()))

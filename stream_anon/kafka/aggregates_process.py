@@ -124,9 +124,10 @@ class AggregatesProcess:
             else:
                 head.error = value
 
-    def open(self, config, partition: int, core: dict | None, tables: dict | None) -> "RemoteAggregates":
+    def open(self, config, partition: int, core: dict | None, tables: dict | None, lineage: str | None = None
+             ) -> "RemoteAggregates":
         """The partition's aggregates, new (``core`` None) or restored, in the child (replacing any it held)."""
-        carried = self.call("open", partition, core, tables)
+        carried = self.call("open", partition, core, tables, lineage)
         return RemoteAggregates(self, config, partition, carried, core)
 
     def close(self, timeout_s: float = 5.0) -> None:
@@ -238,8 +239,8 @@ def serve_requests(requests, replies) -> None:
                     setup()
                 value = None
             elif op == "open":
-                core, tables = args
-                parts[p] = aggregates.PartitionAggregates(config, p, secret)
+                core, tables, lineage = args
+                parts[p] = aggregates.PartitionAggregates(config, p, secret, lineage)
                 if core is not None:
                     parts[p].load_state(core, tables or {})
                 value = parts[p].carried

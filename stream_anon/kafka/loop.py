@@ -33,7 +33,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from stream_anon.kafka import state as st
 from stream_anon.kafka.core import WorkerCore
-from stream_anon.kafka.partition import ConfigChangeRefused
+from stream_anon.kafka.lineage import StreamLineage
+from stream_anon.kafka.partition import ConfigChangeRefused, KeyRotationRefused
 from stream_anon.kafka.state_cache import CommittedCache, read_to_barriers
 from stream_anon.kafka.watchdog import BrokerWatch
 from stream_anon.render import TOPICS, json_bytes
@@ -114,18 +115,31 @@ def fence_and_barrier(prod: Producer, state_topic: str, stream: str, partition: 
 
 def resume_partition(core: WorkerCore, p: int, rec: st.Recovery):
     """The partition's pipeline from the chosen state, or None with ``rec.halt`` set. Each changed guarantee setting
-    is logged (ERROR when it halts the partition, WARNING when the operator accepted it); an accepted change the
-    state cannot carry halts it too."""
+    is logged (ERROR when it halts the partition, WARNING when the operator accepted it); an accepted change or key
+    rotation the state cannot carry halts it too. The outcome is logged."""
     for change in rec.changes:
         log.log(logging.ERROR if rec.halt else logging.WARNING, "config changed on partition %s: %s%s", p, change,
                 "" if rec.halt else " (accepted by the operator)")
     if rec.halt:
         return None
     try:
-        return core.open_partition(p, rec.doc, rec.tables, rec.base_seq, accepted_changes=rec.changes)
+        ps = core.open_partition(p, rec.doc, rec.tables, rec.base_seq, accepted_changes=rec.changes,
+                                 lineage=rec.lineage, notes=rec.notes, rotated_from=rec.rotated_from)
     except ConfigChangeRefused as exc:
         rec.halt, rec.detail = st.HALT_CONFIG_CHANGE_REFUSED, str(exc)
         return None
+    except KeyRotationRefused as exc:
+        rec.halt, rec.detail = st.HALT_KEY_ROTATION_REFUSED, f"key {rec.rotated_from} -> {core.kid}: {exc}"
+        return None
+    if rec.rotated_from:
+        log.warning("partition %s: key rotated from key id %s to %s (accepted by the operator: --rotate-key)", p,
+                    rec.rotated_from, core.kid)
+    if rec.adopted_reset:
+        log.warning("partition %s: input topic re-created; accepted by the operator: resuming its state from offset "
+                    "0 of the new topic", p)
+    log.info("partition %s: %s", p, f"resumed at state transaction {ps.seq}, input offset {ps.offset}" if rec.doc
+             else f"no history: new state in lineage {ps.lineage}")
+    return ps
 
 
 def input_topic_id(admin: AdminClient, topic: str) -> str | None:
@@ -142,7 +156,8 @@ class KafkaLoop:
 
     def __init__(self, core: WorkerCore, client_config: dict, batch_max: int = 10000, batch_within_s: float = 0.5,
                  metrics_interval_s: float = 5.0, accept_input_reset: bool = False, cache_dir=None,
-                 compression: str = DEFAULT_COMPRESSION, accept_config_change: bool = False):
+                 compression: str = DEFAULT_COMPRESSION, accept_config_change: bool = False, new_lineage: bool = False,
+                 rotate_from: str | None = None):
         if compression not in COMPRESSIONS:
             raise ValueError(f"compression {compression!r}: one of {', '.join(COMPRESSIONS)}")
         self.core = core
@@ -150,8 +165,9 @@ class KafkaLoop:
         self.cfg = dict(client_config)
         self.batch_max, self.batch_within_s = int(batch_max), float(batch_within_s)
         self.metrics_interval_s = float(metrics_interval_s)
-        self.accept_input_reset = accept_input_reset
-        self.accept_config_change = accept_config_change
+        # operator decisions (--accept-input-reset, --accept-config-change, --rotate-key: the previous key id)
+        self.accept_input_reset, self.accept_config_change, self.rotate_from = (accept_input_reset,
+                                                                               accept_config_change, rotate_from)
         self.input = core.topic
         self.state_topic = st.state_topic(core.app_id)
         self.producers: dict[int, Producer] = {}
@@ -162,10 +178,11 @@ class KafkaLoop:
         self.stopped = threading.Event()
         self.error: BaseException | None = None
         self.counters = {"transactions": 0, "aborted": 0, "recoveries": 0, "halts": 0, "broker_lost": 0,
-                         "state_bytes": 0, "full_state_records": 0}
+                         "state_bytes": 0, "full_state_records": 0, "lineages_started": 0}
         # broker liveness: a stopped broker gives no transport error, only silence (a watchdog thread probes it)
         self.watch = BrokerWatch(self.cfg, self.input, self.stopping, self.counters)
         self.cache = CommittedCache(cache_dir, core.app_id, core.stream)
+        self.lineage = StreamLineage(self.cfg, core.app_id, core.stream, self.cache, new_lineage)
         self._consumer: Consumer | None = None
         self._plain: Producer | None = None
         self._last_metric = 0.0
@@ -202,6 +219,7 @@ class KafkaLoop:
                 except KafkaException as exc:
                     if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                         raise
+        self.lineage.topic.ensure(admin)
         self._admin = admin
         self._plain = Producer({**self.cfg, "logger": client_log, "linger.ms": 20,
                                 "compression.type": self.compression})
@@ -392,23 +410,20 @@ class KafkaLoop:
                                               for t in (self.input, self.state_topic)], timeout=30)
         offsets = {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None) for tp in committed}
         topic_id = input_topic_id(self._admin, self.input)
+        recs = {p: st.choose_state(logs[p], offsets.get((self.state_topic, p)), offsets.get((self.input, p)),
+                                   self.cache.read(p), topic_id, self.accept_input_reset, kid=self.core.kid,
+                                   settings=self.core.settings, accept_config_change=self.accept_config_change,
+                                   rotate_from=self.rotate_from) for p in parts}
+        # the partitions without state: their lineage, or a halt (a lineage declared: alert lineage_started)
+        self.lineage.place(recs, self._send_metric, self.counters)
         starts = {}
         for p in parts:
-            rec = st.choose_state(logs[p], offsets.get((self.state_topic, p)), offsets.get((self.input, p)),
-                                  self.cache.read(p), topic_id, self.accept_input_reset, kid=self.core.kid,
-                                  settings=self.core.settings, accept_config_change=self.accept_config_change)
-            ps = resume_partition(self.core, p, rec)
-            if rec.halt:
-                self._halt(p, rec.halt, rec.detail)
-                starts[p] = None
-                continue
-            ps.input_topic_id = topic_id or ps.input_topic_id
-            if rec.adopted_reset:
-                log.warning("partition %s: input topic re-created; accepted by the operator: resuming its state "
-                            "from offset 0 of the new topic", p)
-            log.info("partition %s: %s", p, f"resumed at state transaction {ps.seq}, input offset {ps.offset}"
-                     if rec.doc else "no history: new state")
-            starts[p] = ps.offset + 1 if ps.offset >= 0 else None
+            ps = resume_partition(self.core, p, recs[p])
+            if ps is None:
+                self._halt(p, recs[p].halt, recs[p].detail)
+            else:
+                ps.input_topic_id = topic_id or ps.input_topic_id
+            starts[p] = ps.offset + 1 if ps is not None and ps.offset >= 0 else None
         return starts
 
     def _halt(self, p: int, reason: str, detail: str) -> None:

@@ -123,6 +123,7 @@ def loop_series(core, loop):
     alerts.add_metric([stream, "suppression_limit_exceeded"], core.stats.alerts.get("suppression_limit_exceeded", 0))
     alerts.add_metric([stream, "partition_halted"], loop.counters["halts"])
     alerts.add_metric([stream, "broker_lost"], loop.counters["broker_lost"])
+    alerts.add_metric([stream, "lineage_started"], loop.counters["lineages_started"])
     yield alerts
     g = _gauge("broker_connected", "1 while the broker is reachable, else 0")
     g.add_metric([stream], 1.0 if loop.watch.connected else 0.0)

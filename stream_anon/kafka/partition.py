@@ -3,8 +3,10 @@ the DP aggregates on the windows it closes), its position in the input, and its 
 state records (:mod:`stream_anon.checkpoint`).
 
 State record of a partition: the core ``{"version", "stream", "partition", "seq", "offset", "input_topic",
-"input_topic_id", "kid" (the key id of the secret it was written with), "flush_pending", "written_at", "engine":
-<engine core>, "dp": <aggregates core>}`` and the
+"input_topic_id", "kid" (the key id of the secret it was written with), "lineage" (the stream's lineage the
+partition's releases belong to, :mod:`stream_anon.kafka.lineage`), "flush_pending", "written_at", "engine":
+<engine core>, "dp": <aggregates core>}`` (and ``"notes"``: what the next release manifest must say, e.g.
+``lineage_started``, ``key_rotated``) and the
 tables ``engine/<table>`` (:meth:`stream_anon.engine.Engine.state_tables`) and ``dp/<table>`` (the DP aggregates',
 :class:`stream_anon.kafka.aggregates.PartitionAggregates`).
 """
@@ -13,11 +15,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from stream_anon import checkpoint, guarantees
+from stream_anon import checkpoint, crypto, guarantees
 from stream_anon.engine import Engine
 from stream_anon.kafka.state import MAX_CHAIN
 
-STATE_VERSION = 3              # 3: one state model (the engine's tables under engine/, the aggregates' under dp/)
+STATE_VERSION = 4              # 4: the lineage in every state record (3: one state model, engine/ and dp/ tables)
 ENGINE, DP = "engine/", "dp/"  # prefixes of the parts' tables in a partition's state record
 
 
@@ -43,16 +45,20 @@ class PartitionState:
     wait_for_aggregates: bool = False   # wait for each DP release of the aggregates process (WorkerCore.complete)
     settings: dict = field(default_factory=dict)         # the guarantee settings in force (stream_anon.guarantees)
     settings_changes: list = field(default_factory=list)  # accepted changes not published in a manifest yet
+    lineage: str | None = None                            # the stream's lineage of this partition's releases
+    notes: dict = field(default_factory=dict)             # for the next manifest (lineage_started, key_rotated)
 
     # -- state records ----------------------------------------------------------------------------------------
     def core_doc(self, stream: str, input_topic: str, seq: int, offset: int, flush_pending: bool,
                  dp_core: dict | None = None) -> dict:
         doc = {"version": STATE_VERSION, "stream": stream, "partition": self.partition, "seq": seq,
                "offset": offset, "input_topic": input_topic, "input_topic_id": self.input_topic_id,
-               "kid": self.engine.kid, "settings": self.settings, "flush_pending": flush_pending,
-               "engine": self.engine.state_core(), "written_at": time.time()}
+               "kid": self.engine.kid, "lineage": self.lineage, "settings": self.settings,
+               "flush_pending": flush_pending, "engine": self.engine.state_core(), "written_at": time.time()}
         if self.settings_changes:
             doc["settings_changes"] = self.settings_changes
+        if self.notes:
+            doc["notes"] = self.notes
         if self.dp is not None:
             doc["dp"] = self.dp.state_core() if dp_core is None else dp_core
         return doc
@@ -148,6 +154,49 @@ def check_change(changes: list[str], tables: dict) -> None:
         raise ConfigChangeRefused("; ".join(refused))
 
 
+class KeyRotationRefused(ValueError):
+    """A key rotation the partition's state cannot take now (the reason says why and what to do)."""
+
+
+def _rows(tables: dict, name: str) -> int:
+    return len(tables.get(name, ((),))[0])
+
+
+def check_rotation(config, doc: dict, tables: dict) -> None:
+    """Raise :class:`KeyRotationRefused` unless nothing of the state is keyed by the old secret in a way the new one
+    would contradict: no buffered record and no open window (their unit ids and audit tokens are the old key's;
+    counted together with the new key's, one individual would count as two), no m-invariance signature (bound to
+    the old unit ids for good: a new lineage instead), and, with DP periods, the aggregates' period over (their
+    per-unit window counts are the old key's: the new one would give each unit its windows again)."""
+    refused = []
+    for name, what in ((ENGINE + "buffer", "chunk(s) of buffered records"), (ENGINE + "windows", "open window(s)")):
+        if _rows(tables, name):
+            refused.append(f"{_rows(tables, name)} {what} under the old key: let the worker release them "
+                           "(--flush-when-idle) before rotating")
+    signatures = _rows(tables, ENGINE + "former/signatures")
+    if signatures:
+        refused.append(f"m-invariance signatures of {signatures} individuals are bound to the old key's unit ids: "
+                       "a new key needs a new lineage (--new-lineage, docs/operations.md)")
+    dp = config.dp
+    period = ((doc.get("dp") or {}).get("aggregator") or {}).get("period")
+    closed_until = (doc.get("engine") or {}).get("closed_until")
+    if dp is not None and dp.clock is not None and period is not None and closed_until is not None:
+        upcoming = dp.clock.period_of(int(closed_until // config.anonymization.window_s))[0]
+        if upcoming == period:
+            refused.append(f"DP period {period} is still open (released up to window end {closed_until:.0f}): "
+                           "rotate at a period boundary")
+    if refused:
+        raise KeyRotationRefused("; ".join(refused))
+
+
+def rotate_key(tables: dict) -> dict:
+    """The state's tables under a new key (:func:`check_rotation` passed): the duplicate table (keyed by the old
+    key's event hashes) and the finished DP period's per-unit windows are dropped. A copy of an event released
+    before is then late (every released event's time is below the end of the last release), so it still ends in
+    one place (suppressed as ``late``, or under ``late_policy = "next_release"`` published again)."""
+    return {n: t for n, t in tables.items() if n not in (ENGINE + "seen_events", DP + "aggregator/unit_windows")}
+
+
 def apply_change(engine: Engine, changes: list[str]) -> None:
     """An accepted change on the restored engine (restored without its published classes: a class met the old
     rule, so none is reused under the new one): the open windows are re-windowed when ``window_s`` changed."""
@@ -157,22 +206,30 @@ def apply_change(engine: Engine, changes: list[str]) -> None:
 
 def open_partition(config, secret: bytes, partition: int, aggregates, doc: dict | None = None,
                    tables: dict | None = None, base_seq: int | None = None,
-                   accepted_changes: list[str] | None = None) -> PartitionState:
-    """A partition's pipeline, new (``doc`` None) or restored from a committed state (``doc``: the core of its state
-    record, ``tables``: name -> (keys, rows)); ``aggregates(partition, core, tables)``: its DP aggregates or None;
-    ``accepted_changes``: guarantee settings changed since the state was written, accepted by the operator
-    (:func:`check_change`, :func:`apply_change`)."""
+                   accepted_changes: list[str] | None = None, lineage: str | None = None,
+                   notes: dict | None = None, rotated_from: str | None = None) -> PartitionState:
+    """A partition's pipeline, new (``doc`` None: in ``lineage``) or restored from a committed state (``doc``: the
+    core of its state record, ``tables``: name -> (keys, rows); its lineage is the state's);
+    ``aggregates(partition, core, tables, lineage)``: its DP aggregates or None; ``accepted_changes``: guarantee
+    settings changed since the state was written, accepted by the operator (:func:`check_change`,
+    :func:`apply_change`); ``notes``: for the next release manifest (``lineage_started``, ``key_rotated``);
+    ``rotated_from``: the key id the state was written with, rotated to ``secret``'s (:func:`check_rotation`)."""
     settings = guarantees.settings(config)
     if doc is None:
-        dp = aggregates(partition, None)
-        engine = Engine(config, partition=partition, secret=secret, carried=dp.carried if dp else ())
-        return PartitionState(partition, engine, dp, settings=settings)
+        dp = aggregates(partition, None, None, lineage)
+        engine = Engine(config, partition=partition, secret=secret, carried=dp.carried if dp else (),
+                        lineage=lineage)
+        return PartitionState(partition, engine, dp, settings=settings, lineage=lineage, notes=dict(notes or {}))
     stream = config.stream.name
     if doc.get("version") != STATE_VERSION or doc.get("stream") != stream or doc.get("partition") != partition:
         raise ValueError(f"partition {partition}: state document of another stream, partition or version "
                          f"({doc.get('stream')!r}, {doc.get('partition')!r}, v{doc.get('version')!r})")
     if accepted_changes:
         check_change(accepted_changes, tables or {})
+    if rotated_from is not None:
+        check_rotation(config, doc, tables or {})
+        tables = rotate_key(tables or {})
+        notes = {**(notes or {}), "key_rotated": {"from": rotated_from, "to": crypto.key_id(secret)}}
     engine_tables, dp_tables = split_tables(tables or {})
     if accepted_changes:          # every published class met the old rule: none is reused under the new one
         engine_tables.pop("published", None)
@@ -181,13 +238,16 @@ def open_partition(config, secret: bytes, partition: int, aggregates, doc: dict 
     chain = [checkpoint.StateRecord.full_of(doc, tables or {})]
     checkpoint.encode_state(chain[0])
     # the aggregates first: which fields the engine carries depends on their restored period
-    dp = aggregates(partition, doc.get("dp"), dp_tables)
-    engine = Engine.restore(config, partition, secret, doc["engine"], engine_tables, dp.carried if dp else ())
+    lineage = doc.get("lineage")
+    dp = aggregates(partition, doc.get("dp"), dp_tables, lineage)
+    engine = Engine.restore(config, partition, secret, doc["engine"], engine_tables, dp.carried if dp else (),
+                            lineage=lineage)
     if accepted_changes:
         apply_change(engine, accepted_changes)
     ps = PartitionState(partition, engine, dp, offset=doc["offset"], seq=doc["seq"],
                         input_topic_id=doc.get("input_topic_id"), flush_pending=doc.get("flush_pending", False),
                         chain=chain, chain_start=base_seq or doc["seq"], settings=settings,
-                        settings_changes=list(doc.get("settings_changes", [])) + list(accepted_changes or []))
+                        settings_changes=list(doc.get("settings_changes", [])) + list(accepted_changes or []),
+                        lineage=lineage, notes={**doc.get("notes", {}), **(notes or {})})
     ps.dirty_since_flush = engine.deferred > 0      # buffered records still need an idle flush
     return ps

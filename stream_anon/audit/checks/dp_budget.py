@@ -209,8 +209,10 @@ class DPBudgetCheck:
                          f"{charge:.6g} > epsilon {spec.epsilon:g} (config) on partition {partition}",
                          aggregate=name, period=period, partition=partition, charge=charge, epsilon=spec.epsilon)
         worst = {"charge": 0.0}
+        period_worst: dict = {}
         for (partition, period), by_agg in per_period.items():
             total = sum(by_agg.values())
+            period_worst[str(period)] = round(max(period_worst.get(str(period), 0.0), total), 9)
             top = max(by_agg, key=by_agg.get)
             if total > worst["charge"]:
                 worst = {"charge": total, "period": period, "partition": partition}
@@ -226,5 +228,5 @@ class DPBudgetCheck:
         log.details.update(rows=len(ctx.aggregates), budget=dp.budget, period=dp.period,
                            periods=len({p for _, p in per_period}),
                            worst_unit_charge=round(worst["charge"], 9), worst_period=worst.get("period"),
-                           worst_partition=worst.get("partition"))
+                           worst_partition=worst.get("partition"), charges=period_worst)
         return log.result()
