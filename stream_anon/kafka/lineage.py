@@ -197,8 +197,8 @@ class LineageTopic:
 def manifest_lineages(client_config: dict, stream: str, quiet_s: float = 0.5, max_s: float = 60.0
                       ) -> dict[str, str]:
     """Lineage -> "manifests on anon.releases" for every lineage the stream's manifests name (``"None"`` for
-    manifests from before lineages). Reads the topic to its end: until each partition is at or past its high
-    watermark (a lower bound on the Tansu broker) and a poll of ``quiet_s`` brings nothing."""
+    manifests from before lineages). Reads the topic to its end: until the consumer's position in each partition is at
+    or past its high watermark (a lower bound on the Tansu broker) and a poll of ``quiet_s`` brings nothing."""
     prefix = f"{stream}-".encode()
     topic = TOPICS.releases
     reader = Consumer({**client_config, "group.id": f"stream-anon-lineage-scan-{uuid.uuid4().hex[:8]}",
@@ -215,17 +215,14 @@ def manifest_lineages(client_config: dict, stream: str, quiet_s: float = 0.5, ma
                 ends[p] = reader.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
             except KafkaException:
                 ends[p] = 0
-        reader.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
-        pos = {p: 0 for p in parts}
+        tps = [TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts]
+        reader.assign(tps)
         deadline = time.monotonic() + max_s
         while time.monotonic() < deadline:
             msgs = reader.consume(num_messages=1000, timeout=quiet_s)
             for m in msgs:
-                if m.error() is not None:
-                    continue
-                pos[m.partition()] = m.offset() + 1
                 key = m.key() or b""
-                if not key.startswith(prefix):
+                if m.error() is not None or not key.startswith(prefix):
                     continue
                 try:
                     doc = orjson.loads(m.value())
@@ -233,7 +230,9 @@ def manifest_lineages(client_config: dict, stream: str, quiet_s: float = 0.5, ma
                     continue
                 if isinstance(doc, dict) and doc.get("stream") == stream:
                     found.setdefault(str(doc.get("lineage")), "manifests on anon.releases")
-            if not msgs and all(pos[p] >= ends[p] for p in parts):
+            # the consumer's position passes transaction markers, which no message shows
+            if not msgs and all(ends[tp.partition] <= 0 or tp.offset >= ends[tp.partition]
+                                for tp in reader.position(tps)):
                 return found
         return found
     finally:
@@ -285,7 +284,7 @@ class StreamLineage:
         for p, rec in fresh.items():
             if decision.halt is not None:
                 if rec.halt is None:
-                    rec.halt, rec.detail = decision.halt, f"partition {p}: {decision.detail}"
+                    rec.halt, rec.detail = decision.halt, decision.detail
                 else:
                     rec.detail += f" (lineage {reset.get(p)}); {decision.detail}"
                 continue
