@@ -195,3 +195,24 @@ def test_a_broker_reset_halts_with_the_cache_and_starts_a_new_lineage_without_it
         assert new_ids and not (new_ids & old_ids)
         report = audit_from_kafka(b2.bootstrap, path, secret_env, idle_s=1.0)
         assert report.passed and report.summary["lineages"] == [second], report.format_text()
+
+
+def test_the_lineage_decision_halts_on_every_trace_of_a_lost_state_and_only_then():
+    """The pure decision (stream_anon.kafka.lineage.decide): a partition without state starts in the current
+    lineage unless an unknown earlier lineage is found or its own state in the current lineage is gone."""
+    from stream_anon.kafka.lineage import HALT_LINEAGE_LOST, current_lineage, decide
+
+    first = decide(None, set(), {}, {}, False, "L1")
+    assert first.lineage == "L1" and first.declare["supersedes"] == [] and "lineage_started" in first.notes
+    current, known = current_lineage([first.declare])
+    assert decide(current, known, {"L1": "manifests on anon.releases"}, {}, False).lineage == "L1"   # no input yet
+    own = {2: ("L1", "manifests of partition 2 on anon.releases (its state is gone)")}
+    halted = decide(current, known, {}, own, False)
+    assert halted.halt == HALT_LINEAGE_LOST and "partition 2" in halted.detail and "L1" in halted.detail
+    again = decide(current, known, {}, own, True, "L2")
+    assert again.lineage == "L2" and again.declare["supersedes"] == ["L1"]
+    current, known = current_lineage([first.declare, again.declare])
+    assert current == "L2" and decide(current, known, {"L1": "manifests"}, {}, False).lineage == "L2"
+    # a lineage topic lost as well (a broker reset): the cache's lineage is unknown
+    lost = decide(None, set(), {"L2": "local state cache state/app/s-p0.committed.json"}, {}, False)
+    assert lost.halt == HALT_LINEAGE_LOST and "names lineage L2" in lost.detail

@@ -22,7 +22,13 @@ manifests on ``anon.releases`` name. Then (:func:`decide`):
   ``--new-lineage``: then a new lineage superseding the lost ones is declared (ERROR log line, alert
   ``lineage_started``, ``lineage_started`` in the manifests with what it supersedes) and the partition starts
   empty in it, with a fresh DP budget: the lost lineage's spending cannot be known;
-* otherwise the partition starts empty in the current lineage (a partition without input so far).
+* a partition whose state topic holds no record at all while the stream's manifests show releases of it in the
+  current lineage lost its state too (its ids would repeat): it halts the same way (a broker such as Tansu that
+  shows aborted transactions to read-committed readers can make this halt a false alarm after a kill -9 inside a
+  partition's very first transaction: it fails closed);
+* otherwise the partition starts empty in the current lineage (a partition without input so far). Every
+  partition's first manifest in a lineage says ``lineage_started`` (the declaration's words, so a release
+  re-produced after a crash is identical).
 
 What cannot be detected: a broker reset together with the loss of every state directory leaves no trace of the
 earlier lineage; the worker then declares a first lineage (WARNING). Its release ids are still new (a lineage id
@@ -88,10 +94,10 @@ class Decision:
     detail: str = ""
 
 
-def decide(current: str | None, known: set[str], found: dict[str, str], reset: dict[int, str | None],
+def decide(current: str | None, known: set[str], found: dict[str, str], reset: dict[int, tuple],
            new_lineage: bool, fresh_id: str | None = None) -> Decision:
     """Pure decision for the partitions without state (module docstring). ``found``: earlier lineage -> where it
-    was found; ``reset``: partition -> the lineage its lost state was in (``state_topic_reset``); ``fresh_id``:
+    was found; ``reset``: partition -> (the lineage its lost state was in, where that was seen); ``fresh_id``:
     the id a declaration would take.
 
     >>> decide(None, set(), {}, {}, False, "Lnew").declare["reason"][:13]
@@ -107,16 +113,16 @@ def decide(current: str | None, known: set[str], found: dict[str, str], reset: d
     """
     fresh_id = fresh_id or new_lineage_id()
     lost = {name: where for name, where in found.items() if name not in known}
-    for p, name in sorted(reset.items()):
-        lost.setdefault(str(name), f"the local state cache of partition {p} (its state in the state topic is gone)")
+    for p, (name, where) in sorted(reset.items()):
+        lost.setdefault(str(name), where)
     if not lost:
         if current is not None:
             return Decision(lineage=current)
         reason = ("first lineage of the stream: no state, no local state cache and no manifest names an earlier "
                   "lineage")
         return _declared(fresh_id, [], reason)
-    named = "; ".join(f"{where} name{'s' if ' cache ' in where else ''} lineage {name} of this stream"
-                      for name, where in sorted(lost.items()))
+    named = "; ".join(f"{where} name{'s' if where.startswith(('local', 'the local')) else ''} lineage {name} of "
+                      "this stream" for name, where in sorted(lost.items()))
     if not new_lineage:
         return Decision(halt=HALT_LINEAGE_LOST, detail=(
             f"{named}, the lineage topic {'declares ' + current if current else 'declares none'} and the "
@@ -195,15 +201,15 @@ class LineageTopic:
 
 
 def manifest_lineages(client_config: dict, stream: str, quiet_s: float = 0.5, max_s: float = 60.0
-                      ) -> dict[str, str]:
-    """Lineage -> "manifests on anon.releases" for every lineage the stream's manifests name (``"None"`` for
+                      ) -> dict[str, set[int]]:
+    """Lineage -> the partitions with releases in it, for every lineage the stream's manifests name (``"None"`` for
     manifests from before lineages). Reads the topic to its end: until the consumer's position in each partition is at
     or past its high watermark (a lower bound on the Tansu broker) and a poll of ``quiet_s`` brings nothing."""
     prefix = f"{stream}-".encode()
     topic = TOPICS.releases
     reader = Consumer({**client_config, "group.id": f"stream-anon-lineage-scan-{uuid.uuid4().hex[:8]}",
                        "enable.auto.commit": False, "isolation.level": "read_committed"})
-    found: dict[str, str] = {}
+    found: dict[str, set[int]] = {}
     try:
         md = reader.list_topics(topic, timeout=30).topics.get(topic)
         if md is None or md.error is not None:
@@ -229,11 +235,13 @@ def manifest_lineages(client_config: dict, stream: str, quiet_s: float = 0.5, ma
                 except ValueError:
                     continue
                 if isinstance(doc, dict) and doc.get("stream") == stream:
-                    found.setdefault(str(doc.get("lineage")), "manifests on anon.releases")
+                    found.setdefault(str(doc.get("lineage")), set()).add(doc.get("partition"))
             # the consumer's position passes transaction markers, which no message shows
             if not msgs and all(ends[tp.partition] <= 0 or tp.offset >= ends[tp.partition]
                                 for tp in reader.position(tps)):
                 return found
+        log.warning("stream %s: anon.releases not read to its end within %s s: lineages of the stream found so far: "
+                    "%s", stream, max_s, sorted(found) or "none")
         return found
     finally:
         reader.close()
@@ -246,21 +254,27 @@ class StreamLineage:
         self.cfg, self.stream, self.cache, self.new_lineage = client_config, stream, cache, new_lineage
         self.topic = LineageTopic(client_config, app_id, stream)
 
-    def place(self, recs: dict, send_metric=None, counters: dict | None = None) -> None:
+    def place(self, recs: dict, send_metric=None, counters: dict | None = None, empty: set | None = None) -> None:
         """For each :class:`~stream_anon.kafka.state.Recovery` without state (none found, or halted as
         ``state_topic_reset``): the lineage it starts in (``rec.lineage``, ``rec.notes``), or a halt
         (``lineage_lost``; a ``state_topic_reset`` keeps its reason, with the lineage named). A lineage this worker
         declares is logged, counted (``counters["lineages_started"]``) and sent as alert ``lineage_started``
-        (``send_metric``)."""
+        (``send_metric``). ``empty``: the partitions whose state topic holds no record at all: releases of theirs in
+        the current lineage mean their state was lost (a partition whose first transaction was aborted has that
+        transaction's state record beside the releases a broker like Tansu shows of it)."""
         from stream_anon.kafka.state import HALT_STATE_RESET, Recovery
         fresh = {p: rec for p, rec in recs.items() if rec.doc is None and rec.halt in (None, HALT_STATE_RESET)}
         if not fresh:
             return
-        reset = {p: (self.cache.read(p) or {}).get("lineage") for p, rec in fresh.items()
-                 if rec.halt == HALT_STATE_RESET}
-        current, known = current_lineage(self.topic.read())
+        reset = {p: ((self.cache.read(p) or {}).get("lineage"), f"the local state cache of partition {p} (its "
+                     "state in the state topic is gone)") for p, rec in fresh.items() if rec.halt == HALT_STATE_RESET}
+        declarations = self.topic.read()
+        current, known = current_lineage(declarations)
         found = dict(self.cache.lineages())
-        found.update({k: v for k, v in manifest_lineages(self.cfg, self.stream).items() if k not in found})
+        released = manifest_lineages(self.cfg, self.stream)
+        found.update({name: "manifests on anon.releases" for name in released if name not in found})
+        for p in sorted(set(fresh) & set(empty or ()) & released.get(str(current), set())):
+            reset.setdefault(p, (current, f"manifests of partition {p} on anon.releases (its state is gone)"))
         decision = decide(current, known, found, reset, self.new_lineage)
         if decision.declare is not None:
             self.topic.declare(decision.declare)
@@ -277,15 +291,18 @@ class StreamLineage:
                         "stream %s: lineage %s started (%s)%s", self.stream, current, decision.declare["reason"],
                         f"; it supersedes {', '.join(decision.declare['supersedes'])}"
                         if decision.declare["supersedes"] else "")
-            else:
-                won = next(d for d in declarations if d["lineage"] == current)
-                decision = Decision(lineage=current, notes={"lineage_started": {
-                    "lineage": current, "supersedes": won.get("supersedes", []), "reason": won.get("reason")}})
+            decision = Decision(lineage=current)
+        if decision.halt is None:
+            # every partition's first manifest in a lineage says so, whoever declared it: the same words after a
+            # restart, so a release re-produced after a crash keeps its one content
+            won = next(d for d in declarations if d["lineage"] == decision.lineage)
+            decision.notes = {"lineage_started": {"lineage": decision.lineage, "supersedes": won.get("supersedes", []),
+                                                  "reason": won.get("reason")}}
         for p, rec in fresh.items():
             if decision.halt is not None:
                 if rec.halt is None:
                     rec.halt, rec.detail = decision.halt, decision.detail
                 else:
-                    rec.detail += f" (lineage {reset.get(p)}); {decision.detail}"
+                    rec.detail += f" (lineage {reset[p][0]}); {decision.detail}"
                 continue
             recs[p] = Recovery(lineage=decision.lineage, notes=dict(decision.notes))

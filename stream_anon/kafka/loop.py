@@ -415,7 +415,7 @@ class KafkaLoop:
                                    settings=self.core.settings, accept_config_change=self.accept_config_change,
                                    rotate_from=self.rotate_from) for p in parts}
         # the partitions without state: their lineage, or a halt (a lineage declared: alert lineage_started)
-        self.lineage.place(recs, self._send_metric, self.counters)
+        self.lineage.place(recs, self._send_metric, self.counters, {p for p in parts if not logs[p].values})
         starts = {}
         for p in parts:
             ps = resume_partition(self.core, p, recs[p])
