@@ -123,19 +123,21 @@ class ConfigChangeRefused(ValueError):
     """An accepted configuration change that the partition's state cannot be carried over (the reason says why)."""
 
 
-# changes an accepted change step cannot apply to a state (the key prefix, why)
-_NEVER = (("anonymization.m ", "m binds every individual's signature: changing it needs a new app id (a new state)"),
-          ("dp.", "DP settings apply per period: change them with a new app id at a period boundary"),
-          ("aggregates.", "DP settings apply per period: change them with a new app id at a period boundary"))
+# changes an accepted change step cannot apply to a state (the key prefix, why); DP settings:
+# stream_anon.dp.transition
+_NEVER = (("anonymization.m ", "m binds every individual's signature: changing it needs a new app id (a new state)"),)
 _WITH_EMPTY_BUFFER = (("quasi_identifiers.", "quasi-identifiers"), ("sensitive.", "sensitive fields"))
 
 
-def check_change(changes: list[str], tables: dict) -> None:
-    """Raise :class:`ConfigChangeRefused`, naming every change that cannot apply to this state: m and the DP
-    settings never change in place; quasi-identifiers and sensitive fields only while no record is buffered (the
-    buffer holds them coded under the old definitions)."""
+def check_change(changes: list[str], tables: dict, old: dict | None = None, new: dict | None = None) -> None:
+    """Raise :class:`ConfigChangeRefused`, naming every change that cannot apply to this state: m never changes
+    in place, nor the DP settings that fix which releases the ledger charges together
+    (:func:`stream_anon.dp.transition.refusals`; ``old``, ``new``: the settings before and after); quasi-identifiers
+    and sensitive fields only while no record is buffered (the buffer holds them coded under the old
+    definitions)."""
+    from stream_anon.dp import transition      # here: stream_anon.dp loads diffprivlib, only streams with [dp] need it
     buffered = len(tables.get(ENGINE + "buffer", ((),))[0])
-    refused = []
+    refused = transition.refusals(changes, old or {}, new or {})
     for change in changes:
         for prefix, why in _NEVER:
             if change.startswith(prefix):
@@ -146,6 +148,22 @@ def check_change(changes: list[str], tables: dict) -> None:
                                "let the worker release them (--flush-when-idle) first")
     if refused:
         raise ConfigChangeRefused("; ".join(refused))
+
+
+def carry_dp_change(dp_core: dict | None, old: dict, new: dict, changes: list[str]) -> dict | None:
+    """The aggregates' saved core with an accepted DP change carried into it (:mod:`stream_anon.dp.transition`):
+    the settings in force until the current period ends, and the change each aggregate's next release states."""
+    from stream_anon.dp import transition
+    mine = transition.dp_changes(changes)
+    if dp_core is None or not mine:
+        return dp_core
+    aggregator = dict(dp_core["aggregator"])
+    if aggregator.get("period") is not None:          # nothing was released yet: the new settings hold at once
+        aggregator["carry"] = transition.carry(old, new, changes, aggregator.get("carry"))
+    names = {k.split(".")[1] for k in new if k.startswith("aggregates.")}
+    announce = aggregator.get("announce", {})
+    aggregator["announce"] = {n: list(announce.get(n, [])) + mine for n in sorted(names)}
+    return {**dp_core, "aggregator": aggregator}
 
 
 def apply_change(engine: Engine, changes: list[str]) -> None:
@@ -171,8 +189,10 @@ def open_partition(config, secret: bytes, partition: int, aggregates, doc: dict 
     if doc.get("version") != STATE_VERSION or doc.get("stream") != stream or doc.get("partition") != partition:
         raise ValueError(f"partition {partition}: state document of another stream, partition or version "
                          f"({doc.get('stream')!r}, {doc.get('partition')!r}, v{doc.get('version')!r})")
+    dp_core = doc.get("dp")
     if accepted_changes:
-        check_change(accepted_changes, tables or {})
+        check_change(accepted_changes, tables or {}, doc.get("settings", {}), settings)
+        dp_core = carry_dp_change(dp_core, doc.get("settings", {}), settings, accepted_changes)
     engine_tables, dp_tables = split_tables(tables or {})
     if accepted_changes:          # every published class met the old rule: none is reused under the new one
         engine_tables.pop("published", None)
@@ -181,7 +201,7 @@ def open_partition(config, secret: bytes, partition: int, aggregates, doc: dict 
     chain = [checkpoint.StateRecord.full_of(doc, tables or {})]
     checkpoint.encode_state(chain[0])
     # the aggregates first: which fields the engine carries depends on their restored period
-    dp = aggregates(partition, doc.get("dp"), dp_tables)
+    dp = aggregates(partition, dp_core, dp_tables)
     engine = Engine.restore(config, partition, secret, doc["engine"], engine_tables, dp.carried if dp else ())
     if accepted_changes:
         apply_change(engine, accepted_changes)
