@@ -1,7 +1,8 @@
 """Config changes on a running oyster-cards stream, through the worker on the real (embedded Tansu) broker: the
 worker runs into day 1 and is stopped with windows open; restarted under the changed config without
 ``--accept-config-change`` it halts every partition (one ERROR line per changed setting, ``/readyz`` 503) and
-processes nothing; with the step it runs to the end of the stream: 0 events dead-lettered, every event accounted.
+processes nothing (shown for epsilon; tests/test_config_change.py shows it for every kind on the worker's core);
+with the step it runs to the end of the stream: 0 events dead-lettered, every event accounted.
 
 - epsilon x5 (``dp.epsilon_per_period`` and every aggregate's epsilon): day 1 keeps its budget of 1.0, the next days
   run at 5.0, and ``stream-anon audit`` with the new config passes on the whole stream (its DP check judging each
@@ -30,7 +31,8 @@ from stream_anon.broker import free_port  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402
 from stream_anon.datasets import oyster_cards  # noqa: E402
 from stream_anon.kafka.replay import replay  # noqa: E402
-from stream_anon.kafka.supervise import run_until_accounted, start_worker_process, stop_worker_process  # noqa: E402
+from stream_anon.kafka.supervise import (committed_offsets, run_until_accounted, start_worker_process,  # noqa: E402
+                                         stop_worker_process)
 from stream_anon.kafka.topics import ensure_topics  # noqa: E402
 
 pytestmark = pytest.mark.kafka
@@ -61,7 +63,8 @@ def start(bootstrap, tmp_path, name: str, edit) -> tuple[Path, Path, list[dict]]
     replay(bootstrap, cfg.stream.input_topic, events[:FIRST], cfg.stream.privacy_unit, progress=False)
     w = start_worker_process(old, bootstrap, tmp_path / "state", f"{name}-app", None, tmp_path / "w1.log")
     try:
-        wait_for(lambda: sum(o + 1 for o in state_offsets(bootstrap, f"{name}-app", name).values()) == FIRST, 90,
+        wait_for(lambda: sum(o or 0 for o in committed_offsets(bootstrap, f"{name}-app", cfg.stream.input_topic,
+                                                               range(4)).values()) == FIRST, 90,
                  "day 1 up to the change processed")
     finally:
         assert stop_worker_process(w) == 0
@@ -120,7 +123,7 @@ def test_epsilon_times_five_halts_without_the_step_and_applies_from_the_next_day
     manifests = [d for _, d, _, _ in read_all(broker.bootstrap, "anon.releases", stream=name)]
     assert {p["partition"] for p in manifests if "dp.epsilon_budget 1.0 -> 5.0" in p.get("settings_changed", [])} \
         == {0, 1, 2, 3}
-    report = audit_from_kafka(broker.bootstrap, new, secret_env, idle_s=1.5)
+    report = audit_from_kafka(broker.bootstrap, new, secret_env, idle_s=1.5, health=False)
     assert report.passed, report.format_text()
     dp = report.checks["dp"]
     assert dp["violations"] == 0 and dp["worst_unit_charge"] > 1.0 and dp["periods"] == 3
@@ -147,7 +150,6 @@ def test_a_regrouped_location_hierarchy_dead_letters_nothing_and_every_release_c
     regrouped = regrouped_hierarchy(tmp_path)
     original = str(ROOT / "configs" / "hierarchies" / "oyster_location.json")
     old, new, events = start(broker.bootstrap, tmp_path, name, lambda text: text.replace(original, str(regrouped)))
-    halts_without_the_step(broker.bootstrap, tmp_path, name, new, "quasi_identifiers.location.hierarchy sha256:")
     run_with_the_step(broker.bootstrap, tmp_path, name, new, len(events))
     manifests = [d for _, d, _, _ in read_all(broker.bootstrap, "anon.releases", stream=name)]
     changed = {}
@@ -157,12 +159,13 @@ def test_a_regrouped_location_hierarchy_dead_letters_nothing_and_every_release_c
     assert set(changed) == {0, 1, 2, 3}
 
     by_release = {m["release_id"]: m["partition"] for m in manifests}
-    for config, judged_after in ((new, True), (old, False)):
-        report = audit_from_kafka(broker.bootstrap, config, secret_env, idle_s=1.5)
-        failed = {n for n, c in report.checks.items() if not c["passed"]}
-        assert failed <= {"coverage"}, report.format_text()
-        acc = report.checks["accounting"]
-        assert acc["lost"] == 0 and acc["dead_lettered"] == 0 and acc["balanced"]
+    # the audit with the new config: everything holds but the coverage of the labels published before the change
+    # (judged here under the new hierarchy; below under the one in force)
+    report = audit_from_kafka(broker.bootstrap, new, secret_env, idle_s=1.5, health=False)
+    failed = {n for n, c in report.checks.items() if not c["passed"]}
+    assert failed <= {"coverage"}, report.format_text()
+    acc = report.checks["accounting"]
+    assert acc["lost"] == 0 and acc["dead_lettered"] == 0 and acc["balanced"]
     # every published label covers its raw value under the hierarchy in force when its release was made (the
     # audit's own hierarchy reader); a retired label is not published after the change
     raw = {crypto.audit_token(secret_env, e["event_id"]): e.get("station") or e.get("bus_route") for e in events}

@@ -11,6 +11,7 @@ import functools
 import json
 
 import pytest
+from jsonschema import Draft202012Validator
 
 from stream_anon import contract
 from stream_anon.audit import AuditConfig, audit
@@ -116,6 +117,11 @@ def test_a_raise_applies_from_the_next_period_and_the_ledger_keeps_what_was_spen
     ledger = resumed.dp.ledger
     assert ledger.period_spent(DAY1) <= 1.0 + 1e-9 and ledger.period_spent(DAY1) > 0.5
     assert ledger.epsilon_budget == 5.0
+    # the rows, the change's statement included, are what topics/schemas/aggregate.schema.json describes
+    schema = json.loads((contract.config_path("oyster-cards").parents[1] / "topics" / "schemas" /
+                         "aggregate.schema.json").read_text())
+    validator = Draft202012Validator(schema)
+    assert not [e.message for r in before + after for e in validator.iter_errors(r)]
 
 
 def test_the_audit_passes_an_accepted_raise_and_fails_one_without_the_step(raised):

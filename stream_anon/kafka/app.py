@@ -202,9 +202,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "its state (signatures, DP ledger) from offset 0 of the new topic")
     p.add_argument("--accept-config-change", action="store_true",
                    help="operator decision: partitions whose state was written under other guarantee settings (k, "
-                        "criteria, windows, quasi-identifiers, domains) resume under the new ones; every published "
-                        "class is retired from reuse and the change is written into the next release manifest "
-                        "(m and DP settings never change in place)")
+                        "criteria, windows, quasi-identifiers, hierarchies, domains, DP budget and aggregates) resume "
+                        "under the new ones; every published class is retired from reuse, buffered records are "
+                        "recoded, a DP raise applies from the next period, and the change is written into the next "
+                        "release manifest (m, the DP period and unit never change in place)")
     p.add_argument("--aggregates-process", choices=AGGREGATES_PROCESS, default="auto",
                    help="release the DP aggregates in a second process, beside the engine (auto: when the machine "
                    "has 2 or more CPUs; streams without [dp] never start it)")

@@ -22,9 +22,15 @@ depth, so its release is charged the larger of its declared ``epsilon`` and the 
 Verdict, with one line per finding (aggregate, period, partition and the worst unit's charge):
 ``aggregate over its epsilon`` (the config's share), ``period over budget`` (the config's
 ``epsilon_per_period``), ``period over declared budget`` (the rows' ``ledger_epsilon_budget``), ``declared budget
-above the config``, ``declared budget raised`` / ``declared epsilon raised`` (an increase between periods),
+above the config``, ``declared budget raised`` / ``declared epsilon raised`` (an increase between periods that the
+partition's rows do not state as an accepted change, ``settings_changed``), ``... raised within a period``,
 ``period label`` (a row filed under another period than its window's), ``unknown aggregate``, ``malformed row``
 and ``rows without [dp]``.
+
+Settings in force. The config given is the current one; a period is judged by the settings in force when it was
+released: an accepted lowering (``dp.epsilon_budget 1.0 -> 0.5`` in ``settings_changed``) judges the periods before
+it, and the period it was applied in, by the old value; an accepted raise applies from the next period
+(:mod:`stream_anon.dp.transition`), so the periods before it declare, and are charged within, the old one.
 """
 from __future__ import annotations
 
