@@ -1,7 +1,8 @@
 """A configuration changed on existing state is never taken silently: the partition halts with one line per changed
 guarantee setting, unless the operator accepts the change (``--accept-config-change``); then every published class
 is retired from reuse, open windows are re-windowed under a new ``window_s``, the change is written into the next
-release manifest, and m is refused in place (it needs a new state; DP changes: tests/test_dp_config_change.py)."""
+release manifest, buffered records are recoded under a changed hierarchy or domain, and m is refused in place (it
+needs a new state; DP changes: tests/test_dp_config_change.py)."""
 from __future__ import annotations
 
 import copy
@@ -10,7 +11,7 @@ import tomllib
 
 import pytest
 
-from stream_anon import contract
+from stream_anon import contract, crypto
 from stream_anon.audit import AuditConfig, audit
 from stream_anon.config import load_config, parse_config, with_absolute_paths
 from stream_anon.datasets import load_events
@@ -152,3 +153,74 @@ def test_a_quasi_identifier_change_waits_for_the_buffered_records():
                           settings=changed.settings, accept_config_change=True)
     resumed = changed.open_partition(0, rec.doc, rec.tables, rec.base_seq, accepted_changes=rec.changes)
     assert resumed.engine.deferred == 0 and resumed.settings_changes == rec.changes
+
+
+def regrouped(tmp_path) -> tuple[str, str]:
+    """The location hierarchy with every third Zone 2 station moved to Zone 3 and one station removed."""
+    path = contract.config_path("oyster").parent / "hierarchies" / "oyster_location.json"
+    h = json.loads(path.read_text())
+    rail = h["tree"]["*"]["Rail"]
+    moved = rail["Zones 1-2"]["Zone 2"][::3]
+    rail["Zones 1-2"]["Zone 2"] = [s for s in rail["Zones 1-2"]["Zone 2"] if s not in moved]
+    rail["Zones 3-4"]["Zone 3"] = moved[1:] + rail["Zones 3-4"]["Zone 3"]       # moved[0] is gone
+    out = tmp_path / "regrouped.json"
+    out.write_text(json.dumps(h))
+    return str(out), moved[0]
+
+
+def test_a_regrouped_hierarchy_recodes_the_buffered_records_to_their_own_leaves(tmp_path):
+    events = load_events("oyster", limit=1500)
+    core = WorkerCore(parse_config(oyster_raw()), "app", SECRET)
+    value, ps = committed_record(core, messages(1500))
+    assert len(ps.engine.buffer) > 0
+    path, removed = regrouped(tmp_path)
+    raw = oyster_raw()
+    next(q for q in raw["quasi_identifiers"] if q["name"] == "location")["hierarchy"] = path
+    changed = WorkerCore(parse_config(raw), "app", SECRET)
+    rec = st.choose_state([value], marker=ps.seq, committed_input=ps.offset + 1, kid=changed.kid,
+                          settings=changed.settings, accept_config_change=True)
+    assert [c.split(" ")[0] for c in rec.changes] == ["quasi_identifiers.location.hierarchy"]
+    resumed = changed.open_partition(0, rec.doc, rec.tables, rec.base_seq, accepted_changes=rec.changes)
+    # every buffered record's code names its own station (or route) in the new hierarchy; a removed one: missing
+    by_token = {crypto.audit_token(SECRET, e["event_id"]): e.get("station") or e.get("bus_route") for e in events}
+    d = sum(q.dims for q in changed.config.quasi_identifiers[:[q.name for q in changed.config.quasi_identifiers]
+                                                              .index("location")])
+    leaves = resumed.engine.space.qis[1].hierarchy.leaves
+    buf = resumed.engine.buffer
+    missing = resumed.engine.space.missing_code[d]
+    for token, code in zip(buf.tokens, buf.X[:, d].tolist()):
+        want = by_token[token]
+        assert (code == missing) if want in (None, removed) else leaves[int(code)] == want
+    assert len(buf) > 0 and resumed.settings_changes == rec.changes
+
+
+def test_a_sensitive_domain_change_re_checks_the_buffered_values():
+    core = WorkerCore(parse_config(oyster_raw()), "app", SECRET)
+    value, ps = committed_record(core, messages(1500))
+    order = [d.field for d in ps.engine.reader.domains]          # the order of a record's sensitive values
+    fare, category = order.index("full_fare_pence"), order.index("product_category")
+    fares = [s[fare] for s in ps.engine.buffer.sensitive]
+    assert any(f is not None and f > 50 for f in fares) and any(f is not None and f <= 50 for f in fares)
+    raw = oyster_raw()
+    raw["sensitive"]["domains"]["full_fare_pence"]["upper"] = 50                  # narrowed
+    raw["sensitive"]["domains"]["product_category"]["values"].remove("staff")       # "staff" -> "other"
+    changed = WorkerCore(parse_config(raw), "app", SECRET)
+    rec = st.choose_state([value], marker=ps.seq, committed_input=ps.offset + 1, kid=changed.kid,
+                          settings=changed.settings, accept_config_change=True)
+    resumed = changed.open_partition(0, rec.doc, rec.tables, rec.base_seq, accepted_changes=rec.changes)
+    assert [d.field for d in resumed.engine.reader.domains] == order
+    after = resumed.engine.buffer.sensitive
+    assert all(s[fare] is None or s[fare] <= 50 for s in after)
+    assert sum(s[fare] is None for s in after) == sum(f is None or f > 50 for f in fares)        # refused: null
+    assert "staff" not in {s[category] for s in after}
+    buffered = set(resumed.engine.buffer.tokens)
+    out = changed.process(resumed, messages(3000)[1500:])
+    out.messages += changed.flush(resumed).messages
+    # only events read after the change meet the new domain at the door; every buffered record is placed
+    dead = [json.loads(v) for t, _, v in out.messages if t == TOPICS.deadletter]
+    assert dead and all(d["source"]["offset"] >= 1500 for d in dead)
+    placed = {json.loads(v)["audit_token"] for t, _, v in out.messages if t == TOPICS.records("oyster")}
+    for t, _, v in out.messages:
+        if t == TOPICS.releases:
+            placed.update(tok for toks in json.loads(v)["suppressed_tokens"].values() for tok in toks)
+    assert buffered <= placed
