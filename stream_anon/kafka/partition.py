@@ -3,10 +3,17 @@ the DP aggregates on the windows it closes), its position in the input, and its 
 state records (:mod:`stream_anon.checkpoint`).
 
 State record of a partition: the core ``{"version", "stream", "partition", "seq", "offset", "input_topic",
-"input_topic_id", "kid" (the key id of the secret it was written with), "flush_pending", "written_at", "engine":
-<engine core>, "dp": <aggregates core>}`` and the
-tables ``engine/<table>`` (:meth:`stream_anon.engine.Engine.state_tables`) and ``dp/<table>`` (the DP aggregates',
-:class:`stream_anon.kafka.aggregates.PartitionAggregates`).
+"input_topic_id", "kid" (the key id of the secret it was written with), "settings" (the guarantee settings it was
+written under, :mod:`stream_anon.guarantees`), "settings_changes" (accepted changes not yet in a manifest),
+"flush_pending", "written_at", "engine": <engine core>, "dp": <aggregates core>}`` and the tables ``engine/<table>``
+(:meth:`stream_anon.engine.Engine.state_tables`), ``dp/<table>`` (the DP aggregates',
+:class:`stream_anon.kafka.aggregates.PartitionAggregates`) and ``qi/leaves`` (each hierarchy quasi-identifier's
+leaves in code order, what the buffered records are coded with: :class:`stream_anon.engine.recode.QILeaves`).
+
+An accepted configuration change (``--accept-config-change``) is applied when the partition is opened
+(:func:`open_partition`): :func:`check_change` refuses what the state cannot carry, :func:`carry_dp_change` carries
+a DP change into the aggregates' state (:mod:`stream_anon.dp.transition`), :func:`apply_change` re-windows and
+recodes the buffered records.
 """
 from __future__ import annotations
 
