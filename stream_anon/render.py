@@ -16,6 +16,7 @@ import orjson
 from stream_anon import crypto
 from stream_anon.contract import topics
 from stream_anon.engine import get_path
+from stream_anon.risk import release_risk
 
 log = logging.getLogger("stream_anon.worker")
 
@@ -79,6 +80,8 @@ class Renderer:
                   "late": rel.late}
         if "m" in manifest:     # m-invariance: counterfeit counts, as in the manifest (never which records)
             metric.update({name: manifest[name] for name in ("m", "counterfeit_individuals", "counterfeit_records")})
+        if self.config.risk.per_release:
+            metric["risk"] = release_risk_figures(rel, self.config.risk.settings)
         out.append((TOPICS.metrics, self.stream.encode(), json_bytes(metric)))
         alerts = []
         limit = self.config.anonymization.max_suppression_ratio
@@ -197,6 +200,15 @@ class Renderer:
             else:
                 holder[leaf] = "pseudonym:" + crypto.pseudonym(self.secret, str(holder[leaf]))[:20]
         return event
+
+
+def release_risk_figures(rel, settings) -> dict | None:
+    """The release's re-identification risk (:func:`stream_anon.risk.release_risk`) from its classes' individuals.
+    A reused class holds the individuals it was created with (at least k, the audit's ``k`` check) and those
+    added since; the release knows only its own additions, so the class counts max(k, added): a lower bound of
+    its individuals, hence an upper bound of its risk (the audit counts the class exactly)."""
+    sizes = [max(rel.k, c.individuals) if c.reused else c.individuals for c in rel.classes]
+    return release_risk(sizes, settings)
 
 
 def coarse_time(value, granularity_s: float) -> str:
