@@ -62,15 +62,13 @@ def streaming_ncp(config, events: list[dict], secret: bytes = b"evaluate") -> di
             "suppression_ratio": suppressed / n if n else None, "runtime_s": runtime}
 
 
-def offline_mondrian(table: EvalTable, k: int, window_s: float | None = None, seed: int = 0) -> dict:
+def offline_release(table: EvalTable, k: int, window_s: float | None = None, seed: int = 0) -> Anonymized:
     """Offline Mondrian (k in distinct individuals) on the whole table, or per window of the streaming engine
     (``event_windows``: the window of each record's event time, the engine's definition) when ``window_s`` is
-    given."""
+    given: one :class:`Anonymized` over every row (the windows' classes numbered one after the other)."""
     from stream_anon.engine import event_windows
     from stream_anon.strategies.mondrian import Mondrian
 
-    t0 = time.perf_counter()
-    ncp = np.ones(table.n)
     if window_s is None:
         groups = [np.arange(table.n)]
     else:
@@ -78,9 +76,26 @@ def offline_mondrian(table: EvalTable, k: int, window_s: float | None = None, se
         w = event_windows(np.where(known, table.times, 0.0), window_s)
         w[~known] = np.iinfo(np.int64).min          # records without a time: one group of their own
         groups = [np.flatnonzero(w == x) for x in np.unique(w)]
+    record_class = np.full(table.n, -1, dtype=np.int64)
+    los, his, labels, runtime = [], [], [], 0.0
     for idx in groups:
-        sub = _subset(table, idx)
-        ncp[idx] = _record_ncp(sub, anonymize(sub, Mondrian(), k, seed))
-    return {"ncp": float(ncp.mean()) if table.n else None, "windows": len(groups),
-            "suppression_ratio": float((ncp == 1).mean()) if table.n else None,
+        anon = anonymize(_subset(table, idx), Mondrian(), k, seed)
+        kept = anon.record_class >= 0
+        record_class[idx[kept]] = anon.record_class[kept] + sum(len(x) for x in los)
+        los.append(anon.lo)
+        his.append(anon.hi)
+        labels += anon.labels
+        runtime += anon.runtime_s
+    D = table.space.dims
+    return Anonymized(record_class, np.concatenate(los) if los else np.empty((0, D)),
+                      np.concatenate(his) if his else np.empty((0, D)), labels, runtime, windows=len(groups))
+
+
+def offline_mondrian(table: EvalTable, k: int, window_s: float | None = None, seed: int = 0) -> dict:
+    """NCP (suppressed = 1) and suppression of :func:`offline_release`."""
+    t0 = time.perf_counter()
+    anon = offline_release(table, k, window_s, seed)
+    ncp = _record_ncp(table, anon)
+    return {"ncp": float(ncp.mean()) if table.n else None, "windows": anon.windows,
+            "suppression_ratio": float((anon.record_class < 0).mean()) if table.n else None,
             "runtime_s": time.perf_counter() - t0}
