@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 
 import orjson
 
-from stream_anon import crypto
+from stream_anon import crypto, guarantees
 from stream_anon.contract import topics
 from stream_anon.engine import get_path
 from stream_anon.risk import release_risk
@@ -62,6 +62,8 @@ class Renderer:
     def __init__(self, config, secret: bytes, raw_deadletters: bool = False):
         self.config, self.secret, self.raw_deadletters = config, secret, raw_deadletters
         self.kid = crypto.key_id(secret)          # published with releases and dead letters (secret rotation)
+        # the guarantee settings in force, as a digest in every manifest (stream_anon.guarantees.fingerprint)
+        self.settings_fingerprint = guarantees.fingerprint(guarantees.settings(config))
         self.stream = config.stream.name
         self.topic = config.stream.input_topic
         self.alert_log = AlertLog()
@@ -75,6 +77,7 @@ class Renderer:
         topic = TOPICS.records(self.stream)
         out = [(topic, key, payload) for payload in rel.record_payloads(json_bytes)]
         manifest = rel.manifest()
+        manifest["settings_fingerprint"] = self.settings_fingerprint
         if settings_changed:
             manifest["settings_changed"] = list(settings_changed)
         out.append((TOPICS.releases, key, json_bytes(manifest)))

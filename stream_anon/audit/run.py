@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from .check import Check
+from .check import AuditContext, Check
 from .checks.accounting import Accounting
 from .checks.config_sanity import ConfigSanity
 from .checks.consistency import Consistency
@@ -57,13 +57,20 @@ _M_SUMMARY_RENAMED = ("releases", "classes", "individuals")   # the audit's own 
 
 def audit(raw_events: Iterable, outputs: Any, secret: bytes | str, config_view: AuditConfig,
           alerts: Iterable[dict] | None = None) -> AuditReport:
+    """Audit published outputs against the raw input: the report of :func:`audit_with_context`."""
+    return audit_with_context(raw_events, outputs, secret, config_view, alerts)[0]
+
+
+def audit_with_context(raw_events: Iterable, outputs: Any, secret: bytes | str, config_view: AuditConfig,
+                       alerts: Iterable[dict] | None = None) -> tuple[AuditReport, AuditContext | None]:
     """Audit published outputs against the raw input. See the module docstring for the checks.
 
     raw_events: iterable of ``((topic, partition, offset), payload)`` with payload bytes/str (may be malformed).
     outputs: dict or object with lists ``records``, ``manifests``, ``deadletters`` (and optional ``malformed`` and
     ``aggregates``, the DP rows of anon.aggregates).
     alerts: the stream's messages on anon.metrics (any type; alerts are picked out), or None if not read.
-    The report's ``health`` (:func:`.measures.health_figures`) states loss, class sizes, dead letters by reason
+    Returns the report and the context its checks read (None when the outputs carry another key id), from which
+    ``stream-anon report`` draws its figures. The report's ``health`` (:func:`.measures.health_figures`) states loss, class sizes, dead letters by reason
     and alerts; it never changes the verdict.
     """
     cfg = config_view
@@ -72,7 +79,7 @@ def audit(raw_events: Iterable, outputs: Any, secret: bytes | str, config_view: 
     other_key = _other_key(outputs, secret)
     if other_key:           # every token would look fabricated: one line, before any other check
         return AuditReport(passed=False, checks={"key": {"passed": False, "detail": other_key}},
-                           summary=_EMPTY_SUMMARY | {"k": cfg.k}, verdict=FAILED, verdict_reason=other_key)
+                           summary=_EMPTY_SUMMARY | {"k": cfg.k}, verdict=FAILED, verdict_reason=other_key), None
     ctx, duplicates = build_context(raw_events, outputs, secret, cfg)
     checks = {"duplicates": duplicates}
     for check in CHECKS:
@@ -94,7 +101,7 @@ def audit(raw_events: Iterable, outputs: Any, secret: bytes | str, config_view: 
     health["deferred"] = accounting["deferred"]
     verdict, reason = judge(checks, summary, cfg.max_suppression_ratio)
     return AuditReport(passed=verdict == PASSED, checks=checks, summary=summary, health=health, verdict=verdict,
-                       verdict_reason=reason)
+                       verdict_reason=reason), ctx
 
 
 _EMPTY_SUMMARY = {"events_in": 0, "published": 0, "suppressed": 0, "dead_lettered": 0, "deferred": 0, "open": 0,
