@@ -67,6 +67,10 @@ def test_published_records_read_as_the_boxes_they_cover(oyster):
              "fare_product": "PAYG"}
     X, ok = qs.points([event])
     assert ok.all() and box_answers(qs.kinds, X, X, q_lo, q_hi)[0, 0] == 1.0
+    # a value the reader cannot place answers as the whole domain (never as a point, never an exception)
+    odd = {"qi": {"time": {"from": "not a time", "to": None}, "location": {"label": "Atlantis"}}, "sensitive": {}}
+    lo, hi = qs.boxes([odd])
+    assert (lo[0, :3] == qs.space.lower).all() and (hi[0, :3] == qs.space.upper).all() and lo[0, -1] == -1
 
 
 def test_workload_cells_come_from_the_events_and_the_seed(oyster):

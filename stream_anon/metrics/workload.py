@@ -121,21 +121,26 @@ class QuerySpace:
         for qi in s.qis:
             whole = (s.lower[d:d + qi.dims], s.upper[d:d + qi.dims])
             for i, r in enumerate(records):
+                # a value this reader cannot place counts as the whole domain (the audit's coverage check is what
+                # judges published values; here they only answer queries)
+                lo[i, d:d + qi.dims], hi[i, d:d + qi.dims] = whole
                 g = (r.get("qi") or {}).get(qi.name) or {}
-                if qi.kind in ("categorical", "station"):
-                    a, b = qi.hierarchy.node_range(g["label"]) if g.get("label") in qi.hierarchy._range else \
-                        (whole[0][0], whole[1][0])
-                    lo[i, d], hi[i, d] = a, b
-                elif qi.kind == "geopoint" and "h3" in g:
-                    box = inner_box(g["h3"]) if g["h3"] != "*" else tuple(zip(*whole))
-                    (lo[i, d], hi[i, d]), (lo[i, d + 1], hi[i, d + 1]) = box
-                elif qi.kind == "geopoint":
-                    lo[i, d], hi[i, d] = g.get("lat", whole[0][0:1] + whole[1][0:1])
-                    lo[i, d + 1], hi[i, d + 1] = g.get("lon", whole[0][1:2].tolist() + whole[1][1:2].tolist())
-                elif qi.kind == "timestamp":
-                    lo[i, d], hi[i, d] = parse_time(g.get("from")), parse_time(g.get("to"))
-                else:
-                    lo[i, d], hi[i, d] = float(g.get("from")), float(g.get("to"))
+                try:
+                    if qi.kind in ("categorical", "station"):
+                        lo[i, d], hi[i, d] = qi.hierarchy.node_range(g["label"])
+                    elif qi.kind == "geopoint" and "h3" in g:
+                        if g["h3"] != "*":
+                            (lo[i, d], hi[i, d]), (lo[i, d + 1], hi[i, d + 1]) = inner_box(g["h3"])
+                    elif qi.kind == "geopoint":
+                        (lo[i, d], hi[i, d]), (lo[i, d + 1], hi[i, d + 1]) = g["lat"], g["lon"]
+                    elif qi.kind == "timestamp":
+                        a, b = parse_time(g["from"]), parse_time(g["to"])
+                        if a is not None and b is not None:
+                            lo[i, d], hi[i, d] = a, b
+                    else:
+                        lo[i, d], hi[i, d] = float(g["from"]), float(g["to"])
+                except (KeyError, TypeError, ValueError):
+                    lo[i, d:d + qi.dims], hi[i, d:d + qi.dims] = whole
             d += qi.dims
         if self.product_field:
             lo[:, d] = hi[:, d] = self.product_codes([_text((r.get("sensitive") or {}).get(self.product_field))

@@ -27,8 +27,8 @@ def _qi_form(qi, granularity: float) -> str:
     if qi.kind == "timestamp":
         return f"time interval [from, to), at least {granularity:g} s wide, snapped to {granularity:g} s"
     if qi.kind in ("categorical", "station"):
-        levels = " / ".join(str(n) for n in (qi.hierarchy.name, ) if n)
-        return f"a node of the hierarchy {levels or 'given'} ({qi.hierarchy.n_leaves} leaves): a value or a group"
+        name = qi.hierarchy.name or "given"
+        return f"a node of the hierarchy {name} ({qi.hierarchy.n_leaves} leaves): a value or a group"
     if qi.kind == "geopoint" and qi.h3 is not None:
         return f"an H3 cell of resolution {qi.h3[0]}..{qi.h3[1]}, or * (the whole area)"
     if qi.kind == "geopoint":
