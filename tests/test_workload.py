@@ -153,3 +153,26 @@ def test_placement_counts_every_placed_event_once(oyster, small_run):
     published = {r["audit_token"] for r in placement.records}
     assert len(published) == len(placement.records) <= len(events)
     assert set(placement.record_release.tolist()) <= set(range(len(placement.releases)))
+
+
+def test_dp_rows_stated_and_realized_error():
+    """The DP side of the comparison: the stated half-width is that of the merged rows' 95% intervals (integer noise:
+    the exact quantiles, a little wider than z(0.975) x its std), and the realized error is measured against the
+    events' true counts."""
+    from statistics import NormalDist
+
+    from stream_anon.dp.merge import merge_rows
+    cfg = load_config(contract.config_path("oyster-cards"))
+    placement = placement_from_engine(cfg, load_events("oyster-cards", limit=3000))
+    q = query_error(cfg, placement, per_family=20, offline=False)
+    rows = [m for m in merge_rows(placement.dp_rows) if m["aggregate"] == "tap_ins_zone_hour"
+            and m["output"] == "per_window"]
+    z = NormalDist().inv_cdf(0.975)
+    half = [(m["interval"][1] - m["interval"][0]) / 2 for m in rows]
+    e = q["dp"]["tap_ins_zone_hour"]
+    assert e["rows"] == len(rows) > 0
+    assert e["stated_half_width"] == pytest.approx(float(np.median(half)), abs=1e-3)
+    assert z * float(np.median([m["noise_std"] for m in rows])) <= e["stated_half_width"] <= \
+        z * float(np.median([m["noise_std"] for m in rows])) + 2
+    by = {t["min_true_count"]: t for t in e["realized"]["by_threshold"]}
+    assert by[1]["cells"] >= by[10]["cells"] > 0 and 0 <= by[10]["median_relative_error"] < 1
