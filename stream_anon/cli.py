@@ -106,11 +106,21 @@ def _cmd_audit(args) -> int:
     config_path = resolve_config(args.config)
     conn = kafka_connection.from_args(args, config_path=config_path)
     report = audit_from_kafka(conn, config_path, crypto.load_secret(), raw_topic=args.raw_topic,
-                              idle_s=args.idle, health=True)
+                              idle_s=args.idle, health=True, max_prosecutor_risk=args.max_prosecutor_risk)
     print(report.format_text())
     if args.report:
         Path(args.report).write_text(json.dumps(report.to_dict(), indent=2))
     return audit_exit_status(report, args.fail_on_alert, args.fail_on_open)
+
+
+def _risk_limit(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number in (0, 1], got {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"a number in (0, 1], got {text!r}")
+    return value
 
 
 def audit_exit_status(report, fail_on_alert: bool = False, fail_on_open: bool = False) -> int:
@@ -331,6 +341,9 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--fail-on-alert", action="store_true",
                    help="exit 3 when an alert (e.g. suppression_limit_exceeded) was published on anon.metrics, "
                         "even if every check passed (events in windows still open are no alert)")
+    a.add_argument("--max-prosecutor-risk", type=_risk_limit, default=None, metavar="R",
+                   help="fail (exit 1, check 'risk') when a release's highest prosecutor risk is above R, i.e. it "
+                        "holds a class of fewer than 1/R individuals (e.g. 0.1: at least 10)")
     a.add_argument("--fail-on-open", action="store_true",
                    help="exit 5 when events wait in windows not released yet (reported as open, never as lost)")
     a.set_defaults(func=_cmd_audit)

@@ -81,7 +81,7 @@ class Renderer:
         if "m" in manifest:     # m-invariance: counterfeit counts, as in the manifest (never which records)
             metric.update({name: manifest[name] for name in ("m", "counterfeit_individuals", "counterfeit_records")})
         if self.config.risk.per_release:
-            metric["risk"] = release_risk_figures(rel, self.config.risk.settings)
+            metric["risk"] = release_risk_figures(manifest, self.config.risk.settings)
         out.append((TOPICS.metrics, self.stream.encode(), json_bytes(metric)))
         alerts = []
         limit = self.config.anonymization.max_suppression_ratio
@@ -202,12 +202,15 @@ class Renderer:
         return event
 
 
-def release_risk_figures(rel, settings) -> dict | None:
-    """The release's re-identification risk (:func:`stream_anon.risk.release_risk`) from its classes' individuals.
+def release_risk_figures(manifest: dict, settings) -> dict | None:
+    """The release's re-identification risk (:func:`stream_anon.risk.release_risk`) from the individuals of the
+    classes its manifest lists.
     A reused class holds the individuals it was created with (at least k, the audit's ``k`` check) and those
     added since; the release knows only its own additions, so the class counts max(k, added): a lower bound of
     its individuals, hence an upper bound of its risk (the audit counts the class exactly)."""
-    sizes = [max(rel.k, c.individuals) if c.reused else c.individuals for c in rel.classes]
+    k = int(manifest.get("k") or 1)
+    sizes = [max(k, int(c.get("individuals") or 0)) if c.get("reused") else int(c.get("individuals") or 0)
+             for c in manifest.get("classes") or ()]
     return release_risk(sizes, settings)
 
 

@@ -151,11 +151,13 @@ ALERTS_MAX_WAIT_S = 10.0
 
 
 def audit_from_kafka(bootstrap, config_path: str | Path, secret: bytes | str, raw_topic: str | None = None,
-                     idle_s: float = 3.0, max_wait_s: float = 120.0, health: bool = True) -> AuditReport:
+                     idle_s: float = 3.0, max_wait_s: float = 120.0, health: bool = True,
+                     max_prosecutor_risk: float | None = None) -> AuditReport:
     """Read raw input and outputs from the broker (every topic side by side) and audit them against the stream
     config. ``health``: also read anon.metrics (for at most :data:`ALERTS_MAX_WAIT_S`) for the alerts of the
     report's health figures. Raises :class:`IncompleteRead` when the raw or an output topic is still growing after
-    ``max_wait_s`` (a verdict on part of a topic would be wrong)."""
+    ``max_wait_s`` (a verdict on part of a topic would be wrong). ``max_prosecutor_risk``: the ``risk`` check
+    (:class:`.risk.MaxProsecutorRisk`)."""
     cfg = AuditConfig.from_toml(config_path)
     if raw_topic is None:
         raw_topic = cfg.input_topic
@@ -176,7 +178,7 @@ def audit_from_kafka(bootstrap, config_path: str | Path, secret: bytes | str, ra
     if decode is not None:
         raw = decode(raw)
     outputs = _outputs_of(read, cfg.stream)
-    return audit(raw, outputs, secret, cfg, alerts=read.get("alerts"))
+    return audit(raw, outputs, secret, cfg, alerts=read.get("alerts"), max_prosecutor_risk=max_prosecutor_risk)
 
 
 def read_alerts(bootstrap, stream: str, idle_s: float = 3.0, max_wait_s: float = 120.0) -> list[dict]:
