@@ -66,12 +66,17 @@ class Renderer:
         self.topic = config.stream.input_topic
         self.alert_log = AlertLog()
 
-    def release(self, rel) -> tuple[list[tuple[str, bytes, bytes]], dict, list[str]]:
-        """(messages, counters, alert names raised) for one release: records, manifest, release metric, alerts."""
+    def release(self, rel, settings_changed: list[str] | None = None
+                ) -> tuple[list[tuple[str, bytes, bytes]], dict, list[str]]:
+        """(messages, counters, alert names raised) for one release: records, manifest, release metric, alerts.
+        ``settings_changed``: guarantee settings changed (and accepted) since the partition's previous release,
+        written into the manifest (``settings_changed``): the release and those after it were made under them."""
         key = rel.release_id.encode()
         topic = TOPICS.records(self.stream)
         out = [(topic, key, payload) for payload in rel.record_payloads(json_bytes)]
         manifest = rel.manifest()
+        if settings_changed:
+            manifest["settings_changed"] = list(settings_changed)
         out.append((TOPICS.releases, key, json_bytes(manifest)))
         metric = {"type": "release", "stream": self.stream, "partition": rel.partition, "ts": now_iso(),
                   "release_id": rel.release_id, "seq": manifest.get("seq"), "published": manifest.get("published"),

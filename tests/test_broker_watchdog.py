@@ -52,13 +52,13 @@ def test_one_warning_when_the_broker_stops_answering_and_one_when_it_is_back(mon
     try:
         wait_for(lambda: loop.watch.answered_at > -math.inf)
         PausableBroker.paused.set()
-        wait_for(lambda: not loop.connected)
+        wait_for(lambda: not loop.watch.connected)
         n = PausableBroker.calls
         wait_for(lambda: PausableBroker.calls > n + 10)        # many unanswered probes: still one warning
         assert loop.counters["broker_lost"] == 1
         paused_at = time.monotonic()
         PausableBroker.paused.clear()
-        wait_for(lambda: loop.connected and loop.watch.answered_at > paused_at)
+        wait_for(lambda: loop.watch.connected and loop.watch.answered_at > paused_at)
         assert loop.watch.outage_ended_at >= paused_at             # the idle clock restarts at the end of the outage
     finally:
         loop.stop()

@@ -212,6 +212,7 @@ def test_worker_creates_the_input_topic_with_the_declared_partitions(monkeypatch
     seen = {}
     monkeypatch.setattr(topics_mod, "apply_topics", lambda conn, defs: seen.update(conn=conn, defs=defs) or {})
     monkeypatch.setattr(app_mod, "run_worker", lambda config, conn, *a, **kw: seen.update(run=conn))
+    monkeypatch.setattr(app_mod, "broker_unreachable", lambda conn, timeout_s: None)   # the topic plan is the subject
     raw = (ROOT / "configs" / "obd2.toml").read_text().replace('input_topic = "raw.vehicle.obd2"',
                                                               'input_topic = "raw.vehicle.fleet"\npartitions = 3')
     cfg = tmp_path / "fleet.toml"

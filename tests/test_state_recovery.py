@@ -4,6 +4,8 @@ attempts are ignored, deltas applied in order give the committed tables, and eve
 partition with a reason instead of guessing."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -286,3 +288,28 @@ def test_a_state_written_under_another_key_halts_with_both_key_ids():
                           f"{second.kid}")
     same = st.choose_state([value], marker=ps.seq, committed_input=ps.offset + 1, kid=first.kid)
     assert same.halt is None and same.doc["kid"] == first.kid
+
+
+def test_the_audit_with_another_secret_says_so_in_one_line_before_any_check():
+    """Audited with a secret other than the worker's, every token would look fabricated: the audit says which key
+    ids differ, in one line, instead of thousands of unknown records."""
+    from stream_anon import contract
+    from stream_anon.audit import AuditConfig, audit
+    from stream_anon.config import load_config
+    from stream_anon.kafka.core import WorkerCore
+    from stream_anon.render import TOPICS
+
+    path = contract.config_path("oyster-cards")
+    core = WorkerCore(load_config(path), "app", b"worker-secret-0123456789abcdef0123")
+    msgs = _cards_messages(2000)
+    out = core.handle(msgs) + core.flush_all()
+    outputs = {"records": [], "manifests": [json.loads(v) for t, _, v in out if t == TOPICS.releases],
+               "deadletters": []}
+    raw = [(("raw", p, off), v) for p, off, v in msgs]
+    other = b"auditor-secret-0123456789abcdef0123"
+    report = audit(raw, outputs, other, AuditConfig.from_toml(path))
+    from stream_anon.crypto import key_id
+    assert report.verdict == "FAILED" and list(report.checks) == ["key"]
+    assert report.verdict_reason == (f"the releases carry key id {core.kid}, this secret is key id "
+                                     f"{key_id(other)}")
+    assert report.format_text().splitlines()[0] == f"AUDIT FAILED: {report.verdict_reason}"

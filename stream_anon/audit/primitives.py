@@ -45,6 +45,12 @@ def _hmac_hex(secret: bytes, label: bytes, value: str) -> str:
     return hmac.new(secret, label + _utf8(value), hashlib.sha256).hexdigest()
 
 
+def key_id(secret: bytes) -> str:
+    """The public id of a secret as the worker publishes it in manifests: the first 8 hex digits of
+    HMAC-SHA256(secret, "kid")."""
+    return hmac.new(secret, b"kid", hashlib.sha256).hexdigest()[:8]
+
+
 def audit_token(secret: bytes, event_id: str) -> str:
     """hex HMAC-SHA256(secret, b"audit:" + event_id)."""
     return _hmac_hex(secret, b"audit:", event_id)

@@ -45,7 +45,8 @@ from .checks.leaks import Leaks
 from .checks.m_invariance import MInvariance
 from .checks.severity import Severity
 from .config import AuditConfig
-from .inputs import build_context
+from .inputs import build_context, outputs_part
+from .primitives import key_id
 from .measures import class_individuals, health_figures
 from .report import FAILED, NOT_PASSED, PASSED, AuditReport
 from .risk import MaxProsecutorRisk, risk_figures
@@ -71,6 +72,10 @@ def audit(raw_events: Iterable, outputs: Any, secret: bytes | str, config_view: 
     cfg = config_view
     if isinstance(secret, str):
         secret = secret.encode()
+    other_key = _other_key(outputs, secret)
+    if other_key:           # every token would look fabricated: one line, before any other check
+        return AuditReport(passed=False, checks={"key": {"passed": False, "detail": other_key}},
+                           summary=_EMPTY_SUMMARY | {"k": cfg.k}, verdict=FAILED, verdict_reason=other_key)
     ctx, duplicates = build_context(raw_events, outputs, secret, cfg)
     checks = {"duplicates": duplicates}
     for check in CHECKS:
@@ -96,6 +101,19 @@ def audit(raw_events: Iterable, outputs: Any, secret: bytes | str, config_view: 
     verdict, reason = judge(checks, summary, cfg.max_suppression_ratio)
     return AuditReport(passed=verdict == PASSED, checks=checks, summary=summary, health=health, verdict=verdict,
                        verdict_reason=reason, risk=risk)
+
+
+_EMPTY_SUMMARY = {"events_in": 0, "published": 0, "suppressed": 0, "dead_lettered": 0, "deferred": 0, "open": 0,
+                  "lost": 0, "duplicated": 0, "releases": 0, "classes": 0, "min_individuals": None}
+
+
+def _other_key(outputs: Any, secret: bytes) -> str | None:
+    """Why the outputs cannot be audited with ``secret`` (their manifests name another key id), or None."""
+    mine = key_id(secret)
+    theirs = sorted({m.get("kid") for m in outputs_part(outputs, "manifests") if m.get("kid")} - {mine})
+    if not theirs:
+        return None
+    return f"the releases carry key id {', '.join(theirs)}, this secret is key id {mine}"
 
 
 def judge(checks: dict, summary: dict, max_suppression_ratio: float) -> tuple[str, str | None]:

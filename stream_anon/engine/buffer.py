@@ -202,6 +202,26 @@ class OpenWindows:
             chunk += 1
         return chunk
 
+    def rewindow(self, window_s: float, chunk: int) -> int:
+        """File the open windows' records again by the window of their event time under ``window_s`` (a changed
+        window length), each record's carried fields with it, in arrival order, as new chunks from serial
+        ``chunk``; returns the next free serial. The state table is rewritten in full."""
+        old, self.windows = self.windows, {}
+        synced, self._synced = self._synced, False
+        for _, p in sorted(old.items()):
+            columns = p["carried"].columns()
+            new_w = np.floor(np.asarray(p["times"], dtype=float) / window_s).astype(np.int64)
+            for nw in np.unique(new_w).tolist():
+                idx = np.flatnonzero(new_w == nw)
+                il = idx.tolist()
+                self.append(int(nw), chunk, [p["times"][i] for i in il], [p["tokens"][i] for i in il],
+                            {f: col[idx] if type(col) is np.ndarray else [col[i] for i in il]
+                             for f, col in columns.items()})
+                chunk += 1
+        if synced:
+            self.state_tables()
+        return chunk
+
     def pop(self, w: int) -> dict | None:
         p = self.windows.pop(w, None)
         if p is not None and self._synced:

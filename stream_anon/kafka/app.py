@@ -58,7 +58,8 @@ def make_app(config, bootstrap: str, state_dir, app_id: str | None = None, secre
              batch_max: int = 10000, batch_within_s: float = 0.5, metrics_interval_s: float = 5.0,
              flush_when_idle_s: float | None = None, web_port: int | None = None, raw_deadletters: bool = False,
              accept_input_reset: bool = False, client_config: dict | None = None,
-             compression: str = DEFAULT_COMPRESSION, aggregates_process: str = "auto"):
+             compression: str = DEFAULT_COMPRESSION, aggregates_process: str = "auto",
+             accept_config_change: bool = False):
     """The faust app of one worker and its :class:`KafkaLoop` (``app.stream_anon_loop``)."""
     app_id = app_id or f"stream-anon-{config.stream.name}"
     secret = secret if secret is not None else crypto.load_secret()
@@ -79,7 +80,8 @@ def make_app(config, bootstrap: str, state_dir, app_id: str | None = None, secre
                       aggregates_setup=tune_gc)
     loop = KafkaLoop(core, {**as_connection(bootstrap).confluent(), **(client_config or {})}, batch_max=batch_max,
                      batch_within_s=batch_within_s, metrics_interval_s=metrics_interval_s,
-                     accept_input_reset=accept_input_reset, cache_dir=state_dir, compression=compression)
+                     accept_input_reset=accept_input_reset, cache_dir=state_dir, compression=compression,
+                     accept_config_change=accept_config_change)
     app.stream_anon_core, app.stream_anon_loop = core, loop
 
     @app.service
@@ -198,6 +200,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--accept-input-reset", action="store_true",
                    help="operator decision: a partition halted because its input topic was re-created resumes "
                         "its state (signatures, DP ledger) from offset 0 of the new topic")
+    p.add_argument("--accept-config-change", action="store_true",
+                   help="operator decision: partitions whose state was written under other guarantee settings (k, "
+                        "criteria, windows, quasi-identifiers, domains) resume under the new ones; every published "
+                        "class is retired from reuse and the change is written into the next release manifest "
+                        "(m and DP settings never change in place)")
     p.add_argument("--aggregates-process", choices=AGGREGATES_PROCESS, default="auto",
                    help="release the DP aggregates in a second process, beside the engine (auto: when the machine "
                    "has 2 or more CPUs; streams without [dp] never start it)")
@@ -269,6 +276,7 @@ def worker_main(argv=None) -> int:
                batch_max=args.batch_max, batch_within_s=args.batch_within, metrics_interval_s=args.metrics_interval,
                flush_when_idle_s=args.flush_when_idle, raw_deadletters=args.deadletter_raw_payload,
                web_port=args.web_port, accept_input_reset=args.accept_input_reset, compression=args.compression,
+               accept_config_change=args.accept_config_change,
                aggregates_process=args.aggregates_process)
     return 0
 

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 from stream_anon.inputs import Decoder
+from stream_anon import guarantees
 from stream_anon.kafka import aggregates
 from stream_anon.kafka import state as st
 from stream_anon.kafka.input_checks import InputBatch
@@ -53,6 +54,7 @@ class WorkerCore:
         self.app_id = app_id
         self.secret = secret
         self.render = Renderer(config, secret, raw_deadletters)
+        self.settings = guarantees.settings(config)     # the guarantee settings in force (state and manifests)
         self.kid = self.render.kid
         self.flush_when_idle_s = flush_when_idle_s
         self.stream = config.stream.name
@@ -71,10 +73,10 @@ class WorkerCore:
 
     # ---- partitions
     def open_partition(self, partition: int, doc: dict | None = None, tables: dict | None = None,
-                       base_seq: int | None = None) -> PartitionState:
-        """The partition's state from a committed state (``doc``: the core of a state record, ``tables``:
-        name -> (keys, rows), as :func:`stream_anon.checkpoint.resolve_chain` gives them), or a new one."""
-        ps = open_partition(self.config, self.secret, partition, self._aggregates, doc, tables, base_seq)
+                       base_seq: int | None = None, accepted_changes: list[str] | None = None) -> PartitionState:
+        """:func:`stream_anon.kafka.partition.open_partition` of this worker's configuration, registered."""
+        ps = open_partition(self.config, self.secret, partition, self._aggregates, doc, tables, base_seq,
+                            accepted_changes)
         self.parts[partition] = ps
         return ps
 
@@ -230,7 +232,8 @@ class WorkerCore:
 
     def _emit(self, ps: PartitionState, result, out: BatchOutput) -> None:
         for rel in result.releases:
-            docs, c, alerts = self.render.release(rel)
+            docs, c, alerts = self.render.release(rel, ps.settings_changes)
+            ps.settings_changes = []             # published: the state committed with this batch no longer holds them
             out.messages.extend(docs)
             out.releases.append(rel)
             for k, v in c.items():
@@ -337,6 +340,3 @@ class WorkerCore:
         if min(time.monotonic(), answered_at) - quiet_since < self.flush_when_idle_s:
             return []
         return [ps for ps in self.parts.values() if ps.dirty_since_flush]
-
-    def throughput_metric(self, positions: dict, highwaters: dict) -> dict:
-        return self.stats.throughput_metric(self.stream, self.app_id, self.parts, positions, highwaters)

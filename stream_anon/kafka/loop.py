@@ -33,6 +33,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from stream_anon.kafka import state as st
 from stream_anon.kafka.core import WorkerCore
+from stream_anon.kafka.partition import ConfigChangeRefused
 from stream_anon.kafka.state_cache import CommittedCache, read_to_barriers
 from stream_anon.kafka.watchdog import BrokerWatch
 from stream_anon.render import TOPICS, json_bytes
@@ -111,6 +112,22 @@ def fence_and_barrier(prod: Producer, state_topic: str, stream: str, partition: 
     return nonce
 
 
+def resume_partition(core: WorkerCore, p: int, rec: st.Recovery):
+    """The partition's pipeline from the chosen state, or None with ``rec.halt`` set. Each changed guarantee setting
+    is logged (ERROR when it halts the partition, WARNING when the operator accepted it); an accepted change the
+    state cannot carry halts it too."""
+    for change in rec.changes:
+        log.log(logging.ERROR if rec.halt else logging.WARNING, "config changed on partition %s: %s%s", p, change,
+                "" if rec.halt else " (accepted by the operator)")
+    if rec.halt:
+        return None
+    try:
+        return core.open_partition(p, rec.doc, rec.tables, rec.base_seq, accepted_changes=rec.changes)
+    except ConfigChangeRefused as exc:
+        rec.halt, rec.detail = st.HALT_CONFIG_CHANGE_REFUSED, str(exc)
+        return None
+
+
 def input_topic_id(admin: AdminClient, topic: str) -> str | None:
     """The topic's id (None on a broker without topic ids: the cache and offsets checks remain)."""
     try:
@@ -125,7 +142,7 @@ class KafkaLoop:
 
     def __init__(self, core: WorkerCore, client_config: dict, batch_max: int = 10000, batch_within_s: float = 0.5,
                  metrics_interval_s: float = 5.0, accept_input_reset: bool = False, cache_dir=None,
-                 compression: str = DEFAULT_COMPRESSION):
+                 compression: str = DEFAULT_COMPRESSION, accept_config_change: bool = False):
         if compression not in COMPRESSIONS:
             raise ValueError(f"compression {compression!r}: one of {', '.join(COMPRESSIONS)}")
         self.core = core
@@ -134,6 +151,7 @@ class KafkaLoop:
         self.batch_max, self.batch_within_s = int(batch_max), float(batch_within_s)
         self.metrics_interval_s = float(metrics_interval_s)
         self.accept_input_reset = accept_input_reset
+        self.accept_config_change = accept_config_change
         self.input = core.topic
         self.state_topic = st.state_topic(core.app_id)
         self.producers: dict[int, Producer] = {}
@@ -377,12 +395,13 @@ class KafkaLoop:
         starts = {}
         for p in parts:
             rec = st.choose_state(logs[p], offsets.get((self.state_topic, p)), offsets.get((self.input, p)),
-                                  self.cache.read(p), topic_id, self.accept_input_reset, kid=self.core.kid)
+                                  self.cache.read(p), topic_id, self.accept_input_reset, kid=self.core.kid,
+                                  settings=self.core.settings, accept_config_change=self.accept_config_change)
+            ps = resume_partition(self.core, p, rec)
             if rec.halt:
                 self._halt(p, rec.halt, rec.detail)
                 starts[p] = None
                 continue
-            ps = self.core.open_partition(p, rec.doc, rec.tables, rec.base_seq)
             ps.input_topic_id = topic_id or ps.input_topic_id
             if rec.adopted_reset:
                 log.warning("partition %s: input topic re-created; accepted by the operator: resuming its state "
@@ -400,10 +419,6 @@ class KafkaLoop:
         self._send_metric({"type": "alert", "alert": "partition_halted", "partition": p, "reason": reason,
                            "detail": detail})
 
-    @property
-    def connected(self) -> bool:
-        return self.watch.connected
-
     def _send_metric(self, doc: dict) -> None:
         doc = {"stream": self.core.stream, "ts": time.time(), **doc}
         try:
@@ -416,7 +431,8 @@ class KafkaLoop:
         positions = {p: ps.offset + 1 for p, ps in self.core.parts.items()}
         highwaters = end_offsets(self._consumer, self.input, self.core.parts)
         self.highwater = {p: h for p, h in highwaters.items() if h is not None}
-        doc = self.core.throughput_metric(positions, highwaters)
+        doc = self.core.stats.throughput_metric(self.core.stream, self.core.app_id, self.core.parts, positions,
+                                                highwaters)
         doc.update({"connected": self.watch.connected, "halted": {str(p): h["reason"] for p, h in self.halted.items()},
                     **self.counters})
         self._send_metric(doc)

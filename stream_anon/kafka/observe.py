@@ -125,7 +125,7 @@ def loop_series(core, loop):
     alerts.add_metric([stream, "broker_lost"], loop.counters["broker_lost"])
     yield alerts
     g = _gauge("broker_connected", "1 while the broker is reachable, else 0")
-    g.add_metric([stream], 1.0 if loop.connected else 0.0)
+    g.add_metric([stream], 1.0 if loop.watch.connected else 0.0)
     yield g
     g = _gauge("ready", "1 while /readyz answers 200 (partitions assigned and recovered, none halted), else 0")
     g.add_metric([stream], 1.0 if readiness(loop)[0] else 0.0)
@@ -177,6 +177,6 @@ def prometheus_text(core, loop) -> bytes:
 def readiness(loop) -> tuple[bool, dict]:
     """(ready, details): partitions assigned and recovered, none halted, the loop running."""
     detail = {"assigned": sorted(loop.assigned), "halted": {str(p): h for p, h in loop.halted.items()},
-              "recovered": loop.ready, "running": not loop.stopped.is_set(), "broker_connected": loop.connected}
+              "recovered": loop.ready, "running": not loop.stopped.is_set(), "broker_connected": loop.watch.connected}
     ok = loop.ready and not loop.halted and not loop.stopped.is_set() and bool(loop.assigned)
     return ok, detail

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from stream_anon import checkpoint
+from stream_anon import checkpoint, guarantees
 from stream_anon.engine import Engine
 from stream_anon.kafka.state import MAX_CHAIN
 
@@ -41,14 +41,18 @@ class PartitionState:
     dirty_since_flush: bool = False
     events_in: int = 0
     wait_for_aggregates: bool = False   # wait for each DP release of the aggregates process (WorkerCore.complete)
+    settings: dict = field(default_factory=dict)         # the guarantee settings in force (stream_anon.guarantees)
+    settings_changes: list = field(default_factory=list)  # accepted changes not published in a manifest yet
 
     # -- state records ----------------------------------------------------------------------------------------
     def core_doc(self, stream: str, input_topic: str, seq: int, offset: int, flush_pending: bool,
                  dp_core: dict | None = None) -> dict:
         doc = {"version": STATE_VERSION, "stream": stream, "partition": self.partition, "seq": seq,
                "offset": offset, "input_topic": input_topic, "input_topic_id": self.input_topic_id,
-               "kid": self.engine.kid, "flush_pending": flush_pending, "engine": self.engine.state_core(),
-               "written_at": time.time()}
+               "kid": self.engine.kid, "settings": self.settings, "flush_pending": flush_pending,
+               "engine": self.engine.state_core(), "written_at": time.time()}
+        if self.settings_changes:
+            doc["settings_changes"] = self.settings_changes
         if self.dp is not None:
             doc["dp"] = self.dp.state_core() if dp_core is None else dp_core
         return doc
@@ -115,19 +119,63 @@ def split_tables(tables: dict) -> tuple[dict, dict]:
             {n[len(DP):]: t for n, t in tables.items() if n.startswith(DP)})
 
 
+class ConfigChangeRefused(ValueError):
+    """An accepted configuration change that the partition's state cannot be carried over (the reason says why)."""
+
+
+# changes an accepted change step cannot apply to a state (the key prefix, why)
+_NEVER = (("anonymization.m ", "m binds every individual's signature: changing it needs a new app id (a new state)"),
+          ("dp.", "DP settings apply per period: change them with a new app id at a period boundary"),
+          ("aggregates.", "DP settings apply per period: change them with a new app id at a period boundary"))
+_WITH_EMPTY_BUFFER = (("quasi_identifiers.", "quasi-identifiers"), ("sensitive.", "sensitive fields"))
+
+
+def check_change(changes: list[str], tables: dict) -> None:
+    """Raise :class:`ConfigChangeRefused`, naming every change that cannot apply to this state: m and the DP
+    settings never change in place; quasi-identifiers and sensitive fields only while no record is buffered (the
+    buffer holds them coded under the old definitions)."""
+    buffered = len(tables.get(ENGINE + "buffer", ((),))[0])
+    refused = []
+    for change in changes:
+        for prefix, why in _NEVER:
+            if change.startswith(prefix):
+                refused.append(f"{change}: {why}")
+        for prefix, what in _WITH_EMPTY_BUFFER:
+            if change.startswith(prefix) and buffered:
+                refused.append(f"{change}: {buffered} chunk(s) of buffered records are coded under the old {what}; "
+                               "let the worker release them (--flush-when-idle) first")
+    if refused:
+        raise ConfigChangeRefused("; ".join(refused))
+
+
+def apply_change(engine: Engine, changes: list[str]) -> None:
+    """An accepted change on the restored engine (restored without its published classes: a class met the old
+    rule, so none is reused under the new one): the open windows are re-windowed when ``window_s`` changed."""
+    if any(c.startswith("anonymization.window_s ") for c in changes):
+        engine.next_chunk = engine.windows.rewindow(engine.window_s, engine.next_chunk)
+
+
 def open_partition(config, secret: bytes, partition: int, aggregates, doc: dict | None = None,
-                   tables: dict | None = None, base_seq: int | None = None) -> PartitionState:
+                   tables: dict | None = None, base_seq: int | None = None,
+                   accepted_changes: list[str] | None = None) -> PartitionState:
     """A partition's pipeline, new (``doc`` None) or restored from a committed state (``doc``: the core of its state
-    record, ``tables``: name -> (keys, rows)); ``aggregates(partition, core, tables)``: its DP aggregates or None."""
+    record, ``tables``: name -> (keys, rows)); ``aggregates(partition, core, tables)``: its DP aggregates or None;
+    ``accepted_changes``: guarantee settings changed since the state was written, accepted by the operator
+    (:func:`check_change`, :func:`apply_change`)."""
+    settings = guarantees.settings(config)
     if doc is None:
         dp = aggregates(partition, None)
         engine = Engine(config, partition=partition, secret=secret, carried=dp.carried if dp else ())
-        return PartitionState(partition, engine, dp)
+        return PartitionState(partition, engine, dp, settings=settings)
     stream = config.stream.name
     if doc.get("version") != STATE_VERSION or doc.get("stream") != stream or doc.get("partition") != partition:
         raise ValueError(f"partition {partition}: state document of another stream, partition or version "
                          f"({doc.get('stream')!r}, {doc.get('partition')!r}, v{doc.get('version')!r})")
+    if accepted_changes:
+        check_change(accepted_changes, tables or {})
     engine_tables, dp_tables = split_tables(tables or {})
+    if accepted_changes:          # every published class met the old rule: none is reused under the new one
+        engine_tables.pop("published", None)
     # the recovered state stands as the committed chain (a full record of it comes next), frozen as written
     # before the engine and the aggregates are restored from (and may keep) its objects
     chain = [checkpoint.StateRecord.full_of(doc, tables or {})]
@@ -135,8 +183,11 @@ def open_partition(config, secret: bytes, partition: int, aggregates, doc: dict 
     # the aggregates first: which fields the engine carries depends on their restored period
     dp = aggregates(partition, doc.get("dp"), dp_tables)
     engine = Engine.restore(config, partition, secret, doc["engine"], engine_tables, dp.carried if dp else ())
+    if accepted_changes:
+        apply_change(engine, accepted_changes)
     ps = PartitionState(partition, engine, dp, offset=doc["offset"], seq=doc["seq"],
                         input_topic_id=doc.get("input_topic_id"), flush_pending=doc.get("flush_pending", False),
-                        chain=chain, chain_start=base_seq or doc["seq"])
+                        chain=chain, chain_start=base_seq or doc["seq"], settings=settings,
+                        settings_changes=list(doc.get("settings_changes", [])) + list(accepted_changes or []))
     ps.dirty_since_flush = engine.deferred > 0      # buffered records still need an idle flush
     return ps

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from stream_anon import guarantees
 from stream_anon.checkpoint import (HEAD, KIND_BARRIER, KIND_FULL, MAGIC, STATE_KINDS, StateRecord,  # noqa: F401
                                     decode_state, encode_state, header, resolve_chain)
 
@@ -48,6 +49,8 @@ HALT_TOPIC_RECREATED = "input_topic_recreated"
 HALT_STATE_RESET = "state_topic_reset"
 HALT_OFFSET_MISMATCH = "committed_offset_mismatch"
 HALT_KEY_CHANGED = "key_changed"
+HALT_CONFIG_CHANGED = "config_changed"
+HALT_CONFIG_CHANGE_REFUSED = "config_change_refused"
 
 
 def state_topic(app_id: str) -> str:
@@ -124,11 +127,13 @@ class Recovery:
     halt: str | None = None
     detail: str = ""
     adopted_reset: bool = False
+    changes: list = field(default_factory=list)     # guarantee settings that differ from the state's (one line each)
 
 
 def choose_state(states, marker: int | None, committed_input: int | None,
                  cached: dict | None = None, input_topic_id: str | None = None,
-                 accept_input_reset: bool = False, kid: str | None = None) -> Recovery:
+                 accept_input_reset: bool = False, kid: str | None = None, settings: dict | None = None,
+                 accept_config_change: bool = False) -> Recovery:
     """Decide how a partition resumes (pure function: the loop reads, this decides).
 
     ``states``: a :class:`StateLog`, or the partition's state-topic values in log order; ``marker``: the
@@ -136,7 +141,10 @@ def choose_state(states, marker: int | None, committed_input: int | None,
     ``committed_input``: the group's committed input offset or None; ``cached``: the worker's local cache header of
     the partition (``{"seq", "offset", "input_topic_id"}``) or None; ``input_topic_id``: the input topic's
     current id; ``kid``: the key id of the worker's secret (a state written under another key is not resumed:
-    its keyed unit ids, event keys and tokens would not match what this key makes).
+    its keyed unit ids, event keys and tokens would not match what this key makes); ``settings``: the guarantee
+    settings in force (:func:`stream_anon.guarantees.settings`): a state written under others is resumed only when
+    ``accept_config_change`` (the changes are then listed in ``Recovery.changes``), else the partition halts with
+    them.
 
     >>> choose_state([], None, None).doc is None, choose_state([], None, None).halt
     (True, None)
@@ -173,6 +181,9 @@ def choose_state(states, marker: int | None, committed_input: int | None,
         return Recovery(halt=HALT_KEY_CHANGED,
                         detail=f"the state was written with key id {doc.get('kid')}, this worker's secret is key id "
                                f"{kid}")
+    changed = guarantees.changes(doc.get("settings", {}), settings) if settings is not None else []
+    if changed and not accept_config_change:
+        return Recovery(halt=HALT_CONFIG_CHANGED, detail="; ".join(changed), changes=changed)
     if committed_input is not None and committed_input != doc["offset"] + 1:
         return Recovery(halt=HALT_OFFSET_MISMATCH,
                         detail=f"committed input offset {committed_input} but the state covers up to "
@@ -188,5 +199,5 @@ def choose_state(states, marker: int | None, committed_input: int | None,
                             detail=f"input topic id changed from {old} to {input_topic_id} (re-created): offsets "
                                    "in the state do not refer to the new topic")
         doc = {**doc, "offset": -1, "input_topic_id": input_topic_id}
-        return Recovery(doc=doc, tables=tables, base_seq=chain[0].seq, adopted_reset=True)
-    return Recovery(doc=doc, tables=tables, base_seq=chain[0].seq)
+        return Recovery(doc=doc, tables=tables, base_seq=chain[0].seq, adopted_reset=True, changes=changed)
+    return Recovery(doc=doc, tables=tables, base_seq=chain[0].seq, changes=changed)
