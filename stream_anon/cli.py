@@ -74,13 +74,18 @@ def _cmd_broker(args) -> int:
 
 def _cmd_topics_apply(args) -> int:
     from stream_anon.config import load_config
-    from stream_anon.kafka.topics import apply_plan, apply_topics, load_topic_definitions
+    from stream_anon.kafka.topics import apply_declared_retention, apply_plan, apply_topics, declared_retention, \
+        load_topic_definitions
     configs = [resolve_config(c) for c in args.config or ()]
     conn = kafka_connection.from_args(args, config_path=configs[0] if len(configs) == 1 else None)
-    # with --config: the shared topics and those streams' (input topic with the declared partition count)
-    defs = apply_plan(load_topic_definitions(args.dir), [load_config(path) for path in configs])
+    # with --config: the shared topics and those streams' (input topic with the declared partition count and
+    # retention: an existing input topic's retention.ms is set to [stream] input_retention_s)
+    streams = [load_config(path) for path in configs]
+    defs = apply_plan(load_topic_definitions(args.dir), streams)
     result = apply_topics(conn, defs)
     for name, status in sorted(result.items()):
+        print(f"{name}: {status}")
+    for name, status in apply_declared_retention(conn, declared_retention(streams)).items():
         print(f"{name}: {status}")
     return 0
 
@@ -317,7 +322,8 @@ def build_parser() -> argparse.ArgumentParser:
     ta.add_argument("--dir", default=None, help="topic definitions directory (default: the bundled definitions)")
     ta.add_argument("--config", action="append", default=None,
                     help=CONFIG_HELP + "; create only the shared topics and this stream's, its input topic with "
-                                       "the stream's [stream] partitions (repeatable; without it: every defined "
+                                       "the stream's [stream] partitions and its retention.ms set to [stream] "
+                                       "input_retention_s when declared (repeatable; without it: every defined "
                                        "topic)")
     ta.set_defaults(func=_cmd_topics_apply)
     tl = tsub.add_parser("list", help="print the topic definitions (no broker needed)")
