@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 import tomllib
@@ -136,7 +137,8 @@ def end_to_end(cfg_path: Path, events: list, workdir: Path, workers: int = 1, ti
             reader.close()
             for p in procs:
                 stop_worker_process(p)
-        report = audit_from_kafka(b.bootstrap, cfg_path, SECRET.encode())
+        # the audit reads the whole raw topic: on a loaded machine that takes more than its default 120 s
+        report = audit_from_kafka(b.bootstrap, cfg_path, SECRET.encode(), max_wait_s=1800)
         dp_output = dp_output_checks(b.bootstrap, cfg) if cfg.dp is not None else None
         wall, span = done - start, done - (first or start)
         return {"events": len(events), "workers": workers, "replay_s": round(replay_s, 1),
@@ -165,9 +167,10 @@ def dp_output_checks(bootstrap: str, cfg) -> dict:
 
 
 def ratios(results: dict) -> dict:
-    """The issue's paired targets from the scenarios in the file: DP on / off in events/s (>= 0.85), and two
-    workers' / one worker's CPU per event (<= 1.1), over the whole run and over the processing span. Meaningful
-    only when the scenarios of a pair ran in the same invocation (compare their ``run_at``)."""
+    """The issue's paired targets from the scenarios in the file: DP on / off in events/s (>= 0.85), two workers' /
+    one worker's CPU per event (<= 1.1), over the whole run and over the processing span, and the risk figures on
+    / off (issue 29: within 5%). Meaningful only when the scenarios of a pair ran in the same invocation (compare
+    their ``run_at``)."""
     out = {}
     e2e = {name: r["end_to_end"] for name, r in results.items()}
     if "oyster" in e2e and "oyster_dp" in e2e:
@@ -178,10 +181,14 @@ def ratios(results: dict) -> dict:
     for other in ("oyster_norisk", "oyster_population"):     # risk figures on (oyster) against off / heavier
         if "oyster" in e2e and other in e2e:
             tag = "risk_vs_norisk" if other == "oyster_norisk" else "population_vs_risk"
-            a, b = (e2e["oyster"], e2e[other]) if other == "oyster_norisk" else (e2e[other], e2e["oyster"])
-            out[f"{tag}_events_per_s_span"] = round(a["events_per_s_span"] / b["events_per_s_span"], 3)
-            out[f"{tag}_cpu_us_per_event_span"] = round(a["cpu_us_per_event_span"] / b["cpu_us_per_event_span"], 3)
-            out[f"{tag}_cpu_us_per_event"] = round(a["cpu_us_per_event"] / b["cpu_us_per_event"], 3)
+            num, den = ("oyster", other) if other == "oyster_norisk" else (other, "oyster")
+            # with --repeat: the ratio of each repeat's pair (run next to each other), then their median
+            pairs = list(zip(results[num].get("runs") or [e2e[num]], results[den].get("runs") or [e2e[den]]))
+            for key in ("events_per_s_span", "cpu_us_per_event_span", "cpu_us_per_event"):
+                each = [round(a[key] / b[key], 3) for a, b in pairs]
+                out[f"{tag}_{key}"] = statistics.median(each)
+                if len(each) > 1:
+                    out[f"{tag}_{key}_per_repeat"] = each
     if "oyster" in e2e and "two_workers" in e2e:
         for key in ("cpu_us_per_event", "cpu_us_per_event_span"):
             if key in e2e["oyster"] and key in e2e["two_workers"]:

@@ -37,7 +37,8 @@ def test_hand_built_releases():
                                "records_at_risk": round((2 * 1.0 + 5 * 0.4) / 7, 6)}
     assert "risk" not in report.checks
     text = report.format_text()
-    assert "risk: prosecutor highest=0.5 " in text and "over 2 releases" in text
+    assert "risk: prosecutor highest=0.5 (release test-p0-000001) average=" in text and "over 2 releases" in text
+    assert s["highest_release_id"] == "test-p0-000001"         # the first of the two at 0.5
     assert json.loads(json.dumps(report.to_dict()))["risk"]["per_release"][0]["release_id"] == "test-p0-000001"
 
 

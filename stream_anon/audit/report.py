@@ -41,9 +41,9 @@ class AuditReport:
         p = s.get("prosecutor")
         if not p:
             return ["risk: no release with individuals"]
-        lines = [f"risk: prosecutor highest={p['highest']} average={p['average']} records_at_risk="
-                 f"{p['records_at_risk']} (risk > {s['threshold']}) over {s['releases']} releases; "
-                 f"marketer={s.get('marketer')}"]
+        lines = [f"risk: prosecutor highest={p['highest']} (release {s.get('highest_release_id')}) average="
+                 f"{p['average']} records_at_risk={p['records_at_risk']} (risk > {s['threshold']}) over "
+                 f"{s['releases']} releases; marketer={s.get('marketer')}"]
         j = s.get("journalist")
         if j:
             lines.append(f"  journalist highest={j['highest']} average={j['average']} records_at_risk="

@@ -79,6 +79,8 @@ def risk_figures(ctx: AuditContext, settings: RiskSettings, with_attack: bool = 
                                "prosecutor": _pooled(per, "prosecutor")}
     if per:
         summary["marketer"] = round(sum(p["individuals"] * p["marketer"] for p in per) / summary["individuals"], 6)
+        worst = max(per, key=lambda p: (p["prosecutor"]["highest"], -per.index(p)))
+        summary["highest_release_id"] = worst["release_id"]       # the first release with the highest risk
     journalist = _pooled(per, "journalist")
     if journalist is not None:
         journalist["population_uniqueness_max"] = max(
