@@ -74,13 +74,18 @@ def _cmd_broker(args) -> int:
 
 def _cmd_topics_apply(args) -> int:
     from stream_anon.config import load_config
-    from stream_anon.kafka.topics import apply_plan, apply_topics, load_topic_definitions
+    from stream_anon.kafka.topics import apply_declared_retention, apply_plan, apply_topics, declared_retention, \
+        load_topic_definitions
     configs = [resolve_config(c) for c in args.config or ()]
     conn = kafka_connection.from_args(args, config_path=configs[0] if len(configs) == 1 else None)
-    # with --config: the shared topics and those streams' (input topic with the declared partition count)
-    defs = apply_plan(load_topic_definitions(args.dir), [load_config(path) for path in configs])
+    # with --config: the shared topics and those streams' (input topic with the declared partition count and
+    # retention: an existing input topic's retention.ms is set to [stream] input_retention_s)
+    streams = [load_config(path) for path in configs]
+    defs = apply_plan(load_topic_definitions(args.dir), streams)
     result = apply_topics(conn, defs)
     for name, status in sorted(result.items()):
+        print(f"{name}: {status}")
+    for name, status in apply_declared_retention(conn, declared_retention(streams)).items():
         print(f"{name}: {status}")
     return 0
 
@@ -106,7 +111,7 @@ def _cmd_audit(args) -> int:
     config_path = resolve_config(args.config)
     conn = kafka_connection.from_args(args, config_path=config_path)
     report = audit_from_kafka(conn, config_path, crypto.load_secret(), raw_topic=args.raw_topic,
-                              idle_s=args.idle, health=True)
+                              idle_s=args.idle, health=True, max_prosecutor_risk=args.max_prosecutor_risk)
     print(report.format_text())
     if args.report:
         Path(args.report).write_text(json.dumps(report.to_dict(), indent=2))
@@ -125,6 +130,16 @@ def _cmd_report(args) -> int:
           + (f": {s['verdict_reason']}" if s.get("verdict_reason") else "")
           + (f"; wrote {args.json}" if args.json else ""))
     return 0
+
+
+def _risk_limit(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number in (0, 1], got {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"a number in (0, 1], got {text!r}")
+    return value
 
 
 def audit_exit_status(report, fail_on_alert: bool = False, fail_on_open: bool = False) -> int:
@@ -321,7 +336,8 @@ def build_parser() -> argparse.ArgumentParser:
     ta.add_argument("--dir", default=None, help="topic definitions directory (default: the bundled definitions)")
     ta.add_argument("--config", action="append", default=None,
                     help=CONFIG_HELP + "; create only the shared topics and this stream's, its input topic with "
-                                       "the stream's [stream] partitions (repeatable; without it: every defined "
+                                       "the stream's [stream] partitions and its retention.ms set to [stream] "
+                                       "input_retention_s when declared (repeatable; without it: every defined "
                                        "topic)")
     ta.set_defaults(func=_cmd_topics_apply)
     tl = tsub.add_parser("list", help="print the topic definitions (no broker needed)")
@@ -345,6 +361,9 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--fail-on-alert", action="store_true",
                    help="exit 3 when an alert (e.g. suppression_limit_exceeded) was published on anon.metrics, "
                         "even if every check passed (events in windows still open are no alert)")
+    a.add_argument("--max-prosecutor-risk", type=_risk_limit, default=None, metavar="R",
+                   help="fail (exit 1, check 'risk') when a release's highest prosecutor risk is above R, i.e. it "
+                        "holds a class of fewer than 1/R individuals (e.g. 0.1: at least 10)")
     a.add_argument("--fail-on-open", action="store_true",
                    help="exit 5 when events wait in windows not released yet (reported as open, never as lost)")
     a.set_defaults(func=_cmd_audit)

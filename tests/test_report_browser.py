@@ -108,6 +108,8 @@ def test_report_figures_are_the_audits(published):
     assert min(f["class_sizes"]) == a["min_individuals"] >= 10
     assert len(f["releases"]) == a["releases"] == len(f["risk"])
     assert s["risk"]["prosecutor_highest"] == max(r["prosecutor"]["highest"] for r in f["risk"]) <= 0.1
+    assert s["risk"]["prosecutor"] == audit["risk"]["summary"]["prosecutor"] and f["risk"] == sorted(
+        audit["risk"]["per_release"], key=lambda r: (r["window_start"], r["release_id"]))
     # DP budget per period: the audit's recomputed charges, within each aggregate's epsilon and the budget
     budget = f["dp_budget"]
     assert budget["spent_by_period"] == audit["checks"]["dp"]["spent_by_period"]
@@ -170,6 +172,10 @@ def test_the_page_in_chromium(published, browser):
     assert shown["verdict"] == audit["verdict"]
     assert float(shown["ncp_mean"]) == audit["health"]["ncp"]["mean"]
     assert float(shown["dp_worst_unit_charge"]) == audit["checks"]["dp"]["worst_unit_charge"]
+    p = audit["risk"]["summary"]["prosecutor"]
+    assert [float(shown[k]) for k in ("prosecutor_highest", "prosecutor_average", "records_at_risk")] == \
+        [p["highest"], p["average"], p["records_at_risk"]]
+    assert float(shown["intersection_risk"]) == audit["risk"]["summary"]["intersection_risk"]
     assert shown["settings_fingerprint"] == report["summary"]["guarantees"]["fingerprint"]
     data = json.loads(browser.execute_script("return document.getElementById('report-data').textContent"))
     assert data["summary"]["counts"] == report["summary"]["counts"]

@@ -190,14 +190,17 @@ def read_inputs(bootstrap, config_path: str | Path, secret: bytes | str, raw_top
 
 
 def audit_from_kafka(bootstrap, config_path: str | Path, secret: bytes | str, raw_topic: str | None = None,
-                     idle_s: float = 3.0, max_wait_s: float = 120.0, health: bool = True) -> AuditReport:
+                     idle_s: float = 3.0, max_wait_s: float = 120.0, health: bool = True,
+                     max_prosecutor_risk: float | None = None) -> AuditReport:
     """Read raw input and outputs from the broker (:func:`read_inputs`) and audit them against the stream
     config. ``health``: also read anon.metrics (for at most :data:`ALERTS_MAX_WAIT_S`) for the alerts of the
     report's health figures. Raises :class:`IncompleteRead` when the raw or an output topic is still growing after
-    ``max_wait_s`` (a verdict on part of a topic would be wrong)."""
+    ``max_wait_s`` (a verdict on part of a topic would be wrong). ``max_prosecutor_risk``: the ``risk`` check
+    (:class:`.risk.MaxProsecutorRisk`)."""
     read = read_inputs(bootstrap, config_path, secret, raw_topic, idle_s, max_wait_s, metrics=health)
     secret = secret.encode() if isinstance(secret, str) else secret
-    return audit(read.raw, read.outputs, secret, read.config, alerts=read.metrics)
+    return audit(read.raw, read.outputs, secret, read.config, alerts=read.metrics,
+                 max_prosecutor_risk=max_prosecutor_risk)
 
 
 def read_metrics(bootstrap, stream: str, idle_s: float = 3.0, max_wait_s: float = 120.0) -> list[dict]:

@@ -36,10 +36,11 @@ def run_own(config_path, file, strategies: list[str], ks: list[int], out, seed: 
     from stream_anon.config import ConfigError, load_config
 
     config = load_config(config_path)
-    events, rejected = read_own_events(config, file)
+    checked = read_own_events(config, file)
+    events = checked.events
     table = table_from_events(config.stream.name, config, events)
-    progress(f"{file}: {len(events)} events mapped, {len(rejected)} rejected by the mapping, "
-             f"{table.rejected} by the quasi-identifiers; {table.n} in the table")
+    progress(f"{file}: {checked.events_in} events, {checked.n_rejected} rejected by the worker's input checks"
+             f"{rejected_text(checked.rejected)}; {table.n} in the table")
     comparison, query_errors = [], []
     for k in ks:
         off_w = offline_mondrian(table, k, config.anonymization.window_s, seed)
@@ -68,9 +69,23 @@ def run_own(config_path, file, strategies: list[str], ks: list[int], out, seed: 
     out = Path(out)
     (out / "comparison.json").write_text(json.dumps(comparison, indent=1, default=_json_default) + "\n")
     (out / "comparison.md").write_text(comparison_table(comparison))
+    checks = {"file": str(file), "events_in": checked.events_in, "accepted": len(events),
+              "rejected": checked.n_rejected, "rejected_by_reason": dict(checked.rejected.most_common())}
+    (out / "input_checks.json").write_text(json.dumps(checks, indent=1) + "\n")
     (out / "query_error.json").write_text(json.dumps(query_errors, indent=1, default=_json_default) + "\n")
-    return {"comparison": comparison, "rows": rows, "mapping_rejected": len(rejected), "query_errors": query_errors,
-            "written": written + [out / "comparison.json", out / "comparison.md", out / "query_error.json"]}
+    return {"comparison": comparison, "rows": rows, "input_checks": checks, "query_errors": query_errors,
+            "written": written + [out / "comparison.json", out / "comparison.md", out / "input_checks.json",
+                                  out / "query_error.json"]}
+
+
+def rejected_text(by_reason) -> str:
+    """`` (reason n, ...)`` of the rejected events, most frequent first; empty when none.
+
+    >>> rejected_text({"sensitive full_fare_pence": 9, "malformed JSON": 1})
+    ' (sensitive full_fare_pence 9, malformed JSON 1)'
+    """
+    ranked = sorted(by_reason.items(), key=lambda kv: (-kv[1], kv[0]))
+    return f" ({', '.join(f'{reason} {n}' for reason, n in ranked)})" if ranked else ""
 
 
 def _own_summary(row: dict) -> str:

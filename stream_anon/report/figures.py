@@ -4,13 +4,9 @@ query error, dead letters and alerts. Numbers only; :mod:`.plots` draws them and
 """
 from __future__ import annotations
 
-from collections import defaultdict
-from typing import Any
-
 import numpy as np
 
 from stream_anon.audit.measures import class_individuals
-from stream_anon.risk import release_risk
 
 
 def _order(m: dict) -> tuple:
@@ -37,28 +33,11 @@ def class_sizes(ctx) -> list[int]:
     return sorted(len(units) for units in class_individuals(ctx).overall.values())
 
 
-def risk_per_release(ctx, settings) -> list[dict]:
-    """Re-identification risk of every release (:func:`stream_anon.risk.release_risk`) from its classes' sizes in
-    individuals: a class reused by a later release holds every individual published in it so far."""
-    units: dict[tuple, set] = defaultdict(set)
-    for r in ctx.records:
-        raw = ctx.raw_of(r)
-        if raw is not None and raw.unit is not None:
-            units[(r.get("release_id"), r.get("class_id"))].add(raw.unit)
-    by_release: dict[Any, list] = defaultdict(list)
-    for (rid, cid), us in units.items():
-        by_release[rid].append((cid, us))
-    so_far: dict[Any, set] = defaultdict(set)
-    out = []
-    for m in sorted(ctx.manifests, key=lambda m: (str(m.get("partition")), m.get("seq") or 0)):
-        sizes = []
-        for cid, us in sorted(by_release.get(m.get("release_id"), []), key=lambda x: str(x[0])):
-            so_far[cid] |= us
-            sizes.append(len(so_far[cid]))
-        figures = release_risk(sizes, settings)
-        if figures is not None:
-            out.append({"release_id": m.get("release_id"), "window_start": m.get("window_start"), **figures})
-    return sorted(out, key=lambda r: (str(r["window_start"]), str(r["release_id"])))
+def risk_per_release(report) -> list[dict]:
+    """The audit's re-identification risk of every release (``risk.per_release`` of its report:
+    :func:`stream_anon.audit.risk.risk_figures`, class sizes in individuals over reused classes), in window order."""
+    per = (getattr(report, "risk", None) or {}).get("per_release") or []
+    return sorted(per, key=lambda r: (str(r.get("window_start")), str(r.get("release_id"))))
 
 
 def placement(ctx):
@@ -108,7 +87,7 @@ def compute(report, ctx, config, query_seed: int = 0) -> dict:
     from stream_anon.evaluate.utility import query_error
 
     figures = {"releases": releases(ctx), "class_sizes": class_sizes(ctx),
-               "risk": risk_per_release(ctx, config.risk.settings), "dp_budget": dp_budget(report, config),
+               "risk": risk_per_release(report), "dp_budget": dp_budget(report, config),
                "deadletters_by_reason": (report.health or {}).get("deadletters_by_reason") or {},
                "alerts_by_name": (report.health or {}).get("alerts") or {}}
     placed = placement(ctx)

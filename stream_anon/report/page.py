@@ -70,8 +70,22 @@ def _summary_html(s: dict) -> str:
     parts.append(f"<tr><td>NCP of published records, mean / p95</td><td>{_fig('ncp_mean', ncp.get('mean'))} / "
                  f"{_fig('ncp_p95', ncp.get('p95'))}</td></tr>")
     r = s["risk"]
-    parts.append(f"<tr><td>highest prosecutor risk of any release</td><td>{_fig('prosecutor_highest', r['prosecutor_highest'])}"
-                 f" over {r['releases']} releases</td></tr>")
+    p = r.get("prosecutor") or {}
+    parts.append(f"<tr><td>prosecutor risk: highest of any release / average / records at risk (risk above "
+                 f"{r.get('threshold')})</td><td>{_fig('prosecutor_highest', r.get('prosecutor_highest'))} / "
+                 f"{_fig('prosecutor_average', p.get('average'))} / {_fig('records_at_risk', p.get('records_at_risk'))}"
+                 f" over {r.get('releases', 0)} releases" + (f" (highest in {escape(str(r['highest_release']))})"
+                                                             if r.get("highest_release") else "") + "</td></tr>")
+    if r.get("marketer") is not None:
+        parts.append(f"<tr><td>marketer risk</td><td>{_fig('marketer', r['marketer'])}</td></tr>")
+    j = r.get("journalist")
+    if j:
+        parts.append(f"<tr><td>journalist risk: highest / average; population uniqueness (largest)</td><td>"
+                     f"{_fig('journalist_highest', j.get('highest'))} / {_fig('journalist_average', j.get('average'))}"
+                     f"; {_fig('population_uniqueness_max', j.get('population_uniqueness_max'))}</td></tr>")
+    if r.get("intersection_risk") is not None:
+        parts.append(f"<tr><td>cross-release intersection attack (m-invariance): risk 1 / smallest candidate set"
+                     f"</td><td>{_fig('intersection_risk', r['intersection_risk'])}</td></tr>")
     if s.get("dp"):
         parts.append(f"<tr><td>DP: worst unit's charge in a period / budget</td><td>"
                      f"{_fig('dp_worst_unit_charge', s['dp']['worst_unit_charge'])} / {s['dp']['budget']:g}</td></tr>")

@@ -130,6 +130,15 @@ def retention(config) -> list[dict]:
     return out
 
 
+def _risk(report, per_release: list[dict]) -> dict:
+    """The audit's risk summary of the run (``risk.summary``), with the release of the highest prosecutor risk."""
+    s = dict((getattr(report, "risk", None) or {}).get("summary") or {})
+    worst = max(per_release, key=lambda r: r["prosecutor"]["highest"], default=None)
+    s["prosecutor_highest"] = (s.get("prosecutor") or {}).get("highest")
+    s["highest_release"] = worst and worst["release_id"]
+    return s
+
+
 def summary(config, report, ctx, figures: dict) -> dict:
     s, h = report.summary, report.health or {}
     risk = figures.get("risk") or []
@@ -141,10 +150,7 @@ def summary(config, report, ctx, figures: dict) -> dict:
         "counts": {k: s.get(k) for k in ("events_in", "published", "suppressed", "dead_lettered", "deferred",
                                          "open", "lost", "releases", "classes", "min_individuals", "k")},
         "ncp": h.get("ncp"), "class_individuals": h.get("class_individuals"),
-        "risk": {"releases": len(risk),
-                 "prosecutor_highest": max((r["prosecutor"]["highest"] for r in risk), default=None),
-                 "records_at_risk_max": max((r["prosecutor"]["records_at_risk"] for r in risk), default=None),
-                 "threshold": config.risk.settings.threshold},
+        "risk": _risk(report, risk),
         "query_error": q and {v: q["run"][v]["all"] for v in q["run"]},
         "dp": figures.get("dp_budget") and {"budget": figures["dp_budget"]["budget"],
                                              "worst_unit_charge": figures["dp_budget"]["worst_unit_charge"]},
