@@ -24,6 +24,7 @@ from stream_anon.audit.kafka_source import read_topic
 from stream_anon.config import load_config
 from stream_anon.kafka.core import WorkerCore
 from stream_anon.kafka.replay import replay
+from stream_anon.kafka.retention import confluent_admin, set_topic_retention
 from stream_anon.kafka.topics import ensure_topics
 from stream_anon.report.page import PLOTS
 
@@ -59,6 +60,7 @@ def published(broker, tmp_path_factory):
         ensure_topics(broker.bootstrap, names=[topic, f"anon.{NAME}.records", "anon.releases", "anon.deadletter",
                                                "anon.metrics", "anon.aggregates"],
                       default_partitions={topic: 1, f"anon.{NAME}.records": 1})
+        set_topic_retention(confluent_admin(broker.bootstrap), topic, 3_600_000)   # 1 h, within the declared 7 days
         events = load_events("oyster-cards", limit=N_EVENTS)
         for e in events[:5]:        # five fares outside the declared domain: five dead letters
             e["full_fare_pence"] = 99999
@@ -127,7 +129,11 @@ def test_report_figures_are_the_audits(published):
     assert g["releases_match"] and g["releases_by_fingerprint"] == {g["fingerprint"]: a["releases"]}
     assert s["statement"] == STATEMENT
     raw_topic = next(r for r in s["retention"] if r["topic"] == f"raw.test.{NAME}")
-    assert raw_topic["declared"].startswith("604800 s")
+    assert raw_topic["declared"].startswith("604800 s") and "keeps data 3600 s, within the declared" in \
+        raw_topic["declared"]
+    assert raw_topic["broker"] == "1 h (retention.ms = 3600000)"
+    deadletter = next(r for r in s["retention"] if r["topic"] == "anon.deadletter")
+    assert deadletter["broker"] == deadletter["retention"] == "30 days (retention.ms = 2592000000)"
 
 
 @pytest.fixture(scope="module")

@@ -31,8 +31,9 @@ class Report:
 
 
 def build_report(config_path, raw: list, outputs: Any, secret: bytes, metrics: list[dict] | None = None,
-                 query_seed: int = 0) -> Report:
-    """The report of one stream from what was read (as :func:`stream_anon.audit.audit` takes it)."""
+                 query_seed: int = 0, broker_retention: dict | None = None) -> Report:
+    """The report of one stream from what was read (as :func:`stream_anon.audit.audit` takes it);
+    ``broker_retention``: topic -> the ``retention.ms`` the broker states (:func:`broker_retention`)."""
     from stream_anon.audit import AuditConfig, audit_with_context
     from stream_anon.config import load_config
 
@@ -43,7 +44,7 @@ def build_report(config_path, raw: list, outputs: Any, secret: bytes, metrics: l
                 "deadletters_by_reason": {}, "alerts_by_name": {}}
     else:
         figs = _figures.compute(report, ctx, config, query_seed=query_seed)
-    summ = _summary.summary(config, report, ctx, figs)
+    summ = _summary.summary(config, report, ctx, figs, broker_retention)
     a = config.anonymization
     svgs = {"class-sizes": plots.class_sizes(figs, a.k),
             "ncp-suppression": plots.ncp_suppression(figs, a.max_suppression_ratio),
@@ -57,9 +58,28 @@ def report_from_kafka(bootstrap, config_path, secret: bytes | str, raw_topic: st
     """Read the stream's topics from the broker as the audit does, then :func:`build_report`."""
     from stream_anon.audit.kafka_source import read_inputs
 
+    from stream_anon.config import load_config
+    from stream_anon.kafka.topics import stream_topic_defs
+
     secret = secret.encode() if isinstance(secret, str) else secret
     read = read_inputs(bootstrap, config_path, secret, raw_topic, idle_s, max_wait_s, metrics=True)
-    return build_report(config_path, read.raw, read.outputs, secret, read.metrics)
+    retention = broker_retention(bootstrap, list(stream_topic_defs(load_config(config_path))))
+    return build_report(config_path, read.raw, read.outputs, secret, read.metrics, broker_retention=retention)
+
+
+def broker_retention(bootstrap, topics: list[str]) -> dict:
+    """Topic -> the ``retention.ms`` the broker states for it (None: not stated; a text: why it could not be
+    read), read as the worker's retention guard reads it (:mod:`stream_anon.kafka.retention`)."""
+    from stream_anon.kafka.retention import confluent_admin, topic_retention_ms
+
+    admin = confluent_admin(bootstrap)
+    out: dict = {}
+    for topic in topics:
+        try:
+            out[topic] = topic_retention_ms(admin, topic)
+        except Exception as exc:        # noqa: BLE001 - any broker answer short of a value: said, not raised
+            out[topic] = f"could not be read ({type(exc).__name__})"
+    return out
 
 
 def write(report: Report, html_path, json_path=None) -> None:

@@ -120,8 +120,8 @@ def _dpo_html(s: dict) -> str:
            _table([{"reason": k, "count": v} for k, v in s["deadletters"]["by_reason"].items()]
                   or [{"reason": "none in this run", "count": 0}], [("reason", "reason"), ("count", "dead letters")]),
            "<h3>Retention</h3>",
-           _table(s["retention"], [("topic", "topic"), ("holds", "holds"), ("retention", "kept"),
-                                   ("declared", "declared limit")]),
+           _table(s["retention"], [("topic", "topic"), ("holds", "holds"), ("retention", "kept (topic plan)"),
+                                   ("broker", "kept (the broker states)"), ("declared", "declared limit")]),
            "<h3>Declared by the deployment ([report])</h3><table>"]
     for key in ("purpose", "controller", "recipients", "retention"):
         v = st.get(key)

@@ -20,7 +20,7 @@ def _retention(ms: int | None) -> str:
     if ms < 0:
         return "kept forever (retention.ms = -1)"
     days = ms / DAY_MS
-    return f"{days:g} days (retention.ms = {ms})" if days >= 1 else f"{ms / 3_600_000:g} hours (retention.ms = {ms})"
+    return f"{days:g} days (retention.ms = {ms})" if days >= 1 else f"{ms / 3_600_000:g} h (retention.ms = {ms})"
 
 
 def _qi_form(qi, granularity: float) -> str:
@@ -111,9 +111,11 @@ def guarantees_in_force(config, ctx) -> dict:
             "key_ids": dict(kids), "settings_changed": changed}
 
 
-def retention(config) -> list[dict]:
-    """How long each topic of the stream keeps data: the topic plan (``topics apply --config``) and the raw
-    topic's declared limit (``[stream] input_retention_s``)."""
+def retention(config, broker: dict | None = None) -> list[dict]:
+    """How long each topic of the stream keeps data: the topic plan (``topics apply --config``), what the broker
+    states (``broker``: topic -> retention.ms, None not stated, or why it could not be read) and the raw topic's
+    declared limit (``[stream] input_retention_s``) with the retention guard's verdict on it."""
+    from stream_anon.kafka.retention import RetentionCheck, declared_ms
     from stream_anon.kafka.topics import stream_topic_defs
 
     defs = stream_topic_defs(config)
@@ -122,10 +124,18 @@ def retention(config) -> list[dict]:
     for name, d in defs.items():
         row = {"topic": name, "holds": "raw events (identifying)" if name == raw else d.value or "",
                "retention": _retention(d.retention_ms)}
+        stated = (broker or {}).get(name, "not read")
+        if broker is not None:
+            row["broker"] = stated if isinstance(stated, str) else _retention(stated) if stated is not None \
+                else "not stated by the broker"
         if name == raw:
             declared = config.stream.input_retention_s
             row["declared"] = f"{declared:g} s ([stream] input_retention_s)" if declared else \
                 "not declared ([stream] input_retention_s)"
+            if declared and broker is not None:
+                check = RetentionCheck(name, declared_ms(declared), stated if isinstance(stated, int) else None,
+                                       error=stated if isinstance(stated, str) else None)
+                row["declared"] += ": " + check.detail()
         out.append(row)
     return out
 
@@ -139,7 +149,7 @@ def _risk(report, per_release: list[dict]) -> dict:
     return s
 
 
-def summary(config, report, ctx, figures: dict) -> dict:
+def summary(config, report, ctx, figures: dict, broker_retention: dict | None = None) -> dict:
     s, h = report.summary, report.health or {}
     risk = figures.get("risk") or []
     q = figures.get("query_error")
@@ -165,7 +175,7 @@ def summary(config, report, ctx, figures: dict) -> dict:
                                 "every other field as it was, NOT anonymized; cut to "
                                 f"{DEADLETTER_PAYLOAD_MAX:,} characters; a payload that is not a JSON object is "
                                 "withheld (size and digest only) unless the worker runs with --deadletter-raw-payload"},
-        "retention": retention(config),
+        "retention": retention(config, broker_retention),
         "statement": {"purpose": sec.purpose, "controller": sec.controller, "recipients": list(sec.recipients),
                       "retention": sec.retention},
     }
