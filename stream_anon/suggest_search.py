@@ -2,25 +2,31 @@
 
 The closed-form figures of :mod:`stream_anon.suggest` (coarsest H3 resolution for the domain, window for 2k units,
 lateness from the p99 arrival lag) only say where to look: a window long enough for 2k units still publishes
-wide classes when the units rarely overlap, and a coarsest H3 resolution bounded by the domain turns every class
-whose members do not share such a cell into the whole domain (NCP 1), never into a finer cell. So, as ARX searches
-a generalization lattice with a utility metric, a small grid of candidates around them is run through the engine
-(library API, one partition, no Kafka) and the candidate with the lowest NCP is kept whose suppression, late
-events and dead letters are no higher than the current settings' on the same events:
+wide classes when the units rarely overlap, a coarsest H3 resolution finer than needed turns every class whose
+members share no such cell into the whole domain (NCP 1), and how a window's records are grouped (the strategy)
+often matters more than either. So, as ARX searches a generalization lattice with a utility metric, a small grid
+of candidates around them is run through the engine (library API, one partition, no Kafka) and the candidate with
+the lowest NCP is kept whose suppressed events, late events suppressed and dead letters are no more than the
+current settings' on the same events:
 
 - the sample is cut by event time: the earlier ``train_share`` chooses (capped to its first ``max_events``
-  events, which bounds the time), the later part is held out and reports the chosen settings against the current
-  ones (a deployment runs the settings on the stream that follows its sample);
-- ``window_s`` x ``max_delay_s``: windows of :data:`WINDOW_LADDER` from a quarter of the shorter of the current
-  and the closed-form window up to ``max_delay_limit_s`` (default: the current ``max_delay_s``, the latency the
-  stream promises: a record is published or suppressed within it; the search never weakens that promise unless
-  told to), plus the current and closed-form windows; ``max_delay_s`` = the window or the limit;
-- then ``allowed_lateness_s`` in {current, closed form}, then the coarsest H3 resolution in {current, closed form}
-  (each stage keeps the best so far).
+  events), the later part is held out and reports the chosen settings against the current ones (a deployment
+  runs the settings on the stream that follows its sample);
+- ``strategy`` in :data:`STRATEGY_CANDIDATES` (those that need no parameters), judged on runs of consecutive
+  windows spread over the choosing part (a lattice search per window makes some strategies costly), then
+  confirmed on the whole part;
+- ``window_s`` x ``max_delay_s``: windows of :data:`WINDOW_LADDER` from half the shorter of the current and the
+  closed-form window up to ``max_delay_limit_s``, plus those two; ``max_delay_s`` = the window or the limit. The
+  limit defaults to the current ``max_delay_s``: the latency the stream promises (a record is published or
+  suppressed within it), which the search never weakens unless told to. What twice the window and the limit
+  would give is reported, never chosen;
+- ``allowed_lateness_s`` in {current, closed form}; the coarsest H3 resolution in {current, closed form}, taken
+  at equal NCP too (it publishes no cell larger than the domain);
+- the stages repeat once when they changed something (coordinate descent: a strategy may favour another window).
 
-Every figure is measured with the current config's quasi-identifier bounds and finest H3 resolution, so NCP is
-the same yardstick for every candidate. Deterministic: the engine's randomness comes from the config's seed, the
-audit tokens from a fixed secret.
+Every figure is measured with the current config's quasi-identifier bounds, finest H3 resolution and k, so NCP is
+one yardstick for every candidate. Deterministic: the engine's randomness comes from the config's seed, the audit
+tokens from a fixed secret; the cut, the runs of windows and the grid from the sample alone.
 """
 from __future__ import annotations
 

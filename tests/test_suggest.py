@@ -163,3 +163,18 @@ def test_suggest_values_come_from_the_search_with_the_closed_form_in_the_figures
     assert f"closed form {by[WINDOW].closed_form}" in by[WINDOW].figures
     raw = apply(copy.deepcopy(cfg.raw), suggestions)
     assert parse_config(raw).anonymization.window_s == result.chosen[WINDOW]
+
+
+def test_calibrate_apply_suggestions_writes_what_it_prints(tmp_path, capsys):
+    from stream_anon.cli import main
+    out = tmp_path / "obd2.toml"
+    assert main(["calibrate", "--config", str(ROOT / "configs" / "obd2.toml"), "--dataset", "obd2", "--events", "1500",
+                 "--out", str(out), "--apply-suggestions"]) == 0
+    printed = capsys.readouterr().out
+    assert "search: " in printed and "<- current" in printed and "held out (750 events" in printed
+    cfg = load_config(out)
+    suggested = dict(line[len("suggest "):].split(" (now ")[0].split(" = ", 1)
+                     for line in printed.splitlines() if line.startswith("suggest "))
+    assert suggested.get("anonymization.strategy", "mondrian") == cfg.anonymization.strategy
+    assert float(suggested["anonymization.window_s"]) == cfg.anonymization.window_s
+    assert float(suggested["anonymization.max_delay_s"]) == cfg.anonymization.max_delay_s <= 172800
