@@ -173,7 +173,8 @@ def _cmd_calibrate(args) -> int:
             events = read_jsonl(args.file)
         else:   # a mapped [input]: the file read through the mapping (records it rejects do not calibrate)
             from stream_anon.inputs import decode_file
-            events, rejected = decode_file(args.file, spec, framing=args.framing)
+            # a fixed key for the ids of an event_key: the suggestions' runs are the same every time
+            events, rejected = decode_file(args.file, spec, framing=args.framing, secret=b"stream-anon calibrate")
             if rejected:
                 print(f"calibrate: {len(rejected)} records rejected by the mapping, e.g. {rejected[0][2]}",
                       file=sys.stderr)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from stream_anon.config import load_config, parse_config
 from stream_anon.suggest import apply, closed_form, suggest
-from stream_anon.suggest_search import (MAX_DELAY, STRATEGY, STRATEGY_PARAMS, WINDOW, apply_settings, run_settings,
-                                        search, split_by_time, spread_windows, with_settings)
+from stream_anon.suggest_search import (LATENESS, MAX_DELAY, STRATEGY, STRATEGY_PARAMS, WINDOW, apply_settings,
+                                        run_settings, search, split_by_time, spread_windows, with_settings)
 
 ROOT = Path(__file__).resolve().parents[1]
 T0 = 1_500_000_000        # 2017-07-14T02:40:00Z
@@ -31,11 +31,11 @@ def _by_key(suggestions):
     return {s.key: s for s in suggestions}
 
 
-def _config(window_s=600, max_delay_s=600, k=3, **anonymization):
+def _config(window_s=600, max_delay_s=600, k=3, stream=None, **anonymization):
     """A box-geopoint stream of the built-in event shape over the synthetic events' day."""
     return parse_config({
         "stream": {"name": "t", "kind": "vehicle", "input_topic": "raw.t", "privacy_unit": "vehicle_id",
-                   "event_time": "event_time", "event_types": ["position"]},
+                   "event_time": "event_time", "event_types": ["position"], **(stream or {})},
         "anonymization": {"k": k, "window_s": window_s, "max_delay_s": max_delay_s, **anonymization},
         "quasi_identifiers": [
             {"name": "time", "field": "event_time", "kind": "timestamp", "lower": "2017-07-14T02:00:00+00:00",
@@ -152,6 +152,19 @@ def test_search_never_lengthens_max_delay_beyond_the_limit_nor_suppresses_more()
     windows = [c for c in result.candidates if c.part == "train" and c.settings[STRATEGY] == "mondrian"
                and c is not result.beyond_limit and c.figures.suppressed <= base.suppressed]
     assert chosen.ncp <= min(c.figures.ncp for c in windows)
+
+
+def test_lateness_from_the_arrival_lag_is_taken_when_it_saves_late_events():
+    """Every 10th round arrives 1,500 s behind: with no allowed lateness its events are late and suppressed; the
+    closed-form lateness (the p99 lag) keeps them in their windows."""
+    cfg = _config(window_s=600, max_delay_s=1200, stream={"late_policy": "suppress"})
+    events = _events(10, 30, 600, shuffle_lag_s=1500)
+    suggestions, result = suggest(cfg, events, strategies=())
+    late = _by_key(suggestions)[LATENESS]
+    assert late.closed_form > 0 and late.value == late.closed_form
+    base, chosen = result.figures(result.current), result.figures(result.chosen)
+    assert base.late_suppressed > 0 and chosen.late_suppressed == 0 and chosen.ncp < base.ncp
+    assert result.held_out["chosen"].late_suppressed <= result.held_out["current"].late_suppressed
 
 
 def test_suggest_values_come_from_the_search_with_the_closed_form_in_the_figures():
