@@ -4,8 +4,8 @@ figures it comes from. First in closed form (:func:`closed_form`), the starting 
 - ``resolutions`` of an H3 geopoint: the coarsest resolution whose cells stand for less than the whole domain
   (the configured bounds, which ``calibrate`` takes from the sample) in the engine's NCP: a coarser cell is worth
   no more than the whole domain (NCP 1) yet shows an area larger than the stream covers. The finest stays as
-  configured. Not coarser for utility: raising the coarsest resolution turns the classes whose members share no
-  such cell into the whole domain, and Mondrian does not form its classes along cells.
+  configured. No finer: a finer coarsest resolution turns the classes whose members share no such cell into the
+  whole domain (Mondrian does not form its classes along cells), which only raises NCP.
 - ``window_s`` (and ``max_delay_s`` = ``window_s``): the shortest of the candidate windows in which at least
   ``units_factor * k`` distinct privacy units occur in 9 windows of 10 (the 10th percentile over the sample's
   windows), so a window can form classes of k distinct individuals without suppressing most of it.
@@ -69,7 +69,7 @@ def closed_form(config, events: list[dict], units_factor: float = 2.0) -> list[S
     units = [get_path(e, config.stream.privacy_unit) for e in events]
     for q in config.quasi_identifiers:
         if getattr(q, "h3", None):
-            out.append(_h3(q, events, get_path))
+            out.append(_h3(q))
     ok = np.isfinite(times)
     if ok.sum() >= 2:
         out += _windows(config, times[ok], [u for u, g in zip(units, ok) if g], units_factor)
@@ -77,7 +77,7 @@ def closed_form(config, events: list[dict], units_factor: float = 2.0) -> list[S
     return out
 
 
-def _h3(q, events, get_path) -> Suggestion | None:
+def _h3(q) -> Suggestion:
     """The coarsest resolution whose cells stand for less than the whole domain in the engine's NCP (``h3_ncp``:
     (7^(rmax - r) - 1) / (N - 1) below 1, N the domain's finest cells): a coarser cell is no more use than the
     whole domain ("*", NCP 1) yet shows an area larger than the stream covers."""

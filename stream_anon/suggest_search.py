@@ -75,8 +75,8 @@ class Figures:
 @dataclass
 class Candidate:
     settings: dict                # key -> value, keys as in stream_anon.suggest.Suggestion
-    part: str = "train"           # the events it ran on: "train" (the choosing part), "strategy" (a spread of
-    figures: Figures | None = None    # its windows)
+    part: str = "train"           # the events it ran on: "train" (the choosing part) or "strategy@<window_s>"
+    figures: Figures | None = None    # (runs of its windows, :func:`spread_windows`)
     error: str | None = None      # the settings do not validate
 
     def label(self) -> str:
@@ -151,6 +151,7 @@ def with_settings(config, settings: dict):
 def run_settings(config, events: list[dict]) -> Figures:
     """Run the engine (one partition) over ``events`` in their order, flush, and count where every event went."""
     from stream_anon.engine import Engine
+    from stream_anon.engine.engine import LATE
 
     engine = Engine(config, partition=0, secret=SECRET)
     t0 = time.perf_counter()
@@ -171,7 +172,7 @@ def run_settings(config, events: list[dict]) -> Figures:
     return Figures(events=len(events), ncp=(ncp_sum + suppressed) / n if n else None,
                    suppression=suppressed / n if n else None, published=published, suppressed=suppressed,
                    suppressed_by_reason=dict(sorted(by_reason.items())), late=late,
-                   late_suppressed=by_reason.get("late", 0), deferred=len(deferred), dead_letters=len(res.rejected),
+                   late_suppressed=by_reason.get(LATE, 0), deferred=len(deferred), dead_letters=len(res.rejected),
                    releases=len(res.releases), runtime_s=round(runtime, 3))
 
 
