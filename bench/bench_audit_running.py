@@ -59,7 +59,8 @@ def main(argv=None) -> int:
         reader = OutputReader(b.bootstrap, cfg.stream.name)
         try:
             last, since = -1, time.monotonic()
-            while time.monotonic() - since < 10:         # placed events stop growing: the rest is in open windows
+            # placed events stop growing (the rest is in open windows), after the worker placed some
+            while last <= 0 or time.monotonic() - since < 10:
                 reader.poll(500)
                 now = reader.accounting()["accounted"]
                 if now != last:
