@@ -202,7 +202,8 @@ def _cmd_calibrate(args) -> int:
             events = read_jsonl(args.file)
         else:   # a mapped [input]: the file read through the mapping (records it rejects do not calibrate)
             from stream_anon.inputs import decode_file
-            events, rejected = decode_file(args.file, spec, framing=args.framing)
+            # a fixed key for the ids of an event_key: the suggestions' runs are the same every time
+            events, rejected = decode_file(args.file, spec, framing=args.framing, secret=b"stream-anon calibrate")
             if rejected:
                 print(f"calibrate: {len(rejected)} records rejected by the mapping, e.g. {rejected[0][2]}",
                       file=sys.stderr)
@@ -210,24 +211,25 @@ def _cmd_calibrate(args) -> int:
     for name, (lo, hi) in bounds.items():
         print(f"{name}: [{lo}, {hi}]")
     if args.suggest or args.apply_suggestions:
-        _suggest(args.out, events, args.apply_suggestions)
+        _suggest(args.out, events, args.apply_suggestions, args.max_delay_limit_s, args.train_share)
     print(f"wrote {args.out}")
     return 0
 
 
-def _suggest(out, events, write: bool) -> None:
-    """Settings suggested from the sample (stream_anon.suggest), with their figures; written into ``out`` when
-    asked (the bounds just calibrated stay)."""
+def _suggest(out, events, write: bool, max_delay_limit_s: float | None, train_share: float) -> None:
+    """Settings suggested from the sample (stream_anon.suggest), with their figures and the search's candidates;
+    written into ``out`` when asked (the bounds just calibrated stay)."""
     import tomllib
 
     from stream_anon.calibrate import toml_text
     from stream_anon.config import load_config
-    from stream_anon.suggest import apply, suggest
+    from stream_anon.suggest import apply, suggest, search_report
 
     out = Path(out)
-    suggestions = suggest(load_config(out), events)
-    for s in suggestions:
-        print(f"suggest {s.key} = {s.value} (now {s.current}): {s.figures}")
+    suggestions, result = suggest(load_config(out), events, max_delay_limit_s=max_delay_limit_s,
+                                  train_share=train_share)
+    for line in search_report(suggestions, result):
+        print(line)
     if write:
         head = out.read_text().splitlines()[0]
         out.write_text(head + "\n# Settings suggested from the sample (stream-anon calibrate --apply-suggestions)."
@@ -413,9 +415,17 @@ def build_parser() -> argparse.ArgumentParser:
                    choices=("auto", "records", "lines", "message", "delimited"),
                    help="how --file holds the messages of a mapped [input] (as for replay --framing)")
     c.add_argument("--suggest", action="store_true",
-                   help="also print suggested settings from the sample, with their figures: the coarsest H3 "
-                        "resolution, window_s/max_delay_s for k, allowed_lateness_s from the arrival lag")
+                   help="also suggest settings from the sample: closed-form figures (coarsest H3 resolution, "
+                        "window for k, lateness from the arrival lag), then candidates around them run through the "
+                        "engine on the earlier part of the sample; the lowest NCP with no more suppression wins, "
+                        "reported on the later part")
     c.add_argument("--apply-suggestions", action="store_true", help="write the suggested settings into --out")
+    c.add_argument("--max-delay-limit-s", type=float, default=None,
+                   help="with --suggest: the longest max_delay_s a candidate may have (default: the config's: the "
+                        "latency the stream promises)")
+    c.add_argument("--train-share", type=float, default=0.5,
+                   help="with --suggest: share of the sample (by event time, the earlier part) that chooses; the "
+                        "rest reports the figures of the choice (default 0.5)")
     c.set_defaults(func=_cmd_calibrate)
 
     e = sub.add_parser("evaluate", help="compare strategies: privacy, utility, attack recall, plots",
