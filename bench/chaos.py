@@ -3,7 +3,8 @@
 Scenarios (each on its own broker): ``kill9`` (kill -9 at random points, restart, until every event is accounted),
 ``lost_disk`` (two workers on separate state directories, one lost for good), ``broker_pause`` (the broker
 stopped with SIGSTOP for 30 s mid-stream), ``broker_reset`` (the broker restarts empty: the worker must halt its
-partitions, not start over), ``poison`` (the two poison-pill timestamps) and ``fuzz`` (N hostile messages).
+partitions, not start over), ``poison`` (the two poison-pill timestamps), ``fuzz`` (N hostile messages) and ``config_change`` (k lowered
+between two runs, accepted with the explicit step).
 For each: events in, lost, release ids published with two contents, m-invariance violations (m streams),
 the worst unit's epsilon charge in a period against the budget (DP streams: the audit's DP check), worker crashes (exits we did not cause), halts.
 
@@ -16,9 +17,12 @@ import argparse
 import json
 import os
 import random
+import re
+import shutil
 import signal
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections import defaultdict
 from pathlib import Path
@@ -210,6 +214,65 @@ def scenario_broker_reset(workdir, events_n: int | None) -> dict:
                 "silently_skipped": 0 if published == 0 and not ready else None}
 
 
+def _readyz_halts(port: int, wait_s: float = 60.0) -> dict:
+    """Reasons of the halted partitions on /readyz once it answers 503 with some (empty when it never does)."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5)
+        except urllib.error.HTTPError as exc:
+            if exc.code == 503:
+                halted = json.loads(exc.read()).get("halted", {})
+                if halted:
+                    return {p: h.get("reason") for p, h in halted.items()}
+        except OSError:
+            pass
+        time.sleep(1.0)
+    return {}
+
+
+def scenario_config_change(workdir, events_n: int | None) -> dict:
+    """An operator lowers k between two runs (oyster, k 10 -> 5): without ``--accept-config-change`` every
+    partition halts naming the setting; with it every event is placed and the audit, judging each release by the
+    k in force when it was made, passes with the new config and fails with the old."""
+    events = load_events("oyster", limit=events_n)
+    half = len(events) // 2
+    configs = workdir / "configs"
+    shutil.copytree(contract.config_path("oyster").parent, configs)
+    cfg_path = configs / "oyster.toml"
+    old_text = cfg_path.read_text()
+    old_path = configs / "oyster-before.toml"
+    old_path.write_text(old_text)
+    state, app_id = workdir / "state", "chaos-config"
+    with EmbeddedBroker() as b:
+        _, cfg = setup(b, "oyster", events[:half])
+        w = start_worker_process(cfg_path, b.bootstrap, state, app_id, 2.0, workdir / "c1.log")
+        wait_accounted(b.bootstrap, cfg.stream.name, half, 300)
+        stop_worker_process(w)
+        new_text = re.sub(r"(?m)^k = 10$", "k = 5", old_text)
+        assert new_text != old_text, "oyster.toml no longer sets k = 10"
+        cfg_path.write_text(new_text)
+        replay(b.bootstrap, cfg.stream.input_topic, events[half:], cfg.stream.privacy_unit, progress=False)
+        web = free_port()
+        w = start_worker_process(cfg_path, b.bootstrap, state, app_id, 2.0, workdir / "c2.log",
+                                 extra=["--web-port", str(web)])
+        halts = _readyz_halts(web)
+        crashes = int(w.poll() is not None)
+        stop_worker_process(w)
+        named = (workdir / "c2.log").read_text(errors="replace").count("anonymization.k 10 -> 5")
+        w = start_worker_process(cfg_path, b.bootstrap, state, app_id, 2.0, workdir / "c3.log",
+                                 extra=["--accept-config-change"])
+        acc = wait_accounted(b.bootstrap, cfg.stream.name, len(events), 600)
+        crashes += int(w.poll() is not None)
+        stop_worker_process(w)
+        old_audit = audit_from_kafka(b.bootstrap, old_path, SECRET.encode(), max_wait_s=600)
+        return judge(b.bootstrap, cfg_path, app_id, len(events), crashes,
+                     {"accounted": acc, "halted_without_step": sorted(set(halts.values())),
+                      "halted_partitions": len(halts), "log_lines_naming_the_change": named,
+                      "dead_lettered": acc.get("dead_lettered"),
+                      "audit_with_old_config": old_audit.verdict})
+
+
 def scenario_poison(workdir) -> dict:
     events = load_events("oyster", limit=3000)
     g = events[100]
@@ -268,6 +331,8 @@ def main(argv=None) -> int:
             r = scenario_broker_pause(d, args.events)
         elif name == "broker_reset":
             r = scenario_broker_reset(d, args.events)
+        elif name == "config_change":
+            r = scenario_config_change(d, args.events)
         elif name == "poison":
             r = scenario_poison(d)
         elif name == "fuzz":

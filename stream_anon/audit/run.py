@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from .check import Check
+from .check import AuditContext, Check
 from .checks.accounting import Accounting
 from .checks.config_sanity import ConfigSanity
 from .checks.consistency import Consistency
@@ -49,6 +49,7 @@ from .inputs import build_context, outputs_part
 from .primitives import key_id
 from .measures import class_individuals, health_figures
 from .report import FAILED, NOT_PASSED, PASSED, AuditReport
+from .risk import MaxProsecutorRisk, risk_figures
 
 CHECKS: tuple[Check, ...] = (KInIndividuals(), LDiversity(), Severity(), Leaks(), Coverage(), Accounting(),
                              Consistency(), MInvariance(), DPBudgetCheck(), ConfigSanity())
@@ -56,15 +57,25 @@ _M_SUMMARY_RENAMED = ("releases", "classes", "individuals")   # the audit's own 
 
 
 def audit(raw_events: Iterable, outputs: Any, secret: bytes | str, config_view: AuditConfig,
-          alerts: Iterable[dict] | None = None) -> AuditReport:
+          alerts: Iterable[dict] | None = None, max_prosecutor_risk: float | None = None) -> AuditReport:
+    """Audit published outputs against the raw input: the report of :func:`audit_with_context`."""
+    return audit_with_context(raw_events, outputs, secret, config_view, alerts, max_prosecutor_risk)[0]
+
+
+def audit_with_context(raw_events: Iterable, outputs: Any, secret: bytes | str, config_view: AuditConfig,
+                       alerts: Iterable[dict] | None = None, max_prosecutor_risk: float | None = None
+                       ) -> tuple[AuditReport, AuditContext | None]:
     """Audit published outputs against the raw input. See the module docstring for the checks.
 
     raw_events: iterable of ``((topic, partition, offset), payload)`` with payload bytes/str (may be malformed).
     outputs: dict or object with lists ``records``, ``manifests``, ``deadletters`` (and optional ``malformed`` and
     ``aggregates``, the DP rows of anon.aggregates).
     alerts: the stream's messages on anon.metrics (any type; alerts are picked out), or None if not read.
-    The report's ``health`` (:func:`.measures.health_figures`) states loss, class sizes, dead letters by reason
-    and alerts; it never changes the verdict.
+    Returns the report and the context its checks read (None when the outputs carry another key id), from which
+    ``stream-anon report`` draws its figures. The report's ``health`` (:func:`.measures.health_figures`) states
+    loss, class sizes, dead letters by reason and alerts, and its ``risk`` (:func:`.risk.risk_figures`) the
+    re-identification risk of every release; neither changes the verdict, except ``max_prosecutor_risk``: the
+    ``risk`` check then fails for a release whose highest prosecutor risk is above it.
     """
     cfg = config_view
     if isinstance(secret, str):
@@ -72,7 +83,7 @@ def audit(raw_events: Iterable, outputs: Any, secret: bytes | str, config_view: 
     other_key = _other_key(outputs, secret)
     if other_key:           # every token would look fabricated: one line, before any other check
         return AuditReport(passed=False, checks={"key": {"passed": False, "detail": other_key}},
-                           summary=_EMPTY_SUMMARY | {"k": cfg.k}, verdict=FAILED, verdict_reason=other_key)
+                           summary=_EMPTY_SUMMARY | {"k": cfg.k}, verdict=FAILED, verdict_reason=other_key), None
     ctx, duplicates = build_context(raw_events, outputs, secret, cfg)
     checks = {"duplicates": duplicates}
     for check in CHECKS:
@@ -89,12 +100,15 @@ def audit(raw_events: Iterable, outputs: Any, secret: bytes | str, config_view: 
     if "m_invariance" in checks and "summary" in checks["m_invariance"]:
         summary.update({f"m_invariance_{k}" if k in _M_SUMMARY_RENAMED else k: v
                         for k, v in checks["m_invariance"]["summary"].items()})
+    risk = risk_figures(ctx, cfg.risk)
+    if max_prosecutor_risk is not None:
+        checks["risk"] = MaxProsecutorRisk(max_prosecutor_risk).run(ctx, risk)
     health = health_figures(ctx, class_individuals(ctx), alerts)
     health["suppressed_by_reason"] = dict(sorted(accounting["suppressed_by_reason"].items()))
     health["deferred"] = accounting["deferred"]
     verdict, reason = judge(checks, summary, cfg.max_suppression_ratio)
     return AuditReport(passed=verdict == PASSED, checks=checks, summary=summary, health=health, verdict=verdict,
-                       verdict_reason=reason)
+                       verdict_reason=reason, risk=risk), ctx
 
 
 _EMPTY_SUMMARY = {"events_in": 0, "published": 0, "suppressed": 0, "dead_lettered": 0, "deferred": 0, "open": 0,

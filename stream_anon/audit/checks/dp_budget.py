@@ -25,7 +25,8 @@ Verdict, with one line per finding (aggregate, period, partition and the worst u
 above the config``, ``declared budget raised`` / ``declared epsilon raised`` (an increase between periods that the
 partition's rows do not state as an accepted change, ``settings_changed``), ``... raised within a period``,
 ``period label`` (a row filed under another period than its window's), ``unknown aggregate``, ``malformed row``
-and ``rows without [dp]``.
+and ``rows without [dp]``. Figures beside the verdict: ``spent_by_period`` (per period, the worst unit's charge per
+aggregate and in all, on the partition where it is highest) and the worst charge of the run.
 
 Settings in force. The config given is the current one; a period is judged by the settings in force when it was
 released: an accepted lowering (``dp.epsilon_budget 1.0 -> 0.5`` in ``settings_changed``) judges the periods before
@@ -317,7 +318,14 @@ class DPBudgetCheck:
             if d is not None and total > d * (1 + REL_TOL):
                 log.fail("period over declared budget", line=f"{line} > budget {d:g} (declared by the rows)",
                          period=period, partition=partition, charge=total, budget=d, aggregate=top)
+        spent: dict = {}      # per period, the worst partition's charge per aggregate and in all (a figure)
+        for (partition, period), by_agg in sorted(per_period.items(), key=lambda kv: str(kv[0])):
+            entry = spent.setdefault(str(period), {"aggregates": {}, "total": 0.0})
+            for name, charge in by_agg.items():
+                entry["aggregates"][name] = round(max(entry["aggregates"].get(name, 0.0), charge), 9)
+            entry["total"] = round(max(entry["total"], sum(by_agg.values())), 9)
         log.details.update(rows=len(ctx.aggregates), budget=dp.budget, period=dp.period,
+                           spent_by_period=dict(sorted(spent.items())),
                            periods=len({p for _, p in per_period}),
                            worst_unit_charge=round(worst["charge"], 9), worst_period=worst.get("period"),
                            worst_partition=worst.get("partition"))
