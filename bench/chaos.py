@@ -4,7 +4,9 @@ Scenarios (each on its own broker): ``kill9`` (kill -9 at random points, restart
 ``lost_disk`` (two workers on separate state directories, one lost for good), ``broker_pause`` (the broker
 stopped with SIGSTOP for 30 s mid-stream), ``broker_reset`` (the broker restarts empty: the worker must halt its
 partitions, not start over), ``lineage_reset`` (the broker restarts empty and the state directory is lost too: a new
-lineage whose release ids never repeat the old ones, each lineage's DP charge judged by the audit), ``poison`` (the two poison-pill timestamps) and ``fuzz`` (N hostile messages).
+lineage whose release ids never repeat the old ones, each lineage's DP charge judged by the audit), ``poison`` (the
+two poison-pill timestamps), ``fuzz`` (N hostile messages) and ``config_change`` (k lowered between two runs,
+accepted with the explicit step).
 For each: events in, lost, release ids published with two contents, m-invariance violations (m streams),
 the worst unit's epsilon charge in a period against the budget (DP streams: the audit's DP check), worker crashes (exits we did not cause), halts.
 
@@ -17,9 +19,12 @@ import argparse
 import json
 import os
 import random
+import re
+import shutil
 import signal
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections import defaultdict
 from pathlib import Path
@@ -32,6 +37,7 @@ sys.path.insert(0, str(ROOT / "tests"))      # the fuzzer's hostile messages (te
 
 from stream_anon import contract  # noqa: E402
 from stream_anon.audit.kafka_source import audit_from_kafka, read_topic  # noqa: E402
+from stream_anon.audit.run import period_totals  # noqa: E402
 from stream_anon.broker import EmbeddedBroker, free_port  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402
 from stream_anon.datasets import load_events  # noqa: E402
@@ -226,8 +232,6 @@ def scenario_lineage_reset(workdir, events_n: int | None) -> dict:
     """The first half of a day under one broker; the broker reset and the state directory lost together; the
     second half under a new broker. Judged per lineage by the audit (each broker holds one lineage's input and
     outputs) and across them: release ids reused, DP charge per period within each lineage and summed."""
-    import shutil
-
     events = load_events("oyster", limit=events_n)
     half = len(events) // 2
     state, app_id = workdir / "state", "chaos-lineage"
@@ -247,7 +251,7 @@ def scenario_lineage_reset(workdir, events_n: int | None) -> dict:
             lineages.append({"lineage": sorted(map(str, names)), "events": len(part), "releases": len(manifests),
                              "audit_passed": report.passed, "worker_crashes": crashes,
                              "epsilon_worst_unit_period": dp.get("worst_unit_charge"),
-                             "epsilon_by_period": dp.get("charges"), "epsilon_budget": dp.get("budget"),
+                             "epsilon_by_period": period_totals(dp), "epsilon_budget": dp.get("budget"),
                              "manifests": manifests})
     first, second = lineages[0].pop("manifests"), lineages[1].pop("manifests")
     reused = set(first) & set(second)
@@ -262,6 +266,65 @@ def scenario_lineage_reset(workdir, events_n: int | None) -> dict:
                 "lineage_declared_logged": "lineage" in log and "first lineage of the stream" in log,
                 "audit_passed": all(lin["audit_passed"] for lin in lineages)})
     return out
+
+
+def _readyz_halts(port: int, wait_s: float = 60.0) -> dict:
+    """Reasons of the halted partitions on /readyz once it answers 503 with some (empty when it never does)."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5)
+        except urllib.error.HTTPError as exc:
+            if exc.code == 503:
+                halted = json.loads(exc.read()).get("halted", {})
+                if halted:
+                    return {p: h.get("reason") for p, h in halted.items()}
+        except OSError:
+            pass
+        time.sleep(1.0)
+    return {}
+
+
+def scenario_config_change(workdir, events_n: int | None) -> dict:
+    """An operator lowers k between two runs (oyster, k 10 -> 5): without ``--accept-config-change`` every
+    partition halts naming the setting; with it every event is placed and the audit, judging each release by the
+    k in force when it was made, passes with the new config and fails with the old."""
+    events = load_events("oyster", limit=events_n)
+    half = len(events) // 2
+    configs = workdir / "configs"
+    shutil.copytree(contract.config_path("oyster").parent, configs)
+    cfg_path = configs / "oyster.toml"
+    old_text = cfg_path.read_text()
+    old_path = configs / "oyster-before.toml"
+    old_path.write_text(old_text)
+    state, app_id = workdir / "state", "chaos-config"
+    with EmbeddedBroker() as b:
+        _, cfg = setup(b, "oyster", events[:half])
+        w = start_worker_process(cfg_path, b.bootstrap, state, app_id, 2.0, workdir / "c1.log")
+        wait_accounted(b.bootstrap, cfg.stream.name, half, 300)
+        stop_worker_process(w)
+        new_text = re.sub(r"(?m)^k = 10$", "k = 5", old_text)
+        assert new_text != old_text, "oyster.toml no longer sets k = 10"
+        cfg_path.write_text(new_text)
+        replay(b.bootstrap, cfg.stream.input_topic, events[half:], cfg.stream.privacy_unit, progress=False)
+        web = free_port()
+        w = start_worker_process(cfg_path, b.bootstrap, state, app_id, 2.0, workdir / "c2.log",
+                                 extra=["--web-port", str(web)])
+        halts = _readyz_halts(web)
+        crashes = int(w.poll() is not None)
+        stop_worker_process(w)
+        named = (workdir / "c2.log").read_text(errors="replace").count("anonymization.k 10 -> 5")
+        w = start_worker_process(cfg_path, b.bootstrap, state, app_id, 2.0, workdir / "c3.log",
+                                 extra=["--accept-config-change"])
+        acc = wait_accounted(b.bootstrap, cfg.stream.name, len(events), 600)
+        crashes += int(w.poll() is not None)
+        stop_worker_process(w)
+        old_audit = audit_from_kafka(b.bootstrap, old_path, SECRET.encode(), max_wait_s=600)
+        return judge(b.bootstrap, cfg_path, app_id, len(events), crashes,
+                     {"accounted": acc, "halted_without_step": sorted(set(halts.values())),
+                      "halted_partitions": len(halts), "log_lines_naming_the_change": named,
+                      "dead_lettered": acc.get("dead_lettered"),
+                      "audit_with_old_config": old_audit.verdict})
 
 
 def scenario_poison(workdir) -> dict:
@@ -324,6 +387,8 @@ def main(argv=None) -> int:
             r = scenario_broker_reset(d, args.events)
         elif name == "lineage_reset":
             r = scenario_lineage_reset(d, args.events)
+        elif name == "config_change":
+            r = scenario_config_change(d, args.events)
         elif name == "poison":
             r = scenario_poison(d)
         elif name == "fuzz":

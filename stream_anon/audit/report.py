@@ -25,6 +25,7 @@ class AuditReport:
     health: dict[str, Any] = field(default_factory=dict)   # measures.health_figures: figures, never a verdict
     verdict: str | None = None
     verdict_reason: str | None = None
+    risk: dict[str, Any] = field(default_factory=dict)     # risk.risk_figures: summary, per_release, intersection
 
     def __post_init__(self) -> None:
         if self.verdict is None:
@@ -32,7 +33,27 @@ class AuditReport:
 
     def to_dict(self) -> dict:
         return {"passed": self.passed, "verdict": self.verdict, "verdict_reason": self.verdict_reason,
-                "summary": self.summary, "health": self.health, "checks": self.checks}
+                "summary": self.summary, "health": self.health, "checks": self.checks, "risk": self.risk}
+
+    def format_risk(self) -> list[str]:
+        """Risk lines: the run's prosecutor, marketer and journalist figures, the cross-release attack."""
+        s = (self.risk or {}).get("summary") or {}
+        p = s.get("prosecutor")
+        if not p:
+            return ["risk: no release with individuals"]
+        lines = [f"risk: prosecutor highest={p['highest']} (release {s.get('highest_release_id')}) average="
+                 f"{p['average']} records_at_risk={p['records_at_risk']} (risk > {s['threshold']}) over "
+                 f"{s['releases']} releases; marketer={s.get('marketer')}"]
+        j = s.get("journalist")
+        if j:
+            lines.append(f"  journalist highest={j['highest']} average={j['average']} records_at_risk="
+                         f"{j['records_at_risk']}; population uniqueness max={j['population_uniqueness_max']}")
+        x = self.risk.get("intersection")
+        if x:
+            lines.append(f"  intersection attack (m-invariance): targets={x['targets']} min_candidates="
+                         f"{x['min_candidates']} mean_candidates={x['mean_candidates']} pinned={x['pinned']} "
+                         f"risk={x['risk']}")
+        return lines
 
     def format_health(self) -> list[str]:
         """Privacy/utility health lines (loss, class sizes, suppression, deferred, dead letters, alerts)."""
@@ -79,4 +100,6 @@ class AuditReport:
             for ex in chk.get("examples", [])[:3] if not chk["passed"] else []:
                 lines.append(f"      - {ex.get('line', ex) if isinstance(ex, dict) else ex}")
         lines.extend(self.format_health())
+        if self.risk:
+            lines.extend(self.format_risk())
         return "\n".join(lines)

@@ -172,7 +172,9 @@ class PartitionAggregates:
         lineage = {"lineage": self.lineage} if self.lineage else {}
         return {**lineage, "partition": self.partition, "window_start": iso[r.get("span_start_window", r["window"])],
                 "window_end": iso[r["window"] + 1], "ledger_epsilon_spent": spent_through,
-                "ledger_epsilon_budget": self.ledger.epsilon_budget}
+                # the budget in force at the release (a gap window released with a later one may be of a period
+                # whose budget an accepted change has since raised: stream_anon.dp.transition)
+                "ledger_epsilon_budget": r.get("ledger_epsilon_budget", self.ledger.epsilon_budget)}
 
     def _row_id_prefix(self, r: dict) -> str:
         # release: "<window>", or "<window>~<n>" for a paid re-release of a window re-closed with other content

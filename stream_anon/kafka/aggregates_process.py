@@ -205,7 +205,8 @@ class RemoteAggregates:
         view = self._ledger_view
         if view is None:
             from stream_anon.dp import BudgetLedger
-            view = BudgetLedger(None, self.dp.epsilon_budget)
+            # the budget in force (an accepted change may keep another one until the period ends)
+            view = BudgetLedger(None, (self._ledger_state or {}).get("epsilon_budget", self.dp.epsilon_budget))
             if self._ledger_state is not None:
                 view.load_state(self._ledger_state, {})
             self._ledger_view = view

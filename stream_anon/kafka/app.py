@@ -204,9 +204,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "its state (signatures, DP ledger) from offset 0 of the new topic")
     p.add_argument("--accept-config-change", action="store_true",
                    help="operator decision: partitions whose state was written under other guarantee settings (k, "
-                        "criteria, windows, quasi-identifiers, domains) resume under the new ones; every published "
-                        "class is retired from reuse and the change is written into the next release manifest "
-                        "(m and DP settings never change in place)")
+                        "criteria, windows, quasi-identifiers, hierarchies, domains, DP budget and aggregates) resume "
+                        "under the new ones; every published class is retired from reuse, buffered records are "
+                        "recoded, a DP raise applies from the next period, and the change is written into the next "
+                        "release manifest (m, the DP period and unit never change in place)")
     p.add_argument("--new-lineage", action="store_true",
                    help="operator decision: partitions halted because their state was lost (lineage_lost, "
                         "state_topic_reset) start empty in a new lineage of the stream: new release ids, a fresh DP "

@@ -35,6 +35,7 @@ from stream_anon.kafka import state as st
 from stream_anon.kafka.core import WorkerCore
 from stream_anon.kafka.lineage import StreamLineage
 from stream_anon.kafka.partition import ConfigChangeRefused, KeyRotationRefused
+from stream_anon.kafka.retention import RetentionCheck, guard_raw_retention
 from stream_anon.kafka.state_cache import CommittedCache, read_to_barriers
 from stream_anon.kafka.watchdog import BrokerWatch
 from stream_anon.render import TOPICS, json_bytes
@@ -160,8 +161,7 @@ class KafkaLoop:
                  rotate_from: str | None = None):
         if compression not in COMPRESSIONS:
             raise ValueError(f"compression {compression!r}: one of {', '.join(COMPRESSIONS)}")
-        self.core = core
-        self.compression = compression
+        self.core, self.compression = core, compression
         self.cfg = dict(client_config)
         self.batch_max, self.batch_within_s = int(batch_max), float(batch_within_s)
         self.metrics_interval_s = float(metrics_interval_s)
@@ -179,6 +179,7 @@ class KafkaLoop:
         self.error: BaseException | None = None
         self.counters = {"transactions": 0, "aborted": 0, "recoveries": 0, "halts": 0, "broker_lost": 0,
                          "state_bytes": 0, "full_state_records": 0, "lineages_started": 0}
+        self.retention: RetentionCheck | None = None      # the raw topic's retention against the declared one
         # broker liveness: a stopped broker gives no transport error, only silence (a watchdog thread probes it)
         self.watch = BrokerWatch(self.cfg, self.input, self.stopping, self.counters)
         self.cache = CommittedCache(cache_dir, core.app_id, core.stream)
@@ -223,6 +224,7 @@ class KafkaLoop:
         self._admin = admin
         self._plain = Producer({**self.cfg, "logger": client_log, "linger.ms": 20,
                                 "compression.type": self.compression})
+        self.retention = guard_raw_retention(admin, self.input, self.core.config.stream, self._send_metric)
         self._consumer = Consumer({
             **self.cfg, "group.id": self.core.app_id, "enable.auto.commit": False,
             "isolation.level": "read_committed", "auto.offset.reset": "earliest",
@@ -414,7 +416,6 @@ class KafkaLoop:
                                    self.cache.read(p), topic_id, self.accept_input_reset, kid=self.core.kid,
                                    settings=self.core.settings, accept_config_change=self.accept_config_change,
                                    rotate_from=self.rotate_from) for p in parts}
-        # the partitions without state: their lineage, or a halt (a lineage declared: alert lineage_started)
         self.lineage.place(recs, self._send_metric, self.counters, {p for p in parts if not logs[p].values})
         starts = {}
         for p in parts:
