@@ -152,7 +152,8 @@ class ConfigChangeRefused(ValueError):
 
 # changes an accepted change step cannot apply to a state (the key prefix, why); DP settings:
 # stream_anon.dp.transition
-_NEVER = (("anonymization.m ", "m binds every individual's signature: changing it needs a new app id (a new state)"),)
+_NEVER = (("anonymization.m ", "m binds every individual's signature: changing it needs a new state (a new app id and "
+                               "--new-lineage: docs/operations.md, Lineage)"),)
 _WITH_EMPTY_BUFFER = (("quasi_identifiers.", "quasi-identifiers"), ("sensitive.", "sensitive fields"))
 _RECODED = "sensitive.domains."        # and a hierarchy whose old leaves the state holds (recodable_hierarchies)
 
