@@ -97,7 +97,7 @@ def test_m_is_refused_even_when_accepted_and_named_beside_an_accepted_dp_change(
     with pytest.raises(ConfigChangeRefused) as refused:
         changed.open_partition(0, rec.doc, rec.tables, rec.base_seq, accepted_changes=rec.changes)
     assert str(refused.value) == ("anonymization.m 3 -> 2: m binds every individual's signature: changing it needs "
-                                  "a new app id (a new state)")
+                                  "a new state (a new app id and --new-lineage: docs/operations.md, Lineage)")
 
 
 def test_a_new_window_length_re_windows_the_open_windows_and_every_event_is_accounted():
