@@ -1,7 +1,8 @@
 """A configuration changed on existing state is never taken silently: the partition halts with one line per changed
 guarantee setting, unless the operator accepts the change (``--accept-config-change``); then every published class
 is retired from reuse, open windows are re-windowed under a new ``window_s``, the change is written into the next
-release manifest, and m or DP settings are refused in place (they need a new state)."""
+release manifest, buffered records are recoded under a changed hierarchy or domain, and m is refused in place (it
+needs a new state; DP changes: tests/test_dp_config_change.py)."""
 from __future__ import annotations
 
 import copy
@@ -10,7 +11,7 @@ import tomllib
 
 import pytest
 
-from stream_anon import contract
+from stream_anon import contract, crypto
 from stream_anon.audit import AuditConfig, audit
 from stream_anon.config import load_config, parse_config
 from stream_anon.datasets import load_events
@@ -83,15 +84,15 @@ def test_an_accepted_change_retires_published_classes_and_is_written_into_the_ne
     assert later.halt is None and later.changes == [] and "settings_changes" not in later.doc
 
 
-def test_m_and_dp_settings_are_refused_even_when_accepted():
+def test_m_is_refused_even_when_accepted_and_named_beside_an_accepted_dp_change():
     cards = load_config(contract.config_path("oyster-cards"))
     core = WorkerCore(cards, "app", SECRET)
     events = load_events("oyster-cards", limit=1500)
     value, ps = committed_record(core, [(i, json.dumps(e).encode()) for i, e in enumerate(events)])
     raw = copy.deepcopy(cards.raw)
     raw["anonymization"]["m"] = 2
-    raw["dp"]["epsilon_per_period"] = raw["dp"]["epsilon_per_period"] * 5       # epsilon x5
-    for aggregate in raw["aggregates"]:
+    raw["dp"]["epsilon_per_period"] = raw["dp"]["epsilon_per_period"] * 5       # epsilon x5: DP changes apply
+    for aggregate in raw["aggregates"]:                                          # (tests/test_dp_config_change.py)
         aggregate["epsilon"] = aggregate["epsilon"] * 5
     changed = WorkerCore(parsed(raw),
                          "app", SECRET)
@@ -100,8 +101,8 @@ def test_m_and_dp_settings_are_refused_even_when_accepted():
     assert "anonymization.m 3 -> 2" in rec.changes and any(c.startswith("aggregates.") for c in rec.changes)
     with pytest.raises(ConfigChangeRefused) as refused:
         changed.open_partition(0, rec.doc, rec.tables, rec.base_seq, accepted_changes=rec.changes)
-    assert "anonymization.m 3 -> 2: m binds" in str(refused.value)
-    assert "aggregates.tap_ins_zone_hour.epsilon 0.5 -> 2.5: DP settings apply per period" in str(refused.value)
+    assert str(refused.value) == ("anonymization.m 3 -> 2: m binds every individual's signature: changing it needs "
+                                  "a new state (a new app id and --new-lineage: docs/operations.md, Lineage)")
 
 
 def test_a_new_window_length_re_windows_the_open_windows_and_every_event_is_accounted():
@@ -157,3 +158,74 @@ def test_a_quasi_identifier_change_waits_for_the_buffered_records():
                           settings=changed.settings, accept_config_change=True)
     resumed = changed.open_partition(0, rec.doc, rec.tables, rec.base_seq, accepted_changes=rec.changes)
     assert resumed.engine.deferred == 0 and resumed.settings_changes == rec.changes
+
+
+def regrouped(tmp_path) -> tuple[str, str]:
+    """The location hierarchy with every third Zone 2 station moved to Zone 3 and one station removed."""
+    path = contract.config_path("oyster").parent / "hierarchies" / "oyster_location.json"
+    h = json.loads(path.read_text())
+    rail = h["tree"]["*"]["Rail"]
+    moved = rail["Zones 1-2"]["Zone 2"][::3]
+    rail["Zones 1-2"]["Zone 2"] = [s for s in rail["Zones 1-2"]["Zone 2"] if s not in moved]
+    rail["Zones 3-4"]["Zone 3"] = moved[1:] + rail["Zones 3-4"]["Zone 3"]       # moved[0] is gone
+    out = tmp_path / "regrouped.json"
+    out.write_text(json.dumps(h))
+    return str(out), moved[0]
+
+
+def test_a_regrouped_hierarchy_recodes_the_buffered_records_to_their_own_leaves(tmp_path):
+    events = load_events("oyster", limit=1500)
+    core = WorkerCore(parse_config(oyster_raw()), "app", SECRET)
+    value, ps = committed_record(core, messages(1500))
+    assert len(ps.engine.buffer) > 0
+    path, removed = regrouped(tmp_path)
+    raw = oyster_raw()
+    next(q for q in raw["quasi_identifiers"] if q["name"] == "location")["hierarchy"] = path
+    changed = WorkerCore(parse_config(raw), "app", SECRET)
+    rec = st.choose_state([value], marker=ps.seq, committed_input=ps.offset + 1, kid=changed.kid,
+                          settings=changed.settings, accept_config_change=True)
+    assert [c.split(" ")[0] for c in rec.changes] == ["quasi_identifiers.location.hierarchy"]
+    resumed = changed.open_partition(0, rec.doc, rec.tables, rec.base_seq, accepted_changes=rec.changes)
+    # every buffered record's code names its own station (or route) in the new hierarchy; a removed one: missing
+    by_token = {crypto.audit_token(SECRET, e["event_id"]): e.get("station") or e.get("bus_route") for e in events}
+    d = sum(q.dims for q in changed.config.quasi_identifiers[:[q.name for q in changed.config.quasi_identifiers]
+                                                              .index("location")])
+    leaves = resumed.engine.space.qis[1].hierarchy.leaves
+    buf = resumed.engine.buffer
+    missing = resumed.engine.space.missing_code[d]
+    for token, code in zip(buf.tokens, buf.X[:, d].tolist()):
+        want = by_token[token]
+        assert (code == missing) if want in (None, removed) else leaves[int(code)] == want
+    assert len(buf) > 0 and resumed.settings_changes == rec.changes
+
+
+def test_a_sensitive_domain_change_re_checks_the_buffered_values():
+    core = WorkerCore(parse_config(oyster_raw()), "app", SECRET)
+    value, ps = committed_record(core, messages(1500))
+    order = [d.field for d in ps.engine.reader.domains]          # the order of a record's sensitive values
+    fare, category = order.index("full_fare_pence"), order.index("product_category")
+    fares = [s[fare] for s in ps.engine.buffer.sensitive]
+    assert any(f is not None and f > 50 for f in fares) and any(f is not None and f <= 50 for f in fares)
+    raw = oyster_raw()
+    raw["sensitive"]["domains"]["full_fare_pence"]["upper"] = 50                  # narrowed
+    raw["sensitive"]["domains"]["product_category"]["values"].remove("staff")       # "staff" -> "other"
+    changed = WorkerCore(parse_config(raw), "app", SECRET)
+    rec = st.choose_state([value], marker=ps.seq, committed_input=ps.offset + 1, kid=changed.kid,
+                          settings=changed.settings, accept_config_change=True)
+    resumed = changed.open_partition(0, rec.doc, rec.tables, rec.base_seq, accepted_changes=rec.changes)
+    assert [d.field for d in resumed.engine.reader.domains] == order
+    after = resumed.engine.buffer.sensitive
+    assert all(s[fare] is None or s[fare] <= 50 for s in after)
+    assert sum(s[fare] is None for s in after) == sum(f is None or f > 50 for f in fares)        # refused: null
+    assert "staff" not in {s[category] for s in after}
+    buffered = set(resumed.engine.buffer.tokens)
+    out = changed.process(resumed, messages(3000)[1500:])
+    out.messages += changed.flush(resumed).messages
+    # only events read after the change meet the new domain at the door; every buffered record is placed
+    dead = [json.loads(v) for t, _, v in out.messages if t == TOPICS.deadletter]
+    assert dead and all(d["source"]["offset"] >= 1500 for d in dead)
+    placed = {json.loads(v)["audit_token"] for t, _, v in out.messages if t == TOPICS.records("oyster")}
+    for t, _, v in out.messages:
+        if t == TOPICS.releases:
+            placed.update(tok for toks in json.loads(v)["suppressed_tokens"].values() for tok in toks)
+    assert buffered <= placed

@@ -81,7 +81,9 @@ def place(table: str, key: str, name: str, value) -> tuple[dict, str]:
     if table == "kafka":
         raw["kafka"] = {name: value}
         return raw, f"kafka.{name}"
-    if table in ("stream", "anonymization", "sensitive", "identifiers", "limits", "dp", "input"):
+    if table in ("stream", "anonymization", "sensitive", "identifiers", "limits", "dp", "input", "risk", "report"):
+        if table == "risk" and key == "sampling_fraction":
+            raw = with_example(1)         # population and sampling_fraction exclude each other
         raw[table][name] = value
         return raw, f"{table}.{name}"
     if table == "anonymization.m_params":
@@ -156,7 +158,7 @@ def test_the_examples_load():
 def _keys_by_table(raw: dict) -> set[tuple[str, str]]:
     """(table as the reference names it, key) of every key set in a configuration document."""
     out = {("(top level)", k) for k in raw}
-    for table in ("stream", "anonymization", "sensitive", "identifiers", "limits", "dp", "input"):
+    for table in ("stream", "anonymization", "sensitive", "identifiers", "limits", "dp", "input", "risk", "report"):
         out |= {(table, k) for k in raw.get(table, {})}
     out |= {("anonymization.m_params", k) for k in raw.get("anonymization", {}).get("m_params", {})}
     out |= {(f"anonymization.criteria ({c['kind']})", k) for c in raw.get("anonymization", {}).get("criteria", [])

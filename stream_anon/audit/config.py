@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from stream_anon.contract import config_dir
+from stream_anon.risk import DEFAULT_THRESHOLD, RiskSettings
 
 from .dp_config import DPBudget, read_dp
 from .primitives import Hierarchy, QISpec, numeric_granularity
@@ -111,6 +112,7 @@ class AuditConfig:
     criteria: list = field(default_factory=list)   # LDiversitySpec / SeveritySpec of [[anonymization.criteria]]
     dp: DPBudget | None = None           # [dp] and [[aggregates]]: the DP check's budget
     max_suppression_ratio: float = 0.05  # [anonymization]: a run suppressing more is NOT PASSED
+    risk: RiskSettings = field(default_factory=RiskSettings)   # [risk]: population and threshold of the figures
 
     def __post_init__(self) -> None:
         self.quasi_identifiers = [q if isinstance(q, QISpec) else QISpec(*q) for q in self.quasi_identifiers]
@@ -159,4 +161,13 @@ class AuditConfig:
             criteria=_criteria(anon.get("criteria"), int(anon["k"])),
             dp=read_dp(raw),
             max_suppression_ratio=float(anon.get("max_suppression_ratio", 0.05)),
+            risk=read_risk(raw.get("risk") or {}),
         )
+
+
+def read_risk(table: dict) -> RiskSettings:
+    """The audit's reading of ``[risk]`` (population or sampling fraction, threshold)."""
+    population, fraction = table.get("population"), table.get("sampling_fraction")
+    return RiskSettings(population=int(population) if population is not None else None,
+                        sampling_fraction=float(fraction) if fraction is not None else None,
+                        threshold=float(table.get("threshold", DEFAULT_THRESHOLD)))

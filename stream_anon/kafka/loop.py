@@ -33,7 +33,9 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from stream_anon.kafka import state as st
 from stream_anon.kafka.core import WorkerCore
-from stream_anon.kafka.partition import ConfigChangeRefused
+from stream_anon.kafka.lineage import StreamLineage
+from stream_anon.kafka.partition import ConfigChangeRefused, KeyRotationRefused
+from stream_anon.kafka.retention import RetentionCheck, guard_raw_retention
 from stream_anon.kafka.state_cache import CommittedCache, read_to_barriers
 from stream_anon.kafka.watchdog import BrokerWatch
 from stream_anon.render import TOPICS, json_bytes
@@ -127,18 +129,31 @@ def produce_state(prod: Producer, topic: str, stream: str, partition: int, seq: 
 
 def resume_partition(core: WorkerCore, p: int, rec: st.Recovery):
     """The partition's pipeline from the chosen state, or None with ``rec.halt`` set. Each changed guarantee setting
-    is logged (ERROR when it halts the partition, WARNING when the operator accepted it); an accepted change the
-    state cannot carry halts it too."""
+    is logged (ERROR when it halts the partition, WARNING when the operator accepted it); an accepted change or key
+    rotation the state cannot carry halts it too. The outcome is logged."""
     for change in rec.changes:
         log.log(logging.ERROR if rec.halt else logging.WARNING, "config changed on partition %s: %s%s", p, change,
                 "" if rec.halt else " (accepted by the operator)")
     if rec.halt:
         return None
     try:
-        return core.open_partition(p, rec.doc, rec.tables, rec.base_seq, accepted_changes=rec.changes)
+        ps = core.open_partition(p, rec.doc, rec.tables, rec.base_seq, accepted_changes=rec.changes,
+                                 lineage=rec.lineage, notes=rec.notes, rotated_from=rec.rotated_from)
     except ConfigChangeRefused as exc:
         rec.halt, rec.detail = st.HALT_CONFIG_CHANGE_REFUSED, str(exc)
         return None
+    except KeyRotationRefused as exc:
+        rec.halt, rec.detail = st.HALT_KEY_ROTATION_REFUSED, f"key {rec.rotated_from} -> {core.kid}: {exc}"
+        return None
+    if rec.rotated_from:
+        log.warning("partition %s: key rotated from key id %s to %s (accepted by the operator: --rotate-key)", p,
+                    rec.rotated_from, core.kid)
+    if rec.adopted_reset:
+        log.warning("partition %s: input topic re-created; accepted by the operator: resuming its state from offset "
+                    "0 of the new topic", p)
+    log.info("partition %s: %s", p, f"resumed at state transaction {ps.seq}, input offset {ps.offset}" if rec.doc
+             else f"no history: new state in lineage {ps.lineage}")
+    return ps
 
 
 def input_topic_id(admin: AdminClient, topic: str) -> str | None:
@@ -178,18 +193,18 @@ class KafkaLoop:
 
     def __init__(self, core: WorkerCore, client_config: dict, batch_max: int = 10000, batch_within_s: float = 0.5,
                  metrics_interval_s: float = 5.0, accept_input_reset: bool = False, cache_dir=None,
-                 compression: str = DEFAULT_COMPRESSION, accept_config_change: bool = False,
-                 state_part_bytes: int = st.PART_MAX_BYTES):
+                 compression: str = DEFAULT_COMPRESSION, accept_config_change: bool = False, new_lineage: bool = False,
+                 rotate_from: str | None = None, state_part_bytes: int = st.PART_MAX_BYTES):
         if compression not in COMPRESSIONS:
             raise ValueError(f"compression {compression!r}: one of {', '.join(COMPRESSIONS)}")
         self.state_part_bytes = st.checked_part_bytes(state_part_bytes)
-        self.core = core
-        self.compression = compression
+        self.core, self.compression = core, compression
         self.cfg = dict(client_config)
         self.batch_max, self.batch_within_s = int(batch_max), float(batch_within_s)
         self.metrics_interval_s = float(metrics_interval_s)
-        self.accept_input_reset = accept_input_reset
-        self.accept_config_change = accept_config_change
+        # operator decisions (--accept-input-reset, --accept-config-change, --rotate-key: the previous key id)
+        self.accept_input_reset, self.accept_config_change, self.rotate_from = (accept_input_reset,
+                                                                               accept_config_change, rotate_from)
         self.input = core.topic
         self.state_topic = st.state_topic(core.app_id)
         self.producers: dict[int, Producer] = {}
@@ -200,10 +215,12 @@ class KafkaLoop:
         self.stopped = threading.Event()
         self.error: BaseException | None = None
         self.counters = {"transactions": 0, "aborted": 0, "recoveries": 0, "halts": 0, "broker_lost": 0,
-                         "state_bytes": 0, "full_state_records": 0}
+                         "state_bytes": 0, "full_state_records": 0, "lineages_started": 0}
+        self.retention: RetentionCheck | None = None      # the raw topic's retention against the declared one
         # broker liveness: a stopped broker gives no transport error, only silence (a watchdog thread probes it)
         self.watch = BrokerWatch(self.cfg, self.input, self.stopping, self.counters)
         self.cache = CommittedCache(cache_dir, core.app_id, core.stream)
+        self.lineage = StreamLineage(self.cfg, core.app_id, core.stream, self.cache, new_lineage)
         self._consumer: Consumer | None = None
         self._plain: Producer | None = None
         self._last_metric = 0.0
@@ -233,9 +250,11 @@ class KafkaLoop:
             raise RuntimeError(f"input topic {self.input} does not exist (create it with `stream-anon topics apply`)")
         ensure_state_topic(admin, self.state_topic, len(md.topics[self.input].partitions),
                            exists=self.state_topic in md.topics, part_bytes=self.state_part_bytes)
+        self.lineage.topic.ensure(admin)
         self._admin = admin
         self._plain = Producer({**self.cfg, "logger": client_log, "linger.ms": 20,
                                 "compression.type": self.compression})
+        self.retention = guard_raw_retention(admin, self.input, self.core.config.stream, self._send_metric)
         self._consumer = Consumer({
             **self.cfg, "group.id": self.core.app_id, "enable.auto.commit": False,
             "isolation.level": "read_committed", "auto.offset.reset": "earliest",
@@ -428,24 +447,20 @@ class KafkaLoop:
                                               for t in (self.input, self.state_topic)], timeout=30)
         offsets = {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None) for tp in committed}
         topic_id = input_topic_id(self._admin, self.input)
+        recs = {p: st.choose_state(logs[p], offsets.get((self.state_topic, p)), offsets.get((self.input, p)),
+                                   self.cache.read(p), topic_id, self.accept_input_reset, kid=self.core.kid,
+                                   settings=self.core.settings, accept_config_change=self.accept_config_change,
+                                   rotate_from=self.rotate_from) for p in parts}
+        self.lineage.place(recs, self._send_metric, self.counters, {p for p in parts if not logs[p].values})
         starts = {}
         for p in parts:
-            rec = st.choose_state(logs[p], offsets.get((self.state_topic, p)), offsets.get((self.input, p)),
-                                  self.cache.read(p), topic_id, self.accept_input_reset, kid=self.core.kid,
-                                  settings=self.core.settings, accept_config_change=self.accept_config_change)
-            ps = resume_partition(self.core, p, rec)
-            if rec.halt:
-                self._halt(p, rec.halt, rec.detail)
-                starts[p] = None
-                continue
-            ps.input_topic_id = topic_id or ps.input_topic_id
-            ps.record_parts = dict(rec.record_parts)
-            if rec.adopted_reset:
-                log.warning("partition %s: input topic re-created; accepted by the operator: resuming its state "
-                            "from offset 0 of the new topic", p)
-            log.info("partition %s: %s", p, f"resumed at state transaction {ps.seq}, input offset {ps.offset}"
-                     if rec.doc else "no history: new state")
-            starts[p] = ps.offset + 1 if ps.offset >= 0 else None
+            ps = resume_partition(self.core, p, recs[p])
+            if ps is None:
+                self._halt(p, recs[p].halt, recs[p].detail)
+            else:
+                ps.input_topic_id = topic_id or ps.input_topic_id
+                ps.record_parts = dict(recs[p].record_parts)     # the keys its chain's tombstones must reach
+            starts[p] = ps.offset + 1 if ps is not None and ps.offset >= 0 else None
         return starts
 
     def _halt(self, p: int, reason: str, detail: str) -> None:

@@ -66,6 +66,7 @@ HALT_KEY_CHANGED = "key_changed"
 HALT_MESSAGE_TOO_LARGE = "message_too_large"
 HALT_CONFIG_CHANGED = "config_changed"
 HALT_CONFIG_CHANGE_REFUSED = "config_change_refused"
+HALT_KEY_ROTATION_REFUSED = "key_rotation_refused"
 
 
 def state_topic(app_id: str) -> str:
@@ -234,12 +235,15 @@ class Recovery:
     adopted_reset: bool = False
     record_parts: dict = field(default_factory=dict)   # seq -> values it was written as, of records in parts
     changes: list = field(default_factory=list)     # guarantee settings that differ from the state's (one line each)
+    lineage: str | None = None      # without state: the lineage the partition starts in (stream_anon.kafka.lineage)
+    notes: dict = field(default_factory=dict)       # for the partition's next manifest (lineage_started, key_rotated)
+    rotated_from: str | None = None     # the state's key id, rotated to the worker's (--rotate-key)
 
 
 def choose_state(states, marker: int | None, committed_input: int | None,
                  cached: dict | None = None, input_topic_id: str | None = None,
                  accept_input_reset: bool = False, kid: str | None = None, settings: dict | None = None,
-                 accept_config_change: bool = False) -> Recovery:
+                 accept_config_change: bool = False, rotate_from: str | None = None) -> Recovery:
     """Decide how a partition resumes (pure function: the loop reads, this decides).
 
     ``states``: a :class:`StateLog`, or the partition's state-topic values in log order; ``marker``: the
@@ -250,7 +254,9 @@ def choose_state(states, marker: int | None, committed_input: int | None,
     its keyed unit ids, event keys and tokens would not match what this key makes); ``settings``: the guarantee
     settings in force (:func:`stream_anon.guarantees.settings`): a state written under others is resumed only when
     ``accept_config_change`` (the changes are then listed in ``Recovery.changes``), else the partition halts with
-    them.
+    them; ``rotate_from``: the key id of the previous secret (``--rotate-key``): a state written under it is resumed
+    under the worker's key (``Recovery.rotated_from``; :func:`stream_anon.kafka.partition.check_rotation` decides
+    whether it can be).
 
     >>> choose_state([], None, None).doc is None, choose_state([], None, None).halt
     (True, None)
@@ -284,10 +290,16 @@ def choose_state(states, marker: int | None, committed_input: int | None,
         return Recovery(halt=HALT_MARKER_WITHOUT_STATE, detail=why)
     doc, tables = resolve_chain(chain)
     record_parts = {r.seq: states.written_as(r.seq) for r in chain if states.written_as(r.seq) > 1}
+    rotated_from = None
     if kid is not None and doc.get("kid") != kid:
-        return Recovery(halt=HALT_KEY_CHANGED,
-                        detail=f"the state was written with key id {doc.get('kid')}, this worker's secret is key id "
-                               f"{kid}")
+        if rotate_from is None or doc.get("kid") != rotate_from:
+            how = (f"the previous secret given is key id {rotate_from}" if rotate_from else
+                   "to rotate the key, restart with --rotate-key and the previous secret in "
+                   "STREAM_ANON_PREVIOUS_SECRET(_FILE) (docs/operations.md, Key rotation)")
+            return Recovery(halt=HALT_KEY_CHANGED,
+                            detail=f"the state was written with key id {doc.get('kid')}, this worker's secret is key "
+                                   f"id {kid}; {how}")
+        rotated_from = rotate_from
     changed = guarantees.changes(doc.get("settings", {}), settings) if settings is not None else []
     if changed and not accept_config_change:
         return Recovery(halt=HALT_CONFIG_CHANGED, detail="; ".join(changed), changes=changed)
@@ -307,5 +319,6 @@ def choose_state(states, marker: int | None, committed_input: int | None,
                                    "in the state do not refer to the new topic")
         doc = {**doc, "offset": -1, "input_topic_id": input_topic_id}
         return Recovery(doc=doc, tables=tables, base_seq=chain[0].seq, adopted_reset=True, changes=changed,
-                        record_parts=record_parts)
-    return Recovery(doc=doc, tables=tables, base_seq=chain[0].seq, changes=changed, record_parts=record_parts)
+                        rotated_from=rotated_from, record_parts=record_parts)
+    return Recovery(doc=doc, tables=tables, base_seq=chain[0].seq, changes=changed, rotated_from=rotated_from,
+                    record_parts=record_parts)
