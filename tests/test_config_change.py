@@ -23,9 +23,9 @@ from stream_anon.render import TOPICS
 SECRET = b"config-change-secret-0123456789abcdef"
 
 
-def parsed(raw: dict):
+def parsed(raw: dict, allow_outside_paths: bool = False):
     """A config document of the bundled configs' directory (its hierarchies are there)."""
-    return parse_config(raw, base_dir=contract.configs_dir())
+    return parse_config(raw, base_dir=contract.configs_dir(), allow_outside_paths=allow_outside_paths)
 
 
 def oyster_raw(**anonymization) -> dict:
@@ -175,13 +175,13 @@ def regrouped(tmp_path) -> tuple[str, str]:
 
 def test_a_regrouped_hierarchy_recodes_the_buffered_records_to_their_own_leaves(tmp_path):
     events = load_events("oyster", limit=1500)
-    core = WorkerCore(parse_config(oyster_raw()), "app", SECRET)
+    core = WorkerCore(parsed(oyster_raw()), "app", SECRET)
     value, ps = committed_record(core, messages(1500))
     assert len(ps.engine.buffer) > 0
     path, removed = regrouped(tmp_path)
     raw = oyster_raw()
     next(q for q in raw["quasi_identifiers"] if q["name"] == "location")["hierarchy"] = path
-    changed = WorkerCore(parse_config(raw), "app", SECRET)
+    changed = WorkerCore(parsed(raw, allow_outside_paths=True), "app", SECRET)      # the new file is in tmp_path
     rec = st.choose_state([value], marker=ps.seq, committed_input=ps.offset + 1, kid=changed.kid,
                           settings=changed.settings, accept_config_change=True)
     assert [c.split(" ")[0] for c in rec.changes] == ["quasi_identifiers.location.hierarchy"]
@@ -200,7 +200,7 @@ def test_a_regrouped_hierarchy_recodes_the_buffered_records_to_their_own_leaves(
 
 
 def test_a_sensitive_domain_change_re_checks_the_buffered_values():
-    core = WorkerCore(parse_config(oyster_raw()), "app", SECRET)
+    core = WorkerCore(parsed(oyster_raw()), "app", SECRET)
     value, ps = committed_record(core, messages(1500))
     order = [d.field for d in ps.engine.reader.domains]          # the order of a record's sensitive values
     fare, category = order.index("full_fare_pence"), order.index("product_category")
@@ -209,7 +209,7 @@ def test_a_sensitive_domain_change_re_checks_the_buffered_values():
     raw = oyster_raw()
     raw["sensitive"]["domains"]["full_fare_pence"]["upper"] = 50                  # narrowed
     raw["sensitive"]["domains"]["product_category"]["values"].remove("staff")       # "staff" -> "other"
-    changed = WorkerCore(parse_config(raw), "app", SECRET)
+    changed = WorkerCore(parsed(raw), "app", SECRET)
     rec = st.choose_state([value], marker=ps.seq, committed_input=ps.offset + 1, kid=changed.kid,
                           settings=changed.settings, accept_config_change=True)
     resumed = changed.open_partition(0, rec.doc, rec.tables, rec.base_seq, accepted_changes=rec.changes)
