@@ -139,7 +139,8 @@ def regrouped_hierarchy(tmp_path: Path) -> Path:
     rail["Zones 3-4"]["Zone 3"] = moved + rail["Zones 3-4"]["Zone 3"]
     rail = {("Inner zones" if band == "Zones 1-2" else band): zones for band, zones in rail.items()}
     h["tree"]["*"]["Rail"] = rail
-    path = tmp_path / "oyster_location_regrouped.json"
+    path = tmp_path / "cfg" / "hierarchies" / "oyster_location_regrouped.json"      # in the config's tree
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(h))
     return path
 
@@ -149,7 +150,9 @@ def test_a_regrouped_location_hierarchy_dead_letters_nothing_and_every_release_c
     name = "regroup"
     regrouped = regrouped_hierarchy(tmp_path)
     original = str(ROOT / "configs" / "hierarchies" / "oyster_location.json")
-    old, new, events = start(broker.bootstrap, tmp_path, name, lambda text: text.replace(original, str(regrouped)))
+    old, new, events = start(broker.bootstrap, tmp_path, name, lambda text: text.replace(
+        'hierarchy = "hierarchies/oyster_location.json"', f'hierarchy = "hierarchies/{regrouped.name}"'))
+    assert regrouped.name in new.read_text()
     run_with_the_step(broker.bootstrap, tmp_path, name, new, len(events))
     manifests = [d for _, d, _, _ in read_all(broker.bootstrap, "anon.releases", stream=name)]
     changed = {}
