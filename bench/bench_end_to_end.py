@@ -198,8 +198,9 @@ def ratios(results: dict) -> dict:
     return out
 
 
-def scenario(name: str, workdir: Path, oyster: list, args) -> dict:
-    """One run of a scenario: the engine alone, then end to end (a fresh broker)."""
+def scenario(name: str, workdir: Path, oyster: list, args, repeat: int = 0) -> dict:
+    """One run of a scenario: the engine alone, then end to end (a fresh broker, and fresh local state: a worker
+    finding the cache of an earlier run halts its partitions as after a broker reset)."""
     if name in ("oyster", "two_workers", "oyster_norisk", "oyster_population"):
         risk = {"oyster_norisk": "off", "oyster_population": "population"}.get(name)
         path = config_file("oyster", workdir, without_dp=True, risk=risk)
@@ -220,8 +221,8 @@ def scenario(name: str, workdir: Path, oyster: list, args) -> dict:
          "risk_per_release": cfg.risk.per_release, "risk_population": cfg.risk.settings.population,
          "run_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "load_avg_at_start": os.getloadavg()}
     r["engine_only"] = engine_only(cfg, events)
-    r["end_to_end"] = end_to_end(path, events, workdir / name, workers=2 if name == "two_workers" else 1,
-                                 compression=args.compression)
+    r["end_to_end"] = end_to_end(path, events, workdir / name / f"run{repeat + 1}",
+                                 workers=2 if name == "two_workers" else 1, compression=args.compression)
     r["end_to_end_vs_engine"] = round(r["end_to_end"]["events_per_s_span"] / r["engine_only"]["events_per_s"], 3)
     return r
 
@@ -262,7 +263,7 @@ def main(argv=None) -> int:
     for rep in range(args.repeat):
         for name in names:
             print(f"[e2e] {name} ({rep + 1}/{args.repeat}) ...", flush=True)
-            runs[name].append(scenario(name, workdir, oyster, args))
+            runs[name].append(scenario(name, workdir, oyster, args, rep))
             r = median_run(runs[name])
             out["results"][name] = r
             out["ratios"] = ratios(out["results"])
