@@ -56,14 +56,16 @@ def refusals(changes: list[str], old: dict, new: dict) -> list[str]:
     out = []
     mine = dp_changes(changes)
     if mine and (BUDGET not in old or BUDGET not in new):
-        return [f"{c}: [dp] added or removed: start the stream's DP state anew (a new app id and --new-lineage)" for c in mine]
+        return [f"{c}: [dp] added or removed: start the stream's DP state anew (a new app id and --new-lineage)"
+                for c in mine]
     if mine and (old.get("dp.period") is None or new.get("dp.period") is None):
-        return [f"{c}: without dp.period the budget is a total over the stream's life: a new app id and --new-lineage" for c in mine]
+        return [f"{c}: without dp.period the budget is a total over the stream's life: a new app id and "
+                "--new-lineage" for c in mine]
     for c in mine:
         key = c.split(" ", 1)[0]
         if key in FIXED:
-            out.append(f"{c}: {FIXED[key]} decides which releases the ledger charges together: a new app id and --new-lineage, "
-                       "at a period boundary")
+            out.append(f"{c}: {FIXED[key]} decides which releases the ledger charges together: a new app id "
+                       "and --new-lineage, at a period boundary")
     return out
 
 
