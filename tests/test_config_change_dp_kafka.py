@@ -171,6 +171,7 @@ def test_a_regrouped_location_hierarchy_dead_letters_nothing_and_every_release_c
     # the audit with the new config alone: everything holds, but coverage names the hierarchy the releases before
     # the change were made under, in one line, instead of judging their labels under the new one
     report = audit_from_kafka(broker.bootstrap, new, secret_env, idle_s=1.5, health=False)
+    print(report.format_text())
     failed = {n for n, c in report.checks.items() if not c["passed"]}
     assert failed == {"coverage"}, report.format_text()
     lines = [e["line"] for e in report.checks["coverage"]["examples"]]
