@@ -17,6 +17,17 @@ k of the release that created it.
 ({'b': 3, 'a': 10}, [], 'anonymization.k 10 -> 3')
 >>> k_in_force(ms, 10).problems[0][0]
 'manifest k differs from the k in force'
+
+Two changes in a row (10 -> 3, then 3 -> 6), in two manifests or, without a release between them, in one:
+
+>>> two = ms + [{"release_id": "c", "partition": 0, "seq": 3, "k": 6, "settings_changed": ["anonymization.k 3 -> 6"]}]
+>>> h = k_in_force(two, 6)
+>>> h.by_release, h.problems, [c["change"] for c in h.changes]
+({'c': 6, 'b': 3, 'a': 10}, [], ['anonymization.k 10 -> 3', 'anonymization.k 3 -> 6'])
+>>> one = [ms[0], {"release_id": "b", "partition": 0, "seq": 2, "k": 6,
+...                "settings_changed": ["anonymization.k 10 -> 3", "anonymization.k 3 -> 6"]}]
+>>> k_in_force(one, 6).by_release, k_in_force(one, 6).problems
+({'b': 6, 'a': 10}, [])
 """
 from __future__ import annotations
 
@@ -56,7 +67,9 @@ def k_in_force(manifests, config_k: int) -> KInForce:
                 out.problems.append(("manifest k differs from the k in force",
                                      {"release_id": rid, "manifest_k": m.get("k"), "k": current}))
             out.by_release[rid] = current
-            for line in m.get("settings_changed") or []:
+            # a manifest may state several changes (accepted on restarts without a release between them), oldest
+            # first: walking back in time, the newest is undone first
+            for line in reversed(m.get("settings_changed") or []):
                 match = _K_CHANGE.match(str(line))
                 if match is None:
                     continue
