@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+import operator
 import time
 from dataclasses import dataclass, field
 
@@ -40,6 +41,21 @@ class BatchOutput:
     # DP rows still being released by the aggregates process: (position in messages, Pending), for
     # WorkerCore.complete
     pending: list = field(default_factory=list)
+
+
+def new_messages(msgs, last: int) -> tuple[list, int, int]:
+    """(the ``(offset, value)`` messages above offset ``last``, in offset order; the last offset; how many were
+    skipped as already processed)."""
+    msgs = list(msgs)
+    offsets = [m[0] for m in msgs]
+    if offsets and offsets[0] > last and all(map(operator.lt, offsets, offsets[1:])):
+        return msgs, offsets[-1], 0                 # the usual batch: new offsets, in order
+    fresh = []
+    for off, raw in sorted(msgs, key=lambda m: m[0]):
+        if off > last:
+            last = off
+            fresh.append((off, raw))
+    return fresh, last, len(msgs) - len(fresh)
 
 
 class WorkerCore:
@@ -111,14 +127,7 @@ class WorkerCore:
     def process(self, ps: PartitionState, msgs) -> BatchOutput:
         """``msgs``: (offset, value bytes) of one partition. Skips offsets already in the state."""
         out = BatchOutput([], ps.offset, batch_counts())
-        last = ps.offset
-        fresh = []
-        for off, raw in sorted(msgs, key=lambda m: m[0]):
-            if off <= last:
-                out.counts["skipped"] += 1
-                continue
-            last = off
-            fresh.append((off, raw))
+        fresh, last, out.counts["skipped"] = new_messages(msgs, ps.offset)
         batch = InputBatch(fresh, self.config, self.decoder, self.topic, ps.partition)
         out.counts["events_in"] += batch.n
         for source, reason, raw, event, opaque in batch.rejected:
@@ -126,7 +135,7 @@ class WorkerCore:
         out.last_offset = last
         if batch.events:
             out.engine_input = True
-            self._process_events(ps, batch.events, batch.sources, out)
+            self._process_events(ps, batch.events, batch.sources, out, batch.columns)
         self._account(ps, out)
         self._prefetch(ps)
         return out
@@ -150,22 +159,26 @@ class WorkerCore:
     ISOLATION_TRIES = 2            # attempts of a single event before it is dead-lettered as a processing error
     ISOLATION_MAX_FAILURES = 64    # failed attempts per batch; beyond, a failing part is dead-lettered whole
 
-    def _process_events(self, ps: PartitionState, events: list, offsets: list, out: BatchOutput) -> None:
-        """Reader, engine and output of a batch's checked events. If this raises, no event is lost and the
-        partition does not stop: see :meth:`_isolate`."""
+    def _process_events(self, ps: PartitionState, events: list, offsets: list, out: BatchOutput,
+                        columns: dict | None = None) -> None:
+        """Reader, engine and output of a batch's checked events (``columns``: their fields as the input checks
+        read them, or None). If this raises, no event is lost and the partition does not stop: see
+        :meth:`_isolate`."""
         first, counts = len(out.messages), dict(out.counts)
         try:
-            self._attempt(ps, events, offsets, range(len(events)), out)
+            self._attempt(ps, events, offsets, range(len(events)), out, columns)
         except Exception as exc:   # noqa: BLE001 - one event never stops the partition
             del out.messages[first:]          # the failed attempt leaves neither messages nor counts behind
             out.counts.update(counts)
             out.releases.clear()
             self._isolate(ps, events, offsets, out, exc)
 
-    def _attempt(self, ps: PartitionState, events: list, offsets: list, idx, out: BatchOutput) -> None:
+    def _attempt(self, ps: PartitionState, events: list, offsets: list, idx, out: BatchOutput,
+                 columns: dict | None = None) -> None:
+        """``columns``: of all ``events``, given only when ``idx`` is all of them."""
         idx = list(idx)
-        part = [events[i] for i in idx]
-        records, rejected = ps.engine.read(part)
+        part = events if len(idx) == len(events) else [events[i] for i in idx]
+        records, rejected = ps.engine.read(part, columns)
         for j, reason in rejected:
             self._deadletter(out, reason, ps.partition, offsets[idx[j]], event=part[j])
         self._emit(ps, ps.engine.process_records(records), out)

@@ -89,6 +89,35 @@ def produce(prod: Producer, topic: str, value: bytes | None, key: bytes, partiti
             prod.poll(0.05)
 
 
+def produce_all(prod: Producer, messages: list) -> None:
+    """Every ``(topic, key, value)`` message, in order (a full local queue waits in :func:`produce`)."""
+    send = prod.produce
+    for topic, key, value in messages:
+        try:
+            send(topic, value, key)
+        except BufferError:
+            produce(prod, topic, value, key)
+
+
+def by_partition(msgs, parts, halted) -> dict[int, list | None]:
+    """A consumed batch as ``(offset, value)`` per partition, in order; None for a partition that is halted or
+    not (or no longer) this worker's (its messages are dropped: it is sought again when it resumes)."""
+    out: dict[int, list | None] = {}
+    for m in msgs:
+        err = m.error()
+        if err is not None:
+            if err.code() != KafkaError._PARTITION_EOF:
+                client_log.warning("consumer: %s", err)
+            continue
+        p = m.partition()
+        batch = out.get(p, False)
+        if batch is False:
+            batch = out[p] = [] if p in parts and p not in halted else None
+        if batch is not None:
+            batch.append((m.offset(), m.value()))
+    return out
+
+
 def end_offsets(consumer: Consumer, topic: str, partitions) -> dict[int, int | None]:
     """Each partition's end offset as the consumer last saw it (None: not known)."""
     out = {}
@@ -231,24 +260,14 @@ class KafkaLoop:
     def _step(self) -> None:
         msgs = self._consumer.consume(num_messages=self.batch_max, timeout=self.batch_within_s)
         arrived = time.time()
-        by_part: dict[int, list] = {}
-        for m in msgs:
-            err = m.error()
-            if err is not None:
-                if err.code() != KafkaError._PARTITION_EOF:
-                    client_log.warning("consumer: %s", err)
-                continue
-            p = m.partition()
-            if p in self.halted or p not in self.core.parts:
-                continue
-            by_part.setdefault(p, []).append((m.offset(), m.value()))
+        by_part = by_partition(msgs, self.core.parts, self.halted)
         # every partition's batch first, then their transactions: with the DP aggregates in their own process
         # (aggregates_process.py), a partition's aggregates are released there while the next one's engine runs
         # here. The partitions are independent: one failing to commit is recovered alone.
         done = []
         for p, batch in by_part.items():
             ps = self.core.parts.get(p)
-            if ps is None or p in self.halted:
+            if ps is None or p in self.halted or batch is None:
                 continue
             done.append((ps, batch, self.core.process(ps, batch)))
         for ps, batch, out in done:
@@ -277,8 +296,7 @@ class KafkaLoop:
         state_value = st.encode_state(rec)
         try:
             prod.begin_transaction()
-            for topic, key, value in messages:
-                produce(prod, topic, value, key)
+            produce_all(prod, messages)
             produce(prod, self.state_topic, state_value, st.state_key(self.core.stream, p, seq), partition=p)
             if rec.full:          # the chain before this full record is obsolete: tombstones for compaction
                 for old in range(ps.chain_start, seq):
