@@ -400,7 +400,8 @@ def test_record_payloads_encode_equal_but_distinct_values_apart(m3):
     assert n >= 8
     cycles = [(1, None), (True, "a"), (1, "a"), (0, None), (False, None), (0.0, "b"), (-0.0, "b"), (1.0, None)]
     for values, tokens in ((cycles, rel.record_token), (cycles[:2] * 4, rel.record_token),
-                           ([("x", 2)] * 8, ['t"' + t for t in rel.record_token])):
+                           ([("x", 2)] * 8, ['t"' + t for t in rel.record_token]),
+                           ([("x", 2)] * 8, [t + "\0" for t in rel.record_token])):
         odd = dataclasses.replace(rel, record_sensitive=[values[i % len(values)] for i in range(n)],
                                   sensitive_fields=("s", "t"), record_token=list(tokens))
         assert odd.record_payloads(dumps) == [dumps(r) for r in odd.records]

@@ -122,9 +122,9 @@ class Release:
                     + b',"sensitive":' for c in self.classes]
         sensitive = _sensitive_payloads(self.sensitive_fields, self.record_sensitive, dumps)
         tokens = self.record_token
-        text = "".join(tokens)
-        if text.isascii() and text.isalnum():
-            quoted = "\0".join(tokens).encode().split(b"\0") if tokens else []
+        joined = "\0".join(tokens).encode()
+        quoted = joined.split(b"\0") if joined.isascii() and not joined.translate(None, _ALNUM_OR_NUL) else ()
+        if tokens and len(quoted) == len(tokens):
             return [b"".join((prefixes[c], sv, b',"audit_token":"', tok, b'"}'))
                     for c, sv, tok in zip(self.record_class.tolist(), sensitive, quoted)]
         return [prefixes[c] + sv + b',"audit_token":' + dumps(tok) + b"}"
@@ -172,6 +172,7 @@ class StepResult:
         return self
 
 
+_ALNUM_OR_NUL = b"\0" + bytes(range(48, 58)) + bytes(range(65, 91)) + bytes(range(97, 123))
 _EXACT_KEYS = frozenset({str, type(None), int, bool})
 
 
