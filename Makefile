@@ -18,7 +18,7 @@ demo: $(STAMP)
 # the broker tests mostly wait on the broker and worker subprocesses: one pytest process per core (whole files,
 # so a module's fixtures are built once) halves the wall time
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n auto --dist loadfile
+	$(BIN)/python -m pytest -q -n auto --dist loadfile --durations=25
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_engine.py

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from .check import AuditContext
+from .in_force import k_in_force
 
 
 @dataclass
@@ -121,18 +122,23 @@ def _quantile(values: list[int], q: float) -> float:
     return values[idx]
 
 
-def size_distribution(sizes: Iterable[int], k: int) -> dict:
-    """Distribution of class sizes in distinct individuals: quantiles and bins relative to k.
+def size_distribution(sizes: Iterable[int], k: int | Iterable[int]) -> dict:
+    """Distribution of class sizes in distinct individuals: quantiles and bins relative to k (one k, or the k in
+    force for each class, aligned with ``sizes``).
 
     >>> size_distribution([5, 5, 6, 10, 12, 40], 5)["bins"]
     {'< k': 0, 'k': 2, 'k+1 .. 2k-1': 1, '2k .. 4k-1': 2, '>= 4k': 1}
+    >>> size_distribution([5, 12], [10, 5])["bins"]["< k"]
+    1
     """
-    s = sorted(int(x) for x in sizes)
+    sizes = [int(x) for x in sizes]
+    ks = [k] * len(sizes) if isinstance(k, int) else list(k)
     bins = {"< k": 0, "k": 0, "k+1 .. 2k-1": 0, "2k .. 4k-1": 0, ">= 4k": 0}
-    for n in s:
+    for n, k in zip(sizes, ks):
         key = "< k" if n < k else "k" if n == k else "k+1 .. 2k-1" if n < 2 * k else \
             "2k .. 4k-1" if n < 4 * k else ">= 4k"
         bins[key] += 1
+    s = sorted(sizes)
     if not s:
         return {"classes": 0, "bins": bins}
     return {"classes": len(s), "min": s[0], "p50": _quantile(s, 0.5), "mean": round(sum(s) / len(s), 2),
@@ -182,10 +188,14 @@ def health_figures(ctx: AuditContext, individuals: ClassIndividuals, alerts: Ite
             key = key + (str(d.get("reason")), str(d.get("payload")))
         dead.setdefault(key, d)
     by_reason = Counter(deadletter_reason(d.get("reason")) for d in dead.values())
+    k_of = k_in_force(ctx.manifests, ctx.config.k).by_release      # the k check's rule: k when the class was made
+    created = {c.get("class_id"): m.get("release_id") for m in reversed(ctx.manifests)
+               for c in m.get("classes") or [] if isinstance(c, dict) and not c.get("reused")}
     out = {
         "ncp": {"records": weight, "mean": None if mean is None else round(mean, 6),
                 "p95": None if p95 is None else round(p95, 6)},
-        "class_individuals": size_distribution((len(u) for u in individuals.overall.values()), ctx.config.k),
+        "class_individuals": size_distribution([len(u) for u in individuals.overall.values()],
+                                               [k_of.get(created.get(c), ctx.config.k) for c in individuals.overall]),
         "deadletters_by_reason": dict(sorted(by_reason.items())),
         "alerts": None,
     }

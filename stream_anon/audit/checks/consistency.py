@@ -9,6 +9,7 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from ..check import MAX_EXAMPLES, AuditContext, ViolationLog
+from ..in_force import k_in_force
 from ..inputs import canonical_json
 from ..primitives import string_values
 
@@ -54,13 +55,14 @@ class Consistency:
         for rid in per_release:
             if rid not in known:
                 log.fail("records without manifest", release_id=rid, records=per_release[rid])
+        k_history = k_in_force(manifests, cfg.k)
+        for name, details in k_history.problems:
+            log.fail(name, **details)
         creators: Counter = Counter()
         for m in manifests:
             rid = m.get("release_id")
             if cfg.stream is not None and m.get("stream") not in (None, cfg.stream):
                 log.fail("manifest of another stream", release_id=rid)
-            if m.get("k") is not None and m.get("k") != cfg.k:
-                log.fail("manifest k differs from config", release_id=rid, manifest_k=m.get("k"), k=cfg.k)
             total = 0
             listed = set()
             fake_total = 0
@@ -105,5 +107,5 @@ class Consistency:
         for cid, n in creators.items():
             if n > 1:
                 log.fail("class created in more than one release", class_id=cid, releases=n)
-        log.details.update(releases=len(manifests), records=len(records))
+        log.details.update(releases=len(manifests), records=len(records), k_changes=k_history.changes)
         return log.result()

@@ -4,13 +4,15 @@ For every class: distinct privacy units (via token -> raw event -> unit) over al
 >= k, and >= k already in the release that created it (manifest entry with ``reused: false``). Defeats counting
 records instead of individuals, and classes that only reach k later. All records of a class must carry the same
 ``qi`` (else the class is not an equivalence class as seen by an attacker). Events whose unit is null do not
-count as an individual (conservative).
+count as an individual (conservative). A class is judged by the k in force when it was created
+(:mod:`..in_force`).
 """
 from __future__ import annotations
 
 from typing import Any
 
 from ..check import AuditContext, ViolationLog
+from ..in_force import k_in_force
 from ..inputs import canonical_json
 from ..measures import class_individuals
 
@@ -24,6 +26,7 @@ class KInIndividuals:
     def run(self, ctx: AuditContext) -> dict:
         log = ViolationLog()
         k = ctx.config.k
+        k_of = k_in_force(ctx.manifests, k).by_release      # each class judged by the k it was created under
         measured = class_individuals(ctx)
         for r in measured.unknown_records:
             log.fail("record of unknown event", release_id=r.get("release_id"), class_id=r.get("class_id"),
@@ -41,15 +44,16 @@ class KInIndividuals:
                     created.setdefault(c.get("class_id"), m.get("release_id"))
         for cid, units in measured.overall.items():
             n = len(units)
-            if n < k:
-                log.fail("class below k (all releases)", class_id=cid, individuals=n, k=k)
             rid = created.get(cid)
+            k_class = k_of.get(rid, k)
+            if n < k_class:
+                log.fail("class below k (all releases)", class_id=cid, individuals=n, k=k_class)
             if rid is None:
                 log.fail("class without creating release", class_id=cid)
             else:
                 n0 = len(measured.per_release.get((rid, cid), ()))
-                if n0 < k:
-                    log.fail("class below k at creation", class_id=cid, release_id=rid, individuals=n0, k=k)
+                if n0 < k_class:
+                    log.fail("class below k at creation", class_id=cid, release_id=rid, individuals=n0, k=k_class)
         log.details.update(k=k, classes=len(measured.overall), min_individuals=measured.min_individuals,
                            counterfeit_records=measured.counterfeit_records)
         return log.result()
