@@ -26,6 +26,7 @@ import logging
 import threading
 import time
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicCollection, \
     TopicPartition
@@ -99,6 +100,29 @@ def produce_all(prod: Producer, messages: list) -> None:
             produce(prod, topic, value, key)
 
 
+def abort_or_fenced(prod: Producer, err: KafkaError) -> bool:
+    """True when the producer was fenced (or failed fatally): another worker owns its partition; else the failed
+    transaction is aborted (an abort that fails counts as fenced)."""
+    if err.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH) or err.fatal():
+        return True
+    try:
+        prod.abort_transaction(TXN_TIMEOUT_S)
+    except KafkaException:
+        return True
+    return False
+
+
+def write_transaction(prod: Producer, messages: list, state_topic: str, partition: int, state_key: bytes,
+                      state_value: bytes, obsolete_keys: list) -> None:
+    """Begin a transaction and write into it the output messages, the partition's state record and tombstones of
+    the state record keys ``obsolete_keys``."""
+    prod.begin_transaction()
+    produce_all(prod, messages)
+    produce(prod, state_topic, state_value, state_key, partition=partition)
+    for key in obsolete_keys:
+        produce(prod, state_topic, None, key, partition=partition)
+
+
 def by_partition(msgs, parts, halted) -> dict[int, list | None]:
     """A consumed batch as ``(offset, value)`` per partition, in order; None for a partition that is halted or
     not (or no longer) this worker's (its messages are dropped: it is sought again when it resumes)."""
@@ -166,6 +190,41 @@ def input_topic_id(admin: AdminClient, topic: str) -> str | None:
         return None
 
 
+class MetricSender:
+    """The worker's own messages on ``anon.metrics`` (throughput, partition alerts), through a plain producer; a
+    metric that cannot be sent is logged: metrics never stop processing."""
+
+    def __init__(self, stream: str):
+        self.stream, self.producer = stream, None
+
+    def start(self, client_config: dict, compression: str) -> None:
+        self.producer = Producer({**client_config, "logger": client_log, "linger.ms": 20,
+                                  "compression.type": compression})
+
+    def send(self, doc: dict) -> None:
+        doc = {"stream": self.stream, "ts": time.time(), **doc}
+        try:
+            self.producer.produce(TOPICS.metrics, json_bytes(doc), self.stream.encode())
+            self.producer.poll(0)
+        except (BufferError, KafkaException) as exc:
+            client_log.warning("metric not sent: %s", exc)
+
+    def close(self) -> None:
+        if self.producer is not None:
+            self.producer.flush(5)
+
+
+class OpenTransaction:
+    """A partition batch's transaction between :meth:`KafkaLoop._start_commit` and :meth:`KafkaLoop._settle`."""
+
+    __slots__ = ("ps", "prod", "rec", "state_value", "ending", "failure")
+
+    def __init__(self, ps, prod: Producer, rec, state_value: bytes):
+        self.ps, self.prod, self.rec, self.state_value = ps, prod, rec, state_value
+        self.ending: Future | None = None             # the commit under way
+        self.failure: KafkaException | None = None    # writing the transaction failed
+
+
 class KafkaLoop:
     """The batch loop of one worker (see the module docstring); ``run()`` is the thread's target."""
 
@@ -196,9 +255,10 @@ class KafkaLoop:
         self.watch = BrokerWatch(self.cfg, self.input, self.stopping, self.counters)
         self.cache = CommittedCache(cache_dir, core.app_id, core.stream)
         self._consumer: Consumer | None = None
-        self._plain: Producer | None = None
+        self.metrics = MetricSender(core.stream)
         self._last_metric = 0.0
         self.highwater: dict[int, int] = {}
+        self._ending: ThreadPoolExecutor | None = None     # the threads of the commits under way (_start_commit)
 
     # ---- lifecycle --------------------------------------------------------------------------------------------
     def stop(self) -> None:
@@ -232,8 +292,7 @@ class KafkaLoop:
                     if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                         raise
         self._admin = admin
-        self._plain = Producer({**self.cfg, "logger": client_log, "linger.ms": 20,
-                                "compression.type": self.compression})
+        self.metrics.start(self.cfg, self.compression)
         self._consumer = Consumer({
             **self.cfg, "group.id": self.core.app_id, "enable.auto.commit": False,
             "isolation.level": "read_committed", "auto.offset.reset": "earliest",
@@ -250,10 +309,11 @@ class KafkaLoop:
                 self._consumer.close()          # leaves the group: the partitions move at once
         except Exception:  # pragma: no cover - best effort on the way out
             log.debug("consumer close failed", exc_info=True)
+        if self._ending is not None:
+            self._ending.shutdown()
         for prod in self.producers.values():
             prod.flush(5)
-        if self._plain is not None:
-            self._plain.flush(5)
+        self.metrics.close()
         self.core.close()
 
     # ---- one step ---------------------------------------------------------------------------------------------
@@ -270,9 +330,13 @@ class KafkaLoop:
             if ps is None or p in self.halted or batch is None:
                 continue
             done.append((ps, batch, self.core.process(ps, batch)))
+        started = []
         for ps, batch, out in done:
             out = self.core.complete(ps, out, batch)
-            if (out.last_offset != ps.offset or out.messages) and self._commit(ps, out.messages, out.last_offset):
+            if out.last_offset != ps.offset or out.messages:
+                started.append((self._start_commit(ps, out.messages, out.last_offset), out))
+        for committed, (_, out) in zip(self._settle([txn for txn, _ in started]), started):
+            if committed:
                 self.core.stats.note_commit(out.releases, arrived)
         # Idle means the stream is quiet, not that the broker is: the partitions must have been without input since
         # a broker that was answering (a probe sent at least flush_when_idle_s after the last input and after the
@@ -289,30 +353,52 @@ class KafkaLoop:
     def _commit(self, ps, messages: list, offset: int, flush_pending: bool = False) -> bool:
         """Output, state and offsets of one partition batch in one transaction. False: not committed (the
         partition was recovered again from Kafka, or dropped)."""
+        return self._settle([self._start_commit(ps, messages, offset, flush_pending)])[0]
+
+    def _start_commit(self, ps, messages: list, offset: int, flush_pending: bool = False) -> OpenTransaction:
+        """Write a partition batch's transaction (output, state record, offsets) and start its commit, which waits
+        for the broker, in a thread of its own: the commits of a step's partitions run side by side (each
+        partition has its own transactional producer). :meth:`_settle` ends them."""
         p = ps.partition
         prod = self.producers[p]
         seq = ps.seq + 1
         rec = self.core.state_record(ps, seq, offset, flush_pending)
-        state_value = st.encode_state(rec)
+        txn = OpenTransaction(ps, prod, rec, st.encode_state(rec))
+        # after a full record, the chain before it is obsolete: tombstones for compaction
+        obsolete = [st.state_key(self.core.stream, p, old) for old in range(ps.chain_start, seq)] if rec.full else []
         try:
-            prod.begin_transaction()
-            produce_all(prod, messages)
-            produce(prod, self.state_topic, state_value, st.state_key(self.core.stream, p, seq), partition=p)
-            if rec.full:          # the chain before this full record is obsolete: tombstones for compaction
-                for old in range(ps.chain_start, seq):
-                    produce(prod, self.state_topic, None, st.state_key(self.core.stream, p, old), partition=p)
-            offsets = [TopicPartition(self.input, p, offset + 1), TopicPartition(self.state_topic, p, seq)]
-            self._end_transaction(prod, offsets)
+            write_transaction(prod, messages, self.state_topic, p, st.state_key(self.core.stream, p, seq),
+                              txn.state_value, obsolete)
         except KafkaException as exc:
-            self._failed(ps, prod, exc)
-            return False
-        ps.note_committed(rec)
-        self.counters["transactions"] += 1
-        self.counters["full_state_records"] += rec.full
-        self.counters["state_bytes"] += len(state_value)
-        self.watch.restored()
-        self.cache.write(ps)
-        return True
+            txn.failure = exc
+            return txn
+        offsets = [TopicPartition(self.input, p, offset + 1), TopicPartition(self.state_topic, p, seq)]
+        if self._ending is None:
+            self._ending = ThreadPoolExecutor(max_workers=8, thread_name_prefix="txn-commit")
+        txn.ending = self._ending.submit(self._end_transaction, prod, offsets)
+        return txn
+
+    def _settle(self, txns: list[OpenTransaction]) -> list[bool]:
+        """Wait for the started commits, then take each outcome in order (False: failed, and :meth:`_failed`)."""
+        wait([t.ending for t in txns if t.ending is not None])
+        done = []
+        for txn in txns:
+            try:
+                if txn.failure is not None:
+                    raise txn.failure
+                txn.ending.result()
+            except KafkaException as exc:
+                self._failed(txn.ps, txn.prod, exc)
+                done.append(False)
+                continue
+            txn.ps.note_committed(txn.rec)
+            self.counters["transactions"] += 1
+            self.counters["full_state_records"] += txn.rec.full
+            self.counters["state_bytes"] += len(txn.state_value)
+            self.watch.restored()
+            self.cache.write(txn.ps)
+            done.append(True)
+        return done
 
     def _end_transaction(self, prod: Producer, offsets: list) -> None:
         """Offsets (input position and state marker) into the transaction, then commit it."""
@@ -323,14 +409,7 @@ class KafkaLoop:
         err = exc.args[0]
         self.counters["aborted"] += 1
         p = ps.partition
-        fenced = err.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH) \
-            or err.fatal()
-        if not fenced:
-            try:
-                prod.abort_transaction(TXN_TIMEOUT_S)
-            except KafkaException:
-                fenced = True
-        if fenced:
+        if abort_or_fenced(prod, err):
             # another worker initialized this partition's transactional id: it owns the partition now
             log.warning("partition %s: producer fenced (%s): another worker owns it; dropped", p, err)
             self._drop(p)
@@ -434,16 +513,8 @@ class KafkaLoop:
         self.halted[p] = {"reason": reason, "detail": detail, "since": time.time()}
         log.error("partition %s HALTED (%s): %s. It stays paused until an operator decides (docs/operations.md, "
                   "Faults and what the worker does).", p, reason, detail)
-        self._send_metric({"type": "alert", "alert": "partition_halted", "partition": p, "reason": reason,
+        self.metrics.send({"type": "alert", "alert": "partition_halted", "partition": p, "reason": reason,
                            "detail": detail})
-
-    def _send_metric(self, doc: dict) -> None:
-        doc = {"stream": self.core.stream, "ts": time.time(), **doc}
-        try:
-            self._plain.produce(TOPICS.metrics, json_bytes(doc), self.core.stream.encode())
-            self._plain.poll(0)
-        except (BufferError, KafkaException) as exc:   # metrics never stop processing
-            client_log.warning("metric not sent: %s", exc)
 
     def _publish_metrics(self) -> None:
         positions = {p: ps.offset + 1 for p, ps in self.core.parts.items()}
@@ -453,4 +524,4 @@ class KafkaLoop:
                                                 highwaters)
         doc.update({"connected": self.watch.connected, "halted": {str(p): h["reason"] for p, h in self.halted.items()},
                     **self.counters})
-        self._send_metric(doc)
+        self.metrics.send(doc)
