@@ -339,6 +339,14 @@ class WorkerCore:
         ps.note_committed(rec)
         return rec
 
+    def idle_due_at(self, not_before: float = -math.inf) -> float:
+        """When the partitions will have been without input for ``flush_when_idle_s`` (counted from ``not_before``
+        at the earliest), so that an idle flush may follow (:meth:`idle_partitions`); inf when there is nothing
+        to flush."""
+        if not self.flush_when_idle_s or not any(ps.dirty_since_flush for ps in self.parts.values()):
+            return math.inf
+        return max(max(ps.last_input for ps in self.parts.values()), not_before) + self.flush_when_idle_s
+
     def idle_partitions(self, answered_at: float = math.inf, not_before: float = -math.inf) -> list[PartitionState]:
         """Partitions to flush: every partition of this worker has had no input for ``flush_when_idle_s``
         (judged over all partitions: one may wait in the fetch buffer while another is served, and flushing it
@@ -347,9 +355,6 @@ class WorkerCore:
         With a broker (the Kafka loop): the quiet time counts from ``not_before`` at the earliest (the end of the
         last outage: a backlog is still to come) and must have been confirmed by the broker, i.e. a request sent
         at ``answered_at`` at least ``flush_when_idle_s`` after it was answered."""
-        if not self.flush_when_idle_s or not self.parts:
-            return []
-        quiet_since = max(max(ps.last_input for ps in self.parts.values()), not_before)
-        if min(time.monotonic(), answered_at) - quiet_since < self.flush_when_idle_s:
+        if min(time.monotonic(), answered_at) < self.idle_due_at(not_before):
             return []
         return [ps for ps in self.parts.values() if ps.dirty_since_flush]

@@ -324,12 +324,8 @@ class KafkaLoop:
         # every partition's batch first, then their transactions: with the DP aggregates in their own process
         # (aggregates_process.py), a partition's aggregates are released there while the next one's engine runs
         # here. The partitions are independent: one failing to commit is recovered alone.
-        done = []
-        for p, batch in by_part.items():
-            ps = self.core.parts.get(p)
-            if ps is None or p in self.halted or batch is None:
-                continue
-            done.append((ps, batch, self.core.process(ps, batch)))
+        done = [(self.core.parts[p], batch) for p, batch in by_part.items() if batch is not None]
+        done = [(ps, batch, self.core.process(ps, batch)) for ps, batch in done]
         started = []
         for ps, batch, out in done:
             out = self.core.complete(ps, out, batch)
@@ -341,6 +337,7 @@ class KafkaLoop:
         # Idle means the stream is quiet, not that the broker is: the partitions must have been without input since
         # a broker that was answering (a probe sent at least flush_when_idle_s after the last input and after the
         # end of the last outage answered); a flush during a broker pause would make the pause's backlog late.
+        self.watch.probe_by(self.core.idle_due_at(not_before=self.watch.outage_ended_at))
         for ps in self.core.idle_partitions(answered_at=self.watch.answered_at, not_before=self.watch.outage_ended_at):
             if ps.partition not in self.halted:
                 self._flush(ps)
