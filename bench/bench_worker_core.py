@@ -8,7 +8,9 @@ work, which the end-to-end benchmark (``bench_end_to_end.py``) measures together
     .venv/bin/python bench/bench_worker_core.py [--events N] [--partitions 4] -> bench/results/worker_core.json
 
 ``dp_release_us_per_event``: the CPU in ``PartitionAggregates.messages`` (the aggregates' cells, noise, ledger
-and serialized rows of the closed windows). ``--code DIR``: measure the ``stream_anon`` of another checkout (e.g. a
+and serialized rows of the closed windows). ``risk_us_per_event`` / ``risk_share``: the CPU in
+``render.release_risk_figures`` (the re-identification risk figures of each release metric, issue 29); the run
+``no_dp_population`` adds the journalist figures against a declared ``[risk] population``. ``--code DIR``: measure the ``stream_anon`` of another checkout (e.g. a
 ``git worktree`` of an earlier commit), for paired runs of two versions on one machine:
 
     git worktree add /tmp/before <commit>
@@ -42,6 +44,7 @@ from stream_anon.datasets import load_events  # noqa: E402
 from stream_anon.kafka import aggregates as kafka_aggregates  # noqa: E402
 from stream_anon.kafka import state as st  # noqa: E402
 from stream_anon.kafka.app import tune_gc  # noqa: E402
+from stream_anon import render  # noqa: E402
 from stream_anon.kafka.core import WorkerCore  # noqa: E402
 
 SECRET = b"bench-worker-core-secret-0123456789abcdef"
@@ -61,6 +64,17 @@ def run(cfg_path: Path, raws: list[bytes], parts: list[int], partitions: int, ba
         finally:
             in_release[0] += time.process_time() - c
     kafka_aggregates.PartitionAggregates.messages = timed_messages
+    in_risk = [0.0]
+    risk_figures = getattr(render, "release_risk_figures", None)     # absent before issue 29 (--code DIR)
+
+    def timed_risk(*args, **kwargs):
+        c = time.process_time()
+        try:
+            return risk_figures(*args, **kwargs)
+        finally:
+            in_risk[0] += time.process_time() - c
+    if risk_figures is not None:
+        render.release_risk_figures = timed_risk
     states = [core.open_partition(p) for p in range(partitions)]
     offsets = [0] * partitions
     t_process = t_state = t_wait = 0.0
@@ -96,11 +110,14 @@ def run(cfg_path: Path, raws: list[bytes], parts: list[int], partitions: int, ba
     child_cpu = cpu_seconds(core.aggregates_process.pid) if core.aggregates_process is not None else 0.0
     core.close()
     kafka_aggregates.PartitionAggregates.messages = release_messages
+    if risk_figures is not None:
+        render.release_risk_figures = risk_figures
     n = len(raws)
     out = {"cpu_us_per_event": round(1e6 * total / n, 2), "process_us_per_event": round(1e6 * t_process / n, 2),
            "state_records_us_per_event": round(1e6 * t_state / n, 2), "state_mb_written": round(state_bytes / 1e6, 1),
            "dp_release_us_per_event": round(1e6 * in_release[0] / n, 2),
-           "dp_release_share": round(in_release[0] / total, 3), "wall_us_per_event": round(1e6 * wall / n, 2)}
+           "dp_release_share": round(in_release[0] / total, 3), "wall_us_per_event": round(1e6 * wall / n, 2),
+           "risk_us_per_event": round(1e6 * in_risk[0] / n, 3), "risk_share": round(in_risk[0] / total, 4)}
     if aggregates_process:
         # the main process's CPU no longer holds the release path; the child's is reported beside it, and the
         # time the main thread waited for the child (state records and releases not ready)
@@ -115,7 +132,8 @@ def main(argv=None) -> int:
     ap.add_argument("--events", type=int, default=None, help="first N events (default: the full file)")
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--batch", type=int, default=10000, help="messages per consumed batch (all partitions)")
-    ap.add_argument("--only", choices=("no_dp", "dp"), default=None, help="one of the two runs (for profiling)")
+    ap.add_argument("--only", choices=("no_dp", "dp", "no_dp_population"), default=None,
+                    help="one of the runs (for profiling)")
     ap.add_argument("--aggregates-process", action="store_true",
                     help="the DP run with the aggregates in their own process (as the worker on 2+ CPUs)")
     ap.add_argument("--code", default=str(ROOT), help="checkout whose stream_anon is measured (default: this one)")
@@ -131,11 +149,13 @@ def main(argv=None) -> int:
     tune_gc()               # as the worker does at start (fewer cyclic collections; the start's objects frozen)
     workdir = Path(tempfile.mkdtemp(prefix="stream-anon-core-"))
     results = {}
-    for name, without_dp in (("no_dp", True), ("dp", False)):
+    for name, without_dp, risk in (("no_dp", True, None), ("dp", False, None), ("no_dp_population", True,
+                                                                                 "population")):
         if args.only not in (None, name):
             continue
-        results[name] = run(config_file("oyster", workdir, without_dp=without_dp), raws, parts, args.partitions,
-                            args.batch, aggregates_process=args.aggregates_process and not without_dp)
+        path = config_file("oyster", workdir, without_dp=without_dp, **({"risk": risk} if risk else {}))
+        results[name] = run(path, raws, parts, args.partitions, args.batch,
+                            aggregates_process=args.aggregates_process and not without_dp)
         print(f"[worker core] {name}: {results[name]}", flush=True)
     out = {"benchmark": "WorkerCore without Kafka, DP aggregates on and off (issue 11)",
            "run_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -143,7 +163,7 @@ def main(argv=None) -> int:
            "code": str(CODE), "events": len(raws), "gc": "tuned as in the worker (stream_anon.kafka.app.tune_gc)",
            "partitions": args.partitions, "batch": args.batch, "results": results,
            }
-    if len(results) == 2:
+    if "dp" in results and "no_dp" in results:
         out["dp_overhead_us_per_event"] = round(results["dp"]["cpu_us_per_event"]
                                                 - results["no_dp"]["cpu_us_per_event"], 2)
         out["no_dp_vs_dp_cpu"] = round(results["no_dp"]["cpu_us_per_event"] / results["dp"]["cpu_us_per_event"], 3)

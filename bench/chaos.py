@@ -3,8 +3,12 @@
 Scenarios (each on its own broker): ``kill9`` (kill -9 at random points, restart, until every event is accounted),
 ``lost_disk`` (two workers on separate state directories, one lost for good), ``broker_pause`` (the broker
 stopped with SIGSTOP for 30 s mid-stream), ``broker_reset`` (the broker restarts empty: the worker must halt its
-partitions, not start over), ``poison`` (the two poison-pill timestamps), ``fuzz`` (N hostile messages) and ``config_change`` (k lowered
-between two runs, accepted with the explicit step).
+partitions, not start over), ``lineage_reset`` (the broker restarts empty and the state directory is lost too: a new
+lineage whose release ids never repeat the old ones, each lineage's DP charge judged by the audit), ``poison`` (the
+two poison-pill timestamps), ``fuzz`` (N hostile messages), ``config_change`` (k lowered between two runs,
+accepted with the explicit step) and ``network_partition`` (two workers in their own network namespaces, one cut
+off mid-transaction for longer than the session timeout, then reconnected: tests/_netns.py; needs root and
+``ip netns``, else the result says why it was skipped).
 For each: events in, lost, release ids published with two contents, m-invariance violations (m streams),
 the worst unit's epsilon charge in a period against the budget (DP streams: the audit's DP check), worker crashes (exits we did not cause), halts.
 
@@ -35,12 +39,14 @@ sys.path.insert(0, str(ROOT / "tests"))      # the fuzzer's hostile messages (te
 
 from stream_anon import contract  # noqa: E402
 from stream_anon.audit.kafka_source import audit_from_kafka, read_topic  # noqa: E402
+from stream_anon.audit.run import period_totals  # noqa: E402
 from stream_anon.broker import EmbeddedBroker, free_port  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402
 from stream_anon.datasets import load_events  # noqa: E402
 from stream_anon.kafka.supervise import OutputReader, start_worker_process, stop_worker_process  # noqa: E402
 from stream_anon.kafka.replay import replay  # noqa: E402
 from _worker_harness import POISON_TIMES, mutate  # noqa: E402
+import _netns as netns  # noqa: E402
 from stream_anon.kafka.topics import apply_topics, load_topic_definitions  # noqa: E402
 
 SECRET = "chaos-secret-3f9a1c7e5b2d4a6c8e0f1b3d5a7c9e1f"
@@ -214,6 +220,57 @@ def scenario_broker_reset(workdir, events_n: int | None) -> dict:
                 "silently_skipped": 0 if published == 0 and not ready else None}
 
 
+def _lineage_outputs(bootstrap, stream: str) -> tuple[dict, set]:
+    """(release id -> manifest without created_at, lineages) of a broker's anon.releases."""
+    manifests = {}
+    for _, value in read_topic(bootstrap, contract.topics().releases, idle_s=1.0):
+        doc = orjson.loads(value)
+        if doc.get("stream") == stream:
+            doc.pop("created_at", None)
+            manifests[doc["release_id"]] = doc
+    return manifests, {m.get("lineage") for m in manifests.values()}
+
+
+def scenario_lineage_reset(workdir, events_n: int | None) -> dict:
+    """The first half of a day under one broker; the broker reset and the state directory lost together; the
+    second half under a new broker. Judged per lineage by the audit (each broker holds one lineage's input and
+    outputs) and across them: release ids reused, DP charge per period within each lineage and summed."""
+    events = load_events("oyster", limit=events_n)
+    half = len(events) // 2
+    state, app_id = workdir / "state", "chaos-lineage"
+    out, lineages = {}, []
+    for i, part in enumerate((events[:half], events[half:])):
+        if i:
+            shutil.rmtree(state, ignore_errors=True)       # lost with the broker
+        with EmbeddedBroker() as b:
+            cfg_path, cfg = setup(b, "oyster", part)
+            w = start_worker_process(cfg_path, b.bootstrap, state, app_id, 2.0, workdir / f"lineage{i}.log")
+            wait_accounted(b.bootstrap, cfg.stream.name, len(part), 300)
+            crashes = int(w.poll() is not None)
+            stop_worker_process(w)
+            manifests, names = _lineage_outputs(b.bootstrap, cfg.stream.name)
+            report = audit_from_kafka(b.bootstrap, cfg_path, SECRET.encode(), max_wait_s=600)
+            dp = report.checks.get("dp", {})
+            lineages.append({"lineage": sorted(map(str, names)), "events": len(part), "releases": len(manifests),
+                             "audit_passed": report.passed, "worker_crashes": crashes,
+                             "epsilon_worst_unit_period": dp.get("worst_unit_charge"),
+                             "epsilon_by_period": period_totals(dp), "epsilon_budget": dp.get("budget"),
+                             "manifests": manifests})
+    first, second = lineages[0].pop("manifests"), lineages[1].pop("manifests")
+    reused = set(first) & set(second)
+    across: dict = {}
+    for lin in lineages:
+        for period, charge in (lin["epsilon_by_period"] or {}).items():
+            across[period] = round(across.get(period, 0.0) + charge, 9)
+    log = (workdir / "lineage1.log").read_text(errors="replace")
+    out.update({"lineages": lineages, "release_ids_reused": len(reused),
+                "release_ids_reused_other_content": sum(first[r] != second[r] for r in reused),
+                "new_releases": len(second), "epsilon_across_lineages_by_period": across,
+                "lineage_declared_logged": "lineage" in log and "first lineage of the stream" in log,
+                "audit_passed": all(lin["audit_passed"] for lin in lineages)})
+    return out
+
+
 def _readyz_halts(port: int, wait_s: float = 60.0) -> dict:
     """Reasons of the halted partitions on /readyz once it answers 503 with some (empty when it never does)."""
     deadline = time.monotonic() + wait_s
@@ -305,9 +362,31 @@ def scenario_fuzz(workdir, n: int) -> dict:
                      {"accounted": acc, "seconds": round(time.monotonic() - t0, 1)})
 
 
+def scenario_network_partition(workdir, events_n: int | None, cut_s: float = 20.0) -> dict:
+    """Two workers on separate network namespaces (tests/_netns.py); A, held inside a transaction, is cut off for
+    ``cut_s`` (> the 6 s session timeout) while B takes every partition, then reconnected and fed the second half
+    of the stream. Judged by the audit; plus A's fenced or aborted commits, its rejoin and the halts."""
+    why = netns.unavailable()
+    if why:
+        return {"skipped": why}
+    events = load_events("oyster-cards", limit=events_n)
+    half = len(events) // 2
+    with netns.NetnsLab() as lab, EmbeddedBroker(host=lab.broker_ip) as b:
+        apply_topics(b.bootstrap, load_topic_definitions())
+        cfg_path = contract.config_path("oyster-cards")
+        cfg = load_config(cfg_path)
+
+        def send(part):
+            return lambda: replay(b.bootstrap, cfg.stream.input_topic, part, cfg.stream.privacy_unit, progress=False)
+        figures = netns.run_partition(lab, b.bootstrap, cfg_path, cfg.stream.name, send(events[:half]),
+                                      send(events[half:]), len(events), 4, workdir, cut_s=cut_s)
+        return judge(b.bootstrap, cfg_path, "chaos-netpart", len(events), figures.pop("worker_crashes"), figures)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", default="poison,kill9,lost_disk,broker_pause,broker_reset,fuzz")
+    ap.add_argument("--only", default="poison,kill9,lost_disk,broker_pause,broker_reset,lineage_reset,fuzz,"
+                                      "network_partition")
     ap.add_argument("--kills", type=int, default=100)
     ap.add_argument("--fuzz", type=int, default=1_000_000)
     ap.add_argument("--events", type=int, default=None, help="events per scenario (default: the bundled slice)")
@@ -331,12 +410,16 @@ def main(argv=None) -> int:
             r = scenario_broker_pause(d, args.events)
         elif name == "broker_reset":
             r = scenario_broker_reset(d, args.events)
+        elif name == "lineage_reset":
+            r = scenario_lineage_reset(d, args.events)
         elif name == "config_change":
             r = scenario_config_change(d, args.events)
         elif name == "poison":
             r = scenario_poison(d)
         elif name == "fuzz":
             r = scenario_fuzz(d, args.fuzz)
+        elif name == "network_partition":
+            r = scenario_network_partition(d, args.events)
         else:
             raise SystemExit(f"unknown scenario {name}")
         r["wall_s"] = round(time.monotonic() - t0, 1)

@@ -12,16 +12,20 @@ import tomllib
 from datetime import datetime, timezone
 from pathlib import Path
 
-from stream_anon.config import ConfigError, load_config, with_absolute_paths
+from stream_anon.config import ConfigError, load_config, with_files_beside
 from stream_anon.engine import get_path
 from stream_anon.engine.space import parse_time
 
 
-def calibrate(config_path: str | Path, events: list[dict], out_path: str | Path, margin: float = 0.0) -> dict:
+def calibrate(config_path: str | Path, events: list[dict], out_path: str | Path, margin: float = 0.0,
+              allow_outside_paths: bool = False) -> dict:
     """Write a copy of the configuration with lower/upper of every numeric, timestamp and geopoint QI set to
-    the sample's range (widened by ``margin`` of the range on each side). Returns the bounds written."""
-    config_path = Path(config_path)
-    raw = with_absolute_paths(tomllib.loads(config_path.read_text()), config_path.parent)   # written elsewhere
+    the sample's range (widened by ``margin`` of the range on each side). The files it names stay in the copy's
+    directory tree (copied beside it when they are not: :func:`~stream_anon.config.with_files_beside`), so the copy
+    loads without ``--allow-outside-paths``. Returns the bounds written."""
+    config_path, out_path = Path(config_path), Path(out_path)
+    load_config(config_path, allow_outside_paths)           # its files are where they may be before any is copied
+    raw = with_files_beside(tomllib.loads(config_path.read_text()), config_path.parent, out_path.parent)
     bounds = {}
     for qi in raw.get("quasi_identifiers", []):
         kind = qi.get("kind")
@@ -46,7 +50,6 @@ def calibrate(config_path: str | Path, events: list[dict], out_path: str | Path,
         else:
             continue
         bounds[qi["name"]] = (qi["lower"], qi["upper"])
-    out_path = Path(out_path)
     out_path.write_text(f"# Calibrated by `stream-anon calibrate` from {len(events)} events on "
                         f"{datetime.now(timezone.utc).date()}; source config {config_path.name}.\n" + toml_text(raw))
     try:

@@ -21,6 +21,9 @@ deleted since the record before it). :func:`resolve_chain` gives the state a cha
 deltas after it) stands for. Where the records are kept and how recovery chooses a chain is the worker's business
 (:mod:`stream_anon.kafka.state`).
 
+A record longer than ``PART_MAX_BYTES`` is written as parts (:func:`split_value`), each carrying the digest of the
+whole record; :func:`join_parts` gives the record back only from all of one record's parts.
+
 >>> from stream_anon.keyed_table import KeyedTable
 >>> class Counter:
 ...     def __init__(self):
@@ -42,6 +45,7 @@ deltas after it) stands for. Where the records are kept and how recovery chooses
 """
 from __future__ import annotations
 
+import hashlib
 import struct
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol, runtime_checkable
@@ -124,7 +128,7 @@ class Composite:
 
 # -- state records --------------------------------------------------------------------------------------------
 MAGIC = b"SA2"
-KIND_FULL, KIND_DELTA, KIND_BARRIER = b"f", b"d", b"b"
+KIND_FULL, KIND_DELTA, KIND_BARRIER, KIND_PART = b"f", b"d", b"b", b"p"
 STATE_KINDS = (KIND_FULL, KIND_DELTA)
 HEAD = struct.Struct(">qq")         # sequence number, last input offset
 _BODY = struct.Struct(">I")         # length of the compressed JSON part
@@ -241,6 +245,83 @@ def decode_state(value: bytes) -> StateRecord:
     if pos != len(value):
         raise ValueError(f"{len(value) - pos} bytes beyond the declared tables")
     return StateRecord(meta["doc"], tables, h[0] == KIND_FULL)
+
+
+# -- a record in parts ------------------------------------------------------------------------------------------
+PART_MAX_BYTES = 900_000            # a state-topic value, at most: a record longer than this is written in parts
+MIN_PART_BYTES = 4096               # the lowest part size a worker may be given (--state-part-bytes)
+_PART = struct.Struct(">cHH16s")    # the record's kind, the part's index, the number of parts, the record's digest
+_PART_AT = 4 + HEAD.size            # where a part's own header starts (after MAGIC, KIND_PART, seq, offset)
+
+
+def record_digest(value: bytes) -> bytes:
+    """What tells the parts of one written record from another's: the digest of the whole record (two attempts at
+    a transaction that wrote the same bytes have the same digest, and their parts are interchangeable)."""
+    return hashlib.blake2b(value, digest_size=16).digest()
+
+
+def part_count(nbytes: int, max_bytes: int = PART_MAX_BYTES) -> int:
+    """Values a record of ``nbytes`` is written as (1: itself)."""
+    if nbytes <= max_bytes:
+        return 1
+    return -(-nbytes // (max_bytes - _PART_AT - _PART.size))
+
+
+def split_value(value: bytes, max_bytes: int = PART_MAX_BYTES) -> list[bytes]:
+    """A record's value as written to the state topic: itself when at most ``max_bytes`` long, else parts of at
+    most ``max_bytes`` each: ``SA2 p <seq> <offset> <kind> <index> <count> <digest> <slice of the record>``. Every
+    part names its transaction (seq, offset: :func:`header`), the record's kind and the digest of the whole record
+    (:func:`join_parts` checks the parts against it)."""
+    count = part_count(len(value), max_bytes)
+    if count == 1:
+        return [value]
+    h = header(value)
+    if h is None or h[0] not in STATE_KINDS:
+        raise ValueError("not a state record")
+    if count > 0xFFFF:
+        raise ValueError(f"a state record of {len(value)} bytes needs {count} parts, more than {0xFFFF}")
+    room = max_bytes - _PART_AT - _PART.size
+    head = MAGIC + KIND_PART + value[4:_PART_AT]
+    digest = record_digest(value)
+    return [head + _PART.pack(h[0], i, count, digest) + value[i * room:(i + 1) * room] for i in range(count)]
+
+
+@dataclass(frozen=True)
+class Part:
+    """One part of a record written in parts (:func:`split_value`)."""
+    seq: int
+    kind: bytes          # the whole record's: KIND_FULL or KIND_DELTA
+    index: int
+    count: int
+    digest: bytes
+    payload: bytes
+
+
+def read_part(value: bytes) -> Part:
+    """The part a state-topic value is; ValueError for anything that is not a well-formed part."""
+    h = header(value)
+    if h is None or h[0] != KIND_PART or len(value) < _PART_AT + _PART.size:
+        raise ValueError("not a part of a state record")
+    kind, index, count, digest = _PART.unpack_from(value, _PART_AT)
+    if kind not in STATE_KINDS or count < 2 or index >= count:
+        raise ValueError(f"a malformed part of state transaction {h[1]} (kind {kind!r}, part {index} of {count})")
+    return Part(h[1], kind, index, count, digest, value[_PART_AT + _PART.size:])
+
+
+def join_parts(parts: list[Part]) -> bytes:
+    """The record the parts of one written record (in any order) make; ValueError when they are not all its
+    parts or do not make the record their digest names."""
+    first = parts[0]
+    by_index = {p.index: p for p in parts}
+    if sorted(by_index) != list(range(first.count)) or any(
+            (p.seq, p.kind, p.count, p.digest) != (first.seq, first.kind, first.count, first.digest) for p in parts):
+        raise ValueError(f"state transaction {first.seq}: parts {sorted(by_index)} of {first.count} do not make one "
+                         "record")
+    value = b"".join(by_index[i].payload for i in range(first.count))
+    h = header(value)
+    if record_digest(value) != first.digest or h is None or (h[0], h[1]) != (first.kind, first.seq):
+        raise ValueError(f"state transaction {first.seq}: its {first.count} parts do not make the record they name")
+    return value
 
 
 def resolve_chain(chain: list[StateRecord]) -> tuple[dict, dict[str, tuple[np.ndarray, np.ndarray]]]:

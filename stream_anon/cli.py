@@ -1,14 +1,16 @@
-"""``stream-anon`` command line: demo, worker, replay, topics, audit, aggregates, calibrate, evaluate."""
+"""``stream-anon`` command line: demo, worker, replay, topics, audit, report, aggregates, calibrate, evaluate."""
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 from stream_anon import connection as kafka_connection
 from stream_anon import logsetup
 from stream_anon.contract import resolve_config
+from stream_anon.validation import ALLOW_OUTSIDE_FLAG, ALLOW_OUTSIDE_HELP
 
 DATASET_CHOICES = ("oyster", "citibike", "obd2", "oyster-cards")
 CONFIG_HELP = "stream config: a TOML file, or the name of a bundled config (oyster, citibike, obd2, oyster-cards)"
@@ -28,7 +30,7 @@ def _cmd_replay(args) -> int:
 
     secret = crypto.load_secret()
     config_path = resolve_config(args.config) if args.config else None
-    config = load_config(config_path) if config_path else None
+    config = load_config(config_path, args.allow_outside_paths) if config_path else None
     conn = kafka_connection.from_args(args, config_path=config_path)
     if args.file and config is not None and not config.input.legacy:
         # a mapped [input]: the file's records go to the topic as they are; the worker maps them
@@ -74,13 +76,22 @@ def _cmd_broker(args) -> int:
 
 def _cmd_topics_apply(args) -> int:
     from stream_anon.config import load_config
-    from stream_anon.kafka.topics import apply_plan, apply_topics, load_topic_definitions
+    from stream_anon.kafka.topics import apply_declared_retention, apply_plan, apply_topics, declared_retention, \
+        load_topic_definitions
     configs = [resolve_config(c) for c in args.config or ()]
+    if args.app_id is not None and len(configs) != 1:
+        print(f"stream-anon topics apply: --app-id {args.app_id}: the state topic belongs to one stream; give one "
+              "--config", file=sys.stderr)
+        return 2
     conn = kafka_connection.from_args(args, config_path=configs[0] if len(configs) == 1 else None)
-    # with --config: the shared topics and those streams' (input topic with the declared partition count)
-    defs = apply_plan(load_topic_definitions(args.dir), [load_config(path) for path in configs])
+    # with --config: the shared topics and those streams' (input topic with the declared partition count and
+    # retention: an existing input topic's retention.ms is set to [stream] input_retention_s)
+    streams = [load_config(path, args.allow_outside_paths) for path in configs]
+    defs = apply_plan(load_topic_definitions(args.dir), streams, app_id=args.app_id)
     result = apply_topics(conn, defs)
     for name, status in sorted(result.items()):
+        print(f"{name}: {status}")
+    for name, status in apply_declared_retention(conn, declared_retention(streams)).items():
         print(f"{name}: {status}")
     return 0
 
@@ -105,12 +116,41 @@ def _cmd_audit(args) -> int:
     from stream_anon.audit.kafka_source import audit_from_kafka
     config_path = resolve_config(args.config)
     conn = kafka_connection.from_args(args, config_path=config_path)
+    env = args.previous_secret_env
+    previous = [crypto.load_secret(env, env + "_FILE")] if os.environ.get(env) or os.environ.get(env + "_FILE") \
+        else []
     report = audit_from_kafka(conn, config_path, crypto.load_secret(), raw_topic=args.raw_topic,
-                              idle_s=args.idle, health=True)
+                              idle_s=args.idle, health=True, max_prosecutor_risk=args.max_prosecutor_risk,
+                              previous_secrets=previous, allow_outside_paths=args.allow_outside_paths)
     print(report.format_text())
     if args.report:
         Path(args.report).write_text(json.dumps(report.to_dict(), indent=2))
     return audit_exit_status(report, args.fail_on_alert, args.fail_on_open)
+
+
+def _cmd_report(args) -> int:
+    from stream_anon import crypto
+    from stream_anon.report import report_from_kafka, write
+    config_path = resolve_config(args.config)
+    conn = kafka_connection.from_args(args, config_path=config_path)
+    report = report_from_kafka(conn, config_path, crypto.load_secret(), raw_topic=args.raw_topic, idle_s=args.idle,
+                               allow_outside_paths=args.allow_outside_paths)
+    write(report, args.out, args.json)
+    s = report.summary
+    print(f"stream-anon report: wrote {args.out} ({len(report.html):,} bytes); audit {s['verdict']}"
+          + (f": {s['verdict_reason']}" if s.get("verdict_reason") else "")
+          + (f"; wrote {args.json}" if args.json else ""))
+    return 0
+
+
+def _risk_limit(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number in (0, 1], got {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"a number in (0, 1], got {text!r}")
+    return value
 
 
 def audit_exit_status(report, fail_on_alert: bool = False, fail_on_open: bool = False) -> int:
@@ -142,7 +182,7 @@ def _cmd_aggregates(args) -> int:
         print(f"stream-anon aggregates: --level must be in (0, 1), got {args.level}", file=sys.stderr)
         return 2
     config_path = resolve_config(args.config)
-    config = load_config(config_path)
+    config = load_config(config_path, args.allow_outside_paths)
     if config.dp is None:
         print(f"stream-anon aggregates: {args.config}: the stream has no [dp] / [[aggregates]] tables",
               file=sys.stderr)
@@ -168,37 +208,39 @@ def _cmd_calibrate(args) -> int:
         raise FileNotFoundError(f"calibration sample not found: {args.file}")
     else:
         from stream_anon.config import load_config
-        spec = load_config(source).input
+        spec = load_config(source, args.allow_outside_paths).input
         if spec.legacy:
             events = read_jsonl(args.file)
         else:   # a mapped [input]: the file read through the mapping (records it rejects do not calibrate)
             from stream_anon.inputs import decode_file
-            events, rejected = decode_file(args.file, spec, framing=args.framing)
+            # a fixed key for the ids of an event_key: the suggestions' runs are the same every time
+            events, rejected = decode_file(args.file, spec, framing=args.framing, secret=b"stream-anon calibrate")
             if rejected:
                 print(f"calibrate: {len(rejected)} records rejected by the mapping, e.g. {rejected[0][2]}",
                       file=sys.stderr)
-    bounds = calibrate(source, events, args.out, margin=args.margin)
+    bounds = calibrate(source, events, args.out, margin=args.margin, allow_outside_paths=args.allow_outside_paths)
     for name, (lo, hi) in bounds.items():
         print(f"{name}: [{lo}, {hi}]")
     if args.suggest or args.apply_suggestions:
-        _suggest(args.out, events, args.apply_suggestions)
+        _suggest(args.out, events, args.apply_suggestions, args.max_delay_limit_s, args.train_share)
     print(f"wrote {args.out}")
     return 0
 
 
-def _suggest(out, events, write: bool) -> None:
-    """Settings suggested from the sample (stream_anon.suggest), with their figures; written into ``out`` when
-    asked (the bounds just calibrated stay)."""
+def _suggest(out, events, write: bool, max_delay_limit_s: float | None, train_share: float) -> None:
+    """Settings suggested from the sample (stream_anon.suggest), with their figures and the search's candidates;
+    written into ``out`` when asked (the bounds just calibrated stay)."""
     import tomllib
 
     from stream_anon.calibrate import toml_text
     from stream_anon.config import load_config
-    from stream_anon.suggest import apply, suggest
+    from stream_anon.suggest import apply, suggest, search_report
 
     out = Path(out)
-    suggestions = suggest(load_config(out), events)
-    for s in suggestions:
-        print(f"suggest {s.key} = {s.value} (now {s.current}): {s.figures}")
+    suggestions, result = suggest(load_config(out), events, max_delay_limit_s=max_delay_limit_s,
+                                  train_share=train_share)
+    for line in search_report(suggestions, result):
+        print(line)
     if write:
         head = out.read_text().splitlines()[0]
         out.write_text(head + "\n# Settings suggested from the sample (stream-anon calibrate --apply-suggestions)."
@@ -228,7 +270,7 @@ def _cmd_evaluate(args) -> int:
             return 2
         from stream_anon.evaluate import run_own
         res = run_own(resolve_config(args.config), args.file, strategies, ks, args.out, seed=args.seed,
-                      baselines=baselines)
+                      baselines=baselines, allow_outside_paths=args.allow_outside_paths)
         from stream_anon.evaluate import comparison_table
         print(comparison_table(res["comparison"]), end="")
         print(f"wrote {args.out}/: {', '.join(sorted(p.name for p in Path(args.out).iterdir()))}")
@@ -307,8 +349,13 @@ def build_parser() -> argparse.ArgumentParser:
     ta.add_argument("--dir", default=None, help="topic definitions directory (default: the bundled definitions)")
     ta.add_argument("--config", action="append", default=None,
                     help=CONFIG_HELP + "; create only the shared topics and this stream's, its input topic with "
-                                       "the stream's [stream] partitions (repeatable; without it: every defined "
+                                       "the stream's [stream] partitions and its retention.ms set to [stream] "
+                                       "input_retention_s when declared (repeatable; without it: every defined "
                                        "topic)")
+    ta.add_argument("--app-id", default=None,
+                    help="with one --config: also create the state topic <ID>-state of the worker with that app id, "
+                         "as the worker would (compacted, max.message.bytes=1048576), for a worker that may not "
+                         "create topics")
     ta.set_defaults(func=_cmd_topics_apply)
     tl = tsub.add_parser("list", help="print the topic definitions (no broker needed)")
     tl.add_argument("--dir", default=None, help="topic definitions directory (default: the bundled definitions)")
@@ -328,12 +375,34 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--raw-topic", default=None, help="default: the config's input topic")
     a.add_argument("--idle", type=float, default=3.0, help="quiet seconds that mark the end of a topic")
     a.add_argument("--report", default=None, help="write the audit report as JSON here")
+    a.add_argument("--previous-secret-env", default="STREAM_ANON_PREVIOUS_SECRET", metavar="VAR",
+                   help="after a key rotation: the variable holding the previous secret (or VAR_FILE naming its "
+                        "file); when set, releases under either key are audited as one stream (default: "
+                        "%(default)s)")
     a.add_argument("--fail-on-alert", action="store_true",
                    help="exit 3 when an alert (e.g. suppression_limit_exceeded) was published on anon.metrics, "
                         "even if every check passed (events in windows still open are no alert)")
+    a.add_argument("--max-prosecutor-risk", type=_risk_limit, default=None, metavar="R",
+                   help="fail (exit 1, check 'risk') when a release's highest prosecutor risk is above R, i.e. it "
+                        "holds a class of fewer than 1/R individuals (e.g. 0.1: at least 10)")
     a.add_argument("--fail-on-open", action="store_true",
                    help="exit 5 when events wait in windows not released yet (reported as open, never as lost)")
     a.set_defaults(func=_cmd_audit)
+
+    rp = sub.add_parser("report", help="one self-contained HTML page: figures, plots and a DPO summary of a stream",
+                        description="Needs STREAM_ANON_SECRET. Reads the raw topic, the output topics and "
+                                    "anon.metrics as the audit does, runs the audit, and writes one HTML file (inline "
+                                    "SVG plots, no script, nothing fetched): class sizes, NCP and suppression, "
+                                    "re-identification risk, DP budget, query error, dead letters and alerts, and a "
+                                    "summary for a data protection officer (docs/report.md). Exit 0 when written, "
+                                    "whatever the audit's verdict (the page states it).")
+    rp.add_argument("--config", required=True, help=CONFIG_HELP)
+    kafka_connection.add_arguments(rp)
+    rp.add_argument("--out", required=True, help="write the HTML page here")
+    rp.add_argument("--json", default=None, help="also write the summary, the figures and the audit report as JSON")
+    rp.add_argument("--raw-topic", default=None, help="default: the config's input topic")
+    rp.add_argument("--idle", type=float, default=3.0, help="quiet seconds that mark the end of a topic")
+    rp.set_defaults(func=_cmd_report)
 
     g = sub.add_parser("aggregates", help="the stream's DP aggregates, one merged figure per window and key",
                        description="Read the stream's rows on anon.aggregates (read_committed, until the topic is "
@@ -365,9 +434,17 @@ def build_parser() -> argparse.ArgumentParser:
                    choices=("auto", "records", "lines", "message", "delimited"),
                    help="how --file holds the messages of a mapped [input] (as for replay --framing)")
     c.add_argument("--suggest", action="store_true",
-                   help="also print suggested settings from the sample, with their figures: the coarsest H3 "
-                        "resolution, window_s/max_delay_s for k, allowed_lateness_s from the arrival lag")
+                   help="also suggest settings from the sample: closed-form figures (coarsest H3 resolution, "
+                        "window for k, lateness from the arrival lag), then candidates around them run through the "
+                        "engine on the earlier part of the sample; the lowest NCP with no more suppression wins, "
+                        "reported on the later part")
     c.add_argument("--apply-suggestions", action="store_true", help="write the suggested settings into --out")
+    c.add_argument("--max-delay-limit-s", type=float, default=None,
+                   help="with --suggest: the longest max_delay_s a candidate may have (default: the config's: the "
+                        "latency the stream promises)")
+    c.add_argument("--train-share", type=float, default=0.5,
+                   help="with --suggest: share of the sample (by event time, the earlier part) that chooses; the "
+                        "rest reports the figures of the choice (default 0.5)")
     c.set_defaults(func=_cmd_calibrate)
 
     e = sub.add_parser("evaluate", help="compare strategies: privacy, utility, attack recall, plots",
@@ -392,7 +469,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="timestamp QI bounds = the data's first and last hour (evaluate a full file longer than "
                         "the configured period instead of rejecting its events)")
     e.set_defaults(func=_cmd_evaluate)
-    for sp in (d, b, r, ta, tl, mo, a, g, c, e):
+    for sp in (r, ta, a, rp, g, c, e):       # the commands that read a stream config
+        sp.add_argument(ALLOW_OUTSIDE_FLAG, action="store_true", help=ALLOW_OUTSIDE_HELP)
+    for sp in (d, b, r, ta, tl, mo, a, rp, g, c, e):
         logsetup.add_arguments(sp)
         sp.add_argument("--loglevel", default="warning", help="log level (default: warning)")
     return p

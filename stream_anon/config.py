@@ -10,12 +10,15 @@ from __future__ import annotations
 import math
 
 import dataclasses
+import hashlib
+import shutil
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from stream_anon.connection import SETTINGS as KAFKA_KEYS
+from stream_anon.contract import config_dir
 from stream_anon.criteria import parse_criteria
 from stream_anon.criteria.parse import KEYS as CRITERIA_KEYS
 from stream_anon.domains import DOMAIN_KEYS, SensitiveDomain, flat_domains, parse_domain
@@ -24,6 +27,7 @@ from stream_anon.formers.minvariant import MInvariantParams
 from stream_anon.hierarchy import Hierarchy
 from stream_anon.inputs import InputSpec, parse_input
 from stream_anon.inputs.mapping import FIELD_KEYS, INPUT_KEYS
+from stream_anon.risk import DEFAULT_THRESHOLD, RiskSettings
 from stream_anon.strategies import STRATEGIES
 from stream_anon.validation import MAX_COUNT, MAX_SECONDS, Table, check_fields, check_file, check_integer, \
     check_number, named_tables
@@ -43,9 +47,9 @@ MAX_EVENT_BYTES = 16 * 2 ** 20
 # readers: [dp] and [[aggregates]] in stream_anon.dp.specs, [input] in stream_anon.inputs.mapping, the sensitive
 # domains in stream_anon.domains, [kafka] in stream_anon.connection.
 TOP_LEVEL_KEYS = ("stream", "anonymization", "quasi_identifiers", "sensitive", "identifiers", "limits", "dp",
-                  "aggregates", "input", "kafka")
+                  "aggregates", "input", "kafka", "risk", "report")
 STREAM_KEYS = ("name", "kind", "input_topic", "privacy_unit", "event_time", "event_types", "allowed_lateness_s",
-               "late_policy", "max_future_s", "partitions")
+               "late_policy", "max_future_s", "partitions", "input_retention_s")
 ANONYMIZATION_KEYS = ("k", "window_s", "max_delay_s", "strategy", "strategy_params", "seed", "reuse",
                       "reuse_max_classes", "reuse_horizon_s", "max_class_ncp", "max_suppression_ratio",
                       "time_granularity_s", "m", "m_horizon_s", "m_params", "criteria")
@@ -54,6 +58,9 @@ QI_KEYS = ("name", "field", "kind", "lower", "upper", "weight", "hierarchy", "gr
 SENSITIVE_KEYS = ("fields", "invariant", "domains")
 IDENTIFIER_KEYS = ("drop", "pseudonymize")
 LIMIT_KEYS = ("max_event_bytes", "duplicate_horizon_s")
+RISK_KEYS = ("population", "sampling_fraction", "threshold", "per_release")
+REPORT_KEYS = ("purpose", "controller", "recipients", "retention")
+MAX_POPULATION = 10 ** 10            # [risk] population: more individuals than the world holds is a typo
 
 
 @dataclass(frozen=True)
@@ -91,6 +98,26 @@ class StreamSection:
     # more parallel workers and fewer individuals per class candidate set (more loss and suppression on sparse
     # data; docs/operations.md, Partitions). None: not declared (stream_anon.kafka.topics.input_partitions decides).
     partitions: int | None = None
+    # The longest the raw input topic may keep data (seconds): ``topics apply`` sets the topic's retention.ms to it
+    # and the worker alerts at start when the topic keeps data longer. None: not declared.
+    input_retention_s: float | None = None
+
+
+@dataclass(frozen=True)
+class RiskConfig:
+    """[risk]: the population the releases are drawn from and the risk threshold (:class:`RiskSettings`), and
+    whether the worker puts the figures of every release on its release metric."""
+    settings: RiskSettings = field(default_factory=RiskSettings)
+    per_release: bool = True
+
+
+@dataclass(frozen=True)
+class ReportSection:
+    """[report]: what the DPO summary of ``stream-anon report`` states beside the figures (free text)."""
+    purpose: str | None = None
+    controller: str | None = None
+    recipients: tuple[str, ...] = ()
+    retention: str | None = None
 
 
 @dataclass(frozen=True)
@@ -139,6 +166,9 @@ class StreamConfig:
     dp: "DPConfig | None" = None            # the [dp] / [[aggregates]] tables, when the stream has any
     domains: tuple[SensitiveDomain, ...] = ()   # aligned with ``sensitive`` (undeclared: the ``scalar`` domain)
     input: InputSpec = field(default_factory=InputSpec)   # the [input] mapping (stream_anon.inputs)
+    risk: RiskConfig = field(default_factory=RiskConfig)   # the [risk] table (stream_anon.risk)
+    report: ReportSection = field(default_factory=ReportSection)   # the [report] table
+    allow_outside_paths: bool = False     # its files may lie outside its directory tree (--allow-outside-paths)
 
     @property
     def identifiers(self) -> tuple[str, ...]:
@@ -149,12 +179,16 @@ class StreamConfig:
         """A copy with some anonymization parameters changed (e.g. k from the command line; None removes a key),
         re-validated."""
         raw = {**self.raw, "anonymization": {**self.raw.get("anonymization", {}), **changes}}
-        return parse_config(raw, base_dir=self.source.parent if self.source else Path("."), source=self.source)
+        return parse_config(raw, base_dir=self.source.parent if self.source else Path("."), source=self.source,
+                            allow_outside_paths=self.allow_outside_paths)
 
 
 # -- one reader per table ----------------------------------------------------------------------------------
-def parse_config(raw: dict, base_dir: Path = Path("."), source: Path | None = None) -> StreamConfig:
-    """Validate a parsed TOML document into a StreamConfig (errors name the key).
+def parse_config(raw: dict, base_dir: Path = Path("."), source: Path | None = None,
+                 allow_outside_paths: bool = False) -> StreamConfig:
+    """Validate a parsed TOML document into a StreamConfig (errors name the key). The files it names resolve
+    against ``base_dir`` (the config file's directory) and must lie in its tree unless ``allow_outside_paths``
+    (:class:`~stream_anon.validation.ConfigDir`).
 
     A configuration that loads never fails later for a configuration reason: parameters, cross-references
     (a strategy's sensitive field, QI names) and hierarchies are all checked here, and a key that no reader
@@ -169,6 +203,7 @@ def parse_config(raw: dict, base_dir: Path = Path("."), source: Path | None = No
     ...
     stream_anon.errors.ConfigError: anonymisation: unknown table; did you mean anonymization?
     """
+    base_dir = config_dir(base_dir, allow_outside_paths)
     top = Table(raw, "", TOP_LEVEL_KEYS, noun="table")
     stream = _parse_stream(top.table("stream", STREAM_KEYS))
     anonymization, strategy_params, criteria = _parse_anonymization(top.table("anonymization", ANONYMIZATION_KEYS),
@@ -194,9 +229,11 @@ def parse_config(raw: dict, base_dir: Path = Path("."), source: Path | None = No
     # the connection settings: unknown ones refused here; the values, merged with the environment and the command
     # line, are checked by stream_anon.connection.resolve when a command starts
     top.table("kafka", KAFKA_KEYS, {})
+    risk = _parse_risk(top.table("risk", RISK_KEYS, {}))
+    report = _parse_report(top.table("report", REPORT_KEYS, {}))
     top.done()
     return StreamConfig(stream, anonymization, qis, sensitive, invariant, drop, pseudo, limits, source, raw, dp,
-                        domains, input=spec)
+                        domains, input=spec, risk=risk, report=report, allow_outside_paths=base_dir.allow_outside)
 
 
 def _parse_stream(t: Table) -> StreamSection:
@@ -212,7 +249,8 @@ def _parse_stream(t: Table) -> StreamSection:
                             privacy_unit=t.text("privacy_unit"), event_time=t.text("event_time"),
                             event_types=event_types, allowed_lateness_s=lateness,
                             late_policy=t.choice("late_policy", LATE_POLICIES, "next_release"),
-                            max_future_s=future, partitions=t.integer("partitions", 1, MAX_PARTITIONS, None))
+                            max_future_s=future, partitions=t.integer("partitions", 1, MAX_PARTITIONS, None),
+                            input_retention_s=t.number("input_retention_s", None, above=0, at_most=MAX_SECONDS))
     t.done()
     return section
 
@@ -447,6 +485,27 @@ def _parse_limits(t: Table) -> Limits:
     return limits
 
 
+def _parse_risk(t: Table) -> RiskConfig:
+    """[risk]: the declared population (individuals, or each release's sampling fraction), the threshold."""
+    population = t.integer("population", 1, MAX_POPULATION, None)
+    fraction = t.number("sampling_fraction", None, above=0, at_most=1)
+    if population is not None and fraction is not None:
+        raise ConfigError("risk.sampling_fraction: not with risk.population (one declares the other)")
+    settings = RiskSettings(population=population, sampling_fraction=fraction,
+                            threshold=t.number("threshold", DEFAULT_THRESHOLD, at_least=0, at_most=1))
+    per_release = t.boolean("per_release", True)
+    t.done()
+    return RiskConfig(settings, per_release)
+
+
+def _parse_report(t: Table) -> ReportSection:
+    """[report]: purpose, controller, recipients and retention as the DPO summary states them."""
+    section = ReportSection(purpose=t.text("purpose", None), controller=t.text("controller", None),
+                            recipients=t.strings("recipients", ()), retention=t.text("retention", None))
+    t.done()
+    return section
+
+
 def table_keys() -> dict[str, tuple[str, ...]]:
     """Every table of a stream configuration -> the keys it accepts, as docs/configuration.md heads them (one
     ``anonymization.strategy_params (<strategy>)`` per strategy)."""
@@ -456,7 +515,7 @@ def table_keys() -> dict[str, tuple[str, ...]]:
             "quasi_identifiers": QI_KEYS, "sensitive": SENSITIVE_KEYS, "sensitive.domains.FIELD": DOMAIN_KEYS,
             "identifiers": IDENTIFIER_KEYS, "limits": LIMIT_KEYS, "dp": DP_KEYS, "aggregates": AGGREGATE_KEYS,
             "aggregates.group_by": GROUP_KEYS, "input": INPUT_KEYS, "input.fields.FIELD": FIELD_KEYS,
-            "kafka": KAFKA_KEYS}
+            "kafka": KAFKA_KEYS, "risk": RISK_KEYS, "report": REPORT_KEYS}
     for name, cls in STRATEGIES.items():
         keys[f"anonymization.strategy_params ({name})"] = tuple(f.name for f in dataclasses.fields(cls.Params))
     for kind, names in CRITERIA_KEYS.items():
@@ -487,27 +546,48 @@ def _parse_input(table, stream: StreamSection, qis, sensitive, dp, base_dir: Pat
     return spec
 
 
-def with_absolute_paths(raw: dict, base_dir: Path) -> dict:
-    """The config document with every file it names made absolute against ``base_dir`` (the directory of the file
-    it was read from): hierarchies of quasi-identifiers and aggregate groups, CSV lookup tables of ``[input]``,
-    utility-clustering's station graphs. For copies written elsewhere (calibrated configs, the demo's derived
-    configs). Changes ``raw`` in place."""
+def config_files(raw: dict) -> list[tuple[dict, str]]:
+    """Every file a config document names, as (the table holding it, its key): hierarchies of quasi-identifiers
+    and aggregate groups, CSV lookup tables of ``[input]`` fields, utility-clustering's station graphs."""
+    out = []
     tables = raw.get("quasi_identifiers", []) + [g for a in raw.get("aggregates", []) for g in a.get("group_by", [])]
     for table in tables:
-        if isinstance(table.get("hierarchy"), str) and table["hierarchy"] != "h3":    # "h3" names no file
-            table["hierarchy"] = str((base_dir / table["hierarchy"]).resolve())
+        if isinstance(table, dict) and isinstance(table.get("hierarchy"), str) and table["hierarchy"] != "h3":
+            out.append((table, "hierarchy"))          # "h3" names no file
     graphs = (raw.get("anonymization") or {}).get("strategy_params", {}).get("graphs")
     for q, g in (graphs.items() if isinstance(graphs, dict) else ()):
         if isinstance(g, str):
-            graphs[q] = str((base_dir / g).resolve())
-    for spec in (raw.get("input") or {}).get("fields", {}).values():
+            out.append((graphs, q))
+    for spec in ((raw.get("input") or {}).get("fields") or {}).values():
         if isinstance(spec, dict) and isinstance(spec.get("lookup"), str):
-            spec["lookup"] = str((base_dir / spec["lookup"]).resolve())
+            out.append((spec, "lookup"))
+    return out
+
+
+def with_files_beside(raw: dict, base_dir: Path, out_dir: Path) -> dict:
+    """The config document read from ``base_dir``, made to be written into ``out_dir`` (a calibrated config, the
+    demo's derived configs) naming the same files within its own directory tree: a file inside ``out_dir``'s tree
+    by its path relative to ``out_dir``, any other copied into ``out_dir/files/`` (prefixed with its digest when
+    another file of that name is there). Changes ``raw`` in place."""
+    out_dir = Path(out_dir).resolve()
+    for table, key in config_files(raw):
+        src = (Path(base_dir) / table[key]).resolve()
+        if src.is_relative_to(out_dir) or not src.is_file():   # a missing file is reported when the copy loads
+            table[key] = src.relative_to(out_dir).as_posix() if src.is_relative_to(out_dir) else str(src)
+            continue
+        dest = out_dir / "files" / src.name
+        if dest.exists() and dest.read_bytes() != src.read_bytes():
+            dest = dest.with_name(f"{hashlib.sha256(src.read_bytes()).hexdigest()[:12]}-{src.name}")
+        if not dest.exists():
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, dest)
+        table[key] = dest.relative_to(out_dir).as_posix()
     return raw
 
 
-def load_config(path: str | Path) -> StreamConfig:
-    """Load and validate a stream configuration file."""
+def load_config(path: str | Path, allow_outside_paths: bool = False) -> StreamConfig:
+    """Load and validate a stream configuration file (``allow_outside_paths``: the files it names may lie outside
+    its directory tree)."""
     path = Path(path)
     try:
         raw = tomllib.loads(path.read_text())
@@ -515,4 +595,4 @@ def load_config(path: str | Path) -> StreamConfig:
         raise ConfigError(f"config: file not found: {path}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config: {path} is not valid TOML: {exc}") from None
-    return parse_config(raw, base_dir=path.parent, source=path.resolve())
+    return parse_config(raw, base_dir=path.parent, source=path.resolve(), allow_outside_paths=allow_outside_paths)

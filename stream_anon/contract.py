@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from stream_anon.validation import ConfigDir
+
 TOPICS_PACKAGE = "stream_anon.topics"
 CONFIGS_PACKAGE = "stream_anon.configs"
 DATA_PACKAGE = "stream_anon.data"
@@ -111,6 +113,16 @@ def config_path(name: str) -> Path:
     if not path.is_file():
         raise ContractError(f"no bundled config {name!r} (bundled: {', '.join(config_names())})")
     return path
+
+
+def config_dir(directory, allow_outside: bool = False) -> ConfigDir:
+    """Where the files of a config in ``directory`` may lie (:class:`~stream_anon.validation.ConfigDir`): that
+    directory's tree, or for a bundled config the bundled configs' directory, which is one tree (its input configs
+    name ``../hierarchies`` and ``../lookups``). A ConfigDir is returned as it is."""
+    if isinstance(directory, ConfigDir):
+        return directory
+    path, bundled = Path(directory or ".").resolve(), configs_dir().resolve()
+    return ConfigDir.of(path, allow_outside, bundled if path.is_relative_to(bundled) else path)
 
 
 def resolve_config(path_or_name: str | Path) -> Path:

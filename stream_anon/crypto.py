@@ -20,6 +20,10 @@ from pathlib import Path
 
 SECRET_ENV = "STREAM_ANON_SECRET"
 SECRET_FILE_ENV = "STREAM_ANON_SECRET_FILE"
+# the secret before a rotation (``stream-anon worker --rotate-key``, ``stream-anon audit``): read only, to recognise
+# the state and the tokens it made (docs/operations.md, Key rotation)
+PREVIOUS_SECRET_ENV = "STREAM_ANON_PREVIOUS_SECRET"
+PREVIOUS_SECRET_FILE_ENV = "STREAM_ANON_PREVIOUS_SECRET_FILE"
 _MIN_SECRET_BYTES = 16
 _MIN_SECRET_BITS = 80.0     # estimated entropy (see estimated_bits); a random 32-byte hex secret has ~230
 _HOW = "e.g. `python -c 'import secrets; print(secrets.token_hex(32))'`"
@@ -133,11 +137,13 @@ def pseudonym(secret: bytes, unit: str) -> str:
     return _hmac_hex(secret, b"unit:", unit)
 
 
-def dp_noise_seed(secret: bytes, stream: str, partition: int) -> bytes:
+def dp_noise_seed(secret: bytes, stream: str, partition: int, lineage: str | None = None) -> bytes:
     """Secret seed of the differential-privacy noise of one stream partition (HMAC of the stream secret).
 
     The aggregator derives each window's noise from it with a second HMAC over (aggregate, component, output,
     window), so a restarted worker re-publishes identical noise for a window and never fresh noise for the same
-    data (which would let an observer average the noise away). Without the secret the noise is unpredictable.
+    data (which would let an observer average the noise away). Without the secret the noise is unpredictable. A new
+    lineage (``lineage``) draws other noise: the same noise on other data would publish the data's difference.
     """
-    return hmac.new(secret, f"dp-noise:{stream}:{partition}".encode(), hashlib.sha256).digest()
+    where = f"{stream}:{partition}" if lineage is None else f"{stream}:{lineage}:{partition}"
+    return hmac.new(secret, f"dp-noise:{where}".encode(), hashlib.sha256).digest()

@@ -21,18 +21,19 @@ import numpy as np
 
 from stream_anon import contract, crypto
 from stream_anon.calibrate import toml_text
-from stream_anon.config import with_absolute_paths
+from stream_anon.config import with_files_beside
 
 
 def derived_config(dataset: str, out_dir: Path, dp: bool = True, **anonymization) -> Path:
-    """Copy the bundled config of ``dataset`` (configs/<dataset>.toml) into out_dir with absolute file paths
-    and parameter overrides (``dp=False``: without the DP aggregate tables)."""
+    """Copy the bundled config of ``dataset`` (configs/<dataset>.toml) into out_dir with its files beside it
+    (:func:`~stream_anon.config.with_files_beside`) and parameter overrides (``dp=False``: without the DP
+    aggregate tables)."""
     src = contract.config_path(dataset)
     raw = tomllib.loads(src.read_text())
     if not dp:
         raw.pop("dp", None)
         raw.pop("aggregates", None)
-    with_absolute_paths(raw, src.parent)
+    with_files_beside(raw, src.parent, out_dir)
     raw["anonymization"].update({k: v for k, v in anonymization.items() if v is not None})
     out = out_dir / f"{dataset}.toml"
     out.write_text(toml_text(raw))

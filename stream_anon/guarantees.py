@@ -75,6 +75,17 @@ def settings(config) -> dict:
     return out
 
 
+def fingerprint(settings_doc: dict) -> str:
+    """A short digest of guarantee settings (:func:`settings`): equal fingerprints, equal settings. Release
+    manifests carry it (``settings_fingerprint``) so a reader tells which settings every release was made under.
+
+    >>> fingerprint({"anonymization.k": 10}) == fingerprint({"anonymization.k": 10}) != fingerprint({"anonymization.k": 5})
+    True
+    """
+    text = json.dumps(settings_doc, sort_keys=True, separators=(",", ":"), default=str)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def _shown(value) -> str:
     text = "(absent)" if value is _ABSENT else json.dumps(value, sort_keys=True) if not isinstance(value, str) \
         else value

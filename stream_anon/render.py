@@ -13,9 +13,10 @@ from datetime import datetime, timezone
 
 import orjson
 
-from stream_anon import crypto
+from stream_anon import crypto, guarantees
 from stream_anon.contract import topics
 from stream_anon.engine import get_path
+from stream_anon.risk import release_risk
 
 log = logging.getLogger("stream_anon.worker")
 
@@ -61,21 +62,28 @@ class Renderer:
     def __init__(self, config, secret: bytes, raw_deadletters: bool = False):
         self.config, self.secret, self.raw_deadletters = config, secret, raw_deadletters
         self.kid = crypto.key_id(secret)          # published with releases and dead letters (secret rotation)
+        # the guarantee settings in force, as a digest in every manifest (stream_anon.guarantees.fingerprint)
+        self.settings_fingerprint = guarantees.fingerprint(guarantees.settings(config))
         self.stream = config.stream.name
         self.topic = config.stream.input_topic
         self.alert_log = AlertLog()
 
-    def release(self, rel, settings_changed: list[str] | None = None
+    def release(self, rel, settings_changed: list[str] | None = None, notes: dict | None = None
                 ) -> tuple[list[tuple[str, bytes, bytes]], dict, list[str]]:
         """(messages, counters, alert names raised) for one release: records, manifest, release metric, alerts.
         ``settings_changed``: guarantee settings changed (and accepted) since the partition's previous release,
-        written into the manifest (``settings_changed``): the release and those after it were made under them."""
+        written into the manifest (``settings_changed``): the release and those after it were made under them.
+        ``notes``: further fields of the manifest (``lineage_started``: the first release of a partition in a new
+        lineage; ``key_rotated``: the first release under a rotated secret)."""
         key = rel.release_id.encode()
         topic = TOPICS.records(self.stream)
         out = [(topic, key, payload) for payload in rel.record_payloads(json_bytes)]
         manifest = rel.manifest()
+        manifest["settings_fingerprint"] = self.settings_fingerprint
         if settings_changed:
             manifest["settings_changed"] = list(settings_changed)
+        if notes:
+            manifest.update(notes)
         out.append((TOPICS.releases, key, json_bytes(manifest)))
         metric = {"type": "release", "stream": self.stream, "partition": rel.partition, "ts": now_iso(),
                   "release_id": rel.release_id, "seq": manifest.get("seq"), "published": manifest.get("published"),
@@ -84,6 +92,8 @@ class Renderer:
                   "late": rel.late}
         if "m" in manifest:     # m-invariance: counterfeit counts, as in the manifest (never which records)
             metric.update({name: manifest[name] for name in ("m", "counterfeit_individuals", "counterfeit_records")})
+        if self.config.risk.per_release:
+            metric["risk"] = release_risk_figures(manifest, self.config.risk.settings)
         out.append((TOPICS.metrics, self.stream.encode(), json_bytes(metric)))
         alerts = []
         limit = self.config.anonymization.max_suppression_ratio
@@ -108,7 +118,7 @@ class Renderer:
 
     def deadletter(self, reason, partition, offset, raw: bytes | None = None,
                         event: dict | None = None, index: int | None = None,
-                        opaque: bool = False) -> tuple[str, bytes, bytes]:
+                        opaque: bool = False, lineage: str | None = None) -> tuple[str, bytes, bytes]:
         """A dead letter: reason (naming the field and the problem, never a value of the event), source
         coordinates, the event's audit token when it has an event id, and the payload as the output contract
         allows it (:meth:`contract_payload`). A payload that is not a JSON object cannot be searched for
@@ -118,6 +128,8 @@ class Renderer:
         doc = {"reason": reason, "stream": self.stream,
                "source": {"topic": self.topic, "partition": partition, "offset": offset},
                "received_at": now_iso(), "kid": self.kid}
+        if lineage is not None:     # the stream's lineage (stream_anon.kafka.lineage): dedupe by it and the source
+            doc["lineage"] = lineage
         if index is not None:       # the event's position inside a multi-event message (stream_anon.inputs)
             doc["source"]["index"] = index
         if event is None and raw is not None and not opaque:   # opaque: a mapped format's raw message is never
@@ -202,6 +214,18 @@ class Renderer:
             else:
                 holder[leaf] = "pseudonym:" + crypto.pseudonym(self.secret, str(holder[leaf]))[:20]
         return event
+
+
+def release_risk_figures(manifest: dict, settings) -> dict | None:
+    """The release's re-identification risk (:func:`stream_anon.risk.release_risk`) from the individuals of the
+    classes its manifest lists.
+    A reused class holds the individuals it was created with (at least k, the audit's ``k`` check) and those
+    added since; the release knows only its own additions, so the class counts max(k, added): a lower bound of
+    its individuals, hence an upper bound of its risk (the audit counts the class exactly)."""
+    k = int(manifest.get("k") or 1)
+    sizes = [max(k, int(c.get("individuals") or 0)) if c.get("reused") else int(c.get("individuals") or 0)
+             for c in manifest.get("classes") or ()]
+    return release_risk(sizes, settings)
 
 
 def coarse_time(value, granularity_s: float) -> str:

@@ -1,17 +1,24 @@
 """Settings suggested from a sample of the user's stream (``stream-anon calibrate --suggest``), each with the
-figures it comes from:
+figures it comes from. First in closed form (:func:`closed_form`), the starting point of the search:
 
-- ``resolutions`` of an H3 geopoint: the coarsest resolution whose average cell is at most ``area_share`` of the
-  sample's bounding-box area (a class generalized to a coarser cell would cover most of the domain and say
-  nothing); the finest stays as configured.
+- ``resolutions`` of an H3 geopoint: the coarsest resolution whose cells stand for less than the whole domain
+  (the configured bounds, which ``calibrate`` takes from the sample) in the engine's NCP: a coarser cell is worth
+  no more than the whole domain (NCP 1) yet shows an area larger than the stream covers. The finest stays as
+  configured. No finer: a finer coarsest resolution turns the classes whose members share no such cell into the
+  whole domain (Mondrian does not form its classes along cells), which only raises NCP.
 - ``window_s`` (and ``max_delay_s`` = ``window_s``): the shortest of the candidate windows in which at least
   ``units_factor * k`` distinct privacy units occur in 9 windows of 10 (the 10th percentile over the sample's
   windows), so a window can form classes of k distinct individuals without suppressing most of it.
 - ``allowed_lateness_s``: the 99th percentile of the arrival lag in the sample's order (how far an event's time is
-  behind the largest event time read before it), rounded up to a minute: events later than that are deferred or
-  dead-lettered as late.
+  behind the largest event time read before it), rounded up to a minute: an event later than that whose window
+  is already released is late (published under an earlier class that covers it, or suppressed as ``late``).
 
 The sample is read in the order the stream would deliver it (the file's order for replay).
+
+These figures say where to look, not what is best: :func:`suggest` then runs a small grid of candidates around
+them and the current settings through the engine on the sample (:mod:`stream_anon.suggest_search`) and suggests
+the one with the lowest NCP whose suppression, late events and dead letters are no higher than the current
+settings'.
 """
 from __future__ import annotations
 
@@ -19,6 +26,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
+from stream_anon.suggest_search import apply_settings, event_time, search
 
 WINDOWS_S = (300, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400, 172800, 604800)
 
@@ -29,20 +38,38 @@ class Suggestion:
     value: object
     current: object
     figures: str             # what it was derived from
+    closed_form: object = None   # the closed-form value, when the search chose ``value`` from candidates
 
 
-def suggest(config, events: list[dict], area_share: float = 0.02, units_factor: float = 2.0) -> list[Suggestion]:
+def suggest(config, events: list[dict], units_factor: float = 2.0, **search_kw):
+    """(suggestions, :class:`stream_anon.suggest_search.SearchResult`): the closed-form figures, then the search
+    around them (``search_kw``: of :func:`stream_anon.suggest_search.search`); each suggestion's value is the
+    searched one, its figures say both."""
+    start = closed_form(config, events, units_factor)
+    result = search(config, events, {s.key: s.value for s in start}, **search_kw)
+    out = []
+    for s in start:
+        value = result.chosen.get(s.key, s.value)
+        verdict = ("the search keeps the current value" if value == s.current else
+                   "the search agrees" if value == s.value else f"the search chose {value}")
+        out.append(Suggestion(s.key, value, result.current.get(s.key, s.current),
+                              f"closed form {s.value}: {s.figures}; {verdict}", closed_form=s.value))
+    known = {s.key for s in start}
+    out += [Suggestion(key, value, result.current.get(key), "chosen by the search (no closed form)")
+            for key, value in result.chosen.items() if key not in known and value != result.current.get(key)]
+    return out, result
+
+
+def closed_form(config, events: list[dict], units_factor: float = 2.0) -> list[Suggestion]:
+    """The closed-form suggestions of the module docstring (no engine run)."""
     from stream_anon.engine import get_path
-    from stream_anon.engine.space import parse_time
 
     out: list[Suggestion] = []
-    times = np.array([_t(parse_time, get_path(e, config.stream.event_time)) for e in events], dtype=float)
+    times = np.array([event_time(get_path(e, config.stream.event_time)) for e in events], dtype=float)
     units = [get_path(e, config.stream.privacy_unit) for e in events]
     for q in config.quasi_identifiers:
         if getattr(q, "h3", None):
-            s = _h3(q, events, get_path, area_share)
-            if s is not None:
-                out.append(s)
+            out.append(_h3(q))
     ok = np.isfinite(times)
     if ok.sum() >= 2:
         out += _windows(config, times[ok], [u for u, g in zip(units, ok) if g], units_factor)
@@ -50,36 +77,25 @@ def suggest(config, events: list[dict], area_share: float = 0.02, units_factor: 
     return out
 
 
-def _t(parse, v):
-    try:
-        x = parse(v)
-    except (TypeError, ValueError):
-        return math.nan
-    return math.nan if x is None else float(x)
-
-
-def _h3(q, events, get_path, area_share: float) -> Suggestion | None:
+def _h3(q) -> Suggestion:
+    """The coarsest resolution whose cells stand for less than the whole domain in the engine's NCP (``h3_ncp``:
+    (7^(rmax - r) - 1) / (N - 1) below 1, N the domain's finest cells): a coarser cell is no more use than the
+    whole domain ("*", NCP 1) yet shows an area larger than the stream covers."""
     import h3
 
-    lat_f, lon_f = q.fields
-    pts = [(get_path(e, lat_f), get_path(e, lon_f)) for e in events]
-    pts = [(float(a), float(b)) for a, b in pts if isinstance(a, (int, float)) and isinstance(b, (int, float))]
-    if len(pts) < 2:
-        return None
-    lats, lons = np.array([p[0] for p in pts]), np.array([p[1] for p in pts])
-    lat_lo, lat_hi = np.percentile(lats, [0.5, 99.5])      # the domain where the events are, not its outliers
-    lon_lo, lon_hi = np.percentile(lons, [0.5, 99.5])
-    km_lat = 111.32
-    km_lon = 111.32 * math.cos(math.radians((lat_lo + lat_hi) / 2))
-    area = max((lat_hi - lat_lo) * km_lat * (lon_hi - lon_lo) * km_lon, 1e-6)
+    from stream_anon.engine.space import h3_domain_cells
+
     finest = q.h3[1]
-    coarsest = next((r for r in range(0, finest + 1) if h3.average_hexagon_area(r, "km^2") <= area_share * area),
-                    finest)
-    cell = h3.average_hexagon_area(coarsest, "km^2")
+    n_cells = h3_domain_cells(tuple(q.lower), tuple(q.upper), finest)
+    coarsest = next(r for r in range(0, finest + 1) if 7.0 ** (finest - r) - 1.0 < n_cells - 1.0)
+    lat_km = (q.upper[0] - q.lower[0]) * 111.32
+    area = lat_km * (q.upper[1] - q.lower[1]) * 111.32 * math.cos(math.radians((q.lower[0] + q.upper[0]) / 2))
+    coarser = f"resolution {coarsest - 1}: {h3.average_hexagon_area(coarsest - 1, 'km^2'):.3g} km2, " \
+              f"NCP 1" if coarsest > 0 else "no coarser resolution"
     return Suggestion(f"quasi_identifiers.{q.name}.resolutions", [coarsest, finest], list(q.h3),
-                      f"domain {area:.1f} km2 (99% of the sample's points); resolution {coarsest} cells average "
-                      f"{cell:.3g} km2 <= {area_share:.0%} of it; resolution {max(coarsest - 1, 0)}: "
-                      f"{h3.average_hexagon_area(max(coarsest - 1, 0), 'km^2'):.3g} km2")
+                      f"domain {area:.1f} km2 (the configured bounds), {n_cells} cells of resolution {finest}; "
+                      f"resolution {coarsest} cells average {h3.average_hexagon_area(coarsest, 'km^2'):.3g} km2, "
+                      f"NCP {(7.0 ** (finest - coarsest) - 1) / (n_cells - 1):.3f}; {coarser}")
 
 
 def _windows(config, times: np.ndarray, units: list, units_factor: float) -> list[Suggestion]:
@@ -123,12 +139,28 @@ def _lateness(config, times: np.ndarray) -> Suggestion:
 
 def apply(raw: dict, suggestions: list[Suggestion]) -> dict:
     """The configuration document with the suggestions written in."""
-    for s in suggestions:
-        parts = s.key.split(".")
-        if parts[0] == "quasi_identifiers":
-            for q in raw.get("quasi_identifiers", []):
-                if q.get("name") == parts[1]:
-                    q[parts[2]] = s.value
-        else:
-            raw.setdefault(parts[0], {})[parts[1]] = s.value
-    return raw
+    return apply_settings(raw, {s.key: s.value for s in suggestions})
+
+
+def search_report(suggestions: list[Suggestion], result) -> list[str]:
+    """The lines ``calibrate --suggest`` prints: every candidate with its figures, the suggestions, the held-out
+    comparison and what a longer latency would buy."""
+    t, h = result.train, result.held_out
+    lines = [f"search: {len(result.candidates)} runs of the engine on the sample's {t['events']} events up to "
+             f"{t['to_time']} (strategies on {t['strategy_events']} of them), max_delay_s at most "
+             f"{result.max_delay_limit_s:g}, in {result.runtime_s:g} s:"]
+    for c in result.candidates:
+        mark = " <- current" if c.settings == result.current else " <- suggested" if c.settings == result.chosen \
+            else ""
+        lines.append(f"  [{c.part}] {c.label()}: {c.figures.brief() if c.figures else c.error}{mark}")
+    lines += [f"suggest {s.key} = {s.value} (now {s.current}): {s.figures}" for s in suggestions]
+    if "current" in h:
+        lines.append(f"held out ({h['events']} events from {h['from_time']}): current {h['current'].brief()}; "
+                     f"suggested {h['chosen'].brief()}")
+    b = result.beyond_limit
+    if b is not None and b.figures is not None:
+        lines.append(f"beyond the latency limit: window_s {b.settings['anonymization.window_s']}, max_delay_s "
+                     f"{b.settings['anonymization.max_delay_s']}: {b.figures.brief()} (--max-delay-limit-s allows "
+                     "it; never suggested without)")
+    lines += [f"note: {n}" for n in result.notes]
+    return lines

@@ -29,6 +29,7 @@ import difflib
 import math
 import numbers
 import re
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterable
@@ -208,14 +209,58 @@ def check_strings(value, key: str, min_items: int = 0, allow_empty: bool = False
     return tuple(value)
 
 
+ALLOW_OUTSIDE_FLAG = "--allow-outside-paths"
+ALLOW_OUTSIDE_HELP = ("the files the config names (hierarchies, lookup tables, station graphs) may lie outside its "
+                      "directory tree (default: refused, one line naming the key and the path)")
+
+
+@dataclass(frozen=True)
+class ConfigDir:
+    """Where the files a configuration names are (hierarchies, lookup tables, station graphs): a relative path
+    resolves against ``path``, the config file's directory, and the file must lie in ``root``, the tree of that
+    directory (a wider root for the bundled configs: :func:`stream_anon.contract.config_dir`), unless
+    ``allow_outside`` (``--allow-outside-paths``). Checked on the path with symbolic links followed, before the
+    file is looked for: a config cannot probe what exists elsewhere.
+
+    >>> ConfigDir.of("/srv/streams").file("../../etc/passwd", "quasi_identifiers.zone.hierarchy")
+    Traceback (most recent call last):
+    ...
+    stream_anon.errors.ConfigError: quasi_identifiers.zone.hierarchy: /etc/passwd is outside /srv/streams, the config's directory (a file elsewhere needs --allow-outside-paths)
+    """
+    path: Path
+    root: Path
+    allow_outside: bool = False
+
+    @classmethod
+    def of(cls, base, allow_outside: bool = False, root=None) -> "ConfigDir":
+        """``base``: a ConfigDir (returned as it is) or the config file's directory (``root``: its tree)."""
+        if isinstance(base, ConfigDir):
+            return base
+        path = Path(base or ".").resolve()
+        return cls(path, Path(root).resolve() if root is not None else path, allow_outside)
+
+    def resolve(self, value, key: str) -> Path:
+        """The absolute path ``value`` names, refused when outside the tree (not checked for existence)."""
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{key}: expected a file path (relative to the config file), got {_got(value)}")
+        file = (self.path / value).resolve()
+        if not self.allow_outside and not file.is_relative_to(self.root):
+            raise ConfigError(f"{key}: {file} is outside {self.root}, the config's directory (a file elsewhere needs "
+                              f"{ALLOW_OUTSIDE_FLAG})")
+        return file
+
+    def file(self, value, key: str) -> Path:
+        """The path of an existing file named by ``value`` (:meth:`resolve`)."""
+        file = self.resolve(value, key)
+        if not file.is_file():
+            raise ConfigError(f"{key}: file not found: {file}")
+        return file
+
+
 def check_file(value, key: str, base_dir) -> Path:
-    """The path of an existing file, relative to the configuration file's directory ``base_dir``."""
-    if not isinstance(value, str) or not value:
-        raise ConfigError(f"{key}: expected a file path (relative to the config file), got {_got(value)}")
-    file = (Path(base_dir or ".") / value).resolve()
-    if not file.is_file():
-        raise ConfigError(f"{key}: file not found: {file}")
-    return file
+    """The path of an existing file, relative to the configuration file's directory ``base_dir`` (a
+    :class:`ConfigDir`, or a directory whose tree the file must lie in)."""
+    return ConfigDir.of(base_dir).file(value, key)
 
 
 def check_timezone(value, key: str):

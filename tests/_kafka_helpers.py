@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import time
 from collections import Counter, defaultdict
 from datetime import datetime, timedelta, timezone
@@ -107,14 +108,21 @@ def synthetic_fares(n: int, seed: int = 1, start: datetime = START, span_s: int 
     return events
 
 
+def copy_hierarchies(directory: Path) -> None:
+    """The bundled hierarchies into ``directory/hierarchies``: a copy of a bundled config written there names
+    them as the original does (a config's files lie in its directory tree)."""
+    root = Path(__file__).resolve().parents[1]
+    shutil.copytree(root / "configs" / "hierarchies", Path(directory) / "hierarchies", dirs_exist_ok=True)
+
+
 def write_cards_config(directory: Path, name: str, input_topic: str, m: int = 3, k: int | None = None) -> Path:
-    """configs/oyster-cards.toml (persistent cards, m-invariance) renamed to a test stream with absolute hierarchy
-    paths; ``m``/``k`` override the file's."""
+    """configs/oyster-cards.toml (persistent cards, m-invariance) renamed to a test stream, its hierarchies copied
+    beside it; ``m``/``k`` override the file's."""
     root = Path(__file__).resolve().parents[1]
     text = (root / "configs" / "oyster-cards.toml").read_text()
     text = text.replace('name = "oyster-cards"', f'name = "{name}"')
     text = text.replace('input_topic = "raw.fare.oyster-cards"', f'input_topic = "{input_topic}"')
-    text = text.replace('hierarchy = "hierarchies/', f'hierarchy = "{root}/configs/hierarchies/')
+    copy_hierarchies(directory)
     lines = []
     for line in text.splitlines():
         if line.startswith("m = "):

@@ -18,6 +18,7 @@ from stream_anon.kafka.supervise import OutputReader, start_worker_process  # no
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "docs" / "operations.md"
+RETENTION_S = 86400          # [stream] input_retention_s of the DP worker
 
 
 def get(port: int, path: str) -> tuple[int, str]:
@@ -31,11 +32,14 @@ def get(port: int, path: str) -> tuple[int, str]:
 
 
 def dp_stream(tmp_path: Path, name: str):
-    """(config path, config): configs/oyster.toml ([dp] per journey and day) as stream ``name``."""
+    """(config path, config): configs/oyster.toml ([dp] per journey and day) as stream ``name``, its raw topic
+    declared to keep events :data:`RETENTION_S`."""
     (tmp_path / "cfg").mkdir(parents=True, exist_ok=True)
     path = derived_config("oyster", tmp_path / "cfg", dp=True)
     text = path.read_text().replace('name = "oyster"', f'name = "{name}"', 1)
-    text = text.replace('input_topic = "raw.fare.oyster"', f'input_topic = "raw.test.{name}"', 1)
+    # the raw topic's retention declared: the worker creates it so and its retention guard finds it within
+    text = text.replace('input_topic = "raw.fare.oyster"', f'input_topic = "raw.test.{name}"\n'
+                        f'input_retention_s = {RETENTION_S}', 1)
     path.write_text(text)
     return path, load_config(path)
 

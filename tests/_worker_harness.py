@@ -10,6 +10,7 @@ import os
 import random
 import signal
 import sys
+import time
 from pathlib import Path
 
 import orjson
@@ -26,14 +27,20 @@ def start_worker_process(config_path, bootstrap: str, state_dir, app_id: str | N
     (:func:`crash_main`) when ``env`` asks for it: ``STREAM_ANON_TEST_KILL_AFTER_BATCHES=N`` or
     ``STREAM_ANON_TEST_KILL_IN_FLUSH=1``."""
     env = env or os.environ.copy()
+    return supervise.start_worker_process(config_path, bootstrap, state_dir, app_id, flush_when_idle_s, log_path,
+                                          env, extra, harness_entry(env))
+
+
+def harness_entry(env: dict, hold_before_commit=None) -> tuple[str, ...]:
+    """What ``python`` runs for a worker: the worker, or :func:`crash_main` with the options ``env`` asks for
+    (``STREAM_ANON_TEST_KILL_AFTER_BATCHES``, ``STREAM_ANON_TEST_KILL_IN_FLUSH``) or ``hold_before_commit``."""
     kill_after = int(env.get(KILL_AFTER_ENV, "0") or 0)
     kill_in_flush = env.get(KILL_IN_FLUSH_ENV) == "1"
-    entry = supervise.WORKER
-    if kill_after or kill_in_flush:
-        entry = (str(Path(__file__).resolve()), *(["--kill-in-flush"] if kill_in_flush else []),
-                 *(["--kill-after-batches", str(kill_after)] if kill_after else []))
-    return supervise.start_worker_process(config_path, bootstrap, state_dir, app_id, flush_when_idle_s, log_path,
-                                          env, extra, entry)
+    if not (kill_after or kill_in_flush or hold_before_commit):
+        return supervise.WORKER
+    return (str(Path(__file__).resolve()), *(["--kill-in-flush"] if kill_in_flush else []),
+            *(["--kill-after-batches", str(kill_after)] if kill_after else []),
+            *(["--hold-before-commit", str(hold_before_commit)] if hold_before_commit else []))
 
 
 POISON_TIMES = ("9999-12-31T23:59:59-23:59", "0001-01-01T00:00:00+23:59")   # schema-valid; year 10000 / 0 in UTC
@@ -100,17 +107,31 @@ def crash_main(argv=None) -> int:
     ``--kill-after-batches N``: inside its N-th transaction, after the output and state records reached the
     broker and before the commit (the transaction stays open until the restarted worker fences it);
     ``--kill-in-flush``: inside the transaction that carries an idle flush's output, after the decision to flush
-    was committed."""
+    was committed; ``--hold-before-commit PATH``: while the file PATH exists, each transaction waits before its
+    commit (output and state sent) and ``PATH.held`` exists (a test cuts the worker off there: its transactions
+    are then in flight)."""
     from stream_anon.kafka import app
     from stream_anon.kafka.loop import KafkaLoop
 
     ap = argparse.ArgumentParser(add_help=False)
     ap.add_argument("--kill-after-batches", type=int, default=0)
     ap.add_argument("--kill-in-flush", action="store_true")
+    ap.add_argument("--hold-before-commit", default=None)
     args, rest = ap.parse_known_args(argv)
     end, flush = KafkaLoop._end_transaction, KafkaLoop._flush
 
     def end_or_die(self, prod, offsets):
+        if args.hold_before_commit and os.path.exists(args.hold_before_commit):
+            # a step's partitions commit side by side (kafka/transactions.py): each commit thread may hold here,
+            # so PATH.held is replaced whole (a reader never sees it half written) and removed by the first
+            prod.flush(10)
+            held = Path(args.hold_before_commit + ".held")
+            partial = held.with_name(f"{held.name}.{offsets[0].partition}")
+            partial.write_text(" ".join(str(tp.partition) for tp in offsets[:1]))
+            os.replace(partial, held)
+            while os.path.exists(args.hold_before_commit):
+                time.sleep(0.05)
+            held.unlink(missing_ok=True)
         due = (args.kill_after_batches and self.counters["transactions"] + 1 >= args.kill_after_batches) or \
             (args.kill_in_flush and getattr(self, "_flushing", False) and not self._flush_decided_now)
         if due:

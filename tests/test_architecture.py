@@ -17,6 +17,9 @@ Layers (issue 9), from the bottom: criteria <- strategies, formers and dp (each 
   kafka (and the strategies nothing from the formers);
 - ``stream_anon.audit`` imports nothing from engine, strategies, formers, criteria, config, kafka (its checks of the
   criteria are its own code);
+- ``stream_anon.risk`` (re-identification risk from class sizes, issue 29: the worker renders it and the audit
+  recomputes it) imports nothing from engine, strategies, formers, criteria, config, kafka, audit, evaluate,
+  attacks, report: the audit may import it and stay independent of the engine;
 - ``stream_anon.validation`` (used by every layer's parameter checks) is at the very bottom: of the package it
   imports only ``stream_anon.errors``, and besides that the standard library alone.
 Checked twice: on the direct imports of the layer's modules, and at run time (a fresh interpreter imports every
@@ -52,6 +55,9 @@ LAYERS = {
     "stream_anon.dp": (("stream_anon.config", "stream_anon.engine", "stream_anon.kafka"), KAFKA_CLIENTS),
     "stream_anon.criteria": (("stream_anon.config", "stream_anon.engine", "stream_anon.kafka", "stream_anon.audit",
                               "stream_anon.strategies", "stream_anon.formers"), KAFKA_CLIENTS),
+    "stream_anon.risk": (("stream_anon.engine", "stream_anon.strategies", "stream_anon.formers", "stream_anon.criteria",
+                          "stream_anon.config", "stream_anon.kafka", "stream_anon.audit", "stream_anon.evaluate",
+                          "stream_anon.attacks", "stream_anon.report"), KAFKA_CLIENTS),
     "stream_anon.audit": (("stream_anon.engine", "stream_anon.strategies", "stream_anon.formers", "stream_anon.criteria",
                            "stream_anon.config", "stream_anon.kafka"), ()),
 }

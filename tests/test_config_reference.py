@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from stream_anon.config import load_config, parse_config, table_keys, with_absolute_paths
+from stream_anon.config import load_config, parse_config, table_keys, with_files_beside
 from stream_anon.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "configuration.md"
-DOCS = DOC.parent
+CONFIGS = ROOT / "configs"     # the examples name the bundled hierarchies as a file of configs/ would
 
 
 def reference() -> dict[str, list[dict]]:
@@ -81,7 +81,9 @@ def place(table: str, key: str, name: str, value) -> tuple[dict, str]:
     if table == "kafka":
         raw["kafka"] = {name: value}
         return raw, f"kafka.{name}"
-    if table in ("stream", "anonymization", "sensitive", "identifiers", "limits", "dp", "input"):
+    if table in ("stream", "anonymization", "sensitive", "identifiers", "limits", "dp", "input", "risk", "report"):
+        if table == "risk" and key == "sampling_fraction":
+            raw = with_example(1)         # population and sampling_fraction exclude each other
         raw[table][name] = value
         return raw, f"{table}.{name}"
     if table == "anonymization.m_params":
@@ -132,7 +134,7 @@ def place(table: str, key: str, name: str, value) -> tuple[dict, str]:
 
 def refusal(raw: dict) -> str:
     with pytest.raises(ConfigError) as exc:
-        parse_config(raw, base_dir=DOCS)
+        parse_config(raw, base_dir=CONFIGS)
     message = str(exc.value)
     assert "\n" not in message
     return message
@@ -145,18 +147,18 @@ def with_example(i: int) -> dict:
 
 def test_the_examples_load():
     assert len(EXAMPLES) == 5
-    cfg = parse_config(example(), base_dir=DOCS)
+    cfg = parse_config(example(), base_dir=CONFIGS)
     assert cfg.anonymization.m == 2 and cfg.dp.period == "day" and cfg.input.format == "csv"
-    assert not parse_config(with_example(1), base_dir=DOCS).dp.period_mode
-    assert parse_config(with_example(2), base_dir=DOCS).quasi_identifiers[0].h3 == (5, 12)
-    assert parse_config(with_example(3), base_dir=DOCS).input.encoding == "auto"
-    assert parse_config(with_example(4), base_dir=DOCS).anonymization.strategy_params["l"] == 2
+    assert not parse_config(with_example(1), base_dir=CONFIGS).dp.period_mode
+    assert parse_config(with_example(2), base_dir=CONFIGS).quasi_identifiers[0].h3 == (5, 12)
+    assert parse_config(with_example(3), base_dir=CONFIGS).input.encoding == "auto"
+    assert parse_config(with_example(4), base_dir=CONFIGS).anonymization.strategy_params["l"] == 2
 
 
 def _keys_by_table(raw: dict) -> set[tuple[str, str]]:
     """(table as the reference names it, key) of every key set in a configuration document."""
     out = {("(top level)", k) for k in raw}
-    for table in ("stream", "anonymization", "sensitive", "identifiers", "limits", "dp", "input"):
+    for table in ("stream", "anonymization", "sensitive", "identifiers", "limits", "dp", "input", "risk", "report"):
         out |= {(table, k) for k in raw.get(table, {})}
     out |= {("anonymization.m_params", k) for k in raw.get("anonymization", {}).get("m_params", {})}
     out |= {(f"anonymization.criteria ({c['kind']})", k) for c in raw.get("anonymization", {}).get("criteria", [])
@@ -352,10 +354,12 @@ def test_numbers_inside_lists_are_finite(mutate, key):
 
 def test_files_are_found_next_to_the_config(tmp_path):
     """Every file a configuration names is relative to its directory and checked at load, utility-clustering's
-    station graphs too; a copy made absolute (with_absolute_paths) loads from anywhere, H3 positions included."""
+    station graphs too; a copy written elsewhere with its files beside it (with_files_beside) loads there, H3
+    positions included."""
     (tmp_path / "graph.csv").write_text("source,target\nBank,Aldgate\n")
-    assert parse_config(with_absolute_paths(with_example(2), DOCS), base_dir=tmp_path).quasi_identifiers[0].h3
-    raw = with_absolute_paths(example(), DOCS)
+    assert parse_config(with_files_beside(with_example(2), CONFIGS, tmp_path), base_dir=tmp_path).quasi_identifiers[0].h3
+    raw = with_files_beside(example(), CONFIGS, tmp_path)
+    assert raw["quasi_identifiers"][-1]["hierarchy"] == "files/oyster_location.json"
     anonymization = raw["anonymization"]
     for key in ("m", "m_horizon_s", "m_params"):
         del anonymization[key]
@@ -365,3 +369,5 @@ def test_files_are_found_next_to_the_config(tmp_path):
     anonymization["strategy_params"] = {"graphs": {"zone": "missing.csv"}}
     with pytest.raises(ConfigError, match=r"^anonymization\.strategy_params\.graphs\.zone: file not found: "):
         parse_config(raw, base_dir=tmp_path)
+
+

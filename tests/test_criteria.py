@@ -15,7 +15,7 @@ import pytest
 
 from stream_anon.audit import AuditConfig, audit
 from stream_anon.calibrate import toml_text
-from stream_anon.config import load_config, with_absolute_paths
+from stream_anon.config import load_config, with_files_beside
 from stream_anon.criteria import (Classes, Column, DistinctLDiversity, EntropyLDiversity, FrequencyLDiversity,
                                   KIndividuals, SeverityRule, parse_criteria)
 from stream_anon.datasets import load_events
@@ -141,7 +141,7 @@ def stream_config(tmp_path: Path, name: str = "stream", criteria=None, dataset: 
     raw = tomllib.loads(src.read_text())
     raw.pop("dp", None)
     raw.pop("aggregates", None)
-    with_absolute_paths(raw, src.parent)
+    with_files_beside(raw, src.parent, tmp_path)
     raw["stream"].update(stream or {})
     raw["anonymization"].update(anonymization)
     if criteria is not None:

@@ -120,10 +120,12 @@ def test_tables_hold_keyed_hashes_not_units_and_do_not_collide_with_the_engines(
     assert len(keys) > 1000
     journeys = {int(e["journey_id"]) for e in events}          # Oyster journey ids are numeric text
     assert not journeys & set(keys.tolist())
-    # in the partition's state the two parts' tables are told apart by their prefixes, and split back
+    # in the partition's state the parts' tables are told apart by their prefixes, and split back (qi/leaves: the
+    # hierarchies' leaves the buffered codes are coded with)
     part_tables = PartitionState(0, engine, pa).full_tables()
-    engine_tables, dp_tables = split_tables(part_tables)
+    engine_tables, dp_tables, qi_tables = split_tables(part_tables)
     assert set(engine_tables) == set(engine.state_tables()) and set(dp_tables) == set(tables)
+    assert set(qi_tables) == {"leaves"}
     # keyed: another secret gives other keys for the same units
     other_secret = b"another-secret-0123456789abcdef"       # the worker's engine and aggregates share one
     other = PartitionAggregates(config, 0, other_secret)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -22,14 +23,14 @@ def make_config(k=3, window_s=60.0, max_delay_s=120.0, reuse="deadline", hierarc
     qis = [{"name": "value", "field": "value", "kind": "numeric", "lower": 0, "upper": 100},
            {"name": "time", "field": "time", "kind": "timestamp", "lower": 0, "upper": 10_000_000}]
     if hierarchy_path:
-        qis.append({"name": "zone", "field": "zone", "kind": "categorical", "hierarchy": str(hierarchy_path)})
+        qis.append({"name": "zone", "field": "zone", "kind": "categorical", "hierarchy": Path(hierarchy_path).name})
     return parse_config({
         "stream": {"name": "t", "kind": "vehicle", "input_topic": "raw.t", "privacy_unit": "unit",
                    "event_time": "time", "event_types": ["reading"]},
         "anonymization": {"k": k, "window_s": window_s, "max_delay_s": max_delay_s, "reuse": reuse, **extra},
         "quasi_identifiers": qis,
         "sensitive": {"fields": ["secret_value"]},
-    })
+    }, base_dir=Path(hierarchy_path).parent if hierarchy_path else Path("."))
 
 
 def stream(n, n_units, seed=0, span=600.0):

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from test_inputs import SECRET, _audit, _run_core  # noqa: E402
 
 from stream_anon.calibrate import toml_text  # noqa: E402
-from stream_anon.config import ConfigError, load_config, parse_input, with_absolute_paths  # noqa: E402
+from stream_anon.config import ConfigError, load_config, parse_input, with_files_beside  # noqa: E402
 from stream_anon.inputs import Decoder  # noqa: E402
 from stream_anon.inputs.proto import tesla_vehicle_data_pb2 as pb  # noqa: E402
 from stream_anon.inputs.samples import gtfs_feeds, tesla_payloads  # noqa: E402
@@ -27,7 +27,7 @@ TESLA_KEY = ["vin", "created_at", "$keys"]
 
 def config_with_key(tmp_path, bundled: str, event_key) -> Path:
     source = ROOT / "configs" / "inputs" / f"{bundled}.toml"
-    raw = with_absolute_paths(tomllib.loads(source.read_text()), source.parent)
+    raw = with_files_beside(tomllib.loads(source.read_text()), source.parent, tmp_path)
     if event_key is not None:
         raw["input"]["event_key"] = event_key
     path = tmp_path / f"{bundled}-{'key' if event_key else 'offsets'}.toml"

@@ -307,7 +307,7 @@ def _feed_with_bad_vehicles() -> bytes:
     for i in range(3):
         vp = feed.entity.add(id=f"x{i}").vehicle
         vp.vehicle.id = f"bike-x{i}"
-        vp.timestamp = 1486000000 + i
+        vp.timestamp = 1484230000 + i          # just after the feeds above: in time, not ahead of it
         if i == 1:
             vp.position.latitude, vp.position.longitude = 40.72, -74.05
     return feed.SerializeToString()
@@ -384,6 +384,11 @@ def test_evaluate_own_file_compares_streaming_and_offline(tmp_path):
     assert 0 < row["offline_mondrian_table_ncp"] <= row["offline_mondrian_windows_ncp"] < 1
     assert 0 < row["streaming_ncp"] < 1
     assert (tmp_path / "out" / "comparison.md").read_text().startswith("| strategy | k |")
+    # the analyst's workload on the same events: streaming, offline on the same windows, on the whole table
+    assert all(0 < row[f"{v}_query_error"] < 5 for v in ("streaming", "offline_windows", "offline_table"))
+    q = json.loads((tmp_path / "out" / "query_error.json").read_text())[0]
+    assert q["run"]["streaming"]["all"]["mean"] == row["streaming_query_error"]
+    assert sum(r["events"] for r in q["per_release"]) == row["streaming_published"] + row["streaming_suppressed"]
 
 
 # ------------------------------------------------------------------------------------------------ bundled datasets

@@ -19,7 +19,7 @@ from _kafka_helpers import read_all  # noqa: E402
 from stream_anon import crypto  # noqa: E402
 from stream_anon.audit.kafka_source import audit_from_kafka, read_topic  # noqa: E402
 from stream_anon.calibrate import toml_text  # noqa: E402
-from stream_anon.config import load_config, with_absolute_paths  # noqa: E402
+from stream_anon.config import load_config, with_files_beside  # noqa: E402
 from stream_anon.inputs import Decoder  # noqa: E402
 from stream_anon.inputs.samples import gtfs_feeds, tesla_payloads, vin_of  # noqa: E402
 from stream_anon.kafka.supervise import run_until_accounted  # noqa: E402
@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def stream_copy(tmp_path, bundled: str, name: str, bootstrap: str, partitions: int):
     source = ROOT / "configs" / "inputs" / f"{bundled}.toml"
-    raw = with_absolute_paths(tomllib.loads(source.read_text()), source.parent)   # its lookups and hierarchies
+    raw = with_files_beside(tomllib.loads(source.read_text()), source.parent, tmp_path)   # its lookups, hierarchies
     raw["stream"].update(name=name, input_topic=f"raw.test.{name}")
     path = tmp_path / f"{name}.toml"
     path.write_text(toml_text(raw))
@@ -112,7 +112,7 @@ def test_gtfs_realtime_feeds_through_worker_and_audit(broker, tmp_path, secret_e
     mixed.header.gtfs_realtime_version = "2.0"
     for i in range(2):
         vp = mixed.entity.add(id=f"m{i}").vehicle
-        vp.vehicle.id, vp.timestamp = f"bike-m{i}", 1486000000 + i
+        vp.vehicle.id, vp.timestamp = f"bike-m{i}", 1484230000 + i     # after the feeds: in time
         if i:
             vp.position.latitude, vp.position.longitude = 40.72, -74.05
     messages = feeds + bad + [mixed.SerializeToString()]

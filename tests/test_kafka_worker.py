@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _kafka_helpers import (account, collect, committed_offsets, read_all, record_batch_codecs, setup_stream,  # noqa: E402
-                            state_offsets, synthetic_fares, wait_for, write_stream_config)
+from _kafka_helpers import (account, collect, committed_offsets, copy_hierarchies, read_all,  # noqa: E402
+                            record_batch_codecs, setup_stream, state_offsets, synthetic_fares, wait_for,
+                            write_stream_config)
 
 from stream_anon import crypto  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402
@@ -62,8 +63,8 @@ def oyster_slice_stream(tmp_path, bootstrap, name, n):
     text = (root / "configs" / "oyster.toml").read_text()
     text = text.replace('name = "oyster"', f'name = "{name}"')
     text = text.replace('input_topic = "raw.fare.oyster"', f'input_topic = "raw.test.{name}"')
-    text = text.replace('hierarchy = "hierarchies/', f'hierarchy = "{root}/configs/hierarchies/')
     (tmp_path / "cfg").mkdir(exist_ok=True)
+    copy_hierarchies(tmp_path / "cfg")
     path = tmp_path / "cfg" / f"{name}.toml"
     path.write_text(text)
     cfg = load_config(path)

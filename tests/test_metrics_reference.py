@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _metrics_helpers import families, get, reference, start_dp_worker  # noqa: E402
+from _metrics_helpers import RETENTION_S, families, get, reference, start_dp_worker  # noqa: E402
 
 from stream_anon.datasets import load_events  # noqa: E402
 from stream_anon.kafka.aggregates_view import ledger_charge_by_period, read_rows  # noqa: E402
@@ -50,6 +50,22 @@ def test_every_exported_series_is_in_the_reference_and_every_listed_one_is_expor
         assert f["type"] == ref[name]["type"], name
         if f["samples"]:
             assert f["labels"] - {"stream"} == ref[name]["labels"], name
+
+
+@pytest.mark.kafka
+def test_the_retention_guard_finds_the_raw_topic_within_its_declaration(dp_worker):
+    """The worker created its raw topic with the declared retention: the guard reports it within, no alert."""
+    text, _rows, cfg, port = dp_worker
+    fams = families(text)
+    topic = cfg.stream.input_topic
+    value = {n: v for fam in fams.values() for n, lab, v in fam["samples"] if lab.get("topic") == topic}
+    assert value == {"stream_anon_raw_retention_exceeded": 0.0, "stream_anon_raw_retention_seconds": RETENTION_S,
+                     "stream_anon_raw_retention_declared_seconds": RETENTION_S}
+    alerts = {lab["alert"]: v for _, lab, v in fams["stream_anon_alerts_total"]["samples"]}
+    assert alerts["raw_retention_exceeded"] == 0
+    import json
+    guard = json.loads(get(port, "/readyz")[1])["raw_retention"]
+    assert guard["exceeded"] is False and guard["cause"] is None and guard["retention_ms"] == RETENTION_S * 1000
 
 
 @pytest.mark.kafka

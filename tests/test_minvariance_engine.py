@@ -405,3 +405,26 @@ def test_record_payloads_encode_equal_but_distinct_values_apart(m3):
         odd = dataclasses.replace(rel, record_sensitive=[values[i % len(values)] for i in range(n)],
                                   sensitive_fields=("s", "t"), record_token=list(tokens))
         assert odd.record_payloads(dumps) == [dumps(r) for r in odd.records]
+
+
+def test_a_missing_invariant_is_one_value_under_the_1_over_m_rule():
+    """docs/inputs.md (m-invariant attribute of vehicles): vehicles with a null invariant are published (nulls obey
+    the 1/m rule like a value: stream_anon/formers/minvariant.py); when no vehicle has the attribute, nothing is."""
+    from stream_anon.datasets import load_events
+    config = load_config(ROOT / "configs" / "citibike.toml").replace_anonymization(m=2)
+    trips = load_events("citibike", limit=1500)
+    bikes = sorted({t["vehicle_id"] for t in trips})
+    published, nulls = {}, {}
+    for share in (0.3, 1.0):
+        null_bikes = set(bikes[:int(len(bikes) * share)])
+        events = [{**t, "payload": {**t["payload"], "fleet_contract": None}} if t["vehicle_id"] in null_bikes else t
+                  for t in trips]
+        engine = Engine(config, secret=SECRET)
+        result = engine.process(events)
+        result.extend(engine.flush())
+        published[share] = sum(r.published for r in result.releases)
+        assert published[share] + sum(r.n_suppressed for r in result.releases) == len(events)
+        invariant = config.sensitive.index(config.invariant_sensitive)
+        nulls[share] = sum(1 for r in result.releases for i, sv in enumerate(r.record_sensitive)
+                           if sv[invariant] is None and not r.record_counterfeit[i])
+    assert published[1.0] == 0 and published[0.3] > 0.9 * len(trips) and nulls[0.3] > 0.2 * len(trips)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -96,8 +97,13 @@ def test_kill_between_releases_restart_checker_still_passes(broker, tmp_path, se
     assert report.passed, report.format_text()
     assert report.summary["signature_changes"] == 0 and report.summary["counterfeit_records"] > 0
     # and the full audit: re-produced releases identical, counterfeits outside the accounting equation
-    audit = audit_from_kafka(broker.bootstrap, path, secret_env, idle_s=1.5)
+    # (with the risk check at 1/k, and the cross-release risk of the intersection attack at most 1/m)
+    k = int(re.search(r"^k = (\d+)", path.read_text(), re.M).group(1))
+    audit = audit_from_kafka(broker.bootstrap, path, secret_env, idle_s=1.5, max_prosecutor_risk=1 / k)
     assert audit.passed, audit.format_text()
+    assert audit.checks["risk"]["passed"] and 0 < audit.checks["risk"]["highest"] <= 1 / k
+    cross = audit.risk["intersection"]
+    assert cross["targets"] > 0 and cross["min_candidates"] >= 3 and cross["true_value_missed"] == 0
     assert audit.checks["duplicates"]["duplicate_manifests"] > 0
     s = audit.summary
     assert s["events_in"] == N_EVENTS == s["published"] + s["suppressed"] + s["dead_lettered"] + s["deferred"]
@@ -111,3 +117,6 @@ def test_kill_between_releases_restart_checker_still_passes(broker, tmp_path, se
     for manifest in out.manifests:
         metric = by_release[manifest["release_id"]]
         assert (metric["m"], metric["counterfeit_records"]) == (manifest["m"], manifest["counterfeit_records"])
+        # and the release's re-identification risk (docs/privacy.md): no class under k individuals
+        if manifest["published"]:
+            assert 0 < metric["risk"]["prosecutor"]["highest"] <= 1 / k, metric["risk"]

@@ -10,9 +10,9 @@ from stream_anon.kafka.state_cache import CommittedCache
 
 def test_a_full_cache_disk_warns_once_and_the_worker_goes_on(tmp_path, caplog, monkeypatch):
     cache = CommittedCache(tmp_path, "app", "oyster")
-    ps = SimpleNamespace(partition=0, seq=1, offset=9, input_topic_id="T")
+    ps = SimpleNamespace(partition=0, seq=1, offset=9, input_topic_id="T", lineage="La")
     cache.write(ps)
-    assert cache.read(0) == {"seq": 1, "offset": 9, "input_topic_id": "T"}
+    assert cache.read(0) == {"seq": 1, "offset": 9, "input_topic_id": "T", "lineage": "La"}
     real_replace = os.replace
 
     def full(src, dst):
@@ -20,9 +20,9 @@ def test_a_full_cache_disk_warns_once_and_the_worker_goes_on(tmp_path, caplog, m
     monkeypatch.setattr(os, "replace", full)
     with caplog.at_level(logging.WARNING, logger="stream_anon.worker"):
         for seq in range(2, 6):
-            cache.write(SimpleNamespace(partition=0, seq=seq, offset=10 * seq, input_topic_id="T"))
+            cache.write(SimpleNamespace(partition=0, seq=seq, offset=10 * seq, input_topic_id="T", lineage="La"))
         monkeypatch.setattr(os, "replace", real_replace)
-        cache.write(SimpleNamespace(partition=0, seq=6, offset=60, input_topic_id="T"))
+        cache.write(SimpleNamespace(partition=0, seq=6, offset=60, input_topic_id="T", lineage="La"))
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 2, lines
     assert "No space left on device" in lines[0] and "broker's state alone" in lines[0]
@@ -40,5 +40,18 @@ def test_an_unreadable_cache_file_is_no_cache(tmp_path, caplog):
 
 def test_no_cache_directory_is_no_cache():
     cache = CommittedCache(None, "app", "oyster")
-    cache.write(SimpleNamespace(partition=0, seq=1, offset=1, input_topic_id=None))
-    assert cache.read(0) is None
+    cache.write(SimpleNamespace(partition=0, seq=1, offset=1, input_topic_id=None, lineage="La"))
+    assert cache.read(0) is None and cache.lineages() == {}
+
+
+def test_the_lineages_of_a_stream_are_found_under_every_app_id_of_the_state_directory(tmp_path):
+    """A new app id on the same state directory still sees the lineage its predecessor committed in (a lost state
+    topic must not let the stream start over silently: stream_anon.kafka.lineage)."""
+    CommittedCache(tmp_path, "old-app", "oyster").write(
+        SimpleNamespace(partition=2, seq=4, offset=40, input_topic_id="T", lineage="La"))
+    CommittedCache(tmp_path, "old-app", "other").write(
+        SimpleNamespace(partition=0, seq=4, offset=40, input_topic_id="T", lineage="Lother"))
+    CommittedCache(tmp_path, "old-app", "oyster").write(
+        SimpleNamespace(partition=3, seq=0, offset=-1, input_topic_id="T", lineage="Lnever"))   # nothing committed
+    found = CommittedCache(tmp_path, "new-app", "oyster").lineages()
+    assert list(found) == ["La"] and "old-app/oyster-p2.committed.json" in found["La"]

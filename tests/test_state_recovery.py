@@ -284,8 +284,8 @@ def test_a_state_written_under_another_key_halts_with_both_key_ids():
     second = WorkerCore(cfg, "app", b"other-secret-0123456789abcdef0123")
     rec = st.choose_state([value], marker=ps.seq, committed_input=ps.offset + 1, kid=second.kid)
     assert rec.halt == st.HALT_KEY_CHANGED and rec.doc is None
-    assert rec.detail == (f"the state was written with key id {first.kid}, this worker's secret is key id "
-                          f"{second.kid}")
+    assert rec.detail.startswith(f"the state was written with key id {first.kid}, this worker's secret is key id "
+                                 f"{second.kid}; to rotate the key, restart with --rotate-key")
     same = st.choose_state([value], marker=ps.seq, committed_input=ps.offset + 1, kid=first.kid)
     assert same.halt is None and same.doc["kid"] == first.kid
 

@@ -14,7 +14,7 @@ from .inputs import AuditOutputs
 from .measures import counterfeit_lower_bound
 from .primitives import Hierarchy, QISpec
 from .report import AuditReport
-from .run import audit
+from .run import audit, audit_with_context
 
 __all__ = ["AuditConfig", "AuditContext", "AuditOutputs", "AuditReport", "Check", "Hierarchy", "MInvarianceConfig",
-           "MInvarianceReport", "QISpec", "audit", "check_m_invariance", "counterfeit_lower_bound"]
+           "MInvarianceReport", "QISpec", "audit", "audit_with_context", "check_m_invariance", "counterfeit_lower_bound"]

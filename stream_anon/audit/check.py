@@ -36,6 +36,7 @@ class AuditContext:
     malformed: list[Any]                 # output messages that were not JSON objects (or nested too deep)
     counterfeits: dict[str, tuple]       # token -> (release_id, class_id) of announced counterfeit records
     aggregates: list[dict] = field(default_factory=list)   # DP rows of anon.aggregates, one per row_id
+    previous_secrets: tuple = ()         # secrets before key rotations (their pseudonyms are leaks too)
     # token -> the raw event its records stand for (:meth:`raw_of` also takes the record's partition into account)
     by_token: dict[str, RawEvent] = field(init=False, default_factory=dict)
     _open_by_partition: dict[tuple, RawEvent] = field(init=False, default_factory=dict, repr=False)

@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stream_anon.contract import config_dir
+from stream_anon.risk import DEFAULT_THRESHOLD, RiskSettings
+
 from .dp_config import DPBudget, read_dp
 from .primitives import Hierarchy, QISpec, numeric_granularity
 
@@ -109,6 +112,7 @@ class AuditConfig:
     criteria: list = field(default_factory=list)   # LDiversitySpec / SeveritySpec of [[anonymization.criteria]]
     dp: DPBudget | None = None           # [dp] and [[aggregates]]: the DP check's budget
     max_suppression_ratio: float = 0.05  # [anonymization]: a run suppressing more is NOT PASSED
+    risk: RiskSettings = field(default_factory=RiskSettings)   # [risk]: population and threshold of the figures
 
     def __post_init__(self) -> None:
         self.quasi_identifiers = [q if isinstance(q, QISpec) else QISpec(*q) for q in self.quasi_identifiers]
@@ -126,17 +130,20 @@ class AuditConfig:
                                  stream=self.stream)
 
     @classmethod
-    def from_toml(cls, path: str | Path) -> "AuditConfig":
+    def from_toml(cls, path: str | Path, allow_outside_paths: bool = False) -> "AuditConfig":
+        """The stream config at ``path``; the hierarchy files it names must lie in its directory tree unless
+        ``allow_outside_paths`` (the rule of the worker: stream_anon.validation.ConfigDir)."""
         path = Path(path)
         with path.open("rb") as fh:
             raw = tomllib.load(fh)
+        files = config_dir(path.parent, allow_outside_paths)
         stream, anon = raw.get("stream", {}), raw.get("anonymization", {})
         ids, sensitive = raw.get("identifiers", {}), raw.get("sensitive", {})
         qis = []
         for q in raw.get("quasi_identifiers", []):
             hier = None
             if q.get("hierarchy") and q.get("kind") != "geopoint":     # a geopoint's "h3" is no file
-                hier = Hierarchy.load((path.parent / q["hierarchy"]).resolve())
+                hier = Hierarchy.load(files.file(q["hierarchy"], f"quasi_identifiers.{q.get('name')}.hierarchy"))
             qis.append(QISpec(q["name"], q["field"], q["kind"], hier, q.get("lower"), q.get("upper"),
                               numeric_granularity(q)))
         identifiers = list(dict.fromkeys([*ids.get("drop", []), *ids.get("pseudonymize", [])]))
@@ -154,4 +161,13 @@ class AuditConfig:
             criteria=_criteria(anon.get("criteria"), int(anon["k"])),
             dp=read_dp(raw),
             max_suppression_ratio=float(anon.get("max_suppression_ratio", 0.05)),
+            risk=read_risk(raw.get("risk") or {}),
         )
+
+
+def read_risk(table: dict) -> RiskSettings:
+    """The audit's reading of ``[risk]`` (population or sampling fraction, threshold)."""
+    population, fraction = table.get("population"), table.get("sampling_fraction")
+    return RiskSettings(population=int(population) if population is not None else None,
+                        sampling_fraction=float(fraction) if fraction is not None else None,
+                        threshold=float(table.get("threshold", DEFAULT_THRESHOLD)))

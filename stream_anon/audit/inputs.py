@@ -40,20 +40,23 @@ def outputs_part(outputs: Any, name: str) -> list:
     return list(getattr(outputs, name, None) or [])
 
 
-def raw_decoder(config_path, secret: bytes | None = None) -> Any:
+def raw_decoder(config_path, secret: bytes | None = None, allow_outside_paths: bool = False) -> Any:
     """A function decoding the raw messages of a stream whose TOML has a mapped ``[input]`` (None for the built-in
     JSON shape, which the audit parses as it is); ``secret`` keys the event ids of an ``[input] event_key`` as the
     worker does. The TOML is read here with tomllib, the decoding done by :mod:`stream_anon.inputs` (independent
-    of the engine and its config module)."""
+    of the engine and its config module); its lookup files must lie in the config's directory tree unless
+    ``allow_outside_paths``."""
     import tomllib
     from pathlib import Path
 
     from stream_anon.inputs import Decoder, parse_input
+    from stream_anon.contract import config_dir
 
     raw = tomllib.loads(Path(config_path).read_text())
     stream = raw.get("stream", {})
     spec = parse_input(raw.get("input"), event_time=stream.get("event_time", "event_time"),
-                       event_types=tuple(stream.get("event_types", ())), base_dir=Path(config_path).parent)
+                       event_types=tuple(stream.get("event_types", ())),
+                       base_dir=config_dir(Path(config_path).parent, allow_outside_paths))
     if spec.legacy:
         return None
     decoder = Decoder(spec, max_bytes=int(raw.get("limits", {}).get("max_event_bytes", 65536)), secret=secret)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -150,13 +151,25 @@ def read_outputs(bootstrap, stream: str, idle_s: float = 3.0, max_wait_s: float 
 ALERTS_MAX_WAIT_S = 10.0
 
 
-def audit_from_kafka(bootstrap, config_path: str | Path, secret: bytes | str, raw_topic: str | None = None,
-                     idle_s: float = 3.0, max_wait_s: float = 120.0, health: bool = True) -> AuditReport:
-    """Read raw input and outputs from the broker (every topic side by side) and audit them against the stream
-    config. ``health``: also read anon.metrics (for at most :data:`ALERTS_MAX_WAIT_S`) for the alerts of the
-    report's health figures. Raises :class:`IncompleteRead` when the raw or an output topic is still growing after
-    ``max_wait_s`` (a verdict on part of a topic would be wrong)."""
-    cfg = AuditConfig.from_toml(config_path)
+@dataclass
+class KafkaInputs:
+    """What the audit (and ``stream-anon report``) reads from the broker for one stream: its config, the raw
+    messages (decoded for a mapped ``[input]``), the outputs and the stream's messages on anon.metrics (None: not
+    read)."""
+    config: AuditConfig
+    raw: list
+    outputs: AuditOutputs
+    metrics: list[dict] | None
+
+
+def read_inputs(bootstrap, config_path: str | Path, secret: bytes | str, raw_topic: str | None = None,
+                idle_s: float = 3.0, max_wait_s: float = 120.0, metrics: bool = True,
+                allow_outside_paths: bool = False) -> KafkaInputs:
+    """Read the raw topic and the outputs (every topic side by side; complete reads) and, with ``metrics``,
+    anon.metrics for at most :data:`ALERTS_MAX_WAIT_S`. Raises :class:`IncompleteRead` when the raw or an output
+    topic is still growing after ``max_wait_s``. ``allow_outside_paths``: the files the config names may lie
+    outside its directory tree."""
+    cfg = AuditConfig.from_toml(config_path, allow_outside_paths)
     if raw_topic is None:
         raw_topic = cfg.input_topic
     if raw_topic is None:
@@ -166,24 +179,46 @@ def audit_from_kafka(bootstrap, config_path: str | Path, secret: bytes | str, ra
     calls = _output_reads(bootstrap, cfg.stream, idle_s, max_wait_s, cfg.dp is not None)
     calls["raw"] = (read_topic, (bootstrap, raw_topic), {"idle_s": idle_s, "max_wait_s": max_wait_s,
                                                          "complete": True})
-    if health:
-        calls["alerts"] = (read_alerts, (bootstrap, cfg.stream),
-                           {"idle_s": idle_s, "max_wait_s": min(max_wait_s, ALERTS_MAX_WAIT_S)})
+    if metrics:
+        calls["metrics"] = (read_metrics, (bootstrap, cfg.stream),
+                            {"idle_s": idle_s, "max_wait_s": min(max_wait_s, ALERTS_MAX_WAIT_S)})
     read = _parallel(calls)
     raw = read["raw"]
     secret = secret.encode() if isinstance(secret, str) else secret
-    decode = raw_decoder(config_path, secret)   # a mapped [input] (csv, tesla-fleet-telemetry, gtfs-realtime, ...)
+    # a mapped [input] (csv, tesla-fleet-telemetry, gtfs-realtime, ...)
+    decode = raw_decoder(config_path, secret, allow_outside_paths)
     if decode is not None:
         raw = decode(raw)
-    outputs = _outputs_of(read, cfg.stream)
-    return audit(raw, outputs, secret, cfg, alerts=read.get("alerts"))
+    return KafkaInputs(cfg, raw, _outputs_of(read, cfg.stream), read.get("metrics"))
+
+
+def audit_from_kafka(bootstrap, config_path: str | Path, secret: bytes | str, raw_topic: str | None = None,
+                     idle_s: float = 3.0, max_wait_s: float = 120.0, health: bool = True,
+                     max_prosecutor_risk: float | None = None, previous_secrets=(),
+                     allow_outside_paths: bool = False) -> AuditReport:
+    """Read raw input and outputs from the broker (:func:`read_inputs`) and audit them against the stream
+    config. ``health``: also read anon.metrics (for at most :data:`ALERTS_MAX_WAIT_S`) for the alerts of the
+    report's health figures. Raises :class:`IncompleteRead` when the raw or an output topic is still growing after
+    ``max_wait_s`` (a verdict on part of a topic would be wrong). ``max_prosecutor_risk``: the ``risk`` check
+    (:class:`.risk.MaxProsecutorRisk`). ``previous_secrets``: the secrets before key rotations (:mod:`.lineages`).
+    ``allow_outside_paths``: the files the config names may lie outside its directory tree."""
+    read = read_inputs(bootstrap, config_path, secret, raw_topic, idle_s, max_wait_s, metrics=health,
+                       allow_outside_paths=allow_outside_paths)
+    secret = secret.encode() if isinstance(secret, str) else secret
+    return audit(read.raw, read.outputs, secret, read.config, alerts=read.metrics,
+                 max_prosecutor_risk=max_prosecutor_risk, previous_secrets=previous_secrets)
+
+
+def read_metrics(bootstrap, stream: str, idle_s: float = 3.0, max_wait_s: float = 120.0) -> list[dict]:
+    """The messages of ``stream`` on anon.metrics (release metrics, alerts, DP window figures, ...)."""
+    out = []
+    for _src, value in read_topic(bootstrap, topics().metrics, idle_s=idle_s, max_wait_s=max_wait_s):
+        obj = _decode(value)
+        if obj is not None and obj.get("stream") == stream:
+            out.append(obj)
+    return out
 
 
 def read_alerts(bootstrap, stream: str, idle_s: float = 3.0, max_wait_s: float = 120.0) -> list[dict]:
     """Alert messages (``type == "alert"``) of ``stream`` on anon.metrics."""
-    out = []
-    for _src, value in read_topic(bootstrap, topics().metrics, idle_s=idle_s, max_wait_s=max_wait_s):
-        obj = _decode(value)
-        if obj is not None and obj.get("type") == "alert" and obj.get("stream") == stream:
-            out.append(obj)
-    return out
+    return [m for m in read_metrics(bootstrap, stream, idle_s, max_wait_s) if m.get("type") == "alert"]

@@ -25,6 +25,7 @@ class AuditReport:
     health: dict[str, Any] = field(default_factory=dict)   # measures.health_figures: figures, never a verdict
     verdict: str | None = None
     verdict_reason: str | None = None
+    risk: dict[str, Any] = field(default_factory=dict)     # risk.risk_figures: summary, per_release, intersection
 
     def __post_init__(self) -> None:
         if self.verdict is None:
@@ -32,7 +33,27 @@ class AuditReport:
 
     def to_dict(self) -> dict:
         return {"passed": self.passed, "verdict": self.verdict, "verdict_reason": self.verdict_reason,
-                "summary": self.summary, "health": self.health, "checks": self.checks}
+                "summary": self.summary, "health": self.health, "checks": self.checks, "risk": self.risk}
+
+    def format_risk(self) -> list[str]:
+        """Risk lines: the run's prosecutor, marketer and journalist figures, the cross-release attack."""
+        s = (self.risk or {}).get("summary") or {}
+        p = s.get("prosecutor")
+        if not p:
+            return ["risk: no release with individuals"]
+        lines = [f"risk: prosecutor highest={p['highest']} (release {s.get('highest_release_id')}) average="
+                 f"{p['average']} records_at_risk={p['records_at_risk']} (risk > {s['threshold']}) over "
+                 f"{s['releases']} releases; marketer={s.get('marketer')}"]
+        j = s.get("journalist")
+        if j:
+            lines.append(f"  journalist highest={j['highest']} average={j['average']} records_at_risk="
+                         f"{j['records_at_risk']}; population uniqueness max={j['population_uniqueness_max']}")
+        x = self.risk.get("intersection")
+        if x:
+            lines.append(f"  intersection attack (m-invariance): targets={x['targets']} min_candidates="
+                         f"{x['min_candidates']} mean_candidates={x['mean_candidates']} pinned={x['pinned']} "
+                         f"risk={x['risk']}")
+        return lines
 
     def format_health(self) -> list[str]:
         """Privacy/utility health lines (loss, class sizes, suppression, deferred, dead letters, alerts)."""
@@ -64,10 +85,21 @@ class AuditReport:
         if s.get("open"):
             lines.append(f"  open: {s['open']} events in windows not released yet (oldest event time "
                          f"{s.get('open_oldest')}): not lost, released when their windows close")
+        lineages = s.get("lineages")
+        for name, f in (lineages.items() if isinstance(lineages, dict) else ()):
+            lines.append(f"  lineage {name}: {f['verdict']}, events_in={f['events_in']} releases={f['releases']} "
+                         f"published={f['published']}" + (f", DP worst unit charge {f['dp_worst_unit_charge']} "
+                                                          f"(period {f['dp_worst_period']})" if f.get("dp_charges")
+                                                          else ""))
+        if s.get("dp_across_lineages"):
+            lines.append("  dp across lineages (what a consumer of every lineage faces): " + ", ".join(
+                f"period {p}: {c:g}" for p, c in s["dp_across_lineages"].items()))
         for name, chk in self.checks.items():
             info = {k: v for k, v in chk.items() if k not in ("passed", "examples") and not isinstance(v, (dict, list))}
             lines.append(f"  [{'ok' if chk['passed'] else 'FAIL'}] {name}: " + ", ".join(f"{k}={v}" for k, v in info.items()))
             for ex in chk.get("examples", [])[:3] if not chk["passed"] else []:
                 lines.append(f"      - {ex.get('line', ex) if isinstance(ex, dict) else ex}")
         lines.extend(self.format_health())
+        if self.risk:
+            lines.extend(self.format_risk())
         return "\n".join(lines)

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from .check import Check
+from .check import AuditContext, Check
 from .checks.accounting import Accounting
 from .checks.config_sanity import ConfigSanity
 from .checks.consistency import Consistency
@@ -46,9 +46,11 @@ from .checks.m_invariance import MInvariance
 from .checks.severity import Severity
 from .config import AuditConfig
 from .inputs import build_context, outputs_part
+from .lineages import split_by_lineage, translate_tokens
 from .primitives import key_id
 from .measures import class_individuals, health_figures
 from .report import FAILED, NOT_PASSED, PASSED, AuditReport
+from .risk import MaxProsecutorRisk, risk_figures
 
 CHECKS: tuple[Check, ...] = (KInIndividuals(), LDiversity(), Severity(), Leaks(), Coverage(), Accounting(),
                              Consistency(), MInvariance(), DPBudgetCheck(), ConfigSanity())
@@ -56,24 +58,54 @@ _M_SUMMARY_RENAMED = ("releases", "classes", "individuals")   # the audit's own 
 
 
 def audit(raw_events: Iterable, outputs: Any, secret: bytes | str, config_view: AuditConfig,
-          alerts: Iterable[dict] | None = None) -> AuditReport:
+          alerts: Iterable[dict] | None = None, max_prosecutor_risk: float | None = None,
+          previous_secrets: Iterable[bytes | str] = ()) -> AuditReport:
+    """Audit published outputs against the raw input: the report of :func:`audit_with_context`."""
+    return audit_with_context(raw_events, outputs, secret, config_view, alerts, max_prosecutor_risk,
+                              previous_secrets)[0]
+
+
+def audit_with_context(raw_events: Iterable, outputs: Any, secret: bytes | str, config_view: AuditConfig,
+                       alerts: Iterable[dict] | None = None, max_prosecutor_risk: float | None = None,
+                       previous_secrets: Iterable[bytes | str] = ()) -> tuple[AuditReport, AuditContext | None]:
     """Audit published outputs against the raw input. See the module docstring for the checks.
 
     raw_events: iterable of ``((topic, partition, offset), payload)`` with payload bytes/str (may be malformed).
     outputs: dict or object with lists ``records``, ``manifests``, ``deadletters`` (and optional ``malformed`` and
     ``aggregates``, the DP rows of anon.aggregates).
     alerts: the stream's messages on anon.metrics (any type; alerts are picked out), or None if not read.
-    The report's ``health`` (:func:`.measures.health_figures`) states loss, class sizes, dead letters by reason
-    and alerts; it never changes the verdict.
+    Returns the report and the context its checks read (None when the outputs carry another key id), from which
+    ``stream-anon report`` draws its figures. The report's ``health`` (:func:`.measures.health_figures`) states
+    loss, class sizes, dead letters by reason and alerts, and its ``risk`` (:func:`.risk.risk_figures`) the
+    re-identification risk of every release; neither changes the verdict, except ``max_prosecutor_risk``: the
+    ``risk`` check then fails for a release whose highest prosecutor risk is above it.
+    previous_secrets: the secrets before key rotations; their tokens are mapped to ``secret``'s
+    (:mod:`.lineages`). Outputs of several lineages are judged per lineage (:func:`audit_lineages`).
     """
     cfg = config_view
     if isinstance(secret, str):
         secret = secret.encode()
-    other_key = _other_key(outputs, secret)
+    previous = [p.encode() if isinstance(p, str) else p for p in previous_secrets]
+    other_key = _other_key(outputs, secret, previous)
     if other_key:           # every token would look fabricated: one line, before any other check
         return AuditReport(passed=False, checks={"key": {"passed": False, "detail": other_key}},
-                           summary=_EMPTY_SUMMARY | {"k": cfg.k}, verdict=FAILED, verdict_reason=other_key)
+                           summary=_EMPTY_SUMMARY | {"k": cfg.k}, verdict=FAILED, verdict_reason=other_key), None
+    if previous:
+        raw_events = list(raw_events)
+        outputs = translate_tokens(raw_events, outputs, previous, secret)
+    by_lineage = split_by_lineage(outputs)
+    if len(by_lineage) > 1:
+        return audit_lineages(list(raw_events), by_lineage, secret, cfg, alerts, previous, max_prosecutor_risk)
+    report, ctx = _audit_one(raw_events, outputs, secret, cfg, alerts, previous, max_prosecutor_risk)
+    report.summary["lineages"] = sorted(by_lineage)
+    return report, ctx
+
+
+def _audit_one(raw_events, outputs, secret: bytes, cfg: AuditConfig, alerts, previous: list[bytes],
+               max_prosecutor_risk: float | None) -> tuple[AuditReport, AuditContext]:
+    """Every check on the outputs of one lineage."""
     ctx, duplicates = build_context(raw_events, outputs, secret, cfg)
+    ctx.previous_secrets = tuple(previous)
     checks = {"duplicates": duplicates}
     for check in CHECKS:
         if check.applies(ctx):
@@ -89,25 +121,79 @@ def audit(raw_events: Iterable, outputs: Any, secret: bytes | str, config_view: 
     if "m_invariance" in checks and "summary" in checks["m_invariance"]:
         summary.update({f"m_invariance_{k}" if k in _M_SUMMARY_RENAMED else k: v
                         for k, v in checks["m_invariance"]["summary"].items()})
+    risk = risk_figures(ctx, cfg.risk)
+    if max_prosecutor_risk is not None:
+        checks["risk"] = MaxProsecutorRisk(max_prosecutor_risk).run(ctx, risk)
     health = health_figures(ctx, class_individuals(ctx), alerts)
     health["suppressed_by_reason"] = dict(sorted(accounting["suppressed_by_reason"].items()))
     health["deferred"] = accounting["deferred"]
     verdict, reason = judge(checks, summary, cfg.max_suppression_ratio)
     return AuditReport(passed=verdict == PASSED, checks=checks, summary=summary, health=health, verdict=verdict,
-                       verdict_reason=reason)
+                       verdict_reason=reason, risk=risk), ctx
 
 
 _EMPTY_SUMMARY = {"events_in": 0, "published": 0, "suppressed": 0, "dead_lettered": 0, "deferred": 0, "open": 0,
                   "lost": 0, "duplicated": 0, "releases": 0, "classes": 0, "min_individuals": None}
 
 
-def _other_key(outputs: Any, secret: bytes) -> str | None:
-    """Why the outputs cannot be audited with ``secret`` (their manifests name another key id), or None."""
+def _other_key(outputs: Any, secret: bytes, previous: list[bytes] = ()) -> str | None:
+    """Why the outputs cannot be audited with ``secret`` and the ``previous`` ones (their manifests name another
+    key id), or None."""
     mine = key_id(secret)
-    theirs = sorted({m.get("kid") for m in outputs_part(outputs, "manifests") if m.get("kid")} - {mine})
+    given = {mine} | {key_id(p) for p in previous}
+    theirs = sorted({m.get("kid") for m in outputs_part(outputs, "manifests") if isinstance(m, dict) and m.get("kid")}
+                    - given)
     if not theirs:
         return None
-    return f"the releases carry key id {', '.join(theirs)}, this secret is key id {mine}"
+    also = f" (previous: {', '.join(sorted(given - {mine}))})" if len(given) > 1 else ""
+    return f"the releases carry key id {', '.join(theirs)}, this secret is key id {mine}{also}"
+
+
+def audit_lineages(raw_events: list, by_lineage: dict, secret: bytes, cfg: AuditConfig, alerts,
+                   previous: list[bytes], max_prosecutor_risk: float | None = None
+                   ) -> tuple[AuditReport, AuditContext]:
+    """Each lineage audited apart (:mod:`.lineages`): checks named ``<check> [<lineage>]``, the verdict the worst
+    of theirs, the summary (and context) of the last lineage with every lineage's figures under ``lineages``."""
+    audited = {name: _audit_one(raw_events, part, secret, cfg, alerts, previous, max_prosecutor_risk)
+               for name, part in by_lineage.items()}
+    reports = {name: r for name, (r, _) in audited.items()}
+    checks = {f"{check} [{name}]": result for name, r in reports.items() for check, result in r.checks.items()}
+    order = {FAILED: 2, NOT_PASSED: 1, PASSED: 0}
+    worst = max(reports, key=lambda n: order[reports[n].verdict])
+    verdict = reports[worst].verdict
+    reason = None if verdict == PASSED else f"lineage {worst}: {reports[worst].verdict_reason}"
+    last = list(reports)[-1]
+    summary = dict(reports[last].summary)
+    summary["lineages"] = {name: {"verdict": r.verdict, "releases": r.summary["releases"],
+                                  "published": r.summary["published"], "events_in": r.summary["events_in"],
+                                  **_dp_figures(r)} for name, r in reports.items()}
+    across = _dp_across(reports)
+    if across:
+        summary["dp_across_lineages"] = across
+    return AuditReport(passed=verdict == PASSED, checks=checks, summary=summary, health=reports[last].health,
+                       verdict=verdict, verdict_reason=reason, risk=reports[last].risk), audited[last][1]
+
+
+def _dp_figures(report: AuditReport) -> dict:
+    dp = report.checks.get("dp")
+    if not dp:
+        return {}
+    return {"dp_worst_unit_charge": dp.get("worst_unit_charge"), "dp_worst_period": dp.get("worst_period"),
+            "dp_charges": period_totals(dp)}
+
+
+def period_totals(dp: dict) -> dict:
+    """Period -> the worst unit's charge in all (the DP check's ``spent_by_period``)."""
+    return {period: entry["total"] for period, entry in (dp.get("spent_by_period") or {}).items()}
+
+
+def _dp_across(reports: dict) -> dict:
+    """Period -> the worst partition's charge summed over the lineages: what a consumer of every lineage faces."""
+    total: dict = {}
+    for r in reports.values():
+        for period, charge in period_totals(r.checks.get("dp") or {}).items():
+            total[period] = round(total.get(period, 0.0) + charge, 9)
+    return total
 
 
 def judge(checks: dict, summary: dict, max_suppression_ratio: float) -> tuple[str, str | None]:

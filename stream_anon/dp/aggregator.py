@@ -49,9 +49,10 @@ from stream_anon.dp.cells import CellKeys
 from stream_anon.dp.columns import WindowColumns
 from stream_anon.dp.contribution import Bounding, UnitKeys, WindowUnits
 from stream_anon.dp.ledger import BudgetLedger, content_digest
-from stream_anon.dp.release import ReleasedCells, Releaser, plan_aggregate, rows_of
+from stream_anon.dp.release import ReleasedCells, Releaser, new_counters, plan_aggregate, rows_of
 from stream_anon.dp.specs import AggregateSpec, DPConfig
 from stream_anon.dp.state import AggregatorState
+from stream_anon.dp.transition import specs_in_force
 from stream_anon.events import flatten
 
 
@@ -85,21 +86,20 @@ class DPAggregator:
         if seed is None:
             raise ValueError("seed: required and secret (noise must be reproducible after a restart)")
         self.seed = seed if isinstance(seed, bytes) else str(seed).encode()
-        self.specs: tuple[AggregateSpec, ...] = tuple(config.aggregates)
+        # the configured aggregates; :attr:`specs` are those in force (an accepted change's carry may keep old
+        # calibrations until the period ends: stream_anon.dp.transition)
+        self.config_specs: tuple[AggregateSpec, ...] = tuple(config.aggregates)
         self.privacy_unit, self.stream = config.privacy_unit, stream or config.stream
-        max_windows = config.max_windows_per_period if self.clock is not None else None
-        self.plans = {s.name: plan_aggregate(s, max_windows) for s in self.specs}
         scheme = None if event_unit else "ids" if unit_ids else "hash"
         self.cells = CellKeys()
-        self.bounding = Bounding(self.privacy_unit, None if scheme is None else UnitKeys(self.seed, scheme),
-                                 None if self.clock is None else
-                                 {s.name: s.max_windows or max_windows for s in self.specs})
+        self.bounding = Bounding(self.privacy_unit, None if scheme is None else UnitKeys(self.seed, scheme), None)
         self.releaser = Releaser(self.seed, self.stream, self.cells.labels)
+        self._use_specs(self.config_specs)
         self.state = AggregatorState(self.specs, self.plans, self.clock is not None, scheme)
         self.window_metrics: dict = {}
         # every field an aggregate reads (dict events are turned into these columns)
         fields = [] if event_unit else [self.privacy_unit]
-        for spec in self.specs:
+        for spec in self.config_specs:
             fields += [f for g in spec.group_by for f in g.fields]
             fields += [spec.value_field] if spec.value_field else []
             fields += [k for k, _ in spec.where]
@@ -113,7 +113,28 @@ class DPAggregator:
         return self.state.state_tables()
 
     def load_state(self, core: dict, tables) -> None:
+        carried = core.get("carry")
+        if carried:                   # the calibrations in force until the period ends, before the counters load
+            self._use_specs(specs_in_force(self.config_specs, carried))
+            self.state.specs, self.state.plans = self.specs, self.plans
+            self.state.counters = {s.name: new_counters(s, self.plans[s.name]) for s in self.specs}
+            self.ledger.epsilon_budget = float(carried["budget"])
         self.state.load_state(core, tables)
+
+    def _use_specs(self, specs) -> None:
+        """Release ``specs`` (their plans and ``W``) from now on."""
+        max_windows = self.config.max_windows_per_period if self.clock is not None else None
+        self.specs = tuple(specs)
+        self.plans = {s.name: plan_aggregate(s, max_windows) for s in self.specs}
+        self.bounding.caps = None if self.clock is None else {s.name: s.max_windows or max_windows
+                                                              for s in self.specs}
+
+    def _end_carry(self) -> None:
+        """The period of an accepted change ended: the configured settings are in force (new counters come with
+        the new period)."""
+        self._use_specs(self.config_specs)
+        self.state.specs, self.state.plans, self.state.carry = self.specs, self.plans, None
+        self.ledger.epsilon_budget = float(self.config.epsilon_budget)
 
     @property
     def metrics(self) -> dict:
@@ -184,6 +205,8 @@ class DPAggregator:
         if self.clock is not None:
             period = label, first, n = self.clock.period_of(w)
             if label != st.period:
+                if st.carry is not None:
+                    self._end_carry()
                 self.ledger.compact(label)     # the ledger keeps older periods' charges as totals
                 st.start_period(label)
         wm = {"type": "dp_window", "stream": self.stream, "window": w, "events": wc.n,
@@ -192,8 +215,11 @@ class DPAggregator:
               **({} if period is None else {"windows_cut": {}, "units_window_capped": {}}), "budget_exhausted": []}
         window_units = None if period is None else WindowUnits(st.unit_windows)
         due = []                                   # (spec, bounded values to release, stats counted on release)
+        paused = st.carry["pause"] if st.carry is not None else ()
         for spec in self.specs:
             stop = spec.name if period is None else f"{spec.name}@{label}"
+            if spec.name in paused:
+                continue
             if self.ledger.is_stopped(stop) and self.ledger.exhausted_at(stop) != str(w):
                 continue
             x, stats = self._bounded(spec, wc, window_units)
@@ -234,7 +260,10 @@ class DPAggregator:
             else:
                 start = first + ((w - first) // spec.release_every) * spec.release_every
                 extra = {"period": label, "unit": self.config.unit, "epsilon_period": spec.epsilon,
-                         "span_start_window": start, "windows_in_release": w - start + 1}
+                         "span_start_window": start, "windows_in_release": w - start + 1,
+                         "ledger_epsilon_budget": self.ledger.epsilon_budget}
+                if spec.name in st.announce:       # the first release since an accepted change says so
+                    extra["settings_changed"] = st.announce.pop(spec.name)
             rows.extend(self.releaser.release(spec, self.plans[spec.name], st.counters[spec.name], w, x,
                                               outcome.window, extra))
         st.last_window = w

@@ -31,7 +31,7 @@ from typing import Any
 
 from stream_anon.errors import ConfigError
 from stream_anon.hierarchy import Hierarchy
-from stream_anon.validation import MAX_COUNT, MAX_SECONDS, REQUIRED, Table, check_integer, check_number, \
+from stream_anon.validation import MAX_COUNT, MAX_SECONDS, REQUIRED, ConfigDir, Table, check_integer, check_number, \
     named_tables
 
 KINDS = ("count", "sum", "mean", "histogram", "ratio")
@@ -423,7 +423,7 @@ def parse_aggregate(table: Any, path: str, base_dir: Path, event_time: str = "ev
                          resolution, w_own)
 
 
-def parse_dp_config(raw: dict, base_dir: str | Path = ".") -> DPConfig:
+def parse_dp_config(raw: dict, base_dir: "str | Path | ConfigDir" = ".") -> DPConfig:
     """The ``[dp]`` and ``[[aggregates]]`` tables of a stream configuration's raw TOML dict.
 
     Period mode (the unit of privacy and the period are explicit)::
@@ -440,7 +440,7 @@ def parse_dp_config(raw: dict, base_dir: str | Path = ".") -> DPConfig:
     ``epsilon_budget`` is the total epsilon one individual may be charged over every aggregate and window, and
     ``epsilon`` is per window (sequential composition over windows).
     """
-    base_dir = Path(base_dir)
+    base_dir = ConfigDir.of(base_dir)        # the config's directory, whose tree its hierarchy files lie in
     stream = raw.get("stream", {}) if isinstance(raw.get("stream", {}), dict) else {}
     t = Table(raw.get("dp", {}), "dp", DP_KEYS)
     period_mode = "period" in t or "unit" in t or "epsilon_per_period" in t

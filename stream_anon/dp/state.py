@@ -49,6 +49,10 @@ class AggregatorState:
         self.pending: dict[str, dict[str, np.ndarray]] = {}      # aggregate -> component -> bounded sums
         self.counters = {s.name: new_counters(s, plans[s.name]) for s in self.specs}
         self.unit_windows: KeyedTable = unit_window_table(self.specs)
+        # an accepted change of the DP settings (stream_anon.dp.transition): what stays in force until the period
+        # ends (None: the configured settings), and the changes each aggregate's next release states
+        self.carry: dict | None = None
+        self.announce: dict[str, list[str]] = {}
 
     def start_period(self, label: str) -> None:
         """A new period: window counts, running counters and partial releases start again (the budget is per
@@ -68,6 +72,10 @@ class AggregatorState:
             out["pending"] = {a: {c: v.tolist() for c, v in x.items()} for a, x in self.pending.items()}
             if self.unit_scheme is not None:
                 out["unit_keys"] = self.unit_scheme
+        if self.carry is not None:
+            out["carry"] = self.carry
+        if self.announce:
+            out["announce"] = self.announce
         return out
 
     def state_tables(self) -> dict[str, KeyedTable]:
@@ -82,6 +90,8 @@ class AggregatorState:
         if saved is not None and not self.period_mode:
             raise ValueError(f"state holds a {UNIT_WINDOWS!r} table (period mode) but no period is configured")
         self.last_window = core["last_window"]
+        self.carry = core.get("carry")
+        self.announce = {a: list(c) for a, c in core.get("announce", {}).items()}
         fresh, self.metrics = self.metrics, core["metrics"]
         for key, value in fresh.items():             # counts of aggregates (or a mode) new to this state: 0
             if isinstance(value, dict):

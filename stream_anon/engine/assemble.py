@@ -78,5 +78,5 @@ def assemble_release(engine, buf, view: WindowView, release_id: str, window_star
         max_suppression_ratio=config.anonymization.max_suppression_ratio,
         record_counterfeit=(np.array(rec_cf, dtype=bool)[order] if rec_tok else np.empty(0, dtype=bool))
         if m is not None else None,
-        m=m, kid=engine.kid, late=late,
+        m=m, kid=engine.kid, late=late, lineage=engine.lineage,
     )

@@ -144,9 +144,12 @@ class Engine:
     """
 
     def __init__(self, config: StreamConfig, partition: int = 0, secret: bytes | None = None,
-                 carried: tuple[str, ...] = (), former: Former | None = None):
+                 carried: tuple[str, ...] = (), former: Former | None = None, lineage: str | None = None):
         self.config = config
         self.partition = int(partition)
+        # the stream's lineage (stream_anon.kafka.lineage): part of every release id, so that ids never repeat
+        # across lineages (None: a stream of no lineage, e.g. a file run: <stream>-p<p>-<seq>)
+        self.lineage = lineage
         self.secret = secret if secret is not None else crypto.throwaway_secret()
         self.kid = crypto.key_id(self.secret)
         self._counterfeit_tokens = CounterfeitTokens(self.secret)
@@ -316,9 +319,9 @@ class Engine:
 
     @classmethod
     def restore(cls, config: StreamConfig, partition: int, secret: bytes | None, core: dict, tables: dict,
-                carried: tuple[str, ...] = ()) -> "Engine":
+                carried: tuple[str, ...] = (), lineage: str | None = None) -> "Engine":
         """An engine from :meth:`state_core` and the tables in full (a missing table is empty)."""
-        engine = cls(config, partition, secret, carried)
+        engine = cls(config, partition, secret, carried, lineage=lineage)
         engine.load_state(core, tables)
         return engine
 
@@ -350,7 +353,7 @@ class Engine:
     def _release(self, window_start: float, window_end: float, final: bool) -> Release:
         a = self.config.anonymization
         rng = np.random.default_rng([a.seed, self.partition, self.seq])
-        release_id = f"{self.config.stream.name}-p{self.partition}-{self.seq:06d}"
+        release_id = release_name(self.config.stream.name, self.lineage, self.partition, self.seq)
         buf, former = self.buffer, self.former
         eligible = ~buf.late & (buf.times < window_end)
         form_idx, late_idx = np.flatnonzero(eligible), np.flatnonzero(buf.late)
@@ -413,6 +416,15 @@ class Engine:
         self.buffer.keep(np.concatenate([work_idx[waiting], rest_idx]))
         self.seq += 1
         return release
+
+
+def release_name(stream: str, lineage: str | None, partition: int, seq: int) -> str:
+    """A release's id: ``<stream>-<lineage>-p<partition>-<seq>`` (``<stream>-p<partition>-<seq>`` without a lineage).
+
+    >>> release_name("fares", "L0a1b2c3d", 2, 7), release_name("fares", None, 2, 7)
+    ('fares-L0a1b2c3d-p2-000007', 'fares-p2-000007')
+    """
+    return f"{stream}-{lineage + '-' if lineage else ''}p{partition}-{seq:06d}"
 
 
 def _finite_or_none(x: float):

@@ -55,6 +55,7 @@ class Release:
     m: int | None = None                            # m of an m-invariant release (None: m-invariance off)
     kid: str | None = None                          # key id of the secret of the audit tokens (crypto.key_id)
     late: int = 0                                   # late events this release handled (published or suppressed)
+    lineage: str | None = None                      # the stream's lineage (part of release_id; None: no lineage)
 
     @property
     def published(self) -> int:
@@ -147,6 +148,8 @@ class Release:
         }
         if self.kid is not None:
             doc["kid"] = self.kid
+        if self.lineage is not None:
+            doc["lineage"] = self.lineage
         if self.m is not None:
             # m-invariance: only the numbers of counterfeits are published (per class and in total), never which
             # records they are; "published" counts real records, the records topic holds published + these.

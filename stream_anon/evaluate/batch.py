@@ -25,6 +25,7 @@ class Anonymized:
     hi: np.ndarray
     labels: list                    # per class: {categorical QI name: label}
     runtime_s: float
+    windows: int = 1                # groups anonymized apart (offline Mondrian per window: the windows)
 
 
 def make(name: str, table: EvalTable | None = None, l: int | None = None):

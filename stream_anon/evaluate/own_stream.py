@@ -5,21 +5,56 @@ on it and offline Mondrian on the same windows or on the whole table, for ``stre
 from __future__ import annotations
 
 import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from stream_anon.evaluate.batch import Anonymized, anonymize
 from stream_anon.evaluate.tables import EvalTable
 
-def read_own_events(config, path) -> tuple[list[dict], list]:
-    """Events of a CSV/JSONL file read through the config's ``[input]`` mapping (a JSONL file of the built-in
-    event shape when it has none), and ``[(message, index, reason)]`` of what the mapping rejected."""
-    from stream_anon.inputs import decode_file
-    from stream_anon.kafka.replay import read_jsonl
+EVALUATE_SECRET = b"evaluate"      # keys the audit tokens (hence the duplicate check) and derived event ids
 
-    if config.input.legacy:
-        return read_jsonl(path), []
-    return decode_file(path, config.input)
+
+@dataclass
+class CheckedInput:
+    """A file through the worker's input checks: ``events`` (those the worker's engine would take, in file
+    order), ``events_in`` (input events counted as the worker counts them: a message that cannot be read is one,
+    a message of N events N), ``rejected`` (the dead-lettered ones by the kind of their reason, the label of
+    ``stream_anon_dead_letters_total``) and ``reasons`` (each dead letter's full reason, by input position)."""
+
+    events: list[dict]
+    events_in: int
+    rejected: Counter
+    reasons: list[tuple[object, str]]
+
+    @property
+    def n_rejected(self) -> int:
+        return sum(self.rejected.values())
+
+
+def read_own_events(config, path, framing: str = "auto", secret: bytes = EVALUATE_SECRET) -> CheckedInput:
+    """The messages of a file (CSV/JSONL/binary, framed as ``stream-anon replay`` sends them) through every input
+    check the worker applies (:class:`stream_anon.kafka.input_checks.InputBatch`: size, JSON, kind and schema of
+    the built-in shape, or the ``[input]`` mapping; then the engine's reader: event type, privacy unit, time,
+    quasi-identifier domains, ``[sensitive.domains]``, ``duplicate_event`` and ``future_event_time``), judged as
+    one partition in file order (the worker judges the last two per partition)."""
+    from stream_anon.engine import Engine
+    from stream_anon.inputs import Decoder
+    from stream_anon.inputs.files import file_messages
+    from stream_anon.kafka.input_checks import InputBatch
+    from stream_anon.kafka.stats import reason_kind
+
+    messages = list(enumerate(file_messages(path, config.input, framing)))
+    decoder = None if config.input.legacy else Decoder(config.input, config.limits.max_event_bytes, secret)
+    batch = InputBatch(messages, config, decoder, Path(path).name, 0)
+    reasons = [(source, reason) for source, reason, *_ in batch.rejected]
+    _records, rejected = Engine(config, partition=0, secret=secret).read(batch.events)
+    dropped = {i for i, _ in rejected}
+    reasons += [(batch.sources[i], reason) for i, reason in rejected]
+    events = [e for i, e in enumerate(batch.events) if i not in dropped]
+    return CheckedInput(events, batch.n, Counter(reason_kind(r) for _, r in reasons), reasons)
 
 
 def _record_ncp(table: EvalTable, anon: Anonymized) -> np.ndarray:
@@ -62,15 +97,13 @@ def streaming_ncp(config, events: list[dict], secret: bytes = b"evaluate") -> di
             "suppression_ratio": suppressed / n if n else None, "runtime_s": runtime}
 
 
-def offline_mondrian(table: EvalTable, k: int, window_s: float | None = None, seed: int = 0) -> dict:
+def offline_release(table: EvalTable, k: int, window_s: float | None = None, seed: int = 0) -> Anonymized:
     """Offline Mondrian (k in distinct individuals) on the whole table, or per window of the streaming engine
     (``event_windows``: the window of each record's event time, the engine's definition) when ``window_s`` is
-    given."""
+    given: one :class:`Anonymized` over every row (the windows' classes numbered one after the other)."""
     from stream_anon.engine import event_windows
     from stream_anon.strategies.mondrian import Mondrian
 
-    t0 = time.perf_counter()
-    ncp = np.ones(table.n)
     if window_s is None:
         groups = [np.arange(table.n)]
     else:
@@ -78,9 +111,26 @@ def offline_mondrian(table: EvalTable, k: int, window_s: float | None = None, se
         w = event_windows(np.where(known, table.times, 0.0), window_s)
         w[~known] = np.iinfo(np.int64).min          # records without a time: one group of their own
         groups = [np.flatnonzero(w == x) for x in np.unique(w)]
+    record_class = np.full(table.n, -1, dtype=np.int64)
+    los, his, labels, runtime = [], [], [], 0.0
     for idx in groups:
-        sub = _subset(table, idx)
-        ncp[idx] = _record_ncp(sub, anonymize(sub, Mondrian(), k, seed))
-    return {"ncp": float(ncp.mean()) if table.n else None, "windows": len(groups),
-            "suppression_ratio": float((ncp == 1).mean()) if table.n else None,
+        anon = anonymize(_subset(table, idx), Mondrian(), k, seed)
+        kept = anon.record_class >= 0
+        record_class[idx[kept]] = anon.record_class[kept] + sum(len(x) for x in los)
+        los.append(anon.lo)
+        his.append(anon.hi)
+        labels += anon.labels
+        runtime += anon.runtime_s
+    D = table.space.dims
+    return Anonymized(record_class, np.concatenate(los) if los else np.empty((0, D)),
+                      np.concatenate(his) if his else np.empty((0, D)), labels, runtime, windows=len(groups))
+
+
+def offline_mondrian(table: EvalTable, k: int, window_s: float | None = None, seed: int = 0) -> dict:
+    """NCP (suppressed = 1) and suppression of :func:`offline_release`."""
+    t0 = time.perf_counter()
+    anon = offline_release(table, k, window_s, seed)
+    ncp = _record_ncp(table, anon)
+    return {"ncp": float(ncp.mean()) if table.n else None, "windows": anon.windows,
+            "suppression_ratio": float((anon.record_class < 0).mean()) if table.n else None,
             "runtime_s": time.perf_counter() - t0}

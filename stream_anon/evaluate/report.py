@@ -112,10 +112,13 @@ def _fmt(v, f="{:.4f}"):
 
 def comparison_table(rows: list[dict]) -> str:
     lines = ["| strategy | k | records | streaming NCP | streaming suppression | releases | offline Mondrian, "
-             "same windows | offline Mondrian, whole table | error |", "|---|---|---|---|---|---|---|---|---|"]
+             "same windows | offline Mondrian, whole table | query error: streaming / same windows / whole table "
+             "| error |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        errors = " / ".join(_fmt(r.get(f"{v}_query_error"), "{:.3f}")
+                            for v in ("streaming", "offline_windows", "offline_table"))
         lines.append(f"| {r['strategy']} | {r['k']} | {r['n']} | {_fmt(r.get('streaming_ncp'))} | "
                      f"{_fmt(r.get('streaming_suppression_ratio'))} | {r.get('streaming_releases', '-')} | "
                      f"{_fmt(r['offline_mondrian_windows_ncp'])} | {_fmt(r['offline_mondrian_table_ncp'])} | "
-                     f"{r.get('error', '')} |")
+                     f"{errors} | {r.get('error', '')} |")
     return "\n".join(lines) + "\n"

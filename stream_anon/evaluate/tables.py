@@ -191,7 +191,7 @@ def stream_table(name: str, full: bool = False, limit: int | None = None, fit_ti
                     raw_qi["lower"] = float(np.floor(min(times) / 3600) * 3600)
                     raw_qi["upper"] = float(np.ceil(max(times) / 3600) * 3600)
         config = parse_config({**config.raw, "quasi_identifiers": raw_qis}, base_dir=config.source.parent,
-                              source=config.source)
+                              source=config.source, allow_outside_paths=config.allow_outside_paths)
     space = QISpace(config)
     fields = sorted({f for q in config.quasi_identifiers for f in q.fields} | {config.stream.privacy_unit,
                     spec["sensitive"], spec["kpi"][1], "latitude", "longitude", "station",

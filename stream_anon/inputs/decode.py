@@ -393,13 +393,14 @@ def _shifted(iso: str, seconds: float) -> str:
 
 # ---- files (replay, evaluate, calibrate): stream_anon/inputs/files.py
 def decode_file(path, spec: InputSpec, max_bytes: int = 1 << 30, topic: str | None = None,
-                framing: str = "auto", order: str = "name"):
+                framing: str = "auto", order: str = "name", secret: bytes | None = None):
     """(events accepted by the mapping, [(message number, index, reason)] of the rest) for a whole file; derived
-    event ids use ``topic`` (default: the file name), partition 0 and the message number as offset."""
+    event ids use ``topic`` (default: the file name), partition 0 and the message number as offset; ``secret``
+    keys the ids of an ``event_key`` (:class:`Decoder`; a fixed one makes them the same in every run)."""
     from pathlib import Path
 
     topic = topic or Path(path).name
-    decoder = Decoder(spec, max_bytes=max_bytes)
+    decoder = Decoder(spec, max_bytes=max_bytes, secret=secret)
     events, rejected = [], []
     for n, raw in enumerate(file_messages(path, spec, framing, order)):
         d = decoder.decode(raw, topic, 0, n)

@@ -56,10 +56,9 @@ from __future__ import annotations
 import csv
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from stream_anon.errors import ConfigError
-from stream_anon.validation import Table, check_number
+from stream_anon.validation import ConfigDir, Table, check_number
 
 FORMATS = ("json", "csv", "tesla-fleet-telemetry", "gtfs-realtime")
 MULTI_EVENT_FORMATS = ("gtfs-realtime",)          # one message may hold several events
@@ -209,9 +208,7 @@ def _parse_lookup(table, key: str, base_dir) -> dict:
         return {"lookup": tuple(sorted(table.items())), "lookup_source": "inline table"}
     if not isinstance(table, str) or not table:
         raise ConfigError(f"{key}: expected an inline table or the path of a CSV file, got {table!r}")
-    path = Path(table)
-    if not path.is_absolute():
-        path = Path(base_dir or ".") / path
+    path = ConfigDir.of(base_dir).resolve(table, key)       # inside the config's directory tree unless allowed
     try:
         with open(path, newline="", encoding="utf-8") as fh:
             rows = list(csv.reader(fh))
@@ -255,8 +252,9 @@ def _parse_number_text(t: Table, cast, tf) -> dict:
 
 def parse_input(table, event_time: str = "event_time", event_types: tuple[str, ...] = (),
                 required: dict[str, str] | None = None, base_dir=None) -> InputSpec:
-    """Validate an ``[input]`` table (None: the built-in JSON shape). ``base_dir``: the config file's directory,
-    where the CSV files of lookups are found (default: the working directory).
+    """Validate an ``[input]`` table (None: the built-in JSON shape). ``base_dir``: the config file's directory
+    (or its :class:`~stream_anon.validation.ConfigDir`), where the CSV files of lookups are found and whose tree
+    they must lie in (default: the working directory).
 
     ``required``: engine field -> its role (``"privacy unit"``, ``"quasi-identifier time"``, ...): each must be
     mapped, and a mapped field must be one of them (a field nobody reads is refused, so nothing is carried that

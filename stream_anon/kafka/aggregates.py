@@ -82,6 +82,9 @@ class PartitionAggregates:
     partition : int
     secret : bytes
         The stream secret; the noise seed is derived from it and never stored.
+    lineage : str or None
+        The stream's lineage (:mod:`stream_anon.kafka.lineage`): in every row (``lineage``, ``row_id``) and in the
+        noise seed, so a new lineage never repeats a row id nor reuses noise on other data.
 
     State (:class:`~stream_anon.checkpoint.Checkpointable`): :meth:`state_core` is ``{"aggregator": its core (counters,
     metrics, period, partial releases), "ledger": the ledger's}``; :meth:`state_tables`, in period mode,
@@ -91,7 +94,7 @@ class PartitionAggregates:
     another process: :mod:`stream_anon.kafka.aggregates_process`).
     """
 
-    def __init__(self, config, partition: int, secret: bytes):
+    def __init__(self, config, partition: int, secret: bytes, lineage: str | None = None):
         if config.dp is None:
             raise ValueError("config.dp: the stream configuration has no [dp] / [[aggregates]] tables")
         if not secret:
@@ -99,12 +102,13 @@ class PartitionAggregates:
         self.dp = config.dp
         self.stream = config.stream.name
         self.partition = int(partition)
+        self.lineage = lineage
         self.window_s = float(config.anonymization.window_s)
         # imported here: diffprivlib (with scikit-learn) loads only in a worker whose stream has DP aggregates,
         # ~0.6 s of every other worker's start
         from stream_anon.dp import BudgetLedger, DPAggregator
         self.ledger = BudgetLedger(None, self.dp.epsilon_budget)
-        seed = crypto.dp_noise_seed(secret, self.stream, self.partition)
+        seed = crypto.dp_noise_seed(secret, self.stream, self.partition, lineage)
         self.aggregator = DPAggregator(self.dp, self.ledger, seed, stream=self.stream,
                                        unit_ids=unit_ids_carried(config))
         self._parts = checkpoint.Composite({"aggregator": self.aggregator, "ledger": self.ledger})
@@ -165,13 +169,17 @@ class PartitionAggregates:
 
     def _row_fields(self, r: dict, spent_through: float, iso: _IsoCache) -> dict:
         """The fields this layer adds to an aggregator row (all but ``row_id`` are the release's)."""
-        return {"partition": self.partition, "window_start": iso[r.get("span_start_window", r["window"])],
+        lineage = {"lineage": self.lineage} if self.lineage else {}
+        return {**lineage, "partition": self.partition, "window_start": iso[r.get("span_start_window", r["window"])],
                 "window_end": iso[r["window"] + 1], "ledger_epsilon_spent": spent_through,
-                "ledger_epsilon_budget": self.ledger.epsilon_budget}
+                # the budget in force at the release (a gap window released with a later one may be of a period
+                # whose budget an accepted change has since raised: stream_anon.dp.transition)
+                "ledger_epsilon_budget": r.get("ledger_epsilon_budget", self.ledger.epsilon_budget)}
 
     def _row_id_prefix(self, r: dict) -> str:
         # release: "<window>", or "<window>~<n>" for a paid re-release of a window re-closed with other content
-        return f"{self.stream}/p{self.partition}/{r['aggregate']}/{r['output']}/w{r['release']}/"
+        lineage = f"{self.lineage}/" if self.lineage else ""
+        return f"{self.stream}/{lineage}p{self.partition}/{r['aggregate']}/{r['output']}/w{r['release']}/"
 
     def aggregate_row(self, r: dict, spent_through: float, iso=None) -> dict:
         """One ``anon.aggregates`` value: the aggregator's row plus partition, window bounds, the ledger's total

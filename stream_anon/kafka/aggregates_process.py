@@ -124,9 +124,10 @@ class AggregatesProcess:
             else:
                 head.error = value
 
-    def open(self, config, partition: int, core: dict | None, tables: dict | None) -> "RemoteAggregates":
+    def open(self, config, partition: int, core: dict | None, tables: dict | None, lineage: str | None = None
+             ) -> "RemoteAggregates":
         """The partition's aggregates, new (``core`` None) or restored, in the child (replacing any it held)."""
-        carried = self.call("open", partition, core, tables)
+        carried = self.call("open", partition, core, tables, lineage)
         return RemoteAggregates(self, config, partition, carried, core)
 
     def close(self, timeout_s: float = 5.0) -> None:
@@ -204,7 +205,8 @@ class RemoteAggregates:
         view = self._ledger_view
         if view is None:
             from stream_anon.dp import BudgetLedger
-            view = BudgetLedger(None, self.dp.epsilon_budget)
+            # the budget in force (an accepted change may keep another one until the period ends)
+            view = BudgetLedger(None, (self._ledger_state or {}).get("epsilon_budget", self.dp.epsilon_budget))
             if self._ledger_state is not None:
                 view.load_state(self._ledger_state, {})
             self._ledger_view = view
@@ -238,8 +240,8 @@ def serve_requests(requests, replies) -> None:
                     setup()
                 value = None
             elif op == "open":
-                core, tables = args
-                parts[p] = aggregates.PartitionAggregates(config, p, secret)
+                core, tables, lineage = args
+                parts[p] = aggregates.PartitionAggregates(config, p, secret, lineage)
                 if core is not None:
                     parts[p].load_state(core, tables or {})
                 value = parts[p].carried

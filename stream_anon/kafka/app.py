@@ -29,6 +29,8 @@ from stream_anon.connection import as_connection
 from stream_anon.config import load_config
 from stream_anon.kafka.core import WorkerCore
 from stream_anon.kafka.loop import COMPRESSIONS, DEFAULT_COMPRESSION, KafkaLoop
+from stream_anon.kafka.state import MIN_PART_BYTES, PART_MAX_BYTES, checked_part_bytes
+from stream_anon.validation import ALLOW_OUTSIDE_FLAG, ALLOW_OUTSIDE_HELP
 from stream_anon.kafka.observe import prometheus_text, readiness
 
 log = logging.getLogger("stream_anon.worker")
@@ -59,8 +61,10 @@ def make_app(config, bootstrap: str, state_dir, app_id: str | None = None, secre
              flush_when_idle_s: float | None = None, web_port: int | None = None, raw_deadletters: bool = False,
              accept_input_reset: bool = False, client_config: dict | None = None,
              compression: str = DEFAULT_COMPRESSION, aggregates_process: str = "auto",
-             accept_config_change: bool = False):
-    """The faust app of one worker and its :class:`KafkaLoop` (``app.stream_anon_loop``)."""
+             accept_config_change: bool = False, new_lineage: bool = False, previous_secret: bytes | None = None,
+             state_part_bytes: int = PART_MAX_BYTES):
+    """The faust app of one worker and its :class:`KafkaLoop` (``app.stream_anon_loop``). ``previous_secret``:
+    the secret before a key rotation (``--rotate-key``): states written with it are resumed under ``secret``."""
     app_id = app_id or f"stream-anon-{config.stream.name}"
     secret = secret if secret is not None else crypto.load_secret()
     state_dir = Path(state_dir)
@@ -81,7 +85,9 @@ def make_app(config, bootstrap: str, state_dir, app_id: str | None = None, secre
     loop = KafkaLoop(core, {**as_connection(bootstrap).confluent(), **(client_config or {})}, batch_max=batch_max,
                      batch_within_s=batch_within_s, metrics_interval_s=metrics_interval_s,
                      accept_input_reset=accept_input_reset, cache_dir=state_dir, compression=compression,
-                     accept_config_change=accept_config_change)
+                     accept_config_change=accept_config_change, new_lineage=new_lineage,
+                     rotate_from=crypto.key_id(previous_secret) if previous_secret else None,
+                     state_part_bytes=state_part_bytes)
     app.stream_anon_core, app.stream_anon_loop = core, loop
 
     @app.service
@@ -202,15 +208,30 @@ def build_parser() -> argparse.ArgumentParser:
                         "its state (signatures, DP ledger) from offset 0 of the new topic")
     p.add_argument("--accept-config-change", action="store_true",
                    help="operator decision: partitions whose state was written under other guarantee settings (k, "
-                        "criteria, windows, quasi-identifiers, domains) resume under the new ones; every published "
-                        "class is retired from reuse and the change is written into the next release manifest "
-                        "(m and DP settings never change in place)")
+                        "criteria, windows, quasi-identifiers, hierarchies, domains, DP budget and aggregates) resume "
+                        "under the new ones; every published class is retired from reuse, buffered records are "
+                        "recoded, a DP raise applies from the next period, and the change is written into the next "
+                        "release manifest (m, the DP period and unit never change in place)")
+    p.add_argument("--new-lineage", action="store_true",
+                   help="operator decision: partitions halted because their state was lost (lineage_lost, "
+                        "state_topic_reset) start empty in a new lineage of the stream: new release ids, a fresh DP "
+                        "budget, written into the manifests (lineage_started); without a loss it does nothing")
+    p.add_argument("--rotate-key", action="store_true",
+                   help="operator decision: partitions whose state was written with the previous secret "
+                        "(STREAM_ANON_PREVIOUS_SECRET or STREAM_ANON_PREVIOUS_SECRET_FILE, read only) resume under "
+                        "the current one, at a point where nothing is buffered (and at a DP period boundary); the "
+                        "next manifest says key_rotated")
     p.add_argument("--aggregates-process", choices=AGGREGATES_PROCESS, default="auto",
                    help="release the DP aggregates in a second process, beside the engine (auto: when the machine "
                    "has 2 or more CPUs; streams without [dp] never start it)")
     p.add_argument("--compression", choices=COMPRESSIONS, default=DEFAULT_COMPRESSION,
                    help="compression of the batches the worker writes: output, dead letters, state (default: "
                         f"{DEFAULT_COMPRESSION})")
+    p.add_argument(ALLOW_OUTSIDE_FLAG, action="store_true", help=ALLOW_OUTSIDE_HELP)
+    p.add_argument("--state-part-bytes", type=int, default=PART_MAX_BYTES,
+                   help="largest value written to the state topic: a longer state record is written as several "
+                        f"(between {MIN_PART_BYTES} and the default {PART_MAX_BYTES}; lower it for a cluster whose "
+                        "max.message.bytes is lower)")
     p.add_argument("--broker-wait", type=float, default=BROKER_PROBE_S,
                    help="seconds to wait at start for the broker to answer a metadata request; no answer: one line "
                         f"naming the broker and exit 2 (default: {BROKER_PROBE_S:g})")
@@ -247,13 +268,23 @@ def worker_main(argv=None) -> int:
     _setup_logging(args.loglevel, args.log_format)
     try:
         secret = crypto.load_secret()
+        previous = crypto.load_secret(crypto.PREVIOUS_SECRET_ENV, crypto.PREVIOUS_SECRET_FILE_ENV) \
+            if args.rotate_key else None
     except crypto.SecretError as exc:
         print(f"stream-anon worker: {exc}", file=sys.stderr)
         return 2
+    if previous is not None and crypto.key_id(previous) == crypto.key_id(secret):
+        print("stream-anon worker: --rotate-key: the previous secret is the current one", file=sys.stderr)
+        return 2
     try:
-        config = load_config(args.config)
+        config = load_config(args.config, args.allow_outside_paths)
     except (OSError, ValueError) as exc:     # ConfigError is a ValueError
         print(f"stream-anon worker: {args.config}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        checked_part_bytes(args.state_part_bytes)
+    except ValueError as exc:
+        print(f"stream-anon worker: {exc}", file=sys.stderr)
         return 2
     try:
         conn = kafka_connection.from_args(args, config_path=args.config)
@@ -276,8 +307,9 @@ def worker_main(argv=None) -> int:
                batch_max=args.batch_max, batch_within_s=args.batch_within, metrics_interval_s=args.metrics_interval,
                flush_when_idle_s=args.flush_when_idle, raw_deadletters=args.deadletter_raw_payload,
                web_port=args.web_port, accept_input_reset=args.accept_input_reset, compression=args.compression,
-               accept_config_change=args.accept_config_change,
-               aggregates_process=args.aggregates_process)
+               accept_config_change=args.accept_config_change, new_lineage=args.new_lineage,
+               previous_secret=previous, aggregates_process=args.aggregates_process,
+               state_part_bytes=args.state_part_bytes)
     return 0
 
 

@@ -89,20 +89,20 @@ class WorkerCore:
 
     # ---- partitions
     def open_partition(self, partition: int, doc: dict | None = None, tables: dict | None = None,
-                       base_seq: int | None = None, accepted_changes: list[str] | None = None) -> PartitionState:
-        """:func:`stream_anon.kafka.partition.open_partition` of this worker's configuration, registered."""
-        ps = open_partition(self.config, self.secret, partition, self._aggregates, doc, tables, base_seq,
-                            accepted_changes)
+                       base_seq: int | None = None, **options) -> PartitionState:
+        """:func:`stream_anon.kafka.partition.open_partition` of this worker's configuration, registered
+        (``options``: its ``accepted_changes``, ``lineage``, ``notes``, ``rotated_from``)."""
+        ps = open_partition(self.config, self.secret, partition, self._aggregates, doc, tables, base_seq, **options)
         self.parts[partition] = ps
         return ps
 
-    def _aggregates(self, partition: int, core: dict | None, tables: dict | None = None):
+    def _aggregates(self, partition: int, core: dict | None, tables: dict | None = None, lineage: str | None = None):
         """The partition's DP aggregates (None without ``[dp]``): new, or from their core and their own tables."""
         if self.config.dp is None or not self.config.dp.aggregates:
             return None
         if self.aggregates_process is not None:
-            return self.aggregates_process.open(self.config, partition, core, tables)
-        dp = aggregates.PartitionAggregates(self.config, partition, self.secret)
+            return self.aggregates_process.open(self.config, partition, core, tables, lineage)
+        dp = aggregates.PartitionAggregates(self.config, partition, self.secret, lineage)
         if core is not None:
             dp.load_state(core, tables or {})
         return dp
@@ -245,8 +245,8 @@ class WorkerCore:
 
     def _emit(self, ps: PartitionState, result, out: BatchOutput) -> None:
         for rel in result.releases:
-            docs, c, alerts = self.render.release(rel, ps.settings_changes)
-            ps.settings_changes = []             # published: the state committed with this batch no longer holds them
+            docs, c, alerts = self.render.release(rel, ps.settings_changes, ps.notes)
+            ps.settings_changes, ps.notes = [], {}   # published: the state committed with this batch no longer holds them
             out.messages.extend(docs)
             out.releases.append(rel)
             for k, v in c.items():
@@ -296,8 +296,9 @@ class WorkerCore:
                     opaque: bool = False) -> None:
         """``source``: the input offset, or (offset, index) of one event of a multi-event message."""
         offset, index = source if isinstance(source, tuple) else (source, None)
+        ps = self.parts.get(partition)
         out.messages.append(self.render.deadletter(reason, partition, offset, raw=raw, event=event, index=index,
-                                                   opaque=opaque))
+                                                   opaque=opaque, lineage=ps.lineage if ps is not None else None))
         out.counts["dead_letters"] += 1
         self.stats.deadletter(reason)
 

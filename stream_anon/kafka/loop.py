@@ -4,10 +4,12 @@ consumer offsets in ONE Kafka transaction per partition batch (read-process-writ
 One thread runs the whole loop with confluent-kafka (librdkafka fetches and sends in its own threads, without the
 GIL): ``consume()`` a batch of up to ``batch_max`` messages, ``WorkerCore.process`` of each partition of the batch,
 then per partition ``WorkerCore.complete`` (the DP rows, when a second process releases the aggregates:
-aggregates_process.py) -> begin transaction -> produce the output -> produce the state record (state.py) ->
-``send_offsets_to_transaction`` (input offset + the state marker) -> commit. Group membership and rebalancing are
-the consumer's; partition assignment happens inside ``consume()``, between transactions, and recovers each new
-partition's state from the state topic (state.py).
+aggregates_process.py) -> begin transaction -> produce the output -> produce the state record (state.py; in parts
+when long) -> ``send_offsets_to_transaction`` (input offset + the state marker) -> commit. The partitions'
+transactions of a step are written one after the other and committed side by side (each partition has its own
+transactional producer; kafka/transactions.py); their outcomes are taken in the order written, each as if alone.
+Group membership and rebalancing are the consumer's; partition assignment happens inside ``consume()``, between
+transactions (none is under way then), and recovers each new partition's state from the state topic (state.py).
 
 Failures:
 - a transaction that fails is aborted and the partition is recovered again from Kafka (its in-memory state may
@@ -25,24 +27,25 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import uuid
-from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicCollection, \
     TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from stream_anon.kafka import state as st
 from stream_anon.kafka.core import WorkerCore
-from stream_anon.kafka.partition import ConfigChangeRefused
+from stream_anon.kafka.lineage import StreamLineage
+from stream_anon.kafka.partition import ConfigChangeRefused, KeyRotationRefused
+from stream_anon.kafka.retention import RetentionCheck, guard_raw_retention
 from stream_anon.kafka.state_cache import CommittedCache, read_to_barriers
+from stream_anon.kafka.transactions import TXN_TIMEOUT_S, CommitThreads, OpenTransaction, abort_or_fenced, \
+    fence_and_barrier, transactional_producer
 from stream_anon.kafka.watchdog import BrokerWatch
 from stream_anon.render import TOPICS, json_bytes
 
 log = logging.getLogger("stream_anon.worker")
 client_log = logging.getLogger("stream_anon.kafka.client")
 
-TXN_TIMEOUT_S = 60.0
 _UNSET = -1001                         # librdkafka's OFFSET_INVALID (no committed offset)
 # Compression of the transaction's batches (output, state records). lz4: the worker's CPU per event fell 8-20% in
 # paired end-to-end runs (fewer bytes through the broker), and every client reads it (kafka-python with the
@@ -68,59 +71,6 @@ class RateLimited(logging.Filter):
 
 
 client_log.addFilter(RateLimited())
-
-
-def transactional_producer(client_config: dict, app_id: str, partition: int, compression: str) -> Producer:
-    """The producer of one partition's transactions (``<app_id>-p<partition>``: initializing it fences a zombie)."""
-    return Producer({
-        **client_config, "transactional.id": st.transactional_id(app_id, partition),
-        "transaction.timeout.ms": int(TXN_TIMEOUT_S * 1000), "linger.ms": 5,
-        "batch.num.messages": 10000, "queue.buffering.max.messages": 2000000,
-        "queue.buffering.max.kbytes": 1048576, "message.max.bytes": 33554432, "logger": client_log,
-        "compression.type": compression})
-
-
-def produce(prod: Producer, topic: str, value: bytes | None, key: bytes, partition: int | None = None) -> None:
-    kw = {"partition": partition} if partition is not None else {}
-    while True:
-        try:
-            prod.produce(topic, value, key, **kw)
-            return
-        except BufferError:            # local queue full: let librdkafka send, then retry
-            prod.poll(0.05)
-
-
-def produce_all(prod: Producer, messages: list) -> None:
-    """Every ``(topic, key, value)`` message, in order (a full local queue waits in :func:`produce`)."""
-    send = prod.produce
-    for topic, key, value in messages:
-        try:
-            send(topic, value, key)
-        except BufferError:
-            produce(prod, topic, value, key)
-
-
-def abort_or_fenced(prod: Producer, err: KafkaError) -> bool:
-    """True when the producer was fenced (or failed fatally): another worker owns its partition; else the failed
-    transaction is aborted (an abort that fails counts as fenced)."""
-    if err.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH) or err.fatal():
-        return True
-    try:
-        prod.abort_transaction(TXN_TIMEOUT_S)
-    except KafkaException:
-        return True
-    return False
-
-
-def write_transaction(prod: Producer, messages: list, state_topic: str, partition: int, state_key: bytes,
-                      state_value: bytes, obsolete_keys: list) -> None:
-    """Begin a transaction and write into it the output messages, the partition's state record and tombstones of
-    the state record keys ``obsolete_keys``."""
-    prod.begin_transaction()
-    produce_all(prod, messages)
-    produce(prod, state_topic, state_value, state_key, partition=partition)
-    for key in obsolete_keys:
-        produce(prod, state_topic, None, key, partition=partition)
 
 
 def by_partition(msgs, parts, halted) -> dict[int, list | None]:
@@ -154,31 +104,33 @@ def end_offsets(consumer: Consumer, topic: str, partitions) -> dict[int, int | N
     return out
 
 
-def fence_and_barrier(prod: Producer, state_topic: str, stream: str, partition: int) -> bytes:
-    """Initialize the partition's transactional producer (fences a zombie, ends a transaction it left open) and
-    commit a barrier with a fresh nonce to the state partition (kafka/state.py: how far recovery reads)."""
-    prod.init_transactions(TXN_TIMEOUT_S)
-    nonce = uuid.uuid4().hex.encode()
-    prod.begin_transaction()
-    produce(prod, state_topic, st.encode_barrier(nonce), st.barrier_key(stream, partition), partition)
-    prod.commit_transaction(TXN_TIMEOUT_S)
-    return nonce
-
-
 def resume_partition(core: WorkerCore, p: int, rec: st.Recovery):
     """The partition's pipeline from the chosen state, or None with ``rec.halt`` set. Each changed guarantee setting
-    is logged (ERROR when it halts the partition, WARNING when the operator accepted it); an accepted change the
-    state cannot carry halts it too."""
+    is logged (ERROR when it halts the partition, WARNING when the operator accepted it); an accepted change or key
+    rotation the state cannot carry halts it too. The outcome is logged."""
     for change in rec.changes:
         log.log(logging.ERROR if rec.halt else logging.WARNING, "config changed on partition %s: %s%s", p, change,
                 "" if rec.halt else " (accepted by the operator)")
     if rec.halt:
         return None
     try:
-        return core.open_partition(p, rec.doc, rec.tables, rec.base_seq, accepted_changes=rec.changes)
+        ps = core.open_partition(p, rec.doc, rec.tables, rec.base_seq, accepted_changes=rec.changes,
+                                 lineage=rec.lineage, notes=rec.notes, rotated_from=rec.rotated_from)
     except ConfigChangeRefused as exc:
         rec.halt, rec.detail = st.HALT_CONFIG_CHANGE_REFUSED, str(exc)
         return None
+    except KeyRotationRefused as exc:
+        rec.halt, rec.detail = st.HALT_KEY_ROTATION_REFUSED, f"key {rec.rotated_from} -> {core.kid}: {exc}"
+        return None
+    if rec.rotated_from:
+        log.warning("partition %s: key rotated from key id %s to %s (accepted by the operator: --rotate-key)", p,
+                    rec.rotated_from, core.kid)
+    if rec.adopted_reset:
+        log.warning("partition %s: input topic re-created; accepted by the operator: resuming its state from offset "
+                    "0 of the new topic", p)
+    log.info("partition %s: %s", p, f"resumed at state transaction {ps.seq}, input offset {ps.offset}" if rec.doc
+             else f"no history: new state in lineage {ps.lineage}")
+    return ps
 
 
 def input_topic_id(admin: AdminClient, topic: str) -> str | None:
@@ -190,9 +142,32 @@ def input_topic_id(admin: AdminClient, topic: str) -> str | None:
         return None
 
 
+def ensure_state_topic(admin: AdminClient, topic: str, partitions: int, exists: bool,
+                       part_bytes: int = st.PART_MAX_BYTES) -> None:
+    """Create the state topic (compacted, ``max.message.bytes`` = ``state.MESSAGE_MAX_BYTES``), or refuse an
+    existing one that cannot take the worker's values of at most ``part_bytes`` (:func:`state.topic_limit_problem`;
+    a broker that does not describe it is taken at its word)."""
+    if not exists:
+        for f in admin.create_topics([NewTopic(topic, partitions, 1, config=st.STATE_TOPIC_CONFIG)]).values():
+            try:
+                f.result(30)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise
+        return
+    try:
+        found = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, topic)])
+        configs = {name: c.value for f in found.values() for name, c in f.result(30).items()}
+    except KafkaException:
+        return
+    problem = st.topic_limit_problem(configs, part_bytes)
+    if problem:
+        raise RuntimeError(f"state topic {topic}: {problem}")
+
+
 class MetricSender:
-    """The worker's own messages on ``anon.metrics`` (throughput, partition alerts), through a plain producer; a
-    metric that cannot be sent is logged: metrics never stop processing."""
+    """The worker's own messages on ``anon.metrics`` (throughput, partition alerts, the retention guard's and the
+    lineage's), through a plain producer; a metric that cannot be sent is logged: metrics never stop processing."""
 
     def __init__(self, stream: str):
         self.stream, self.producer = stream, None
@@ -214,32 +189,23 @@ class MetricSender:
             self.producer.flush(5)
 
 
-class OpenTransaction:
-    """A partition batch's transaction between :meth:`KafkaLoop._start_commit` and :meth:`KafkaLoop._settle`."""
-
-    __slots__ = ("ps", "prod", "rec", "state_value", "ending", "failure")
-
-    def __init__(self, ps, prod: Producer, rec, state_value: bytes):
-        self.ps, self.prod, self.rec, self.state_value = ps, prod, rec, state_value
-        self.ending: Future | None = None             # the commit under way
-        self.failure: KafkaException | None = None    # writing the transaction failed
-
-
 class KafkaLoop:
     """The batch loop of one worker (see the module docstring); ``run()`` is the thread's target."""
 
     def __init__(self, core: WorkerCore, client_config: dict, batch_max: int = 10000, batch_within_s: float = 0.5,
                  metrics_interval_s: float = 5.0, accept_input_reset: bool = False, cache_dir=None,
-                 compression: str = DEFAULT_COMPRESSION, accept_config_change: bool = False):
+                 compression: str = DEFAULT_COMPRESSION, accept_config_change: bool = False, new_lineage: bool = False,
+                 rotate_from: str | None = None, state_part_bytes: int = st.PART_MAX_BYTES):
         if compression not in COMPRESSIONS:
             raise ValueError(f"compression {compression!r}: one of {', '.join(COMPRESSIONS)}")
-        self.core = core
-        self.compression = compression
+        self.state_part_bytes = st.checked_part_bytes(state_part_bytes)
+        self.core, self.compression = core, compression
         self.cfg = dict(client_config)
         self.batch_max, self.batch_within_s = int(batch_max), float(batch_within_s)
         self.metrics_interval_s = float(metrics_interval_s)
-        self.accept_input_reset = accept_input_reset
-        self.accept_config_change = accept_config_change
+        # operator decisions (--accept-input-reset, --accept-config-change, --rotate-key: the previous key id)
+        self.accept_input_reset, self.accept_config_change, self.rotate_from = (accept_input_reset,
+                                                                               accept_config_change, rotate_from)
         self.input = core.topic
         self.state_topic = st.state_topic(core.app_id)
         self.producers: dict[int, Producer] = {}
@@ -250,15 +216,17 @@ class KafkaLoop:
         self.stopped = threading.Event()
         self.error: BaseException | None = None
         self.counters = {"transactions": 0, "aborted": 0, "recoveries": 0, "halts": 0, "broker_lost": 0,
-                         "state_bytes": 0, "full_state_records": 0}
+                         "state_bytes": 0, "full_state_records": 0, "lineages_started": 0}
+        self.retention: RetentionCheck | None = None      # the raw topic's retention against the declared one
         # broker liveness: a stopped broker gives no transport error, only silence (a watchdog thread probes it)
         self.watch = BrokerWatch(self.cfg, self.input, self.stopping, self.counters)
         self.cache = CommittedCache(cache_dir, core.app_id, core.stream)
+        self.lineage = StreamLineage(self.cfg, core.app_id, core.stream, self.cache, new_lineage)
         self._consumer: Consumer | None = None
         self.metrics = MetricSender(core.stream)
+        self.commits = CommitThreads()                   # a step's partition transactions commit side by side
         self._last_metric = 0.0
         self.highwater: dict[int, int] = {}
-        self._ending: ThreadPoolExecutor | None = None     # the threads of the commits under way (_start_commit)
 
     # ---- lifecycle --------------------------------------------------------------------------------------------
     def stop(self) -> None:
@@ -282,17 +250,12 @@ class KafkaLoop:
         md = admin.list_topics(timeout=30)
         if self.input not in md.topics:
             raise RuntimeError(f"input topic {self.input} does not exist (create it with `stream-anon topics apply`)")
-        n = len(md.topics[self.input].partitions)
-        if self.state_topic not in md.topics:
-            fut = admin.create_topics([NewTopic(self.state_topic, n, 1, config={"cleanup.policy": "compact"})])
-            for f in fut.values():
-                try:
-                    f.result(30)
-                except KafkaException as exc:
-                    if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                        raise
+        ensure_state_topic(admin, self.state_topic, len(md.topics[self.input].partitions),
+                           exists=self.state_topic in md.topics, part_bytes=self.state_part_bytes)
+        self.lineage.topic.ensure(admin)
         self._admin = admin
         self.metrics.start(self.cfg, self.compression)
+        self.retention = guard_raw_retention(admin, self.input, self.core.config.stream, self.metrics.send)
         self._consumer = Consumer({
             **self.cfg, "group.id": self.core.app_id, "enable.auto.commit": False,
             "isolation.level": "read_committed", "auto.offset.reset": "earliest",
@@ -309,8 +272,7 @@ class KafkaLoop:
                 self._consumer.close()          # leaves the group: the partitions move at once
         except Exception:  # pragma: no cover - best effort on the way out
             log.debug("consumer close failed", exc_info=True)
-        if self._ending is not None:
-            self._ending.shutdown()
+        self.commits.shutdown()
         for prod in self.producers.values():
             prod.flush(5)
         self.metrics.close()
@@ -323,7 +285,9 @@ class KafkaLoop:
         by_part = by_partition(msgs, self.core.parts, self.halted)
         # every partition's batch first, then their transactions: with the DP aggregates in their own process
         # (aggregates_process.py), a partition's aggregates are released there while the next one's engine runs
-        # here. The partitions are independent: one failing to commit is recovered alone.
+        # here. Each transaction is written, then its commit runs beside the next one's writing (one producer per
+        # partition); the outcomes are taken in order. The partitions are independent: one failing to commit is
+        # recovered (or halted, or dropped) alone.
         done = [(self.core.parts[p], batch) for p, batch in by_part.items() if batch is not None]
         done = [(ps, batch, self.core.process(ps, batch)) for ps, batch in done]
         started = []
@@ -349,46 +313,28 @@ class KafkaLoop:
     # ---- transactions -----------------------------------------------------------------------------------------
     def _commit(self, ps, messages: list, offset: int, flush_pending: bool = False) -> bool:
         """Output, state and offsets of one partition batch in one transaction. False: not committed (the
-        partition was recovered again from Kafka, or dropped)."""
+        partition was recovered again from Kafka, halted, or dropped)."""
         return self._settle([self._start_commit(ps, messages, offset, flush_pending)])[0]
 
     def _start_commit(self, ps, messages: list, offset: int, flush_pending: bool = False) -> OpenTransaction:
-        """Write a partition batch's transaction (output, state record, offsets) and start its commit, which waits
-        for the broker, in a thread of its own: the commits of a step's partitions run side by side (each
-        partition has its own transactional producer). :meth:`_settle` ends them."""
+        """Write a partition batch's transaction (output, state record in parts, tombstones) and start its commit
+        (offsets, then commit: it waits for the broker) in a thread of its own; :meth:`_settle` ends it."""
         p = ps.partition
-        prod = self.producers[p]
-        seq = ps.seq + 1
-        rec = self.core.state_record(ps, seq, offset, flush_pending)
-        txn = OpenTransaction(ps, prod, rec, st.encode_state(rec))
-        # after a full record, the chain before it is obsolete: tombstones for compaction
-        obsolete = [st.state_key(self.core.stream, p, old) for old in range(ps.chain_start, seq)] if rec.full else []
-        try:
-            write_transaction(prod, messages, self.state_topic, p, st.state_key(self.core.stream, p, seq),
-                              txn.state_value, obsolete)
-        except KafkaException as exc:
-            txn.failure = exc
-            return txn
-        offsets = [TopicPartition(self.input, p, offset + 1), TopicPartition(self.state_topic, p, seq)]
-        if self._ending is None:
-            self._ending = ThreadPoolExecutor(max_workers=8, thread_name_prefix="txn-commit")
-        txn.ending = self._ending.submit(self._end_transaction, prod, offsets)
+        txn = OpenTransaction(ps, self.producers[p], self.core.state_record(ps, ps.seq + 1, offset, flush_pending))
+        txn.write(messages, self.state_topic, self.core.stream, self.state_part_bytes)
+        offsets = [TopicPartition(self.input, p, offset + 1), TopicPartition(self.state_topic, p, txn.rec.seq)]
+        self.commits.start(txn, self._end_transaction, offsets)
         return txn
 
     def _settle(self, txns: list[OpenTransaction]) -> list[bool]:
-        """Wait for the started commits, then take each outcome in order (False: failed, and :meth:`_failed`)."""
-        wait([t.ending for t in txns if t.ending is not None])
+        """Wait for the started commits, then take each outcome in order (False: failed, see :meth:`_failed`)."""
         done = []
-        for txn in txns:
-            try:
-                if txn.failure is not None:
-                    raise txn.failure
-                txn.ending.result()
-            except KafkaException as exc:
-                self._failed(txn.ps, txn.prod, exc)
+        for txn, failure in zip(txns, self.commits.settle(txns)):
+            if failure is not None:
+                self._failed(txn.ps, txn.prod, failure)
                 done.append(False)
                 continue
-            txn.ps.note_committed(txn.rec)
+            txn.ps.note_committed(txn.rec, txn.parts)
             self.counters["transactions"] += 1
             self.counters["full_state_records"] += txn.rec.full
             self.counters["state_bytes"] += len(txn.state_value)
@@ -406,7 +352,13 @@ class KafkaLoop:
         err = exc.args[0]
         self.counters["aborted"] += 1
         p = ps.partition
-        if abort_or_fenced(prod, err):
+        fenced = abort_or_fenced(prod, err)
+        if not fenced and err.code() == KafkaError.MSG_SIZE_TOO_LARGE:   # the batch would fail again
+            self._halt(p, st.HALT_MESSAGE_TOO_LARGE, f"a message of the batch after input offset {ps.offset} is over "
+                       f"the producer's message.max.bytes ({st.MESSAGE_MAX_BYTES}): {err.str()}")
+            self._consumer.pause([TopicPartition(self.input, p)])
+            return
+        if fenced:
             # another worker initialized this partition's transactional id: it owns the partition now
             log.warning("partition %s: producer fenced (%s): another worker owns it; dropped", p, err)
             self._drop(p)
@@ -486,23 +438,20 @@ class KafkaLoop:
                                               for t in (self.input, self.state_topic)], timeout=30)
         offsets = {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None) for tp in committed}
         topic_id = input_topic_id(self._admin, self.input)
+        recs = {p: st.choose_state(logs[p], offsets.get((self.state_topic, p)), offsets.get((self.input, p)),
+                                   self.cache.read(p), topic_id, self.accept_input_reset, kid=self.core.kid,
+                                   settings=self.core.settings, accept_config_change=self.accept_config_change,
+                                   rotate_from=self.rotate_from) for p in parts}
+        self.lineage.place(recs, self.metrics.send, self.counters, {p for p in parts if not logs[p].values})
         starts = {}
         for p in parts:
-            rec = st.choose_state(logs[p], offsets.get((self.state_topic, p)), offsets.get((self.input, p)),
-                                  self.cache.read(p), topic_id, self.accept_input_reset, kid=self.core.kid,
-                                  settings=self.core.settings, accept_config_change=self.accept_config_change)
-            ps = resume_partition(self.core, p, rec)
-            if rec.halt:
-                self._halt(p, rec.halt, rec.detail)
-                starts[p] = None
-                continue
-            ps.input_topic_id = topic_id or ps.input_topic_id
-            if rec.adopted_reset:
-                log.warning("partition %s: input topic re-created; accepted by the operator: resuming its state "
-                            "from offset 0 of the new topic", p)
-            log.info("partition %s: %s", p, f"resumed at state transaction {ps.seq}, input offset {ps.offset}"
-                     if rec.doc else "no history: new state")
-            starts[p] = ps.offset + 1 if ps.offset >= 0 else None
+            ps = resume_partition(self.core, p, recs[p])
+            if ps is None:
+                self._halt(p, recs[p].halt, recs[p].detail)
+            else:
+                ps.input_topic_id = topic_id or ps.input_topic_id
+                ps.record_parts = dict(recs[p].record_parts)     # the keys its chain's tombstones must reach
+            starts[p] = ps.offset + 1 if ps is not None and ps.offset >= 0 else None
         return starts
 
     def _halt(self, p: int, reason: str, detail: str) -> None:
@@ -511,7 +460,7 @@ class KafkaLoop:
         log.error("partition %s HALTED (%s): %s. It stays paused until an operator decides (docs/operations.md, "
                   "Faults and what the worker does).", p, reason, detail)
         self.metrics.send({"type": "alert", "alert": "partition_halted", "partition": p, "reason": reason,
-                           "detail": detail})
+                          "detail": detail})
 
     def _publish_metrics(self) -> None:
         positions = {p: ps.offset + 1 for p, ps in self.core.parts.items()}

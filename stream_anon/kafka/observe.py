@@ -3,7 +3,8 @@ feed the ``anon.metrics`` topic (one source), plus liveness and readiness. Every
 docs/operations.md (Metrics reference); tests/test_metrics_reference.py holds the two to each other.
 
 Readiness: every partition assigned to the worker has its state recovered and none is halted (a halted partition
-needs an operator: the worker is alive but not ready).
+needs an operator: the worker is alive but not ready). The retention guard's verdict is in ``/readyz``'s detail
+(``raw_retention``) but never makes the worker unready: the worker cannot shorten what the raw topic keeps.
 """
 from __future__ import annotations
 
@@ -123,7 +124,10 @@ def loop_series(core, loop):
     alerts.add_metric([stream, "suppression_limit_exceeded"], core.stats.alerts.get("suppression_limit_exceeded", 0))
     alerts.add_metric([stream, "partition_halted"], loop.counters["halts"])
     alerts.add_metric([stream, "broker_lost"], loop.counters["broker_lost"])
+    alerts.add_metric([stream, "lineage_started"], loop.counters["lineages_started"])
+    alerts.add_metric([stream, "raw_retention_exceeded"], int(loop.retention is not None and loop.retention.exceeded))
     yield alerts
+    yield from retention_series(stream, loop.retention)
     g = _gauge("broker_connected", "1 while the broker is reachable, else 0")
     g.add_metric([stream], 1.0 if loop.watch.connected else 0.0)
     yield g
@@ -156,6 +160,26 @@ def loop_series(core, loop):
     yield g
 
 
+def retention_series(stream: str, check):
+    """The retention guard's figures (stream_anon.kafka.retention), when the stream declares input_retention_s."""
+    if check is None:
+        return
+    g = _gauge("raw_retention_exceeded", "1 when the raw input topic keeps data longer than [stream] "
+               "input_retention_s (or its retention.ms is not stated or unreadable), checked at start; else 0",
+               ["topic"])
+    g.add_metric([stream, check.topic], 1.0 if check.exceeded else 0.0)
+    yield g
+    g = _gauge("raw_retention_declared_seconds", "The longest the raw input topic may keep data ([stream] "
+               "input_retention_s)", ["topic"])
+    g.add_metric([stream, check.topic], check.declared_ms / 1000)
+    yield g
+    g = _gauge("raw_retention_seconds", "The raw input topic's retention.ms as the broker states it, in seconds "
+               "(-1: forever; absent when not stated)", ["topic"])
+    if check.retention_ms is not None:
+        g.add_metric([stream, check.topic], check.retention_ms / 1000 if check.retention_ms >= 0 else -1.0)
+    yield g
+
+
 class WorkerCollector:
     def __init__(self, core, loop):
         self.core, self.loop = core, loop
@@ -178,5 +202,7 @@ def readiness(loop) -> tuple[bool, dict]:
     """(ready, details): partitions assigned and recovered, none halted, the loop running."""
     detail = {"assigned": sorted(loop.assigned), "halted": {str(p): h for p, h in loop.halted.items()},
               "recovered": loop.ready, "running": not loop.stopped.is_set(), "broker_connected": loop.watch.connected}
+    if loop.retention is not None:       # an alert, not a readiness condition (stream_anon.kafka.retention)
+        detail["raw_retention"] = loop.retention.as_dict()
     ok = loop.ready and not loop.halted and not loop.stopped.is_set() and bool(loop.assigned)
     return ok, detail

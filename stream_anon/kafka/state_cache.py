@@ -49,10 +49,11 @@ def read_to_barriers(client_config: dict, group_id: str, state_topic: str, nonce
 
 
 class CommittedCache:
-    """``<cache_dir>/<app_id>/<stream>-p<p>.committed.json``: the last committed ``{seq, offset, input_topic_id}``
-    of each partition (None: no cache directory)."""
+    """``<cache_dir>/<app_id>/<stream>-p<p>.committed.json``: the last committed ``{seq, offset, input_topic_id,
+    lineage}`` of each partition (None: no cache directory)."""
 
     def __init__(self, cache_dir, app_id: str, stream: str):
+        self.root = None if cache_dir is None else Path(cache_dir)
         self.dir = None if cache_dir is None else Path(cache_dir) / app_id
         self.stream = stream
         self.failing: str | None = None         # why the last write failed (None: it did not)
@@ -70,7 +71,8 @@ class CommittedCache:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")
-            tmp.write_bytes(json_bytes({"seq": ps.seq, "offset": ps.offset, "input_topic_id": ps.input_topic_id}))
+            tmp.write_bytes(json_bytes({"seq": ps.seq, "offset": ps.offset, "input_topic_id": ps.input_topic_id,
+                                        "lineage": ps.lineage}))
             os.replace(tmp, path)
         except OSError as exc:
             if self.failing is None:
@@ -91,3 +93,23 @@ class CommittedCache:
             log.warning("local state cache %s unreadable (%s): recovering from the broker's state alone", path,
                         type(exc).__name__)
             return None
+
+    def lineages(self) -> dict[str, str]:
+        """Lineage -> where this state directory names it for the stream: the committed headers of every app id
+        under it (``<app_id>/<stream>-p<p>.committed.json``), so a new app id on the same directory still sees the
+        lineage of the one before (:mod:`stream_anon.kafka.lineage`)."""
+        if self.root is None:
+            return {}
+        out: dict[str, str] = {}
+        try:
+            paths = sorted(self.root.glob(f"*/{self.stream}-p*.committed.json"))
+        except OSError:
+            return out
+        for path in paths:
+            try:
+                doc = orjson.loads(path.read_bytes())
+            except (OSError, ValueError):
+                continue
+            if isinstance(doc, dict) and doc.get("seq", 0) > 0:
+                out.setdefault(str(doc.get("lineage")), f"local state cache {path}")
+        return out

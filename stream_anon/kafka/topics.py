@@ -17,6 +17,7 @@ from pathlib import Path
 
 from stream_anon import contract
 from stream_anon.connection import as_connection
+from stream_anon.kafka.retention import confluent_admin, declared_ms, set_topic_retention, topic_retention_ms
 
 log = logging.getLogger(__name__)
 
@@ -187,9 +188,12 @@ def stream_topic_defs(config, defs: dict[str, TopicDef] | None = None) -> dict[s
     out: dict[str, TopicDef] = {}
     base = defs.get(topic) or TopicDef(topic, n, retention_ms=604800000, key="pseudonym of the privacy unit",
                                        value="raw events (undefined topic)")
+    from dataclasses import replace
     if base.partitions != n:
-        from dataclasses import replace
         base = replace(base, partitions=n)
+    declared = declared_ms(getattr(config.stream, "input_retention_s", None))
+    if declared is not None:           # created with the declared retention (docs/operations.md, Retention)
+        base = replace(base, retention_ms=declared)
     log.info("input topic %s: %d partition(s) (%s)", topic, n, source)
     out[topic] = base
     out[records] = defs.get(records) or TopicDef(records, 1, value="published records (undefined topic)")
@@ -214,14 +218,64 @@ def shared_topic_defs(defs: dict[str, TopicDef] | None = None) -> dict[str, Topi
     return out
 
 
-def apply_plan(defs: dict[str, TopicDef], configs=()) -> dict[str, TopicDef]:
+def state_topic_def(config, app_id: str, defs: dict[str, TopicDef] | None = None) -> TopicDef:
+    """The state topic of the worker ``app_id`` of ``config``'s stream, as that worker creates it when it is
+    missing (stream_anon.kafka.state: compacted, ``max.message.bytes`` for its values), one partition per input
+    partition."""
+    from stream_anon.kafka.state import STATE_TOPIC_CONFIG, state_topic
+
+    return TopicDef(state_topic(app_id), input_partitions(config, defs)[0],
+                    value="the worker's state records (stream_anon.kafka.state)", configs=dict(STATE_TOPIC_CONFIG))
+
+
+def apply_plan(defs: dict[str, TopicDef], configs=(), app_id: str | None = None) -> dict[str, TopicDef]:
     """What ``topics apply`` creates: without stream configs every defined topic; with them the shared topics and
-    each stream's (:func:`stream_topic_defs`), no other stream's."""
+    each stream's (:func:`stream_topic_defs`), no other stream's; with ``app_id`` (one config) also the state
+    topic of that worker (:func:`state_topic_def`)."""
     if not configs:
         return dict(defs)
     out = shared_topic_defs(defs)
     for config in configs:
         out.update(stream_topic_defs(config, defs))
+    if app_id is not None:
+        if len(configs) != 1:
+            raise TopicError(f"--app-id {app_id}: the state topic belongs to one stream; give one --config")
+        state = state_topic_def(configs[0], app_id, defs)
+        out[state.name] = state
+    return out
+
+
+def declared_retention(configs) -> dict[str, int]:
+    """Raw topic -> the ``retention.ms`` its streams declare (``[stream] input_retention_s``; the shortest when
+    several streams read one topic)."""
+    out: dict[str, int] = {}
+    for config in configs:
+        ms = declared_ms(getattr(config.stream, "input_retention_s", None))
+        if ms is not None:
+            topic = config.stream.input_topic
+            out[topic] = min(ms, out.get(topic, ms))
+    return out
+
+
+def apply_declared_retention(bootstrap, retention: dict[str, int]) -> dict[str, str]:
+    """Set each raw topic's ``retention.ms`` to the declared one where the broker states another (or none), and
+    read it back; returns ``{topic: what was done}``. ``topics apply --config`` calls it; the worker only checks
+    (stream_anon.kafka.retention)."""
+    if not retention:
+        return {}
+    admin = confluent_admin(bootstrap)
+    out = {}
+    for topic, ms in sorted(retention.items()):
+        before = topic_retention_ms(admin, topic)
+        if before == ms:
+            out[topic] = f"retention.ms {ms} as declared"
+            continue
+        set_topic_retention(admin, topic, ms)
+        after = topic_retention_ms(admin, topic)
+        if after != ms:
+            raise TopicError(f"topic {topic}: retention.ms set to {ms}, the broker states {after}")
+        out[topic] = f"retention.ms set to {ms} as declared (was {'not stated' if before is None else before})"
+        log.info("topic %s: %s", topic, out[topic])
     return out
 
 

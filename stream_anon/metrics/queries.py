@@ -6,6 +6,10 @@ answer counts matching original records; the estimate sums, over released record
 queried attributes of the share of the released value that matches (uniformity assumption: the share of
 leaves under a node, or the overlap of a released interval). Relative error |est - true| / max(true, 1).
 
+These random queries follow the paper's protocol on a whole-table release (``stream-anon evaluate``'s
+``count_query_error``). The questions an analyst of a stream asks (area x hour, station x hour, product x day, per
+release) are :mod:`stream_anon.metrics.workload`: the same uniform-spread estimate on the published boxes.
+
 >>> import pandas as pd
 >>> orig = pd.DataFrame({"n": [1, 2, 3, 4]})
 >>> rel = pd.DataFrame({"n": [(1, 2), (1, 2), (3, 4), (3, 4)]})

@@ -22,9 +22,16 @@ depth, so its release is charged the larger of its declared ``epsilon`` and the 
 Verdict, with one line per finding (aggregate, period, partition and the worst unit's charge):
 ``aggregate over its epsilon`` (the config's share), ``period over budget`` (the config's
 ``epsilon_per_period``), ``period over declared budget`` (the rows' ``ledger_epsilon_budget``), ``declared budget
-above the config``, ``declared budget raised`` / ``declared epsilon raised`` (an increase between periods),
+above the config``, ``declared budget raised`` / ``declared epsilon raised`` (an increase between periods that the
+partition's rows do not state as an accepted change, ``settings_changed``), ``... raised within a period``,
 ``period label`` (a row filed under another period than its window's), ``unknown aggregate``, ``malformed row``
-and ``rows without [dp]``.
+and ``rows without [dp]``. Figures beside the verdict: ``spent_by_period`` (per period, the worst unit's charge per
+aggregate and in all, on the partition where it is highest) and the worst charge of the run.
+
+Settings in force. The config given is the current one; a period is judged by the settings in force when it was
+released: an accepted lowering (``dp.epsilon_budget 1.0 -> 0.5`` in ``settings_changed``) judges the periods before
+it, and the period it was applied in, by the old value; an accepted raise applies from the next period
+(:mod:`stream_anon.dp.transition`), so the periods before it declare, and are charged within, the old one.
 """
 from __future__ import annotations
 
@@ -149,40 +156,117 @@ def _charge_blocks(ctx: AuditContext, dp: DPBudget, log: ViolationLog) -> dict:
     return charges
 
 
-def _declared(ctx: AuditContext, dp: DPBudget, log: ViolationLog) -> dict:
-    """(partition, period) -> the smallest budget its rows declare; increases between periods reported."""
+def _changes(rows: list[dict]) -> list[tuple[str, float | None, float | None]]:
+    """The accepted changes a partition's rows state (``settings_changed``: ``<key> <old> -> <new>`` lines of the
+    worker's ``--accept-config-change``), as (key, old, new) with the numbers read (None: not a number)."""
+    out = []
+    for r in rows:
+        for line in r.get("settings_changed") or ():
+            if not isinstance(line, str) or " -> " not in line or " " not in line:
+                continue
+            key, rest = line.split(" ", 1)
+            before, after = rest.split(" -> ", 1)
+            out.append((key, _number_text(before), _number_text(after)))
+    return out
+
+
+def _number_text(text: str) -> float | None:
+    try:
+        return _num(float(text))
+    except ValueError:
+        return None
+
+
+class _Accepted:
+    """A partition's accepted changes of one setting (``key``): (period index, old, new), in period order."""
+
+    def __init__(self, key: str, by_period: list[list[tuple]]):
+        self.changes = [(i, a, b) for i, cs in enumerate(by_period) for k, a, b in cs if k == key]
+
+    def raise_to(self, value: float, upto: int) -> bool:
+        """An accepted change to ``value`` stated in a period up to index ``upto``."""
+        return any(i <= upto and b is not None and math.isclose(b, value, rel_tol=1e-9)
+                   for i, _, b in self.changes)
+
+    def in_force(self, now: float, at: int) -> float:
+        """The setting in force in period ``at`` given ``now`` (the config's): raised to the old value of every
+        lowering stated in that period or later (the periods before it ran under the old value)."""
+        return max([now] + [a for i, a, b in self.changes if i >= at and a is not None and b is not None and b < a])
+
+    def lowered_in(self, at: int) -> bool:
+        return any(i == at and a is not None and b is not None and b < a for i, a, b in self.changes)
+
+
+def _rising(rows: list[dict], field: str) -> tuple[float, float] | None:
+    """(before, after) of the first rise of ``field`` between the period's rows in window order, else None."""
+    top = None
+    for r in sorted(rows, key=lambda r: r["window"]):
+        v = _num(r.get(field))
+        if v is None:
+            continue
+        if top is not None and v > top * (1 + REL_TOL):
+            return top, v
+        top = v if top is None else max(top, v)
+    return None
+
+
+def _declared(ctx: AuditContext, dp: DPBudget, log: ViolationLog) -> tuple[dict, dict, list]:
+    """((partition, period) -> the budget its rows declare, (partition, period) -> the budget and aggregate ->
+    epsilon in force there (the config's, before a later accepted lowering: the old value), [findings to report
+    with the period's worst charge: (kind, partition, period, aggregate or None, before, after)]).
+
+    The budget a period's rows declare must not rise within the period, nor from one period to the next unless
+    the partition's rows state that change as accepted (``settings_changed``) in that period or before: a raise is
+    accepted only at a period boundary. A lowering may apply within a period (the worker applies it at once); that
+    period is then judged by the budget declared before it."""
     by_part: dict = defaultdict(lambda: defaultdict(list))
     for row in ctx.aggregates:
         w = row.get("window")
         if isinstance(w, int) and not isinstance(w, bool):
             by_part[row.get("partition")][dp.period_of(w)].append(row)
     declared: dict[tuple, float] = {}
+    in_force: dict[tuple, dict] = {}
+    findings: list[tuple] = []
     for partition, periods in by_part.items():
+        order = sorted(periods, key=lambda p: min(r["window"] for r in periods[p]))
+        stated = [_changes(periods[p]) for p in order]
+        budget_changes = _Accepted("dp.epsilon_budget", stated)
         last_budget, last_eps = None, {}
-        for period in sorted(periods, key=lambda p: min(r["window"] for r in periods[p])):
-            budgets = [b for b in (_num(r.get("ledger_epsilon_budget")) for r in periods[period]) if b is not None]
+        for i, period in enumerate(order):
+            rows = periods[period]
+            force = {"budget": budget_changes.in_force(dp.budget, i),
+                     "epsilon": {n: _Accepted(f"aggregates.{n}.epsilon", stated).in_force(a.epsilon, i)
+                                 for n, a in dp.aggregates.items()}}
+            in_force[(partition, period)] = force
+            budgets = [b for b in (_num(r.get("ledger_epsilon_budget")) for r in rows) if b is not None]
             if not budgets:
                 continue
-            declared[(partition, period)] = min(budgets)
             top = max(budgets)
-            if top > dp.budget * (1 + REL_TOL):
+            declared[(partition, period)] = top if budget_changes.lowered_in(i) else min(budgets)
+            if top > force["budget"] * (1 + REL_TOL):
                 log.fail("declared budget above the config", partition=partition, period=period, declared=top,
-                         config=dp.budget)
-            if last_budget is not None and top > last_budget * (1 + REL_TOL):
-                log.fail("declared budget raised", partition=partition, period=period, before=last_budget,
-                         after=top)
+                         config=force["budget"])
+            rise = _rising(rows, "ledger_epsilon_budget")
+            if rise is not None:
+                findings.append(("declared budget raised within a period", partition, period, None, *rise))
+            elif last_budget is not None and top > last_budget * (1 + REL_TOL) \
+                    and not budget_changes.raise_to(top, i):
+                findings.append(("declared budget raised", partition, period, None, last_budget, top))
             last_budget = top
             eps: dict[str, float] = {}
-            for r in periods[period]:
+            for r in rows:
                 e = _num(r.get("epsilon_period"))
                 if e is not None:
                     eps[r.get("aggregate")] = max(eps.get(r.get("aggregate"), 0.0), e)
             for name, e in eps.items():
-                if name in last_eps and e > last_eps[name] * (1 + REL_TOL):
-                    log.fail("declared epsilon raised", aggregate=name, partition=partition, period=period,
-                             before=last_eps[name], after=e)
+                rise = _rising([r for r in rows if r.get("aggregate") == name], "epsilon_period")
+                if rise is not None:
+                    findings.append(("declared epsilon raised within a period", partition, period, name, *rise))
+                elif name in last_eps and e > last_eps[name] * (1 + REL_TOL) \
+                        and not _Accepted(f"aggregates.{name}.epsilon", stated).raise_to(e, i):
+                    findings.append(("declared epsilon raised", partition, period, name, last_eps[name], e))
             last_eps.update(eps)
-    return declared
+    return declared, in_force, findings
 
 
 class DPBudgetCheck:
@@ -198,16 +282,26 @@ class DPBudgetCheck:
             log.fail("rows without [dp]", rows=len(ctx.aggregates))
             return log.result()
         charges = _charge_blocks(ctx, dp, log)
-        declared = _declared(ctx, dp, log)
+        declared, in_force, findings = _declared(ctx, dp, log)
         per_period: dict[tuple, dict[str, float]] = defaultdict(dict)
         for (partition, period, name), releases in charges.items():
             spec = dp.aggregates[name]
             charge = worst_charge(releases, spec.max_windows)
             per_period[(partition, period)][name] = charge
-            if charge > spec.epsilon * (1 + REL_TOL):
+            eps = in_force.get((partition, period), {}).get("epsilon", {}).get(name, spec.epsilon)
+            if charge > eps * (1 + REL_TOL):
                 log.fail("aggregate over its epsilon", line=f"dp: {name} period {period}: worst unit charged "
-                         f"{charge:.6g} > epsilon {spec.epsilon:g} (config) on partition {partition}",
-                         aggregate=name, period=period, partition=partition, charge=charge, epsilon=spec.epsilon)
+                         f"{charge:.6g} > epsilon {eps:g} (config) on partition {partition}",
+                         aggregate=name, period=period, partition=partition, charge=charge, epsilon=eps)
+        for kind, partition, period, name, before, after in findings:
+            by_agg = per_period.get((partition, period), {})
+            name = name or (max(by_agg, key=by_agg.get) if by_agg else None)
+            what = "budget" if name is None or kind.startswith("declared budget") else f"epsilon of {name}"
+            log.fail(kind, line=f"dp: {name} period {period}: declared {what} raised {before:g} -> {after:g} "
+                     f"{'within the period' if 'within' in kind else 'without an accepted change'} on partition "
+                     f"{partition}; worst unit charged {sum(by_agg.values()):.6g} ({name}: "
+                     f"{by_agg.get(name, 0.0):.6g})", aggregate=name, period=period, partition=partition,
+                     before=before, after=after, charge=sum(by_agg.values()))
         worst = {"charge": 0.0}
         for (partition, period), by_agg in per_period.items():
             total = sum(by_agg.values())
@@ -216,14 +310,22 @@ class DPBudgetCheck:
                 worst = {"charge": total, "period": period, "partition": partition}
             line = (f"dp: period {period}: worst unit charged {total:.6g} on partition {partition} "
                     f"(most by {top}: {by_agg[top]:.6g})")
-            if total > dp.budget * (1 + REL_TOL):
-                log.fail("period over budget", line=f"{line} > budget {dp.budget:g} (config)", period=period,
-                         partition=partition, charge=total, budget=dp.budget, aggregate=top)
+            budget = in_force.get((partition, period), {}).get("budget", dp.budget)
+            if total > budget * (1 + REL_TOL):
+                log.fail("period over budget", line=f"{line} > budget {budget:g} (config)", period=period,
+                         partition=partition, charge=total, budget=budget, aggregate=top)
             d = declared.get((partition, period))
             if d is not None and total > d * (1 + REL_TOL):
                 log.fail("period over declared budget", line=f"{line} > budget {d:g} (declared by the rows)",
                          period=period, partition=partition, charge=total, budget=d, aggregate=top)
+        spent: dict = {}      # per period, the worst partition's charge per aggregate and in all (a figure)
+        for (partition, period), by_agg in sorted(per_period.items(), key=lambda kv: str(kv[0])):
+            entry = spent.setdefault(str(period), {"aggregates": {}, "total": 0.0})
+            for name, charge in by_agg.items():
+                entry["aggregates"][name] = round(max(entry["aggregates"].get(name, 0.0), charge), 9)
+            entry["total"] = round(max(entry["total"], sum(by_agg.values())), 9)
         log.details.update(rows=len(ctx.aggregates), budget=dp.budget, period=dp.period,
+                           spent_by_period=dict(sorted(spent.items())),
                            periods=len({p for _, p in per_period}),
                            worst_unit_charge=round(worst["charge"], 9), worst_period=worst.get("period"),
                            worst_partition=worst.get("partition"))

@@ -50,10 +50,11 @@ def needles(ctx: AuditContext) -> tuple[dict[str, str], dict[str, str]]:
             if v is not None and len(v) >= MIN_NEEDLE_LEN:
                 exact.setdefault(v, f"raw {f}")
         if raw.unit is not None:
-            p = pseudonym(ctx.secret, raw.unit)
-            hexes[p] = "pseudonym"
-            hexes.setdefault(p[:32], "pseudonym[:32]")
-            hexes.setdefault(p[:16], "pseudonym[:16]")
+            for secret in (ctx.secret, *ctx.previous_secrets):
+                p = pseudonym(secret, raw.unit)
+                hexes[p] = "pseudonym"
+                hexes.setdefault(p[:32], "pseudonym[:32]")
+                hexes.setdefault(p[:16], "pseudonym[:16]")
     for v in allow:
         exact.pop(v, None)
     return exact, hexes

@@ -1,0 +1,187 @@
+"""The report as one self-contained HTML page: inline CSS, inline SVG plots, no script, no link to anything
+outside the file. Every figure the summary states is in an element with ``data-figure="<name>"`` (the value as
+the audit reports it), and the whole summary and the figures are embedded as JSON (``<script
+type="application/json" id="report-data">``, data only: nothing runs) for tools that read the page.
+"""
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from html import escape
+
+CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:2rem auto;max-width:1100px;color:#222;
+line-height:1.4;padding:0 1rem}
+h1{font-size:1.6rem;margin-bottom:.2rem}h2{font-size:1.25rem;margin-top:2rem;border-bottom:1px solid #ddd}
+h3{font-size:1.05rem}
+table{border-collapse:collapse;margin:.5rem 0 1rem;font-size:.9rem}
+td,th{border:1px solid #ccc;padding:.25rem .5rem;text-align:left;vertical-align:top}th{background:#f3f3f3}
+.verdict{display:inline-block;padding:.2rem .6rem;border-radius:.3rem;font-weight:bold;color:#fff}
+.PASSED{background:#2e7d32}.FAILED{background:#c62828}.NOT{background:#ef6c00}
+figure{margin:1rem 0 2rem}figcaption{font-size:.85rem;color:#555;max-width:60rem}
+figure svg{max-width:100%;height:auto}.muted{color:#777}code{background:#f5f5f5;padding:0 .2rem}
+"""
+
+PLOTS = (  # (id, title, caption)
+    ("class-sizes", "Class sizes",
+     "Distinct individuals behind each published class over all the releases it appears in (the audit's count; "
+     "the dashed line is k)."),
+    ("ncp-suppression", "Information loss and suppression over time",
+     "Per release: mean normalized certainty penalty of its real records (0: exact, 1: the whole domain) and the "
+     "share of the events it placed that it suppressed; the dotted line is max_suppression_ratio."),
+    ("risk", "Re-identification risk over time",
+     "Per release, from its classes' sizes in individuals (a reused class counts every individual published in "
+     "it so far): the prosecutor's highest risk 1/min f and average J/n (= marketer risk without a declared "
+     "population), and the journalist's average against a declared [risk] population."),
+    ("dp-budget", "DP budget per period",
+     "Per period: the epsilon the worst unit can have been charged per aggregate, recomputed by the audit from "
+     "the rows' declared noise, and what is left of the period's budget."),
+    ("query-error", "Query error",
+     "The analyst's workload (area x hour, station x hour, product x day range counts, seeded cells drawn from "
+     "the events): mean relative error per release and per family over the run, for the published records and "
+     "for offline Mondrian on the same events per window and on the whole table."),
+    ("deadletters-alerts", "Dead letters and alerts by reason",
+     "Dead letters (deduplicated by source offset) by the kind of their reason, and alert messages on "
+     "anon.metrics by name."),
+)
+
+
+def _fig(name: str, value) -> str:
+    shown = "-" if value is None else value
+    return f'<span data-figure="{escape(name)}">{escape(str(shown))}</span>'
+
+
+def _table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
+    head = "".join(f"<th>{escape(title)}</th>" for _, title in columns)
+    body = "".join("<tr>" + "".join(f"<td>{escape(str(r.get(key, '') if r.get(key) is not None else '-'))}</td>"
+                                    for key, _ in columns) + "</tr>" for r in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _summary_html(s: dict) -> str:
+    c = s["counts"]
+    parts = ['<table><tr><th>figure (audit)</th><th>value</th></tr>']
+    for key, label in (("events_in", "events in"), ("published", "published"), ("suppressed", "suppressed"),
+                       ("dead_lettered", "dead-lettered"), ("deferred", "deferred"), ("open", "in open windows"),
+                       ("lost", "lost"), ("releases", "releases"), ("classes", "classes"),
+                       ("min_individuals", "smallest class (individuals)"), ("k", "k")):
+        parts.append(f"<tr><td>{label}</td><td>{_fig(key, c.get(key))}</td></tr>")
+    ncp = s.get("ncp") or {}
+    parts.append(f"<tr><td>NCP of published records, mean / p95</td><td>{_fig('ncp_mean', ncp.get('mean'))} / "
+                 f"{_fig('ncp_p95', ncp.get('p95'))}</td></tr>")
+    r = s["risk"]
+    p = r.get("prosecutor") or {}
+    parts.append(f"<tr><td>prosecutor risk: highest of any release / average / records at risk (risk above "
+                 f"{r.get('threshold')})</td><td>{_fig('prosecutor_highest', r.get('prosecutor_highest'))} / "
+                 f"{_fig('prosecutor_average', p.get('average'))} / {_fig('records_at_risk', p.get('records_at_risk'))}"
+                 f" over {r.get('releases', 0)} releases" + (f" (highest in {escape(str(r['highest_release']))})"
+                                                             if r.get("highest_release") else "") + "</td></tr>")
+    if r.get("marketer") is not None:
+        parts.append(f"<tr><td>marketer risk</td><td>{_fig('marketer', r['marketer'])}</td></tr>")
+    j = r.get("journalist")
+    if j:
+        parts.append(f"<tr><td>journalist risk: highest / average; population uniqueness (largest)</td><td>"
+                     f"{_fig('journalist_highest', j.get('highest'))} / {_fig('journalist_average', j.get('average'))}"
+                     f"; {_fig('population_uniqueness_max', j.get('population_uniqueness_max'))}</td></tr>")
+    if r.get("intersection_risk") is not None:
+        parts.append(f"<tr><td>cross-release intersection attack (m-invariance): risk 1 / smallest candidate set"
+                     f"</td><td>{_fig('intersection_risk', r['intersection_risk'])}</td></tr>")
+    if s.get("dp"):
+        parts.append(f"<tr><td>DP: worst unit's charge in a period / budget</td><td>"
+                     f"{_fig('dp_worst_unit_charge', s['dp']['worst_unit_charge'])} / {s['dp']['budget']:g}</td></tr>")
+    if s.get("query_error"):
+        q = s["query_error"]
+        parts.append("<tr><td>query error over the run (mean relative): streaming / offline same windows / "
+                     f"offline whole table</td><td>{_fig('query_error_streaming', q['streaming']['mean'])} / "
+                     f"{_fig('query_error_offline_windows', q.get('offline_windows', {}).get('mean'))} / "
+                     f"{_fig('query_error_offline_table', q.get('offline_table', {}).get('mean'))}</td></tr>")
+    parts.append("</table>")
+    return "".join(parts)
+
+
+def _dpo_html(s: dict) -> str:
+    g = s["guarantees"]
+    unit = s["unit_of_privacy"]
+    st = s["statement"]
+    match = ("every release carries this fingerprint" if g["releases_match"] else
+             "releases carry other fingerprints: " + ", ".join(f"{k} ({v})" for k, v in
+                                                             g["releases_by_fingerprint"].items()) or "no release")
+    out = ["<h3>Unit of privacy</h3><p>", f"Records: k is counted in distinct <code>{escape(unit['records'])}</code>.",
+           f" DP aggregates: epsilon per {escape(unit['dp'])}." if unit["dp"] else "", "</p>",
+           "<h3>Guarantees in force</h3><ul>", "".join(f"<li>{escape(x)}</li>" for x in g["lines"]), "</ul>",
+           f"<p>Settings fingerprint of this configuration: {_fig('settings_fingerprint', g['fingerprint'])} "
+           f"({g['settings']} settings; {escape(match)}). Key ids: ",
+           escape(", ".join(f"{k} ({v} messages)" for k, v in g["key_ids"].items()) or "none carried"), ".",
+           (" Settings changed and accepted during the run: " + escape("; ".join(g["settings_changed"])) + "."
+            if g["settings_changed"] else ""), "</p>",
+           "<h3>What leaves the system, and in which form</h3>",
+           _table(s["fields"], [("field", "field"), ("role", "role"), ("topic", "where"), ("form", "form")]),
+           "<h3>What dead letters hold</h3>", f"<p>{escape(s['deadletters']['hold'])}.</p>",
+           _table([{"reason": k, "count": v} for k, v in s["deadletters"]["by_reason"].items()]
+                  or [{"reason": "none in this run", "count": 0}], [("reason", "reason"), ("count", "dead letters")]),
+           "<h3>Retention</h3>",
+           _table(s["retention"], [("topic", "topic"), ("holds", "holds"), ("retention", "kept (topic plan)"),
+                                   ("broker", "kept (the broker states)"), ("declared", "declared limit")]),
+           "<h3>Declared by the deployment ([report])</h3><table>"]
+    for key in ("purpose", "controller", "recipients", "retention"):
+        v = st.get(key)
+        v = ", ".join(v) if isinstance(v, list) else v
+        out.append(f"<tr><th>{key}</th><td>{escape(v) if v else '<span class=muted>not stated</span>'}</td></tr>")
+    out.append("</table>")
+    return "".join(out)
+
+
+def _errors_html(figures: dict) -> str:
+    q = figures.get("query_error")
+    if not q:
+        return "<p class=muted>No placed events: no query error.</p>"
+    rows = []
+    for v, summ in q["run"].items():
+        for fam, x in summ.items():
+            rows.append({"variant": v, "family": fam, **x})
+    out = [f"<p>{sum(q['workload']['queries'].values())} queries (seed {q['workload']['seed']}) over "
+           f"{q['events']:,} placed events; e.g. " +
+           escape("; ".join(x for ex in q["workload"]["examples"].values() for x in ex[:1])) + ".</p>",
+           _table(rows, [("variant", "release"), ("family", "family"), ("queries", "queries"), ("mean", "mean"),
+                         ("median", "median"), ("p90", "p90")])]
+    dp = q.get("dp")
+    if dp:
+        drows = []
+        for name, e in dp.items():
+            realized = (e.get("realized") or {}).get("by_threshold") or []
+            drows.append({"aggregate": name, "rows": e["rows"], "stated": e["stated_half_width"],
+                          "stated_rel": e["stated_relative"],
+                          "realized": "; ".join(f">= {t['min_true_count']}: median {t['median_relative_error']:.3f} "
+                                                f"over {t['cells']} cells" for t in realized
+                                                if t["median_relative_error"] is not None) or "-"})
+        out += ["<h3>DP aggregates</h3><p>Stated: median half-width of the rows' 95% intervals (events, and "
+                "relative to the released value); realized: relative error against the true counts recomputed "
+                "from the raw topic.</p>",
+                _table(drows, [("aggregate", "aggregate"), ("rows", "merged rows"), ("stated", "stated +-"),
+                               ("stated_rel", "stated relative"), ("realized", "realized relative error")])]
+    return "".join(out)
+
+
+def render(summary: dict, figures: dict, svgs: dict[str, str | None]) -> str:
+    """The page: ``svgs`` maps each plot id of :data:`PLOTS` to its SVG (None: nothing to plot, said in words)."""
+    verdict = summary["verdict"] or ""
+    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    plots = []
+    for pid, title, caption in PLOTS:
+        svg = svgs.get(pid)
+        body = svg if svg else f'<p class="muted" data-empty="{pid}">Nothing to plot for this stream.</p>'
+        plots.append(f'<figure id="plot-{pid}"><h3>{escape(title)}</h3>{body}'
+                     f"<figcaption>{escape(caption)}</figcaption></figure>")
+        if pid == "query-error":
+            plots.append(_errors_html(figures))
+    data = json.dumps({"summary": summary, "figures": figures}, default=str).replace("</", "<\\/")
+    reason = f" ({escape(summary['verdict_reason'])})" if summary.get("verdict_reason") else ""
+    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>stream-anon report: '
+            f"{escape(summary['stream'])}</title><style>{CSS}</style></head><body>"
+            f"<h1>stream-anon report: {escape(summary['stream'])}</h1>"
+            f'<p>Generated {when} from the output topics and the raw topic. Audit verdict: '
+            f'<span class="verdict {escape(verdict.split()[0])}" data-figure="verdict">{escape(verdict)}</span>'
+            f"{reason}</p><h2>Summary</h2>{_summary_html(summary)}"
+            f"<h2>For the data protection officer</h2>{_dpo_html(summary)}"
+            f"<h2>Figures</h2>{''.join(plots)}"
+            f'<script type="application/json" id="report-data">{data}</script></body></html>')

@@ -1,0 +1,112 @@
+"""``stream-anon report`` without a broker: the worker core's outputs for the bundled Citi Bike stream (no DP) handed
+to :func:`stream_anon.report.build_report` as the audit takes them. The figures against independent counts (risk per
+release from each class's individuals recounted here, the placed events), what the DPO summary says of fields,
+retention and settings, and a release made under other settings."""
+from __future__ import annotations
+
+import copy
+import json
+from collections import defaultdict
+
+import orjson
+import pytest
+
+from stream_anon import contract, crypto
+from stream_anon.audit import AuditOutputs
+from stream_anon.config import load_config
+from stream_anon.datasets import load_events
+from stream_anon.kafka.core import WorkerCore
+from stream_anon.render import TOPICS
+from stream_anon.report import build_report
+from stream_anon.report.page import PLOTS
+
+SECRET = b"report-unit-secret-0123456789abcdef"
+N = 2500
+
+
+@pytest.fixture(scope="module")
+def run():
+    path = contract.config_path("citibike")
+    cfg = load_config(path)
+    events = load_events("citibike", limit=N)
+    events[0]["signals"]["trip_duration_s"] = -5          # outside its domain: one dead letter
+    core = WorkerCore(cfg, "app", SECRET)
+    out = core.handle([(0, i, orjson.dumps(e)) for i, e in enumerate(events)]) + core.flush_all()
+    outputs, metrics = AuditOutputs(), []
+    parts = {TOPICS.records(cfg.stream.name): outputs.records, TOPICS.releases: outputs.manifests,
+             TOPICS.deadletter: outputs.deadletters, TOPICS.metrics: metrics}
+    for topic, _key, value in out:
+        parts[topic].append(json.loads(value))
+    raw = [((cfg.stream.input_topic, 0, i), orjson.dumps(e)) for i, e in enumerate(events)]
+    return path, cfg, events, raw, outputs, metrics
+
+
+@pytest.fixture(scope="module")
+def page(run):
+    path, _, _, raw, outputs, metrics = run
+    return build_report(path, raw, outputs, SECRET, metrics)
+
+
+def test_risk_per_release_from_the_classes_individuals(run, page):
+    _, cfg, events, _, outputs, _ = run
+    unit = {crypto.audit_token(SECRET, e["event_id"]): e["vehicle_id"] for e in events}
+    so_far, highest = defaultdict(set), {}
+    for m in sorted(outputs.manifests, key=lambda m: m["seq"]):
+        mine = [r for r in outputs.records if r["release_id"] == m["release_id"]]
+        for r in mine:
+            so_far[r["class_id"]].add(unit[r["audit_token"]])
+        sizes = [len(so_far[c]) for c in {r["class_id"] for r in mine}]
+        if sizes:
+            highest[m["release_id"]] = round(1 / min(sizes), 6)
+    got = {r["release_id"]: r["prosecutor"]["highest"] for r in page.figures["risk"]}
+    assert got == highest and len(got) > 20
+    assert page.summary["risk"]["prosecutor_highest"] == max(highest.values()) <= 1 / cfg.anonymization.k
+
+
+def test_figures_count_what_the_audit_counted(page):
+    a = page.audit.summary
+    assert a["events_in"] == N and a["dead_lettered"] == 1
+    assert sum(r["published"] for r in page.figures["releases"]) == a["published"]
+    assert len(page.figures["class_sizes"]) == a["classes"] and min(page.figures["class_sizes"]) == a["min_individuals"]
+    q = page.figures["query_error"]
+    assert q["events"] == a["published"] + a["suppressed"] and "dp" not in q
+    assert page.figures["deadletters_by_reason"] == page.audit.health["deadletters_by_reason"]
+    assert page.figures["dp_budget"] is None
+
+
+def test_every_plot_but_the_dp_budget_is_drawn_for_a_stream_without_dp(page):
+    for pid, _, _ in PLOTS:
+        drawn = f'<figure id="plot-{pid}"><h3>' in page.html
+        assert drawn
+        assert (f'data-empty="{pid}"' in page.html) == (pid == "dp-budget"), pid
+    assert page.html.count("<svg") == len(PLOTS) - 1
+
+
+def test_the_summary_says_what_leaves_and_for_how_long(run, page):
+    _, cfg, _, _, _, _ = run
+    s = page.summary
+    fields = {f["field"]: f for f in s["fields"]}
+    assert fields["latitude, longitude"]["form"].startswith("generalized with its class: a latitude/longitude box")
+    assert "one of 2 declared values" in fields["payload.usertype"]["form"]
+    assert fields["vehicle_id"]["topic"] == "none" and fields["trip_id"]["form"] == "removed; never published"
+    retention = {r["topic"]: r for r in s["retention"]}
+    assert retention[cfg.stream.input_topic]["declared"].startswith("not declared")
+    assert retention["anon.deadletter"]["retention"].startswith("30 days")
+    assert s["statement"] == {"purpose": None, "controller": None, "recipients": [], "retention": None}
+    assert s["guarantees"]["releases_match"] and s["guarantees"]["key_ids"] == {crypto.key_id(SECRET): len(
+        page.figures["releases"]) + 1}        # every manifest and the dead letter
+
+
+def test_a_release_made_under_other_settings_shows_its_fingerprint(run, page):
+    from types import SimpleNamespace
+
+    from stream_anon.report.page import render
+    from stream_anon.report.summary import guarantees_in_force
+    _, cfg, _, _, outputs, _ = run
+    manifests = copy.deepcopy(outputs.manifests)
+    manifests[0]["settings_fingerprint"] = "sha256:0000000000000000"
+    g = guarantees_in_force(cfg, SimpleNamespace(manifests=manifests, deadletters=[]))
+    assert not g["releases_match"] and g["releases_by_fingerprint"]["sha256:0000000000000000"] == 1
+    assert g["releases_by_fingerprint"][g["fingerprint"]] == len(manifests) - 1
+    html = render({**page.summary, "guarantees": g}, page.figures, {})
+    assert "releases carry other fingerprints: " in html and "sha256:0000000000000000 (1)" in html

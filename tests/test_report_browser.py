@@ -1,0 +1,202 @@
+"""``stream-anon report`` end to end: the bundled oyster-cards stream with its DP aggregates (as ``stream-anon
+demo --dataset oyster-cards --dp`` runs it), a few events dead-lettered on purpose, its raw events on the real
+(embedded Tansu) broker and the worker core's outputs of the same messages produced to the output topics (the
+worker's transactions are not what this test is about; the report's reads are); then ``stream-anon audit --report``
+and ``stream-anon report`` on those topics, and the page opened in a real headless Chromium (Debian's chromium and
+chromium-driver, driven by selenium): it loads with no console error, every plot is drawn, the summary's figures
+are the audit's, and nothing is fetched."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import tomllib
+
+import orjson
+import pytest
+
+from stream_anon import contract
+from stream_anon.calibrate import toml_text
+from stream_anon.cli import main
+from stream_anon.config import with_files_beside
+from stream_anon.datasets import load_events
+from stream_anon.audit.kafka_source import read_topic
+from stream_anon.config import load_config
+from stream_anon.kafka.core import WorkerCore
+from stream_anon.kafka.replay import replay
+from stream_anon.kafka.retention import confluent_admin, set_topic_retention
+from stream_anon.kafka.topics import ensure_topics
+from stream_anon.report.page import PLOTS
+
+pytestmark = pytest.mark.kafka
+
+N_EVENTS = 2000
+NAME = "rcards"
+STATEMENT = {"purpose": "fare planning from anonymized taps", "controller": "Transit Authority <dpo@example.org>",
+             "recipients": ["planning team", "open data portal"], "retention": "records 2 years, raw 7 days"}
+
+
+def _config(tmp_path):
+    """The bundled oyster-cards config with its DP aggregates, under a stream name of its own and a [report]."""
+    src = contract.config_path("oyster-cards")
+    raw = tomllib.loads(src.read_text())
+    with_files_beside(raw, src.parent, tmp_path)
+    raw["stream"].update(name=NAME, input_topic=f"raw.test.{NAME}", input_retention_s=604800)
+    raw["report"] = STATEMENT
+    path = tmp_path / f"{NAME}.toml"
+    path.write_text(toml_text(raw))
+    return path, raw
+
+
+@pytest.fixture(scope="module")
+def published(broker, tmp_path_factory):
+    """(config path, audit JSON, report JSON, HTML path) of one run."""
+    import os
+    tmp = tmp_path_factory.mktemp("report")
+    os.environ["STREAM_ANON_SECRET"] = secret = "report-browser-secret-0123456789abcdef"
+    try:
+        path, raw = _config(tmp)
+        topic = raw["stream"]["input_topic"]
+        ensure_topics(broker.bootstrap, names=[topic, f"anon.{NAME}.records", "anon.releases", "anon.deadletter",
+                                               "anon.metrics", "anon.aggregates"],
+                      default_partitions={topic: 1, f"anon.{NAME}.records": 1})
+        set_topic_retention(confluent_admin(broker.bootstrap), topic, 3_600_000)   # 1 h, within the declared 7 days
+        events = load_events("oyster-cards", limit=N_EVENTS)
+        for e in events[:5]:        # five fares outside the declared domain: five dead letters
+            e["full_fare_pence"] = 99999
+        replay(broker.bootstrap, topic, events, "card_id", progress=False, secret=secret.encode())
+        # the worker core on the raw topic's messages as they were produced (one partition, offsets 0..N-1)
+        read = read_topic(broker.bootstrap, topic, idle_s=1.0)
+        assert [src[2] for src, _ in read] == list(range(N_EVENTS))
+        cfg = load_config(path)
+        core = WorkerCore(cfg, f"{NAME}-app", secret.encode())
+        out = core.handle([(p, off, value) for (_, p, off), value in read]) + core.flush_all()
+        by_topic: dict = {}
+        for out_topic, key, value in out:
+            by_topic.setdefault(out_topic, []).append((key, value))
+        for out_topic, pairs in by_topic.items():
+            replay(broker.bootstrap, out_topic, [], None, progress=False, raw_payloads=pairs)
+        common = ["--config", str(path), "--broker", broker.bootstrap, "--idle", "1"]
+        assert main(["audit", *common, "--report", str(tmp / "audit.json")]) == 0
+        html = tmp / "report.html"
+        assert main(["report", *common, "--out", str(html), "--json", str(tmp / "report.json")]) == 0
+        return path, json.loads((tmp / "audit.json").read_text()), json.loads((tmp / "report.json").read_text()), html
+    finally:
+        os.environ.pop("STREAM_ANON_SECRET", None)
+
+
+def test_the_page_is_self_contained(published):
+    _, _, _, html = published
+    text = html.read_text()
+    assert text.startswith("<!DOCTYPE html>") and text.count("<svg") == len(PLOTS)
+    # nothing fetched: no external reference, no script that runs, no stylesheet or image link
+    assert not re.search(r"""(?:src|href)\s*=\s*["']?(?:https?:)?//""", text)
+    assert "<link" not in text and "<img" not in text and "<iframe" not in text
+    assert re.findall(r"<script[^>]*>", text) == ['<script type="application/json" id="report-data">']
+
+
+def test_report_figures_are_the_audits(published):
+    _, audit, report, _ = published
+    s, a = report["summary"], audit["summary"]
+    assert a["events_in"] == N_EVENTS and a["dead_lettered"] == 5 and audit["verdict"] == "PASSED"
+    assert s["verdict"] == audit["verdict"]
+    assert s["counts"] == {k: a.get(k) for k in s["counts"]}
+    assert s["ncp"] == audit["health"]["ncp"] and s["class_individuals"] == audit["health"]["class_individuals"]
+    assert s["deadletters"]["by_reason"] == audit["health"]["deadletters_by_reason"]
+    assert sum(s["deadletters"]["by_reason"].values()) == 5
+    assert s["dp"]["worst_unit_charge"] == audit["checks"]["dp"]["worst_unit_charge"] > 0
+    f = report["figures"]
+    assert sorted(f["class_sizes"]) == f["class_sizes"] and len(f["class_sizes"]) == a["classes"]
+    assert min(f["class_sizes"]) == a["min_individuals"] >= 10
+    assert len(f["releases"]) == a["releases"] == len(f["risk"])
+    assert s["risk"]["prosecutor_highest"] == max(r["prosecutor"]["highest"] for r in f["risk"]) <= 0.1
+    assert s["risk"]["prosecutor"] == audit["risk"]["summary"]["prosecutor"] and f["risk"] == sorted(
+        audit["risk"]["per_release"], key=lambda r: (r["window_start"], r["release_id"]))
+    # DP budget per period: the audit's recomputed charges, within each aggregate's epsilon and the budget
+    budget = f["dp_budget"]
+    assert budget["spent_by_period"] == audit["checks"]["dp"]["spent_by_period"]
+    for period in budget["spent_by_period"].values():
+        assert period["total"] <= budget["budget"] + 1e-9
+        assert all(v <= budget["epsilon"][name] + 1e-9 for name, v in period["aggregates"].items())
+    # the query error over the events the stream placed (published or suppressed; not the dead letters)
+    q = f["query_error"]
+    assert q["events"] == a["published"] + a["suppressed"]
+    assert set(q["run"]) == {"streaming", "offline_windows", "offline_table"}
+    assert 0 < q["run"]["streaming"]["all"]["mean"] and q["run"]["streaming"]["all"]["queries"] > 100
+    assert "tap_ins_zone_hour" in q["dp"] and q["dp"]["tap_ins_zone_hour"]["realized"]["by_threshold"]
+    # the DPO summary: the guarantees the releases were made under, and the deployment's statement
+    g = s["guarantees"]
+    assert g["releases_match"] and g["releases_by_fingerprint"] == {g["fingerprint"]: a["releases"]}
+    assert s["statement"] == STATEMENT
+    raw_topic = next(r for r in s["retention"] if r["topic"] == f"raw.test.{NAME}")
+    assert raw_topic["declared"].startswith("604800 s") and "keeps data 3600 s, within the declared" in \
+        raw_topic["declared"]
+    assert raw_topic["broker"] == "1 h (retention.ms = 3600000)"
+    deadletter = next(r for r in s["retention"] if r["topic"] == "anon.deadletter")
+    assert deadletter["broker"] == deadletter["retention"] == "30 days (retention.ms = 2592000000)"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    assert chromium and driver, "Debian's chromium and chromium-driver are needed (.ci/run installs them)"
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1200,900"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    d = webdriver.Chrome(service=Service(driver), options=options)
+    yield d
+    d.quit()
+
+
+def test_the_page_in_chromium(published, browser):
+    _, audit, report, html = published
+    browser.get(html.as_uri())
+    errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    assert not errors, errors
+    # every plot is drawn: an SVG with marks of its own, laid out at a visible size
+    for pid, _, _ in PLOTS:
+        drawn = browser.execute_script(
+            "const f = document.getElementById(arguments[0]); const s = f && f.querySelector('svg');"
+            "if (!s) return null; const r = s.getBoundingClientRect();"
+            "return [r.width, r.height, s.querySelectorAll('path, rect, use, line, polyline').length];",
+            f"plot-{pid}")
+        assert drawn is not None, f"plot {pid} missing"
+        assert drawn[0] > 200 and drawn[1] > 100 and drawn[2] > 10, (pid, drawn)
+    # what the page shows is what the audit counted
+    shown = browser.execute_script(
+        "const o = {}; for (const e of document.querySelectorAll('[data-figure]')) o[e.dataset.figure] = "
+        "e.textContent; return o;")
+    a = audit["summary"]
+    for key in ("events_in", "published", "suppressed", "dead_lettered", "releases", "classes", "min_individuals",
+                "k"):
+        assert shown[key] == str(a[key]), key
+    assert shown["verdict"] == audit["verdict"]
+    assert float(shown["ncp_mean"]) == audit["health"]["ncp"]["mean"]
+    assert float(shown["dp_worst_unit_charge"]) == audit["checks"]["dp"]["worst_unit_charge"]
+    p = audit["risk"]["summary"]["prosecutor"]
+    assert [float(shown[k]) for k in ("prosecutor_highest", "prosecutor_average", "records_at_risk")] == \
+        [p["highest"], p["average"], p["records_at_risk"]]
+    assert float(shown["intersection_risk"]) == audit["risk"]["summary"]["intersection_risk"]
+    assert shown["settings_fingerprint"] == report["summary"]["guarantees"]["fingerprint"]
+    data = json.loads(browser.execute_script("return document.getElementById('report-data').textContent"))
+    assert data["summary"]["counts"] == report["summary"]["counts"]
+    text = browser.find_element("tag name", "body").text
+    assert STATEMENT["controller"] in text and "open data portal" in text
+
+
+def test_a_report_of_outputs_under_another_secret_says_so(published, broker):
+    """The page of outputs the secret cannot audit: the audit's one line, and no figure counted from them."""
+    from stream_anon.audit.kafka_source import read_inputs
+    from stream_anon.report import build_report
+    path, audit, _, _ = published
+    other = b"another-secret-0123456789abcdef-xyz"
+    read = read_inputs(broker.bootstrap, path, other, idle_s=1.0)
+    page = build_report(path, read.raw, read.outputs, other, read.metrics)
+    assert page.summary["verdict"] == "FAILED" and "this secret is key id" in page.summary["verdict_reason"]
+    assert page.figures["class_sizes"] == [] and page.figures["query_error"] is None
+    assert page.html.count("Nothing to plot") == len(PLOTS) - 1      # dead letters and alerts: "none" panels
