@@ -268,6 +268,9 @@ def _cmd_evaluate(args) -> int:
         if not (args.file and args.config) or args.dataset:
             print("stream-anon evaluate: your own data needs --config and --file (and no --dataset)", file=sys.stderr)
             return 2
+        if not Path(args.file).exists():
+            print(f"stream-anon evaluate: {args.file}: no such file or directory", file=sys.stderr)
+            return 2
         from stream_anon.evaluate import run_own
         res = run_own(resolve_config(args.config), args.file, strategies, ks, args.out, seed=args.seed,
                       baselines=baselines, allow_outside_paths=args.allow_outside_paths)

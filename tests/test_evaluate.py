@@ -52,6 +52,12 @@ def test_evaluate_rejects_unknown_strategy(tmp_path, capsys):
     assert "unknown strategies" in capsys.readouterr().err
 
 
+def test_evaluate_names_a_missing_file_in_one_line(tmp_path, capsys):
+    missing = tmp_path / "missing.csv"
+    assert main(["evaluate", "--config", "oyster", "--file", str(missing), "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"stream-anon evaluate: {missing}: no such file or directory"]
+
+
 def test_aoi_attack_compromises_everyone_on_the_naive_release(citibike):
     res = aoi_result(citibike, raw_release(citibike))
     assert res.individuals == len(np.unique(citibike.units)) > 200
