@@ -66,9 +66,7 @@ class WorkerCore:
     def __init__(self, config, app_id: str, secret: bytes, flush_when_idle_s: float | None = None,
                  raw_deadletters: bool = False, aggregates_process: bool = False, aggregates_setup=None,
                  aggregates_serve=None):
-        self.config = config
-        self.app_id = app_id
-        self.secret = secret
+        self.config, self.app_id, self.secret = config, app_id, secret
         self.render = Renderer(config, secret, raw_deadletters)
         self.settings = guarantees.settings(config)     # the guarantee settings in force (state and manifests)
         self.kid = self.render.kid
