@@ -120,7 +120,7 @@ def crash_main(argv=None) -> int:
     args, rest = ap.parse_known_args(argv)
     end, flush = KafkaLoop._end_transaction, KafkaLoop._flush
 
-    def end_or_die(self, prod, offsets):
+    def end_or_die(self, prod, offsets, *more):
         if args.hold_before_commit and os.path.exists(args.hold_before_commit):
             # a step's partitions commit side by side (kafka/transactions.py): each commit thread may hold here,
             # so PATH.held is replaced whole (a reader never sees it half written) and removed by the first
@@ -138,7 +138,7 @@ def crash_main(argv=None) -> int:
             prod.flush(10)
             os.kill(os.getpid(), signal.SIGKILL)
         self._flush_decided_now = False
-        return end(self, prod, offsets)
+        return end(self, prod, offsets, *more)
 
     def flush_marked(self, ps):
         self._flushing, self._flush_decided_now = True, not ps.flush_pending

@@ -323,7 +323,9 @@ class KafkaLoop:
         txn = OpenTransaction(ps, self.producers[p], self.core.state_record(ps, ps.seq + 1, offset, flush_pending))
         txn.write(messages, self.state_topic, self.core.stream, self.state_part_bytes)
         offsets = [TopicPartition(self.input, p, offset + 1), TopicPartition(self.state_topic, p, txn.rec.seq)]
-        self.commits.start(txn, self._end_transaction, offsets)
+        # the group's metadata read here, on the consumer's thread: a commit thread asking the consumer would wait
+        # for consume() to return, and a commit inside a rebalance callback (_on_assign's flush) never would
+        self.commits.start(txn, self._end_transaction, offsets, self._consumer.consumer_group_metadata())
         return txn
 
     def _settle(self, txns: list[OpenTransaction]) -> list[bool]:
@@ -343,9 +345,10 @@ class KafkaLoop:
             done.append(True)
         return done
 
-    def _end_transaction(self, prod: Producer, offsets: list) -> None:
-        """Offsets (input position and state marker) into the transaction, then commit it."""
-        prod.send_offsets_to_transaction(offsets, self._consumer.consumer_group_metadata(), TXN_TIMEOUT_S)
+    def _end_transaction(self, prod: Producer, offsets: list, group) -> None:
+        """Offsets (input position and state marker) into the transaction, then commit it (in a commit thread:
+        ``group`` is the consumer's group metadata)."""
+        prod.send_offsets_to_transaction(offsets, group, TXN_TIMEOUT_S)
         prod.commit_transaction(TXN_TIMEOUT_S)
 
     def _failed(self, ps, prod: Producer, exc: KafkaException) -> None:

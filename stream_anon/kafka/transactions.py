@@ -119,19 +119,20 @@ class OpenTransaction:
 
 
 class CommitThreads:
-    """The commits of a step's transactions, side by side: :meth:`start` runs ``end(prod, offsets)`` (offsets into
+    """The commits of a step's transactions, side by side: :meth:`start` runs ``end(prod, *args)`` (offsets into
     the transaction, then its commit) in a thread of its own; :meth:`settle` waits for all of them and gives each
-    transaction's failure (None: committed) in the order given."""
+    transaction's failure (None: committed) in the order given. ``end`` touches no consumer: confluent-kafka
+    serializes a consumer's calls, and the loop may be inside ``consume()`` (a rebalance callback) meanwhile."""
 
     def __init__(self):
         self._pool: ThreadPoolExecutor | None = None
 
-    def start(self, txn: OpenTransaction, end, offsets: list) -> None:
+    def start(self, txn: OpenTransaction, end, *args) -> None:
         if txn.failure is not None:                  # not written whole: nothing to commit
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=COMMIT_THREADS, thread_name_prefix="txn-commit")
-        txn.ending = self._pool.submit(end, txn.prod, offsets)
+        txn.ending = self._pool.submit(end, txn.prod, *args)
 
     @staticmethod
     def settle(txns: list[OpenTransaction]) -> list[KafkaException | None]:
