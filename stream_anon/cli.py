@@ -121,7 +121,8 @@ def _cmd_audit(args) -> int:
         else []
     report = audit_from_kafka(conn, config_path, crypto.load_secret(), raw_topic=args.raw_topic,
                               idle_s=args.idle, health=True, max_prosecutor_risk=args.max_prosecutor_risk,
-                              previous_secrets=previous, allow_outside_paths=args.allow_outside_paths)
+                              previous_secrets=previous, allow_outside_paths=args.allow_outside_paths,
+                              earlier_configs=[resolve_config(p) for p in args.earlier_config])
     print(report.format_text())
     if args.report:
         Path(args.report).write_text(json.dumps(report.to_dict(), indent=2))
@@ -134,7 +135,8 @@ def _cmd_report(args) -> int:
     config_path = resolve_config(args.config)
     conn = kafka_connection.from_args(args, config_path=config_path)
     report = report_from_kafka(conn, config_path, crypto.load_secret(), raw_topic=args.raw_topic, idle_s=args.idle,
-                               allow_outside_paths=args.allow_outside_paths)
+                               allow_outside_paths=args.allow_outside_paths,
+                               earlier_configs=[resolve_config(p) for p in args.earlier_config])
     write(report, args.out, args.json)
     s = report.summary
     print(f"stream-anon report: wrote {args.out} ({len(report.html):,} bytes); audit {s['verdict']}"
@@ -382,6 +384,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="after a key rotation: the variable holding the previous secret (or VAR_FILE naming its "
                         "file); when set, releases under either key are audited as one stream (default: "
                         "%(default)s)")
+    a.add_argument("--earlier-config", action="append", default=[], metavar="OLD.toml",
+                   help="after an accepted configuration change (worker --accept-config-change): the config in force "
+                        "before it (repeatable, one per change). Each release is judged by the config whose k, "
+                        "l-diversity criteria, hierarchies and numeric granularities were in force when it was made, "
+                        "as its partition's manifests record them; a release made under settings no given config "
+                        "has fails the check that reads them, naming the setting (docs/operations.md)")
     a.add_argument("--fail-on-alert", action="store_true",
                    help="exit 3 when an alert (e.g. suppression_limit_exceeded) was published on anon.metrics, "
                         "even if every check passed (events in windows still open are no alert)")
@@ -405,6 +413,10 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--json", default=None, help="also write the summary, the figures and the audit report as JSON")
     rp.add_argument("--raw-topic", default=None, help="default: the config's input topic")
     rp.add_argument("--idle", type=float, default=3.0, help="quiet seconds that mark the end of a topic")
+    rp.add_argument("--earlier-config", action="append", default=[], metavar="OLD.toml",
+                    help="the config in force before an accepted configuration change (repeatable): the audit the "
+                         "page states judges each release by the config in force when it was made (as stream-anon "
+                         "audit --earlier-config)")
     rp.set_defaults(func=_cmd_report)
 
     g = sub.add_parser("aggregates", help="the stream's DP aggregates, one merged figure per window and key",

@@ -15,8 +15,8 @@ Layers (issue 9), from the bottom: criteria <- strategies, formers and dp (each 
   formers: the strategies search for the criteria and the formers enforce them, never the other way round;
 - ``stream_anon.strategies``, ``stream_anon.formers`` and ``stream_anon.dp`` import nothing from config, engine,
   kafka (and the strategies nothing from the formers);
-- ``stream_anon.audit`` imports nothing from engine, strategies, formers, criteria, config, kafka (its checks of the
-  criteria are its own code);
+- ``stream_anon.audit`` imports nothing from engine, strategies, formers, criteria, config, kafka, guarantees (its
+  checks of the criteria are its own code, and so are the settings it compares across configuration changes);
 - ``stream_anon.risk`` (re-identification risk from class sizes, issue 29: the worker renders it and the audit
   recomputes it) imports nothing from engine, strategies, formers, criteria, config, kafka, audit, evaluate,
   attacks, report: the audit may import it and stay independent of the engine;
@@ -59,7 +59,7 @@ LAYERS = {
                           "stream_anon.config", "stream_anon.kafka", "stream_anon.audit", "stream_anon.evaluate",
                           "stream_anon.attacks", "stream_anon.report"), KAFKA_CLIENTS),
     "stream_anon.audit": (("stream_anon.engine", "stream_anon.strategies", "stream_anon.formers", "stream_anon.criteria",
-                           "stream_anon.config", "stream_anon.kafka"), ()),
+                           "stream_anon.config", "stream_anon.kafka", "stream_anon.guarantees"), ()),
 }
 ATTACKS = "stream_anon.attacks"
 MAY_IMPORT_ATTACKS = (ATTACKS, "stream_anon.evaluate")

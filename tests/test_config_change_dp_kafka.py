@@ -9,11 +9,14 @@ with the step it runs to the end of the stream: 0 events dead-lettered, every ev
   period by the budget in force);
 - the location hierarchy regrouped (stations moved between zones, a zone band renamed): the records buffered at the
   change are recoded and published; every release's labels cover their raw values under the hierarchy in force
-  when it was made (the releases before the change under the old one, after it under the new one).
+  when it was made (the releases before the change under the old one, after it under the new one), and
+  ``stream-anon audit --earlier-config <the original>`` passes on the whole stream (without it, coverage fails with
+  one line naming the hierarchy those releases were made under).
 """
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -24,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _kafka_helpers import read_all, state_offsets, wait_for, write_cards_config  # noqa: E402
 from test_fail_closed import _get  # noqa: E402
 
-from stream_anon import crypto  # noqa: E402
+from stream_anon import cli, crypto  # noqa: E402
 from stream_anon.audit.kafka_source import audit_from_kafka  # noqa: E402
 from stream_anon.audit.primitives import Hierarchy  # noqa: E402
 from stream_anon.broker import free_port  # noqa: E402
@@ -146,7 +149,7 @@ def regrouped_hierarchy(tmp_path: Path) -> Path:
 
 
 def test_a_regrouped_location_hierarchy_dead_letters_nothing_and_every_release_covers_under_its_own(
-        broker, tmp_path, secret_env):
+        broker, tmp_path, secret_env, capsys):
     name = "regroup"
     regrouped = regrouped_hierarchy(tmp_path)
     original = str(ROOT / "configs" / "hierarchies" / "oyster_location.json")
@@ -162,13 +165,34 @@ def test_a_regrouped_location_hierarchy_dead_letters_nothing_and_every_release_c
     assert set(changed) == {0, 1, 2, 3}
 
     by_release = {m["release_id"]: m["partition"] for m in manifests}
-    # the audit with the new config: everything holds but the coverage of the labels published before the change
-    # (judged here under the new hierarchy; below under the one in force)
+    before = {c.split(" ")[1] for m in manifests for c in m.get("settings_changed", [])
+              if c.startswith("quasi_identifiers.location.hierarchy")}
+    assert before == {Hierarchy.load(Path(original)).content_digest()}          # the audit's own digest
+    # the audit with the new config alone: everything holds, but coverage names the hierarchy the releases before
+    # the change were made under, in one line, instead of judging their labels under the new one
     report = audit_from_kafka(broker.bootstrap, new, secret_env, idle_s=1.5, health=False)
+    print(report.format_text())
     failed = {n for n, c in report.checks.items() if not c["passed"]}
-    assert failed <= {"coverage"}, report.format_text()
+    assert failed == {"coverage"}, report.format_text()
+    lines = [e["line"] for e in report.checks["coverage"]["examples"]]
+    assert len(lines) == 1 and re.fullmatch(
+        rf"coverage: release (\S+) was made under quasi_identifiers\.location\.hierarchy {before.pop()} ; give the "
+        r"config in force then with --earlier-config", lines[0]), lines
+    assert lines[0].split(" ")[2] < changed[by_release[lines[0].split(" ")[2]]]
     acc = report.checks["accounting"]
     assert acc["lost"] == 0 and acc["dead_lettered"] == 0 and acc["balanced"]
+    # with the original config as --earlier-config the audit passes on the whole stream, each release judged by
+    # the config in force when it was made
+    code = cli.main(["audit", "--config", str(new), "--broker", broker.bootstrap, "--idle", "1.5",
+                     "--earlier-config", str(old), "--report", str(tmp_path / "audit.json")])
+    text = capsys.readouterr().out
+    print(text)
+    assert code == 0 and text.startswith("AUDIT PASSED"), text
+    judged = json.loads((tmp_path / "audit.json").read_text())["summary"]["settings_in_force"]
+    assert [(j["config"], j["earlier"]) for j in judged] == [(str(new), False), (str(old), True)]
+    assert all(j["releases"] > 0 for j in judged) and sum(j["releases"] for j in judged) == len(by_release)
+    assert f"  settings in force: {new} judged {judged[0]['releases']} releases; earlier config {old} judged " \
+           f"{judged[1]['releases']} releases" in text.splitlines()          # dozens of releases each
     # every published label covers its raw value under the hierarchy in force when its release was made (the
     # audit's own hierarchy reader); a retired label is not published after the change
     raw = {crypto.audit_token(secret_env, e["event_id"]): e.get("station") or e.get("bus_route") for e in events}

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .config import AuditConfig
+from .in_force import SettingsInForce, settings_in_force
 from .primitives import source_key
 
 MAX_EXAMPLES = 10
@@ -37,6 +38,9 @@ class AuditContext:
     counterfeits: dict[str, tuple]       # token -> (release_id, class_id) of announced counterfeit records
     aggregates: list[dict] = field(default_factory=list)   # DP rows of anon.aggregates, one per row_id
     previous_secrets: tuple = ()         # secrets before key rotations (their pseudonyms are leaks too)
+    earlier_configs: tuple = ()          # the configs in force before accepted changes (--earlier-config)
+    # release id -> the settings in force and the config that judges it (:mod:`.in_force`)
+    in_force: SettingsInForce = field(init=False)
     # token -> the raw event its records stand for (:meth:`raw_of` also takes the record's partition into account)
     by_token: dict[str, RawEvent] = field(init=False, default_factory=dict)
     _open_by_partition: dict[tuple, RawEvent] = field(init=False, default_factory=dict, repr=False)
@@ -61,6 +65,11 @@ class AuditContext:
             self.by_token.setdefault(token, raw)
         for m in self.manifests:
             self._release_partition.setdefault(m.get("release_id"), m.get("partition"))
+        self.in_force = settings_in_force(self.manifests, [self.config, *self.earlier_configs])
+
+    def config_for(self, release_id: Any) -> AuditConfig:
+        """The config a release is judged by: the one in force when it was made (:mod:`.in_force`)."""
+        return self.in_force.config_of(release_id)
 
     def raw_of(self, record: dict) -> RawEvent | None:
         """The raw event a published record stands for (None: no raw event has its token)."""

@@ -113,6 +113,7 @@ class AuditConfig:
     dp: DPBudget | None = None           # [dp] and [[aggregates]]: the DP check's budget
     max_suppression_ratio: float = 0.05  # [anonymization]: a run suppressing more is NOT PASSED
     risk: RiskSettings = field(default_factory=RiskSettings)   # [risk]: population and threshold of the figures
+    source: str | None = None            # the file it was read from (names it in the report)
 
     def __post_init__(self) -> None:
         self.quasi_identifiers = [q if isinstance(q, QISpec) else QISpec(*q) for q in self.quasi_identifiers]
@@ -162,6 +163,7 @@ class AuditConfig:
             dp=read_dp(raw),
             max_suppression_ratio=float(anon.get("max_suppression_ratio", 0.05)),
             risk=read_risk(raw.get("risk") or {}),
+            source=str(path),
         )
 
 

@@ -156,9 +156,10 @@ def _well_formed(items: list, malformed: list) -> list[dict]:
     return kept
 
 
-def build_context(raw_events: Iterable, outputs: Any, secret: bytes,
-                  config: AuditConfig) -> tuple[AuditContext, dict]:
-    """The context every check reads, and the result of merging duplicates (the report's ``duplicates``)."""
+def build_context(raw_events: Iterable, outputs: Any, secret: bytes, config: AuditConfig,
+                  earlier_configs: Iterable[AuditConfig] = ()) -> tuple[AuditContext, dict]:
+    """The context every check reads, and the result of merging duplicates (the report's ``duplicates``).
+    ``earlier_configs``: the configs in force before accepted changes (:mod:`.in_force`)."""
     malformed = outputs_part(outputs, "malformed")
     records = _well_formed(outputs_part(outputs, "records"), malformed)   # read only: no check changes them
     manifests = _well_formed(outputs_part(outputs, "manifests"), malformed)
@@ -174,5 +175,6 @@ def build_context(raw_events: Iterable, outputs: Any, secret: bytes,
     aggregates = deduplicate_rows(aggregates, duplicates)
     ctx = AuditContext(config=config, secret=secret, raws=parse_raw(raw_events, secret, config.privacy_unit),
                        records=records, manifests=manifests, deadletters=deadletters, malformed=malformed,
-                       counterfeits=counterfeit_tokens(manifests, secret), aggregates=aggregates)
+                       counterfeits=counterfeit_tokens(manifests, secret), aggregates=aggregates,
+                       earlier_configs=tuple(earlier_configs))
     return ctx, duplicates.result()

@@ -195,18 +195,22 @@ def read_inputs(bootstrap, config_path: str | Path, secret: bytes | str, raw_top
 def audit_from_kafka(bootstrap, config_path: str | Path, secret: bytes | str, raw_topic: str | None = None,
                      idle_s: float = 3.0, max_wait_s: float = 120.0, health: bool = True,
                      max_prosecutor_risk: float | None = None, previous_secrets=(),
-                     allow_outside_paths: bool = False) -> AuditReport:
+                     allow_outside_paths: bool = False, earlier_configs=()) -> AuditReport:
     """Read raw input and outputs from the broker (:func:`read_inputs`) and audit them against the stream
     config. ``health``: also read anon.metrics (for at most :data:`ALERTS_MAX_WAIT_S`) for the alerts of the
     report's health figures. Raises :class:`IncompleteRead` when the raw or an output topic is still growing after
     ``max_wait_s`` (a verdict on part of a topic would be wrong). ``max_prosecutor_risk``: the ``risk`` check
     (:class:`.risk.MaxProsecutorRisk`). ``previous_secrets``: the secrets before key rotations (:mod:`.lineages`).
-    ``allow_outside_paths``: the files the config names may lie outside its directory tree."""
+    ``allow_outside_paths``: the files the config names may lie outside its directory tree. ``earlier_configs``:
+    the configs (paths, or :class:`.config.AuditConfig`) in force before accepted configuration changes
+    (``--earlier-config``: :mod:`.in_force`)."""
+    earlier = [c if isinstance(c, AuditConfig) else AuditConfig.from_toml(c, allow_outside_paths)
+               for c in earlier_configs]
     read = read_inputs(bootstrap, config_path, secret, raw_topic, idle_s, max_wait_s, metrics=health,
                        allow_outside_paths=allow_outside_paths)
     secret = secret.encode() if isinstance(secret, str) else secret
     return audit(read.raw, read.outputs, secret, read.config, alerts=read.metrics,
-                 max_prosecutor_risk=max_prosecutor_risk, previous_secrets=previous_secrets)
+                 max_prosecutor_risk=max_prosecutor_risk, previous_secrets=previous_secrets, earlier_configs=earlier)
 
 
 def read_metrics(bootstrap, stream: str, idle_s: float = 3.0, max_wait_s: float = 120.0) -> list[dict]:

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from .check import AuditContext
-from .in_force import k_in_force
 
 
 @dataclass
@@ -55,6 +54,7 @@ class ClassMembers:
 
     overall: dict[Any, list[tuple[Any, dict]]] = field(default_factory=lambda: defaultdict(list))
     at_creation: dict[Any, list[tuple[Any, dict]]] = field(default_factory=lambda: defaultdict(list))
+    created: dict[Any, Any] = field(default_factory=dict)     # class id -> the release that created it
 
 
 def class_members(ctx: AuditContext) -> ClassMembers:
@@ -65,7 +65,7 @@ def class_members(ctx: AuditContext) -> ClassMembers:
         for c in m.get("classes") or []:
             if isinstance(c, dict) and not c.get("reused"):
                 created.setdefault(c.get("class_id"), m.get("release_id"))
-    out = ClassMembers()
+    out = ClassMembers(created=created)
     for r in ctx.records:
         raw = ctx.raw_of(r)
         unit = raw.unit if raw is not None else None
@@ -188,7 +188,7 @@ def health_figures(ctx: AuditContext, individuals: ClassIndividuals, alerts: Ite
             key = key + (str(d.get("reason")), str(d.get("payload")))
         dead.setdefault(key, d)
     by_reason = Counter(deadletter_reason(d.get("reason")) for d in dead.values())
-    k_of = k_in_force(ctx.manifests, ctx.config.k).by_release      # the k check's rule: k when the class was made
+    k_of = ctx.in_force.k_of                     # the k check's rule: the k in force when the class was made
     created = {c.get("class_id"): m.get("release_id") for m in reversed(ctx.manifests)
                for c in m.get("classes") or [] if isinstance(c, dict) and not c.get("reused")}
     out = {

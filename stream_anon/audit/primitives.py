@@ -288,6 +288,37 @@ class Hierarchy:
             return True
         return value in self.parent and label in self.ancestors_or_self(value)
 
+    def content_digest(self) -> str | None:
+        """The hierarchy's content as release manifests name it (``settings_changed``), not its file:
+        ``"sha256:"`` + the first 16 hex digits of SHA-256 over the UTF-8 of ``json.dumps([root, leaves, edges])``
+        (Python's default separators), with ``leaves`` the leaf labels in depth-first order (children in the
+        order the file gives them) and ``edges`` the sorted ``[parent, child]`` pairs (docs/privacy.md, Settings in
+        force). None for a forest (several roots), which no worker accepts.
+
+        >>> Hierarchy({"*": {"Rail": ["A", "B"], "Bus": ["1"]}}).content_digest()
+        'sha256:3ac41bb764316400'
+        """
+        if len(self.roots) != 1:
+            return None
+        children: dict[str, list[str]] = {}
+        for label, par in self.parent.items():          # insertion order: a child's first appearance in the file
+            if par is not None:
+                children.setdefault(par, []).append(label)
+        root = next(iter(self.roots))
+        leaves, stack, seen = [], [root], set()
+        while stack:
+            node = stack.pop()
+            if node in seen:
+                continue
+            seen.add(node)
+            kids = children.get(node)
+            if not kids:
+                leaves.append(node)
+            stack.extend(reversed(kids or []))
+        edges = sorted([par, label] for label, par in self.parent.items() if par is not None)
+        text = json.dumps([root, leaves, edges])
+        return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
 
 # ----------------------------------------------------------------------------------------------- QIs
 @dataclass

@@ -14,6 +14,35 @@ def _fmt(counts: dict | None) -> str:
 PASSED, FAILED, NOT_PASSED = "PASSED", "FAILED", "NOT PASSED"
 
 
+def _releases(n: int) -> str:
+    return f"{n} release{'' if n == 1 else 's'}"
+
+
+def format_settings_in_force(entries: list[dict] | None) -> list[str]:
+    """The configs that judged the releases, with how many each (:meth:`.in_force.SettingsInForce.judged_by`);
+    nothing when the audit config judged every release.
+
+    >>> format_settings_in_force([{"config": "new.toml", "earlier": False, "releases": 5},
+    ...                           {"config": "old.toml", "earlier": True, "releases": 3}])
+    ['  settings in force: new.toml judged 5 releases; earlier config old.toml judged 3 releases']
+    >>> format_settings_in_force([{"config": "new.toml", "earlier": False, "releases": 5},
+    ...                           {"config": None, "releases": 3, "unjudged": 0, "k": [10]}])[0]
+    '  settings in force: new.toml judged 5 releases; the audit config with k 10 in force judged 3 releases'
+    """
+    if not entries or len(entries) < 2:
+        return []
+    parts = []
+    for e in entries:
+        if e["config"] is None:
+            ks = ", ".join(str(k) for k in e["k"])
+            parts.append(f"the audit config with k {ks} in force judged {_releases(e['releases'])}"
+                         + (f" ({e['unjudged']} made under settings no given config has: see the checks that read "
+                            "them)" if e["unjudged"] else ""))
+        else:
+            parts.append(f"{'earlier config ' if e['earlier'] else ''}{e['config']} judged {_releases(e['releases'])}")
+    return ["  settings in force: " + "; ".join(parts)]
+
+
 @dataclass
 class AuditReport:
     """``passed`` only for the verdict PASSED; ``verdict`` FAILED (a check failed) or NOT PASSED (every check held
@@ -85,6 +114,7 @@ class AuditReport:
         if s.get("open"):
             lines.append(f"  open: {s['open']} events in windows not released yet (oldest event time "
                          f"{s.get('open_oldest')}): not lost, released when their windows close")
+        lines.extend(format_settings_in_force(s.get("settings_in_force")))
         lineages = s.get("lineages")
         for name, f in (lineages.items() if isinstance(lineages, dict) else ()):
             lines.append(f"  lineage {name}: {f['verdict']}, events_in={f['events_in']} releases={f['releases']} "

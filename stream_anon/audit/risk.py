@@ -9,8 +9,9 @@ classes that release publishes records in; the run's figures are over every (rel
 
 For an m-invariant stream, :func:`intersection_candidates` measures the cross-release attack of
 ``stream_anon.attacks.intersection`` (knowledge of the target's quasi-identifiers in every release it appears in)
-with the audit's own covering test: for a seeded sample of individuals, the set of invariant values still possible
-after intersecting the signatures of every class that could hold them; the risk is 1 / the smallest set.
+with the audit's own covering test (under the hierarchies in force when each release was made): for a seeded
+sample of individuals, the set of invariant values still possible after intersecting the signatures of every class
+that could hold them; the risk is 1 / the smallest set.
 """
 from __future__ import annotations
 
@@ -100,8 +101,7 @@ def intersection_candidates(ctx: AuditContext, n_targets: int = INTERSECTION_TAR
     ``min_candidates``, ``mean_candidates``, ``pinned`` (one value left), ``risk`` (1 / min_candidates) and
     ``true_value_missed`` (targets whose true value fell out: 0 unless published values are wrong). Targets: a
     sample of ``n_targets`` of the individuals with published records (``seed``), or the given units."""
-    cfg = ctx.config
-    qis, invariant = cfg.quasi_identifiers, cfg.invariant
+    invariant = ctx.config.invariant
     sigs: dict[tuple, set] = defaultdict(set)            # (release, class) -> invariant values published there
     gen: dict[tuple, dict] = {}
     seen: dict[str, dict[Any, list]] = defaultdict(lambda: defaultdict(list))
@@ -127,6 +127,7 @@ def intersection_candidates(ctx: AuditContext, n_targets: int = INTERSECTION_TAR
     for unit in pool:
         cands: set | None = None
         for rid, events in seen[unit].items():
+            qis = ctx.config_for(rid).quasi_identifiers        # the hierarchies in force when rid was made
             for event in events:
                 values = [qi_value(q, event) for q in qis]
                 c = set().union(*[sigs[k] for k, qi in classes_of[rid]

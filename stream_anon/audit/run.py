@@ -17,7 +17,9 @@ identical copies from restarted workers merged, differing copies fail), ``k`` (:
 ``l_diversity`` and ``severity`` (:mod:`.checks.l_diversity`, :mod:`.checks.severity`: only for a stream with
 such ``[[anonymization.criteria]]``), ``leaks``, ``coverage``, ``accounting``, ``consistency``, ``m_invariance``
 (only for a stream with ``[anonymization] m``), ``dp`` (:mod:`.checks.dp_budget`: only for a stream with ``[dp]``
-or aggregate rows) and ``config`` (only when it finds something).
+or aggregate rows) and ``config`` (only when it finds something). Across accepted configuration changes each
+release is judged by the config in force when it was made, the audit config or one of ``earlier_configs``
+(:mod:`.in_force`).
 
 Counterfeit records (m-invariance)
 ----------------------------------
@@ -59,15 +61,16 @@ _M_SUMMARY_RENAMED = ("releases", "classes", "individuals")   # the audit's own 
 
 def audit(raw_events: Iterable, outputs: Any, secret: bytes | str, config_view: AuditConfig,
           alerts: Iterable[dict] | None = None, max_prosecutor_risk: float | None = None,
-          previous_secrets: Iterable[bytes | str] = ()) -> AuditReport:
+          previous_secrets: Iterable[bytes | str] = (), earlier_configs: Iterable[AuditConfig] = ()) -> AuditReport:
     """Audit published outputs against the raw input: the report of :func:`audit_with_context`."""
     return audit_with_context(raw_events, outputs, secret, config_view, alerts, max_prosecutor_risk,
-                              previous_secrets)[0]
+                              previous_secrets, earlier_configs)[0]
 
 
 def audit_with_context(raw_events: Iterable, outputs: Any, secret: bytes | str, config_view: AuditConfig,
                        alerts: Iterable[dict] | None = None, max_prosecutor_risk: float | None = None,
-                       previous_secrets: Iterable[bytes | str] = ()) -> tuple[AuditReport, AuditContext | None]:
+                       previous_secrets: Iterable[bytes | str] = (), earlier_configs: Iterable[AuditConfig] = ()
+                       ) -> tuple[AuditReport, AuditContext | None]:
     """Audit published outputs against the raw input. See the module docstring for the checks.
 
     raw_events: iterable of ``((topic, partition, offset), payload)`` with payload bytes/str (may be malformed).
@@ -81,8 +84,11 @@ def audit_with_context(raw_events: Iterable, outputs: Any, secret: bytes | str, 
     ``risk`` check then fails for a release whose highest prosecutor risk is above it.
     previous_secrets: the secrets before key rotations; their tokens are mapped to ``secret``'s
     (:mod:`.lineages`). Outputs of several lineages are judged per lineage (:func:`audit_lineages`).
+    earlier_configs: the configs in force before accepted configuration changes; each release is judged by the one
+    whose settings were in force when it was made (:mod:`.in_force`; the report's ``settings_in_force``).
     """
     cfg = config_view
+    earlier = tuple(earlier_configs)
     if isinstance(secret, str):
         secret = secret.encode()
     previous = [p.encode() if isinstance(p, str) else p for p in previous_secrets]
@@ -95,16 +101,17 @@ def audit_with_context(raw_events: Iterable, outputs: Any, secret: bytes | str, 
         outputs = translate_tokens(raw_events, outputs, previous, secret)
     by_lineage = split_by_lineage(outputs)
     if len(by_lineage) > 1:
-        return audit_lineages(list(raw_events), by_lineage, secret, cfg, alerts, previous, max_prosecutor_risk)
-    report, ctx = _audit_one(raw_events, outputs, secret, cfg, alerts, previous, max_prosecutor_risk)
+        return audit_lineages(list(raw_events), by_lineage, secret, cfg, alerts, previous, max_prosecutor_risk,
+                              earlier)
+    report, ctx = _audit_one(raw_events, outputs, secret, cfg, alerts, previous, max_prosecutor_risk, earlier)
     report.summary["lineages"] = sorted(by_lineage)
     return report, ctx
 
 
 def _audit_one(raw_events, outputs, secret: bytes, cfg: AuditConfig, alerts, previous: list[bytes],
-               max_prosecutor_risk: float | None) -> tuple[AuditReport, AuditContext]:
+               max_prosecutor_risk: float | None, earlier: tuple = ()) -> tuple[AuditReport, AuditContext]:
     """Every check on the outputs of one lineage."""
-    ctx, duplicates = build_context(raw_events, outputs, secret, cfg)
+    ctx, duplicates = build_context(raw_events, outputs, secret, cfg, earlier)
     ctx.previous_secrets = tuple(previous)
     checks = {"duplicates": duplicates}
     for check in CHECKS:
@@ -117,7 +124,8 @@ def _audit_one(raw_events, outputs, secret: bytes, cfg: AuditConfig, alerts, pre
                                                "unknown_tokens", "counterfeit_records")}
     summary = {**counts, "suppressed_by_reason": accounting["suppressed_by_reason"],
                "releases": len(ctx.manifests), "records": len(ctx.records), "classes": checks["k"]["classes"],
-               "min_individuals": checks["k"]["min_individuals"], "k": cfg.k}
+               "min_individuals": checks["k"]["min_individuals"], "k": cfg.k,
+               "settings_in_force": ctx.in_force.judged_by()}
     if "m_invariance" in checks and "summary" in checks["m_invariance"]:
         summary.update({f"m_invariance_{k}" if k in _M_SUMMARY_RENAMED else k: v
                         for k, v in checks["m_invariance"]["summary"].items()})
@@ -150,11 +158,11 @@ def _other_key(outputs: Any, secret: bytes, previous: list[bytes] = ()) -> str |
 
 
 def audit_lineages(raw_events: list, by_lineage: dict, secret: bytes, cfg: AuditConfig, alerts,
-                   previous: list[bytes], max_prosecutor_risk: float | None = None
+                   previous: list[bytes], max_prosecutor_risk: float | None = None, earlier: tuple = ()
                    ) -> tuple[AuditReport, AuditContext]:
     """Each lineage audited apart (:mod:`.lineages`): checks named ``<check> [<lineage>]``, the verdict the worst
     of theirs, the summary (and context) of the last lineage with every lineage's figures under ``lineages``."""
-    audited = {name: _audit_one(raw_events, part, secret, cfg, alerts, previous, max_prosecutor_risk)
+    audited = {name: _audit_one(raw_events, part, secret, cfg, alerts, previous, max_prosecutor_risk, earlier)
                for name, part in by_lineage.items()}
     reports = {name: r for name, (r, _) in audited.items()}
     checks = {f"{check} [{name}]": result for name, r in reports.items() for check, result in r.checks.items()}

@@ -32,16 +32,18 @@ class Report:
 
 def build_report(config_path, raw: list, outputs: Any, secret: bytes, metrics: list[dict] | None = None,
                  query_seed: int = 0, broker_retention: dict | None = None,
-                 allow_outside_paths: bool = False) -> Report:
+                 allow_outside_paths: bool = False, earlier_configs=()) -> Report:
     """The report of one stream from what was read (as :func:`stream_anon.audit.audit` takes it);
     ``broker_retention``: topic -> the ``retention.ms`` the broker states (:func:`broker_retention`);
-    ``allow_outside_paths``: the files the config names may lie outside its directory tree."""
+    ``allow_outside_paths``: the files the config names may lie outside its directory tree; ``earlier_configs``:
+    the paths of the configs in force before accepted configuration changes (the audit's ``--earlier-config``)."""
     from stream_anon.audit import AuditConfig, audit_with_context
     from stream_anon.config import load_config
 
     config = load_config(config_path, allow_outside_paths)
+    earlier = [AuditConfig.from_toml(p, allow_outside_paths) for p in earlier_configs]
     report, ctx = audit_with_context(raw, outputs, secret, AuditConfig.from_toml(config_path, allow_outside_paths),
-                                     alerts=metrics)
+                                     alerts=metrics, earlier_configs=earlier)
     if ctx is None:      # outputs under another secret: nothing can be counted, the page says why
         figs = {"releases": [], "class_sizes": [], "risk": [], "dp_budget": None, "query_error": None,
                 "deadletters_by_reason": {}, "alerts_by_name": {}}
@@ -57,7 +59,8 @@ def build_report(config_path, raw: list, outputs: Any, secret: bytes, metrics: l
 
 
 def report_from_kafka(bootstrap, config_path, secret: bytes | str, raw_topic: str | None = None,
-                      idle_s: float = 3.0, max_wait_s: float = 120.0, allow_outside_paths: bool = False) -> Report:
+                      idle_s: float = 3.0, max_wait_s: float = 120.0, allow_outside_paths: bool = False,
+                      earlier_configs=()) -> Report:
     """Read the stream's topics from the broker as the audit does, then :func:`build_report`."""
     from stream_anon.audit.kafka_source import read_inputs
 
@@ -69,7 +72,7 @@ def report_from_kafka(bootstrap, config_path, secret: bytes | str, raw_topic: st
                        allow_outside_paths=allow_outside_paths)
     retention = broker_retention(bootstrap, list(stream_topic_defs(load_config(config_path, allow_outside_paths))))
     return build_report(config_path, read.raw, read.outputs, secret, read.metrics, broker_retention=retention,
-                        allow_outside_paths=allow_outside_paths)
+                        allow_outside_paths=allow_outside_paths, earlier_configs=earlier_configs)
 
 
 def broker_retention(bootstrap, topics: list[str]) -> dict:

@@ -1,5 +1,6 @@
 """Check ``consistency``: manifests agree with the records actually published (per class and in total), the
-class generalization equals the records' ``qi``, k matches the config, counts match token lists, and a class's
+class generalization equals the records' ``qi``, k matches the k in force and every recorded change of a setting
+the audit compares leads to the setting in force (:mod:`..in_force`), counts match token lists, and a class's
 counterfeit records match its manifest count. Output messages that were no JSON object (or nested deeper than
 any output of the engine) fail it too.
 """
@@ -9,7 +10,6 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from ..check import MAX_EXAMPLES, AuditContext, ViolationLog
-from ..in_force import k_in_force
 from ..inputs import canonical_json
 from ..primitives import string_values
 
@@ -55,8 +55,8 @@ class Consistency:
         for rid in per_release:
             if rid not in known:
                 log.fail("records without manifest", release_id=rid, records=per_release[rid])
-        k_history = k_in_force(manifests, cfg.k)
-        for name, details in k_history.problems:
+        in_force = ctx.in_force
+        for name, details in in_force.problems:
             log.fail(name, **details)
         creators: Counter = Counter()
         for m in manifests:
@@ -107,5 +107,6 @@ class Consistency:
         for cid, n in creators.items():
             if n > 1:
                 log.fail("class created in more than one release", class_id=cid, releases=n)
-        log.details.update(releases=len(manifests), records=len(records), k_changes=k_history.changes)
+        log.details.update(releases=len(manifests), records=len(records), k_changes=in_force.k_changes,
+                           settings_changes=in_force.changes)
         return log.result()

@@ -4,15 +4,15 @@ For every class: distinct privacy units (via token -> raw event -> unit) over al
 >= k, and >= k already in the release that created it (manifest entry with ``reused: false``). Defeats counting
 records instead of individuals, and classes that only reach k later. All records of a class must carry the same
 ``qi`` (else the class is not an equivalence class as seen by an attacker). Events whose unit is null do not
-count as an individual (conservative). A class is judged by the k in force when it was created
-(:mod:`..in_force`).
+count as an individual (conservative). A class is judged by the k in force when its creating release was made
+(:mod:`..in_force`: the k of the config in force then, or the k the manifests' walk finds when no given config has
+that release's settings).
 """
 from __future__ import annotations
 
 from typing import Any
 
 from ..check import AuditContext, ViolationLog
-from ..in_force import k_in_force
 from ..inputs import canonical_json
 from ..measures import class_individuals
 
@@ -26,7 +26,7 @@ class KInIndividuals:
     def run(self, ctx: AuditContext) -> dict:
         log = ViolationLog()
         k = ctx.config.k
-        k_of = k_in_force(ctx.manifests, k).by_release      # each class judged by the k it was created under
+        k_of = ctx.in_force.k_of                            # each class judged by the k it was created under
         measured = class_individuals(ctx)
         for r in measured.unknown_records:
             log.fail("record of unknown event", release_id=r.get("release_id"), class_id=r.get("class_id"),

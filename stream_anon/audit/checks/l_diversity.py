@@ -15,6 +15,10 @@ class:
 A share counted in individuals: each individual (the raw event's privacy unit) of the class weighs 1, spread evenly
 over its records there; a record of no known individual counts as one individual of its own. Written here, apart
 from ``stream_anon.criteria``, so that a bug in the engine's criteria cannot pass its own check.
+
+A class is judged by the criteria of the config in force when its creating release was made (:mod:`..in_force`;
+classes are never reused across an accepted change). A release made under a criterion no given config has fails
+once per such criterion, with one line naming it; its classes are not judged by another l.
 """
 from __future__ import annotations
 
@@ -69,16 +73,23 @@ class LDiversity:
     name = "l_diversity"
 
     def applies(self, ctx: AuditContext) -> bool:
-        return any(isinstance(c, LDiversitySpec) for c in ctx.config.criteria)
+        return any(isinstance(c, LDiversitySpec) for cfg in ctx.in_force.used() for c in cfg.criteria) \
+            or bool(ctx.in_force.unmatched_lines(self.name))
 
     def run(self, ctx: AuditContext) -> dict:
         log = ViolationLog()
+        for entry in ctx.in_force.unmatched_lines(self.name):
+            log.fail("release made under settings no given config has", **entry)
         members = class_members(ctx)
         lowest: dict[str, float] = {}
-        for spec in (c for c in ctx.config.criteria if isinstance(c, LDiversitySpec)):
-            name = f"{spec.kind}:{spec.field}"
-            for when, classes in (("all releases", members.overall), ("at creation", members.at_creation)):
-                for cid, recs in classes.items():
+        for when, classes in (("all releases", members.overall), ("at creation", members.at_creation)):
+            for cid, recs in classes.items():
+                rid = members.created.get(cid)
+                unjudged = ctx.in_force.skipped(rid, self.name)
+                for i, spec in enumerate(ctx.config_for(rid).criteria):
+                    if not isinstance(spec, LDiversitySpec) or f"anonymization.criteria[{i}]" in unjudged:
+                        continue
+                    name = f"{spec.kind}:{spec.field}"
                     figure, ok = diversity(spec, recs)
                     lowest[name] = min(lowest.get(name, math.inf), figure)
                     if not ok:

@@ -15,6 +15,11 @@ Numeric bounds: where a numeric quasi-identifier has a granularity (configured, 
 domain), each published ``from`` / ``to`` must be a multiple of it or a domain bound; a bound off the grid that
 equals the record's own raw value fails as ``numeric bound equals a member's value`` (every bound that equals some
 member's value is met on that member's record), any other off the grid as ``numeric bound off its granularity``.
+
+Across accepted configuration changes (:mod:`..in_force`): a record's numeric bounds are judged by the granularity
+of the config in force when its release was made (a release made under a granularity no given config has fails once
+per such setting, with one line naming it); the labels of every hierarchy in force are allowed, and the identifier
+and sensitive fields are those of every config used.
 """
 from __future__ import annotations
 
@@ -30,12 +35,14 @@ _HEX_RUN_RE = re.compile(r"[0-9a-f]{16,}")
 
 def needles(ctx: AuditContext) -> tuple[dict[str, str], dict[str, str]]:
     """(exact-value needles -> description, hex prefixes/pseudonyms -> description)."""
-    cfg = ctx.config
+    configs = ctx.in_force.used()
     allow: set[str] = set()
-    for q in cfg.quasi_identifiers:
+    for q in (q for cfg in configs for q in cfg.quasi_identifiers):
         if q.hierarchy is not None:
             allow.update(q.hierarchy.parent)
-    legit_sensitive = [f for f in cfg.sensitive_fields if f not in cfg.identifier_fields]
+    identifier_fields = list(dict.fromkeys(f for cfg in configs for f in cfg.identifier_fields))
+    legit_sensitive = [f for f in dict.fromkeys(f for cfg in configs for f in cfg.sensitive_fields)
+                       if f not in identifier_fields]
     exact: dict[str, str] = {}
     hexes: dict[str, str] = {}
     events = [raw for raw in ctx.raws if raw.event is not None]
@@ -45,7 +52,7 @@ def needles(ctx: AuditContext) -> tuple[dict[str, str], dict[str, str]]:
             if v is not None:
                 allow.add(v)
     for raw in events:
-        for f in cfg.identifier_fields:
+        for f in identifier_fields:
             v = as_text(get_path(raw.event, f))
             if v is not None and len(v) >= MIN_NEEDLE_LEN:
                 exact.setdefault(v, f"raw {f}")
@@ -99,12 +106,19 @@ class Leaks:
 
 def numeric_bounds(ctx: AuditContext, log: ViolationLog) -> int:
     """Check every numeric bound against its granularity (module docstring); the number of bounds checked."""
-    qis = [q for q in ctx.config.quasi_identifiers if q.kind == "numeric" and q.granularity]
+    for entry in ctx.in_force.unmatched_lines("leaks"):
+        log.fail("release made under settings no given config has", **entry)
+    if not any(q.kind == "numeric" and q.granularity for cfg in ctx.in_force.used() for q in cfg.quasi_identifiers):
+        return 0
     checked = 0
-    for r in ctx.records if qis else ():
+    for r in ctx.records:
         qi = r.get("qi") if isinstance(r.get("qi"), dict) else {}
         raw = ctx.raw_of(r)
-        for q in qis:
+        rid = r.get("release_id")
+        unjudged = ctx.in_force.skipped(rid, "leaks")
+        for q in ctx.config_for(rid).quasi_identifiers:
+            if q.kind != "numeric" or not q.granularity or f"quasi_identifiers.{q.name}.granularity" in unjudged:
+                continue
             pub = qi.get(q.name)
             if not isinstance(pub, dict):
                 continue

@@ -11,6 +11,8 @@ For each class (all its releases, and its creating release), with S the severity
   records AS_e is at most l_e.
 
 Written here, apart from ``stream_anon.criteria``, so that a bug in the engine's rule cannot pass its own check.
+A class is judged by the rule of the config in force when its creating release was made (:mod:`..in_force`: its
+k_min follows the k in force).
 """
 from __future__ import annotations
 
@@ -52,17 +54,18 @@ class Severity:
     name = "severity"
 
     def applies(self, ctx: AuditContext) -> bool:
-        return any(isinstance(c, SeveritySpec) for c in ctx.config.criteria)
+        return any(isinstance(c, SeveritySpec) for cfg in ctx.in_force.used() for c in cfg.criteria)
 
     def run(self, ctx: AuditContext) -> dict:
         log = ViolationLog()
         members = class_members(ctx)
         specs = [c for c in ctx.config.criteria if isinstance(c, SeveritySpec)]
-        for spec in specs:
-            for when, classes in (("all releases", members.overall), ("at creation", members.at_creation)):
-                for cid, recs in classes.items():
+        for when, classes in (("all releases", members.overall), ("at creation", members.at_creation)):
+            for cid, recs in classes.items():
+                for spec in (c for c in ctx.config_for(members.created.get(cid)).criteria
+                             if isinstance(c, SeveritySpec)):
                     for what in violations(spec, recs):
-                        log.fail(f"{what} ({when})", class_id=cid, field=spec.field)
+                        log.fail(f"{what} ({when})", class_id=cid, field=spec.field, k_min=spec.k_min)
         log.details.update(classes=len(members.overall),
                            criteria=[{"field": s.field, "k_min": s.k_min, "cap": s.cap, "l_floor": s.l_floor,
                                       "diversity": s.diversity} for s in specs])
