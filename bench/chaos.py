@@ -6,9 +6,10 @@ stopped with SIGSTOP for 30 s mid-stream), ``broker_reset`` (the broker restarts
 partitions, not start over), ``lineage_reset`` (the broker restarts empty and the state directory is lost too: a new
 lineage whose release ids never repeat the old ones, each lineage's DP charge judged by the audit), ``poison`` (the
 two poison-pill timestamps), ``fuzz`` (N hostile messages), ``config_change`` (k lowered between two runs,
-accepted with the explicit step) and ``network_partition`` (two workers in their own network namespaces, one cut
-off mid-transaction for longer than the session timeout, then reconnected: tests/_netns.py; needs root and
-``ip netns``, else the result says why it was skipped).
+accepted with the explicit step), ``key_rotation`` (the secret rotated at a quiet point with ``--rotate-key``;
+another key without the step, and a rotation with records buffered, halt) and ``network_partition`` (two workers in
+their own network namespaces, one cut off mid-transaction for longer than the session timeout, then reconnected:
+tests/_netns.py; needs root and ``ip netns``, else the result says why it was skipped).
 For each: events in, lost, release ids published with two contents, m-invariance violations (m streams),
 the worst unit's epsilon charge in a period against the budget (DP streams: the audit's DP check), worker crashes (exits we did not cause), halts.
 
@@ -271,21 +272,23 @@ def scenario_lineage_reset(workdir, events_n: int | None) -> dict:
     return out
 
 
-def _readyz_halts(port: int, wait_s: float = 60.0) -> dict:
-    """Reasons of the halted partitions on /readyz once it answers 503 with some (empty when it never does)."""
-    deadline = time.monotonic() + wait_s
+def _readyz_halts(port: int, wait_s: float = 60.0, want: int = 1) -> dict:
+    """Reasons of the halted partitions on /readyz once it answers 503 with at least ``want`` of them (what it last
+    said when it never does; empty when it never halted any)."""
+    deadline, last = time.monotonic() + wait_s, {}
     while time.monotonic() < deadline:
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5)
         except urllib.error.HTTPError as exc:
             if exc.code == 503:
                 halted = json.loads(exc.read()).get("halted", {})
-                if halted:
-                    return {p: h.get("reason") for p, h in halted.items()}
+                last = {p: h.get("reason") for p, h in halted.items()}
+                if len(last) >= want:
+                    return last
         except OSError:
             pass
         time.sleep(1.0)
-    return {}
+    return last
 
 
 def scenario_config_change(workdir, events_n: int | None) -> dict:
@@ -328,6 +331,105 @@ def scenario_config_change(workdir, events_n: int | None) -> dict:
                       "halted_partitions": len(halts), "log_lines_naming_the_change": named,
                       "dead_lettered": acc.get("dead_lettered"),
                       "audit_with_old_config": old_audit.verdict})
+
+
+ROTATED_SECRET = "chaos-rotated-secret-8e1d3c5a7f9b2d4c6e8a0b1c3d5e7f9a"
+
+
+def _secret_env(secret: str, previous: str | None = None) -> dict:
+    env = {**os.environ, "STREAM_ANON_SECRET": secret}
+    env.pop("STREAM_ANON_PREVIOUS_SECRET", None)
+    return {**env, "STREAM_ANON_PREVIOUS_SECRET": previous} if previous else env
+
+
+def _halted_run(cfg_path, bootstrap, state, app_id, log, env, extra=()) -> dict:
+    """Start a worker, return the reasons of its halted partitions on /readyz (empty: none halted in 60 s)."""
+    web = free_port()
+    w = start_worker_process(cfg_path, bootstrap, state, app_id, 1.0, log, env=env,
+                             extra=["--web-port", str(web), *extra])
+    try:
+        return _readyz_halts(web, want=4)
+    finally:
+        stop_worker_process(w)
+
+
+def scenario_key_rotation(workdir, events_n: int | None) -> dict:
+    """The secret rotated mid-stream (oyster without its DP aggregates: the bundled day is one DP period, inside
+    which a rotation is refused; the halves split at a window boundary). The first half runs under the old secret and
+    the worker is stopped with records buffered; a worker with the new secret halts (``key_changed``), and ``--rotate-key`` is refused while records
+    are buffered (``key_rotation_refused``). The old-key worker then flushes (the quiet point), the producers
+    switch to the new secret, and ``--rotate-key`` with ``STREAM_ANON_PREVIOUS_SECRET`` runs the second half.
+    Judged by the audit with both secrets, and with the new one alone (one line naming the old key id)."""
+    from stream_anon import crypto
+    from datetime import datetime
+    events = load_events("oyster", limit=events_n)
+    configs = workdir / "configs"
+    shutil.copytree(contract.config_path("oyster").parent, configs)
+    cfg_path = configs / "oyster.toml"
+    text = cfg_path.read_text()
+    cfg_path.write_text(text[:text.index("\n[dp]")] + "\n")
+    # the halves split at the first window boundary after the middle event (the events are in time order): the
+    # quiet point's flush closes the first half's last window, which no event of the second half falls in
+    window_s = load_config(cfg_path).anonymization.window_s
+    times = [datetime.fromisoformat(e["event_time"]).timestamp() for e in events]
+    boundary = -(-times[len(events) // 2] // window_s) * window_s
+    half = next(i for i, t in enumerate(times) if t >= boundary)
+    old, new = SECRET, ROTATED_SECRET
+    old_kid, new_kid = crypto.key_id(old.encode()), crypto.key_id(new.encode())
+    state, app_id, crashes = workdir / "state", "chaos-rotation", 0
+    with EmbeddedBroker() as b:
+        _, cfg = setup(b, "oyster", events[:half])           # keyed under the old secret (the environment's)
+        stream = cfg.stream.name
+        w = start_worker_process(cfg_path, b.bootstrap, state, app_id, None, workdir / "k1.log",
+                                 env=_secret_env(old))       # no idle flush: records stay buffered
+        reader, seen, since, t0 = OutputReader(b.bootstrap, stream), 0, time.monotonic(), time.monotonic()
+        try:        # until the output has placed something and then stayed unchanged for 5 s
+            while (not seen or time.monotonic() - since < 5.0) and time.monotonic() - t0 < 300:
+                reader.poll(500)
+                n = reader.accounting()["accounted"]
+                seen, since = (n, time.monotonic()) if n != seen else (seen, since)
+            buffered = reader.accounting()
+        finally:
+            reader.close()
+        crashes += int(w.poll() is not None)
+        stop_worker_process(w)
+        changed = _halted_run(cfg_path, b.bootstrap, state, app_id, workdir / "k2.log", _secret_env(new))
+        refused = _halted_run(cfg_path, b.bootstrap, state, app_id, workdir / "k3.log", _secret_env(new, old),
+                              ["--rotate-key"])
+        w = start_worker_process(cfg_path, b.bootstrap, state, app_id, 1.0, workdir / "k4.log", env=_secret_env(old))
+        quiet_point = wait_accounted(b.bootstrap, stream, half, 300)       # flushed: nothing under the old key
+        crashes += int(w.poll() is not None)
+        stop_worker_process(w)
+        replay(b.bootstrap, cfg.stream.input_topic, events[half:], cfg.stream.privacy_unit, progress=False,
+               secret=new.encode())
+        w = start_worker_process(cfg_path, b.bootstrap, state, app_id, 1.0, workdir / "k5.log",
+                                 env=_secret_env(new, old), extra=["--rotate-key"])
+        acc = wait_accounted(b.bootstrap, stream, len(events), 600)
+        crashes += int(w.poll() is not None)
+        stop_worker_process(w)
+        alone = audit_from_kafka(b.bootstrap, cfg_path, new.encode(), max_wait_s=600)
+        both = audit_from_kafka(b.bootstrap, cfg_path, new.encode(), max_wait_s=600, previous_secrets=[old.encode()])
+        manifests, _ = _lineage_outputs(b.bootstrap, stream)
+        logs = {n: (workdir / f"{n}.log").read_text(errors="replace").splitlines() for n in ("k2", "k3", "k5")}
+        acc_both = both.checks.get("accounting", {})
+        return {"events": len(events), "events_before_rotation": half,
+                "accounted_when_stopped_unflushed": buffered,
+                "halted_other_key_without_step": sorted(set(changed.values())),
+                "halted_partitions_other_key": len(changed),
+                "log_lines_naming_both_key_ids": sum(old_kid in ln and new_kid in ln and "HALTED" in ln
+                                                     for ln in logs["k2"]),
+                "halted_rotation_not_quiet": sorted(set(refused.values())),
+                "halted_partitions_not_quiet": len(refused),
+                "log_lines_rotation_refused": sum("HALTED (key_rotation_refused)" in ln for ln in logs["k3"]),
+                "quiet_point": quiet_point, "accounted": acc, "dead_lettered": acc.get("dead_lettered"),
+                "rotated_warnings": sum("key rotated from key id" in ln for ln in logs["k5"]),
+                "manifests_key_rotated": sum("key_rotated" in m for m in manifests.values()),
+                "key_ids": sorted({str(m.get("kid")) for m in manifests.values()}),
+                "release_ids_two_contents": release_contents(b.bootstrap), "worker_crashes": crashes,
+                "lost": acc_both.get("lost"), "audit_events_in": both.summary.get("events_in"),
+                "audit_with_both_secrets": both.verdict, "audit_passed": both.passed,
+                "audit_with_new_secret_only": alone.verdict, "audit_new_only_reason": alone.verdict_reason,
+                "audit_new_only_checks": list(alone.checks)}
 
 
 def scenario_poison(workdir) -> dict:
@@ -414,6 +516,8 @@ def main(argv=None) -> int:
             r = scenario_lineage_reset(d, args.events)
         elif name == "config_change":
             r = scenario_config_change(d, args.events)
+        elif name == "key_rotation":
+            r = scenario_key_rotation(d, args.events)
         elif name == "poison":
             r = scenario_poison(d)
         elif name == "fuzz":

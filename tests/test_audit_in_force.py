@@ -67,6 +67,25 @@ def test_two_changes_in_a_row_give_each_release_the_config_in_force():
     assert s.judged_by()[1] == {"config": None, "releases": 1, "unjudged": 0, "k": [10]}
 
 
+def test_two_k_changes_in_a_row_in_two_manifests_or_stated_together_in_one():
+    """k 10 -> 3, then 3 -> 6: each release judged by the k it was made under, whether a release came between the
+    two changes or not (then its manifest states both, oldest first)."""
+    down, up = "anonymization.k 10 -> 3", "anonymization.k 3 -> 6"
+    apart = manifests([], [down], [], [up])
+    for m, k in zip(apart, (10, 3, 3, 6)):
+        m["k"] = k
+    s = settings_in_force(apart, [config(6, TREE, "new")])
+    assert s.k_of == {"p0-4": 6, "p0-3": 3, "p0-2": 3, "p0-1": 10} and s.problems == []
+    assert [c["change"] for c in s.k_changes] == [down, up]
+    together = manifests([], [down, up])
+    for m, k in zip(together, (10, 6)):
+        m["k"] = k
+    s = settings_in_force(together, [config(6, TREE, "new")])
+    assert s.k_of == {"p0-2": 6, "p0-1": 10} and s.problems == []
+    assert sorted(c["change"] for c in s.k_changes) == [down, up]
+    assert s.config_of("p0-1").k == 10
+
+
 def test_an_unrecorded_change_is_a_consistency_violation():
     ms = manifests([], [], [])
     for m, k in zip(ms, (10, 5, 5)):

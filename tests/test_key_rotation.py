@@ -93,8 +93,9 @@ def contract_events(name: str, n: int) -> list[bytes]:
 def test_a_rotated_key_halts_without_the_step_and_with_it_the_whole_stream_is_audited(broker, tmp_path,
                                                                                       monkeypatch):
     """Phase 1 under the old secret, flushed; phase 2 produced under the new one. A worker with the new secret
-    halts (key_changed); with --rotate-key and the previous secret it resumes; the manifests after the rotation
-    carry the new key id; the audit needs both secrets and then passes on both phases."""
+    halts (key_changed); with --rotate-key and the previous secret it resumes (a key_rotated alert per partition on
+    anon.metrics); the manifests after the rotation carry the new key id; the audit needs both secrets and then
+    passes on both phases."""
     from stream_anon.audit.kafka_source import audit_from_kafka
     from stream_anon.kafka.replay import replay
     from stream_anon.kafka.supervise import run_until_accounted
@@ -128,6 +129,11 @@ def test_a_rotated_key_halts_without_the_step_and_with_it_the_whole_stream_is_au
     for m in rotated:       # every release of the partition after its rotation carries the new key id
         assert all(n["kid"] == crypto.key_id(NEW) for n in manifests
                    if n["partition"] == m["partition"] and n["seq"] >= m["seq"])
+
+    alerts = [d for _, d, _, _ in read_all(broker.bootstrap, "anon.metrics", stream=name)
+              if d.get("alert") == "key_rotated"]
+    assert {(a["partition"], a["from"], a["to"]) for a in alerts} == {(p, crypto.key_id(OLD), crypto.key_id(NEW))
+                                                                      for p in range(4)}
 
     alone = audit_from_kafka(broker.bootstrap, path, NEW, idle_s=1.0)
     assert alone.verdict == "FAILED" and list(alone.checks) == ["key"]

@@ -69,6 +69,20 @@ def test_the_retention_guard_finds_the_raw_topic_within_its_declaration(dp_worke
 
 
 @pytest.mark.kafka
+def test_a_one_off_alert_is_counted_and_its_time_exported(dp_worker):
+    """The worker declared the stream's first lineage: counted once, with its time (which a restart or a counter at
+    1 before the first scrape would not hide); the operator's steps it did not take are 0."""
+    import time
+    fams = families(dp_worker[0])
+    alerts = {lab["alert"]: v for _, lab, v in fams["stream_anon_alerts_total"]["samples"]}
+    last = {lab["alert"]: v for _, lab, v in fams["stream_anon_alert_last_timestamp_seconds"]["samples"]}
+    assert alerts["lineage_started"] == 1 and alerts["config_change_accepted"] == alerts["key_rotated"] == 0
+    assert set(last) == {"lineage_started", "config_change_accepted", "key_rotated"}
+    assert time.time() - 600 < last["lineage_started"] < time.time() and last["key_rotated"] == 0
+    assert last["config_change_accepted"] == 0
+
+
+@pytest.mark.kafka
 def test_epsilon_spent_is_the_ledger_charge_of_the_period_on_the_committed_rows(dp_worker):
     text, rows, cfg, _ = dp_worker
     fams = families(text)

@@ -1,6 +1,11 @@
 """m-invariance through the faust worker on the real (embedded Tansu) broker: the worker is killed between releases
 and restarted from its checkpoints; signatures survive (they are engine state), and the independent checker and the
-audit still pass on everything that was published, re-produced releases included."""
+audit still pass on everything that was published, re-produced releases included.
+
+Then the operator changes m (3 -> 2): refused in place even with ``--accept-config-change`` (m binds every card's
+signature; one line per partition naming the setting and the step), taken by a new app id with ``--new-lineage``:
+the new lineage places every event again under m = 2, and the audit with the new config passes each lineage, the
+superseded one judged by the m it ran under."""
 from __future__ import annotations
 
 import json
@@ -15,6 +20,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _kafka_helpers import write_cards_config  # noqa: E402
+from test_lineage import _halted_with, _run_lineage  # noqa: E402
 
 from stream_anon.attacks.intersection import intersection_attack  # noqa: E402
 from stream_anon.audit.kafka_source import audit_from_kafka, read_outputs, read_topic  # noqa: E402
@@ -96,17 +102,7 @@ def test_kill_between_releases_restart_checker_still_passes(broker, tmp_path, se
     report = check_m_invariance(out.records, out.manifests, events, secret_env, MInvarianceConfig.from_toml(path))
     assert report.passed, report.format_text()
     assert report.summary["signature_changes"] == 0 and report.summary["counterfeit_records"] > 0
-    # and the full audit: re-produced releases identical, counterfeits outside the accounting equation
-    # (with the risk check at 1/k, and the cross-release risk of the intersection attack at most 1/m)
     k = int(re.search(r"^k = (\d+)", path.read_text(), re.M).group(1))
-    audit = audit_from_kafka(broker.bootstrap, path, secret_env, idle_s=1.5, max_prosecutor_risk=1 / k)
-    assert audit.passed, audit.format_text()
-    assert audit.checks["risk"]["passed"] and 0 < audit.checks["risk"]["highest"] <= 1 / k
-    cross = audit.risk["intersection"]
-    assert cross["targets"] > 0 and cross["min_candidates"] >= 3 and cross["true_value_missed"] == 0
-    assert audit.checks["duplicates"]["duplicate_manifests"] > 0
-    s = audit.summary
-    assert s["events_in"] == N_EVENTS == s["published"] + s["suppressed"] + s["dead_lettered"] + s["deferred"]
     attack = intersection_attack(out.records, events, secret_env, privacy_unit="card_id",
                                  invariant="product_category")
     assert attack["pinned"] == 0 and attack["min_candidates"] >= 3
@@ -120,3 +116,36 @@ def test_kill_between_releases_restart_checker_still_passes(broker, tmp_path, se
         # and the release's re-identification risk (docs/privacy.md): no class under k individuals
         if manifest["published"]:
             assert 0 < metric["risk"]["prosecutor"]["highest"] <= 1 / k, metric["risk"]
+
+    # 4) m changed (3 -> 2): refused even with --accept-config-change, one line per partition naming it and the step
+    changed = write_cards_config(tmp_path / "cfg", name, cfg.stream.input_topic, m=2)         # the operator's edit
+    _halted_with(changed, broker.bootstrap, state, app_id, tmp_path / "w4.log", {"config_change_refused"},
+                 extra=["--accept-config-change"])
+    halted = [ln for ln in (tmp_path / "w4.log").read_text().splitlines() if "HALTED (config_change_refused)" in ln]
+    assert {ln.split("partition ")[1].split(" ")[0] for ln in halted} == {"0", "1", "2", "3"}
+    assert all("anonymization.m 3 -> 2" in ln and "a new app id and --new-lineage" in ln for ln in halted), halted
+    # 5) the step: a new app id and --new-lineage; the new lineage places every event again, under m = 2
+    first = {m["lineage"] for m in out.manifests}.pop()
+    second, manifests = _run_lineage(changed, broker.bootstrap, tmp_path / "state-m2", "mcards-m2", name,
+                                     tmp_path / "w5.log", extra=["--new-lineage"], n=N_EVENTS)
+    assert second != first and {m["m"] for m in manifests} == {2}
+    assert {m["lineage_started"]["supersedes"][0] for m in manifests if "lineage_started" in m} == {first}
+
+    # the full audit with the new config, each lineage apart: re-produced releases identical, counterfeits outside
+    # the accounting equation, the risk check at 1/k, the cross-release risk of the intersection attack at most 1/m;
+    # the first lineage judged by the m it ran under
+    audit = audit_from_kafka(broker.bootstrap, changed, secret_env, idle_s=1.5, max_prosecutor_risk=1 / k)
+    assert audit.passed, audit.format_text()
+    lineages = audit.summary["lineages"]
+    assert {n: (f["verdict"], f["events_in"]) for n, f in lineages.items()} == {first: ("PASSED", N_EVENTS),
+                                                                                second: ("PASSED", N_EVENTS)}
+    assert lineages[first]["judged_by_its_own"] == ["anonymization.m 3 (the config: 2)"]
+    assert "judged_by_its_own" not in lineages[second]
+    assert {n: audit.checks[f"m_invariance [{n}]"]["summary"]["m"] for n in (first, second)} == {first: 3, second: 2}
+    for n in (first, second):
+        assert audit.checks[f"risk [{n}]"]["passed"] and 0 < audit.checks[f"risk [{n}]"]["highest"] <= 1 / k
+    assert audit.checks[f"duplicates [{first}]"]["duplicate_manifests"] > 0
+    cross = audit.risk["intersection"]                                     # of the latest lineage (m = 2)
+    assert cross["targets"] > 0 and cross["min_candidates"] >= 2 and cross["true_value_missed"] == 0
+    s = audit.summary                                                      # of the latest lineage
+    assert s["events_in"] == N_EVENTS == s["published"] + s["suppressed"] + s["dead_lettered"] + s["deferred"]

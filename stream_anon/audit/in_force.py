@@ -263,7 +263,9 @@ def settings_in_force(manifests, configs: list[AuditConfig]) -> SettingsInForce:
                 lacking = {key: text.get(key, "(absent)") for key in _differing(current, known[0]) if key != K}
                 if lacking:
                     out.unmatched[rid] = lacking
-            for line in m.get("settings_changed") or []:
+            # a manifest may state several changes (accepted on restarts without a release between them), oldest
+            # first: walking back in time, the newest is undone first
+            for line in reversed(m.get("settings_changed") or []):
                 parsed = _parse(line)
                 if parsed is None:
                     continue

@@ -9,6 +9,14 @@ period). What a consumer who reads both lineages learns is their sum: the DP cha
 lineages add up (reported as ``dp_across_lineages``, a figure, not a verdict: the new lineage was declared by an
 operator who knew the earlier one was lost).
 
+**Settings of a superseded lineage.** A lineage that a later one supersedes (named in ``supersedes`` of the later
+lineage's ``lineage_started``, an operator's explicit act: ``--new-lineage``) ran under the settings of its own
+time: an m cannot change within a lineage (the worker refuses it), so a new m comes with a new lineage. Such a
+lineage is judged by the k and m its newest manifests state (one value over its partitions; the k in force walks
+back from there through its recorded changes, :mod:`.in_force`), not by the config's, and every difference is
+reported (``settings_of_superseded``: ``anonymization.m 3 (the config: 2)``). Every other lineage, and the current
+one always, is judged by the config given.
+
 **Previous keys.** After a key rotation (``stream-anon worker --rotate-key``) the manifests name two key ids. Given
 the previous secrets too, the audit maps every token made under one of them to the current secret's token of the
 same raw event (:func:`translate_tokens`), so each check sees one key; pseudonyms of every given secret count as
@@ -16,8 +24,10 @@ leaks.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+from .config import SeveritySpec
 from .inputs import AuditOutputs, outputs_part
 from .primitives import audit_token, json_object
 
@@ -89,3 +99,48 @@ def translate_tokens(raw_events: list, outputs: Any, previous: list[bytes], secr
             d = {**d, "audit_token": token_of.get(d["audit_token"], d["audit_token"])}
         out.deadletters.append(d)
     return out
+
+
+def superseded_lineages(manifests) -> set[str]:
+    """The lineages a later lineage's declaration supersedes (``lineage_started.supersedes`` of its manifests)."""
+    out: set[str] = set()
+    for m in manifests:
+        started = m.get("lineage_started") if isinstance(m, dict) else None
+        names = started.get("supersedes") if isinstance(started, dict) else None
+        out.update(n for n in (names if isinstance(names, list) else []) if isinstance(n, str))
+    return out
+
+
+def own_settings(cfg, manifests) -> tuple[Any, list[str]]:
+    """A superseded lineage's audit config: ``cfg`` with the k and m its newest manifests state (the newest of each
+    partition, all stating one value), and a line per setting that differs from ``cfg``'s. A value the partitions
+    disagree on, or none stated, keeps the config's (the checks then report what does not fit).
+
+    >>> from stream_anon.audit.config import AuditConfig
+    >>> cfg = AuditConfig(k=5, privacy_unit="card_id", m=2)
+    >>> old = [{"partition": p, "seq": s, "k": 5, "m": 3} for p in (0, 1) for s in (1, 2)]
+    >>> own, lines = own_settings(cfg, old)
+    >>> (own.k, own.m, cfg.m), lines
+    ((5, 3, 2), ['anonymization.m 3 (the config: 2)'])
+    >>> own_settings(cfg, old[:2] + [{"partition": 1, "seq": 3, "k": 5, "m": 4}])[1]     # the partitions disagree
+    []
+    >>> superseded_lineages([{"lineage": "L2", "lineage_started": {"lineage": "L2", "supersedes": ["L1"]}}])
+    {'L1'}
+    """
+    newest: dict = {}
+    for m in manifests:
+        if isinstance(m, dict) and isinstance(m.get("seq"), int):
+            p = m.get("partition")
+            if p not in newest or m["seq"] > newest[p]["seq"]:
+                newest[p] = m
+    changes, lines = {}, []
+    for name in ("k", "m"):
+        stated = {m.get(name) for m in newest.values()}
+        value = stated.pop() if len(stated) == 1 else None
+        if isinstance(value, int) and not isinstance(value, bool) and value != getattr(cfg, name):
+            changes[name] = value
+            lines.append(f"anonymization.{name} {value} (the config: {getattr(cfg, name)})")
+    if "k" in changes:          # a severity rule's k_min follows k (as SettingsInForce.with_k)
+        changes["criteria"] = [dataclasses.replace(c, k_min=int(max(changes["k"], min(c.severity.values()))))
+                               if isinstance(c, SeveritySpec) else c for c in cfg.criteria]
+    return (dataclasses.replace(cfg, **changes) if changes else cfg), lines

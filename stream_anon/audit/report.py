@@ -120,7 +120,9 @@ class AuditReport:
             lines.append(f"  lineage {name}: {f['verdict']}, events_in={f['events_in']} releases={f['releases']} "
                          f"published={f['published']}" + (f", DP worst unit charge {f['dp_worst_unit_charge']} "
                                                           f"(period {f['dp_worst_period']})" if f.get("dp_charges")
-                                                          else ""))
+                                                          else "")
+                         + (f"; superseded, judged by its own {', '.join(f['judged_by_its_own'])}"
+                            if f.get("judged_by_its_own") else ""))
         if s.get("dp_across_lineages"):
             lines.append("  dp across lineages (what a consumer of every lineage faces): " + ", ".join(
                 f"period {p}: {c:g}" for p, c in s["dp_across_lineages"].items()))

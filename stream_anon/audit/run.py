@@ -48,7 +48,7 @@ from .checks.m_invariance import MInvariance
 from .checks.severity import Severity
 from .config import AuditConfig
 from .inputs import build_context, outputs_part
-from .lineages import split_by_lineage, translate_tokens
+from .lineages import own_settings, split_by_lineage, superseded_lineages, translate_tokens
 from .primitives import key_id
 from .measures import class_individuals, health_figures
 from .report import FAILED, NOT_PASSED, PASSED, AuditReport
@@ -161,8 +161,14 @@ def audit_lineages(raw_events: list, by_lineage: dict, secret: bytes, cfg: Audit
                    previous: list[bytes], max_prosecutor_risk: float | None = None, earlier: tuple = ()
                    ) -> tuple[AuditReport, AuditContext]:
     """Each lineage audited apart (:mod:`.lineages`): checks named ``<check> [<lineage>]``, the verdict the worst
-    of theirs, the summary (and context) of the last lineage with every lineage's figures under ``lineages``."""
-    audited = {name: _audit_one(raw_events, part, secret, cfg, alerts, previous, max_prosecutor_risk, earlier)
+    of theirs, the summary (and context) of the last lineage with every lineage's figures under ``lineages``. A
+    superseded lineage is judged by the k and m it ran under (:func:`.lineages.own_settings`, listed under its
+    ``judged_by_its_own``)."""
+    superseded = superseded_lineages(m for part in by_lineage.values() for m in part.manifests)
+    own = {name: own_settings(cfg, part.manifests) if name in superseded else (cfg, [])
+           for name, part in by_lineage.items()}
+    audited = {name: _audit_one(raw_events, part, secret, own[name][0], alerts, previous, max_prosecutor_risk,
+                                earlier)
                for name, part in by_lineage.items()}
     reports = {name: r for name, (r, _) in audited.items()}
     checks = {f"{check} [{name}]": result for name, r in reports.items() for check, result in r.checks.items()}
@@ -174,6 +180,7 @@ def audit_lineages(raw_events: list, by_lineage: dict, secret: bytes, cfg: Audit
     summary = dict(reports[last].summary)
     summary["lineages"] = {name: {"verdict": r.verdict, "releases": r.summary["releases"],
                                   "published": r.summary["published"], "events_in": r.summary["events_in"],
+                                  **({"judged_by_its_own": own[name][1]} if own[name][1] else {}),
                                   **_dp_figures(r)} for name, r in reports.items()}
     across = _dp_across(reports)
     if across:

@@ -104,27 +104,45 @@ def end_offsets(consumer: Consumer, topic: str, partitions) -> dict[int, int | N
     return out
 
 
-def resume_partition(core: WorkerCore, p: int, rec: st.Recovery):
-    """The partition's pipeline from the chosen state, or None with ``rec.halt`` set. Each changed guarantee setting
-    is logged (ERROR when it halts the partition, WARNING when the operator accepted it); an accepted change or key
-    rotation the state cannot carry halts it too. The outcome is logged."""
+# the loop's counters (/metrics and the throughput metric on anon.metrics)
+COUNTERS = ("transactions", "aborted", "recoveries", "halts", "broker_lost", "state_bytes", "full_state_records",
+            "lineages_started", "config_changes_accepted", "keys_rotated")
+CONFIG_CHANGE_ACCEPTED, KEY_ROTATED = "config_change_accepted", "key_rotated"     # alerts of an operator's step
+
+
+def resume_partition(core: WorkerCore, p: int, rec: st.Recovery, counters: dict | None = None, send_metric=None):
+    """The partition's pipeline from the chosen state, or None with ``rec.halt`` set. An accepted change or key
+    rotation the state cannot carry halts it too. Each changed guarantee setting is logged (ERROR when the partition
+    halts, WARNING when it resumes under the change the operator accepted). The outcome is logged; a partition
+    resumed under an accepted change or a rotated key is counted (``counters``) and raises the alert
+    ``config_change_accepted`` or ``key_rotated`` (``send_metric``): someone should confirm the step was meant."""
+    ps = None
+    try:
+        if not rec.halt:
+            ps = core.open_partition(p, rec.doc, rec.tables, rec.base_seq, accepted_changes=rec.changes,
+                                     lineage=rec.lineage, notes=rec.notes, rotated_from=rec.rotated_from)
+    except ConfigChangeRefused as exc:
+        rec.halt, rec.detail = st.HALT_CONFIG_CHANGE_REFUSED, str(exc)
+    except KeyRotationRefused as exc:
+        rec.halt, rec.detail = st.HALT_KEY_ROTATION_REFUSED, f"key {rec.rotated_from} -> {core.kid}: {exc}"
     for change in rec.changes:
         log.log(logging.ERROR if rec.halt else logging.WARNING, "config changed on partition %s: %s%s", p, change,
                 "" if rec.halt else " (accepted by the operator)")
     if rec.halt:
         return None
-    try:
-        ps = core.open_partition(p, rec.doc, rec.tables, rec.base_seq, accepted_changes=rec.changes,
-                                 lineage=rec.lineage, notes=rec.notes, rotated_from=rec.rotated_from)
-    except ConfigChangeRefused as exc:
-        rec.halt, rec.detail = st.HALT_CONFIG_CHANGE_REFUSED, str(exc)
-        return None
-    except KeyRotationRefused as exc:
-        rec.halt, rec.detail = st.HALT_KEY_ROTATION_REFUSED, f"key {rec.rotated_from} -> {core.kid}: {exc}"
-        return None
     if rec.rotated_from:
         log.warning("partition %s: key rotated from key id %s to %s (accepted by the operator: --rotate-key)", p,
                     rec.rotated_from, core.kid)
+    steps = []
+    if rec.changes:
+        steps.append((CONFIG_CHANGE_ACCEPTED, "config_changes_accepted", {"changes": rec.changes}))
+    if rec.rotated_from:
+        steps.append((KEY_ROTATED, "keys_rotated", {"from": rec.rotated_from, "to": core.kid}))
+    for alert, counter, fields in steps:
+        if counters is not None:
+            counters[counter] = counters.get(counter, 0) + 1
+        if send_metric is not None:
+            send_metric({"type": "alert", "alert": alert, "partition": p, **fields})
     if rec.adopted_reset:
         log.warning("partition %s: input topic re-created; accepted by the operator: resuming its state from offset "
                     "0 of the new topic", p)
@@ -166,11 +184,12 @@ def ensure_state_topic(admin: AdminClient, topic: str, partitions: int, exists: 
 
 
 class MetricSender:
-    """The worker's own messages on ``anon.metrics`` (throughput, partition alerts, the retention guard's and the
-    lineage's), through a plain producer; a metric that cannot be sent is logged: metrics never stop processing."""
+    """The worker's own messages on ``anon.metrics`` (throughput, partition alerts, the retention guard's, the
+    lineage's and the operator's steps'), through a plain producer; each is shown to ``note`` first (the worker's
+    stats keep an alert's time); a metric that cannot be sent is logged: metrics never stop processing."""
 
-    def __init__(self, stream: str):
-        self.stream, self.producer = stream, None
+    def __init__(self, stream: str, note=None):
+        self.stream, self.producer, self.note = stream, None, note
 
     def start(self, client_config: dict, compression: str) -> None:
         self.producer = Producer({**client_config, "logger": client_log, "linger.ms": 20,
@@ -178,6 +197,8 @@ class MetricSender:
 
     def send(self, doc: dict) -> None:
         doc = {"stream": self.stream, "ts": time.time(), **doc}
+        if self.note is not None:
+            self.note(doc)
         try:
             self.producer.produce(TOPICS.metrics, json_bytes(doc), self.stream.encode())
             self.producer.poll(0)
@@ -215,15 +236,14 @@ class KafkaLoop:
         self.stopping = threading.Event()
         self.stopped = threading.Event()
         self.error: BaseException | None = None
-        self.counters = {"transactions": 0, "aborted": 0, "recoveries": 0, "halts": 0, "broker_lost": 0,
-                         "state_bytes": 0, "full_state_records": 0, "lineages_started": 0}
+        self.counters = dict.fromkeys(COUNTERS, 0)
         self.retention: RetentionCheck | None = None      # the raw topic's retention against the declared one
         # broker liveness: a stopped broker gives no transport error, only silence (a watchdog thread probes it)
         self.watch = BrokerWatch(self.cfg, self.input, self.stopping, self.counters)
         self.cache = CommittedCache(cache_dir, core.app_id, core.stream)
         self.lineage = StreamLineage(self.cfg, core.app_id, core.stream, self.cache, new_lineage)
         self._consumer: Consumer | None = None
-        self.metrics = MetricSender(core.stream)
+        self.metrics = MetricSender(core.stream, core.stats.note_alert)
         self.commits = CommitThreads()                   # a step's partition transactions commit side by side
         self._last_metric = 0.0
         self.highwater: dict[int, int] = {}
@@ -451,7 +471,7 @@ class KafkaLoop:
         self.lineage.place(recs, self.metrics.send, self.counters, {p for p in parts if not logs[p].values})
         starts = {}
         for p in parts:
-            ps = resume_partition(self.core, p, recs[p])
+            ps = resume_partition(self.core, p, recs[p], self.counters, self.metrics.send)
             if ps is None:
                 self._halt(p, recs[p].halt, recs[p].detail)
             else:

@@ -16,6 +16,8 @@ from stream_anon.dp.ledger import current_charges
 from stream_anon.kafka.stats import LATENCY_BUCKETS
 
 PREFIX = "stream_anon"
+# alerts raised once at an event (a lineage declared, an operator's step taken), not while a condition lasts
+EVENT_ALERTS = ("lineage_started", "config_change_accepted", "key_rotated")
 
 
 def _gauge(name: str, doc: str, labels=()) -> GaugeMetricFamily:
@@ -125,8 +127,17 @@ def loop_series(core, loop):
     alerts.add_metric([stream, "partition_halted"], loop.counters["halts"])
     alerts.add_metric([stream, "broker_lost"], loop.counters["broker_lost"])
     alerts.add_metric([stream, "lineage_started"], loop.counters["lineages_started"])
+    alerts.add_metric([stream, "config_change_accepted"], loop.counters["config_changes_accepted"])
+    alerts.add_metric([stream, "key_rotated"], loop.counters["keys_rotated"])
     alerts.add_metric([stream, "raw_retention_exceeded"], int(loop.retention is not None and loop.retention.exceeded))
     yield alerts
+    # an event's alert is a moment, not a state: its time, which a restart does not hide (a counter restarts at 0,
+    # and one that is already 1 at the first scrape shows Prometheus no increase)
+    last = _gauge("alert_last_timestamp_seconds", "Wall time (Unix seconds) this worker last raised the alert, for "
+                  "the alerts of a one-off event; 0 while it has not", ["alert"])
+    for name in EVENT_ALERTS:
+        last.add_metric([stream, name], core.stats.alert_last.get(name, 0.0))
+    yield last
     yield from retention_series(stream, loop.retention)
     g = _gauge("broker_connected", "1 while the broker is reachable, else 0")
     g.add_metric([stream], 1.0 if loop.watch.connected else 0.0)

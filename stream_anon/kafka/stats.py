@@ -37,6 +37,7 @@ class WorkerStats:
         self.by_reason = {"suppressed": {}, "dead_letters": {}}   # counters by reason
         self.last_release: dict[int, dict] = {}                  # partition -> figures of its latest release
         self.alerts: dict[str, int] = {}                         # alert name -> times raised
+        self.alert_last: dict[str, float] = {}                   # alert name -> wall time last sent to anon.metrics
         self._last_metric = (time.monotonic(), 0)
         # processing latency: seconds from a partition batch's arrival at the worker to its transaction's commit
         self.processing = {"buckets": [0] * len(LATENCY_BUCKETS), "sum": 0.0, "count": 0}
@@ -52,6 +53,11 @@ class WorkerStats:
                                             "suppression_ratio": rel.suppression_ratio,
                                             "counterfeit_records": rel.counterfeit_records,
                                             "window_end": rel.window_end}
+
+    def note_alert(self, metric: dict) -> None:
+        """A message for anon.metrics: an alert's time is kept (``stream_anon_alert_last_timestamp_seconds``)."""
+        if metric.get("type") == "alert":
+            self.alert_last[str(metric.get("alert"))] = float(metric["ts"])
 
     def note_commit(self, releases, arrived: float | None = None) -> None:
         """A partition batch just committed (``arrived``: wall time its messages reached the worker; None for an
