@@ -67,7 +67,7 @@ def start(bootstrap, tmp_path, name: str, edit) -> tuple[Path, Path, list[dict]]
     w = start_worker_process(old, bootstrap, tmp_path / "state", f"{name}-app", None, tmp_path / "w1.log")
     try:
         wait_for(lambda: sum(o or 0 for o in committed_offsets(bootstrap, f"{name}-app", cfg.stream.input_topic,
-                                                               range(4)).values()) == FIRST, 90,
+                                                               range(4)).values()) == FIRST, 180,
                  "day 1 up to the change processed")
     finally:
         assert stop_worker_process(w) == 0
