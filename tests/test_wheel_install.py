@@ -2,12 +2,18 @@
 hierarchies) and data slices are found inside the installed package (issue 12 item 1).
 
 The ``installed`` fixture copies the sources the build reads to a temporary directory (the build leaves nothing
-in the checkout), builds the wheel, installs it with its dependencies into a fresh virtual environment (PyPI or
-the pip cache) and runs commands from an empty working directory with a clean environment. Further commands on
-the installed package (broker, topics apply, worker, replay, audit) are one more test on the same fixture.
+in the checkout), builds the wheel, installs it into a fresh virtual environment and runs commands from an empty
+working directory with a clean environment. The dependencies are not downloaded and unpacked again (that took two
+minutes of every test run): the fresh environment sees, through a ``.pth`` line, a directory of links to exactly
+the distributions the wheel's own ``Requires-Dist`` (with ``[eval]``) needs, followed recursively, as installed in
+the test environment; pip installs the wheel with ``--no-index``, so it must find every declared requirement there
+at a version its specifier allows, and the package itself comes only from the wheel (the test environment's
+editable stream-anon is not linked). Further commands on the installed package (broker, topics apply, worker,
+replay, audit) are one more test on the same fixture.
 """
 from __future__ import annotations
 
+import email.parser
 import json
 import os
 import shutil
@@ -17,6 +23,7 @@ import sys
 import time
 import tomllib
 import venv
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,6 +87,54 @@ class Installed:
         return proc
 
 
+def _wheel_requirements(wheel: Path) -> list[str]:
+    """The ``Requires-Dist`` lines of the built wheel's METADATA."""
+    with zipfile.ZipFile(wheel) as z:
+        name, = (n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        meta = email.parser.Parser().parsestr(z.read(name).decode())
+    return meta.get_all("Requires-Dist") or []
+
+
+def _dependency_closure(requires: list[str], extras: set[str]) -> dict:
+    """Canonical name -> installed distribution (of the test environment) for every requirement of ``requires``
+    under ``extras`` and, recursively, theirs; each installed version must satisfy its specifier."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    found, seen = {}, set()
+    todo = [(text, frozenset(extras)) for text in requires]
+    while todo:
+        text, active = todo.pop()
+        req = Requirement(text)
+        if req.marker is not None and not any(req.marker.evaluate({"extra": e}) for e in (active or {""})):
+            continue
+        name = canonicalize_name(req.name)
+        dist = found.get(name) or metadata.distribution(req.name)
+        assert req.specifier.contains(dist.version, prereleases=True), f"{text}: {dist.version} installed"
+        found[name] = dist
+        if (name, frozenset(req.extras)) not in seen:
+            seen.add((name, frozenset(req.extras)))
+            todo += [(r, frozenset(req.extras)) for r in dist.requires or []]
+    return found
+
+
+def _link_dependencies(wheel: Path, extras: set[str], target: Path) -> Path:
+    """A directory of links to every top-level file or package (and the ``.dist-info``) of the wheel's dependency
+    closure in the test environment: a fresh environment with it on its path imports the dependencies and nothing
+    else of the test environment (not pytest, not the editable stream-anon)."""
+    target.mkdir()
+    for dist in _dependency_closure(_wheel_requirements(wheel), extras).values():
+        assert dist.files, f"{dist.metadata['Name']}: no RECORD"
+        site = Path(dist.locate_file(""))
+        for top in {f.parts[0] for f in dist.files if f.parts[0] not in ("..", "__pycache__")}:
+            if not (target / top).exists():
+                (target / top).symlink_to(site / top)
+    assert not (target / "stream_anon").exists()
+    return target
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> Installed:
     tmp = tmp_path_factory.mktemp("wheel")
@@ -92,11 +147,14 @@ def installed(tmp_path_factory) -> Installed:
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(tmp / "dist"),
                     str(src)], check=True, timeout=300, cwd=tmp)
     wheel, = (tmp / "dist").glob("stream_anon-*.whl")
-    venv.create(tmp / "venv", with_pip=True)
+    venv.create(tmp / "venv")
+    python = tmp / "venv" / "bin" / "python"
+    site, = (tmp / "venv" / "lib").glob("python3*/site-packages")
+    (site / "dependencies.pth").write_text(f"{_link_dependencies(wheel, {'eval'}, tmp / 'dependencies')}\n")
     # neither the checkout nor PYTHONPATH (tests/conftest.py puts the checkout there for worker subprocesses) may
     # be on pip's path: it would take the checkout's stream_anon.egg-info for an installed stream-anon and skip
-    # the wheel
-    subprocess.run([str(tmp / "venv" / "bin" / "python"), "-m", "pip", "install", "--quiet",
+    # the wheel. pip runs under the fresh environment's python (--python), which has no pip of its own.
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-index",
                     f"{wheel}[eval]"], check=True, timeout=600, cwd=tmp, env=Installed.env())
     # (a clean environment and a working directory outside the checkout: with the checkout or any PYTHONPATH on
     # its path, pip would count packages found there (the editable stream_anon.egg-info) as installed)
