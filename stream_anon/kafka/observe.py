@@ -12,7 +12,6 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from stream_anon import __version__, crypto
-from stream_anon.dp.ledger import current_charges
 from stream_anon.kafka.stats import LATENCY_BUCKETS
 
 PREFIX = "stream_anon"
@@ -107,6 +106,8 @@ def budget_series(core):
     for p, ps in sorted(core.parts.items()):
         if ps.dp is None:
             continue
+        # here: stream_anon.dp imports diffprivlib and scikit-learn (~2 s of a worker's start without [dp])
+        from stream_anon.dp.ledger import current_charges
         ledger = ps.dp.ledger
         period, charges = current_charges(ledger)
         label = period or ""
