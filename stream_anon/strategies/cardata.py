@@ -68,7 +68,13 @@ def lattice_classes(codes: np.ndarray, hierarchies: list[Hierarchy], units: np.n
 
     ``codes``: (n, D) leaf codes (-1 = missing, generalized to the root). Returns the chosen levels and a
     class label per record (-1 = suppressed). Loss = mean over records of the weighted node loss, 1 for a
-    suppressed record; ties go to the node with fewer generalization steps, then the first in order."""
+    suppressed record; ties go to the node with fewer generalization steps, then the first in order.
+
+    Records with the same codes share their node at every lattice node, so the walk works on the distinct code
+    rows ("patterns") when no unit has records in two patterns (each record its own unit, or the car-data case:
+    QIs constant per individual): a class's individuals are then the sum of its patterns' distinct units. The
+    per-record values (loss, suppressed or not) are the patterns' values expanded, so the scores and the choice
+    are those of a walk over the records."""
     n, D = codes.shape
     w = np.ones(D) / D if weights is None else np.asarray(weights, float) / np.sum(weights)
     tables = [_ancestor_tables(h) for h in hierarchies]
@@ -78,19 +84,37 @@ def lattice_classes(codes: np.ndarray, hierarchies: list[Hierarchy], units: np.n
     uid = pd.factorize(units)[0]
     n_units = int(uid.max()) + 1 if n else 1
     radices = [(h.n_leaves + 1) ** 2 for h in hierarchies]    # node ids: lo * (leaves + 1) + hi
+    rows, expand, unit_count = codes, None, None
+    if n:
+        patterns, inverse = np.unique(codes, axis=0, return_inverse=True)
+        inverse = inverse.ravel()
+        pattern_units = np.unique(inverse.astype(np.int64) * n_units + uid)
+        if len(pattern_units) == n_units:                     # every unit within one pattern
+            rows, expand = patterns, inverse
+            unit_count = np.bincount(pattern_units // n_units, minlength=len(patterns))
+    # per dimension and level: each row's node id and weighted loss (the same float operations as per record)
+    node_cols, loss_cols = [], []
+    for d, (lo_t, loss_t) in enumerate(tables):
+        c = rows[:, d]
+        top = len(lo_t) - 1
+        node_cols.append([np.where(c >= 0, lo_t[lvl][np.clip(c, 0, None)], lo_t[top][0]) for lvl in range(len(lo_t))])
+        loss_cols.append([w[d] * np.where(c >= 0, loss_t[lvl][np.clip(c, 0, None)], 1.0) for lvl in range(len(lo_t))])
     best = None
+    node = np.empty(rows.shape, np.int64)
     for levels in itertools.product(*[range(s) for s in sizes]):
-        node = np.empty((n, D), np.int64)
-        loss = np.zeros(n)
-        for d, (lvl, (lo_t, loss_t)) in enumerate(zip(levels, tables)):
-            c = codes[:, d]
-            top = len(lo_t) - 1
-            node[:, d] = np.where(c >= 0, lo_t[lvl][np.clip(c, 0, None)], lo_t[top][0])
-            loss += w[d] * np.where(c >= 0, loss_t[lvl][np.clip(c, 0, None)], 1.0)
+        loss = np.zeros(len(rows))
+        for d, lvl in enumerate(levels):
+            node[:, d] = node_cols[d][lvl]
+            loss += loss_cols[d][lvl]
         label = row_groups(node, radices)
-        pairs = np.unique(label * n_units + uid)
-        individuals = np.bincount(pairs // n_units, minlength=label.max() + 1)
+        if unit_count is None:
+            pairs = np.unique(label * n_units + uid)
+            individuals = np.bincount(pairs // n_units, minlength=label.max() + 1)
+        else:
+            individuals = np.bincount(label, weights=unit_count, minlength=label.max() + 1)
         small = individuals[label] < k
+        if expand is not None:
+            label, small, loss = label[expand], small[expand], loss[expand]
         if small.mean() > suppression_limit:
             continue
         score = (np.where(small, 1.0, loss).mean(), sum(levels))
