@@ -17,7 +17,9 @@ from dataclasses import replace
 import numpy as np
 
 from stream_anon.dp.aggregator import DPAggregator
+from stream_anon.dp.columns import WindowColumns
 from stream_anon.dp.ledger import BudgetLedger
+from stream_anon.dp.release import ReleasedCells
 from stream_anon.dp.specs import DPConfig
 
 
@@ -213,8 +215,10 @@ def membership_setting(dp: DPConfig, events_by_w: dict[int, list], max_cards: in
     ``(names, period, units, contributions, release)``. ``contributions``: units x released cells, each unit's
     bounded contribution (W windows per aggregate, C events per window, as the aggregator bounds them: what the
     adversary who knows the unit's events computes); ``release(members)``: ``(values, noise variances)`` of the
-    group's releases through :class:`DPAggregator` at the configured budget, in the same cell layout. None
-    without period mode or without a count aggregate."""
+    group's releases through :class:`DPAggregator` at the configured budget, in the same cell layout (the group's
+    windows are released up to the release that covers the last window holding events; the later ones' cells stay
+    0: no unit contributes to them, so no likelihood-ratio score depends on them, and no release depends on a
+    later window). None without period mode or without a count aggregate."""
     names = [s.name for s in dp.aggregates if s.kind == "count"]
     if dp.clock is None or not names or not events_by_w:
         return None
@@ -253,6 +257,10 @@ def membership_setting(dp: DPConfig, events_by_w: dict[int, list], max_cards: in
                 per[w] = per.get(w, 0) + 1
                 vec[i, base + (w - lo) // k * len(keys) + keys[key]] += 1
 
+    last = max(events_by_w)          # releases every k windows from the period's start, and at its last window
+    end = min(hi, max(lo + ((last - lo) // s.release_every + 1) * s.release_every for s in dpc.aggregates))
+    cells: dict[str, np.ndarray] = {}              # aggregate -> each released cell's key index, in release order
+
     def release(members):
         agg = DPAggregator(dpc, BudgetLedger(None, dpc.epsilon_budget), seed=f"atk-{members[0]}-{members[-1]}")
         by_w: dict[int, list] = {}
@@ -260,12 +268,17 @@ def membership_setting(dp: DPConfig, events_by_w: dict[int, list], max_cards: in
             for w, e in by_unit[units[m]]:
                 by_w.setdefault(w, []).append(e)
         y, t2 = np.zeros(off), np.zeros(off)
-        for w in range(lo, hi):
-            for r in agg.process_window(w, by_w.get(w, []), flat=True):
-                if r["type"] != "aggregate" or r["output"] != "per_window":
+        for w in range(lo, end):
+            # the release blocks of process_window's rows (its path without a dict per row)
+            for block in agg.release_columns(w, WindowColumns.from_flats(by_w.get(w, []), agg.fields)):
+                if not isinstance(block, ReleasedCells) or block.common["output"] != "per_window":
                     continue
-                base, keys, k = layout[r["aggregate"]]
-                col = base + (r["span_start_window"] - lo) // k * len(keys) + keys[tuple(r["group"].values())]
-                y[col], t2[col] = r["value"], r["noise_std"] ** 2
+                c = block.common
+                base, keys, k = layout[c["aggregate"]]
+                if c["aggregate"] not in cells:
+                    cells[c["aggregate"]] = np.array([keys[tuple(group.values())]
+                                                      for group, _ in block.labels.pairs])
+                col = base + (c["span_start_window"] - lo) // k * len(keys) + cells[c["aggregate"]]
+                y[col], t2[col] = block.numbers[0::block.layout.per_cell], c["noise_std"] ** 2
         return y, t2
     return names, period, units, vec, release
