@@ -46,16 +46,18 @@ def _say(msg: str) -> None:
 
 def latency_seconds(bootstrap: str, raw_topic: str, records_topic: str, secret: bytes) -> np.ndarray:
     """Wall-clock seconds from a raw event's produce time to its published record's produce time."""
-    from stream_anon.audit.kafka_source import read_topic
+    from stream_anon.audit.kafka_source import _parallel, read_topic
 
+    read = _parallel({topic: (read_topic, (bootstrap, topic), {"idle_s": 1.0, "with_timestamps": True})
+                      for topic in (raw_topic, records_topic)})       # side by side: each waits for quiet
     produced = {}
-    for _src, value, ts in read_topic(bootstrap, raw_topic, idle_s=1.0, with_timestamps=True):
+    for _src, value, ts in read[raw_topic]:
         try:
             produced[crypto.audit_token(secret, json.loads(value)["event_id"])] = ts
         except (ValueError, KeyError, TypeError):
             continue
     out = []
-    for _src, value, ts in read_topic(bootstrap, records_topic, idle_s=1.0, with_timestamps=True):
+    for _src, value, ts in read[records_topic]:
         t0 = produced.get(json.loads(value).get("audit_token"))
         if t0 is not None:
             out.append((ts - t0) / 1000.0)
@@ -100,7 +102,8 @@ def run_demo(dataset: str = "oyster", events: int | None = None, k: int | None =
             acc = run_until_accounted(config_path, broker.bootstrap, work / "state", len(data), timeout_s=timeout_s,
                                       log_path=work / "worker.log", progress=True)
             _say("every event accounted for; auditing the output topics against the raw topic")
-            report = audit_from_kafka(broker.bootstrap, config_path, secret)
+            # the worker has stopped: its topics are complete, a quiet second ends each read (as below)
+            report = audit_from_kafka(broker.bootstrap, config_path, secret, idle_s=1.0)
             lat = latency_seconds(broker.bootstrap, contract.Topics.raw(config),
                                   contract.topics().records(config.stream.name), secret)
             published = read_outputs(broker.bootstrap, config.stream.name, idle_s=1.0)

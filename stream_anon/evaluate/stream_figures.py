@@ -12,7 +12,7 @@ import json
 
 import numpy as np
 
-from stream_anon.audit.kafka_source import read_topic
+from stream_anon.audit.kafka_source import _parallel, read_topic
 from stream_anon.dp.merge import merge_rows
 from stream_anon.dp.report import (aggregate_rmse, membership_setting, release_relative_errors, running_count_errors,
                                    true_window_values)
@@ -40,14 +40,19 @@ def read_dp_report(bootstrap: str, config, idle_s: float = 1.0, attack: bool = T
 
     stream, dp = config.stream.name, config.dp
 
+    # the four topics read side by side (each read waits for its topic to go quiet)
+    read = _parallel({"rows": (read_rows, (bootstrap, stream), {"idle_s": idle_s}),
+                      **{topic: (read_topic, (bootstrap, topic), {"idle_s": idle_s})
+                         for topic in (TOPICS.metrics, TOPICS.deadletter, config.stream.input_topic)}})
+
     def docs(topic):
-        for src, value in read_topic(bootstrap, topic, idle_s=idle_s):
+        for src, value in read[topic]:
             try:
                 yield src, json.loads(value)
             except ValueError:
                 continue
 
-    rows = read_rows(bootstrap, stream, idle_s=idle_s)
+    rows = read["rows"]
     windows_m, exhausted = {}, {}
     for _, d in docs(TOPICS.metrics):
         if d.get("stream") != stream:
