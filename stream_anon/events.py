@@ -284,12 +284,18 @@ def compile_schema_columns(schema: dict):
 
 
 @lru_cache(maxsize=None)
-def _fast_columns(kind: str):
+def _compiled(kind: str, compiler):
+    """``compiler`` applied to the ``kind`` schema once (the kind checked and the schema verified by
+    :func:`_validator`); None where the schema uses what the compilers do not cover (the validator decides)."""
     _validator(kind)
     try:
-        return compile_schema_columns(contract.schema(kind))
+        return compiler(contract.schema(kind))
     except NotImplementedError:
         return None
+
+
+def _fast_columns(kind: str):
+    return _compiled(kind, compile_schema_columns)
 
 
 def schema_columns(events: list, kind: str) -> dict | None:
@@ -300,13 +306,8 @@ def schema_columns(events: list, kind: str) -> dict | None:
     return None if columns is None else columns(events)
 
 
-@lru_cache(maxsize=None)
 def _fast_batch_check(kind: str):
-    _validator(kind)
-    try:
-        return compile_schema_batch(contract.schema(kind))
-    except NotImplementedError:
-        return None
+    return _compiled(kind, compile_schema_batch)
 
 
 def schema_ok_batch(events: list, kind: str) -> bool:
@@ -316,14 +317,8 @@ def schema_ok_batch(events: list, kind: str) -> bool:
     return check is not None and check(events)
 
 
-@lru_cache(maxsize=None)
 def _fast_check(kind: str):
-    _validator(kind)                                           # same kind check, schema verified once
-    schema = contract.schema(kind)
-    try:
-        return compile_schema(schema)
-    except NotImplementedError:
-        return None
+    return _compiled(kind, compile_schema)
 
 
 def schema_reason(event: dict, kind: str) -> str | None:

@@ -37,13 +37,6 @@ def check_batch(raws: list, config) -> tuple[list[dict], list[tuple[int, str]], 
     (property -> values, aligned with ``events``; :func:`stream_anon.events.schema_columns`) for the engine's
     reader. The batch is parsed as a whole and checked a field at a time; payload by payload only where that fails."""
     kind = config.stream.kind
-    try:        # the usual batch: every payload a valid event of the stream's kind (all checks at once)
-        events = _parse_all(raws, config.limits.max_event_bytes)
-        columns = schema_columns(events, kind) if events is not None else None
-        if columns is not None and set(columns.get("kind", ())) == {kind}:
-            return events, [], columns
-    except Exception:   # noqa: BLE001 - decided below, check by check
-        pass
     events, rejected = parse_payloads(raws, config)
     try:
         columns = schema_columns(events, kind)
