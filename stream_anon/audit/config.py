@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import tomllib
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,11 @@ class SeveritySpec:
         return self.severity.get(str(value), self.default) if value is not None else self.default
 
 
+def severity_k_min(k: int, severity: dict) -> int:
+    """Seed 003's k_min of a severity map under ``k``: max(k, the map's smallest severity)."""
+    return int(max(k, min(severity.values())))
+
+
 def _criteria(raw: Any, k: int) -> list:
     """The audit's reading of ``[[anonymization.criteria]]``."""
     out: list = []
@@ -87,7 +93,7 @@ def _criteria(raw: Any, k: int) -> list:
                 raise ValueError(f"{at}.severity: a table value -> severity, or \"crime\"; got {sev!r}")
             sev = {str(v): float(s) for v, s in sev.items()}
             default = t.get("default_severity")
-            out.append(SeveritySpec(str(t["field"]), sev, int(max(k, min(sev.values()))),
+            out.append(SeveritySpec(str(t["field"]), sev, severity_k_min(k, sev),
                                     float(default) if default is not None else max(sev.values()), t.get("cap"),
                                     int(t.get("l_floor", 1)), bool(t.get("diversity", True))))
         else:
@@ -119,6 +125,14 @@ class AuditConfig:
         self.quasi_identifiers = [q if isinstance(q, QISpec) else QISpec(*q) for q in self.quasi_identifiers]
         if self.privacy_unit not in self.identifier_fields:
             self.identifier_fields = [self.privacy_unit, *self.identifier_fields]
+
+    def with_k(self, k: int) -> "AuditConfig":
+        """This config with another k in force; a severity rule's k_min follows it."""
+        if k == self.k:
+            return self
+        criteria = [dataclasses.replace(c, k_min=severity_k_min(k, c.severity)) if isinstance(c, SeveritySpec)
+                    else c for c in self.criteria]
+        return dataclasses.replace(self, k=k, criteria=criteria)
 
     def m_invariance(self, m: int | None = None, source: Any = "the config") -> MInvarianceConfig:
         """The m-invariance settings of this stream (``m`` overrides the config's)."""

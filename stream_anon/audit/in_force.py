@@ -43,7 +43,6 @@ judged by the settings of the release that created it.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import re
@@ -51,7 +50,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import L_KINDS, AuditConfig, LDiversitySpec, SeveritySpec
+from .config import L_KINDS, AuditConfig, LDiversitySpec
 
 K = "anonymization.k"
 _TRACKED = re.compile(r"^(anonymization\.k|anonymization\.criteria\[\d+\]"
@@ -182,9 +181,7 @@ class SettingsInForce:
         if k == base.k:
             return base
         if k not in self._with_k:
-            criteria = [dataclasses.replace(c, k_min=int(max(k, min(c.severity.values()))))
-                        if isinstance(c, SeveritySpec) else c for c in base.criteria]
-            self._with_k[k] = dataclasses.replace(base, k=k, criteria=criteria)
+            self._with_k[k] = base.with_k(k)
         return self._with_k[k]
 
     def used(self) -> list[AuditConfig]:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .config import SeveritySpec
 from .inputs import AuditOutputs, outputs_part
 from .primitives import audit_token, json_object
 
@@ -140,7 +139,5 @@ def own_settings(cfg, manifests) -> tuple[Any, list[str]]:
         if isinstance(value, int) and not isinstance(value, bool) and value != getattr(cfg, name):
             changes[name] = value
             lines.append(f"anonymization.{name} {value} (the config: {getattr(cfg, name)})")
-    if "k" in changes:          # a severity rule's k_min follows k (as SettingsInForce.with_k)
-        changes["criteria"] = [dataclasses.replace(c, k_min=int(max(changes["k"], min(c.severity.values()))))
-                               if isinstance(c, SeveritySpec) else c for c in cfg.criteria]
-    return (dataclasses.replace(cfg, **changes) if changes else cfg), lines
+    own = cfg.with_k(changes["k"]) if "k" in changes else cfg
+    return (dataclasses.replace(own, m=changes["m"]) if "m" in changes else own), lines
