@@ -149,7 +149,9 @@ class LineageTopic:
         self._producer: Producer | None = None
 
     def ensure(self, admin) -> None:
-        """Create the topic (one partition, compacted) unless it exists."""
+        """Create the topic (one partition, compacted) unless it exists, and the producer: an idempotent producer
+        takes its producer id in the background (about a second on the Tansu broker) while the worker joins its
+        consumer group, instead of when the first recovery writes its barrier."""
         fut = admin.create_topics([NewTopic(self.topic, 1, 1, config={"cleanup.policy": "compact"})])
         for f in fut.values():
             try:
@@ -157,11 +159,15 @@ class LineageTopic:
             except KafkaException as exc:
                 if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                     raise
+        self._producer_ready()
 
-    def _produce(self, key: str, doc: dict) -> None:
+    def _producer_ready(self) -> Producer:
         if self._producer is None:
             self._producer = Producer({**self.cfg, "enable.idempotence": True, "acks": "all"})
-        self._producer.produce(self.topic, json_bytes(doc), key.encode(), partition=0)
+        return self._producer
+
+    def _produce(self, key: str, doc: dict) -> None:
+        self._producer_ready().produce(self.topic, json_bytes(doc), key.encode(), partition=0)
         if self._producer.flush(30) != 0:
             raise RuntimeError(f"lineage topic {self.topic}: a record was not acknowledged within 30 s")
 
@@ -176,6 +182,7 @@ class LineageTopic:
         reader = Consumer({**self.cfg, "group.id": f"{self.topic}-reader", "enable.auto.commit": False})
         out: list[dict] = []
         try:
+            reader.list_topics(self.topic, timeout=30)    # leader known: no 500 ms wait before the first fetch
             reader.assign([TopicPartition(self.topic, 0, OFFSET_BEGINNING)])
             deadline = time.monotonic() + READ_WAIT_S
             while time.monotonic() < deadline:
