@@ -88,9 +88,7 @@ class AggregatesProcess:
         self._proc.start()
         self._outstanding: collections.deque[Pending] = collections.deque()
         self.closed = False
-        # not waited for here: the child imports (~2 s) while the worker joins its consumer group; the first call
-        # that waits for a reply (a partition's open) waits for it first and raises its error
-        self._init: Pending | None = self.send("init", None, config, secret, dumps, setup)
+        self.call("init", None, config, secret, dumps, setup)
 
     @property
     def pid(self) -> int | None:
@@ -107,11 +105,7 @@ class AggregatesProcess:
         return reply
 
     def call(self, op: str, partition: int | None, *args):
-        reply = self.send(op, partition, *args)
-        if self._init is not None:
-            init, self._init = self._init, None
-            init.result()
-        return reply.result()
+        return self.send(op, partition, *args).result()
 
     def _wait(self, reply: Pending) -> None:
         while not reply.done:
