@@ -41,6 +41,50 @@ def test_broker_fixture_roundtrip(broker):
     assert got == [f"m{i}".encode() for i in range(5)]
 
 
+def test_tansu_defers_transactions_written_behind_one_whose_producer_died(broker):
+    """Why every test has a broker of its own (tests/conftest.py): a producer dies inside its transaction on a
+    shared partition; a later transaction writing there and to a partition of its own commits without error, yet
+    its offsets are not applied and its records stay invisible to a read_committed reader (Apache Kafka applies
+    both at once and aborts the dead producer's transaction after transaction.timeout.ms). When this fails, Tansu
+    changed: revisit the fixture."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from confluent_kafka import Consumer, Producer, TopicPartition
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    cfg = {"bootstrap.servers": broker.bootstrap}
+    admin = AdminClient(cfg)
+    for f in admin.create_topics([NewTopic(t, 1, 1) for t in ("shared", "own", "in")]).values():
+        f.result(30)
+    subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+        import os
+        from confluent_kafka import Producer
+        p = Producer({{"bootstrap.servers": "{broker.bootstrap}", "transactional.id": "died"}})
+        p.init_transactions(30)
+        p.begin_transaction()
+        p.produce("shared", b"open", partition=0)
+        p.flush(10)
+        os._exit(0)""")], check=True, timeout=60)
+    group = Consumer({**cfg, "group.id": "g", "enable.auto.commit": False})
+    reader = Consumer({**cfg, "group.id": "r", "isolation.level": "read_committed", "auto.offset.reset": "earliest"})
+    try:
+        prod = Producer({**cfg, "transactional.id": "alive"})
+        prod.init_transactions(30)
+        prod.begin_transaction()
+        prod.produce("shared", b"out", partition=0)
+        prod.produce("own", b"state", partition=0)
+        prod.send_offsets_to_transaction([TopicPartition("in", 0, 42)], group.consumer_group_metadata(), 30)
+        prod.commit_transaction(30)                               # no error
+        assert group.committed([TopicPartition("in", 0)], timeout=30)[0].offset < 0      # not applied
+        reader.assign([TopicPartition("own", 0, 0)])
+        assert [m for m in reader.consume(10, 2.0) if m.error() is None] == []          # not visible
+    finally:
+        group.close()
+        reader.close()
+
+
 def test_broker_start_failure_reports_output(tmp_path):
     fake = tmp_path / "fake-broker"
     fake.write_text("#!/bin/sh\necho 'boom: cannot bind' >&2\nexit 3\n")

@@ -24,6 +24,12 @@ def test_the_reference_table_is_complete_rows():
 
 
 @pytest.fixture(scope="module")
+def broker(module_broker):
+    """The module's tests read what its module fixture's worker published: one broker for them all."""
+    return module_broker
+
+
+@pytest.fixture(scope="module")
 def dp_worker(broker, tmp_path_factory):
     import os
     os.environ.setdefault("STREAM_ANON_SECRET", "metrics-reference-secret-0123456789abcdef")

@@ -49,6 +49,12 @@ def _config(tmp_path):
 
 
 @pytest.fixture(scope="module")
+def broker(module_broker):
+    """The module's tests read what its module fixture's worker published: one broker for them all."""
+    return module_broker
+
+
+@pytest.fixture(scope="module")
 def published(broker, tmp_path_factory):
     """(config path, audit JSON, report JSON, HTML path) of one run."""
     import os
