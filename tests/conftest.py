@@ -1,4 +1,4 @@
-"""Shared fixtures: a real embedded Kafka-compatible broker (Tansu) per test session; Kafka is never mocked."""
+"""Shared fixtures: a real embedded Kafka-compatible broker (Tansu) per test; Kafka is never mocked."""
 from __future__ import annotations
 
 import os
