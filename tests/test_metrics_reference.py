@@ -24,21 +24,15 @@ def test_the_reference_table_is_complete_rows():
 
 
 @pytest.fixture(scope="module")
-def broker(module_broker):
-    """The module's tests read what its module fixture's worker published: one broker for them all."""
-    return module_broker
-
-
-@pytest.fixture(scope="module")
-def dp_worker(broker, tmp_path_factory):
+def dp_worker(module_broker, tmp_path_factory):
     import os
     os.environ.setdefault("STREAM_ANON_SECRET", "metrics-reference-secret-0123456789abcdef")
     tmp = tmp_path_factory.mktemp("metricsref")
-    proc, port, cfg = start_dp_worker(broker.bootstrap, tmp, "metricsref", load_events("oyster", limit=6000))
+    proc, port, cfg = start_dp_worker(module_broker.bootstrap, tmp, "metricsref", load_events("oyster", limit=6000))
     try:
         status, text = get(port, "/metrics")
         assert status == 200
-        rows = read_rows(broker.bootstrap, cfg.stream.name, idle_s=2.0)
+        rows = read_rows(module_broker.bootstrap, cfg.stream.name, idle_s=2.0)
         yield text, rows, cfg, port
     finally:
         stop_worker_process(proc)

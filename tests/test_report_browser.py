@@ -49,13 +49,7 @@ def _config(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def broker(module_broker):
-    """The module's tests read what its module fixture's worker published: one broker for them all."""
-    return module_broker
-
-
-@pytest.fixture(scope="module")
-def published(broker, tmp_path_factory):
+def published(module_broker, tmp_path_factory):
     """(config path, audit JSON, report JSON, HTML path) of one run."""
     import os
     tmp = tmp_path_factory.mktemp("report")
@@ -63,16 +57,16 @@ def published(broker, tmp_path_factory):
     try:
         path, raw = _config(tmp)
         topic = raw["stream"]["input_topic"]
-        ensure_topics(broker.bootstrap, names=[topic, f"anon.{NAME}.records", "anon.releases", "anon.deadletter",
+        ensure_topics(module_broker.bootstrap, names=[topic, f"anon.{NAME}.records", "anon.releases", "anon.deadletter",
                                                "anon.metrics", "anon.aggregates"],
                       default_partitions={topic: 1, f"anon.{NAME}.records": 1})
-        set_topic_retention(confluent_admin(broker.bootstrap), topic, 3_600_000)   # 1 h, within the declared 7 days
+        set_topic_retention(confluent_admin(module_broker.bootstrap), topic, 3_600_000)   # 1 h, within the declared 7 days
         events = load_events("oyster-cards", limit=N_EVENTS)
         for e in events[:5]:        # five fares outside the declared domain: five dead letters
             e["full_fare_pence"] = 99999
-        replay(broker.bootstrap, topic, events, "card_id", progress=False, secret=secret.encode())
+        replay(module_broker.bootstrap, topic, events, "card_id", progress=False, secret=secret.encode())
         # the worker core on the raw topic's messages as they were produced (one partition, offsets 0..N-1)
-        read = read_topic(broker.bootstrap, topic, idle_s=1.0)
+        read = read_topic(module_broker.bootstrap, topic, idle_s=1.0)
         assert [src[2] for src, _ in read] == list(range(N_EVENTS))
         cfg = load_config(path)
         core = WorkerCore(cfg, f"{NAME}-app", secret.encode())
@@ -81,8 +75,8 @@ def published(broker, tmp_path_factory):
         for out_topic, key, value in out:
             by_topic.setdefault(out_topic, []).append((key, value))
         for out_topic, pairs in by_topic.items():
-            replay(broker.bootstrap, out_topic, [], None, progress=False, raw_payloads=pairs)
-        common = ["--config", str(path), "--broker", broker.bootstrap, "--idle", "1"]
+            replay(module_broker.bootstrap, out_topic, [], None, progress=False, raw_payloads=pairs)
+        common = ["--config", str(path), "--broker", module_broker.bootstrap, "--idle", "1"]
         assert main(["audit", *common, "--report", str(tmp / "audit.json")]) == 0
         html = tmp / "report.html"
         assert main(["report", *common, "--out", str(html), "--json", str(tmp / "report.json")]) == 0
@@ -195,13 +189,13 @@ def test_the_page_in_chromium(published, browser):
     assert STATEMENT["controller"] in text and "open data portal" in text
 
 
-def test_a_report_of_outputs_under_another_secret_says_so(published, broker):
+def test_a_report_of_outputs_under_another_secret_says_so(published, module_broker):
     """The page of outputs the secret cannot audit: the audit's one line, and no figure counted from them."""
     from stream_anon.audit.kafka_source import read_inputs
     from stream_anon.report import build_report
     path, audit, _, _ = published
     other = b"another-secret-0123456789abcdef-xyz"
-    read = read_inputs(broker.bootstrap, path, other, idle_s=1.0)
+    read = read_inputs(module_broker.bootstrap, path, other, idle_s=1.0)
     page = build_report(path, read.raw, read.outputs, other, read.metrics)
     assert page.summary["verdict"] == "FAILED" and "this secret is key id" in page.summary["verdict_reason"]
     assert page.figures["class_sizes"] == [] and page.figures["query_error"] is None
