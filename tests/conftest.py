@@ -49,3 +49,24 @@ def pytest_collection_modifyitems(config, items):
     pp = os.environ.get("PYTHONPATH", "")
     if root not in pp.split(os.pathsep):
         os.environ["PYTHONPATH"] = root + (os.pathsep + pp if pp else "")
+
+
+LOG_TAIL_LINES = 40
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test's report carries the last lines of every ``*.log`` its subprocesses wrote under ``tmp_path``
+    (workers, replays): CI keeps only the printed report, and a timeout says nothing without them."""
+    outcome = yield
+    report = outcome.get_result()
+    tmp = item.funcargs.get("tmp_path") if hasattr(item, "funcargs") else None
+    if not report.failed or tmp is None:
+        return
+    for log in sorted(tmp.rglob("*.log"))[:8]:
+        try:
+            lines = log.read_text(errors="replace").splitlines()
+        except OSError as err:
+            lines = [f"(unreadable: {err})"]
+        report.sections.append((f"last {LOG_TAIL_LINES} lines of {log.relative_to(tmp)}",
+                                "\n".join(lines[-LOG_TAIL_LINES:])))
