@@ -197,6 +197,47 @@ def test_a_broker_reset_halts_with_the_cache_and_starts_a_new_lineage_without_it
         assert report.passed and report.summary["lineages"] == [second], report.format_text()
 
 
+def test_a_first_lineage_another_worker_declares_between_the_reads_is_joined_not_taken_for_lost(broker,
+                                                                                                  monkeypatch):
+    """Two workers of a new stream start together. The other one declares the first lineage and publishes its first
+    manifest right after this one has read the lineage topic: this one must join that lineage. Reading the topic
+    before scanning the releases, it found a manifest of a lineage it had not seen declared and halted its
+    partitions as ``lineage_lost`` (a false alarm that failed the two-worker lost-machine test in CI)."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient
+
+    from stream_anon.kafka import lineage as lin
+    from stream_anon.kafka.state import Recovery
+    from stream_anon.kafka.state_cache import CommittedCache
+    from stream_anon.kafka.topics import ensure_topics
+    from stream_anon.render import json_bytes
+
+    cfg = {"bootstrap.servers": broker.bootstrap}
+    ensure_topics(broker.bootstrap, names=["anon.releases"])
+    other = lin.LineageTopic(cfg, "race-app", "race")
+    other.ensure(AdminClient(cfg))
+    read, acted = lin.LineageTopic.read, []
+
+    def read_then_the_other_worker_starts(self):
+        out = read(self)
+        if not acted:
+            acted.append(True)
+            other.declare({"lineage": "Lother", "supersedes": [], "reason": "first lineage of the stream",
+                           "created_at": 0.0, "by": "the other worker"})
+            prod = Producer(cfg)
+            prod.produce("anon.releases", json_bytes({"stream": "race", "lineage": "Lother", "partition": 0,
+                                                      "release_id": "race-Lother-p0-0", "seq": 0}),
+                         b"race-Lother-p0-0")
+            assert prod.flush(10) == 0
+        return out
+
+    monkeypatch.setattr(lin.LineageTopic, "read", read_then_the_other_worker_starts)
+    recs = {1: Recovery()}
+    lin.StreamLineage(cfg, "race-app", "race", CommittedCache(None, "race-app", "race")).place(recs)
+    assert acted and recs[1].halt is None, recs[1].detail
+    assert recs[1].lineage == "Lother"
+
+
 def test_the_lineage_decision_halts_on_every_trace_of_a_lost_state_and_only_then():
     """The pure decision (stream_anon.kafka.lineage.decide): a partition without state starts in the current
     lineage unless an unknown earlier lineage is found or its own state in the current lineage is gone."""

@@ -268,10 +268,13 @@ class StreamLineage:
             return
         reset = {p: ((self.cache.read(p) or {}).get("lineage"), f"the local state cache of partition {p} (its "
                      "state in the state topic is gone)") for p, rec in fresh.items() if rec.halt == HALT_STATE_RESET}
+        # the manifests first, then the declarations: a lineage is declared (acknowledged) before any manifest of it
+        # is written, so every lineage the scan finds is declared in a read of the topic made after it. Read the
+        # other way round, another worker's first lineage declared between the two reads looks lost.
+        released = manifest_lineages(self.cfg, self.stream)
         declarations = self.topic.read()
         current, known = current_lineage(declarations)
         found = dict(self.cache.lineages())
-        released = manifest_lineages(self.cfg, self.stream)
         found.update({name: "manifests on anon.releases" for name in released if name not in found})
         for p in sorted(set(fresh) & set(empty or ()) & released.get(str(current), set())):
             reset.setdefault(p, (current, f"manifests of partition {p} on anon.releases (its state is gone)"))
