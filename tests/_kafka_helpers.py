@@ -137,8 +137,14 @@ def write_cards_config(directory: Path, name: str, input_topic: str, m: int = 3,
     return path
 
 
+END_GRACE_S = 3.0
+
+
 def read_all(bootstrap, topic, stream=None, min_count=0, idle_s=1.5, max_wait_s=30.0):
-    """Every message of ``topic`` (from the beginning, by quiet time: never by end offsets)."""
+    """Every message of ``topic`` from the beginning: read until quiet for ``idle_s`` once the position has
+    reached the end offsets seen at the start (a lower bound of what is there), or quiet for ``idle_s`` +
+    :data:`END_GRACE_S` when it has not (a transaction left open by a killed worker holds the end back on Tansu).
+    Quiet time alone ended a read before its first fetch on a loaded machine: an empty topic to the caller."""
     from kafka import KafkaConsumer, TopicPartition
 
     c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
@@ -146,6 +152,7 @@ def read_all(bootstrap, topic, stream=None, min_count=0, idle_s=1.5, max_wait_s=
     tps = [TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic) or {0})]
     c.assign(tps)
     c.seek_to_beginning(*tps)
+    ends = c.end_offsets(tps)
     out = []
     start = last = time.monotonic()
     while time.monotonic() - start < max_wait_s:
@@ -156,7 +163,9 @@ def read_all(bootstrap, topic, stream=None, min_count=0, idle_s=1.5, max_wait_s=
                 if stream is None or doc.get("stream", stream) == stream:
                     out.append((r.key.decode() if r.key else None, doc, r.partition, r.offset))
                 last = time.monotonic()
-        if len(out) >= min_count and time.monotonic() - last > idle_s:
+        quiet = time.monotonic() - last
+        if len(out) >= min_count and quiet > idle_s and (
+                quiet > idle_s + END_GRACE_S or all(c.position(tp) >= ends[tp] for tp in tps)):
             break
     c.close()
     return out
