@@ -108,8 +108,8 @@ def crash_main(argv=None) -> int:
     broker and before the commit (the transaction stays open until the restarted worker fences it);
     ``--kill-in-flush``: inside the transaction that carries an idle flush's output, after the decision to flush
     was committed; ``--hold-before-commit PATH``: while the file PATH exists, each transaction waits before its
-    commit (output and state sent) and ``PATH.held`` exists (a test cuts the worker off there: its transaction
-    is then in flight)."""
+    commit (output and state sent) and ``PATH.held`` exists (a test cuts the worker off there: its transactions
+    are then in flight)."""
     from stream_anon.kafka import app
     from stream_anon.kafka.loop import KafkaLoop
 
@@ -120,21 +120,25 @@ def crash_main(argv=None) -> int:
     args, rest = ap.parse_known_args(argv)
     end, flush = KafkaLoop._end_transaction, KafkaLoop._flush
 
-    def end_or_die(self, prod, offsets):
+    def end_or_die(self, prod, offsets, *more):
         if args.hold_before_commit and os.path.exists(args.hold_before_commit):
+            # a step's partitions commit side by side (kafka/transactions.py): each commit thread may hold here,
+            # so PATH.held is replaced whole (a reader never sees it half written) and removed by the first
             prod.flush(10)
             held = Path(args.hold_before_commit + ".held")
-            held.write_text(" ".join(str(tp.partition) for tp in offsets[:1]))
+            partial = held.with_name(f"{held.name}.{offsets[0].partition}")
+            partial.write_text(" ".join(str(tp.partition) for tp in offsets[:1]))
+            os.replace(partial, held)
             while os.path.exists(args.hold_before_commit):
                 time.sleep(0.05)
-            held.unlink()
+            held.unlink(missing_ok=True)
         due = (args.kill_after_batches and self.counters["transactions"] + 1 >= args.kill_after_batches) or \
             (args.kill_in_flush and getattr(self, "_flushing", False) and not self._flush_decided_now)
         if due:
             prod.flush(10)
             os.kill(os.getpid(), signal.SIGKILL)
         self._flush_decided_now = False
-        return end(self, prod, offsets)
+        return end(self, prod, offsets, *more)
 
     def flush_marked(self, ps):
         self._flushing, self._flush_decided_now = True, not ps.flush_pending

@@ -66,3 +66,42 @@ def test_one_warning_when_the_broker_stops_answering_and_one_when_it_is_back(mon
         watchdog.join(5)
     warnings = [r.getMessage() for r in caplog.records if r.name == "stream_anon.worker"]
     assert [w.split(" (")[0] for w in warnings] == ["broker connection lost", "broker connection restored"]
+
+
+def test_a_probe_asked_for_goes_out_at_its_time_not_at_the_next_interval(monkeypatch):
+    """The idle flush needs an answer to a probe sent once the partitions' quiet time is up: the loop asks for one
+    then (``probe_by``), and it goes out at that time, not up to an interval later; a time already covered by a
+    sent probe asks for nothing."""
+    monkeypatch.setattr(watchdog_module, "AdminClient", PausableBroker)
+    core = WorkerCore(load_config(OYSTER), "watchdog", SECRET, flush_when_idle_s=1.0)
+    loop = KafkaLoop(core, {"bootstrap.servers": "localhost:9"})
+    loop.watch.probe_interval_s = 60.0                 # no probe of the regular cadence during the test
+    watchdog = threading.Thread(target=loop.watch.run, daemon=True)
+    watchdog.start()
+    try:
+        time.sleep(0.2)
+        n, asked = PausableBroker.calls, time.monotonic() + 0.3
+        loop.watch.probe_by(asked)
+        time.sleep(0.2)
+        assert PausableBroker.calls == n                 # not before its time
+        deadline = time.monotonic() + 2
+        while loop.watch.answered_at < asked and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert asked <= loop.watch.answered_at < asked + 0.5 and PausableBroker.calls == n + 1
+        loop.watch.probe_by(asked)                       # already answered by a later probe: nothing asked
+        time.sleep(0.3)
+        assert PausableBroker.calls == n + 1 and loop.watch.asked_at == math.inf
+    finally:
+        loop.stop()
+        watchdog.join(5)
+
+
+def test_idle_due_at_is_when_the_last_input_is_flush_when_idle_s_old():
+    core = WorkerCore(load_config(OYSTER), "watchdog", SECRET, flush_when_idle_s=2.0)
+    assert core.idle_due_at() == math.inf               # no partition: nothing to flush
+    ps = core.open_partition(0)
+    ps.last_input = 100.0
+    assert core.idle_due_at() == math.inf               # nothing buffered since the last flush
+    ps.dirty_since_flush = True
+    assert core.idle_due_at() == 102.0 and core.idle_due_at(not_before=105.0) == 107.0
+    assert core.idle_partitions(answered_at=101.9) == [] and core.idle_partitions(answered_at=102.0) == [ps]

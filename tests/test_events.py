@@ -178,6 +178,37 @@ def test_batch_schema_check_accepts_a_batch_only_when_every_event_is_valid(kind,
     assert refused > 100
 
 
+@pytest.mark.parametrize("kind,base", [("fare", fare()), ("vehicle", vehicle())])
+def test_batch_columns_only_for_valid_batches_of_complete_events(kind, base):
+    """The row-wise check (the worker's usual batch: every event holds every property) gives the batch's columns
+    only when every event is valid, and they are the events' values; an event the schema refuses, a missing or an
+    extra key sends the batch to the other checks (None)."""
+    import random
+
+    from stream_anon.events import _fast_check, schema_columns
+    reference = Draft202012Validator(json.loads((SCHEMA_DIR / f"{kind}.schema.json").read_text()))
+    names = list(json.loads((SCHEMA_DIR / f"{kind}.schema.json").read_text())["properties"])
+    assert sorted(base) == sorted(names), "the base event holds every property"
+    complete = [e for e in _mutations(base, kind) if isinstance(e, dict) and sorted(e) == sorted(names)
+                and _fast_check(kind)(e)]       # valid, and not a case only the reference accepts (1.0 as integer)
+    assert len(complete) > 20
+    columns = schema_columns(complete, kind)
+    assert columns is not None and list(columns) == names
+    assert all(list(columns[n]) == [e[n] for e in complete] for n in names)
+    rng = random.Random(1)
+    given = refused = 0
+    for e in _mutations(base, kind):
+        batch = rng.sample(complete, 5) + [e] + rng.sample(complete, 5)
+        got = schema_columns(batch, kind)
+        if got is None:
+            refused += 1
+            continue
+        given += 1
+        assert all(reference.is_valid(x) for x in batch), e
+        assert all(list(got[n]) == [x[n] for x in batch] for n in names)
+    assert given > 20 and refused > 100
+
+
 def test_worker_batch_payload_checks_equal_the_per_message_checks():
     from pathlib import Path
 
@@ -192,3 +223,23 @@ def test_worker_batch_payload_checks_equal_the_per_message_checks():
         assert check_payloads(chunk, config) == [check_payload(r, config) for r in chunk]
     clean = [json.dumps(base).encode()] * 20
     assert check_payloads(clean, config) == [check_payload(r, config) for r in clean]
+
+
+def test_worker_batch_check_gives_the_reader_its_columns():
+    """``check_batch`` of a batch of valid, complete events (the fast path) holds the events of the per-message
+    checks and their columns; one bad payload among them is dead-lettered alone, at its position."""
+    from pathlib import Path
+
+    from stream_anon.config import load_config
+    from stream_anon.kafka.input_checks import check_batch, check_payload
+    config = load_config(Path(__file__).resolve().parents[1] / "configs" / "oyster.toml")
+    raws = [json.dumps(fare(event_id=f"e{i}", station=None if i % 3 else "Bank")).encode() for i in range(30)]
+    events, rejected, columns = check_batch(raws, config)
+    assert events == [check_payload(r, config)[1] for r in raws] and rejected == []
+    assert columns is not None and list(columns["event_id"]) == [f"e{i}" for i in range(30)]
+    for bad in (b"{not json", json.dumps(fare(kind="vehicle")).encode(), json.dumps(fare(event_time=3)).encode(),
+                json.dumps(fare(extra=1)).encode(), None, b"x" * 70000):
+        mixed = raws[:7] + [bad] + raws[7:]
+        events, rejected, _ = check_batch(mixed, config)
+        assert [i for i, _ in rejected] == [7] and rejected[0][1] == check_payload(bad, config)[0]
+        assert events == [check_payload(r, config)[1] for r in raws]

@@ -391,6 +391,22 @@ def test_record_payloads_are_the_bytes_of_each_record_serialized_alone(m3):
     assert odd.record_payloads(dumps) == [dumps(r) for r in odd.records]
 
 
+def test_record_payloads_encode_equal_but_distinct_values_apart(m3):
+    """Each distinct sensitive tuple is encoded once: values that are equal as keys but not as JSON (1 and true,
+    0 and false, 0.0 and -0.0) and tokens that are not hex must still give each record's own bytes."""
+    from stream_anon.render import json_bytes as dumps
+    rel = m3[1][0]
+    n = len(rel.record_token)
+    assert n >= 8
+    cycles = [(1, None), (True, "a"), (1, "a"), (0, None), (False, None), (0.0, "b"), (-0.0, "b"), (1.0, None)]
+    for values, tokens in ((cycles, rel.record_token), (cycles[:2] * 4, rel.record_token),
+                           ([("x", 2)] * 8, ['t"' + t for t in rel.record_token]),
+                           ([("x", 2)] * 8, [t + "\0" for t in rel.record_token])):
+        odd = dataclasses.replace(rel, record_sensitive=[values[i % len(values)] for i in range(n)],
+                                  sensitive_fields=("s", "t"), record_token=list(tokens))
+        assert odd.record_payloads(dumps) == [dumps(r) for r in odd.records]
+
+
 def test_a_missing_invariant_is_one_value_under_the_1_over_m_rule():
     """docs/inputs.md (m-invariant attribute of vehicles): vehicles with a null invariant are published (nulls obey
     the 1/m rule like a value: stream_anon/formers/minvariant.py); when no vehicle has the attribute, nothing is."""

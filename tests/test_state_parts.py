@@ -124,9 +124,9 @@ def test_an_existing_state_topic_with_a_lower_message_limit_is_refused_with_the_
 
 
 def test_the_worker_producer_limit_matches_the_state_topic(monkeypatch):
-    from stream_anon.kafka import loop
+    from stream_anon.kafka import transactions
 
     seen = {}
-    monkeypatch.setattr(loop, "Producer", lambda cfg: seen.update(cfg))
-    loop.transactional_producer({"bootstrap.servers": "localhost:9"}, "app", 0, "lz4")
+    monkeypatch.setattr(transactions, "Producer", lambda cfg: seen.update(cfg))
+    transactions.transactional_producer({"bootstrap.servers": "localhost:9"}, "app", 0, "lz4")
     assert str(seen["message.max.bytes"]) == st.STATE_TOPIC_CONFIG["max.message.bytes"]

@@ -80,10 +80,14 @@ def _parts_by_record(values) -> dict:
 
 
 def test_records_over_the_limit_are_written_in_parts_and_a_second_worker_recovers_the_same_state(broker, tmp_path):
+    """Then a step's partitions commit side by side (kafka/transactions.py): with partition 1's producer fenced by
+    another (a new owner), the second worker drops partition 1 and still commits partition 0's batches."""
     from confluent_kafka.admin import AdminClient, ConfigResource
 
-    events = oyster_cards.read_events()[:3000]
-    cfg, sent = _setup(broker, tmp_path, "partstate", events)
+    from stream_anon.kafka.transactions import transactional_producer
+
+    events = oyster_cards.read_events()[:3600]
+    cfg, sent = _setup(broker, tmp_path, "partstate", events[:3000])
     app_id = "partstate-app"
     core, loop, thread = _run_loop(cfg, broker.bootstrap, app_id, tmp_path / "cache")
     try:
@@ -111,6 +115,16 @@ def test_records_over_the_limit_are_written_in_parts_and_a_second_worker_recover
         after = {p: _state_of(ps) for p, ps in core2.parts.items()}
         # it knows which records of its chain were written in parts (their tombstones must reach every part)
         assert any(ps.record_parts for ps in core2.parts.values())
+
+        owner = transactional_producer({"bootstrap.servers": broker.bootstrap}, app_id, 1, "lz4")
+        owner.init_transactions(30)                    # partition 1's transactional id, taken by another producer
+        more = replay(broker.bootstrap, cfg.stream.input_topic, events[3000:], "card_id", progress=False,
+                      secret=SECRET)["partitions"]
+        assert more.get(0) and more.get(1), more
+        wait_for(lambda: 1 not in core2.parts and 0 in core2.parts
+                 and core2.parts[0].offset + 1 == sent["partitions"][0] + more[0], 60,
+                 "partition 1 dropped, partition 0's new input committed")
+        assert loop2.counters["aborted"] == 1 and not loop2.halted and loop2.error is None, loop2.counters
     finally:
         _stop(loop2, thread2)
     assert after == before

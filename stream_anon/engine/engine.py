@@ -186,10 +186,11 @@ class Engine:
         return math.floor(wm / self.window_s) if np.isfinite(wm) else -np.inf
 
     # -- public API -------------------------------------------------------------------------------------------
-    def read(self, events) -> tuple[Records, list[tuple[int, str]]]:
+    def read(self, events, columns: dict | None = None) -> tuple[Records, list[tuple[int, str]]]:
         """The reader's records and rejections of a batch, judged against this engine's event time (duplicates,
-        ``max_future_s``); hand the records to :meth:`process_records`."""
-        return self.reader.read(events, self.max_event_time)
+        ``max_future_s``); hand the records to :meth:`process_records`. ``columns``: fields already read from the
+        same events (:meth:`RecordReader.columns`)."""
+        return self.reader.read(events, self.max_event_time, columns)
 
     def process(self, events) -> StepResult:
         """Feed a batch (list of event dicts, or a DataFrame with dotted column names) in arrival order."""

@@ -192,8 +192,9 @@ class RecordReader:
             return np.empty(0, dtype=np.int64)
         return np.frombuffer(bytes.fromhex("".join([t[:16] for t in tokens])), dtype=">i8").astype(np.int64)
 
-    def columns(self, events) -> tuple[dict[str, list], int]:
-        """The needed fields of a batch as columns (a missing field is None)."""
+    def columns(self, events, given: dict | None = None) -> tuple[dict[str, list], int]:
+        """The needed fields of a batch as columns (a missing field is None). ``given``: columns of top-level
+        fields already read from the same events (the worker's input checks read them), taken as they are."""
         if hasattr(events, "columns"):   # pandas DataFrame: dotted column names
             n = len(events)
             cols = {}
@@ -210,18 +211,22 @@ class RecordReader:
             if "." in f:
                 cols[f] = [get_path(e, f) for e in events]
                 continue
+            if given is not None and f in given:
+                cols[f] = list(given[f])
+                continue
             try:    # hot path: every event has the top-level field -> a C-level loop
                 cols[f] = list(map(itemgetter(f), events))
             except (KeyError, TypeError):
                 cols[f] = [e.get(f) for e in events]
         return cols, n
 
-    def read(self, events, largest: float = -np.inf) -> tuple[Records, list[tuple[int, str]]]:
+    def read(self, events, largest: float = -np.inf, columns: dict | None = None
+             ) -> tuple[Records, list[tuple[int, str]]]:
         """(accepted records, [(input position, reason)] for the rejected ones). ``largest``: the largest event
-        time accepted before the batch (the reference of ``max_future_s`` and of duplicates). Never raises for an
-        event's content: see the module docstring."""
+        time accepted before the batch (the reference of ``max_future_s`` and of duplicates); ``columns``: as
+        :meth:`columns` takes them. Never raises for an event's content: see the module docstring."""
         try:
-            return self._read(events, largest)
+            return self._read(events, largest, columns)
         except Exception as exc:   # noqa: BLE001 - isolate the event(s) that raised
             # said, not silent (a defect here would only show as slowness); the class name only: an exception's
             # text may quote a raw value of the event
@@ -316,8 +321,8 @@ class RecordReader:
                     tl[i] = t
         return reasons, tl
 
-    def _read(self, events, largest: float) -> tuple[Records, list[tuple[int, str]]]:
-        cols, n = self.columns(events)
+    def _read(self, events, largest: float, given: dict | None = None) -> tuple[Records, list[tuple[int, str]]]:
+        cols, n = self.columns(events, given)
         bulk = self._bulk_checks(cols, n)
         if bulk is not None:
             reasons, tl = bulk

@@ -116,12 +116,20 @@ class Release:
 
     def record_payloads(self, dumps) -> list[bytes]:
         """:attr:`records` serialized with ``dumps`` (a compact JSON encoder such as orjson's), the same bytes as
-        ``dumps(record)`` each, with each class's common prefix (release, class, generalization) encoded once."""
+        ``dumps(record)`` each, with each class's common prefix (release, class, generalization) encoded once,
+        each distinct sensitive tuple once (:func:`_sensitive_payloads`) and the hex audit tokens quoted as they
+        are (a JSON string of letters and digits is the text in quotes)."""
         prefixes = [dumps({"release_id": self.release_id, "class_id": c.class_id, "qi": c.generalization})[:-1]
                     + b',"sensitive":' for c in self.classes]
-        names = self.sensitive_fields
-        return [prefixes[c] + dumps(dict(zip(names, sv))) + b',"audit_token":' + dumps(tok) + b"}"
-                for c, sv, tok in zip(self.record_class.tolist(), self.record_sensitive, self.record_token)]
+        sensitive = _sensitive_payloads(self.sensitive_fields, self.record_sensitive, dumps)
+        tokens = self.record_token
+        joined = "\0".join(tokens).encode()
+        quoted = joined.split(b"\0") if joined.isascii() and not joined.translate(None, _ALNUM_OR_NUL) else ()
+        if tokens and len(quoted) == len(tokens):
+            return [b"".join((prefixes[c], sv, b',"audit_token":"', tok, b'"}'))
+                    for c, sv, tok in zip(self.record_class.tolist(), sensitive, quoted)]
+        return [prefixes[c] + sv + b',"audit_token":' + dumps(tok) + b"}"
+                for c, sv, tok in zip(self.record_class.tolist(), sensitive, tokens)]
 
     def manifest(self) -> dict:
         ratio = self.suppression_ratio
@@ -165,6 +173,25 @@ class StepResult:
         self.rejected += other.rejected
         self.windows += other.windows
         return self
+
+
+_ALNUM_OR_NUL = b"\0" + bytes(range(48, 58)) + bytes(range(65, 91)) + bytes(range(97, 123))
+_EXACT_KEYS = frozenset({str, type(None), int, bool})
+
+
+def _sensitive_payloads(names: tuple, values: list, dumps) -> list[bytes]:
+    """``dumps(dict(zip(names, v)))`` for each tuple ``v`` of ``values``, each distinct tuple encoded once when
+    equal tuples are sure to encode alike: every field's values are text, null and one of integers or booleans
+    (not 1 and true, or 0.0 and -0.0, which are equal keys with different JSON)."""
+    if len(values) > 1 and names:
+        for column in zip(*values):
+            types = set(map(type, column))
+            if not types <= _EXACT_KEYS or (int in types and bool in types):
+                break
+        else:
+            encoded = {v: dumps(dict(zip(names, v))) for v in dict.fromkeys(values)}
+            return list(map(encoded.__getitem__, values))
+    return [dumps(dict(zip(names, v))) for v in values]
 
 
 def _iso(ts: float) -> str | None:

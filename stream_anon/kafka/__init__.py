@@ -6,6 +6,8 @@
   messages + the partition's state record), and the input checks.
 - ``stream_anon.kafka.loop``: the batch loop (confluent-kafka): output, state record and offsets in one
   transaction per partition batch.
+- ``stream_anon.kafka.transactions``: a partition's transactional producer, what its transaction holds (state
+  records in parts), and the commits of a step's partitions side by side.
 - ``stream_anon.kafka.state``: the state topic's records (a full record or the keyed tables' changes, with the
   bounded core) and the fail-closed decision at recovery.
 - ``stream_anon.kafka.app``: ``make_app(...)`` (faust), ``run_worker(...)``, ``worker_main(argv)``

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+import operator
 import time
 from dataclasses import dataclass, field
 
@@ -42,6 +43,21 @@ class BatchOutput:
     pending: list = field(default_factory=list)
 
 
+def new_messages(msgs, last: int) -> tuple[list, int, int]:
+    """(the ``(offset, value)`` messages above offset ``last``, in offset order; the last offset; how many were
+    skipped as already processed)."""
+    msgs = list(msgs)
+    offsets = [m[0] for m in msgs]
+    if offsets and offsets[0] > last and all(map(operator.lt, offsets, offsets[1:])):
+        return msgs, offsets[-1], 0                 # the usual batch: new offsets, in order
+    fresh = []
+    for off, raw in sorted(msgs, key=lambda m: m[0]):
+        if off > last:
+            last = off
+            fresh.append((off, raw))
+    return fresh, last, len(msgs) - len(fresh)
+
+
 class WorkerCore:
     """Everything the worker does between reading input and writing output, for the partitions it owns: each
     partition's pipeline (:class:`~stream_anon.kafka.partition.PartitionState`), the batch's input decoding, its
@@ -50,9 +66,7 @@ class WorkerCore:
     def __init__(self, config, app_id: str, secret: bytes, flush_when_idle_s: float | None = None,
                  raw_deadletters: bool = False, aggregates_process: bool = False, aggregates_setup=None,
                  aggregates_serve=None):
-        self.config = config
-        self.app_id = app_id
-        self.secret = secret
+        self.config, self.app_id, self.secret = config, app_id, secret
         self.render = Renderer(config, secret, raw_deadletters)
         self.settings = guarantees.settings(config)     # the guarantee settings in force (state and manifests)
         self.kid = self.render.kid
@@ -111,14 +125,7 @@ class WorkerCore:
     def process(self, ps: PartitionState, msgs) -> BatchOutput:
         """``msgs``: (offset, value bytes) of one partition. Skips offsets already in the state."""
         out = BatchOutput([], ps.offset, batch_counts())
-        last = ps.offset
-        fresh = []
-        for off, raw in sorted(msgs, key=lambda m: m[0]):
-            if off <= last:
-                out.counts["skipped"] += 1
-                continue
-            last = off
-            fresh.append((off, raw))
+        fresh, last, out.counts["skipped"] = new_messages(msgs, ps.offset)
         batch = InputBatch(fresh, self.config, self.decoder, self.topic, ps.partition)
         out.counts["events_in"] += batch.n
         for source, reason, raw, event, opaque in batch.rejected:
@@ -126,7 +133,7 @@ class WorkerCore:
         out.last_offset = last
         if batch.events:
             out.engine_input = True
-            self._process_events(ps, batch.events, batch.sources, out)
+            self._process_events(ps, batch.events, batch.sources, out, batch.columns)
         self._account(ps, out)
         self._prefetch(ps)
         return out
@@ -150,22 +157,26 @@ class WorkerCore:
     ISOLATION_TRIES = 2            # attempts of a single event before it is dead-lettered as a processing error
     ISOLATION_MAX_FAILURES = 64    # failed attempts per batch; beyond, a failing part is dead-lettered whole
 
-    def _process_events(self, ps: PartitionState, events: list, offsets: list, out: BatchOutput) -> None:
-        """Reader, engine and output of a batch's checked events. If this raises, no event is lost and the
-        partition does not stop: see :meth:`_isolate`."""
+    def _process_events(self, ps: PartitionState, events: list, offsets: list, out: BatchOutput,
+                        columns: dict | None = None) -> None:
+        """Reader, engine and output of a batch's checked events (``columns``: their fields as the input checks
+        read them, or None). If this raises, no event is lost and the partition does not stop: see
+        :meth:`_isolate`."""
         first, counts = len(out.messages), dict(out.counts)
         try:
-            self._attempt(ps, events, offsets, range(len(events)), out)
+            self._attempt(ps, events, offsets, range(len(events)), out, columns)
         except Exception as exc:   # noqa: BLE001 - one event never stops the partition
             del out.messages[first:]          # the failed attempt leaves neither messages nor counts behind
             out.counts.update(counts)
             out.releases.clear()
             self._isolate(ps, events, offsets, out, exc)
 
-    def _attempt(self, ps: PartitionState, events: list, offsets: list, idx, out: BatchOutput) -> None:
+    def _attempt(self, ps: PartitionState, events: list, offsets: list, idx, out: BatchOutput,
+                 columns: dict | None = None) -> None:
+        """``columns``: of all ``events``, given only when ``idx`` is all of them."""
         idx = list(idx)
-        part = [events[i] for i in idx]
-        records, rejected = ps.engine.read(part)
+        part = events if len(idx) == len(events) else [events[i] for i in idx]
+        records, rejected = ps.engine.read(part, columns)
         for j, reason in rejected:
             self._deadletter(out, reason, ps.partition, offsets[idx[j]], event=part[j])
         self._emit(ps, ps.engine.process_records(records), out)
@@ -327,6 +338,14 @@ class WorkerCore:
         ps.note_committed(rec)
         return rec
 
+    def idle_due_at(self, not_before: float = -math.inf) -> float:
+        """When the partitions will have been without input for ``flush_when_idle_s`` (counted from ``not_before``
+        at the earliest), so that an idle flush may follow (:meth:`idle_partitions`); inf when there is nothing
+        to flush."""
+        if not self.flush_when_idle_s or not any(ps.dirty_since_flush for ps in self.parts.values()):
+            return math.inf
+        return max(max(ps.last_input for ps in self.parts.values()), not_before) + self.flush_when_idle_s
+
     def idle_partitions(self, answered_at: float = math.inf, not_before: float = -math.inf) -> list[PartitionState]:
         """Partitions to flush: every partition of this worker has had no input for ``flush_when_idle_s``
         (judged over all partitions: one may wait in the fetch buffer while another is served, and flushing it
@@ -335,9 +354,6 @@ class WorkerCore:
         With a broker (the Kafka loop): the quiet time counts from ``not_before`` at the earliest (the end of the
         last outage: a backlog is still to come) and must have been confirmed by the broker, i.e. a request sent
         at ``answered_at`` at least ``flush_when_idle_s`` after it was answered."""
-        if not self.flush_when_idle_s or not self.parts:
-            return []
-        quiet_since = max(max(ps.last_input for ps in self.parts.values()), not_before)
-        if min(time.monotonic(), answered_at) - quiet_since < self.flush_when_idle_s:
+        if min(time.monotonic(), answered_at) < self.idle_due_at(not_before):
             return []
         return [ps for ps in self.parts.values() if ps.dirty_since_flush]

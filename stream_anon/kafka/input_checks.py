@@ -3,9 +3,13 @@ kind's schema (docs/contracts.md section 1). Streams with an ``[input]`` mapping
 :mod:`stream_anon.inputs` instead. A failed check is the message's dead-letter reason; nothing here raises."""
 from __future__ import annotations
 
+from operator import methodcaller
+
 import orjson
 
-from stream_anon.events import schema_ok_batch, schema_reason
+from stream_anon.events import schema_columns, schema_ok_batch, schema_reason
+
+_KIND = methodcaller("get", "kind")
 
 
 def check_payload(raw: bytes | None, config) -> tuple[str | None, dict | None]:
@@ -18,17 +22,68 @@ def check_payload(raw: bytes | None, config) -> tuple[str | None, dict | None]:
 
 
 def check_payloads(raws: list, config) -> list[tuple[str | None, dict | None]]:
-    """:func:`check_payload` of each payload of a batch; the schema is checked a field at a time over the batch's
-    parsed events (:func:`stream_anon.events.schema_ok_batch`), and event by event only when that check fails."""
-    parsed = [parse_payload(raw, config) for raw in raws]
-    events = [e for r, e in parsed if r is None]
+    """:func:`check_payload` of each payload of a batch (:func:`check_batch`, one result per payload)."""
+    events, rejected, _ = check_batch(raws, config)
+    out, it, reasons = [], iter(events), dict(rejected)
+    for i in range(len(raws)):
+        reason = reasons.get(i)
+        out.append((reason, None) if reason else (None, next(it)))
+    return out
+
+
+def check_batch(raws: list, config) -> tuple[list[dict], list[tuple[int, str]], dict | None]:
+    """(events, rejected, columns): the events of the payloads that pass :func:`check_payload`, in order;
+    ``(position, reason)`` of the others, in order; and, when the schema check could give them, the events' columns
+    (property -> values, aligned with ``events``; :func:`stream_anon.events.schema_columns`) for the engine's
+    reader. The batch is parsed as a whole and checked a field at a time; payload by payload only where that fails."""
+    kind = config.stream.kind
+    events, rejected = parse_payloads(raws, config)
     try:
-        all_valid = schema_ok_batch(events, config.stream.kind)
+        columns = schema_columns(events, kind)
+        all_valid = columns is not None or schema_ok_batch(events, kind)
     except Exception:   # noqa: BLE001 - the per-event checks decide (and name the reason)
-        all_valid = False
+        columns, all_valid = None, False
     if all_valid:
-        return parsed
-    return [(r, e) if r is not None else check_payload_schema(e, config) for r, e in parsed]
+        return events, rejected, columns
+    refused = {i for i, _ in rejected}
+    positions = [i for i in range(len(raws)) if i not in refused]
+    valid = []
+    for i, event in zip(positions, events):
+        reason, _ = check_payload_schema(event, config)
+        if reason:
+            rejected.append((i, reason))
+        else:
+            valid.append(event)
+    rejected.sort(key=lambda r: r[0])
+    return valid, rejected, None
+
+
+def parse_payloads(raws: list, config) -> tuple[list[dict], list[tuple[int, str]]]:
+    """(events, rejected): :func:`parse_payload` of each payload, the parsed events in order and ``(position,
+    reason)`` of the payloads refused. A batch of payloads that all pass (the usual one) is parsed in C-level
+    passes; any doubt sends it payload by payload, which gives the reasons."""
+    kind = config.stream.kind
+    try:
+        events = _parse_all(raws, config.limits.max_event_bytes)
+        if events is not None and set(map(type, events)) <= {dict} and set(map(_KIND, events)) <= {kind}:
+            return events, []
+    except Exception:   # noqa: BLE001 - malformed or unhashable: decided payload by payload
+        pass
+    events, rejected = [], []
+    for i, raw in enumerate(raws):
+        reason, event = parse_payload(raw, config)
+        if reason:
+            rejected.append((i, reason))
+        else:
+            events.append(event)
+    return events, rejected
+
+
+def _parse_all(raws: list, limit: int) -> list | None:
+    """Every payload parsed (raises on malformed JSON); None when one is missing or over ``limit`` bytes."""
+    if None in raws or max(map(len, raws), default=0) > limit:
+        return None
+    return list(map(orjson.loads, raws))
 
 
 def check_payload_schema(event: dict, config) -> tuple[str | None, dict | None]:
@@ -70,20 +125,26 @@ class InputBatch:
     """A partition batch's messages as events: the built-in JSON shape (checked here) or a mapped ``[input]``
     format (``decoder``: :class:`stream_anon.inputs.Decoder`). ``events``/``sources``: the events the engine's
     reader sees and where each came from (the offset, or ``(offset, index)`` in a message holding several);
+    ``columns``: the events' fields as columns when the checks could give them (:func:`check_batch`), else None;
     ``rejected``: ``(source, reason, raw, event, opaque)`` for the dead letters; ``n``: events counted in."""
 
-    __slots__ = ("events", "sources", "rejected", "n")
+    __slots__ = ("events", "sources", "columns", "rejected", "n")
 
     def __init__(self, messages: list, config, decoder, topic: str, partition: int):
-        self.events, self.sources, self.rejected, self.n = [], [], [], 0
+        self.events, self.sources, self.columns, self.rejected, self.n = [], [], None, [], 0
         if decoder is None:
-            for (off, raw), (reason, event) in zip(messages, check_payloads([raw for _, raw in messages], config)):
-                if reason:
-                    self.rejected.append((off, reason, raw, None, False))
-                else:
-                    self.events.append(event)
-                    self.sources.append(off)
+            offsets = [off for off, _ in messages]
+            raws = [raw for _, raw in messages]
+            self.events, rejected, self.columns = check_batch(raws, config)
             self.n = len(messages)
+            if not rejected:
+                self.sources = offsets
+                return
+            refused = set()
+            for i, reason in rejected:
+                refused.add(i)
+                self.rejected.append((offsets[i], reason, raws[i], None, False))
+            self.sources = [off for i, off in enumerate(offsets) if i not in refused]
             return
         multi = config.input.multi
         for off, raw in messages:

@@ -4,10 +4,12 @@ consumer offsets in ONE Kafka transaction per partition batch (read-process-writ
 One thread runs the whole loop with confluent-kafka (librdkafka fetches and sends in its own threads, without the
 GIL): ``consume()`` a batch of up to ``batch_max`` messages, ``WorkerCore.process`` of each partition of the batch,
 then per partition ``WorkerCore.complete`` (the DP rows, when a second process releases the aggregates:
-aggregates_process.py) -> begin transaction -> produce the output -> produce the state record (state.py) ->
-``send_offsets_to_transaction`` (input offset + the state marker) -> commit. Group membership and rebalancing are
-the consumer's; partition assignment happens inside ``consume()``, between transactions, and recovers each new
-partition's state from the state topic (state.py).
+aggregates_process.py) -> begin transaction -> produce the output -> produce the state record (state.py; in parts
+when long) -> ``send_offsets_to_transaction`` (input offset + the state marker) -> commit. The partitions'
+transactions of a step are written one after the other and committed side by side (each partition has its own
+transactional producer; kafka/transactions.py); their outcomes are taken in the order written, each as if alone.
+Group membership and rebalancing are the consumer's; partition assignment happens inside ``consume()``, between
+transactions (none is under way then), and recovers each new partition's state from the state topic (state.py).
 
 Failures:
 - a transaction that fails is aborted and the partition is recovered again from Kafka (its in-memory state may
@@ -25,7 +27,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import uuid
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicCollection, \
     TopicPartition
@@ -37,13 +38,14 @@ from stream_anon.kafka.lineage import StreamLineage
 from stream_anon.kafka.partition import ConfigChangeRefused, KeyRotationRefused
 from stream_anon.kafka.retention import RetentionCheck, guard_raw_retention
 from stream_anon.kafka.state_cache import CommittedCache, read_to_barriers
+from stream_anon.kafka.transactions import TXN_TIMEOUT_S, CommitThreads, OpenTransaction, abort_or_fenced, \
+    fence_and_barrier, transactional_producer
 from stream_anon.kafka.watchdog import BrokerWatch
 from stream_anon.render import TOPICS, json_bytes
 
 log = logging.getLogger("stream_anon.worker")
 client_log = logging.getLogger("stream_anon.kafka.client")
 
-TXN_TIMEOUT_S = 60.0
 _UNSET = -1001                         # librdkafka's OFFSET_INVALID (no committed offset)
 # Compression of the transaction's batches (output, state records). lz4: the worker's CPU per event fell 8-20% in
 # paired end-to-end runs (fewer bytes through the broker), and every client reads it (kafka-python with the
@@ -71,24 +73,23 @@ class RateLimited(logging.Filter):
 client_log.addFilter(RateLimited())
 
 
-def transactional_producer(client_config: dict, app_id: str, partition: int, compression: str) -> Producer:
-    """The producer of one partition's transactions (``<app_id>-p<partition>``: initializing it fences a zombie)."""
-    return Producer({
-        **client_config, "transactional.id": st.transactional_id(app_id, partition),
-        "transaction.timeout.ms": int(TXN_TIMEOUT_S * 1000), "linger.ms": 5,
-        "batch.num.messages": 10000, "queue.buffering.max.messages": 2000000,
-        "queue.buffering.max.kbytes": 1048576, "message.max.bytes": st.MESSAGE_MAX_BYTES, "logger": client_log,
-        "compression.type": compression})
-
-
-def produce(prod: Producer, topic: str, value: bytes | None, key: bytes, partition: int | None = None) -> None:
-    kw = {"partition": partition} if partition is not None else {}
-    while True:
-        try:
-            prod.produce(topic, value, key, **kw)
-            return
-        except BufferError:            # local queue full: let librdkafka send, then retry
-            prod.poll(0.05)
+def by_partition(msgs, parts, halted) -> dict[int, list | None]:
+    """A consumed batch as ``(offset, value)`` per partition, in order; None for a partition that is halted or
+    not (or no longer) this worker's (its messages are dropped: it is sought again when it resumes)."""
+    out: dict[int, list | None] = {}
+    for m in msgs:
+        err = m.error()
+        if err is not None:
+            if err.code() != KafkaError._PARTITION_EOF:
+                client_log.warning("consumer: %s", err)
+            continue
+        p = m.partition()
+        batch = out.get(p, False)
+        if batch is False:
+            batch = out[p] = [] if p in parts and p not in halted else None
+        if batch is not None:
+            batch.append((m.offset(), m.value()))
+    return out
 
 
 def end_offsets(consumer: Consumer, topic: str, partitions) -> dict[int, int | None]:
@@ -101,30 +102,6 @@ def end_offsets(consumer: Consumer, topic: str, partitions) -> dict[int, int | N
         except KafkaException:
             out[p] = None
     return out
-
-
-def fence_and_barrier(prod: Producer, state_topic: str, stream: str, partition: int) -> bytes:
-    """Initialize the partition's transactional producer (fences a zombie, ends a transaction it left open) and
-    commit a barrier with a fresh nonce to the state partition (kafka/state.py: how far recovery reads)."""
-    prod.init_transactions(TXN_TIMEOUT_S)
-    nonce = uuid.uuid4().hex.encode()
-    prod.begin_transaction()
-    produce(prod, state_topic, st.encode_barrier(nonce), st.barrier_key(stream, partition), partition)
-    prod.commit_transaction(TXN_TIMEOUT_S)
-    return nonce
-
-
-def produce_state(prod: Producer, topic: str, stream: str, partition: int, seq: int, value: bytes,
-                  obsolete: dict[int, int], part_bytes: int = st.PART_MAX_BYTES) -> int:
-    """Transaction ``seq``'s state record, in parts of at most ``part_bytes`` when longer, and tombstones for the
-    records of ``obsolete`` (sequence number -> the values it was written as). Returns the values written."""
-    values = st.split_value(value, part_bytes)
-    for key, part in zip(st.record_keys(stream, partition, seq, len(values)), values):
-        produce(prod, topic, part, key, partition)
-    for old, parts in obsolete.items():
-        for key in st.record_keys(stream, partition, old, parts):
-            produce(prod, topic, None, key, partition)
-    return len(values)
 
 
 # the loop's counters (/metrics and the throughput metric on anon.metrics)
@@ -206,6 +183,33 @@ def ensure_state_topic(admin: AdminClient, topic: str, partitions: int, exists: 
         raise RuntimeError(f"state topic {topic}: {problem}")
 
 
+class MetricSender:
+    """The worker's own messages on ``anon.metrics`` (throughput, partition alerts, the retention guard's, the
+    lineage's and the operator's steps'), through a plain producer; each is shown to ``note`` first (the worker's
+    stats keep an alert's time); a metric that cannot be sent is logged: metrics never stop processing."""
+
+    def __init__(self, stream: str, note=None):
+        self.stream, self.producer, self.note = stream, None, note
+
+    def start(self, client_config: dict, compression: str) -> None:
+        self.producer = Producer({**client_config, "logger": client_log, "linger.ms": 20,
+                                  "compression.type": compression})
+
+    def send(self, doc: dict) -> None:
+        doc = {"stream": self.stream, "ts": time.time(), **doc}
+        if self.note is not None:
+            self.note(doc)
+        try:
+            self.producer.produce(TOPICS.metrics, json_bytes(doc), self.stream.encode())
+            self.producer.poll(0)
+        except (BufferError, KafkaException) as exc:
+            client_log.warning("metric not sent: %s", exc)
+
+    def close(self) -> None:
+        if self.producer is not None:
+            self.producer.flush(5)
+
+
 class KafkaLoop:
     """The batch loop of one worker (see the module docstring); ``run()`` is the thread's target."""
 
@@ -239,7 +243,8 @@ class KafkaLoop:
         self.cache = CommittedCache(cache_dir, core.app_id, core.stream)
         self.lineage = StreamLineage(self.cfg, core.app_id, core.stream, self.cache, new_lineage)
         self._consumer: Consumer | None = None
-        self._plain: Producer | None = None
+        self.metrics = MetricSender(core.stream, core.stats.note_alert)
+        self.commits = CommitThreads()                   # a step's partition transactions commit side by side
         self._last_metric = 0.0
         self.highwater: dict[int, int] = {}
 
@@ -269,9 +274,8 @@ class KafkaLoop:
                            exists=self.state_topic in md.topics, part_bytes=self.state_part_bytes)
         self.lineage.topic.ensure(admin)
         self._admin = admin
-        self._plain = Producer({**self.cfg, "logger": client_log, "linger.ms": 20,
-                                "compression.type": self.compression})
-        self.retention = guard_raw_retention(admin, self.input, self.core.config.stream, self._send_metric)
+        self.metrics.start(self.cfg, self.compression)
+        self.retention = guard_raw_retention(admin, self.input, self.core.config.stream, self.metrics.send)
         self._consumer = Consumer({
             **self.cfg, "group.id": self.core.app_id, "enable.auto.commit": False,
             "isolation.level": "read_committed", "auto.offset.reset": "earliest",
@@ -288,43 +292,36 @@ class KafkaLoop:
                 self._consumer.close()          # leaves the group: the partitions move at once
         except Exception:  # pragma: no cover - best effort on the way out
             log.debug("consumer close failed", exc_info=True)
+        self.commits.shutdown()
         for prod in self.producers.values():
             prod.flush(5)
-        if self._plain is not None:
-            self._plain.flush(5)
+        self.metrics.close()
         self.core.close()
 
     # ---- one step ---------------------------------------------------------------------------------------------
     def _step(self) -> None:
         msgs = self._consumer.consume(num_messages=self.batch_max, timeout=self.batch_within_s)
         arrived = time.time()
-        by_part: dict[int, list] = {}
-        for m in msgs:
-            err = m.error()
-            if err is not None:
-                if err.code() != KafkaError._PARTITION_EOF:
-                    client_log.warning("consumer: %s", err)
-                continue
-            p = m.partition()
-            if p in self.halted or p not in self.core.parts:
-                continue
-            by_part.setdefault(p, []).append((m.offset(), m.value()))
+        by_part = by_partition(msgs, self.core.parts, self.halted)
         # every partition's batch first, then their transactions: with the DP aggregates in their own process
         # (aggregates_process.py), a partition's aggregates are released there while the next one's engine runs
-        # here. The partitions are independent: one failing to commit is recovered alone.
-        done = []
-        for p, batch in by_part.items():
-            ps = self.core.parts.get(p)
-            if ps is None or p in self.halted:
-                continue
-            done.append((ps, batch, self.core.process(ps, batch)))
+        # here. Each transaction is written, then its commit runs beside the next one's writing (one producer per
+        # partition); the outcomes are taken in order. The partitions are independent: one failing to commit is
+        # recovered (or halted, or dropped) alone.
+        done = [(self.core.parts[p], batch) for p, batch in by_part.items() if batch is not None]
+        done = [(ps, batch, self.core.process(ps, batch)) for ps, batch in done]
+        started = []
         for ps, batch, out in done:
             out = self.core.complete(ps, out, batch)
-            if (out.last_offset != ps.offset or out.messages) and self._commit(ps, out.messages, out.last_offset):
+            if out.last_offset != ps.offset or out.messages:
+                started.append((self._start_commit(ps, out.messages, out.last_offset), out))
+        for committed, (_, out) in zip(self._settle([txn for txn, _ in started]), started):
+            if committed:
                 self.core.stats.note_commit(out.releases, arrived)
         # Idle means the stream is quiet, not that the broker is: the partitions must have been without input since
         # a broker that was answering (a probe sent at least flush_when_idle_s after the last input and after the
         # end of the last outage answered); a flush during a broker pause would make the pause's backlog late.
+        self.watch.probe_by(self.core.idle_due_at(not_before=self.watch.outage_ended_at))
         for ps in self.core.idle_partitions(answered_at=self.watch.answered_at, not_before=self.watch.outage_ended_at):
             if ps.partition not in self.halted:
                 self._flush(ps)
@@ -336,49 +333,49 @@ class KafkaLoop:
     # ---- transactions -----------------------------------------------------------------------------------------
     def _commit(self, ps, messages: list, offset: int, flush_pending: bool = False) -> bool:
         """Output, state and offsets of one partition batch in one transaction. False: not committed (the
-        partition was recovered again from Kafka, or dropped)."""
-        p = ps.partition
-        prod = self.producers[p]
-        seq = ps.seq + 1
-        rec = self.core.state_record(ps, seq, offset, flush_pending)
-        state_value = st.encode_state(rec)
-        try:
-            prod.begin_transaction()
-            for topic, key, value in messages:
-                produce(prod, topic, value, key)
-            # the chain before a full record is obsolete: tombstones for compaction
-            obsolete = {old: ps.record_parts.get(old, 1) for old in range(ps.chain_start, seq)} if rec.full else {}
-            parts = produce_state(prod, self.state_topic, self.core.stream, p, seq, state_value, obsolete,
-                                  self.state_part_bytes)
-            offsets = [TopicPartition(self.input, p, offset + 1), TopicPartition(self.state_topic, p, seq)]
-            self._end_transaction(prod, offsets)
-        except KafkaException as exc:
-            self._failed(ps, prod, exc)
-            return False
-        ps.note_committed(rec, parts)
-        self.counters["transactions"] += 1
-        self.counters["full_state_records"] += rec.full
-        self.counters["state_bytes"] += len(state_value)
-        self.watch.restored()
-        self.cache.write(ps)
-        return True
+        partition was recovered again from Kafka, halted, or dropped)."""
+        return self._settle([self._start_commit(ps, messages, offset, flush_pending)])[0]
 
-    def _end_transaction(self, prod: Producer, offsets: list) -> None:
-        """Offsets (input position and state marker) into the transaction, then commit it."""
-        prod.send_offsets_to_transaction(offsets, self._consumer.consumer_group_metadata(), TXN_TIMEOUT_S)
+    def _start_commit(self, ps, messages: list, offset: int, flush_pending: bool = False) -> OpenTransaction:
+        """Write a partition batch's transaction (output, state record in parts, tombstones) and start its commit
+        (offsets, then commit: it waits for the broker) in a thread of its own; :meth:`_settle` ends it."""
+        p = ps.partition
+        txn = OpenTransaction(ps, self.producers[p], self.core.state_record(ps, ps.seq + 1, offset, flush_pending))
+        txn.write(messages, self.state_topic, self.core.stream, self.state_part_bytes)
+        offsets = [TopicPartition(self.input, p, offset + 1), TopicPartition(self.state_topic, p, txn.rec.seq)]
+        # the group's metadata read here, on the consumer's thread: a commit thread asking the consumer would wait
+        # for consume() to return, and a commit inside a rebalance callback (_on_assign's flush) never would
+        self.commits.start(txn, self._end_transaction, offsets, self._consumer.consumer_group_metadata())
+        return txn
+
+    def _settle(self, txns: list[OpenTransaction]) -> list[bool]:
+        """Wait for the started commits, then take each outcome in order (False: failed, see :meth:`_failed`)."""
+        done = []
+        for txn, failure in zip(txns, self.commits.settle(txns)):
+            if failure is not None:
+                self._failed(txn.ps, txn.prod, failure)
+                done.append(False)
+                continue
+            txn.ps.note_committed(txn.rec, txn.parts)
+            self.counters["transactions"] += 1
+            self.counters["full_state_records"] += txn.rec.full
+            self.counters["state_bytes"] += len(txn.state_value)
+            self.watch.restored()
+            self.cache.write(txn.ps)
+            done.append(True)
+        return done
+
+    def _end_transaction(self, prod: Producer, offsets: list, group) -> None:
+        """Offsets (input position and state marker) into the transaction, then commit it (in a commit thread:
+        ``group`` is the consumer's group metadata)."""
+        prod.send_offsets_to_transaction(offsets, group, TXN_TIMEOUT_S)
         prod.commit_transaction(TXN_TIMEOUT_S)
 
     def _failed(self, ps, prod: Producer, exc: KafkaException) -> None:
         err = exc.args[0]
         self.counters["aborted"] += 1
         p = ps.partition
-        fenced = err.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH) \
-            or err.fatal()
-        if not fenced:
-            try:
-                prod.abort_transaction(TXN_TIMEOUT_S)
-            except KafkaException:
-                fenced = True
+        fenced = abort_or_fenced(prod, err)
         if not fenced and err.code() == KafkaError.MSG_SIZE_TOO_LARGE:   # the batch would fail again
             self._halt(p, st.HALT_MESSAGE_TOO_LARGE, f"a message of the batch after input offset {ps.offset} is over "
                        f"the producer's message.max.bytes ({st.MESSAGE_MAX_BYTES}): {err.str()}")
@@ -437,7 +434,10 @@ class KafkaLoop:
         self.halted.pop(p, None)
         prod = self.producers.pop(p, None)
         if prod is not None:
-            prod.flush(1)
+            try:
+                prod.flush(1)
+            except KafkaException as exc:   # fenced: what it still holds belongs to a transaction never committed
+                log.debug("partition %s: producer not flushed (%s)", p, exc)
 
     def _recover_and_seek(self, p: int) -> None:
         start = self._recover([p])[p]
@@ -468,10 +468,10 @@ class KafkaLoop:
                                    self.cache.read(p), topic_id, self.accept_input_reset, kid=self.core.kid,
                                    settings=self.core.settings, accept_config_change=self.accept_config_change,
                                    rotate_from=self.rotate_from) for p in parts}
-        self.lineage.place(recs, self._send_metric, self.counters, {p for p in parts if not logs[p].values})
+        self.lineage.place(recs, self.metrics.send, self.counters, {p for p in parts if not logs[p].values})
         starts = {}
         for p in parts:
-            ps = resume_partition(self.core, p, recs[p], self.counters, self._send_metric)
+            ps = resume_partition(self.core, p, recs[p], self.counters, self.metrics.send)
             if ps is None:
                 self._halt(p, recs[p].halt, recs[p].detail)
             else:
@@ -485,17 +485,8 @@ class KafkaLoop:
         self.halted[p] = {"reason": reason, "detail": detail, "since": time.time()}
         log.error("partition %s HALTED (%s): %s. It stays paused until an operator decides (docs/operations.md, "
                   "Faults and what the worker does).", p, reason, detail)
-        self._send_metric({"type": "alert", "alert": "partition_halted", "partition": p, "reason": reason,
-                           "detail": detail})
-
-    def _send_metric(self, doc: dict) -> None:
-        doc = {"stream": self.core.stream, "ts": time.time(), **doc}
-        self.core.stats.note_alert(doc)
-        try:
-            self._plain.produce(TOPICS.metrics, json_bytes(doc), self.core.stream.encode())
-            self._plain.poll(0)
-        except (BufferError, KafkaException) as exc:   # metrics never stop processing
-            client_log.warning("metric not sent: %s", exc)
+        self.metrics.send({"type": "alert", "alert": "partition_halted", "partition": p, "reason": reason,
+                          "detail": detail})
 
     def _publish_metrics(self) -> None:
         positions = {p: ps.offset + 1 for p, ps in self.core.parts.items()}
@@ -505,4 +496,4 @@ class KafkaLoop:
                                                 highwaters)
         doc.update({"connected": self.watch.connected, "halted": {str(p): h["reason"] for p, h in self.halted.items()},
                     **self.counters})
-        self._send_metric(doc)
+        self.metrics.send(doc)

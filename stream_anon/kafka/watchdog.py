@@ -1,7 +1,9 @@
 """Whether the worker can reach its broker: a metadata request every ``probe_interval_s`` from a client of its own
 (the loop's thread may be blocked in a transaction meanwhile) and the client library's error callbacks. One
 WARNING when the connection is lost and one when it is back; the idle flush counts quiet time only from the end of
-an outage and from answers the broker gave (``answered_at``)."""
+an outage and from answers the broker gave (``answered_at``). The loop may ask for a probe at a given time
+(:meth:`BrokerWatch.probe_by`: when the partitions' quiet time is up) so that the idle flush does not wait up to an
+interval more for the next one."""
 from __future__ import annotations
 
 import logging
@@ -17,6 +19,7 @@ client_log = logging.getLogger("stream_anon.kafka.client")
 
 PROBE_INTERVAL_S = 2.0                 # the metadata request, every ...
 PROBE_TIMEOUT_S = 4.0                  # ... unanswered after this: the broker is lost
+ASKED_WITHIN_S = 0.05                  # a probe asked for (probe_by) is sent within this of its time
 
 
 class BrokerWatch:
@@ -25,6 +28,8 @@ class BrokerWatch:
         self.connected = True
         self.answered_at = -math.inf           # when the last answered probe was sent
         self.outage_ended_at = -math.inf
+        self.sent_at = -math.inf               # when the last probe was sent
+        self.asked_at = math.inf               # a probe is wanted from this time on (probe_by)
         self.probe_interval_s, self.probe_timeout_s = PROBE_INTERVAL_S, PROBE_TIMEOUT_S
         self._lock = threading.Lock()
 
@@ -49,11 +54,23 @@ class BrokerWatch:
                 self.outage_ended_at = time.monotonic()
                 log.warning("broker connection restored")
 
+    def probe_by(self, when: float) -> None:
+        """Have a probe sent at ``when`` (monotonic time) if the next one would come later (none is asked for a
+        time a probe was already sent after)."""
+        if when > self.sent_at:
+            self.asked_at = min(self.asked_at, when)
+
     def run(self) -> None:
         """The probing thread's target, until ``stopping`` is set."""
         admin = AdminClient({**self.cfg, "logger": client_log})
-        while not self.stopping.wait(self.probe_interval_s):
+        self.sent_at = time.monotonic()        # the first probe an interval after the start
+        while not self.stopping.wait(min(self.probe_interval_s, ASKED_WITHIN_S)):
             sent = time.monotonic()
+            if sent < min(self.sent_at + self.probe_interval_s, self.asked_at):
+                continue
+            self.sent_at = sent
+            if self.asked_at <= sent:
+                self.asked_at = math.inf
             try:
                 admin.list_topics(topic=self.topic, timeout=self.probe_timeout_s)
             except Exception as exc:  # noqa: BLE001 - KafkaException (timeout, transport) or anything else

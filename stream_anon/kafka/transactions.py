@@ -1,0 +1,152 @@
+"""One partition's transactions: its transactional producer, what a partition batch's transaction holds (the output
+messages, the partition's state record, in parts when long, and the tombstones of the records it makes obsolete),
+and the commits of a step's transactions side by side.
+
+Each partition has its own transactional producer (``<app_id>-p<partition>``), so the commits of a step's
+partitions are independent: :class:`CommitThreads` runs each commit (``send_offsets_to_transaction`` + commit,
+which wait for the broker) in a thread of its own while the loop writes the next partition's transaction, and
+hands the outcomes back in the order the transactions were started. Every transaction still holds one partition's
+output, state and offsets, and the loop takes each outcome as if it had committed them one by one
+(kafka/loop.py)."""
+from __future__ import annotations
+
+import logging
+import uuid
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+from stream_anon.kafka import state as st
+
+client_log = logging.getLogger("stream_anon.kafka.client")
+
+TXN_TIMEOUT_S = 60.0
+COMMIT_THREADS = 8                     # commits under way at once (one per partition of a step)
+
+
+def transactional_producer(client_config: dict, app_id: str, partition: int, compression: str) -> Producer:
+    """The producer of one partition's transactions (``<app_id>-p<partition>``: initializing it fences a zombie)."""
+    return Producer({
+        **client_config, "transactional.id": st.transactional_id(app_id, partition),
+        "transaction.timeout.ms": int(TXN_TIMEOUT_S * 1000), "linger.ms": 5,
+        "batch.num.messages": 10000, "queue.buffering.max.messages": 2000000,
+        "queue.buffering.max.kbytes": 1048576, "message.max.bytes": st.MESSAGE_MAX_BYTES, "logger": client_log,
+        "compression.type": compression})
+
+
+def produce(prod: Producer, topic: str, value: bytes | None, key: bytes, partition: int | None = None) -> None:
+    kw = {"partition": partition} if partition is not None else {}
+    while True:
+        try:
+            prod.produce(topic, value, key, **kw)
+            return
+        except BufferError:            # local queue full: let librdkafka send, then retry
+            prod.poll(0.05)
+
+
+def produce_all(prod: Producer, messages: list) -> None:
+    """Every ``(topic, key, value)`` message, in order (a full local queue waits in :func:`produce`)."""
+    send = prod.produce
+    for topic, key, value in messages:
+        try:
+            send(topic, value, key)
+        except BufferError:
+            produce(prod, topic, value, key)
+
+
+def fence_and_barrier(prod: Producer, state_topic: str, stream: str, partition: int) -> bytes:
+    """Initialize the partition's transactional producer (fences a zombie, ends a transaction it left open) and
+    commit a barrier with a fresh nonce to the state partition (kafka/state.py: how far recovery reads)."""
+    prod.init_transactions(TXN_TIMEOUT_S)
+    nonce = uuid.uuid4().hex.encode()
+    prod.begin_transaction()
+    produce(prod, state_topic, st.encode_barrier(nonce), st.barrier_key(stream, partition), partition)
+    prod.commit_transaction(TXN_TIMEOUT_S)
+    return nonce
+
+
+def produce_state(prod: Producer, topic: str, stream: str, partition: int, seq: int, value: bytes,
+                  obsolete: dict[int, int], part_bytes: int = st.PART_MAX_BYTES) -> int:
+    """Transaction ``seq``'s state record, in parts of at most ``part_bytes`` when longer, and tombstones for the
+    records of ``obsolete`` (sequence number -> the values it was written as). Returns the values written."""
+    values = st.split_value(value, part_bytes)
+    for key, part in zip(st.record_keys(stream, partition, seq, len(values)), values):
+        produce(prod, topic, part, key, partition)
+    for old, parts in obsolete.items():
+        for key in st.record_keys(stream, partition, old, parts):
+            produce(prod, topic, None, key, partition)
+    return len(values)
+
+
+def abort_or_fenced(prod: Producer, err: KafkaError) -> bool:
+    """True when the producer was fenced (or failed fatally): another worker owns its partition; else the failed
+    transaction is aborted (an abort that fails counts as fenced)."""
+    if err.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH) or err.fatal():
+        return True
+    try:
+        prod.abort_transaction(TXN_TIMEOUT_S)
+    except KafkaException:
+        return True
+    return False
+
+
+class OpenTransaction:
+    """A partition batch's transaction from its writing (:meth:`write`) to its outcome (:meth:`CommitThreads.settle`):
+    the partition's output messages, its state record ``rec`` (encoded: ``state_value``, written as ``parts``
+    values) and tombstones, then the offsets and the commit."""
+
+    __slots__ = ("ps", "prod", "rec", "state_value", "parts", "ending", "failure")
+
+    def __init__(self, ps, prod: Producer, rec: st.StateRecord):
+        self.ps, self.prod, self.rec, self.state_value = ps, prod, rec, st.encode_state(rec)
+        self.parts = 0
+        self.ending: Future | None = None             # the commit under way
+        self.failure: KafkaException | None = None    # writing or committing the transaction failed
+
+    def write(self, messages: list, state_topic: str, stream: str, part_bytes: int) -> None:
+        """Begin the transaction and write into it the output ``messages``, the state record and, after a full
+        record, tombstones for the chain before it (obsolete: compaction drops them). A failure is kept in
+        ``failure`` (the transaction is then to be aborted)."""
+        ps, rec = self.ps, self.rec
+        obsolete = {old: ps.record_parts.get(old, 1) for old in range(ps.chain_start, rec.seq)} if rec.full else {}
+        try:
+            self.prod.begin_transaction()
+            produce_all(self.prod, messages)
+            self.parts = produce_state(self.prod, state_topic, stream, ps.partition, rec.seq, self.state_value,
+                                       obsolete, part_bytes)
+        except KafkaException as exc:
+            self.failure = exc
+
+
+class CommitThreads:
+    """The commits of a step's transactions, side by side: :meth:`start` runs ``end(prod, *args)`` (offsets into
+    the transaction, then its commit) in a thread of its own; :meth:`settle` waits for all of them and gives each
+    transaction's failure (None: committed) in the order given. ``end`` touches no consumer: confluent-kafka
+    serializes a consumer's calls, and the loop may be inside ``consume()`` (a rebalance callback) meanwhile."""
+
+    def __init__(self):
+        self._pool: ThreadPoolExecutor | None = None
+
+    def start(self, txn: OpenTransaction, end, *args) -> None:
+        if txn.failure is not None:                  # not written whole: nothing to commit
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=COMMIT_THREADS, thread_name_prefix="txn-commit")
+        txn.ending = self._pool.submit(end, txn.prod, *args)
+
+    @staticmethod
+    def settle(txns: list[OpenTransaction]) -> list[KafkaException | None]:
+        """Each transaction's failure, once every commit has ended (an exception other than Kafka's is raised: the
+        loop stops, as it would have committing one by one)."""
+        wait([t.ending for t in txns if t.ending is not None])
+        for txn in txns:
+            if txn.failure is None and txn.ending is not None:
+                try:
+                    txn.ending.result()
+                except KafkaException as exc:
+                    txn.failure = exc
+        return [txn.failure for txn in txns]
+
+    def shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
