@@ -218,9 +218,19 @@ def setup_stream(tmp_path, bootstrap, name):
 
 
 def collect(bootstrap, name, events_expected_published=None):
-    """(manifests by release_id, copies per release_id, record tokens by release_id, dead letters by source)."""
+    """(manifests by release_id, copies per release_id, record tokens by release_id, dead letters by source).
+
+    The three topics are read side by side (each read ends after a quiet period); the records are read again, to
+    at least the count the manifests publish, when the first read came back short."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    records_topic = f"anon.{name}.records"
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        releases_read = pool.submit(read_all, bootstrap, "anon.releases", stream=name)
+        records_read = pool.submit(read_all, bootstrap, records_topic)
+        dead_read = pool.submit(read_all, bootstrap, "anon.deadletter", stream=name)
     manifests, copies = {}, Counter()
-    for key, doc, _, _ in read_all(bootstrap, "anon.releases", stream=name):
+    for key, doc, _, _ in releases_read.result():
         assert key == doc["release_id"]
         copies[doc["release_id"]] += 1
         if doc["release_id"] in manifests:     # a re-produced release is identical (deterministic engine)
@@ -230,12 +240,14 @@ def collect(bootstrap, name, events_expected_published=None):
         manifests.setdefault(doc["release_id"], doc)
     need = sum(m["published"] * copies[r] for r, m in manifests.items())
     records = defaultdict(list)
-    raw_records = read_all(bootstrap, f"anon.{name}.records", min_count=need)
+    raw_records = records_read.result()
+    if len(raw_records) < need:
+        raw_records = read_all(bootstrap, records_topic, min_count=need)
     for key, doc, _, _ in raw_records:
         assert key == doc["release_id"]
         records[doc["release_id"]].append(doc)
     dead = {}
-    for _, doc, _, _ in read_all(bootstrap, "anon.deadletter", stream=name):
+    for _, doc, _, _ in dead_read.result():
         s = doc["source"]
         dead.setdefault((s["topic"], s["partition"], s["offset"]), doc)
     return manifests, copies, records, dead

@@ -88,7 +88,9 @@ class AggregatesProcess:
         self._proc.start()
         self._outstanding: collections.deque[Pending] = collections.deque()
         self.closed = False
-        self.call("init", None, config, secret, dumps, setup)
+        # not waited for here: the child imports (~2 s) while the worker joins its consumer group; the first call
+        # that waits for a reply (a partition's open) waits for it first and raises its error
+        self._init: Pending | None = self.send("init", None, config, secret, dumps, setup)
 
     @property
     def pid(self) -> int | None:
@@ -105,7 +107,11 @@ class AggregatesProcess:
         return reply
 
     def call(self, op: str, partition: int | None, *args):
-        return self.send(op, partition, *args).result()
+        reply = self.send(op, partition, *args)
+        if self._init is not None:
+            init, self._init = self._init, None
+            init.result()
+        return reply.result()
 
     def _wait(self, reply: Pending) -> None:
         while not reply.done:

@@ -10,6 +10,7 @@ Run: ``STREAM_ANON_SECRET=... stream-anon worker --config configs/oyster.toml --
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
 import logging
 import os
@@ -133,6 +134,14 @@ def make_app(config, bootstrap: str, state_dir, app_id: str | None = None, secre
     return app
 
 
+class _Worker(faust.Worker):
+    async def _sentinel_task(self) -> None:
+        # mode's worker lets the event loop run one more second before closing it; by then LoopService.on_stop has
+        # joined the loop's thread (batch committed or aborted, consumer closed, producers flushed): a stop need not
+        # wait that second
+        await asyncio.sleep(0.05)
+
+
 def _setup_logging(level: str, fmt: str = "text") -> None:
     logsetup.setup_logging(level, fmt)
 
@@ -157,7 +166,7 @@ def run_worker(config, bootstrap: str, state_dir, app_id: str | None = None, sec
     """Run the worker in this process until SIGTERM/SIGINT (or until its loop fails: then exit code 70)."""
     app = make_app(config, bootstrap, state_dir, app_id=app_id, secret=secret, **app_kwargs)
     tune_gc()
-    worker = faust.Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False, override_logging=False)
+    worker = _Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False, override_logging=False)
     if not worker.stdout.isatty():
         worker.spinner = None          # its cursor controls (\b, ESC[?25h) are for terminals only
     try:

@@ -55,6 +55,7 @@ log = logging.getLogger("stream_anon.worker")
 
 HALT_LINEAGE_LOST = "lineage_lost"
 READ_WAIT_S = 60.0
+POLL_S = 0.05           # a reader's poll: it lasts its whole timeout unless its batch fills
 
 
 def lineage_topic(app_id: str) -> str:
@@ -148,7 +149,9 @@ class LineageTopic:
         self._producer: Producer | None = None
 
     def ensure(self, admin) -> None:
-        """Create the topic (one partition, compacted) unless it exists."""
+        """Create the topic (one partition, compacted) unless it exists, and the producer: an idempotent producer
+        takes its producer id in the background (about a second on the Tansu broker) while the worker joins its
+        consumer group, instead of when the first recovery writes its barrier."""
         fut = admin.create_topics([NewTopic(self.topic, 1, 1, config={"cleanup.policy": "compact"})])
         for f in fut.values():
             try:
@@ -156,11 +159,15 @@ class LineageTopic:
             except KafkaException as exc:
                 if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                     raise
+        self._producer_ready()
 
-    def _produce(self, key: str, doc: dict) -> None:
+    def _producer_ready(self) -> Producer:
         if self._producer is None:
             self._producer = Producer({**self.cfg, "enable.idempotence": True, "acks": "all"})
-        self._producer.produce(self.topic, json_bytes(doc), key.encode(), partition=0)
+        return self._producer
+
+    def _produce(self, key: str, doc: dict) -> None:
+        self._producer_ready().produce(self.topic, json_bytes(doc), key.encode(), partition=0)
         if self._producer.flush(30) != 0:
             raise RuntimeError(f"lineage topic {self.topic}: a record was not acknowledged within 30 s")
 
@@ -175,10 +182,11 @@ class LineageTopic:
         reader = Consumer({**self.cfg, "group.id": f"{self.topic}-reader", "enable.auto.commit": False})
         out: list[dict] = []
         try:
+            reader.list_topics(self.topic, timeout=30)    # leader known: no 500 ms wait before the first fetch
             reader.assign([TopicPartition(self.topic, 0, OFFSET_BEGINNING)])
             deadline = time.monotonic() + READ_WAIT_S
             while time.monotonic() < deadline:
-                for m in reader.consume(num_messages=500, timeout=0.2):
+                for m in reader.consume(num_messages=500, timeout=POLL_S):
                     if m.error() is not None or not m.value():
                         continue
                     try:
@@ -223,9 +231,14 @@ def manifest_lineages(client_config: dict, stream: str, quiet_s: float = 0.5, ma
                 ends[p] = 0
         tps = [TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts]
         reader.assign(tps)
-        deadline = time.monotonic() + max_s
+        deadline = quiet_since = time.monotonic()
+        deadline += max_s
         while time.monotonic() < deadline:
-            msgs = reader.consume(num_messages=1000, timeout=quiet_s)
+            # short polls (a poll lasts its whole timeout unless 1000 messages come): quiet_s is measured from the
+            # last message, not waited out once per poll
+            msgs = reader.consume(num_messages=1000, timeout=min(quiet_s, POLL_S))
+            if msgs:
+                quiet_since = time.monotonic()
             for m in msgs:
                 key = m.key() or b""
                 if m.error() is not None or not key.startswith(prefix):
@@ -237,8 +250,8 @@ def manifest_lineages(client_config: dict, stream: str, quiet_s: float = 0.5, ma
                 if isinstance(doc, dict) and doc.get("stream") == stream:
                     found.setdefault(str(doc.get("lineage")), set()).add(doc.get("partition"))
             # the consumer's position passes transaction markers, which no message shows
-            if not msgs and all(ends[tp.partition] <= 0 or tp.offset >= ends[tp.partition]
-                                for tp in reader.position(tps)):
+            if not msgs and time.monotonic() - quiet_since >= quiet_s and \
+                    all(ends[tp.partition] <= 0 or tp.offset >= ends[tp.partition] for tp in reader.position(tps)):
                 return found
         log.warning("stream %s: anon.releases not read to its end within %s s: lineages of the stream found so far: "
                     "%s", stream, max_s, sorted(found) or "none")

@@ -27,10 +27,13 @@ def read_to_barriers(client_config: dict, group_id: str, state_topic: str, nonce
     logs = {p: st.StateLog() for p in nonces}
     waiting = set(nonces)
     try:
+        # the topic's metadata first: assigned before its leader is known, the reader waits out librdkafka's 500 ms
+        # offset query timer
+        reader.list_topics(state_topic, timeout=30)
         reader.assign([TopicPartition(state_topic, p, OFFSET_BEGINNING) for p in nonces])
         deadline = time.monotonic() + BARRIER_WAIT_S
         while waiting and time.monotonic() < deadline:
-            for m in reader.consume(num_messages=1000, timeout=0.2):
+            for m in reader.consume(num_messages=1000, timeout=0.05):     # a poll lasts its whole timeout
                 p = m.partition()
                 if m.error() is not None or p not in waiting:
                     continue
