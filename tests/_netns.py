@@ -24,7 +24,7 @@ from stream_anon.kafka.supervise import OutputReader, secret_env, stop_worker_pr
 from _worker_harness import harness_entry
 
 ROOT = Path(__file__).resolve().parents[1]
-SESSION_TIMEOUT_S = 6.0          # the worker consumer's session.timeout.ms (stream_anon/kafka/loop.py)
+SESSION_TIMEOUT_S = float(os.environ.get("STREAM_ANON_SESSION_TIMEOUT_S") or 6.0)   # the workers' (--session-timeout)
 
 
 def unavailable() -> str | None:

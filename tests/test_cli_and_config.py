@@ -320,3 +320,24 @@ def test_an_unreachable_broker_at_start_is_one_line_and_exit_2(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("stream-anon worker: broker 127.0.0.1:9 (PLAINTEXT) unreachable: "
                                                    "no answer to a metadata request within 2 s"), out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_worker_session_timeout_from_flag_or_environment_and_refused_out_of_range(monkeypatch, capsys):
+    """--session-timeout (or STREAM_ANON_SESSION_TIMEOUT_S) sets the consumer's session and heartbeat; outside
+    1-300 s it is one argparse line and exit 2."""
+    from stream_anon.kafka.app import build_parser as worker_parser
+    from stream_anon.kafka.loop import group_timeouts
+
+    base = ["--config", "c.toml", "--broker", "127.0.0.1:9092"]
+    monkeypatch.delenv("STREAM_ANON_SESSION_TIMEOUT_S", raising=False)
+    assert worker_parser().parse_args(base).session_timeout == 6.0
+    assert group_timeouts(6.0) == {"session.timeout.ms": 6000, "heartbeat.interval.ms": 1000}
+    monkeypatch.setenv("STREAM_ANON_SESSION_TIMEOUT_S", "2")
+    assert worker_parser().parse_args(base).session_timeout == 2.0
+    assert worker_parser().parse_args(base + ["--session-timeout", "10"]).session_timeout == 10.0
+    assert group_timeouts(2.0) == {"session.timeout.ms": 2000, "heartbeat.interval.ms": 333}
+    for bad in ("0.5", "nan", "301", "soon"):
+        with pytest.raises(SystemExit) as exc:
+            worker_parser().parse_args(base + ["--session-timeout", bad])
+        assert exc.value.code == 2
+        assert "--session-timeout" in capsys.readouterr().err

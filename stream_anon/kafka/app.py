@@ -29,7 +29,7 @@ from stream_anon import connection as kafka_connection
 from stream_anon.connection import as_connection
 from stream_anon.config import load_config
 from stream_anon.kafka.core import WorkerCore
-from stream_anon.kafka.loop import COMPRESSIONS, DEFAULT_COMPRESSION, KafkaLoop
+from stream_anon.kafka.loop import COMPRESSIONS, DEFAULT_COMPRESSION, SESSION_TIMEOUT_S, KafkaLoop, group_timeouts
 from stream_anon.kafka.state import MIN_PART_BYTES, PART_MAX_BYTES, checked_part_bytes
 from stream_anon.validation import ALLOW_OUTSIDE_FLAG, ALLOW_OUTSIDE_HELP
 from stream_anon.kafka.observe import prometheus_text, readiness
@@ -63,7 +63,7 @@ def make_app(config, bootstrap: str, state_dir, app_id: str | None = None, secre
              accept_input_reset: bool = False, client_config: dict | None = None,
              compression: str = DEFAULT_COMPRESSION, aggregates_process: str = "auto",
              accept_config_change: bool = False, new_lineage: bool = False, previous_secret: bytes | None = None,
-             state_part_bytes: int = PART_MAX_BYTES):
+             state_part_bytes: int = PART_MAX_BYTES, session_timeout_s: float = SESSION_TIMEOUT_S):
     """The faust app of one worker and its :class:`KafkaLoop` (``app.stream_anon_loop``). ``previous_secret``:
     the secret before a key rotation (``--rotate-key``): states written with it are resumed under ``secret``."""
     app_id = app_id or f"stream-anon-{config.stream.name}"
@@ -88,7 +88,7 @@ def make_app(config, bootstrap: str, state_dir, app_id: str | None = None, secre
                      accept_input_reset=accept_input_reset, cache_dir=state_dir, compression=compression,
                      accept_config_change=accept_config_change, new_lineage=new_lineage,
                      rotate_from=crypto.key_id(previous_secret) if previous_secret else None,
-                     state_part_bytes=state_part_bytes)
+                     state_part_bytes=state_part_bytes, session_timeout_s=session_timeout_s)
     app.stream_anon_core, app.stream_anon_loop = core, loop
 
     @app.service
@@ -190,6 +190,18 @@ def use_aggregates_process(choice: str) -> bool:
     return choice == "on" or (choice == "auto" and (os.cpu_count() or 1) >= 2)
 
 
+SESSION_TIMEOUT_ENV = "STREAM_ANON_SESSION_TIMEOUT_S"
+
+
+def _session_timeout(text: str) -> float:
+    try:
+        seconds = float(text)
+        group_timeouts(seconds)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: seconds between 1 and 300") from None
+    return seconds
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="stream-anon worker", description="Run the anonymization worker.")
     p.add_argument("--config", required=True, help="stream configuration (TOML)")
@@ -244,6 +256,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--broker-wait", type=float, default=BROKER_PROBE_S,
                    help="seconds to wait at start for the broker to answer a metadata request; no answer: one line "
                         f"naming the broker and exit 2 (default: {BROKER_PROBE_S:g})")
+    p.add_argument("--session-timeout", type=_session_timeout, metavar="SECONDS",
+                   default=os.environ.get(SESSION_TIMEOUT_ENV) or str(SESSION_TIMEOUT_S),
+                   help="consumer group session timeout: a worker silent this long loses its partitions (default: "
+                        f"{SESSION_TIMEOUT_S:g}, or {SESSION_TIMEOUT_ENV}; Apache Kafka refuses less than its "
+                        "group.min.session.timeout.ms, 6 s by default)")
     p.add_argument("--loglevel", default="info",
                    help="log level: debug (adds the Kafka and faust clients' internals), info (default: the "
                         "worker's lifecycle lines), warning, error")
@@ -318,7 +335,7 @@ def worker_main(argv=None) -> int:
                web_port=args.web_port, accept_input_reset=args.accept_input_reset, compression=args.compression,
                accept_config_change=args.accept_config_change, new_lineage=args.new_lineage,
                previous_secret=previous, aggregates_process=args.aggregates_process,
-               state_part_bytes=args.state_part_bytes)
+               state_part_bytes=args.state_part_bytes, session_timeout_s=args.session_timeout)
     return 0
 
 

@@ -73,6 +73,19 @@ class RateLimited(logging.Filter):
 client_log.addFilter(RateLimited())
 
 
+SESSION_TIMEOUT_S = 6.0      # Apache Kafka's smallest by default (group.min.session.timeout.ms)
+
+
+def group_timeouts(session_timeout_s: float) -> dict:
+    """The consumer's session and heartbeat settings: a worker whose heartbeats stop for ``session_timeout_s``
+    loses its partitions to the group; a heartbeat every sixth of it (1 s at the default). A broker may hold a
+    join for part of the session timeout (Tansu: half of it): every start and rebalance waits that long."""
+    ms = int(round(float(session_timeout_s) * 1000))
+    if not 1000 <= ms <= 300_000:
+        raise ValueError(f"session timeout {session_timeout_s!r} s: between 1 and 300")
+    return {"session.timeout.ms": ms, "heartbeat.interval.ms": max(100, ms // 6)}
+
+
 def by_partition(msgs, parts, halted) -> dict[int, list | None]:
     """A consumed batch as ``(offset, value)`` per partition, in order; None for a partition that is halted or
     not (or no longer) this worker's (its messages are dropped: it is sought again when it resumes)."""
@@ -216,10 +229,12 @@ class KafkaLoop:
     def __init__(self, core: WorkerCore, client_config: dict, batch_max: int = 10000, batch_within_s: float = 0.5,
                  metrics_interval_s: float = 5.0, accept_input_reset: bool = False, cache_dir=None,
                  compression: str = DEFAULT_COMPRESSION, accept_config_change: bool = False, new_lineage: bool = False,
-                 rotate_from: str | None = None, state_part_bytes: int = st.PART_MAX_BYTES):
+                 rotate_from: str | None = None, state_part_bytes: int = st.PART_MAX_BYTES,
+                 session_timeout_s: float = SESSION_TIMEOUT_S):
         if compression not in COMPRESSIONS:
             raise ValueError(f"compression {compression!r}: one of {', '.join(COMPRESSIONS)}")
         self.state_part_bytes = st.checked_part_bytes(state_part_bytes)
+        self.group_timeouts = group_timeouts(session_timeout_s)
         self.core, self.compression = core, compression
         self.cfg = dict(client_config)
         self.batch_max, self.batch_within_s = int(batch_max), float(batch_within_s)
@@ -279,7 +294,7 @@ class KafkaLoop:
         self._consumer = Consumer({
             **self.cfg, "group.id": self.core.app_id, "enable.auto.commit": False,
             "isolation.level": "read_committed", "auto.offset.reset": "earliest",
-            "session.timeout.ms": 6000, "heartbeat.interval.ms": 1000, "max.poll.interval.ms": 300000,
+            **self.group_timeouts, "max.poll.interval.ms": 300000,
             "partition.assignment.strategy": "range", "fetch.max.bytes": 52428800,
             "error_cb": self.watch.on_error, "logger": client_log})
         self._consumer.subscribe([self.input], on_assign=self._on_assign, on_revoke=self._on_revoke,
