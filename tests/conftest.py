@@ -10,7 +10,7 @@ from stream_anon.broker import EmbeddedBroker
 TEST_SECRET = "test-secret-0123456789abcdef0123456789"
 
 # the workers the tests start: Tansu holds a consumer-group join for half the session timeout (3 s at the worker's
-# default of 6 s, 1 s at 2 s), and the suite starts a worker ~200 times
+# default of 6 s, 1 s at 2 s), and the suite starts a worker ~70 times
 os.environ.setdefault("STREAM_ANON_SESSION_TIMEOUT_S", "2")
 
 
