@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from stream_anon.broker import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 GUIDE = ROOT / "docs" / "your-own-stream.md"
@@ -42,7 +44,10 @@ def guide_commands() -> str:
     return "\n".join(blocks)
 
 
-def _kill_left_behind() -> None:
+GUIDE_PORT = "39092"       # the port docs/your-own-stream.md gives its broker
+
+
+def _kill_left_behind(port: str = GUIDE_PORT) -> None:
     """Processes the guide started and did not stop (worker, broker, its Tansu on the guide's port): found by their
     command line and killed by pid. With job control (``set -m``) every job has its own process group."""
     for proc_dir in Path("/proc").iterdir():
@@ -52,15 +57,15 @@ def _kill_left_behind() -> None:
             cmd = (proc_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if "tcp://127.0.0.1:39092" in cmd or "stream_anon.broker 39092" in cmd or \
-                ("--broker 127.0.0.1:39092" in cmd and "worker" in cmd):
+        if f"tcp://127.0.0.1:{port}" in cmd or f"stream_anon.broker {port}" in cmd or \
+                (f"--broker 127.0.0.1:{port}" in cmd and "worker" in cmd):
             try:
                 os.kill(int(proc_dir.name), signal.SIGKILL)
             except ProcessLookupError:
                 pass
 
 
-def run_script(script: str, tmp_path: Path, timeout: float = 420) -> tuple[int, str, Path]:
+def run_script(script: str, tmp_path: Path, timeout: float = 420, port: str = GUIDE_PORT) -> tuple[int, str, Path]:
     """Run ``script`` with bash in an empty directory under ``tmp_path``: (exit status, output, directory). Jobs it
     left behind in its process group are killed when it ends (the embedded broker's Tansu child exits with the
     broker)."""
@@ -92,7 +97,7 @@ def run_script(script: str, tmp_path: Path, timeout: float = 420) -> tuple[int, 
                 os.killpg(proc.pid, signal.SIGKILL)       # jobs of the script still running in its process group
             except ProcessLookupError:
                 pass
-            _kill_left_behind()
+            _kill_left_behind(port)
     return proc.returncode, log.read_text(errors="replace"), work
 
 
@@ -133,7 +138,10 @@ def test_guide_has_every_step():
 
 
 def test_guide_runs_as_written(tmp_path):
-    returncode, out, work = run_script(guide_commands(), tmp_path)
+    # the guide's fixed port, taken by whatever holds it at the moment (another test's broker or a client's
+    # ephemeral port), made Tansu exit "Address in use": the guide runs as written on a port free now
+    port = str(free_port())
+    returncode, out, work = run_script(guide_commands().replace(GUIDE_PORT, port), tmp_path, port=port)
     assert returncode == 0, out[-4000:]
     report = json.loads((work / "audit.json").read_text())
     assert report["passed"], json.dumps(report["summary"])
