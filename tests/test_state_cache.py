@@ -55,3 +55,27 @@ def test_the_lineages_of_a_stream_are_found_under_every_app_id_of_the_state_dire
         SimpleNamespace(partition=3, seq=0, offset=-1, input_topic_id="T", lineage="Lnever"))   # nothing committed
     found = CommittedCache(tmp_path, "new-app", "oyster").lineages()
     assert list(found) == ["La"] and "old-app/oyster-p2.committed.json" in found["La"]
+
+
+def test_a_barrier_that_does_not_come_back_is_reported_with_what_was_read(broker):
+    """read_to_barriers on a real broker: a barrier committed comes back; one never written is reported after the
+    wait with what was read of its partition (the recovery then fences the partition again, then gives up)."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from stream_anon.kafka import state as st
+    from stream_anon.kafka.state_cache import read_to_barriers
+    from stream_anon.kafka.transactions import fence_and_barrier
+
+    cfg = {"bootstrap.servers": broker.bootstrap}
+    admin = AdminClient(cfg)
+    for f in admin.create_topics([NewTopic("app-state", 2, 1)]).values():
+        f.result(30)
+    prod = Producer({**cfg, "transactional.id": "app-p0"})
+    nonce = fence_and_barrier(prod, "app-state", "s", 0)
+    logs, missing = read_to_barriers(cfg, "app-state-reader", "app-state", {0: nonce, 1: b"never-written"}, 2.0)
+    assert set(logs) == {0, 1} and set(missing) == {1}
+    assert missing[1].startswith("0 values read, position ") and "offsets 0-0" in missing[1]
+    logs, missing = read_to_barriers(cfg, "app-state-reader", "app-state", {0: nonce}, 2.0)
+    assert missing == {} and not logs[0].values
+    assert st.barrier_nonce(st.encode_barrier(nonce)) == nonce

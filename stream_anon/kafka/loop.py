@@ -37,7 +37,7 @@ from stream_anon.kafka.core import WorkerCore
 from stream_anon.kafka.lineage import StreamLineage
 from stream_anon.kafka.partition import ConfigChangeRefused, KeyRotationRefused
 from stream_anon.kafka.retention import RetentionCheck, guard_raw_retention
-from stream_anon.kafka.state_cache import CommittedCache, read_to_barriers
+from stream_anon.kafka.state_cache import BARRIER_REFENCE_S, BARRIER_WAIT_S, CommittedCache, read_to_barriers
 from stream_anon.kafka.transactions import TXN_TIMEOUT_S, CommitThreads, OpenTransaction, abort_or_fenced, \
     fence_and_barrier, transactional_producer
 from stream_anon.kafka.watchdog import BrokerWatch
@@ -461,20 +461,33 @@ class KafkaLoop:
             return
         self._consumer.seek(TopicPartition(self.input, p, OFFSET_BEGINNING if start is None else start))
 
+    def _fence(self, p: int) -> bytes:
+        """A new producer of the partition's transactional id, initialized (fencing any other), and the nonce of
+        the barrier it committed to the state partition."""
+        old = self.producers.pop(p, None)
+        if old is not None:
+            old.flush(1)        # a producer is initialized once; recovery starts a new one (same id)
+        prod = self.producers[p] = transactional_producer(self.cfg, self.core.app_id, p, self.compression)
+        return fence_and_barrier(prod, self.state_topic, self.core.stream, p)
+
     def _recover(self, parts: list[int]) -> dict[int, int | None]:
         """Load each partition's state from the state topic; return per partition the input offset to resume from
         (None: the beginning), or halt the partition. The partitions are recovered together: one barrier each,
         one reader for all."""
-        nonces = {}
         for p in parts:
             self.counters["recoveries"] += 1
-            old = self.producers.pop(p, None)
-            if old is not None:
-                old.flush(1)        # a producer is initialized once; recovery starts a new one (same id)
-            prod = self.producers[p] = transactional_producer(self.cfg, self.core.app_id, p, self.compression)
-            nonces[p] = fence_and_barrier(prod, self.state_topic, self.core.stream, p)
-        logs = read_to_barriers({**self.cfg, "logger": client_log}, f"{self.core.app_id}-state-reader",
-                                self.state_topic, nonces)
+        reader = ({**self.cfg, "logger": client_log}, f"{self.core.app_id}-state-reader", self.state_topic)
+        logs, missing = read_to_barriers(*reader, {p: self._fence(p) for p in parts}, BARRIER_REFENCE_S)
+        if missing:
+            # fenced again, a transaction of the partition's id still open or held back on the broker is ended
+            log.warning("partitions %s: the state barrier did not come back within %s s (%s): fencing them again",
+                        sorted(missing), BARRIER_REFENCE_S, "; ".join(f"{p}: {v}" for p, v in sorted(missing.items())))
+            more, missing = read_to_barriers(*reader, {p: self._fence(p) for p in sorted(missing)},
+                                             BARRIER_WAIT_S - BARRIER_REFENCE_S)
+            logs.update(more)
+        if missing:
+            raise RuntimeError(f"partitions {sorted(missing)}: the state barrier did not come back within "
+                               f"{BARRIER_WAIT_S} s ({'; '.join(f'{p}: {v}' for p, v in sorted(missing.items()))})")
         committed = self._consumer.committed([TopicPartition(t, p) for p in parts
                                               for t in (self.input, self.state_topic)], timeout=30)
         offsets = {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None) for tp in committed}

@@ -15,13 +15,16 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from stream_anon.kafka import state as st
 from stream_anon.render import json_bytes
 
-BARRIER_WAIT_S = 120
+BARRIER_WAIT_S = 120           # in all, over the first read and the one after fencing again
+BARRIER_REFENCE_S = 20          # a barrier not back by then: fence the partition's transactional id again
 log = logging.getLogger("stream_anon.worker")
 
 
-def read_to_barriers(client_config: dict, group_id: str, state_topic: str, nonces: dict[int, bytes]
-                     ) -> dict[int, st.StateLog]:
-    """Read each partition of the state topic from the beginning until its barrier (``nonces[p]``) comes back."""
+def read_to_barriers(client_config: dict, group_id: str, state_topic: str, nonces: dict[int, bytes],
+                     wait_s: float = BARRIER_WAIT_S) -> tuple[dict[int, st.StateLog], dict[int, str]]:
+    """Read each partition of the state topic from the beginning until its barrier (``nonces[p]``) comes back,
+    for at most ``wait_s``: (the logs read, and for each partition whose barrier did not come back, what was read
+    of it, as one line)."""
     reader = Consumer({**client_config, "group.id": group_id, "enable.auto.commit": False,
                        "isolation.level": "read_committed"})
     logs = {p: st.StateLog() for p in nonces}
@@ -31,7 +34,7 @@ def read_to_barriers(client_config: dict, group_id: str, state_topic: str, nonce
         # offset query timer
         reader.list_topics(state_topic, timeout=30)
         reader.assign([TopicPartition(state_topic, p, OFFSET_BEGINNING) for p in nonces])
-        deadline = time.monotonic() + BARRIER_WAIT_S
+        deadline = time.monotonic() + wait_s
         while waiting and time.monotonic() < deadline:
             for m in reader.consume(num_messages=1000, timeout=0.05):     # a poll lasts its whole timeout
                 p = m.partition()
@@ -43,10 +46,15 @@ def read_to_barriers(client_config: dict, group_id: str, state_topic: str, nonce
                     reader.pause([TopicPartition(state_topic, p)])
                 else:
                     logs[p].add(v)
-        if waiting:
-            raise RuntimeError(f"partitions {sorted(waiting)}: the state barrier did not come back within "
-                               f"{BARRIER_WAIT_S} s")
-        return logs
+        missing = {}
+        for tp in (reader.position([TopicPartition(state_topic, p) for p in sorted(waiting)]) if waiting else []):
+            try:
+                low, high = reader.get_watermark_offsets(tp, timeout=5)
+            except Exception as exc:  # noqa: BLE001 - only for the line that says what was read
+                low, high = "?", f"unknown ({exc})"
+            missing[tp.partition] = (f"{len(logs[tp.partition].values)} values read, position {tp.offset}, "
+                                     f"offsets {low}-{high}")
+        return logs, missing
     finally:
         reader.close()
 
