@@ -37,7 +37,7 @@ from stream_anon.kafka.core import WorkerCore
 from stream_anon.kafka.lineage import StreamLineage
 from stream_anon.kafka.partition import ConfigChangeRefused, KeyRotationRefused
 from stream_anon.kafka.retention import RetentionCheck, guard_raw_retention
-from stream_anon.kafka.state_cache import BARRIER_REFENCE_S, BARRIER_WAIT_S, CommittedCache, read_to_barriers
+from stream_anon.kafka.state_cache import CommittedCache, read_state_logs
 from stream_anon.kafka.transactions import TXN_TIMEOUT_S, CommitThreads, OpenTransaction, abort_or_fenced, \
     fence_and_barrier, transactional_producer
 from stream_anon.kafka.watchdog import BrokerWatch
@@ -476,18 +476,8 @@ class KafkaLoop:
         one reader for all."""
         for p in parts:
             self.counters["recoveries"] += 1
-        reader = ({**self.cfg, "logger": client_log}, f"{self.core.app_id}-state-reader", self.state_topic)
-        logs, missing = read_to_barriers(*reader, {p: self._fence(p) for p in parts}, BARRIER_REFENCE_S)
-        if missing:
-            # fenced again, a transaction of the partition's id still open or held back on the broker is ended
-            log.warning("partitions %s: the state barrier did not come back within %s s (%s): fencing them again",
-                        sorted(missing), BARRIER_REFENCE_S, "; ".join(f"{p}: {v}" for p, v in sorted(missing.items())))
-            more, missing = read_to_barriers(*reader, {p: self._fence(p) for p in sorted(missing)},
-                                             BARRIER_WAIT_S - BARRIER_REFENCE_S)
-            logs.update(more)
-        if missing:
-            raise RuntimeError(f"partitions {sorted(missing)}: the state barrier did not come back within "
-                               f"{BARRIER_WAIT_S} s ({'; '.join(f'{p}: {v}' for p, v in sorted(missing.items()))})")
+        logs = read_state_logs(self._fence, {**self.cfg, "logger": client_log}, f"{self.core.app_id}-state-reader",
+                               self.state_topic, parts)
         committed = self._consumer.committed([TopicPartition(t, p) for p in parts
                                               for t in (self.input, self.state_topic)], timeout=30)
         offsets = {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None) for tp in committed}
