@@ -49,13 +49,13 @@ import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import NewTopic
 
+from stream_anon.kafka.state_cache import POLL_S
 from stream_anon.render import TOPICS, json_bytes
 
 log = logging.getLogger("stream_anon.worker")
 
 HALT_LINEAGE_LOST = "lineage_lost"
 READ_WAIT_S = 60.0
-POLL_S = 0.05           # a reader's poll: it lasts its whole timeout unless its batch fills
 
 
 def lineage_topic(app_id: str) -> str:
@@ -231,8 +231,8 @@ def manifest_lineages(client_config: dict, stream: str, quiet_s: float = 0.5, ma
                 ends[p] = 0
         tps = [TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts]
         reader.assign(tps)
-        deadline = quiet_since = time.monotonic()
-        deadline += max_s
+        quiet_since = time.monotonic()
+        deadline = quiet_since + max_s
         while time.monotonic() < deadline:
             # short polls (a poll lasts its whole timeout unless 1000 messages come): quiet_s is measured from the
             # last message, not waited out once per poll

@@ -474,8 +474,7 @@ class KafkaLoop:
         """Load each partition's state from the state topic; return per partition the input offset to resume from
         (None: the beginning), or halt the partition. The partitions are recovered together: one barrier each,
         one reader for all."""
-        for p in parts:
-            self.counters["recoveries"] += 1
+        self.counters["recoveries"] += len(parts)
         logs = read_state_logs(self._fence, {**self.cfg, "logger": client_log}, f"{self.core.app_id}-state-reader",
                                self.state_topic, parts)
         committed = self._consumer.committed([TopicPartition(t, p) for p in parts

@@ -17,6 +17,7 @@ from stream_anon.render import json_bytes
 
 BARRIER_WAIT_S = 120           # in all, over the first read and the one after fencing again
 BARRIER_REFENCE_S = 20          # a barrier not back by then: fence the partition's transactional id again
+POLL_S = 0.05           # a recovery reader's poll: it lasts its whole timeout unless its batch fills
 log = logging.getLogger("stream_anon.worker")
 
 
@@ -36,7 +37,7 @@ def read_to_barriers(client_config: dict, group_id: str, state_topic: str, nonce
         reader.assign([TopicPartition(state_topic, p, OFFSET_BEGINNING) for p in nonces])
         deadline = time.monotonic() + wait_s
         while waiting and time.monotonic() < deadline:
-            for m in reader.consume(num_messages=1000, timeout=0.05):     # a poll lasts its whole timeout
+            for m in reader.consume(num_messages=1000, timeout=POLL_S):
                 p = m.partition()
                 if m.error() is not None or p not in waiting:
                     continue
