@@ -20,6 +20,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
 from stream_anon import contract
+from stream_anon.schema_decoder import compile_schema_decoder
 
 # the carried "field" of accepted events' keyed 64-bit unit ids (``RecordReader.unit_ids``), for window consumers
 # that count the same individuals (the DP aggregates' unit window table): no second hash of the unit, no raw id kept
@@ -304,6 +305,14 @@ def schema_columns(events: list, kind: str) -> dict | None:
     :func:`schema_reason` then decide."""
     columns = _fast_columns(kind)
     return None if columns is None else columns(events)
+
+
+def decoded_columns(payloads: list, kind: str) -> dict | None:
+    """The columns of a batch of JSON payloads decoded and checked against the ``kind`` schema in one pass
+    (:func:`stream_anon.schema_decoder.compile_schema_decoder`): property name -> tuple of values, when every
+    payload is a valid event holding every property; None when not shown that way (the general checks decide)."""
+    columns = _compiled(kind, compile_schema_decoder)
+    return None if columns is None else columns(payloads)
 
 
 def _fast_batch_check(kind: str):

@@ -235,11 +235,89 @@ def test_worker_batch_check_gives_the_reader_its_columns():
     config = load_config(Path(__file__).resolve().parents[1] / "configs" / "oyster.toml")
     raws = [json.dumps(fare(event_id=f"e{i}", station=None if i % 3 else "Bank")).encode() for i in range(30)]
     events, rejected, columns = check_batch(raws, config)
-    assert events == [check_payload(r, config)[1] for r in raws] and rejected == []
+    assert list(events) == [check_payload(r, config)[1] for r in raws] and rejected == []
     assert columns is not None and list(columns["event_id"]) == [f"e{i}" for i in range(30)]
     for bad in (b"{not json", json.dumps(fare(kind="vehicle")).encode(), json.dumps(fare(event_time=3)).encode(),
                 json.dumps(fare(extra=1)).encode(), None, b"x" * 70000):
         mixed = raws[:7] + [bad] + raws[7:]
         events, rejected, _ = check_batch(mixed, config)
         assert [i for i, _ in rejected] == [7] and rejected[0][1] == check_payload(bad, config)[0]
-        assert events == [check_payload(r, config)[1] for r in raws]
+        assert list(events) == [check_payload(r, config)[1] for r in raws]
+
+
+# payloads where a JSON parser's reading may differ from orjson's: integers beyond 64 bits (orjson: a float),
+# numbers written as floats, duplicate keys (the last one counts), escapes, surrogates, invalid UTF-8, whitespace
+_ODD_PAYLOAD_PARTS = [b'"full_fare_pence":18446744073709551615', b'"full_fare_pence":9223372036854775808',
+                      b'"full_fare_pence":-9223372036854775809', b'"full_fare_pence":9223372036854775807',
+                      b'"full_fare_pence":123456789012345678901234567890', b'"full_fare_pence":1.0',
+                      b'"full_fare_pence":1e2', b'"full_fare_pence":-0', b'"full_fare_pence":true',
+                      b'"station":"\\u00e9\\ud83d\\ude00"', b'"station":"\\ud800"', b'"station":"\\udc00x"',
+                      b'"station":"\xed\xa0\x80"', b'"station":"\xc0\xaf"', b'"station":"a\x00b"',
+                      b'"station":"tab\tin"', b'"event_id":"x","event_id":"y"', b'"event_id":""',
+                      b'"event_id":"\\u0000"', b'"kind":"fare","kind":"vehicle"', b'"kind":"vehicle","kind":"fare"',
+                      b'"journey_id":"\xc3\xa9"', b'"event_time":"2009-11-09T07:31:00+00:00\\n"',
+                      b'"product_category":"payg "', b'"daily_capping":0', b'"card_id":{}', b' "card_id" : null ']
+
+
+def _odd_payloads(base: dict):
+    """Payloads of ``base`` with one part replaced or added (each part above), and some framing variants."""
+    text = json.dumps(base).encode()
+    for part in _ODD_PAYLOAD_PARTS:
+        key = part.split(b":")[0].strip()
+        start = text.index(key)
+        end = text.index(b",", start) if b"," in text[start:] else len(text) - 1
+        yield text[:start] + part + text[end:]              # replaced
+        yield text[:-1] + b"," + part + b"}"                 # added after (a duplicate key: the last one counts)
+    yield from (b" " + text + b"\n", text + b"x", b"\xef\xbb\xbf" + text, text[:-1], text.replace(b'"', b"'"))
+
+
+def test_decoded_columns_are_the_general_checks_columns_or_none():
+    """The msgspec decoder (the worker's usual batch) is sound against the general path: a batch it decodes is one
+    the general parse and schema accept, with the same columns (values and types); any payload it does not decode
+    (mutated events, payloads a parser may read differently) sends the batch back (None)."""
+    import random
+    from pathlib import Path
+
+    from stream_anon.config import load_config
+    from stream_anon.events import _fast_check, decoded_columns, schema_columns
+    from stream_anon.kafka.input_checks import parse_payloads
+    config = load_config(Path(__file__).resolve().parents[1] / "configs" / "oyster.toml")
+    reference = Draft202012Validator(json.loads((SCHEMA_DIR / "fare.schema.json").read_text()))
+    base = fare()
+    complete = [json.dumps(e).encode() for e in _mutations(base, "fare")
+                if isinstance(e, dict) and sorted(e) == sorted(base) and _fast_check("fare")(e)]   # not 1.0 as integer
+    assert len(complete) > 20 and decoded_columns(complete, "fare") is not None
+    odd = [json.dumps(e).encode() for e in _mutations(base, "fare")] + list(_odd_payloads(base))
+    rng = random.Random(2)
+    decoded = refused = 0
+    for raw in odd:
+        batch = rng.sample(complete, 5) + [raw] + rng.sample(complete, 5)
+        got = decoded_columns(batch, "fare")
+        if got is None:
+            refused += 1
+            continue
+        decoded += 1
+        events, rejected = parse_payloads(batch, config)
+        assert rejected == [] and all(reference.is_valid(e) for e in events), raw
+        expected = schema_columns(events, "fare")
+        assert expected is not None, raw
+        assert {n: [(type(v), v) for v in c] for n, c in got.items()} == \
+               {n: [(type(v), v) for v in c] for n, c in expected.items()}, raw
+    assert decoded > 30 and refused > 200
+
+
+def test_the_decoder_leaves_schemas_beyond_flat_scalars_to_the_general_checks():
+    from stream_anon.schema_decoder import compile_schema_decoder
+    vehicle_schema = json.loads((SCHEMA_DIR / "vehicle.schema.json").read_text())    # objects and numbers
+    with pytest.raises(NotImplementedError):
+        compile_schema_decoder(vehicle_schema)
+    columns = compile_schema_decoder(json.loads((SCHEMA_DIR / "fare.schema.json").read_text()))
+    assert columns([]) is not None and columns([b"{}"]) is None
+
+
+def test_a_decoded_batch_parses_an_event_only_when_it_is_read():
+    from stream_anon.kafka.input_checks import ParsedOnRead
+    raws = [json.dumps(fare(event_id=f"e{i}")).encode() for i in range(4)] + [b"{not json"]
+    events = ParsedOnRead(raws)
+    assert len(events) == 5 and events[1]["event_id"] == "e1" and events[-2]["event_id"] == "e3"
+    assert events[1] is events[1] and [e["event_id"] for e in events[:4]] == ["e0", "e1", "e2", "e3"]

@@ -3,11 +3,12 @@ kind's schema (docs/contracts.md section 1). Streams with an ``[input]`` mapping
 :mod:`stream_anon.inputs` instead. A failed check is the message's dead-letter reason; nothing here raises."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from operator import methodcaller
 
 import orjson
 
-from stream_anon.events import schema_columns, schema_ok_batch, schema_reason
+from stream_anon.events import decoded_columns, schema_columns, schema_ok_batch, schema_reason
 
 _KIND = methodcaller("get", "kind")
 
@@ -35,8 +36,14 @@ def check_batch(raws: list, config) -> tuple[list[dict], list[tuple[int, str]], 
     """(events, rejected, columns): the events of the payloads that pass :func:`check_payload`, in order;
     ``(position, reason)`` of the others, in order; and, when the schema check could give them, the events' columns
     (property -> values, aligned with ``events``; :func:`stream_anon.events.schema_columns`) for the engine's
-    reader. The batch is parsed as a whole and checked a field at a time; payload by payload only where that fails."""
+    reader. A batch of complete, valid events is decoded straight to columns (:func:`decoded_columns`; its events
+    are parsed when read: :class:`ParsedOnRead`); otherwise the batch is parsed as a whole and checked a field at a
+    time, and payload by payload only where that fails."""
     kind = config.stream.kind
+    if None not in raws and max(map(len, raws), default=0) <= config.limits.max_event_bytes:
+        columns = decoded_columns(raws, kind)
+        if columns is not None:
+            return ParsedOnRead(raws), [], columns
     events, rejected = parse_payloads(raws, config)
     try:
         columns = schema_columns(events, kind)
@@ -56,6 +63,29 @@ def check_batch(raws: list, config) -> tuple[list[dict], list[tuple[int, str]], 
             valid.append(event)
     rejected.sort(key=lambda r: r[0])
     return valid, rejected, None
+
+
+class ParsedOnRead(Sequence):
+    """The events of payloads already checked, each parsed (``orjson.loads``, as :func:`parse_payloads`) when it
+    is first read: a batch decoded to columns is read through them, and only its events that are dead-lettered or
+    isolated later are parsed again."""
+
+    __slots__ = ("_raws", "_parsed")
+
+    def __init__(self, raws: list):
+        self._raws, self._parsed = raws, {}
+
+    def __len__(self) -> int:
+        return len(self._raws)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        i = range(len(self._raws))[i]
+        event = self._parsed.get(i)
+        if event is None:
+            event = self._parsed[i] = orjson.loads(self._raws[i])
+        return event
 
 
 def parse_payloads(raws: list, config) -> tuple[list[dict], list[tuple[int, str]]]:
