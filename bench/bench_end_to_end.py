@@ -12,7 +12,11 @@ seconds (from /proc). Two rates are reported: over the worker's whole run (consu
 the final idle flush included) and over its processing span (first output to last); CPU likewise, in all and after
 the first output (``cpu_us_per_event_span``: without each worker's fixed start). ``end_to_end_vs_engine`` is the
 span rate over the engine's rate; ``end_to_end_vs_engine_cpu`` the engine's CPU per event over the workers' (after
-their first output): the machine's other load moves the first much more than the second.
+their first output): the machine's other load moves the first much more than the second. The processing span
+ends after the worker's final idle flush, so it holds the quiet time the worker waits for before it (2 s here),
+which the engine alone (``flush()`` at once) does not: ``drain`` is the rate at which the workers' consumer group
+committed the input (its committed offsets, read every 0.1 s, from the first commit to the last input offset; the
+consumer lag drained), CPU likewise, and ``drain_vs_engine`` that rate over the engine's.
 
     .venv/bin/python bench/bench_end_to_end.py [--events N] [--repeat R]
         [--only oyster,oyster_dp,oyster_m3,cards_m3,two_workers,oyster_norisk,oyster_population]
@@ -121,16 +125,18 @@ def end_to_end(cfg_path: Path, events: list, workdir: Path, workers: int = 1, ti
                                       workdir / f"worker{i}.log", extra=["--compression", compression])
                  for i in range(workers)]
         reader = OutputReader(b.bootstrap, cfg.stream.name)
+        drain = DrainWatch(b.bootstrap, app_id, cfg.stream.input_topic, len(events))
         first = None
         cpu = {}
         cpu_at_first = None      # the workers' CPU when the first output was seen: start-up, group join, recovery
         try:
             while time.monotonic() - start < timeout_s:
-                reader.poll(500)
+                reader.poll(100)
                 acc = reader.accounting()
                 for p in procs:
                     if p.poll() is None:
                         cpu[p.pid] = cpu_seconds(p.pid)
+                drain.poll(sum(cpu.values()))
                 if first is None and acc["accounted"] > 0:
                     first = time.monotonic()
                     cpu_at_first = sum(cpu.values())
@@ -141,6 +147,7 @@ def end_to_end(cfg_path: Path, events: list, workdir: Path, workers: int = 1, ti
             done = time.monotonic()
         finally:
             reader.close()
+            drain.close()
             for p in procs:
                 stop_worker_process(p)
         # the audit reads the whole raw topic: on a loaded machine (2 cores shared) that takes minutes
@@ -156,9 +163,49 @@ def end_to_end(cfg_path: Path, events: list, workdir: Path, workers: int = 1, ti
                 # (imports, consumer-group join, state recovery; ~1-2 CPU-s per worker)
                 "worker_cpu_s_before_first_output": round(cpu_at_first or 0.0, 1),
                 "cpu_us_per_event_span": round(1e6 * (sum(cpu.values()) - (cpu_at_first or 0.0)) / len(events), 1),
-                "accounting": acc, "audit_passed": report.passed,
+                **drain.figures(), "accounting": acc, "audit_passed": report.passed,
                 "audit_checks": {k: v.get("passed") for k, v in report.checks.items() if isinstance(v, dict)},
                 **({"dp_output": dp_output} if dp_output is not None else {})}
+
+
+class DrainWatch:
+    """The workers' committed input offsets over time (their consumer group's, read without joining it): when the
+    first was committed, when the last input offset was, and the workers' CPU at both."""
+
+    def __init__(self, bootstrap: str, group: str, topic: str, events: int):
+        import confluent_kafka
+        self.consumer = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": group,
+                                                  "enable.auto.commit": False})
+        parts = self.consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        self.tps = [confluent_kafka.TopicPartition(topic, p) for p in sorted(parts)]
+        self.ends = [self.consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in self.tps]
+        self.events = events
+        self.first = self.last = None       # (monotonic time, committed offsets, workers' CPU seconds)
+
+    def poll(self, cpu_s: float) -> None:
+        if self.last is not None:
+            return
+        try:
+            got = self.consumer.committed(self.tps, timeout=5)
+        except Exception:   # noqa: BLE001 - the group not known yet: nothing committed
+            return
+        done = sum(min(max(tp.offset, 0), end) for tp, end in zip(got, self.ends))
+        now = (time.monotonic(), done, cpu_s)
+        if self.first is None and done > 0:
+            self.first = now
+        if done >= sum(self.ends):
+            self.last = now
+
+    def figures(self) -> dict:
+        if self.first is None or self.last is None or self.last[0] <= self.first[0]:
+            return {}
+        n = self.last[1] - self.first[1]
+        return {"drain_s": round(self.last[0] - self.first[0], 2), "drain_events": n,
+                "events_per_s_drain": round(n / (self.last[0] - self.first[0]), 1),
+                "cpu_us_per_event_drain": round(1e6 * (self.last[2] - self.first[2]) / n, 1)}
+
+    def close(self) -> None:
+        self.consumer.close()
 
 
 def dp_output_checks(bootstrap: str, cfg) -> dict:
@@ -228,6 +275,8 @@ def scenario(name: str, workdir: Path, oyster: list, args, repeat: int = 0) -> d
     r["end_to_end"] = end_to_end(path, events, workdir / name / f"run{repeat + 1}",
                                  workers=2 if name == "two_workers" else 1, compression=args.compression)
     r["end_to_end_vs_engine"] = round(r["end_to_end"]["events_per_s_span"] / r["engine_only"]["events_per_s"], 3)
+    if "events_per_s_drain" in r["end_to_end"]:
+        r["drain_vs_engine"] = round(r["end_to_end"]["events_per_s_drain"] / r["engine_only"]["events_per_s"], 3)
     # the same in CPU per event (the engine's / the workers' after their first output): on a machine shared
     # with other work, wall rates follow the load of the moment; CPU much less
     r["end_to_end_vs_engine_cpu"] = round(r["engine_only"]["cpu_us_per_event"]
@@ -244,9 +293,12 @@ def median_run(runs: list[dict]) -> dict:
         chosen["runs"] = [{"run_at": r["run_at"], "load_avg_at_start": r["load_avg_at_start"],
                            "end_to_end_vs_engine": r["end_to_end_vs_engine"],
                            "end_to_end_vs_engine_cpu": r["end_to_end_vs_engine_cpu"],
+                           "drain_vs_engine": r.get("drain_vs_engine"),
                            **{k: r["end_to_end"][k] for k in ("events_per_s_span", "events_per_s_wall",
                                                               "cpu_us_per_event", "cpu_us_per_event_span",
-                                                              "audit_passed")}} for r in runs]
+                                                              "events_per_s_drain", "cpu_us_per_event_drain",
+                                                              "audit_passed") if k in r["end_to_end"]}}
+                          for r in runs]
     return chosen
 
 
