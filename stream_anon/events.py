@@ -6,7 +6,9 @@ additionalProperties, const, enum, minLength, pattern): about 20 times faster th
 validator, which measured ~100 us per event and capped the worker near 2,000 events/s. The predicate only
 decides *valid or not*; an invalid event is re-checked by ``jsonschema`` (``Draft202012Validator``), which
 produces the reason, so the schema file stays the single source of truth and both agree (tested on mutated
-events). A failure is reported as one short reason naming the field (``"event_time: missing"``,
+events). The worker's usual batch (payloads of complete events of a flat schema) is decoded and checked in one
+msgspec pass instead (:func:`decoded_columns`, :mod:`stream_anon.schema_decoder`), sound against these checks.
+A failure is reported as one short reason naming the field (``"event_time: missing"``,
 ``"speed_kmh: expected number or null, got string"``), which is what the dead-letter topic carries.
 """
 from __future__ import annotations
