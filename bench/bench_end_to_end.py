@@ -125,7 +125,7 @@ def end_to_end(cfg_path: Path, events: list, workdir: Path, workers: int = 1, ti
                                       workdir / f"worker{i}.log", extra=["--compression", compression])
                  for i in range(workers)]
         reader = OutputReader(b.bootstrap, cfg.stream.name)
-        drain = DrainWatch(b.bootstrap, app_id, cfg.stream.input_topic, len(events))
+        drain = DrainWatch(b.bootstrap, app_id, cfg.stream.input_topic)
         first = None
         cpu = {}
         cpu_at_first = None      # the workers' CPU when the first output was seen: start-up, group join, recovery
@@ -172,14 +172,13 @@ class DrainWatch:
     """The workers' committed input offsets over time (their consumer group's, read without joining it): when the
     first was committed, when the last input offset was, and the workers' CPU at both."""
 
-    def __init__(self, bootstrap: str, group: str, topic: str, events: int):
+    def __init__(self, bootstrap: str, group: str, topic: str):
         import confluent_kafka
         self.consumer = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": group,
                                                   "enable.auto.commit": False})
         parts = self.consumer.list_topics(topic, timeout=10).topics[topic].partitions
         self.tps = [confluent_kafka.TopicPartition(topic, p) for p in sorted(parts)]
         self.ends = [self.consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in self.tps]
-        self.events = events
         self.first = self.last = None       # (monotonic time, committed offsets, workers' CPU seconds)
 
     def poll(self, cpu_s: float) -> None:

@@ -22,7 +22,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
 from stream_anon import contract
-from stream_anon.schema_decoder import compile_schema_decoder
+from stream_anon.schema_decoder import compile_schema_decoder, row_properties
 
 # the carried "field" of accepted events' keyed 64-bit unit ids (``RecordReader.unit_ids``), for window consumers
 # that count the same individuals (the DP aggregates' unit window table): no second hash of the unit, no raw id kept
@@ -248,10 +248,6 @@ def compile_schema_batch(schema: dict):
     return lambda vs: all(c(vs) for c in checks)
 
 
-# top-level keywords of an object schema that the row-wise path decides for a batch of complete events
-_ROW_KEYWORDS = {"type", "required", "properties", "additionalProperties", "$schema", "$id", "title", "description"}
-
-
 def compile_schema_columns(schema: dict):
     """For an object schema: ``events -> columns or None``. When every event is a plain dict holding exactly the
     schema's properties (a batch of one producer writing every field) and each property's values pass their column
@@ -260,12 +256,8 @@ def compile_schema_columns(schema: dict):
     are: such events meet ``required`` (a subset of the properties), ``additionalProperties`` (no other key) and
     ``type``. Each event is read once for all its properties (one C-level ``itemgetter`` call), about half the cost
     of a pass per property, and the columns serve the engine's reader too. Raises ``NotImplementedError`` for a
-    schema outside that shape."""
-    if not isinstance(schema, dict) or set(schema) - _ROW_KEYWORDS or schema.get("type", "object") != "object":
-        raise NotImplementedError("not an object schema of properties")
-    props = schema.get("properties") or {}
-    if len(props) < 2 or not set(schema.get("required", ())) <= set(props):
-        raise NotImplementedError("required keys beyond the properties, or fewer than two properties")
+    schema outside that shape (:func:`stream_anon.schema_decoder.row_properties`)."""
+    props = row_properties(schema)
     names = tuple(props)
     checks = tuple(compile_schema_batch(props[name]) for name in names)
     row, width = itemgetter(*names), len(names)
@@ -309,11 +301,26 @@ def schema_columns(events: list, kind: str) -> dict | None:
     return None if columns is None else columns(events)
 
 
+def compile_decoded_columns(schema: dict):
+    """``payloads -> columns or None``: :func:`stream_anon.schema_decoder.compile_schema_decoder`, whose columns
+    then pass the ``pattern`` checks of :func:`compile_schema_batch` (each distinct text once)."""
+    decode = compile_schema_decoder(schema)
+    patterns = tuple((name, compile_schema_batch({"pattern": prop["pattern"]}))
+                     for name, prop in schema["properties"].items() if "pattern" in prop)
+
+    def columns(payloads: list) -> dict | None:
+        cols = decode(payloads)
+        if cols is None or not all(check(cols[name]) for name, check in patterns):
+            return None
+        return cols
+    return columns
+
+
 def decoded_columns(payloads: list, kind: str) -> dict | None:
-    """The columns of a batch of JSON payloads decoded and checked against the ``kind`` schema in one pass
-    (:func:`stream_anon.schema_decoder.compile_schema_decoder`): property name -> tuple of values, when every
-    payload is a valid event holding every property; None when not shown that way (the general checks decide)."""
-    columns = _compiled(kind, compile_schema_decoder)
+    """The columns of a batch of JSON payloads decoded and checked against the ``kind`` schema
+    (:func:`compile_decoded_columns`): property name -> tuple of values, when every payload is a valid event holding
+    every property; None when not shown that way (the general checks decide)."""
+    columns = _compiled(kind, compile_decoded_columns)
     return None if columns is None else columns(payloads)
 
 

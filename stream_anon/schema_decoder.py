@@ -3,21 +3,20 @@
 The worker's usual batch is payloads of one producer, each a JSON object holding every property of the kind's
 schema. :func:`compile_schema_decoder` turns a flat object schema (every property a scalar described by ``type``,
 ``const``, ``enum``, ``minLength``, ``pattern``) into a ``msgspec.Struct`` with every property required and no
-other key allowed; decoding a payload into it parses the JSON and checks the schema in one pass, about half the
-CPU of parsing to a dict and checking its columns (``bench/bench_worker_core.py``). A ``pattern`` is checked after
-decoding, once per distinct text of the column (event times repeat within a batch; a regular expression per value
-took ~40% of the decoding).
+other key allowed; decoding a payload into it parses the JSON and checks the schema but its ``pattern`` keywords
+in one pass, a third of the CPU of parsing to a dict and checking its columns (``bench/bench_input_checks.py``).
+A ``pattern`` is left to the caller's column check (:func:`stream_anon.events.decoded_columns`: once per distinct
+text of the column; msgspec runs a regular expression per value, ~40% of the decoding).
 
-The decoder is sound, not complete, like :func:`stream_anon.events.compile_schema`: a batch it decodes is a batch
-:func:`stream_anon.kafka.input_checks.parse_payloads` and the schema accept, with the same values (tested against
-them on mutated payloads); any payload it does not decode (an absent property, a JSON integer outside orjson's
+With that check the decoder is sound, not complete, like :func:`stream_anon.events.compile_schema`: a batch it
+decodes is a batch :func:`stream_anon.kafka.input_checks.parse_payloads` and the schema accept, with the same values
+(tested against them on mutated payloads); any payload it does not decode (an absent property, a JSON integer outside orjson's
 int64 range, ``1.0`` where an integer is expected, malformed JSON) sends the whole batch to those general checks,
 which name each reason. Schemas outside that shape (the vehicle schema's objects and numbers) raise
 ``NotImplementedError`` and keep the general path.
 """
 from __future__ import annotations
 
-import re
 from operator import attrgetter
 from typing import Annotated, Literal, Union
 
@@ -28,8 +27,19 @@ import msgspec
 _INT = Annotated[int, msgspec.Meta(ge=-(2 ** 63), le=2 ** 63 - 1)]
 _SCALARS = {"string": str, "null": type(None), "boolean": bool, "integer": _INT}
 _PROPERTY_KEYWORDS = {"type", "const", "enum", "minLength", "pattern", "title", "description"}
-_OBJECT_KEYWORDS = {"type", "required", "properties", "additionalProperties", "$schema", "$id", "title",
-                    "description"}
+# top-level keywords of an object schema that a batch of complete events (every property, no other key) meets
+_ROW_KEYWORDS = {"type", "required", "properties", "additionalProperties", "$schema", "$id", "title", "description"}
+
+
+def row_properties(schema: dict) -> dict:
+    """The properties of an object schema that a batch of complete events decides row-wise: at least two, and
+    ``required`` among them (NotImplementedError otherwise)."""
+    if not isinstance(schema, dict) or set(schema) - _ROW_KEYWORDS or schema.get("type", "object") != "object":
+        raise NotImplementedError("not an object schema of properties")
+    props = schema.get("properties") or {}
+    if len(props) < 2 or not set(schema.get("required", ())) <= set(props):
+        raise NotImplementedError("required keys beyond the properties, or fewer than two properties")
+    return props
 
 
 def _property_type(schema: dict):
@@ -62,22 +72,17 @@ def _property_type(schema: dict):
 
 def compile_schema_decoder(schema: dict):
     """For a flat object schema: ``payloads -> columns or None``. When every payload is a JSON object holding exactly
-    the schema's properties, each valid, the result is the columns (property name -> tuple of the values, in payload
-    order), equal to what :func:`stream_anon.events.compile_schema_columns` gives for the parsed payloads; otherwise
-    None. Raises ``NotImplementedError`` for a schema outside that shape (see the module docstring)."""
-    if not isinstance(schema, dict) or set(schema) - _OBJECT_KEYWORDS or schema.get("type", "object") != "object":
-        raise NotImplementedError("not an object schema of properties")
-    props = schema.get("properties") or {}
-    if len(props) < 2 or not set(schema.get("required", ())) <= set(props):
-        raise NotImplementedError("required keys beyond the properties, or fewer than two properties")
+    the schema's properties, each valid but for ``pattern`` (the caller's to check), the result is the columns
+    (property name -> tuple of the values, in payload order), equal to what
+    :func:`stream_anon.events.compile_schema_columns` gives for the parsed payloads; otherwise None. Raises
+    ``NotImplementedError`` for a schema outside that shape (see the module docstring)."""
+    props = row_properties(schema)
     names = tuple(props)
     fields = [(f"f{i}", _property_type(props[name])) for i, name in enumerate(names)]
     struct = msgspec.defstruct("SchemaEvent", fields, forbid_unknown_fields=True, gc=False,
                                rename={f: name for (f, _), name in zip(fields, names)})
     decode = msgspec.json.Decoder(struct).decode
     row = attrgetter(*(f for f, _ in fields))
-    # JSON Schema's pattern: a search (not anchored unless the pattern is), on texts only
-    patterns = [(i, re.compile(props[name]["pattern"])) for i, name in enumerate(names) if "pattern" in props[name]]
 
     def columns(payloads: list) -> dict | None:
         if not payloads:
@@ -86,10 +91,5 @@ def compile_schema_decoder(schema: dict):
             rows = list(map(decode, payloads))
         except Exception:   # noqa: BLE001 - any payload not decoded: the general checks decide and name why
             return None
-        cols = tuple(zip(*map(row, rows)))
-        for i, rx in patterns:
-            for v in set(cols[i]):
-                if type(v) is str and rx.search(v) is None:
-                    return None
-        return dict(zip(names, cols))
+        return dict(zip(names, zip(*map(row, rows))))
     return columns

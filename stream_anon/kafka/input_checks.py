@@ -40,7 +40,7 @@ def check_batch(raws: list, config) -> tuple[list[dict], list[tuple[int, str]], 
     are parsed when read: :class:`ParsedOnRead`); otherwise the batch is parsed as a whole and checked a field at a
     time, and payload by payload only where that fails."""
     kind = config.stream.kind
-    if None not in raws and max(map(len, raws), default=0) <= config.limits.max_event_bytes:
+    if _all_within(raws, config.limits.max_event_bytes):
         columns = decoded_columns(raws, kind)
         if columns is not None:
             return ParsedOnRead(raws), [], columns
@@ -111,9 +111,12 @@ def parse_payloads(raws: list, config) -> tuple[list[dict], list[tuple[int, str]
 
 def _parse_all(raws: list, limit: int) -> list | None:
     """Every payload parsed (raises on malformed JSON); None when one is missing or over ``limit`` bytes."""
-    if None in raws or max(map(len, raws), default=0) > limit:
-        return None
-    return list(map(orjson.loads, raws))
+    return list(map(orjson.loads, raws)) if _all_within(raws, limit) else None
+
+
+def _all_within(raws: list, limit: int) -> bool:
+    """Every payload present and at most ``limit`` bytes."""
+    return None not in raws and max(map(len, raws), default=0) <= limit
 
 
 def check_payload_schema(event: dict, config) -> tuple[str | None, dict | None]:

@@ -65,17 +65,19 @@ def read_state_logs(fence, client_config: dict, group_id: str, state_topic: str,
     and commits a barrier (its nonce). A barrier not back within :data:`BARRIER_REFENCE_S` is written again after
     fencing again (that ends a transaction of the id left open or held back on the broker); one still missing after
     :data:`BARRIER_WAIT_S` in all stops the recovery (RuntimeError saying what was read of the partition)."""
-    logs, missing = read_to_barriers(client_config, group_id, state_topic, {p: fence(p) for p in parts},
-                                     BARRIER_REFENCE_S)
+    def read(parts, wait_s):
+        logs, missing = read_to_barriers(client_config, group_id, state_topic, {p: fence(p) for p in parts}, wait_s)
+        return logs, missing, "; ".join(f"{p}: {what}" for p, what in sorted(missing.items()))
+
+    logs, missing, what = read(parts, BARRIER_REFENCE_S)
     if missing:
         log.warning("partitions %s: the state barrier did not come back within %s s (%s): fencing them again",
-                    sorted(missing), BARRIER_REFENCE_S, "; ".join(f"{p}: {v}" for p, v in sorted(missing.items())))
-        more, missing = read_to_barriers(client_config, group_id, state_topic,
-                                         {p: fence(p) for p in sorted(missing)}, BARRIER_WAIT_S - BARRIER_REFENCE_S)
+                    sorted(missing), BARRIER_REFENCE_S, what)
+        more, missing, what = read(sorted(missing), BARRIER_WAIT_S - BARRIER_REFENCE_S)
         logs.update(more)
     if missing:
         raise RuntimeError(f"partitions {sorted(missing)}: the state barrier did not come back within "
-                           f"{BARRIER_WAIT_S} s ({'; '.join(f'{p}: {v}' for p, v in sorted(missing.items()))})")
+                           f"{BARRIER_WAIT_S} s ({what})")
     return logs
 
 
