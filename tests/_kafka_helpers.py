@@ -296,11 +296,13 @@ def state_offsets(bootstrap, app_id, stream) -> dict[int, int]:
     return {p: states[p]["offset"] if p in states else -1 for p in range(4)}
 
 
-def wait_for(pred, timeout_s, what):
+def wait_for(pred, timeout_s, what, explain=None):
+    """``pred()`` once it is true; on timeout an AssertionError naming ``what`` and, when given, ``explain()`` (what
+    was last seen: the head of a CI report must say why, its middle may be cut)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         v = pred()
         if v:
             return v
         time.sleep(0.3)
-    raise AssertionError(f"timeout waiting for {what}")
+    raise AssertionError(f"timeout waiting for {what}" + (f": {explain()}" if explain else ""))

@@ -1,6 +1,7 @@
 """Shared fixtures: a real embedded Kafka-compatible broker (Tansu) per test; Kafka is never mocked."""
 from __future__ import annotations
 
+import logging
 import os
 
 import pytest
@@ -67,10 +68,23 @@ def pytest_runtest_makereport(item, call):
     tmp = item.funcargs.get("tmp_path") if hasattr(item, "funcargs") else None
     if not report.failed or tmp is None:
         return
-    for log in sorted(tmp.rglob("*.log"))[:8]:
+    # first among the sections: CI shows the head and the tail of a long report, and the captured output can be long
+    for i, log in enumerate(sorted(tmp.rglob("*.log"))[:8]):
         try:
             lines = log.read_text(errors="replace").splitlines()
         except OSError as err:
             lines = [f"(unreadable: {err})"]
-        report.sections.append((f"last {LOG_TAIL_LINES} lines of {log.relative_to(tmp)}",
-                                "\n".join(lines[-LOG_TAIL_LINES:])))
+        report.sections.insert(i, (f"last {LOG_TAIL_LINES} lines of {log.relative_to(tmp)}",
+                                   "\n".join(lines[-LOG_TAIL_LINES:])))
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_restored():
+    """A test running a command in this process (``cli.main``) sets the root logger's handler on the stream pytest
+    captures for that test; restored afterwards, so later tests' log lines do not go to a closed capture file
+    (a "--- Logging error ---" traceback each)."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)

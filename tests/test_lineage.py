@@ -86,6 +86,8 @@ def _halted_with(path, bootstrap, state, app_id, log_path, reasons, extra=(), en
 
 def _lineage_accounted(bootstrap, stream, lineage, n, timeout_s=90) -> list[dict]:
     """The manifests of ``lineage`` once they (with its dead letters) place ``n`` events and defer none."""
+    seen_last = {}
+
     def placed():
         latest, seen, count = {}, set(), 0
         for _, m, _, _ in read_all(bootstrap, "anon.releases", stream=stream, idle_s=0.5):
@@ -98,9 +100,11 @@ def _lineage_accounted(bootstrap, stream, lineage, n, timeout_s=90) -> list[dict
         dead = {tuple(d["source"].values()) for _, d, _, _ in read_all(bootstrap, "anon.deadletter", stream=stream,
                                                                        idle_s=0.5) if d.get("lineage") == lineage}
         deferred = sum(m["deferred"] for m in latest.values())
+        seen_last.update(placed=count, dead_lettered=len(dead), deferred=deferred,
+                         latest_seq={p: m["seq"] for p, m in sorted(latest.items())})
         return [m for _, m, _, _ in read_all(bootstrap, "anon.releases", stream=stream, idle_s=0.3)
                 if m.get("lineage") == lineage] if count + len(dead) >= n and not deferred else None
-    return wait_for(placed, timeout_s, f"{n} events placed by lineage {lineage}")
+    return wait_for(placed, timeout_s, f"{n} events placed by lineage {lineage}", explain=lambda: seen_last)
 
 
 def _run_lineage(path, bootstrap, state, app_id, stream, log_path, extra=(), n=N):
