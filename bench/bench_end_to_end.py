@@ -313,6 +313,7 @@ def median_run(runs: list[dict]) -> dict:
                            "end_to_end_vs_engine": r["end_to_end_vs_engine"],
                            "end_to_end_vs_engine_cpu": r["end_to_end_vs_engine_cpu"],
                            "drain_vs_engine": r.get("drain_vs_engine"),
+                           "engine_events_per_s": [p["events_per_s"] for p in r["engine_only"].get("passes", ())],
                            **{k: r["end_to_end"][k] for k in ("events_per_s_span", "events_per_s_wall",
                                                               "cpu_us_per_event", "cpu_us_per_event_span",
                                                               "events_per_s_drain", "cpu_us_per_event_drain",
