@@ -8,8 +8,8 @@ each release (issue 29; on by default) are paired by ``oyster_norisk`` (``[risk]
 1,000,000). For each: the events replayed to the broker, the engine alone in this process on the same events
 (events/s), a worker started and timed until every event is accounted for on the output topics, the engine alone
 again, the independent audit, and the worker's CPU seconds (from /proc). The engine's rate is over its two passes,
-right before and right after the workers: this machine's speed moves by up to 1.5x within minutes, and the replay
-and the audit take minutes each. Two rates are reported: over the worker's whole run (consumer-group join, state recovery and
+right before and right after the workers, each in a fresh process as the worker's: this machine's speed moves by up
+to 1.5x within minutes, and the replay and the audit take minutes each. Two rates are reported: over the worker's whole run (consumer-group join, state recovery and
 the final idle flush included) and over its processing span (first output to last); CPU likewise, in all and after
 the first output (``cpu_us_per_event_span``: without each worker's fixed start). ``end_to_end_vs_engine`` is the
 span rate over the engine's rate; ``end_to_end_vs_engine_cpu`` the engine's CPU per event over the workers' (after
@@ -34,6 +34,7 @@ import os
 import platform
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 import tomllib
@@ -100,7 +101,16 @@ def config_file(name: str, workdir: Path, without_dp: bool = False, journeys: bo
     return path
 
 
-def engine_pass(cfg, events) -> dict:
+def engine_pass(cfg_path: Path, dataset: str, limit: int | None) -> dict:
+    """:func:`time_engine` in a process of its own, as the worker runs in its own (the events loaded there first,
+    untimed): this process has replayed the events and read the outputs, and its heap is not a fresh one."""
+    out = subprocess.run([sys.executable, __file__, "--engine-pass", str(cfg_path), dataset, str(limit or 0)],
+                         check=True, capture_output=True, text=True, env={**os.environ, "STREAM_ANON_SECRET": SECRET})
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def time_engine(cfg, events) -> dict:
+    """The engine alone on ``events``: ``process`` then ``flush``, timed (wall and CPU)."""
     engine = Engine(cfg, secret=SECRET.encode())
     t0, c0 = time.perf_counter(), time.process_time()
     res = engine.process(events)
@@ -284,6 +294,7 @@ def scenario(name: str, workdir: Path, oyster: list, args, repeat: int = 0) -> d
         events = load_events("oyster-cards", full=True, limit=args.events)
     else:
         raise SystemExit(f"unknown scenario {name}")
+    dataset = "oyster-cards" if name == "cards_m3" else "oyster"
     cfg = load_config(path)
     r = {"config": path.name, "m": cfg.anonymization.m, "dp": cfg.dp is not None, "compression": args.compression,
          "risk_per_release": cfg.risk.per_release, "risk_population": cfg.risk.settings.population,
@@ -291,7 +302,7 @@ def scenario(name: str, workdir: Path, oyster: list, args, repeat: int = 0) -> d
     passes = []
     r["end_to_end"] = end_to_end(path, events, workdir / name / f"run{repeat + 1}",
                                  workers=2 if name == "two_workers" else 1, compression=args.compression,
-                                 beside=lambda: passes.append(engine_pass(cfg, events)))
+                                 beside=lambda: passes.append(engine_pass(path, dataset, args.events)))
     r["engine_only"] = engine_only(passes)
     r["end_to_end_vs_engine"] = round(r["end_to_end"]["events_per_s_span"] / r["engine_only"]["events_per_s"], 3)
     if "events_per_s_drain" in r["end_to_end"]:
@@ -323,6 +334,11 @@ def median_run(runs: list[dict]) -> dict:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--engine-pass"]:            # engine_pass's child: config, dataset, limit (0: all)
+        cfg_path, dataset, limit = argv[1], argv[2], int(argv[3]) or None
+        print(json.dumps(time_engine(load_config(cfg_path), load_events(dataset, full=True, limit=limit))))
+        return 0
     ap = argparse.ArgumentParser()
     ap.add_argument("--events", type=int, default=None, help="first N events (default: the full files)")
     ap.add_argument("--only", default="oyster,oyster_dp,oyster_m3,cards_m3,two_workers")
