@@ -5,19 +5,19 @@ aggregates of configs/oyster.toml, the Oyster file under the oyster-cards config
 individuals), oyster-cards with m = 3, and two workers on the Oyster file. The re-identification risk figures of
 each release (issue 29; on by default) are paired by ``oyster_norisk`` (``[risk] per_release = false``) and
 ``oyster_population`` (journalist figures and population uniqueness against a declared population of
-1,000,000). For each: the events replayed to the broker, the engine alone in this process on the same events
-(events/s), a worker started and timed until every event is accounted for on the output topics, the engine alone
-again, the independent audit, and the worker's CPU seconds (from /proc). The engine's rate is over its two passes,
-right before and right after the workers, each in a fresh process as the worker's: this machine's speed moves by up
-to 1.5x within minutes, and the replay and the audit take minutes each. Two rates are reported: over the worker's whole run (consumer-group join, state recovery and
-the final idle flush included) and over its processing span (first output to last); CPU likewise, in all and after
-the first output (``cpu_us_per_event_span``: without each worker's fixed start). ``end_to_end_vs_engine`` is the
-span rate over the engine's rate; ``end_to_end_vs_engine_cpu`` the engine's CPU per event over the workers' (after
-their first output): the machine's other load moves the first much more than the second. The processing span
-ends after the worker's final idle flush, so it holds the quiet time the worker waits for before it (2 s here),
-which the engine alone (``flush()`` at once) does not: ``drain`` is the rate at which the workers' consumer group
-committed the input (its committed offsets, read every 0.1 s, from the first commit to the last input offset; the
-consumer lag drained), CPU likewise, and ``drain_vs_engine`` that rate over the engine's.
+1,000,000). For each: the events replayed to the broker, the engine alone on the same events (events/s), a worker
+started and timed until every event is accounted for on the output topics, the engine alone again, the independent
+audit, and the worker's CPU seconds (from /proc). The engine's rate is over its two passes, right before and right
+after the workers, each in a fresh process as the worker's: this machine's speed moves by up to 1.5x within minutes,
+and the replay and the audit take minutes each. Two rates are reported: over the worker's whole run (consumer-group
+join, state recovery and the final idle flush included) and over its processing span (first output to last); CPU
+likewise, in all and after the first output (``cpu_us_per_event_span``: without each worker's fixed start).
+``end_to_end_vs_engine`` is the span rate over the engine's rate; ``end_to_end_vs_engine_cpu`` the engine's CPU per
+event over the workers' (after their first output): the machine's other load moves the first much more than the
+second. The processing span ends after the worker's final idle flush, so it holds the quiet time the worker waits
+for before it (2 s here), which the engine alone (``flush()`` at once) does not: ``drain`` is the rate at which the
+workers' consumer group committed the input (its committed offsets, read every 0.1 s, from the first commit to the
+last input offset; the consumer lag drained), CPU likewise, and ``drain_vs_engine`` that rate over the engine's.
 
     .venv/bin/python bench/bench_end_to_end.py [--events N] [--repeat R]
         [--only oyster,oyster_dp,oyster_m3,cards_m3,two_workers,oyster_norisk,oyster_population]
@@ -105,7 +105,7 @@ def engine_pass(cfg_path: Path, dataset: str, limit: int | None) -> dict:
     """:func:`time_engine` in a process of its own, as the worker runs in its own (the events loaded there first,
     untimed): this process has replayed the events and read the outputs, and its heap is not a fresh one."""
     out = subprocess.run([sys.executable, __file__, "--engine-pass", str(cfg_path), dataset, str(limit or 0)],
-                         check=True, capture_output=True, text=True, env={**os.environ, "STREAM_ANON_SECRET": SECRET})
+                         check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -65,9 +66,10 @@ def main(argv=None) -> int:
             cpu[name].append(1e6 * (time.process_time() - c) / len(raws))
     out = {"benchmark": "input check of the worker alone (issue 27)",
            "run_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           "machine": {"cpus": __import__("os").cpu_count(), "python": platform.python_version()},
+           "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
            "events": len(raws), "batch": args.batch, "passes": args.passes,
-           "results": {name: {"best_us_per_event": round(min(v), 2), "median_us_per_event": round(statistics.median(v), 2),
+           "results": {name: {"best_us_per_event": round(min(v), 2),
+                              "median_us_per_event": round(statistics.median(v), 2),
                               "passes_us_per_event": [round(x, 2) for x in v]} for name, v in cpu.items()}}
     out["check_batch_vs_general_median"] = round(out["results"]["check_batch"]["median_us_per_event"]
                                                  / out["results"]["general"]["median_us_per_event"], 3)
