@@ -151,7 +151,8 @@ def read_all(bootstrap, topic, stream=None, min_count=0, idle_s=1.5, max_wait_s=
                       auto_offset_reset="earliest")
     tps = [TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic) or {0})]
     c.assign(tps)
-    c.seek_to_beginning(*tps)
+    for tp in tps:              # offset 0, not the broker's earliest (stream_anon/connection.py FIRST_OFFSET)
+        c.seek(tp, 0)
     ends = c.end_offsets(tps)
     out = []
     start = last = time.monotonic()
@@ -194,7 +195,8 @@ def record_batch_codecs(bootstrap, topic) -> list[int]:
     try:
         tps = [TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic) or {0})]
         c.assign(tps)
-        c.seek_to_beginning(*tps)
+        for tp in tps:
+            c.seek(tp, 0)
         quiet_since = time.monotonic()
         while time.monotonic() - quiet_since < 1.5:
             if c.poll(timeout_ms=300):

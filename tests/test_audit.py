@@ -469,7 +469,7 @@ class _FakeConsumer:
     def assign(self, tps):
         self.tps = tps
 
-    def seek_to_beginning(self, *tps):
+    def seek(self, tp, offset):
         pass
 
     def poll(self, timeout_ms=0):

@@ -46,9 +46,10 @@ import uuid
 from dataclasses import dataclass, field
 
 import orjson
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import NewTopic
 
+from stream_anon.connection import FIRST_OFFSET
 from stream_anon.kafka.state_cache import POLL_S
 from stream_anon.render import TOPICS, json_bytes
 
@@ -179,11 +180,12 @@ class LineageTopic:
         """The stream's declarations in log order: everything committed before a barrier written now."""
         nonce = uuid.uuid4().hex
         self._produce(f"{self.stream}/barrier", {"type": "barrier", "stream": self.stream, "nonce": nonce})
-        reader = Consumer({**self.cfg, "group.id": f"{self.topic}-reader", "enable.auto.commit": False})
+        reader = Consumer({**self.cfg, "group.id": f"{self.topic}-reader", "enable.auto.commit": False,
+                           "auto.offset.reset": "earliest"})
         out: list[dict] = []
         try:
             reader.list_topics(self.topic, timeout=30)    # leader known: no 500 ms wait before the first fetch
-            reader.assign([TopicPartition(self.topic, 0, OFFSET_BEGINNING)])
+            reader.assign([TopicPartition(self.topic, 0, FIRST_OFFSET)])
             deadline = time.monotonic() + READ_WAIT_S
             while time.monotonic() < deadline:
                 for m in reader.consume(num_messages=500, timeout=POLL_S):
@@ -216,7 +218,8 @@ def manifest_lineages(client_config: dict, stream: str, quiet_s: float = 0.5, ma
     prefix = f"{stream}-".encode()
     topic = TOPICS.releases
     reader = Consumer({**client_config, "group.id": f"stream-anon-lineage-scan-{uuid.uuid4().hex[:8]}",
-                       "enable.auto.commit": False, "isolation.level": "read_committed"})
+                       "enable.auto.commit": False, "isolation.level": "read_committed",
+                       "auto.offset.reset": "earliest"})
     found: dict[str, set[int]] = {}
     try:
         md = reader.list_topics(topic, timeout=30).topics.get(topic)
@@ -229,7 +232,7 @@ def manifest_lineages(client_config: dict, stream: str, quiet_s: float = 0.5, ma
                 ends[p] = reader.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
             except KafkaException:
                 ends[p] = 0
-        tps = [TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts]
+        tps = [TopicPartition(topic, p, FIRST_OFFSET) for p in parts]
         reader.assign(tps)
         quiet_since = time.monotonic()
         deadline = quiet_since + max_s
