@@ -53,11 +53,12 @@ MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 SECRET_FIELDS = ("ssl_password", "sasl_password")
 _FILE_FIELDS = ("ssl_cafile", "ssl_certfile", "ssl_keyfile")
 
-# Where a reader of a whole partition starts: offset 0, never the broker's earliest offset (OFFSET_BEGINNING,
-# seek_to_beginning). Tansu 0.6 can state a partition's earliest offset past its first batch when transactional
-# producers write their first batches to it at once (the batch is still there; tests/test_broker.py), and a reader
-# starting there misses it. Where retention did remove offset 0, the fetch is out of range and the reader's
-# auto.offset.reset = earliest starts it at the log start.
+# Where a reader of a whole shared output partition (manifests, records, dead letters: written by every partition's
+# transactional producer) starts: offset 0, not the broker's earliest offset (OFFSET_BEGINNING, seek_to_beginning).
+# Tansu 0.6 can state a partition's earliest offset past its first batch when transactional producers write their
+# first batches to it at once (the batch is still there; tests/test_broker.py), and a reader starting there misses
+# it. Where retention did remove offset 0, the fetch is out of range and the reader's auto.offset.reset = earliest
+# starts it at the log start. A state partition (one producer) and the input are read from the broker's earliest.
 FIRST_OFFSET = 0
 _BOOL_TRUE, _BOOL_FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 

@@ -28,11 +28,10 @@ import logging
 import threading
 import time
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicCollection, \
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicCollection, \
     TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
-from stream_anon.connection import FIRST_OFFSET
 from stream_anon.kafka import state as st
 from stream_anon.kafka.core import WorkerCore
 from stream_anon.kafka.lineage import StreamLineage
@@ -422,7 +421,7 @@ class KafkaLoop:
         self.ready = False
         mine = [tp.partition for tp in partitions if tp.topic == self.input]
         self.assigned.update(mine)
-        positions = [TopicPartition(self.input, p, FIRST_OFFSET if start is None else start)
+        positions = [TopicPartition(self.input, p, OFFSET_BEGINNING if start is None else start)
                      for p, start in self._recover(mine).items()]
         consumer.assign(positions)
         halted = [TopicPartition(self.input, p) for p in self.halted if p in self.assigned]
@@ -460,7 +459,7 @@ class KafkaLoop:
         if p in self.halted:
             self._consumer.pause([TopicPartition(self.input, p)])
             return
-        self._consumer.seek(TopicPartition(self.input, p, FIRST_OFFSET if start is None else start))
+        self._consumer.seek(TopicPartition(self.input, p, OFFSET_BEGINNING if start is None else start))
 
     def _fence(self, p: int) -> bytes:
         """A new producer of the partition's transactional id, initialized (fencing any other), and the nonce of

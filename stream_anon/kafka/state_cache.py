@@ -10,9 +10,8 @@ import time
 from pathlib import Path
 
 import orjson
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from stream_anon.connection import FIRST_OFFSET
 from stream_anon.kafka import state as st
 from stream_anon.render import json_bytes
 
@@ -28,14 +27,14 @@ def read_to_barriers(client_config: dict, group_id: str, state_topic: str, nonce
     for at most ``wait_s``: (the logs read, and for each partition whose barrier did not come back, what was read
     of it, as one line)."""
     reader = Consumer({**client_config, "group.id": group_id, "enable.auto.commit": False,
-                       "isolation.level": "read_committed", "auto.offset.reset": "earliest"})
+                       "isolation.level": "read_committed"})
     logs = {p: st.StateLog() for p in nonces}
     waiting = set(nonces)
     try:
         # the topic's metadata first: assigned before its leader is known, the reader waits out librdkafka's 500 ms
         # offset query timer
         reader.list_topics(state_topic, timeout=30)
-        reader.assign([TopicPartition(state_topic, p, FIRST_OFFSET) for p in nonces])
+        reader.assign([TopicPartition(state_topic, p, OFFSET_BEGINNING) for p in nonces])
         deadline = time.monotonic() + wait_s
         while waiting and time.monotonic() < deadline:
             for m in reader.consume(num_messages=1000, timeout=POLL_S):
