@@ -60,6 +60,12 @@ _FILE_FIELDS = ("ssl_cafile", "ssl_certfile", "ssl_keyfile")
 # it. Where retention did remove offset 0, the fetch is out of range and the reader's auto.offset.reset = earliest
 # starts it at the log start. A state partition (one producer) and the input are read from the broker's earliest.
 FIRST_OFFSET = 0
+
+
+def seek_to_first(consumer, tps) -> None:
+    """A kafka-python consumer's assigned partitions ``tps`` set to :data:`FIRST_OFFSET`."""
+    for tp in tps:
+        consumer.seek(tp, FIRST_OFFSET)
 _BOOL_TRUE, _BOOL_FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 

@@ -10,6 +10,8 @@ from collections import Counter, defaultdict
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+from stream_anon.connection import seek_to_first
+
 ZONES = {
     "Zone 1": ["Aldgate", "Bank", "Barbican", "Holborn", "Liverpool Street", "Moorgate", "Oxford Circus",
                "Victoria", "Waterloo", "Euston"],
@@ -151,8 +153,7 @@ def read_all(bootstrap, topic, stream=None, min_count=0, idle_s=1.5, max_wait_s=
                       auto_offset_reset="earliest")
     tps = [TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic) or {0})]
     c.assign(tps)
-    for tp in tps:              # offset 0, not the broker's earliest (stream_anon/connection.py FIRST_OFFSET)
-        c.seek(tp, 0)
+    seek_to_first(c, tps)
     ends = c.end_offsets(tps)
     out = []
     start = last = time.monotonic()
@@ -195,8 +196,7 @@ def record_batch_codecs(bootstrap, topic) -> list[int]:
     try:
         tps = [TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic) or {0})]
         c.assign(tps)
-        for tp in tps:
-            c.seek(tp, 0)
+        seek_to_first(c, tps)
         quiet_since = time.monotonic()
         while time.monotonic() - quiet_since < 1.5:
             if c.poll(timeout_ms=300):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stream_anon.connection import FIRST_OFFSET, as_connection
+from stream_anon.connection import as_connection, seek_to_first
 from stream_anon.contract import topics
 
 from .config import AuditConfig
@@ -63,8 +63,7 @@ def read_topic(bootstrap, topic: str, idle_s: float = 3.0, max_wait_s: float = 1
             return []
         tps = [TopicPartition(topic, p) for p in parts]
         consumer.assign(tps)
-        for tp in tps:
-            consumer.seek(tp, FIRST_OFFSET)
+        seek_to_first(consumer, tps)
         seen: dict[tuple[str, int, int], tuple[bytes, int]] = {}
         start = last_new = time.monotonic()
         confirmed_count = -1

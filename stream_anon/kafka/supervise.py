@@ -15,7 +15,7 @@ from pathlib import Path
 
 from stream_anon.audit.kafka_source import read_topic
 from stream_anon.config import load_config
-from stream_anon.connection import FIRST_OFFSET, as_connection, secret_env, to_args
+from stream_anon.connection import as_connection, secret_env, seek_to_first, to_args
 from stream_anon.render import TOPICS
 
 WORKER = ("-m", "stream_anon.kafka.app")
@@ -35,8 +35,7 @@ class OutputReader:
             parts = self.consumer.partitions_for_topic(topic) or {0}
             tps += [TopicPartition(topic, p) for p in sorted(parts)]
         self.consumer.assign(tps)
-        for tp in tps:
-            self.consumer.seek(tp, FIRST_OFFSET)
+        seek_to_first(self.consumer, tps)
         self.manifests: dict[str, dict] = {}
         self.deadletters: dict[tuple, dict] = {}
 
