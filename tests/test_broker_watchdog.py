@@ -105,3 +105,31 @@ def test_idle_due_at_is_when_the_last_input_is_flush_when_idle_s_old():
     ps.dirty_since_flush = True
     assert core.idle_due_at() == 102.0 and core.idle_due_at(not_before=105.0) == 107.0
     assert core.idle_partitions(answered_at=101.9) == [] and core.idle_partitions(answered_at=102.0) == [ps]
+
+
+def test_the_loop_waits_for_input_until_the_idle_flush_may_follow_not_a_whole_batch_wait():
+    """consume()'s wait is cut to the idle flush's due time (plus the probe's sending and answer), and while the
+    probe asked for is under way or was just answered the loop looks again every ANSWER_POLL_S; with no flush
+    pending, the broker lost, or no probe since the due time for a whole batch wait, that wait applies (a partition
+    that stays unflushed, e.g. halted, makes no busy loop)."""
+    core = WorkerCore(load_config(OYSTER), "watchdog", SECRET, flush_when_idle_s=2.0)
+    watch = KafkaLoop(core, {"bootstrap.servers": "localhost:9"}).watch
+    poll, ask = watchdog_module.ANSWER_POLL_S, watchdog_module.ASKED_WITHIN_S
+    assert watch.input_wait(math.inf, 0.5) == 0.5
+    due = time.monotonic() + 0.2
+    assert 0.2 - 0.05 < watch.input_wait(due, 0.5) <= 0.2 + ask + poll
+    assert watch.input_wait(time.monotonic() + 5, 0.5) == 0.5
+    past = time.monotonic() - 0.01
+    watch.probe_by(past)                                  # asked for, not sent yet
+    assert watch.input_wait(past, 0.5) == poll
+    watch.asked_at, watch.sent_at = math.inf, past + 0.001    # sent, not answered yet
+    assert watch.input_wait(past, 0.5) == poll
+    watch.answered_at = watch.sent_at                     # just answered: the flush follows in the next step
+    assert watch.input_wait(past, 0.5) == poll
+    watch.sent_at = watch.answered_at = time.monotonic() - 0.6     # answered a batch wait ago, nothing flushed
+    assert watch.input_wait(past, 0.5) == 0.5
+    watch.sent_at = watch.answered_at = past - 1          # no probe since the due time, none asked for
+    assert watch.input_wait(past, 0.5) == 0.5
+    watch.answered_at = -math.inf
+    watch.connected = False                               # lost: the flush waits for the broker
+    assert watch.input_wait(past, 0.5) == 0.5

@@ -315,7 +315,8 @@ class KafkaLoop:
 
     # ---- one step ---------------------------------------------------------------------------------------------
     def _step(self) -> None:
-        msgs = self._consumer.consume(num_messages=self.batch_max, timeout=self.batch_within_s)
+        wait = self.watch.input_wait(self.core.idle_due_at(not_before=self.watch.outage_ended_at), self.batch_within_s)
+        msgs = self._consumer.consume(num_messages=self.batch_max, timeout=wait)
         arrived = time.time()
         by_part = by_partition(msgs, self.core.parts, self.halted)
         # every partition's batch first, then their transactions: with the DP aggregates in their own process

@@ -20,6 +20,7 @@ client_log = logging.getLogger("stream_anon.kafka.client")
 PROBE_INTERVAL_S = 2.0                 # the metadata request, every ...
 PROBE_TIMEOUT_S = 4.0                  # ... unanswered after this: the broker is lost
 ASKED_WITHIN_S = 0.05                  # a probe asked for (probe_by) is sent within this of its time
+ANSWER_POLL_S = 0.02                   # while that probe is awaited, the loop looks for its answer this often
 
 
 class BrokerWatch:
@@ -59,6 +60,20 @@ class BrokerWatch:
         time a probe was already sent after)."""
         if when > self.sent_at:
             self.asked_at = min(self.asked_at, when)
+
+    def input_wait(self, due: float, longest: float) -> float:
+        """How long the loop may wait for input (at most ``longest``) when an idle flush falls due at ``due``
+        (monotonic time; inf: none): until the probe asked for at ``due`` may have been answered, then every
+        ``ANSWER_POLL_S`` while it is asked for, under way, or answered within ``longest``, so that the flush follows
+        the quiet time by a probe's round trip, not by up to ``longest``."""
+        now = time.monotonic()
+        if not self.connected or due == math.inf:
+            return longest
+        if now < due:
+            return min(longest, due - now + ASKED_WITHIN_S + ANSWER_POLL_S)
+        probing = self.asked_at < math.inf or (
+            self.sent_at >= due and (self.answered_at < self.sent_at or now - self.answered_at < longest))
+        return min(longest, ANSWER_POLL_S) if probing else longest
 
     def run(self) -> None:
         """The probing thread's target, until ``stopping`` is set."""
