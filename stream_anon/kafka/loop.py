@@ -5,11 +5,13 @@ One thread runs the whole loop with confluent-kafka (librdkafka fetches and send
 GIL): ``consume()`` a batch of up to ``batch_max`` messages, ``WorkerCore.process`` of each partition of the batch,
 then per partition ``WorkerCore.complete`` (the DP rows, when a second process releases the aggregates:
 aggregates_process.py) -> begin transaction -> produce the output -> produce the state record (state.py; in parts
-when long) -> ``send_offsets_to_transaction`` (input offset + the state marker) -> commit. The partitions'
-transactions of a step are written one after the other and committed side by side (each partition has its own
-transactional producer; kafka/transactions.py); their outcomes are taken in the order written, each as if alone.
-Group membership and rebalancing are the consumer's; partition assignment happens inside ``consume()``, between
-transactions (none is under way then), and recovers each new partition's state from the state topic (state.py).
+when long) -> ``send_offsets_to_transaction`` (input offset + the state marker) -> commit. Each partition has its
+own transactional producer (kafka/transactions.py); a partition's commit runs in a thread while the loop goes on
+(the next consume, the other partitions), and its outcome is taken before anything else uses that partition's
+state: before its next batch is processed, before a flush, before a rebalance moves it, and at the end. A partition
+has at most one transaction in flight. Group membership and rebalancing are the consumer's; partition assignment
+happens inside ``consume()`` (the transactions in flight are settled first), and recovers each new partition's state
+from the state topic (state.py).
 
 Failures:
 - a transaction that fails is aborted and the partition is recovered again from Kafka (its in-memory state may
@@ -38,8 +40,8 @@ from stream_anon.kafka.lineage import StreamLineage
 from stream_anon.kafka.partition import ConfigChangeRefused, KeyRotationRefused
 from stream_anon.kafka.retention import RetentionCheck, guard_raw_retention
 from stream_anon.kafka.state_cache import CommittedCache, read_state_logs
-from stream_anon.kafka.transactions import TXN_TIMEOUT_S, CommitThreads, OpenTransaction, abort_or_fenced, \
-    fence_and_barrier, transactional_producer
+from stream_anon.kafka.transactions import TXN_TIMEOUT_S, CommitThreads, InFlight, OpenTransaction, \
+    abort_or_fenced, fence_and_barrier, transactional_producer
 from stream_anon.kafka.watchdog import BrokerWatch
 from stream_anon.render import TOPICS, json_bytes
 
@@ -84,6 +86,15 @@ def group_timeouts(session_timeout_s: float) -> dict:
     if not 1000 <= ms <= 300_000:
         raise ValueError(f"session timeout {session_timeout_s!r} s: between 1 and 300")
     return {"session.timeout.ms": ms, "heartbeat.interval.ms": max(100, ms // 6)}
+
+
+def input_consumer_config(client_config: dict, app_id: str, timeouts: dict, on_error) -> dict:
+    """The worker's input consumer: the app id's group, offsets committed only in the transactions, committed
+    records only, eager range assignment (a rebalance revokes every partition first)."""
+    return {**client_config, "group.id": app_id, "enable.auto.commit": False, "isolation.level": "read_committed",
+            "auto.offset.reset": "earliest", **timeouts, "max.poll.interval.ms": 300000,
+            "partition.assignment.strategy": "range", "fetch.max.bytes": 52428800, "error_cb": on_error,
+            "logger": client_log}
 
 
 def by_partition(msgs, parts, halted) -> dict[int, list | None]:
@@ -235,21 +246,18 @@ class KafkaLoop:
             raise ValueError(f"compression {compression!r}: one of {', '.join(COMPRESSIONS)}")
         self.state_part_bytes = st.checked_part_bytes(state_part_bytes)
         self.group_timeouts = group_timeouts(session_timeout_s)
-        self.core, self.compression = core, compression
-        self.cfg = dict(client_config)
+        self.core, self.compression, self.cfg = core, compression, dict(client_config)
         self.batch_max, self.batch_within_s = int(batch_max), float(batch_within_s)
         self.metrics_interval_s = float(metrics_interval_s)
         # operator decisions (--accept-input-reset, --accept-config-change, --rotate-key: the previous key id)
         self.accept_input_reset, self.accept_config_change, self.rotate_from = (accept_input_reset,
                                                                                accept_config_change, rotate_from)
-        self.input = core.topic
-        self.state_topic = st.state_topic(core.app_id)
+        self.input, self.state_topic = core.topic, st.state_topic(core.app_id)
         self.producers: dict[int, Producer] = {}
         self.halted: dict[int, dict] = {}                 # partition -> {"reason", "detail", "since"}
         self.assigned: set[int] = set()
         self.ready = False                               # assigned partitions recovered (readiness)
-        self.stopping = threading.Event()
-        self.stopped = threading.Event()
+        self.stopping, self.stopped = threading.Event(), threading.Event()
         self.error: BaseException | None = None
         self.counters = dict.fromkeys(COUNTERS, 0)
         self.retention: RetentionCheck | None = None      # the raw topic's retention against the declared one
@@ -259,9 +267,9 @@ class KafkaLoop:
         self.lineage = StreamLineage(self.cfg, core.app_id, core.stream, self.cache, new_lineage)
         self._consumer: Consumer | None = None
         self.metrics = MetricSender(core.stream, core.stats.note_alert)
-        self.commits = CommitThreads()                   # a step's partition transactions commit side by side
-        self._last_metric = 0.0
-        self.highwater: dict[int, int] = {}
+        self.commits = CommitThreads()                   # the partitions' transactions commit side by side
+        self.in_flight = InFlight(self.commits)           # their commits not yet taken (one per partition at most)
+        self._last_metric, self.highwater = 0.0, {}       # highwater: partition -> end offset last seen
 
     # ---- lifecycle --------------------------------------------------------------------------------------------
     def stop(self) -> None:
@@ -277,6 +285,10 @@ class KafkaLoop:
             self.error = exc
             log.exception("worker loop failed")
         finally:
+            try:
+                self._settle_in_flight(self.in_flight.partitions(), leaving=True)   # commits as any other
+            except Exception:  # noqa: BLE001 - reported; the consumer and producers are closed all the same
+                log.exception("settling the transactions in flight failed")
             self._shutdown()
             self.stopped.set()
 
@@ -291,17 +303,13 @@ class KafkaLoop:
         self._admin = admin
         self.metrics.start(self.cfg, self.compression)
         self.retention = guard_raw_retention(admin, self.input, self.core.config.stream, self.metrics.send)
-        self._consumer = Consumer({
-            **self.cfg, "group.id": self.core.app_id, "enable.auto.commit": False,
-            "isolation.level": "read_committed", "auto.offset.reset": "earliest",
-            **self.group_timeouts, "max.poll.interval.ms": 300000,
-            "partition.assignment.strategy": "range", "fetch.max.bytes": 52428800,
-            "error_cb": self.watch.on_error, "logger": client_log})
+        self._consumer = Consumer(input_consumer_config(self.cfg, self.core.app_id, self.group_timeouts,
+                                                        self.watch.on_error))
         self._consumer.subscribe([self.input], on_assign=self._on_assign, on_revoke=self._on_revoke,
                                  on_lost=self._on_revoke)
 
     def _shutdown(self) -> None:
-        # nothing is in flight between steps: every transaction was committed or aborted
+        # nothing is in flight any more: every transaction was committed or aborted
         try:
             if self._consumer is not None:
                 self._consumer.close()          # leaves the group: the partitions move at once
@@ -321,19 +329,18 @@ class KafkaLoop:
         by_part = by_partition(msgs, self.core.parts, self.halted)
         # every partition's batch first, then their transactions: with the DP aggregates in their own process
         # (aggregates_process.py), a partition's aggregates are released there while the next one's engine runs
-        # here. Each transaction is written, then its commit runs beside the next one's writing (one producer per
-        # partition); the outcomes are taken in order. The partitions are independent: one failing to commit is
-        # recovered (or halted, or dropped) alone.
-        done = [(self.core.parts[p], batch) for p, batch in by_part.items() if batch is not None]
-        done = [(ps, batch, self.core.process(ps, batch)) for ps, batch in done]
-        started = []
+        # here. A batch is processed once its partition's transaction in flight committed (the state it builds on
+        # and fails back to); a partition whose did not is recovered and sought back: its batch comes again.
+        done = []
+        for p, batch in by_part.items():
+            if batch is not None and self._settle_in_flight([p])[p] and p in self.core.parts:
+                ps = self.core.parts[p]
+                done.append((ps, batch, self.core.process(ps, batch)))
+        self._settle_in_flight([p for p in self.in_flight.partitions() if by_part.get(p) is None])
         for ps, batch, out in done:
             out = self.core.complete(ps, out, batch)
             if out.last_offset != ps.offset or out.messages:
-                started.append((self._start_commit(ps, out.messages, out.last_offset), out))
-        for committed, (_, out) in zip(self._settle([txn for txn, _ in started]), started):
-            if committed:
-                self.core.stats.note_commit(out.releases, arrived)
+                self.in_flight.add(self._start_commit(ps, out.messages, out.last_offset), out, arrived)
         # Idle means the stream is quiet, not that the broker is: the partitions must have been without input since
         # a broker that was answering (a probe sent at least flush_when_idle_s after the last input and after the
         # end of the last outage answered); a flush during a broker pause would make the pause's backlog late.
@@ -341,20 +348,31 @@ class KafkaLoop:
         for ps in self.core.idle_partitions(answered_at=self.watch.answered_at, not_before=self.watch.outage_ended_at):
             if ps.partition not in self.halted:
                 self._flush(ps)
-        now = time.monotonic()
-        if now - self._last_metric >= self.metrics_interval_s:
-            self._last_metric = now
+        if time.monotonic() - self._last_metric >= self.metrics_interval_s:
+            self._last_metric = time.monotonic()
             self._publish_metrics()
 
     # ---- transactions -----------------------------------------------------------------------------------------
     def _commit(self, ps, messages: list, offset: int, flush_pending: bool = False) -> bool:
-        """Output, state and offsets of one partition batch in one transaction. False: not committed (the
-        partition was recovered again from Kafka, halted, or dropped)."""
-        return self._settle([self._start_commit(ps, messages, offset, flush_pending)])[0]
+        """Output, state and offsets of one partition batch in one transaction, waited for (none of the partition's
+        may be in flight). False: not committed (see :meth:`_failed`)."""
+        txn = self._start_commit(ps, messages, offset, flush_pending)
+        return self._outcome(txn, self.commits.settle([txn])[0])
+
+    def _settle_in_flight(self, parts: list[int], leaving: bool = False) -> dict[int, bool]:
+        """Take the outcome of the transactions in flight of ``parts`` (a failed one: :meth:`_failed`; ``leaving``: the
+        partitions go, one that did not commit is aborted and not recovered): per partition, True when it
+        committed or had none."""
+        outcome = dict.fromkeys(parts, True)
+        for txn, out, arrived, failure in self.in_flight.take(parts):
+            outcome[txn.ps.partition] = self._outcome(txn, failure, leaving)
+            if failure is None:
+                self.core.stats.note_commit(out.releases, arrived, txn.ended_at)
+        return outcome
 
     def _start_commit(self, ps, messages: list, offset: int, flush_pending: bool = False) -> OpenTransaction:
         """Write a partition batch's transaction (output, state record in parts, tombstones) and start its commit
-        (offsets, then commit: it waits for the broker) in a thread of its own; :meth:`_settle` ends it."""
+        (offsets, then commit: it waits for the broker) in a thread of its own; its outcome is taken later."""
         p = ps.partition
         txn = OpenTransaction(ps, self.producers[p], self.core.state_record(ps, ps.seq + 1, offset, flush_pending))
         txn.write(messages, self.state_topic, self.core.stream, self.state_part_bytes)
@@ -364,22 +382,17 @@ class KafkaLoop:
         self.commits.start(txn, self._end_transaction, offsets, self._consumer.consumer_group_metadata())
         return txn
 
-    def _settle(self, txns: list[OpenTransaction]) -> list[bool]:
-        """Wait for the started commits, then take each outcome in order (False: failed, see :meth:`_failed`)."""
-        done = []
-        for txn, failure in zip(txns, self.commits.settle(txns)):
-            if failure is not None:
-                self._failed(txn.ps, txn.prod, failure)
-                done.append(False)
-                continue
-            txn.ps.note_committed(txn.rec, txn.parts)
-            self.counters["transactions"] += 1
-            self.counters["full_state_records"] += txn.rec.full
-            self.counters["state_bytes"] += len(txn.state_value)
-            self.watch.restored()
-            self.cache.write(txn.ps)
-            done.append(True)
-        return done
+    def _outcome(self, txn: OpenTransaction, failure: KafkaException | None, leaving: bool = False) -> bool:
+        if failure is not None:
+            self._failed(txn.ps, txn.prod, failure, leaving)
+            return False
+        txn.ps.note_committed(txn.rec, txn.parts)
+        self.counters["transactions"] += 1
+        self.counters["full_state_records"] += txn.rec.full
+        self.counters["state_bytes"] += len(txn.state_value)
+        self.watch.restored()
+        self.cache.write(txn.ps)
+        return True
 
     def _end_transaction(self, prod: Producer, offsets: list, group) -> None:
         """Offsets (input position and state marker) into the transaction, then commit it (in a commit thread:
@@ -387,11 +400,15 @@ class KafkaLoop:
         prod.send_offsets_to_transaction(offsets, group, TXN_TIMEOUT_S)
         prod.commit_transaction(TXN_TIMEOUT_S)
 
-    def _failed(self, ps, prod: Producer, exc: KafkaException) -> None:
+    def _failed(self, ps, prod: Producer, exc: KafkaException, leaving: bool = False) -> None:
         err = exc.args[0]
         self.counters["aborted"] += 1
         p = ps.partition
         fenced = abort_or_fenced(prod, err)
+        if leaving:            # the partition goes (revoked, lost, the worker stopping): nothing to recover
+            log.warning("partition %s: transaction not committed (%s%s) as the partition leaves", p, err,
+                        "; fenced" if fenced else "")
+            return
         if not fenced and err.code() == KafkaError.MSG_SIZE_TOO_LARGE:   # the batch would fail again
             self._halt(p, st.HALT_MESSAGE_TOO_LARGE, f"a message of the batch after input offset {ps.offset} is over "
                        f"the producer's message.max.bytes ({st.MESSAGE_MAX_BYTES}): {err.str()}")
@@ -410,6 +427,8 @@ class KafkaLoop:
 
     def _flush(self, ps) -> None:
         """Idle flush in two transactions: the decision (state with flush_pending), then its output."""
+        if not self._settle_in_flight([ps.partition])[ps.partition] or self.core.parts.get(ps.partition) is not ps:
+            return
         if not ps.flush_pending and not self._commit(ps, [], ps.offset, flush_pending=True):
             return
         out = self.core.complete(ps, self.core.flush(ps))
@@ -420,6 +439,7 @@ class KafkaLoop:
     # ---- assignment and recovery ------------------------------------------------------------------------------
     def _on_assign(self, consumer: Consumer, partitions) -> None:
         self.ready = False
+        self._settle_in_flight(self.in_flight.partitions(), leaving=True)    # none after an eager revocation
         mine = [tp.partition for tp in partitions if tp.topic == self.input]
         self.assigned.update(mine)
         positions = [TopicPartition(self.input, p, OFFSET_BEGINNING if start is None else start)
@@ -439,6 +459,7 @@ class KafkaLoop:
 
     def _on_revoke(self, consumer: Consumer, partitions) -> None:
         log.info("partitions revoked: %s", sorted(tp.partition for tp in partitions if tp.topic == self.input))
+        self._settle_in_flight([tp.partition for tp in partitions if tp.topic == self.input], leaving=True)
         for tp in partitions:
             if tp.topic == self.input:
                 self._drop(tp.partition)
@@ -507,11 +528,9 @@ class KafkaLoop:
                           "detail": detail})
 
     def _publish_metrics(self) -> None:
-        positions = {p: ps.offset + 1 for p, ps in self.core.parts.items()}
         highwaters = end_offsets(self._consumer, self.input, self.core.parts)
         self.highwater = {p: h for p, h in highwaters.items() if h is not None}
-        doc = self.core.stats.throughput_metric(self.core.stream, self.core.app_id, self.core.parts, positions,
-                                                highwaters)
-        doc.update({"connected": self.watch.connected, "halted": {str(p): h["reason"] for p, h in self.halted.items()},
-                    **self.counters})
-        self.metrics.send(doc)
+        doc = self.core.stats.throughput_metric(self.core.stream, self.core.app_id, self.core.parts,
+                                                {p: ps.offset + 1 for p, ps in self.core.parts.items()}, highwaters)
+        self.metrics.send({**doc, "connected": self.watch.connected,
+                           "halted": {str(p): h["reason"] for p, h in self.halted.items()}, **self.counters})

@@ -59,11 +59,11 @@ class WorkerStats:
         if metric.get("type") == "alert":
             self.alert_last[str(metric.get("alert"))] = float(metric["ts"])
 
-    def note_commit(self, releases, arrived: float | None = None) -> None:
-        """A partition batch just committed (``arrived``: wall time its messages reached the worker; None for an
-        idle flush, which has no arrival) with ``releases``: their event-time lag (commit time minus the window's
-        end) per partition and the time of the latest release."""
-        now = time.time()
+    def note_commit(self, releases, arrived: float | None = None, at: float | None = None) -> None:
+        """A partition batch committed at ``at`` (wall time; None: now) (``arrived``: wall time its messages reached
+        the worker; None for an idle flush, which has no arrival) with ``releases``: their event-time lag (commit
+        time minus the window's end) per partition and the time of the latest release."""
+        now = time.time() if at is None else at
         if arrived is not None:
             d = max(0.0, now - arrived)
             self.processing["buckets"][bisect.bisect_left(LATENCY_BUCKETS, d)] += 1

@@ -1,16 +1,16 @@
 """One partition's transactions: its transactional producer, what a partition batch's transaction holds (the output
 messages, the partition's state record, in parts when long, and the tombstones of the records it makes obsolete),
-and the commits of a step's transactions side by side.
+and the commits under way.
 
-Each partition has its own transactional producer (``<app_id>-p<partition>``), so the commits of a step's
-partitions are independent: :class:`CommitThreads` runs each commit (``send_offsets_to_transaction`` + commit,
-which wait for the broker) in a thread of its own while the loop writes the next partition's transaction, and
-hands the outcomes back in the order the transactions were started. Every transaction still holds one partition's
-output, state and offsets, and the loop takes each outcome as if it had committed them one by one
-(kafka/loop.py)."""
+Each partition has its own transactional producer (``<app_id>-p<partition>``), so the partitions' commits are
+independent: :class:`CommitThreads` runs each commit (``send_offsets_to_transaction`` + commit, which wait for the
+broker) in a thread of its own while the loop goes on, and hands the outcomes back in the order asked for. Every
+transaction still holds one partition's output, state and offsets, and the loop takes each outcome before it uses
+that partition's state again (kafka/loop.py)."""
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 
@@ -21,7 +21,7 @@ from stream_anon.kafka import state as st
 client_log = logging.getLogger("stream_anon.kafka.client")
 
 TXN_TIMEOUT_S = 60.0
-COMMIT_THREADS = 8                     # commits under way at once (one per partition of a step)
+COMMIT_THREADS = 8                     # commits under way at once (one per partition in flight)
 
 
 def transactional_producer(client_config: dict, app_id: str, partition: int, compression: str) -> Producer:
@@ -95,12 +95,13 @@ class OpenTransaction:
     the partition's output messages, its state record ``rec`` (encoded: ``state_value``, written as ``parts``
     values) and tombstones, then the offsets and the commit."""
 
-    __slots__ = ("ps", "prod", "rec", "state_value", "parts", "ending", "failure")
+    __slots__ = ("ps", "prod", "rec", "state_value", "parts", "ending", "ended_at", "failure")
 
     def __init__(self, ps, prod: Producer, rec: st.StateRecord):
         self.ps, self.prod, self.rec, self.state_value = ps, prod, rec, st.encode_state(rec)
         self.parts = 0
         self.ending: Future | None = None             # the commit under way
+        self.ended_at: float | None = None            # wall time its commit returned
         self.failure: KafkaException | None = None    # writing or committing the transaction failed
 
     def write(self, messages: list, state_topic: str, stream: str, part_bytes: int) -> None:
@@ -119,8 +120,8 @@ class OpenTransaction:
 
 
 class CommitThreads:
-    """The commits of a step's transactions, side by side: :meth:`start` runs ``end(prod, *args)`` (offsets into
-    the transaction, then its commit) in a thread of its own; :meth:`settle` waits for all of them and gives each
+    """The transactions' commits, side by side: :meth:`start` runs ``end(prod, *args)`` (offsets into the
+    transaction, then its commit) in a thread of its own; :meth:`settle` waits for the ones given and gives each
     transaction's failure (None: committed) in the order given. ``end`` touches no consumer: confluent-kafka
     serializes a consumer's calls, and the loop may be inside ``consume()`` (a rebalance callback) meanwhile."""
 
@@ -132,7 +133,12 @@ class CommitThreads:
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=COMMIT_THREADS, thread_name_prefix="txn-commit")
-        txn.ending = self._pool.submit(end, txn.prod, *args)
+        txn.ending = self._pool.submit(self._ended, txn, end, *args)
+
+    @staticmethod
+    def _ended(txn: OpenTransaction, end, *args) -> None:
+        end(txn.prod, *args)
+        txn.ended_at = time.time()
 
     @staticmethod
     def settle(txns: list[OpenTransaction]) -> list[KafkaException | None]:
@@ -150,3 +156,28 @@ class CommitThreads:
     def shutdown(self) -> None:
         if self._pool is not None:
             self._pool.shutdown()
+
+
+class InFlight:
+    """The transactions whose commit is under way and not yet taken, at most one per partition, each with what the
+    loop notes once it committed (``out``: the batch output; ``arrived``: when its input arrived)."""
+
+    def __init__(self, commits: CommitThreads):
+        self.commits, self._txns = commits, {}
+
+    def __contains__(self, partition: int) -> bool:
+        return partition in self._txns
+
+    def partitions(self) -> list[int]:
+        return list(self._txns)
+
+    def add(self, txn: OpenTransaction, out, arrived: float | None) -> None:
+        assert txn.ps.partition not in self._txns, "a partition's transaction started before its last was taken"
+        self._txns[txn.ps.partition] = (txn, out, arrived)
+
+    def take(self, partitions) -> list[tuple[OpenTransaction, object, float | None, KafkaException | None]]:
+        """The transactions of ``partitions`` (those in flight), once their commits ended: ``(txn, out, arrived,
+        failure)`` each (failure None: committed)."""
+        taken = [self._txns.pop(p) for p in partitions if p in self._txns]
+        failures = self.commits.settle([txn for txn, _, _ in taken])
+        return [(txn, out, arrived, failure) for (txn, out, arrived), failure in zip(taken, failures)]
