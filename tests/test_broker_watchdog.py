@@ -112,8 +112,8 @@ def test_the_loop_waits_for_input_until_the_idle_flush_may_follow_not_a_whole_ba
     probe asked for is under way or was just answered the loop looks again every ANSWER_POLL_S; with no flush
     pending, the broker lost, or no probe since the due time for a whole batch wait, that wait applies (a partition
     that stays unflushed, e.g. halted, makes no busy loop)."""
-    core = WorkerCore(load_config(OYSTER), "watchdog", SECRET, flush_when_idle_s=2.0)
-    watch = KafkaLoop(core, {"bootstrap.servers": "localhost:9"}).watch
+    watch = watchdog_module.BrokerWatch({"bootstrap.servers": "localhost:9"}, "raw.fare", threading.Event(),
+                                        {"broker_lost": 0})
     poll, ask = watchdog_module.ANSWER_POLL_S, watchdog_module.ASKED_WITHIN_S
     assert watch.input_wait(math.inf, 0.5) == 0.5
     due = time.monotonic() + 0.2

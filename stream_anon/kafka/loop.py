@@ -348,8 +348,8 @@ class KafkaLoop:
         for ps in self.core.idle_partitions(answered_at=self.watch.answered_at, not_before=self.watch.outage_ended_at):
             if ps.partition not in self.halted:
                 self._flush(ps)
-        if time.monotonic() - self._last_metric >= self.metrics_interval_s:
-            self._last_metric = time.monotonic()
+        if (now := time.monotonic()) - self._last_metric >= self.metrics_interval_s:
+            self._last_metric = now
             self._publish_metrics()
 
     # ---- transactions -----------------------------------------------------------------------------------------
