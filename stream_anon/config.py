@@ -224,7 +224,7 @@ def parse_config(raw: dict, base_dir: Path = Path("."), source: Path | None = No
     if (top.get("dp", None), top.get("aggregates", None)) != (None, None):
         # imported only for streams with aggregates: stream_anon.dp pulls in diffprivlib and scikit-learn
         from stream_anon.dp.specs import parse_dp_config
-        dp = parse_dp_config(raw, base_dir)
+        dp = parse_dp_config(raw, base_dir, need_start=True)
     spec = _parse_input(top.get("input", None), stream, qis, sensitive, dp, base_dir)
     # the connection settings: unknown ones refused here; the values, merged with the environment and the command
     # line, are checked by stream_anon.connection.resolve when a command starts

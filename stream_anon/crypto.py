@@ -137,6 +137,18 @@ def pseudonym(secret: bytes, unit: str) -> str:
     return _hmac_hex(secret, b"unit:", unit)
 
 
+def pseudonym_keys(secret: bytes, units) -> list[bytes]:
+    """``pseudonym(secret, str(u)).encode()`` of each unit value: the Kafka keys a unit's events are produced
+    under. The secret's HMAC state is made once and copied per unit."""
+    base = hmac.new(secret, b"unit:", hashlib.sha256)
+    out = []
+    for u in units:
+        h = base.copy()
+        h.update(str(u).encode())
+        out.append(h.hexdigest().encode())
+    return out
+
+
 def dp_noise_seed(secret: bytes, stream: str, partition: int, lineage: str | None = None) -> bytes:
     """Secret seed of the differential-privacy noise of one stream partition (HMAC of the stream secret).
 

@@ -116,6 +116,11 @@ class Renderer:
                   "suppressed": sum((manifest.get("suppressed") or {}).values())}
         return out, counts, alerts
 
+    def alert(self, name: str, partition: int, **fields) -> tuple[str, bytes, dict]:
+        """(topic, key, alert) of a one-off alert for ``anon.metrics``; the caller serializes it."""
+        return TOPICS.metrics, self.stream.encode(), {"type": "alert", "stream": self.stream, "partition": partition,
+                                                      "ts": now_iso(), "alert": name, **fields}
+
     def deadletter(self, reason, partition, offset, raw: bytes | None = None,
                         event: dict | None = None, index: int | None = None,
                         opaque: bool = False, lineage: str | None = None) -> tuple[str, bytes, bytes]:

@@ -147,8 +147,10 @@ class DPAggregator:
         """Rows for one closed window (``type: aggregate``) and ``budget_exhausted`` events.
 
         ``window_id`` is the window's index (e.g. ``window_start // window_s``); windows must come in increasing
-        order. Skipped windows are released as empty windows first: whether a window is published must not
-        depend on whether it held events. ``flat=True``: the events are already flat dicts keyed by dotted paths.
+        order. Skipped windows are released as empty windows first, from the schedule's start
+        (:attr:`~stream_anon.dp.specs.DPConfig.start_window`) on: whether a window is published must not depend on
+        whether it held events. A window before the start is not released (its events are counted as
+        ``before_start``). ``flat=True``: the events are already flat dicts keyed by dotted paths.
         """
         flats = list(events) if flat else \
             [flatten(e) if any(isinstance(v, dict) for v in e.values()) else e for e in events]
@@ -166,15 +168,40 @@ class DPAggregator:
         if isinstance(window_id, bool) or not isinstance(window_id, (int, np.integer)):
             raise TypeError(f"window_id: expected an integer window index, got {window_id!r}")
         window_id = int(window_id)
-        last = self.state.last_window
-        if last is not None and window_id <= last:
-            raise ValueError(f"window {window_id} is not after the last processed window {last}")
         wc = columns if isinstance(columns, WindowColumns) else WindowColumns(columns)
-        rows: list = []
-        if last is not None:
-            for gap in range(last + 1, window_id):
-                rows.extend(self._window(gap, WindowColumns({}, 0)))
+        start = self.config.start_window
+        last = self.released_through
+        if last is not None and window_id <= last and (start is None or window_id >= start):
+            raise ValueError(f"window {window_id} is not after the last released window {last}")
+        if start is not None and window_id < start:
+            self.state.metrics["before_start"] += wc.n
+            self.window_metrics = {"type": "dp_window", "stream": self.stream, "window": window_id, "events": wc.n,
+                                   "before_start": wc.n}
+            return []
+        rows = self.advance_through(window_id - 1)
         rows.extend(self._window(window_id, wc))
+        return rows
+
+    @property
+    def released_through(self) -> int | None:
+        """The last window released; before any, the window before the schedule's start (None: no declared start
+        and nothing released yet)."""
+        last = self.state.last_window
+        if last is None and self.config.start_window is not None:
+            return self.config.start_window - 1
+        return last
+
+    def advance_through(self, window: int) -> list:
+        """Release every window after :attr:`released_through` up to ``window``, empty: the stream's clock has
+        passed them (the watermark, or the end of a period at an idle flush), so they will hold no more events. The
+        rows of a window exist whether or not it held events; a window released here is never released again
+        (an event of it arriving later is not counted)."""
+        last = self.released_through
+        rows: list = []
+        if last is None:
+            return rows
+        for gap in range(last + 1, int(window) + 1):
+            rows.extend(self._window(gap, WindowColumns({}, 0)))
         return rows
 
     def true_values(self, name: str, events) -> dict[str, np.ndarray]:

@@ -25,14 +25,14 @@ import itertools
 import json
 import math
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import date, datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from stream_anon.errors import ConfigError
 from stream_anon.hierarchy import Hierarchy
 from stream_anon.validation import MAX_COUNT, MAX_SECONDS, REQUIRED, ConfigDir, Table, check_integer, check_number, \
-    named_tables
+    check_timestamp, named_tables
 
 KINDS = ("count", "sum", "mean", "histogram", "ratio")
 OUTPUTS = ("per_window", "running", "both")
@@ -46,7 +46,7 @@ MAX_LEVEL = 64             # levels above the leaves of a hierarchy
 
 # the keys of each table (docs/configuration.md lists the same; tests/test_config_reference.py compares them)
 DP_KEYS = ("epsilon_budget", "epsilon_per_period", "unit", "unit_field", "period", "timezone",
-           "max_windows_per_period")
+           "max_windows_per_period", "start")
 AGGREGATE_KEYS = ("name", "kind", "group_by", "epsilon", "max_contributions", "output", "horizon_windows",
                   "mechanism", "noise", "value", "lower", "upper", "bins", "numerator_values", "where",
                   "release_every_windows", "resolution", "max_windows_per_period")
@@ -221,10 +221,29 @@ class DPConfig:
     timezone: str = "UTC"
     max_windows_per_period: int | None = None
     window_s: float | None = None
+    start: float | None = None          # the schedule's start (epoch seconds): see :attr:`start_window`
 
     @property
     def period_mode(self) -> bool:
         return self.period is not None
+
+    @property
+    def start_window(self) -> int | None:
+        """The first window of the release schedule: the first window of the period holding :attr:`start` (period
+        mode), or the window holding it. Every window from it on is released, whatever the data (None: no
+        declared start, the schedule begins at the first window processed, a library use only)."""
+        if self.start is None or self.window_s is None:
+            return None
+        w = math.floor(self.start / self.window_s)
+        return self.clock.period_of(w)[1] if self.clock is not None else w
+
+    def schedule_end(self, window: int) -> int:
+        """The last window released when the stream's clock stands in ``window``: the last window of its period
+        (a period is released whole once its clock has reached it), or ``window`` itself without a period."""
+        if self.clock is None:
+            return int(window)
+        _, first, n = self.clock.period_of(int(window))
+        return first + n - 1
 
     @functools.cached_property
     def clock(self) -> "PeriodClock | None":
@@ -423,7 +442,7 @@ def parse_aggregate(table: Any, path: str, base_dir: Path, event_time: str = "ev
                          resolution, w_own)
 
 
-def parse_dp_config(raw: dict, base_dir: "str | Path | ConfigDir" = ".") -> DPConfig:
+def parse_dp_config(raw: dict, base_dir: "str | Path | ConfigDir" = ".", need_start: bool = False) -> DPConfig:
     """The ``[dp]`` and ``[[aggregates]]`` tables of a stream configuration's raw TOML dict.
 
     Period mode (the unit of privacy and the period are explicit)::
@@ -439,6 +458,9 @@ def parse_dp_config(raw: dict, base_dir: "str | Path | ConfigDir" = ".") -> DPCo
     to at most the budget: the split is stated in the configuration). Legacy mode (no ``period``):
     ``epsilon_budget`` is the total epsilon one individual may be charged over every aggregate and window, and
     ``epsilon`` is per window (sequential composition over windows).
+
+    ``dp.start`` (default: the event time's declared lower bound) fixes where the release schedule begins
+    (:attr:`DPConfig.start_window`); ``need_start``: refuse a stream without one (the worker's configurations).
     """
     base_dir = ConfigDir.of(base_dir)        # the config's directory, whose tree its hierarchy files lie in
     stream = raw.get("stream", {}) if isinstance(raw.get("stream", {}), dict) else {}
@@ -453,6 +475,7 @@ def parse_dp_config(raw: dict, base_dir: "str | Path | ConfigDir" = ".") -> DPCo
             raise ConfigError("stream.privacy_unit: missing (contribution bounding counts events per individual)")
         budget = t.number("epsilon_budget", above=0)
         mode = {"epsilon_budget": budget, "privacy_unit": unit_field}
+    start = _schedule_start(t, raw, stream, mode.get("timezone", "UTC"), need_start)
     t.done("only meaningful in period mode (with dp.period)")
     tables = named_tables(raw.get("aggregates", []), "aggregates", AGGREGATE_KEYS)
     specs = tuple(parse_aggregate(a, a.path, base_dir, stream.get("event_time", "event_time"), period_mode)
@@ -473,7 +496,13 @@ def parse_dp_config(raw: dict, base_dir: "str | Path | ConfigDir" = ".") -> DPCo
                               f"to the period's start)")
     name = str(stream.get("name", ""))
     if not period_mode:
-        return DPConfig(float(budget), specs, mode["privacy_unit"], name)
+        anon = raw.get("anonymization", {}) if isinstance(raw.get("anonymization", {}), dict) else {}
+        window_s = anon.get("window_s")
+        window_s = check_number(window_s, "anonymization.window_s", above=0, at_most=MAX_SECONDS) \
+            if window_s is not None else None
+        if need_start and window_s is None:
+            raise ConfigError("anonymization.window_s: missing (the DP release schedule is in windows)")
+        return DPConfig(float(budget), specs, mode["privacy_unit"], name, window_s=window_s, start=start)
     total = sum(s.epsilon for s in specs)
     if total > budget * (1 + 1e-9):
         raise ConfigError(f"dp.epsilon_per_period: the aggregates' epsilons add up to {total:g}, above the "
@@ -482,7 +511,42 @@ def parse_dp_config(raw: dict, base_dir: "str | Path | ConfigDir" = ".") -> DPCo
     per = cfg.clock.max_windows()
     w_max = mode["max_windows_per_period"]
     specs = tuple(_with_horizon(s, -(-per // s.release_every), s.max_windows or w_max) for s in specs)
-    return DPConfig(aggregates=specs, stream=name, **mode)
+    return DPConfig(aggregates=specs, stream=name, start=start, **mode)
+
+
+def _schedule_start(t: Table, raw: dict, stream: dict, tz: str, need_start: bool) -> float | None:
+    """``dp.start`` in epoch seconds: a TOML date or date-time, or ISO-8601 text; a date or a time without a UTC
+    offset is read in ``dp.timezone``. Default: the lower bound of the event time's timestamp quasi-identifier (the
+    declared domain: an earlier event is dead-lettered). The schedule must not start where the data starts: which
+    rows exist would then tell whose event came first."""
+    if "start" in t:
+        value = t.get("start")
+        if isinstance(value, date) and not isinstance(value, datetime):
+            value = datetime(value.year, value.month, value.day)
+        elif isinstance(value, str):
+            try:
+                value = datetime.fromisoformat(value)
+            except ValueError:
+                raise ConfigError(f"dp.start: not an ISO-8601 date or time: {value!r}") from None
+        if isinstance(value, datetime) and value.tzinfo is None:
+            from zoneinfo import ZoneInfo
+            value = value.replace(tzinfo=ZoneInfo(tz))
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return check_number(value, "dp.start")
+        if not isinstance(value, datetime):
+            raise ConfigError(f"dp.start: expected a date or a date-time, got {value!r}")
+        return value.timestamp()
+    event_time = stream.get("event_time", "event_time")
+    for q in raw.get("quasi_identifiers") or ():
+        fields = q.get("field") if isinstance(q, dict) else None
+        fields = [fields] if isinstance(fields, str) else list(fields or ())
+        if q.get("kind") == "timestamp" and event_time in fields and q.get("lower") is not None:
+            return check_timestamp(q["lower"], f"quasi_identifiers.{q.get('name')}.lower")
+    if need_start:
+        raise ConfigError("dp.start: missing (the first period of the DP release schedule: every window from it on "
+                          "is published whatever the data; default: the lower bound of the event time's timestamp "
+                          "quasi-identifier, which this stream does not have)")
+    return None
 
 
 def _period_mode(t: Table, raw: dict, stream: dict) -> dict:

@@ -40,6 +40,7 @@ class AggregatorState:
         self.last_window: int | None = None
         names = [s.name for s in self.specs]
         self.metrics = {"windows": 0, "events_in": 0, "aggregates_published": 0, "budget_exhausted_events": 0,
+                        "before_start": 0, "after_release": 0,
                         "contributions_cut": dict.fromkeys(names, 0), "out_of_domain": dict.fromkeys(names, 0),
                         "missing": dict.fromkeys(names, 0)}
         if period_mode:

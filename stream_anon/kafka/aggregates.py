@@ -114,42 +114,66 @@ class PartitionAggregates:
         self._parts = checkpoint.Composite({"aggregator": self.aggregator, "ledger": self.ledger})
         self.carried = needed_fields(config)          # what the engine must carry
 
-    def close_windows(self, windows) -> tuple[list[dict], list[dict]]:
+    def close_windows(self, windows, through: int | None = None) -> tuple[list[dict], list[dict]]:
         """(aggregate rows, metric events) of the windows the engine closed (``ClosedWindow`` objects, in
-        order). The ledger is on disk before this returns."""
+        order), then of every window up to ``through`` not released yet (the clock has passed it: :meth:`messages`).
+        The ledger is on disk before this returns."""
         rows: list[dict] = []
         metrics: list[dict] = []
-        for w in windows:
-            released, spent, iso = self._close(w, metrics)
+        for released, spent, iso in self._releases(windows, through, metrics):
             rows.extend(self.aggregate_row(r, spent[r["window"]], iso) for block in released for r in block.rows())
         return rows, metrics
 
-    def messages(self, windows, dumps, metrics_topic: str) -> tuple[list, int]:
+    def messages(self, windows, dumps, metrics_topic: str, through: int | None = None) -> tuple[list, int]:
         """The worker's entry point for one partition batch: ``(topic, key, value)`` messages of the closed
-        ``windows`` and the number of aggregate rows. The values are :meth:`close_windows`' rows serialized; a
-        release's fields common to its rows are serialized once (the rows of a window are ~1 KB each, one per
-        cell of the domain; ~300 per window of a partition of the Oyster stream)."""
-        if not windows:
-            return [], 0
+        ``windows`` and the number of aggregate rows. ``through``: the schedule's clock, the last window that can
+        hold no more events; every window up to it that no closed window brought is released empty, so that which
+        rows exist follows the clock, not the data (:meth:`stream_anon.dp.DPAggregator.advance_through`). The
+        values are :meth:`close_windows`' rows serialized; a release's fields common to its rows are serialized
+        once (the rows of a window are ~1 KB each, one per cell of the domain; ~300 per window of a partition of
+        the Oyster stream)."""
         key = self.stream.encode()
         out: list = []
         metrics: list[dict] = []
         n = 0
-        for w in windows:
-            released, spent, iso = self._close(w, metrics)
+        for released, spent, iso in self._releases(windows, through, metrics):
             values = self._row_values(released, spent, iso, dumps)
             n += len(values)
             out.extend([(AGGREGATES_TOPIC, key, value) for value in values])
         out.extend((metrics_topic, key, dumps(m)) for m in metrics)
         return out, n
 
-    def _close(self, window, metrics: list) -> tuple[list, dict, "_IsoCache"]:
-        """Release one closed window: the aggregator's releases (``ReleasedCells``), the ledger's total through
-        each window they cover, and the window start times; appends the metric events to ``metrics``."""
+    @property
+    def released_through(self) -> int | None:
+        """The last window released (:attr:`stream_anon.dp.DPAggregator.released_through`)."""
+        return self.aggregator.released_through
+
+    def _releases(self, windows, through: int | None, metrics: list):
+        """Each closed window's releases, then the empty windows' up to ``through`` (see :meth:`_close`)."""
+        for w in windows:
+            yield self._close(w.index, w.carried, metrics)
+        last = self.aggregator.released_through
+        if through is not None and last is not None and through > last:
+            yield self._close(None, through, metrics)
+
+    def _close(self, index: int | None, carried, metrics: list) -> tuple[list, dict, "_IsoCache"]:
+        """Release window ``index`` with its carried fields (``index`` None: every window through ``carried``,
+        empty): the aggregator's releases (``ReleasedCells``), the ledger's total through each window they cover,
+        and the window start times; appends the metric events to ``metrics``. A window the clock already released
+        (an idle flush released its period) is not released again: its events are counted as ``after_release``."""
         from stream_anon.dp.columns import WindowColumns
         from stream_anon.dp.release import ReleasedCells
-        w = window.index
-        out = self.aggregator.release_columns(w, WindowColumns(window.carried))   # reserves (writes) the ledger
+        last, start = self.aggregator.released_through, self.dp.start_window
+        if index is not None and last is not None and index <= last and (start is None or index >= start):
+            n = len(next(iter(carried.values()), ())) if carried else 0
+            self.aggregator.metrics["after_release"] += n
+            metrics.append({"type": "dp_window", "stream": self.stream, "window": index, "events": n,
+                            "after_release": n, "partition": self.partition, "ts": _now_iso()})
+            return [], {}, _IsoCache(self.window_s)
+        if index is None:
+            out = self.aggregator.advance_through(carried)
+        else:
+            out = self.aggregator.release_columns(index, WindowColumns(carried))   # reserves (writes) the ledger
         now = _now_iso()
         spent = {}                 # window -> ledger total through it (gap windows are released here too)
         released = []
@@ -162,9 +186,12 @@ class PartitionAggregates:
             else:                                              # budget_exhausted
                 metrics.append({**r, "partition": self.partition, "ts": now})
         wm = self.aggregator.window_metrics
-        metrics.append({**wm, "partition": self.partition, "ts": now,
-                        "window_start": _iso(w * self.window_s), "window_end": _iso((w + 1) * self.window_s),
-                        "epsilon_spent": self.ledger.spent, "epsilon_budget": self.ledger.epsilon_budget})
+        if wm:
+            metrics.append({**wm, "partition": self.partition, "ts": now,
+                            "window_start": _iso(wm["window"] * self.window_s),
+                            "window_end": _iso((wm["window"] + 1) * self.window_s),
+                            "epsilon_spent": self.ledger.spent, "epsilon_budget": self.ledger.epsilon_budget})
+        self.aggregator.window_metrics = {}
         return released, spent, _IsoCache(self.window_s)
 
     def _row_fields(self, r: dict, spent_through: float, iso: _IsoCache) -> dict:

@@ -159,6 +159,10 @@ class RemoteAggregates:
     def __init__(self, process: AggregatesProcess, config, partition: int, carried: tuple, core: dict | None):
         self.process, self.partition, self.carried = process, partition, tuple(carried)
         self.dp = config.dp
+        # the last window released, as the child's aggregator counts it (PartitionAggregates.released_through)
+        last = ((core or {}).get("aggregator") or {}).get("last_window")
+        start = self.dp.start_window
+        self.released_through = last if last is not None else None if start is None else start - 1
         self._ledger_state = (core or {}).get("ledger")
         self._ledger_view = None
         self._record_state: Pending | None = None
@@ -166,11 +170,18 @@ class RemoteAggregates:
         # record_state says its changes are unknown (None: WorkerCore.state_record writes the tables in full)
         self._changes_dropped = False
 
-    def messages(self, windows, dumps, metrics_topic: str) -> Pending:
-        """Release ``windows`` in the child (``dumps`` is the child's own: the worker's serializer)."""
+    def messages(self, windows, dumps, metrics_topic: str, through: int | None = None) -> Pending:
+        """Release ``windows``, then the empty ones up to ``through``, in the child (``dumps`` is the child's own:
+        the worker's serializer)."""
         if self._record_state is not None:       # a state record must see this release
             self._record_state, self._changes_dropped = None, True
-        return self.process.send("release", self.partition, windows, metrics_topic)
+        last = self.released_through
+        for w in windows:
+            last = w.index if last is None else max(last, w.index)
+        if through is not None and last is not None:
+            last = max(last, through)
+        self.released_through = last
+        return self.process.send("release", self.partition, windows, metrics_topic, through)
 
     def prefetch_record_state(self) -> None:
         """Request :meth:`record_state` now (after the releases sent so far), for the next state record. Valid as
@@ -252,8 +263,8 @@ def serve_requests(requests, replies) -> None:
                     parts[p].load_state(core, tables or {})
                 value = parts[p].carried
             elif op == "release":
-                windows, topic = args
-                value = parts[p].messages(windows, dumps, topic)
+                windows, topic, through = args
+                value = parts[p].messages(windows, dumps, topic, through)
             elif op == "close":
                 value = parts.pop(p, None) is not None
             elif op in ("state_core", "full_tables", "record_state"):

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from stream_anon.inputs import Decoder
 from stream_anon import guarantees
-from stream_anon.kafka import aggregates
+from stream_anon.kafka import aggregates, placement
 from stream_anon.kafka import state as st
 from stream_anon.kafka.input_checks import InputBatch
 from stream_anon.kafka.partition import PartitionState, open_partition
@@ -41,6 +41,21 @@ class BatchOutput:
     # DP rows still being released by the aggregates process: (position in messages, Pending), for
     # WorkerCore.complete
     pending: list = field(default_factory=list)
+
+
+def closed_through(engine) -> int | None:
+    """The last window the engine's clock has closed (an event in it or before it is late): the DP schedule
+    releases every window up to it."""
+    end = engine.closed_until
+    return round(end / engine.window_s) - 1 if math.isfinite(end) else None
+
+
+def dp_behind(ps: PartitionState, through: int | None) -> bool:
+    """Whether the partition's DP schedule has windows up to ``through`` still to release."""
+    if ps.dp is None or through is None:
+        return False
+    last = ps.dp.released_through
+    return last is not None and through > last
 
 
 def new_messages(msgs, last: int) -> tuple[list, int, int]:
@@ -75,6 +90,9 @@ class WorkerCore:
         self.topic = config.stream.input_topic
         self.parts: dict[int, PartitionState] = {}
         self.stats = WorkerStats()
+        # the input topic's partition count, set by the Kafka loop: each event's unit must belong on the partition
+        # it arrived on (None: not checked, the core used without Kafka)
+        self.placement: placement.UnitPlacement | None = None
         # [input] mapping (stream_anon.inputs); None: the built-in JSON shape, checked by check_payloads
         self.decoder = None if config.input.legacy else Decoder(config.input, config.limits.max_event_bytes, secret)
         # the DP aggregates in a child process (stream_anon.kafka.aggregates_process); their rows are then collected
@@ -84,6 +102,20 @@ class WorkerCore:
             from stream_anon.kafka.aggregates_process import AggregatesProcess
             self.aggregates_process = AggregatesProcess(config, secret, json_bytes, setup=aggregates_setup,
                                                         serve=aggregates_serve)
+
+    def check_placement(self, n_partitions: int) -> None:
+        """From now on, check that each event's privacy unit belongs on the partition it arrives on, of an input
+        topic of ``n_partitions`` (stream_anon.kafka.placement). Refuses DP aggregates whose unit is not the
+        stream's privacy unit on more than one partition: their units could span partitions, each partition's
+        ledger charging them apart."""
+        dp = self.config.dp
+        unit = self.config.stream.privacy_unit
+        if n_partitions > 1 and dp is not None and dp.aggregates and not (dp.clock is not None and dp.unit == "event") \
+                and dp.privacy_unit != unit:
+            raise RuntimeError(f"dp.unit_field {dp.privacy_unit!r} is not stream.privacy_unit {unit!r}: on an input "
+                               f"topic of {n_partitions} partitions a unit could span partitions and be charged on "
+                               f"each one's ledger (use one partition, or make the DP unit the privacy unit)")
+        self.placement = placement.UnitPlacement(self.secret, unit, n_partitions)
 
     # ---- partitions
     def open_partition(self, partition: int, doc: dict | None = None, tables: dict | None = None,
@@ -131,6 +163,8 @@ class WorkerCore:
         for source, reason, raw, event, opaque in batch.rejected:
             self._deadletter(out, reason, ps.partition, source, raw=raw, event=event, opaque=opaque)
         out.last_offset = last
+        if batch.events and self.placement is not None:
+            self._misplaced(ps, batch, out)
         if batch.events:
             out.engine_input = True
             self._process_events(ps, batch.events, batch.sources, out, batch.columns)
@@ -139,9 +173,13 @@ class WorkerCore:
         return out
 
     def flush(self, ps: PartitionState) -> BatchOutput:
-        """Close the open window and resolve every deferred record (end of a replay / idle input)."""
+        """Close the open window and resolve every deferred record (end of a replay / idle input); the DP
+        aggregates release every window through the end of the period the worker's clock stands in
+        (:meth:`dp_clock_through`, or the one the committed flush decision holds), the partition's own data or not."""
         out = BatchOutput([], ps.offset, batch_counts())
-        self._emit(ps, ps.engine.flush(), out)
+        through = ps.flush_through if ps.flush_through is not None else self.dp_clock_through()
+        self._emit(ps, ps.engine.flush(), out, through)
+        ps.flush_through = None
         self._account(ps, out)
         ps.dirty_since_flush = False
         self._prefetch(ps)
@@ -153,6 +191,33 @@ class WorkerCore:
         the releases of the partitions processed since."""
         if self.aggregates_process is not None and ps.dp is not None:
             ps.dp.prefetch_record_state()
+
+    def _misplaced(self, ps: PartitionState, batch: InputBatch, out: BatchOutput) -> None:
+        """Dead-letter the events whose privacy unit belongs on another partition (stream_anon.kafka.placement):
+        they never reach the engine nor the aggregates, so no unit is charged on two ledgers; one alert per batch
+        that had any."""
+        wrong = self.placement.misplaced(batch.events, ps.partition)
+        if not wrong:
+            return
+        n = self.placement.n_partitions
+        drop = set()
+        for i, home in wrong:
+            drop.add(i)
+            self._deadletter(out, f"{placement.WRONG_PARTITION}: its privacy unit belongs on partition {home} of "
+                                  f"{n} (produce keyed by the unit's pseudonym: docs/inputs.md)", ps.partition,
+                             batch.sources[i], event=batch.events[i])
+        keep = [i for i in range(len(batch.events)) if i not in drop]
+        batch.events = [batch.events[i] for i in keep]
+        batch.sources = [batch.sources[i] for i in keep]
+        if batch.columns is not None:
+            batch.columns = {f: [col[i] for i in keep] for f, col in batch.columns.items()}
+        topic, key, alert = self.render.alert(placement.WRONG_PARTITION, ps.partition, events=len(wrong),
+                                              partitions=n)
+        out.messages.append((topic, key, json_bytes(alert)))
+        self.stats.alert_last[placement.WRONG_PARTITION] = time.time()
+        self.stats.alerts[placement.WRONG_PARTITION] = self.stats.alerts.get(placement.WRONG_PARTITION, 0) + 1
+        log.warning("partition %s: %d event(s) of units that belong on other partitions dead-lettered (%s)",
+                    ps.partition, len(wrong), placement.WRONG_PARTITION)
 
     ISOLATION_TRIES = 2            # attempts of a single event before it is dead-lettered as a processing error
     ISOLATION_MAX_FAILURES = 64    # failed attempts per batch; beyond, a failing part is dead-lettered whole
@@ -179,7 +244,7 @@ class WorkerCore:
         records, rejected = ps.engine.read(part, columns)
         for j, reason in rejected:
             self._deadletter(out, reason, ps.partition, offsets[idx[j]], event=part[j])
-        self._emit(ps, ps.engine.process_records(records), out)
+        self._emit(ps, ps.engine.process_records(records), out, closed_through(ps.engine))
 
     def _isolate(self, ps: PartitionState, events: list, offsets: list, out: BatchOutput, first: Exception):
         """The batch failed as a whole: go back to the state before it (the last committed state,
@@ -241,7 +306,9 @@ class WorkerCore:
         ps.engine, ps.dp = fresh.engine, fresh.dp
         ps.next_full = True          # a restored engine's changes start from an empty base
 
-    def _emit(self, ps: PartitionState, result, out: BatchOutput) -> None:
+    def _emit(self, ps: PartitionState, result, out: BatchOutput, through: int | None = None) -> None:
+        """The releases' messages, then the DP rows of the closed windows and of every window up to ``through``
+        (the schedule's clock)."""
         for rel in result.releases:
             docs, c, alerts = self.render.release(rel, ps.settings_changes, ps.notes)
             ps.settings_changes, ps.notes = [], {}   # published: the state committed with this batch no longer holds them
@@ -250,8 +317,8 @@ class WorkerCore:
             for k, v in c.items():
                 out.counts[k] += v
             self.stats.release(rel, alerts)
-        if ps.dp is not None and result.windows:
-            released = ps.dp.messages(result.windows, json_bytes, TOPICS.metrics)
+        if ps.dp is not None and (result.windows or dp_behind(ps, through)):
+            released = ps.dp.messages(result.windows, json_bytes, TOPICS.metrics, through)
             if self.aggregates_process is None:
                 msgs_dp, n = released
             elif not ps.wait_for_aggregates:
@@ -325,8 +392,9 @@ class WorkerCore:
     def flush_all(self) -> list:
         """Flush every partition holding records (end of input), each flush taken as committed."""
         out = []
+        through = self.dp_clock_through()
         for ps in list(self.parts.values()):
-            if ps.dirty_since_flush:
+            if ps.dirty_since_flush or dp_behind(ps, through):
                 out.extend(self.complete(ps, self.flush(ps)).messages)
                 self.committed(ps, ps.offset)
         return out
@@ -338,11 +406,26 @@ class WorkerCore:
         ps.note_committed(rec)
         return rec
 
+    def dp_clock_through(self) -> int | None:
+        """The last window of the DP schedule an idle flush releases: the end of the period (without one: the
+        window) holding the latest event time of any of this worker's partitions. Every partition of the worker is
+        released that far, whether or not it held events (a partition whose only unit is one individual must not
+        publish fewer rows without it); None without DP or before any event."""
+        dp = self.config.dp
+        if dp is None or not dp.aggregates or dp.window_s is None:
+            return None
+        latest = max((ps.engine.max_event_time for ps in self.parts.values()), default=-math.inf)
+        if not math.isfinite(latest):
+            return None
+        return dp.schedule_end(math.floor(latest / dp.window_s))
+
     def idle_due_at(self, not_before: float = -math.inf) -> float:
         """When the partitions will have been without input for ``flush_when_idle_s`` (counted from ``not_before``
         at the earliest), so that an idle flush may follow (:meth:`idle_partitions`); inf when there is nothing
         to flush."""
-        if not self.flush_when_idle_s or not any(ps.dirty_since_flush for ps in self.parts.values()):
+        through = self.dp_clock_through()
+        if not self.flush_when_idle_s or not any(ps.dirty_since_flush or dp_behind(ps, through)
+                                                 for ps in self.parts.values()):
             return math.inf
         return max(max(ps.last_input for ps in self.parts.values()), not_before) + self.flush_when_idle_s
 
@@ -356,4 +439,5 @@ class WorkerCore:
         at ``answered_at`` at least ``flush_when_idle_s`` after it was answered."""
         if min(time.monotonic(), answered_at) < self.idle_due_at(not_before):
             return []
-        return [ps for ps in self.parts.values() if ps.dirty_since_flush]
+        through = self.dp_clock_through()
+        return [ps for ps in self.parts.values() if ps.dirty_since_flush or dp_behind(ps, through)]

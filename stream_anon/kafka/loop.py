@@ -297,6 +297,7 @@ class KafkaLoop:
         md = admin.list_topics(timeout=30)
         if self.input not in md.topics:
             raise RuntimeError(f"input topic {self.input} does not exist (create it with `stream-anon topics apply`)")
+        self.core.check_placement(len(md.topics[self.input].partitions))
         ensure_state_topic(admin, self.state_topic, len(md.topics[self.input].partitions),
                            exists=self.state_topic in md.topics, part_bytes=self.state_part_bytes)
         self.lineage.topic.ensure(admin)
@@ -429,8 +430,10 @@ class KafkaLoop:
         """Idle flush in two transactions: the decision (state with flush_pending), then its output."""
         if not self._settle_in_flight([ps.partition])[ps.partition] or self.core.parts.get(ps.partition) is not ps:
             return
-        if not ps.flush_pending and not self._commit(ps, [], ps.offset, flush_pending=True):
-            return
+        if not ps.flush_pending:
+            ps.flush_through = self.core.dp_clock_through()     # part of the decision: redone the same
+            if not self._commit(ps, [], ps.offset, flush_pending=True):
+                return
         out = self.core.complete(ps, self.core.flush(ps))
         if self._commit(ps, out.messages, ps.offset, flush_pending=False):
             self.core.stats.note_commit(out.releases)

@@ -125,6 +125,7 @@ def loop_series(core, loop):
     stream = core.stream
     alerts = _counter("alerts", "Alerts raised", ["alert"])
     alerts.add_metric([stream, "suppression_limit_exceeded"], core.stats.alerts.get("suppression_limit_exceeded", 0))
+    alerts.add_metric([stream, "wrong_partition"], core.stats.alerts.get("wrong_partition", 0))
     alerts.add_metric([stream, "partition_halted"], loop.counters["halts"])
     alerts.add_metric([stream, "broker_lost"], loop.counters["broker_lost"])
     alerts.add_metric([stream, "lineage_started"], loop.counters["lineages_started"])

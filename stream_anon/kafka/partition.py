@@ -47,6 +47,7 @@ class PartitionState:
     seq: int = 0                   # committed state transactions of this partition (0: none)
     input_topic_id: str | None = None
     flush_pending: bool = False    # a committed decision to flush, not yet carried out (see loop.py)
+    flush_through: int | None = None   # the decided flush's DP clock (WorkerCore.dp_clock_through), redone the same
     # the committed state as the chain of state records since the last full one: the state before the batch in
     # flight, restored when a batch fails as a whole
     chain: list = field(default_factory=list)
@@ -74,6 +75,8 @@ class PartitionState:
                "offset": offset, "input_topic": input_topic, "input_topic_id": self.input_topic_id,
                "kid": self.engine.kid, "lineage": self.lineage, "settings": self.settings,
                "flush_pending": flush_pending, "engine": self.engine.state_core(), "written_at": time.time()}
+        if flush_pending and self.flush_through is not None:
+            doc["flush_through"] = self.flush_through
         if self.settings_changes:
             doc["settings_changes"] = self.settings_changes
         if self.notes:
@@ -118,6 +121,7 @@ class PartitionState:
         written: its encoding, made here if it was not, is what :meth:`committed_state` reads)."""
         checkpoint.encode_state(rec)
         self.seq, self.offset, self.flush_pending = rec.seq, rec.doc["offset"], rec.doc.get("flush_pending", False)
+        self.flush_through = rec.doc.get("flush_through") if self.flush_pending else None
         if rec.full:
             self.chain = [rec]
             self.chain_start = rec.seq
@@ -330,6 +334,7 @@ def open_partition(config, secret: bytes, partition: int, aggregates, doc: dict 
         apply_change(engine, accepted_changes, leaves, recodable)
     ps = PartitionState(partition, engine, dp, offset=doc["offset"], seq=doc["seq"],
                         input_topic_id=doc.get("input_topic_id"), flush_pending=doc.get("flush_pending", False),
+                        flush_through=doc.get("flush_through") if doc.get("flush_pending") else None,
                         chain=chain, chain_start=base_seq or doc["seq"], settings=settings,
                         settings_changes=list(doc.get("settings_changes", [])) + list(accepted_changes or []),
                         leaves=leaves, lineage=lineage, notes={**doc.get("notes", {}), **(notes or {})})
