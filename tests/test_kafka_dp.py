@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _kafka_helpers import ROUTES, ZONES, read_all, synthetic_fares, write_stream_config  # noqa: E402
+from _kafka_helpers import ROUTES, START, ZONES, read_all, synthetic_fares, write_stream_config  # noqa: E402
 
 from stream_anon import crypto  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402
@@ -38,6 +38,7 @@ WINDOW_S = 900
 DP_TOML = '''
 [dp]
 epsilon_budget = {budget}
+start = "2009-11-09T06:00:00+00:00"   # the synthetic fares' first window: the schedule starts there
 
 [[aggregates]]
 name = "taps_per_zone"
@@ -153,7 +154,8 @@ def independent_recount(raw_by_partition: dict[int, list[dict]]) -> dict[int, di
             seen_fare[who] += 1
             if seen_fare[who] <= 2:
                 fares[w] += min(max(e["full_fare_pence"], 0), 500)
-        out[p] = {"windows": list(range(min(windows), max(windows) + 1)), "taps": taps, "fares": fares}
+        start = int(START.timestamp() // WINDOW_S)        # the schedule's start (DP_TOML's dp.start)
+        out[p] = {"windows": list(range(start, max(windows) + 1)), "taps": taps, "fares": fares}
     return out
 
 

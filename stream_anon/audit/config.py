@@ -18,6 +18,7 @@ from stream_anon.contract import config_dir
 from stream_anon.risk import DEFAULT_THRESHOLD, RiskSettings
 
 from .dp_config import DPBudget, read_dp
+from .dp_values import DPValues, read_dp_values
 from .primitives import Hierarchy, QISpec, numeric_granularity
 
 
@@ -117,6 +118,7 @@ class AuditConfig:
     input_topic: str | None = None       # [stream] input_topic: the raw topic the audit reads from a broker
     criteria: list = field(default_factory=list)   # LDiversitySpec / SeveritySpec of [[anonymization.criteria]]
     dp: DPBudget | None = None           # [dp] and [[aggregates]]: the DP check's budget
+    dp_values: DPValues | None = None    # [dp] and [[aggregates]] as the recomputation of every DP value reads them
     max_suppression_ratio: float = 0.05  # [anonymization]: a run suppressing more is NOT PASSED
     risk: RiskSettings = field(default_factory=RiskSettings)   # [risk]: population and threshold of the figures
     source: str | None = None            # the file it was read from (names it in the report)
@@ -175,6 +177,7 @@ class AuditConfig:
             input_topic=stream.get("input_topic"),
             criteria=_criteria(anon.get("criteria"), int(anon["k"])),
             dp=read_dp(raw),
+            dp_values=read_dp_values(raw, files),
             max_suppression_ratio=float(anon.get("max_suppression_ratio", 0.05)),
             risk=read_risk(raw.get("risk") or {}),
             source=str(path),

@@ -41,6 +41,7 @@ from .checks.config_sanity import ConfigSanity
 from .checks.consistency import Consistency
 from .checks.coverage import Coverage
 from .checks.dp_budget import DPBudgetCheck
+from .checks.dp_values import DPValuesCheck
 from .checks.k_individuals import KInIndividuals
 from .checks.l_diversity import LDiversity
 from .checks.leaks import Leaks
@@ -55,7 +56,7 @@ from .report import FAILED, NOT_PASSED, PASSED, AuditReport
 from .risk import MaxProsecutorRisk, risk_figures
 
 CHECKS: tuple[Check, ...] = (KInIndividuals(), LDiversity(), Severity(), Leaks(), Coverage(), Accounting(),
-                             Consistency(), MInvariance(), DPBudgetCheck(), ConfigSanity())
+                             Consistency(), MInvariance(), DPBudgetCheck(), DPValuesCheck(), ConfigSanity())
 _M_SUMMARY_RENAMED = ("releases", "classes", "individuals")   # the audit's own summary has these names
 
 

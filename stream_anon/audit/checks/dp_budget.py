@@ -13,7 +13,8 @@ Worst unit. Per partition (units are keyed to one partition: parallel compositio
 unit puts its ``W`` windows of the period where they cost most: each release holds at most ``min(W,
 release_every_windows, windows_in_release)`` of them, the releases taken by rate, highest first (a fractional
 knapsack: the exact maximum over every way a unit may spread ``W`` windows over the releases). A paid re-release of
-a window (release key ``<window>~<n>``) is charged in full on top. A running output whose mechanism is
+a window (release key ``<window>~<n>``) is charged in full on top, and so is every further distinct value published
+for one cell of a release (a second row under a new row id is a second draw). A running output whose mechanism is
 ``per_window`` is the prefix sum of the per-window rows (post-processing, free) and is charged only when no
 per-window row of that release is published; a tree mechanism (``binary_tree``, ``hybrid``) does not declare its
 depth, so its release is charged the larger of its declared ``epsilon`` and the per-window rate. In legacy mode
@@ -133,10 +134,12 @@ def _charge_blocks(ctx: AuditContext, dp: DPBudget, log: ViolationLog) -> dict:
             declared = _num(row.get("epsilon")) or 0.0
             rate = max(rate, declared / max(1.0, min(spec.max_windows, spec.release_every)))
         key = (row.get("partition"), name, str(row.get("release", window)))
-        out = blocks.setdefault(key, {"window": window, "outputs": {}})
+        out = blocks.setdefault(key, {"window": window, "outputs": {}, "draws": defaultdict(set)})
         prev = out["outputs"].get(row.get("output"))
         if prev is None or rate > prev[0]:
             out["outputs"][row.get("output")] = (rate, row)
+        # each distinct published value of one cell is a draw of its own (a second row under a new row id)
+        out["draws"][(row.get("output"), row.get("group_key"))].add(repr(row.get("value")))
     charges: dict[tuple, list] = defaultdict(list)
     for (partition, name, release), b in blocks.items():
         spec = dp.aggregates[name]
@@ -153,6 +156,8 @@ def _charge_blocks(ctx: AuditContext, dp: DPBudget, log: ViolationLog) -> dict:
             held = held if isinstance(held, int) and held > 0 else spec.release_every
             cap = 1 if dp.period is None else min(spec.max_windows, spec.release_every, held)
             charges[(partition, period, name)].append((rate, cap, "~" in release))
+            draws = max((len(v) for (o, _), v in b["draws"].items() if o == row.get("output")), default=1)
+            charges[(partition, period, name)].extend([(rate, cap, True)] * (draws - 1))
     return charges
 
 
@@ -318,15 +323,54 @@ class DPBudgetCheck:
             if d is not None and total > d * (1 + REL_TOL):
                 log.fail("period over declared budget", line=f"{line} > budget {d:g} (declared by the rows)",
                          period=period, partition=partition, charge=total, budget=d, aggregate=top)
+        spread = _units_on_several_partitions(ctx, dp, per_period)
+        if spread["units"]:
+            line = (f"dp: {spread['units']} unit-periods on several input partitions, each charged on every one's "
+                    f"ledger: worst unit charged {spread['worst']:.6g} in period {spread['period']} over partitions "
+                    f"{spread['partitions']} > budget {dp.budget:g}")
+            if spread["worst"] > dp.budget * (1 + REL_TOL):
+                log.fail("unit on several partitions", line=line, **spread)
         spent: dict = {}      # per period, the worst partition's charge per aggregate and in all (a figure)
         for (partition, period), by_agg in sorted(per_period.items(), key=lambda kv: str(kv[0])):
             entry = spent.setdefault(str(period), {"aggregates": {}, "total": 0.0})
             for name, charge in by_agg.items():
                 entry["aggregates"][name] = round(max(entry["aggregates"].get(name, 0.0), charge), 9)
             entry["total"] = round(max(entry["total"], sum(by_agg.values())), 9)
+        log.details.update(units_on_several_partitions=spread["units"],
+                           worst_charge_across_partitions=round(spread["worst"], 9))
         log.details.update(rows=len(ctx.aggregates), budget=dp.budget, period=dp.period,
                            spent_by_period=dict(sorted(spent.items())),
                            periods=len({p for _, p in per_period}),
                            worst_unit_charge=round(worst["charge"], 9), worst_period=worst.get("period"),
                            worst_partition=worst.get("partition"))
         return log.result()
+
+
+def _units_on_several_partitions(ctx: AuditContext, dp: DPBudget, per_period: dict) -> dict:
+    """Units whose events (not dead-lettered) arrived on several input partitions within one period, from the raw
+    topic: each such unit is charged the sum of its partitions' worst charges for the period (each partition's
+    ledger charged it apart). Returns the count of such unit-periods and the worst one's charge."""
+    from ..dp_values import event_seconds
+    from ..primitives import get_path, source_key
+    values = getattr(ctx.config, "dp_values", None)
+    field = values.unit_field if values is not None else None
+    time_field = values.event_time if values is not None else ctx.config.event_time
+    dead = {source_key(d.get("source")) for d in ctx.deadletters}
+    where: dict[tuple, set] = defaultdict(set)
+    for raw in ctx.raws:
+        if raw.source is None or raw.event is None or raw.source in dead:
+            continue
+        unit = get_path(raw.event, field) if field is not None else raw.unit
+        t = event_seconds(get_path(raw.event, time_field))
+        if unit is None or t is None:
+            continue
+        where[(str(unit), dp.period_of(math.floor(t / dp.window_s)))].add(raw.source[1])
+    out = {"units": 0, "worst": 0.0, "period": None, "partitions": []}
+    for (unit, period), parts in where.items():
+        if len(parts) < 2:
+            continue
+        out["units"] += 1
+        charge = sum(sum(per_period.get((p, period), {}).values()) for p in parts)
+        if charge > out["worst"]:
+            out.update(worst=charge, period=period, partitions=sorted(parts))
+    return out
