@@ -30,8 +30,9 @@ PLOTS = (  # (id, title, caption)
      "Per release: mean normalized certainty penalty of its real records (0: exact, 1: the whole domain) and the "
      "share of the events it placed that it suppressed; the dotted line is max_suppression_ratio."),
     ("risk", "Re-identification risk over time",
-     "Per release, from its classes' sizes in individuals (a reused class counts every individual published in "
-     "it so far): the prosecutor's highest risk 1/min f and average J/n (= marketer risk without a declared "
+     "Per release, over its own individuals, each at risk 1/f, f the individuals of its class (a reused class "
+     "counts every individual published in it so far): the prosecutor's highest risk 1/min f and average (the "
+     "expected share of the release's individuals re-identified; = marketer risk without a declared "
      "population), and the journalist's average against a declared [risk] population."),
     ("dp-budget", "DP budget per period",
      "Per period: the epsilon the worst unit can have been charged per aggregate, recomputed by the audit from "
