@@ -238,6 +238,30 @@ def test_class_sizes_are_counted_from_raw_events_not_manifests(oyster):
     assert [s[1:] for s in release_class_sizes(ctx)] == [s[1:] for s in release_class_sizes(ctx0)]
 
 
+def test_a_manifest_stating_false_individuals_fails_consistency(oyster):
+    """The audit recounts each manifest's individuals (of the release and of each class) from the records' tokens
+    and the raw events: one raised by 10, or a class's by 1, fails ``consistency`` in a line naming the release."""
+    _config, raw, outputs, _metrics, cfg = oyster
+    assert audit(raw, outputs, SECRET, cfg).passed
+    rid = outputs["manifests"][2]["release_id"]
+    n = outputs["manifests"][2]["individuals"]
+    assert n > 0
+    inflated = copy.deepcopy(outputs)
+    inflated["manifests"][2]["individuals"] = n + 10
+    report = audit(raw, inflated, SECRET, cfg)
+    assert [name for name, c in report.checks.items() if not c["passed"]] == ["consistency"]
+    assert report.checks["consistency"]["violations_by_kind"] == {"release individuals differ from records": 1}
+    assert f"release {rid}: the manifest states {n + 10} individuals, its real records hold {n}" in \
+        report.format_text()
+    one_class = copy.deepcopy(outputs)
+    c = one_class["manifests"][2]["classes"][0]
+    c["individuals"] += 1
+    report = audit(raw, one_class, SECRET, cfg)
+    assert report.checks["consistency"]["violations_by_kind"] == {"class individuals differ from records": 1}
+    assert f"release {rid} class {c['class_id']}: the manifest states {c['individuals']} individuals, its real " \
+           f"records hold {c['individuals'] - 1}" in report.format_text()
+
+
 # ------------------------------------------------------------------------------------------------ m-invariance
 def test_intersection_candidates_equal_the_attack():
     """On naive per-window k/l releases (no invariance: the attack narrows candidates), the audit's candidate sets
