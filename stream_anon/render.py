@@ -93,7 +93,7 @@ class Renderer:
         if "m" in manifest:     # m-invariance: counterfeit counts, as in the manifest (never which records)
             metric.update({name: manifest[name] for name in ("m", "counterfeit_individuals", "counterfeit_records")})
         if self.config.risk.per_release:
-            metric["risk"] = release_risk_figures(manifest, self.config.risk.settings)
+            metric["risk"] = release_risk_figures(manifest, self.config.risk.settings, rel.own_class_sizes)
         out.append((TOPICS.metrics, self.stream.encode(), json_bytes(metric)))
         alerts = []
         limit = self.config.anonymization.max_suppression_ratio
@@ -221,16 +221,24 @@ class Renderer:
         return event
 
 
-def release_risk_figures(manifest: dict, settings) -> dict | None:
+def release_risk_figures(manifest: dict, settings, own_class_sizes=None) -> dict | None:
     """The release's re-identification risk (:func:`stream_anon.risk.release_risk`) from the individuals of the
-    classes its manifest lists.
+    classes its manifest lists and ``own_class_sizes`` (the release's own individuals by the size of their
+    smallest class, :attr:`stream_anon.engine.release.Release.own_class_sizes`; without it each class's
+    individuals count once per class, as the manifest lists them).
     A reused class holds the individuals it was created with (at least k, the audit's ``k`` check) and those
     added since; the release knows only its own additions, so the class counts max(k, added): a lower bound of
-    its individuals, hence an upper bound of its risk (the audit counts the class exactly)."""
+    its individuals, hence an upper bound of each individual's risk and of the release's figures (the audit
+    counts the class exactly)."""
     k = int(manifest.get("k") or 1)
+    classes = manifest.get("classes") or ()
     sizes = [max(k, int(c.get("individuals") or 0)) if c.get("reused") else int(c.get("individuals") or 0)
-             for c in manifest.get("classes") or ()]
-    return release_risk(sizes, settings)
+             for c in classes]
+    if own_class_sizes:
+        own = [f for f, n in own_class_sizes for _ in range(n)]
+    else:
+        own = [f for f, c in zip(sizes, classes) for _ in range(int(c.get("individuals") or 0))]
+    return release_risk(sizes, settings, own)
 
 
 def coarse_time(value, granularity_s: float) -> str:

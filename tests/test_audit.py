@@ -122,6 +122,7 @@ def test_outputs_object_accepted():
 def test_class_with_k_minus_1_individuals_fails():
     raw, out = scenario()
     set_raw(raw, "e7", journey_id="J1001")  # c2 keeps 2 records, but both are journey J1001
+    out["manifests"][1]["classes"][1]["individuals"] = 1      # as a manifest of that release states it
     report = run(raw, out)
     assert failed(report) == ["k"]
     assert report.checks["k"]["min_individuals"] == 1
@@ -131,6 +132,7 @@ def test_class_with_k_minus_1_individuals_fails():
 def test_class_reaching_k_only_later_fails_at_creation():
     raw, out = scenario()
     set_raw(raw, "e2", journey_id="J1001")  # c1 has J1001 only in R1; J1003 joins it in R2
+    out["manifests"][0]["classes"][0]["individuals"] = 1      # as a manifest of that release states it
     report = run(raw, out)
     assert failed(report) == ["k"]
     assert report.checks["k"]["violations_by_kind"] == {"class below k at creation": 1}

@@ -196,7 +196,7 @@ def _release(rid, suppressed, ratio, exceeded):
     manifest = {"release_id": rid, "seq": 1, "published": 10, "suppressed": suppressed, "deferred": 0,
                 "ncp_mean": 0.1, "suppression_ratio": ratio, "suppression_limit_exceeded": exceeded}
     return types.SimpleNamespace(release_id=rid, partition=3, records=[], manifest=lambda: manifest,
-                                 record_payloads=lambda dumps: [], late=0)
+                                 record_payloads=lambda dumps: [], late=0, own_class_sizes=())
 
 
 def test_worker_logs_release_alerts_as_rate_limited_warnings(tmp_path, caplog):

@@ -22,19 +22,24 @@ SECRET = b"risk-audit-secret-0123456789abcdef"
 # ------------------------------------------------------------------------------------------------ hand-built
 def test_hand_built_releases():
     """test_audit.scenario: R1 holds class c1 of J1001, J1002 (2); R2 reuses c1 for J1003 (so far 3 individuals)
-    and creates c2 of J1001, J1004 (2). R1: highest 1/2, average 1/2; R2: highest 1/2, average 2/5; at threshold
-    0.4 only c2's 2 of R2's 5 individuals are at risk."""
+    and creates c2 of J1001, J1004 (2). R1: highest 1/2, average 1/2. R2's own individuals are J1003 (risk 1/3),
+    J1001 and J1004 (1/2 each): 3 individuals, highest 1/2, average (1/3 + 1/2 + 1/2) / 3; at threshold 0.4 the
+    2 of c2 are at risk, 2 of 3 (not 2 of the 5 its classes hold over their releases)."""
     raw, outputs = hand.scenario()
     cfg = dataclasses.replace(hand.cfg(), risk=RiskSettings(threshold=0.4))
     report = audit(raw, outputs, hand.SECRET, cfg)
     per = {p["release_id"]: p for p in report.risk["per_release"]}
     assert per["test-p0-000001"]["prosecutor"] == {"highest": 0.5, "average": 0.5, "records_at_risk": 1.0}
-    assert per["test-p0-000002"]["prosecutor"] == {"highest": 0.5, "average": 0.4, "records_at_risk": 0.4}
-    assert per["test-p0-000002"]["classes"] == 2 and per["test-p0-000002"]["individuals"] == 5
+    r2 = per["test-p0-000002"]
+    assert r2["prosecutor"] == {"highest": 0.5, "average": round((1 / 3 + 1 / 2 + 1 / 2) / 3, 6),
+                                "records_at_risk": round(2 / 3, 6)}
+    assert (r2["classes"], r2["individuals"], r2["individuals_in_classes"]) == (2, 3, 5)
     s = report.risk["summary"]
-    # the run: 3 (release, class) pairs over 2 + 5 individuals
-    assert s["prosecutor"] == {"highest": 0.5, "average": round((2 * 0.5 + 5 * 0.4) / 7, 6),
-                               "records_at_risk": round((2 * 1.0 + 5 * 0.4) / 7, 6)}
+    # the run: releases weighed by their own individuals, 2 and 3
+    p1, p2 = per["test-p0-000001"]["prosecutor"], r2["prosecutor"]
+    assert s["individuals"] == 5
+    assert s["prosecutor"] == {"highest": 0.5, "average": round((2 * p1["average"] + 3 * p2["average"]) / 5, 6),
+                               "records_at_risk": round((2 * 1.0 + 3 * p2["records_at_risk"]) / 5, 6)}
     assert "risk" not in report.checks
     text = report.format_text()
     assert "risk: prosecutor highest=0.5 (release test-p0-000001) average=" in text and "over 2 releases" in text
@@ -50,7 +55,7 @@ def test_worker_metric_bounds_a_reused_class():
     report = audit(raw, outputs, hand.SECRET, hand.cfg())
     audit_r2 = report.risk["per_release"][1]
     worker_r2 = release_risk_figures(outputs["manifests"][1], RiskSettings())
-    assert worker_r2["prosecutor"]["average"] == 0.5 > audit_r2["prosecutor"]["average"] == 0.4
+    assert worker_r2["prosecutor"]["average"] == 0.5 > audit_r2["prosecutor"]["average"] == round(4 / 9, 6)
     assert worker_r2["prosecutor"]["highest"] >= audit_r2["prosecutor"]["highest"]
 
 
@@ -58,7 +63,7 @@ def test_journalist_figures_follow_the_config(tmp_path):
     raw, outputs = hand.scenario()
     cfg = dataclasses.replace(hand.cfg(), risk=RiskSettings(population=100))
     per = audit(raw, outputs, hand.SECRET, cfg).risk["per_release"]
-    assert per[1]["journalist"] == release_risk([3, 2], RiskSettings(population=100))["journalist"]
+    assert per[1]["journalist"] == release_risk([3, 2], RiskSettings(population=100), [3, 2, 2])["journalist"]
     assert per[1]["journalist"]["sampling_fraction"] == 0.05
 
 
@@ -110,6 +115,64 @@ def test_worker_release_metric_equals_the_audit_where_no_class_is_reused(oyster)
     assert compared >= 5 and compared + reused == len(metrics) == len(report.risk["per_release"])
     # k = 10: no release above 1/10
     assert report.risk["summary"]["prosecutor"]["highest"] <= 0.1
+
+
+@pytest.fixture(scope="module")
+def oyster_late():
+    """The oyster slice arriving out of order (each tap delayed by an exponential 300 s): late taps join classes
+    published by earlier releases (reuse)."""
+    import numpy as np
+
+    from stream_anon import contract
+    from stream_anon.config import load_config
+    from stream_anon.datasets import load_events
+    from stream_anon.engine.space import parse_time
+    config = load_config(contract.config_path("oyster"))
+    events = load_events("oyster", limit=4000)
+    arrival = np.array([parse_time(e["event_time"]) for e in events]) + \
+        np.random.default_rng(1).exponential(300, len(events))
+    raw, outputs, metrics = _worker_outputs(config, [events[i] for i in np.argsort(arrival, kind="stable")])
+    return config, raw, outputs, metrics, AuditConfig.from_toml(contract.config_path("oyster"))
+
+
+def test_release_figures_count_the_release_own_individuals(oyster_late):
+    """Recounted here from the records and the raw events: a release's individuals are the distinct journeys it
+    publishes (the manifest's, the worker metric's and the audit's ``individuals``), and its prosecutor average is
+    their mean risk, each at 1 / the individuals of its smallest class so far. Releases reusing classes hold more
+    individuals in their classes than they publish; the worker, which counts a reused class at max(k, added), never
+    states a lower risk."""
+    from stream_anon import crypto
+    config, raw, outputs, metrics, cfg = oyster_late
+    unit = {}
+    for _, payload in raw:
+        e = json.loads(payload)
+        unit[crypto.audit_token(SECRET, e["event_id"])] = e[config.stream.privacy_unit]
+    so_far: dict = {}
+    expected = {}
+    for m in sorted(outputs["manifests"], key=lambda m: (m["partition"], m["seq"])):
+        mine = [r for r in outputs["records"] if r["release_id"] == m["release_id"] and r["audit_token"] in unit]
+        for r in mine:
+            so_far.setdefault(r["class_id"], set()).add(unit[r["audit_token"]])
+        smallest: dict = {}
+        for r in mine:
+            u = unit[r["audit_token"]]
+            smallest[u] = min(smallest.get(u, len(so_far[r["class_id"]])), len(so_far[r["class_id"]]))
+        held = sum(len(so_far[c]) for c in {r["class_id"] for r in mine})
+        if smallest:
+            expected[m["release_id"]] = (len(smallest), round(sum(1 / f for f in smallest.values()) / len(smallest),
+                                                              6), held)
+    per = {p["release_id"]: p for p in audit(raw, outputs, SECRET, cfg).risk["per_release"]}
+    assert {rid: (p["individuals"], p["prosecutor"]["average"]) for rid, p in per.items()} == \
+        {rid: e[:2] for rid, e in expected.items()}
+    assert {rid: p["individuals_in_classes"] for rid, p in per.items()} == {rid: e[2] for rid, e in expected.items()}
+    manifests = {m["release_id"]: m for m in outputs["manifests"]}
+    reusing = [rid for rid, m in manifests.items() if any(c["reused"] for c in m["classes"])]
+    assert len(reusing) >= 3 and all(expected[rid][2] > expected[rid][0] for rid in reusing)
+    for metric in metrics:
+        rid = metric["release_id"]
+        assert metric["risk"]["individuals"] == manifests[rid]["individuals"] == per[rid]["individuals"]
+        assert metric["risk"]["prosecutor"]["average"] >= per[rid]["prosecutor"]["average"]
+        assert metric["risk"]["prosecutor"]["records_at_risk"] >= per[rid]["prosecutor"]["records_at_risk"]
 
 
 def _tampered(outputs: dict, split: int = 5) -> tuple[dict, str]:
@@ -172,7 +235,31 @@ def test_class_sizes_are_counted_from_raw_events_not_manifests(oyster):
             c["individuals"] = 1000
     ctx, _ = build_context(raw, lying, SECRET, cfg)
     ctx0, _ = build_context(raw, outputs, SECRET, cfg)
-    assert [s for _, s in release_class_sizes(ctx)] == [s for _, s in release_class_sizes(ctx0)]
+    assert [s[1:] for s in release_class_sizes(ctx)] == [s[1:] for s in release_class_sizes(ctx0)]
+
+
+def test_a_manifest_stating_false_individuals_fails_consistency(oyster):
+    """The audit recounts each manifest's individuals (of the release and of each class) from the records' tokens
+    and the raw events: one raised by 10, or a class's by 1, fails ``consistency`` in a line naming the release."""
+    _config, raw, outputs, _metrics, cfg = oyster
+    assert audit(raw, outputs, SECRET, cfg).passed
+    rid = outputs["manifests"][2]["release_id"]
+    n = outputs["manifests"][2]["individuals"]
+    assert n > 0
+    inflated = copy.deepcopy(outputs)
+    inflated["manifests"][2]["individuals"] = n + 10
+    report = audit(raw, inflated, SECRET, cfg)
+    assert [name for name, c in report.checks.items() if not c["passed"]] == ["consistency"]
+    assert report.checks["consistency"]["violations_by_kind"] == {"release individuals differ from records": 1}
+    assert f"release {rid}: the manifest states {n + 10} individuals, its real records hold {n}" in \
+        report.format_text()
+    one_class = copy.deepcopy(outputs)
+    c = one_class["manifests"][2]["classes"][0]
+    c["individuals"] += 1
+    report = audit(raw, one_class, SECRET, cfg)
+    assert report.checks["consistency"]["violations_by_kind"] == {"class individuals differ from records": 1}
+    assert f"release {rid} class {c['class_id']}: the manifest states {c['individuals']} individuals, its real " \
+           f"records hold {c['individuals'] - 1}" in report.format_text()
 
 
 # ------------------------------------------------------------------------------------------------ m-invariance

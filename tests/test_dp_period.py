@@ -127,6 +127,53 @@ def test_period_config_errors_name_the_key():
                                "epsilon": 0.5, "max_contributions": 1}]))
 
 
+def _with_window(window_s, **dp):
+    return {**_raw([_count()], max_windows_per_period=1, **dp), "anonymization": {"window_s": window_s}}
+
+
+def _periods_of_local_month(clock, tz, year, month):
+    """The periods (labels) the windows holding the local calendar month ``year-month`` of ``tz`` are charged to."""
+    from datetime import datetime
+    from zoneinfo import ZoneInfo
+    zone = ZoneInfo(tz)
+    start = datetime(year, month, 1, tzinfo=zone).timestamp()
+    end = datetime(year + month // 12, month % 12 + 1, 1, tzinfo=zone).timestamp()
+    first, last = int(start // clock.window_s), math.ceil(end / clock.window_s)
+    return sorted({clock.period_of(w)[0] for w in range(first, last)})
+
+
+def test_periods_start_on_window_boundaries_in_their_time_zone():
+    """Windows are aligned to the UTC epoch and charged to the period holding their start. New York's days start at
+    05:00 or 04:00 UTC, inside a window of 6 h: the window 00:00-06:00 UTC (19:00-01:00 local) would charge the first
+    hour of 1 January to 31 December, 32 periods for a 31-day month. Refused, naming the keys; 1 h windows, and 6 h
+    windows with UTC days, keep every day whole."""
+    from datetime import datetime
+    from zoneinfo import ZoneInfo
+
+    from stream_anon.dp.periods import PeriodClock
+    with pytest.raises(ConfigError, match=r'^dp\.timezone: days \(dp\.period = "day"\) in America/New_York '
+                                          r"\(UTC-05:00, UTC-04:00\) do not start on window boundaries "
+                                          r"\(anonymization\.window_s = 21600 s.*19:00-01:00 local.*divides 3600 s"):
+        parse_dp_config(_with_window(21600, timezone="America/New_York"))
+    with pytest.raises(ConfigError, match=r"^dp\.timezone: days .* Europe/London .*23:00-01:00 local \(UTC\+01:00\)"):
+        parse_dp_config(_with_window(7200))                 # aligned in winter, not in summer time
+    with pytest.raises(ConfigError, match=r"^dp\.timezone: hours .* Asia/Kolkata .*divides 1800 s"):
+        parse_dp_config(_with_window(3600, period="hour", timezone="Asia/Kolkata"))
+    with pytest.raises(ConfigError, match=r"^dp\.timezone: weeks .*Mon 00:00-Tue 00:00 UTC is Sun 19:00-Mon 19:00"):
+        parse_dp_config(_with_window(86400, period="week", timezone="America/New_York"))
+    assert len(_periods_of_local_month(PeriodClock("day", "America/New_York", 21600), "America/New_York", 2024, 1)) \
+        == 32
+    for window_s, tz in ((3600, "America/New_York"), (21600, "UTC"), (1800, "Asia/Kolkata")):
+        clock = parse_dp_config(_with_window(window_s, timezone=tz)).clock
+        periods = _periods_of_local_month(clock, tz, 2024, 1)
+        assert len(periods) == 31 and periods[0] == "2024-01-01", (window_s, tz)
+        for day in (0, 70, 300):                            # winter and summer: a day's first window starts it
+            label, first, n = clock.period_of(int(1704067200 // window_s) + day * int(86400 // window_s))
+            local = datetime.fromtimestamp(first * window_s, ZoneInfo(tz))
+            assert (local.strftime("%Y-%m-%d"), local.hour, local.minute) == (label, 0, 0), (window_s, tz, day)
+            assert clock.period_of(first - 1)[0] != label and clock.period_of(first + n - 1)[0] == label
+
+
 def test_bundled_configs_state_unit_period_and_fit_one_per_period():
     from stream_anon.config import load_config
     for path, unit in (("configs/oyster-cards.toml", "individual"), ("configs/oyster.toml", "journey")):

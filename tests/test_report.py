@@ -110,3 +110,52 @@ def test_a_release_made_under_other_settings_shows_its_fingerprint(run, page):
     assert g["releases_by_fingerprint"][g["fingerprint"]] == len(manifests) - 1
     html = render({**page.summary, "guarantees": g}, page.figures, {})
     assert "releases carry other fingerprints: " in html and "sha256:0000000000000000 (1)" in html
+
+
+# ------------------------------------------------------------------------------------------------ a DP stream
+def _worker_run(cfg, events):
+    """The worker core's outputs for ``events`` on partition 0, as the audit takes them."""
+    core = WorkerCore(cfg, "app", SECRET)
+    out = core.handle([(0, i, orjson.dumps(e)) for i, e in enumerate(events)]) + core.flush_all()
+    outputs, metrics = AuditOutputs(), []
+    parts = {TOPICS.records(cfg.stream.name): outputs.records, TOPICS.releases: outputs.manifests,
+             TOPICS.deadletter: outputs.deadletters, TOPICS.metrics: metrics, TOPICS.aggregates: outputs.aggregates}
+    for topic, _key, value in out:
+        parts[topic].append(json.loads(value))
+    raw = [((cfg.stream.input_topic, 0, i), orjson.dumps(e)) for i, e in enumerate(events)]
+    return raw, outputs, metrics
+
+
+@pytest.fixture(scope="module")
+def dp_page():
+    """oyster-cards (five aggregates: hourly counts, daily mean, histogram and ratio): a third of the first day's
+    events and 200 of the second's, which close the first day's daily releases."""
+    path = contract.config_path("oyster-cards")
+    cfg = load_config(path)
+    by_day: dict[str, list] = defaultdict(list)
+    for e in load_events("oyster-cards"):
+        by_day[e["event_time"][:10]].append(e)
+    first, second = sorted(by_day)[:2]
+    raw, outputs, metrics = _worker_run(cfg, by_day[first][::3] + by_day[second][:200])
+    return cfg, outputs, build_report(path, raw, outputs, SECRET, metrics)
+
+
+def test_the_dp_section_lists_every_aggregate_of_the_config(dp_page):
+    """Each aggregate of the config has its entry and its row in the page's DP table, with the number of merged
+    rows it published (recounted here from the aggregates topic), whatever its kind and output."""
+    from stream_anon.dp.merge import merge_rows
+    cfg, outputs, page = dp_page
+    names = [s.name for s in cfg.dp.aggregates]
+    assert len(names) == 5
+    dp = page.figures["query_error"]["dp"]
+    assert list(dp) == names
+    merged = merge_rows(outputs.aggregates)
+    for s in cfg.dp.aggregates:
+        e = dp[s.name]
+        output = "per_window" if s.output in ("per_window", "both") else "running"
+        assert e["kind"] == s.kind and e["output"] == output
+        assert e["rows"] == sum(m["aggregate"] == s.name and m["output"] == output for m in merged) > 0, s.name
+        assert e["realized"]["rmse"] is not None and e["noise_rms"] > 0
+    table = page.html[page.html.index("<h3>DP aggregates</h3>"):]
+    table = table[:table.index("</table>")]
+    assert [n for n in names if f"<tr><td>{n}</td>" in table] == names

@@ -5,7 +5,8 @@ Class sizes: the distinct privacy units behind a class's real records (from the 
 counts them; counterfeit records are no one). A class is one ``class_id`` over every release it appears in
 (docs/privacy.md, Reuse of published classes): in release r it holds every individual published in it in r or in
 an earlier release of its partition. The figures of a release (:func:`stream_anon.risk.release_risk`) are over the
-classes that release publishes records in; the run's figures are over every (release, class) pair.
+release's own individuals (the distinct units of its real records), each at the size of the smallest class holding
+its records in the release; the run's figures weigh the releases by their own individuals.
 
 For an m-invariant stream, :func:`intersection_candidates` measures the cross-release attack of
 ``stream_anon.attacks.intersection`` (knowledge of the target's quasi-identifiers in every release it appears in)
@@ -32,9 +33,11 @@ def _release_order(ctx: AuditContext) -> list[dict]:
     return sorted(ctx.manifests, key=lambda m: (str(m.get("partition")), m.get("seq") or 0, str(m.get("release_id"))))
 
 
-def release_class_sizes(ctx: AuditContext) -> list[tuple[dict, list[int]]]:
-    """(manifest, the distinct individuals of each class the release publishes real records in), in release
-    order within each partition."""
+def release_class_sizes(ctx: AuditContext) -> list[tuple[dict, list[int], list[int]]]:
+    """(manifest, class sizes, individual sizes) of every release, in release order within each partition. Class
+    sizes: the distinct individuals of each class the release publishes real records in, over the class's releases
+    up to this one. Individual sizes: for each distinct individual the release publishes real records of (its own
+    individuals), the size of the smallest class holding them in this release."""
     units: dict[tuple, set] = defaultdict(set)          # (release_id, class_id) -> units of its real records
     for r in ctx.records:
         raw = ctx.raw_of(r)
@@ -46,11 +49,14 @@ def release_class_sizes(ctx: AuditContext) -> list[tuple[dict, list[int]]]:
     so_far: dict[Any, set] = defaultdict(set)           # class_id -> individuals published in it so far
     out = []
     for m in _release_order(ctx):
-        sizes = []
+        sizes, smallest = [], {}
         for cid, us in sorted(by_release.get(m.get("release_id"), []), key=lambda x: str(x[0])):
             so_far[cid] |= us
-            sizes.append(len(so_far[cid]))
-        out.append((m, sizes))
+            f = len(so_far[cid])
+            sizes.append(f)
+            for u in us:
+                smallest[u] = min(smallest.get(u, f), f)
+        out.append((m, sizes, list(smallest.values())))
     return out
 
 
@@ -69,8 +75,8 @@ def risk_figures(ctx: AuditContext, settings: RiskSettings, with_attack: bool = 
     ``summary`` (the run's: the highest risk of any release, averages weighted by the releases' individuals, the
     largest population uniqueness), plus ``intersection`` for an m-invariant stream."""
     per = []
-    for m, sizes in release_class_sizes(ctx):
-        fig = release_risk(sizes, settings)
+    for m, sizes, own in release_class_sizes(ctx):
+        fig = release_risk(sizes, settings, own)
         if fig is None:
             continue
         per.append({"release_id": m.get("release_id"), "partition": m.get("partition"), "seq": m.get("seq"),

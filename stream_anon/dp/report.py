@@ -147,7 +147,8 @@ def _release_span(dp: DPConfig, m: dict, first_window: int) -> tuple[int, int]:
 
 def aggregate_rmse(dp: DPConfig, merged: list[dict], events_by_w: dict[int, list]) -> dict:
     """Per aggregate: RMSE of the merged per-window (per-release) values against the unbounded truth (a running-only
-    aggregate: its running values). Counts in events, means in the value's unit, ratios as shares."""
+    aggregate: its running values). Counts in events, sums and means in the value field's unit, ratios as
+    shares."""
     out = {}
     for spec in dp.aggregates:
         rs = [m for m in merged if m["aggregate"] == spec.name and m["output"] == "per_window"]
@@ -162,12 +163,12 @@ def aggregate_rmse(dp: DPConfig, merged: list[dict], events_by_w: dict[int, list
             if span not in cache:
                 cache[span] = true_cells(spec, events_by_w, range(span[0], span[1] + 1))
             t = cache[span].get(m["group_key"], [0.0, 0.0])
-            if spec.kind in ("count", "histogram"):
+            if spec.kind in ("count", "histogram", "sum"):
                 err.append(m["value"] - t[0])
             elif t[1] > 0:
                 err.append(m["value"] - t[0] / t[1])
         out[spec.name] = {"rmse": float(np.sqrt(np.mean(np.square(err)))) if err else None, "cells": len(err),
-                          "output": rs[0]["output"], "unit": "pence" if spec.kind == "mean" else
+                          "output": rs[0]["output"], "unit": spec.value_field if spec.kind in ("sum", "mean") else
                           "share" if spec.kind == "ratio" else "events",
                           "release_windows": rs[0].get("windows_in_release", 1)}
     return out

@@ -23,12 +23,12 @@ from __future__ import annotations
 import functools
 import itertools
 import json
-import math
 from dataclasses import dataclass, field
 from datetime import date, datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from stream_anon.dp.periods import PERIODS, PeriodClock, period_alignment_error
 from stream_anon.errors import ConfigError
 from stream_anon.hierarchy import Hierarchy
 from stream_anon.validation import MAX_COUNT, MAX_SECONDS, REQUIRED, ConfigDir, Table, check_integer, check_number, \
@@ -39,7 +39,6 @@ OUTPUTS = ("per_window", "running", "both")
 MECHANISMS = ("auto", "binary_tree", "per_window", "hybrid")
 NOISES = ("auto", "geometric", "snapping", "laplace")   # "laplace" = "snapping" (floating-point safe)
 UNITS = ("event", "journey", "individual")
-PERIODS = {"hour": 3600, "day": 86400, "week": 7 * 86400}
 GROUP_KINDS = ("values", "hierarchy", "hour")
 MAX_WINDOWS = 10 ** 9      # horizon_windows: more windows than a stream of one-second windows has in 30 years
 MAX_LEVEL = 64             # levels above the leaves of a hierarchy
@@ -254,55 +253,6 @@ class DPConfig:
             if s.name == name:
                 return s
         raise KeyError(name)
-
-
-class PeriodClock:
-    """Maps window indices (``window_start = index * window_s``, UTC epoch seconds) to periods: calendar hours,
-    days or weeks (weeks start on Monday) in an IANA time zone. A window belongs to the period containing its
-    start. DST days have 23 or 25 hours: :meth:`max_windows` is the largest number of windows a period can hold.
-
-    >>> c = PeriodClock("day", "Europe/London", 900)
-    >>> label, first, n = c.period_of(int(1257753600 // 900) + 5)      # 2009-11-09T01:15Z
-    >>> label, n, c.max_windows()
-    ('2009-11-09', 96, 100)
-    """
-
-    def __init__(self, period: str, tz: str, window_s: float):
-        from zoneinfo import ZoneInfo
-        self.period, self.tz_name, self.window_s = period, tz, float(window_s)
-        self.tz = ZoneInfo(tz)
-        self._cache: dict[int, tuple[str, int, int]] = {}
-
-    def _bounds(self, t: float):
-        from datetime import timedelta
-        local = datetime.fromtimestamp(t, self.tz)
-        if self.period == "hour":
-            start = local.replace(minute=0, second=0, microsecond=0)
-            return start.strftime("%Y-%m-%dT%H"), start.timestamp(), start.timestamp() + 3600
-        day = local.replace(hour=0, minute=0, second=0, microsecond=0)
-        if self.period == "week":
-            day = day - timedelta(days=day.weekday())
-            end = day + timedelta(days=7)
-        else:
-            end = day + timedelta(days=1)
-        start_t = day.replace(tzinfo=None).replace(tzinfo=self.tz).timestamp()
-        end_t = end.replace(tzinfo=None).replace(tzinfo=self.tz).timestamp()
-        return day.strftime("%Y-%m-%d"), start_t, end_t
-
-    def period_of(self, window: int) -> tuple[str, int, int]:
-        """(label, first window index, number of windows) of the period holding ``window``."""
-        hit = self._cache.get(window)
-        if hit is None:
-            label, start, end = self._bounds(window * self.window_s)
-            first = math.ceil(start / self.window_s)
-            hit = (label, first, math.ceil(end / self.window_s) - first)
-            if len(self._cache) > 100_000:
-                self._cache.clear()
-            self._cache[window] = hit
-        return hit
-
-    def max_windows(self) -> int:
-        return math.ceil((PERIODS[self.period] + 3600) / self.window_s)
 
 
 def _fmt(x: float) -> str:
@@ -566,6 +516,9 @@ def _period_mode(t: Table, raw: dict, stream: dict) -> dict:
     window_s = check_number(anon["window_s"], "anonymization.window_s", above=0, at_most=MAX_SECONDS)
     if PERIODS[period] % window_s:
         raise ConfigError(f"dp.period: a {period} must hold a whole number of windows of {window_s} s")
+    misaligned = period_alignment_error(period, t.get("timezone"), window_s)
+    if misaligned:
+        raise ConfigError(misaligned)
     per = int(PERIODS[period] // window_s)
     if unit == "event":
         # every event is its own unit: the aggregator ignores the field; it stays set (the stream's unit field,

@@ -38,9 +38,17 @@ def assemble_release(engine, buf, view: WindowView, release_id: str, window_star
     extras = former.complete(view, [(g[0], g[5], g[4]) for g in groups], published_rows)
     classes: list[ClassInfo] = []
     rec_class, rec_sens, rec_tok, rec_ncp, rec_cf = [], [], [], [], []
+    own_sizes: tuple = ()
     if groups:
-        n_reals = distinct_per_group(buf.units[np.concatenate([g[5] for g in groups])],
-                                     np.array([len(g[5]) for g in groups])).tolist()
+        units = buf.units[np.concatenate([g[5] for g in groups])]
+        lens = np.array([len(g[5]) for g in groups])
+        n_reals = distinct_per_group(units, lens).tolist()
+        # each individual's smallest class here; a reused class holds at least k (its creation) besides these
+        bound = np.array([max(engine.k, n) if g[3] else n for g, n in zip(groups, n_reals)], dtype=np.int64)
+        distinct, which = np.unique(units, return_inverse=True)
+        smallest = np.full(len(distinct), np.iinfo(np.int64).max)
+        np.minimum.at(smallest, which, np.repeat(bound, lens))
+        own_sizes = tuple(zip(*(a.tolist() for a in np.unique(smallest, return_counts=True))))
     for ci, ((cid, gen, ncp_c, is_reused, _, rows), extra) in enumerate(zip(groups, extras)):
         rl = rows.tolist()
         rec_class += [ci] * len(rl)
@@ -78,5 +86,5 @@ def assemble_release(engine, buf, view: WindowView, release_id: str, window_star
         max_suppression_ratio=config.anonymization.max_suppression_ratio,
         record_counterfeit=(np.array(rec_cf, dtype=bool)[order] if rec_tok else np.empty(0, dtype=bool))
         if m is not None else None,
-        m=m, kid=engine.kid, late=late, lineage=engine.lineage,
+        m=m, kid=engine.kid, late=late, lineage=engine.lineage, own_class_sizes=own_sizes,
     )

@@ -56,11 +56,20 @@ class Release:
     kid: str | None = None                          # key id of the secret of the audit tokens (crypto.key_id)
     late: int = 0                                   # late events this release handled (published or suppressed)
     lineage: str | None = None                      # the stream's lineage (part of release_id; None: no lineage)
+    # the release's own individuals (distinct units of its real records) by the size of the smallest class holding
+    # them here: ((size, individuals), ...), a reused class at max(k, its individuals in this release), the lower
+    # bound the release knows of
+    own_class_sizes: tuple = ()
 
     @property
     def published(self) -> int:
         """Real records published (input events); counterfeit records are not counted here."""
         return len(self.record_token) - self.counterfeit_records
+
+    @property
+    def individuals(self) -> int:
+        """Distinct individuals (privacy units) of the release's real records."""
+        return sum(n for _, n in self.own_class_sizes)
 
     @property
     def counterfeit_records(self) -> int:
@@ -139,7 +148,7 @@ class Release:
             "watermark": _iso(self.published_watermark), "k": self.k,
             "classes": [{"class_id": c.class_id, "generalization": c.generalization, "individuals": c.individuals,
                          "records": c.records, "ncp": round(c.ncp, 6), "reused": c.reused} for c in self.classes],
-            "published": self.published, "suppressed": self.suppressed,
+            "published": self.published, "individuals": self.individuals, "suppressed": self.suppressed,
             "suppressed_tokens": self.suppressed_tokens, "deferred": len(self.deferred_tokens),
             "deferred_tokens": self.deferred_tokens, "ncp_mean": round(self.ncp_mean, 6),
             "suppression_ratio": round(ratio, 6),

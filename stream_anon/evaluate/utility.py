@@ -135,39 +135,63 @@ def query_error(config, placement: Placement, seed: int = 0, per_family: int = P
            config.anonymization.k if k is None else k,
            "run": {name: summarize(workload, a.sum(0), truth.sum(0)) for name, a in answers.items()},
            "offline": extra, "per_release": per_release}
-    if placement.dp_rows and config.dp is not None:
+    if config.dp is not None and config.dp.aggregates:       # every aggregate, those without rows too
         out["dp"] = dp_errors(config, placement.dp_rows, placement.events)
     return out
 
 
 def dp_errors(config, rows: list[dict], events: list[dict] | None = None, level: float = 0.95) -> dict:
-    """Per count aggregate with per-window rows (merged over partitions, :func:`stream_anon.dp.merge.merge_rows`):
-    ``stated``: the median half-width of the rows' ``level`` intervals, in events and relative to the released
-    value (rows whose value is at least 1); with the ``events`` (the truth): ``realized``, the relative error of
-    the merged rows against the unbounded true counts over the cells with at least 1 and 10 true events
-    (:func:`stream_anon.dp.report.release_relative_errors`)."""
+    """One entry per aggregate of the config, in its order, whether or not it published rows (merged over
+    partitions, :func:`stream_anon.dp.merge.merge_rows`): ``kind``, ``output`` (the rows measured: per-window rows
+    where the aggregate has them, else its running rows), ``rows``, ``unit`` (events, a share, or the value
+    field's unit), ``noise_rms`` (root mean square of the rows' stated noise std: the RMSE an unbiased release
+    has), ``stated_half_width`` (median half-width of the rows' ``level`` intervals) and, for counts and sums,
+    ``stated_relative`` (relative to the released value, rows whose value is at least 1). With the ``events``
+    (the truth): ``realized``, the RMSE against the unbounded true values (:func:`stream_anon.dp.report.
+    aggregate_rmse`) and, for count aggregates with per-window rows, the relative error over the cells with at
+    least 1 and 10 true events (:func:`stream_anon.dp.report.release_relative_errors`)."""
     from stream_anon.dp.merge import merge_rows
-    from stream_anon.dp.report import release_relative_errors
+    from stream_anon.dp.report import aggregate_rmse, release_relative_errors
 
     merged = merge_rows(rows, level=level)
     by_w = None
     if events is not None:
         from stream_anon.evaluate.stream_figures import windows_by_event_time
         by_w = dict(windows_by_event_time(events, config))
+    rmse = aggregate_rmse(config.dp, merged, by_w) if by_w is not None else {}
     out = {}
     for spec in config.dp.aggregates:
-        rs = [m for m in merged if m["aggregate"] == spec.name and m["output"] == "per_window"]
-        if spec.kind != "count" or not rs:
+        mine = [m for m in merged if m["aggregate"] == spec.name]
+        output = "per_window" if any(m["output"] == "per_window" for m in mine) else "running"
+        rs = [m for m in mine if m["output"] == output]
+        entry = {"kind": spec.kind, "output": output, "rows": len(rs), "level": level,
+                 "unit": "events" if spec.kind in ("count", "histogram") else "share" if spec.kind == "ratio"
+                 else f"{spec.value_field} (its unit)"}
+        out[spec.name] = entry
+        if not rs:
+            entry.update(noise_rms=None, stated_half_width=None, stated_relative=None)
             continue
         half = np.array([(m["interval"][1] - m["interval"][0]) / 2 for m in rs])
         value = np.array([m["value"] for m in rs], dtype=float)
+        if "components" in rs[0]:        # mean / ratio: the delta method's std of the ratio, from the interval
+            from statistics import NormalDist
+            std = half / NormalDist().inv_cdf(0.5 + level / 2)
+        else:
+            std = np.array([m["noise_std"] for m in rs], dtype=float)
         big = value >= 1
-        entry = {"rows": len(rs), "level": level, "stated_half_width": round(float(np.median(half)), 4),
-                 "stated_relative": round(float(np.median(half[big] / value[big])), 4) if big.any() else None}
-        if by_w is not None:
+        entry.update(noise_rms=round(float(np.sqrt(np.mean(std ** 2))), 4),
+                     stated_half_width=round(float(np.median(half)), 4),
+                     stated_relative=round(float(np.median(half[big] / value[big])), 4)
+                     if spec.kind in ("count", "histogram", "sum") and big.any() else None)
+        if by_w is None:
+            continue
+        got = rmse.get(spec.name) or {}
+        entry["realized"] = {"rmse": None if got.get("rmse") is None else round(got["rmse"], 4),
+                             "cells": got.get("cells", 0)}
+        if spec.kind == "count" and output == "per_window":
             realized = release_relative_errors(config.dp, merged, by_w, spec.name, thresholds=(10, 1))
-            entry["realized"] = realized and {"rmse": round(realized["rmse"], 4), "by_threshold": [
-                {k: t[k] for k in ("min_true_count", "cells", "median_relative_error", "mean_relative_error",
-                                   "within_10pct")} for t in realized["by_threshold"]]}
-        out[spec.name] = entry
+            if realized:
+                entry["realized"]["by_threshold"] = [
+                    {k: t[k] for k in ("min_true_count", "cells", "median_relative_error", "mean_relative_error",
+                                       "within_10pct")} for t in realized["by_threshold"]]
     return out

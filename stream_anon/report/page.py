@@ -30,8 +30,9 @@ PLOTS = (  # (id, title, caption)
      "Per release: mean normalized certainty penalty of its real records (0: exact, 1: the whole domain) and the "
      "share of the events it placed that it suppressed; the dotted line is max_suppression_ratio."),
     ("risk", "Re-identification risk over time",
-     "Per release, from its classes' sizes in individuals (a reused class counts every individual published in "
-     "it so far): the prosecutor's highest risk 1/min f and average J/n (= marketer risk without a declared "
+     "Per release, over its own individuals, each at risk 1/f, f the individuals of its class (a reused class "
+     "counts every individual published in it so far): the prosecutor's highest risk 1/min f and average (the "
+     "expected share of the release's individuals re-identified; = marketer risk without a declared "
      "population), and the journalist's average against a declared [risk] population."),
     ("dp-budget", "DP budget per period",
      "Per period: the epsilon the worst unit can have been charged per aggregate, recomputed by the audit from "
@@ -148,17 +149,22 @@ def _errors_html(figures: dict) -> str:
     if dp:
         drows = []
         for name, e in dp.items():
-            realized = (e.get("realized") or {}).get("by_threshold") or []
-            drows.append({"aggregate": name, "rows": e["rows"], "stated": e["stated_half_width"],
-                          "stated_rel": e["stated_relative"],
-                          "realized": "; ".join(f">= {t['min_true_count']}: median {t['median_relative_error']:.3f} "
-                                                f"over {t['cells']} cells" for t in realized
-                                                if t["median_relative_error"] is not None) or "-"})
-        out += ["<h3>DP aggregates</h3><p>Stated: median half-width of the rows' 95% intervals (events, and "
-                "relative to the released value); realized: relative error against the true counts recomputed "
-                "from the raw topic.</p>",
-                _table(drows, [("aggregate", "aggregate"), ("rows", "merged rows"), ("stated", "stated +-"),
-                               ("stated_rel", "stated relative"), ("realized", "realized relative error")])]
+            realized = e.get("realized") or {}
+            by = "; ".join(f">= {t['min_true_count']}: median {t['median_relative_error']:.3f} over {t['cells']} cells"
+                           for t in realized.get("by_threshold") or () if t["median_relative_error"] is not None)
+            drows.append({"aggregate": name, "kind": f"{e['kind']}, {e['output']}", "unit": e["unit"],
+                          "rows": e["rows"] or "none published", "noise": e["noise_rms"],
+                          "stated": e["stated_half_width"], "stated_rel": e["stated_relative"],
+                          "rmse": realized.get("rmse"), "realized": by or None})
+        out += ["<h3>DP aggregates</h3><p>Every aggregate of the configuration. Stated: the root mean square of "
+                "the rows' noise standard deviations and the median half-width of their 95% intervals (in the "
+                "aggregate's unit, and for counts and sums relative to the released value); realized: the RMSE "
+                "against the true values recomputed from the raw topic's placed events, and for per-window counts "
+                "the relative error over cells with at least 10 and 1 true events.</p>",
+                _table(drows, [("aggregate", "aggregate"), ("kind", "kind, rows measured"), ("unit", "unit"),
+                               ("rows", "merged rows"), ("noise", "stated noise (RMS std)"),
+                               ("stated", "stated +-"), ("stated_rel", "stated relative"),
+                               ("rmse", "realized RMSE"), ("realized", "realized relative error")])]
     return "".join(out)
 
 

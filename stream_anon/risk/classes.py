@@ -1,28 +1,34 @@
 """Re-identification risk of one release from its class sizes, counted in distinct individuals as k is.
 
-A release is a table of classes; class j holds f_j distinct individuals (n = sum f_j, J classes). Three attacker
-models (El Emam & Dankar, "Protecting privacy using k-anonymity", JAMIA 15(5), 2008; ARX's risk analysis):
+A release publishes records in J classes; class j holds f_j distinct individuals over every release it appears in
+(a class reused from an earlier release counts its earlier members too: they share its published box). The
+release's **own individuals** are the n distinct individuals it publishes records of; individual i's class size
+f_i is that of the class holding its records (the smallest, when its records lie in several classes of the
+release: an attacker links it through the class that narrows it most). Three attacker models (El Emam & Dankar,
+"Protecting privacy using k-anonymity", JAMIA 15(5), 2008; ARX's risk analysis):
 
 **Prosecutor** (the attacker knows the target is in the release and which class matches its quasi-identifiers):
-the target is one of f_j individuals, risk 1/f_j.
+the target is one of f_i individuals, risk 1/f_i.
 
 - ``highest``: 1 / min f_j;
-- ``average``: J / n, ARX's "success rate": the expected share of the release's individuals re-identified by an
-  attacker who links every one of them (sum over individuals of 1/f_j, over n);
-- ``records_at_risk``: the share of the release's individuals whose risk 1/f_j is above ``threshold``.
+- ``average``: the expected share of the release's own individuals re-identified by an attacker who links every
+  one of them, (1/n) sum_i 1/f_i. Without reuse and with every individual in one class it is J / n, ARX's
+  "success rate";
+- ``records_at_risk``: the share of the release's own individuals whose risk 1/f_i is above ``threshold``.
 
 **Journalist** (the attacker does not know whether the target is in the release; a population of N individuals
-is declared, sampling fraction pi = n / N): the risk of class j is E[1/F_j | f_j], F_j the class's size in the
-population, under the negative binomial posterior F_j - f_j ~ NB(f_j, pi) of a uniform prior and Bernoulli
-sampling (Benedetti & Franconi 1998; the "individual risk" of mu-ARGUS and sdcMicro):
-``E[1/F | f] = pi**f / f * 2F1(f, f; f + 1; 1 - pi)``, ``-pi ln(pi) / (1 - pi)`` for f = 1, 1/f at pi = 1.
-``highest``, ``average`` (over individuals) and ``records_at_risk`` as for the prosecutor, and the share of the
-population that is unique on the release's classes (:mod:`.population`, Dankar et al.'s rule).
+is declared, sampling fraction pi = m / N, m = sum_j f_j the individuals the release's classes hold): the risk of
+an individual in a class of f is E[1/F | f], F the class's size in the population, under the negative binomial
+posterior F - f ~ NB(f, pi) of a uniform prior and Bernoulli sampling (Benedetti & Franconi 1998; the "individual
+risk" of mu-ARGUS and sdcMicro): ``E[1/F | f] = pi**f / f * 2F1(f, f; f + 1; 1 - pi)``, ``-pi ln(pi) / (1 - pi)``
+for f = 1, 1/f at pi = 1. ``highest``, ``average`` and ``records_at_risk`` over the own individuals as for the
+prosecutor, and the share of the population that is unique on the release's classes (:mod:`.population`, Dankar
+et al.'s rule).
 
 **Marketer** (the attacker links every record against an identification database and is content with the share
 re-identified): without a declared population the database holds the release's individuals and the figure is
-the prosecutor's success rate J / n (ARX's sample-based marketer risk); with one, (1/n) sum_j f_j E[1/F_j | f_j]
-= the journalist average (El Emam & Dankar's marketer risk against the population).
+the prosecutor's ``average`` (ARX's sample-based marketer risk); with one, the journalist ``average`` (El Emam &
+Dankar's marketer risk against the population).
 """
 from __future__ import annotations
 
@@ -99,33 +105,46 @@ def journalist_class_risk(f: int, pi: float) -> float:
     return min(value, 1.0 / f)
 
 
-def _summary(sizes: Counter, risk_of, threshold: float, n: int) -> dict:
-    risks = {f: risk_of(f) for f in sizes}
+def _summary(individuals: Counter, risk_of, threshold: float, n: int) -> dict:
+    """``individuals``: class size -> individuals of that size (n in all)."""
+    risks = {f: risk_of(f) for f in individuals}
     return {"highest": round(max(risks.values()), DIGITS),
-            "average": round(sum(f * c * risks[f] for f, c in sizes.items()) / n, DIGITS),
-            "records_at_risk": round(sum(f * c for f, c in sizes.items() if risks[f] > threshold) / n, DIGITS)}
+            "average": round(sum(c * risks[f] for f, c in individuals.items()) / n, DIGITS),
+            "records_at_risk": round(sum(c for f, c in individuals.items() if risks[f] > threshold) / n, DIGITS)}
 
 
-def release_risk(class_sizes: Iterable[int], settings: RiskSettings = RiskSettings()) -> dict | None:
-    """The risk figures of a release whose classes hold ``class_sizes`` distinct individuals (classes of 0 are
-    left out); None for a release without individuals.
+def release_risk(class_sizes: Iterable[int], settings: RiskSettings = RiskSettings(),
+                 individual_sizes: Iterable[int] | None = None) -> dict | None:
+    """The risk figures of a release whose classes hold ``class_sizes`` distinct individuals over their releases
+    (classes of 0 are left out); ``individual_sizes``: one entry per distinct individual the release itself
+    publishes, the size of its (smallest) class, default: each class of f gives f individuals of size f (every
+    class new, every individual in one class). ``individuals``: the release's own individuals;
+    ``individuals_in_classes``: those its classes hold over their releases. None for a release without
+    individuals.
 
     >>> r = release_risk([2, 3, 5])
     >>> r["prosecutor"], r["marketer"]
     ({'highest': 0.5, 'average': 0.3, 'records_at_risk': 1.0}, 0.3)
+    >>> release_risk([3, 2], individual_sizes=[3, 2, 2])["prosecutor"]["average"]      # a reused class of 3, 1 new
+    0.444444
     """
     sizes = Counter(int(f) for f in class_sizes if int(f) > 0)
-    n = sum(f * c for f, c in sizes.items())
-    if not n:
+    held = sum(f * c for f, c in sizes.items())
+    if individual_sizes is None:
+        own = Counter({f: f * c for f, c in sizes.items()})
+    else:
+        own = Counter(int(f) for f in individual_sizes if int(f) > 0)
+    n = sum(own.values())
+    if not n or not held:
         return None
     t = settings.threshold
-    prosecutor = _summary(sizes, lambda f: 1.0 / f, t, n)
-    out = {"classes": sum(sizes.values()), "individuals": n, "threshold": t, "prosecutor": prosecutor,
-           "marketer": prosecutor["average"]}
-    population = settings.population_of(n)
+    prosecutor = _summary(own, lambda f: 1.0 / f, t, n)
+    out = {"classes": sum(sizes.values()), "individuals": n, "individuals_in_classes": held, "threshold": t,
+           "prosecutor": prosecutor, "marketer": prosecutor["average"]}
+    population = settings.population_of(held)
     if population is not None:
-        pi = n / population
-        journalist = _summary(sizes, lambda f: journalist_class_risk(f, pi), t, n)
+        pi = held / population
+        journalist = _summary(own, lambda f: journalist_class_risk(f, pi), t, n)
         journalist["population"] = int(round(population))
         journalist["sampling_fraction"] = round(pi, DIGITS)
         journalist["population_uniqueness"] = population_uniqueness(sizes, population).as_dict(DIGITS)

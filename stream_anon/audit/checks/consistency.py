@@ -3,6 +3,11 @@ class generalization equals the records' ``qi``, k matches the k in force and ev
 the audit compares leads to the setting in force (:mod:`..in_force`), counts match token lists, and a class's
 counterfeit records match its manifest count. Output messages that were no JSON object (or nested deeper than
 any output of the engine) fail it too.
+
+Individuals are recounted, never taken from the manifest: a class's ``individuals`` must be the distinct privacy
+units of its real records in the release, and a release's ``individuals`` those of all its real records (units
+from the raw events the records' tokens name; counterfeit records are no one). A class with a record of no raw
+event is not recounted: the ``k`` check fails that record.
 """
 from __future__ import annotations
 
@@ -44,10 +49,19 @@ class Consistency:
         per_release: Counter = Counter()
         per_class: Counter = Counter()
         qi_by_class: dict[tuple, Any] = {}
+        units_of: dict[tuple, set] = defaultdict(set)       # (release, class) -> privacy units of its real records
+        unseen: set = set()                                  # (release, class) holding a record of no raw event
         for r in records:
-            per_release[r.get("release_id")] += 1
-            per_class[(r.get("release_id"), r.get("class_id"))] += 1
-            qi_by_class.setdefault((r.get("release_id"), r.get("class_id")), r.get("qi"))
+            key = (r.get("release_id"), r.get("class_id"))
+            per_release[key[0]] += 1
+            per_class[key] += 1
+            qi_by_class.setdefault(key, r.get("qi"))
+            raw = ctx.raw_of(r)
+            if raw is None:
+                if not ctx.is_counterfeit(r):
+                    unseen.add(key)
+            elif raw.unit is not None:
+                units_of[key].add(raw.unit)
         classes_of_release: dict[Any, set] = defaultdict(set)
         for rid, cid in per_class:
             classes_of_release[rid].add(cid)
@@ -81,12 +95,25 @@ class Consistency:
                 if per_class.get((rid, cid), 0) != n:
                     log.fail("class record count differs", release_id=rid, class_id=cid, manifest=n,
                              published=per_class.get((rid, cid), 0))
+                n_units = len(units_of.get((rid, cid), ()))
+                if "individuals" in c and (rid, cid) not in unseen and c["individuals"] != n_units:
+                    log.fail("class individuals differ from records", release_id=rid, class_id=cid,
+                             manifest=c["individuals"], records=n_units,
+                             line=f"release {rid} class {cid}: the manifest states {c['individuals']!r} "
+                                  f"individuals, its real records hold {n_units}")
                 if (rid, cid) in qi_by_class and "generalization" in c and \
                         canonical_json(c["generalization"]) != canonical_json(qi_by_class[(rid, cid)]):
                     log.fail("class generalization differs from records", release_id=rid, class_id=cid)
             for cid in classes_of_release.get(rid, ()):
                 if cid not in listed:
                     log.fail("record class not in manifest", release_id=rid, class_id=cid)
+            mine = classes_of_release.get(rid, set()) | listed
+            if "individuals" in m and not any((rid, cid) in unseen for cid in mine):
+                n_units = len(set().union(*(units_of.get((rid, cid), set()) for cid in mine)))
+                if m["individuals"] != n_units:
+                    log.fail("release individuals differ from records", release_id=rid, manifest=m["individuals"],
+                             records=n_units, line=f"release {rid}: the manifest states {m['individuals']!r} "
+                                                   f"individuals, its real records hold {n_units}")
             actual = per_release.get(rid, 0)
             if total != actual:
                 log.fail("classes' records do not sum to published records", release_id=rid, sum=total,
