@@ -21,6 +21,7 @@ Differential Privacy*, 2014, section 2.3: a histogram's cells must be fixed in a
 from __future__ import annotations
 
 import functools
+import math
 import itertools
 import json
 from dataclasses import dataclass, field

@@ -24,6 +24,7 @@ plus a ``budget_exhausted`` event when the ledger stops an aggregate.
 """
 from __future__ import annotations
 
+import math
 from datetime import datetime, timezone
 
 from stream_anon import checkpoint, crypto
@@ -51,6 +52,34 @@ def needed_fields(config) -> tuple[str, ...]:
             fields.append(s.value_field)
         fields.extend(k for k, _ in s.where)
     return tuple(dict.fromkeys(fields))
+
+
+def closed_through(engine) -> int | None:
+    """The last window the engine's clock has closed (an event in it or before it is late): the DP schedule
+    releases every window up to it after each batch."""
+    end = engine.closed_until
+    return round(end / engine.window_s) - 1 if math.isfinite(end) else None
+
+
+def clock_through(dp, engines) -> int | None:
+    """The last window of the DP schedule an idle flush releases: the end of the period (without one: the window)
+    holding the latest event time of the worker's partitions (``engines``). Every partition of the worker is
+    released that far, whether or not it held events (a partition whose only unit is one individual must not
+    publish fewer rows without it); None without DP or before any event."""
+    if dp is None or not dp.aggregates or dp.window_s is None:
+        return None
+    latest = max((e.max_event_time for e in engines), default=-math.inf)
+    if not math.isfinite(latest):
+        return None
+    return dp.schedule_end(math.floor(latest / dp.window_s))
+
+
+def behind(dp, through: int | None) -> bool:
+    """Whether a partition's aggregates (``dp``, None without) have windows up to ``through`` still to release."""
+    if dp is None or through is None:
+        return False
+    last = dp.released_through
+    return last is not None and through > last
 
 
 def _iso(ts: float) -> str:

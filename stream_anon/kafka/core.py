@@ -24,6 +24,7 @@ from stream_anon import guarantees
 from stream_anon.kafka import aggregates, placement
 from stream_anon.kafka import state as st
 from stream_anon.kafka.input_checks import InputBatch
+from stream_anon.kafka.isolation import isolate
 from stream_anon.kafka.partition import PartitionState, open_partition
 from stream_anon.render import TOPICS, Renderer, json_bytes
 from stream_anon.kafka.stats import WorkerStats, batch_counts
@@ -41,21 +42,6 @@ class BatchOutput:
     # DP rows still being released by the aggregates process: (position in messages, Pending), for
     # WorkerCore.complete
     pending: list = field(default_factory=list)
-
-
-def closed_through(engine) -> int | None:
-    """The last window the engine's clock has closed (an event in it or before it is late): the DP schedule
-    releases every window up to it."""
-    end = engine.closed_until
-    return round(end / engine.window_s) - 1 if math.isfinite(end) else None
-
-
-def dp_behind(ps: PartitionState, through: int | None) -> bool:
-    """Whether the partition's DP schedule has windows up to ``through`` still to release."""
-    if ps.dp is None or through is None:
-        return False
-    last = ps.dp.released_through
-    return last is not None and through > last
 
 
 def new_messages(msgs, last: int) -> tuple[list, int, int]:
@@ -150,7 +136,10 @@ class WorkerCore:
     def state_record(self, ps: PartitionState, seq: int, offset: int, flush_pending: bool = False
                      ) -> st.StateRecord:
         """The record of the partition's state for state transaction ``seq`` (:meth:`PartitionState.record`);
-        commit it, then :meth:`PartitionState.note_committed`."""
+        commit it, then :meth:`PartitionState.note_committed`. A flush decision records the DP clock it will
+        release to, so that a worker redoing it releases the same windows."""
+        if flush_pending and ps.flush_through is None:
+            ps.flush_through = self.dp_clock_through()
         return ps.record(self.stream, self.topic, seq, offset, flush_pending)
 
     # ---- one batch of one partition
@@ -193,40 +182,22 @@ class WorkerCore:
             ps.dp.prefetch_record_state()
 
     def _misplaced(self, ps: PartitionState, batch: InputBatch, out: BatchOutput) -> None:
-        """Dead-letter the events whose privacy unit belongs on another partition (stream_anon.kafka.placement):
-        they never reach the engine nor the aggregates, so no unit is charged on two ledgers; one alert per batch
-        that had any."""
-        wrong = self.placement.misplaced(batch.events, ps.partition)
-        if not wrong:
-            return
-        n = self.placement.n_partitions
-        drop = set()
-        for i, home in wrong:
-            drop.add(i)
-            self._deadletter(out, f"{placement.WRONG_PARTITION}: its privacy unit belongs on partition {home} of "
-                                  f"{n} (produce keyed by the unit's pseudonym: docs/inputs.md)", ps.partition,
-                             batch.sources[i], event=batch.events[i])
-        keep = [i for i in range(len(batch.events)) if i not in drop]
-        batch.events = [batch.events[i] for i in keep]
-        batch.sources = [batch.sources[i] for i in keep]
-        if batch.columns is not None:
-            batch.columns = {f: [col[i] for i in keep] for f, col in batch.columns.items()}
-        topic, key, alert = self.render.alert(placement.WRONG_PARTITION, ps.partition, events=len(wrong),
-                                              partitions=n)
-        out.messages.append((topic, key, json_bytes(alert)))
-        self.stats.alert_last[placement.WRONG_PARTITION] = time.time()
-        self.stats.alerts[placement.WRONG_PARTITION] = self.stats.alerts.get(placement.WRONG_PARTITION, 0) + 1
-        log.warning("partition %s: %d event(s) of units that belong on other partitions dead-lettered (%s)",
-                    ps.partition, len(wrong), placement.WRONG_PARTITION)
-
-    ISOLATION_TRIES = 2            # attempts of a single event before it is dead-lettered as a processing error
-    ISOLATION_MAX_FAILURES = 64    # failed attempts per batch; beyond, a failing part is dead-lettered whole
+        """Dead-letter the events whose privacy unit belongs on another partition, before the engine and the
+        aggregates see them (:mod:`stream_anon.kafka.placement`); one alert per batch that had any."""
+        wrong = self.placement.take_misplaced(batch, ps.partition)
+        for source, event, reason in wrong:
+            self._deadletter(out, reason, ps.partition, source, event=event)
+        if wrong:
+            topic, key, alert = self.render.alert(placement.WRONG_PARTITION, ps.partition, events=len(wrong),
+                                                  partitions=self.placement.n_partitions)
+            out.messages.append((topic, key, json_bytes(alert)))
+            self.stats.raised(placement.WRONG_PARTITION)
 
     def _process_events(self, ps: PartitionState, events: list, offsets: list, out: BatchOutput,
                         columns: dict | None = None) -> None:
         """Reader, engine and output of a batch's checked events (``columns``: their fields as the input checks
         read them, or None). If this raises, no event is lost and the partition does not stop: see
-        :meth:`_isolate`."""
+        :func:`stream_anon.kafka.isolation.isolate`."""
         first, counts = len(out.messages), dict(out.counts)
         try:
             self._attempt(ps, events, offsets, range(len(events)), out, columns)
@@ -234,7 +205,7 @@ class WorkerCore:
             del out.messages[first:]          # the failed attempt leaves neither messages nor counts behind
             out.counts.update(counts)
             out.releases.clear()
-            self._isolate(ps, events, offsets, out, exc)
+            isolate(self, ps, events, offsets, out, exc)
 
     def _attempt(self, ps: PartitionState, events: list, offsets: list, idx, out: BatchOutput,
                  columns: dict | None = None) -> None:
@@ -244,59 +215,7 @@ class WorkerCore:
         records, rejected = ps.engine.read(part, columns)
         for j, reason in rejected:
             self._deadletter(out, reason, ps.partition, offsets[idx[j]], event=part[j])
-        self._emit(ps, ps.engine.process_records(records), out, closed_through(ps.engine))
-
-    def _isolate(self, ps: PartitionState, events: list, offsets: list, out: BatchOutput, first: Exception):
-        """The batch failed as a whole: go back to the state before it (the last committed state,
-        ``ps.chain``) and split the batch in halves, processed in order, each part from a snapshot of the state before
-        it, until the events that fail alone are found (``ISOLATION_TRIES`` attempts each); those are
-        dead-lettered with ``processing error: <exception class>``. Output does not depend on how input is cut
-        into batches, so the other events give what they give without the culprits. After
-        ``ISOLATION_MAX_FAILURES`` failed attempts a part that fails is dead-lettered whole (bounded work)."""
-        log.error("partition %s: batch of %d events failed (%s); isolating the culprit(s)", ps.partition,
-                  len(events), type(first).__name__)
-        out.pending.clear()
-        self._restore(ps, *ps.committed_state())
-        waited, ps.wait_for_aggregates = ps.wait_for_aggregates, True     # a part's failure must show in its attempt
-        try:
-            self._isolate_parts(ps, events, offsets, out)
-        finally:
-            ps.wait_for_aggregates = waited
-
-    def _isolate_parts(self, ps: PartitionState, events: list, offsets: list, out: BatchOutput) -> None:
-        failures, isolated = 1, 0
-
-        def run(idx: list[int], tries: int = 0) -> None:
-            nonlocal failures, isolated
-            snap, mark = ps.snapshot(self.stream, self.topic), len(out.messages)
-            counts = dict(out.counts)
-            try:
-                self._attempt(ps, events, offsets, idx, out)
-                return
-            except Exception as exc:   # noqa: BLE001
-                failures += 1
-                del out.messages[mark:]
-                out.counts.update(counts)
-                self._restore(ps, *st.resolve_chain([snap.as_written()]))
-                if failures > self.ISOLATION_MAX_FAILURES:
-                    for i in idx:
-                        self._deadletter(out, f"processing error: {type(exc).__name__} (isolation gave up after "
-                                              f"{failures} failed attempts)", ps.partition, offsets[i],
-                                         event=events[i])
-                elif len(idx) > 1:
-                    mid = len(idx) // 2
-                    run(idx[:mid])
-                    run(idx[mid:])
-                elif tries + 1 < self.ISOLATION_TRIES:
-                    run(idx, tries + 1)
-                else:
-                    isolated += 1
-                    self._deadletter(out, f"processing error: {type(exc).__name__}", ps.partition, offsets[idx[0]],
-                                     event=events[idx[0]])
-
-        run(list(range(len(events))))
-        log.error("partition %s: %d event(s) dead-lettered as processing errors after %d failed attempts",
-                  ps.partition, isolated, failures)
+        self._emit(ps, ps.engine.process_records(records), out, aggregates.closed_through(ps.engine))
 
     def _restore(self, ps: PartitionState, doc: dict | None, tables: dict) -> None:
         """Put the partition back into the state of ``doc`` and ``tables`` (None: a new partition), keeping its
@@ -317,7 +236,7 @@ class WorkerCore:
             for k, v in c.items():
                 out.counts[k] += v
             self.stats.release(rel, alerts)
-        if ps.dp is not None and (result.windows or dp_behind(ps, through)):
+        if ps.dp is not None and (result.windows or aggregates.behind(ps.dp, through)):
             released = ps.dp.messages(result.windows, json_bytes, TOPICS.metrics, through)
             if self.aggregates_process is None:
                 msgs_dp, n = released
@@ -394,7 +313,7 @@ class WorkerCore:
         out = []
         through = self.dp_clock_through()
         for ps in list(self.parts.values()):
-            if ps.dirty_since_flush or dp_behind(ps, through):
+            if ps.dirty_since_flush or aggregates.behind(ps.dp, through):
                 out.extend(self.complete(ps, self.flush(ps)).messages)
                 self.committed(ps, ps.offset)
         return out
@@ -407,24 +326,15 @@ class WorkerCore:
         return rec
 
     def dp_clock_through(self) -> int | None:
-        """The last window of the DP schedule an idle flush releases: the end of the period (without one: the
-        window) holding the latest event time of any of this worker's partitions. Every partition of the worker is
-        released that far, whether or not it held events (a partition whose only unit is one individual must not
-        publish fewer rows without it); None without DP or before any event."""
-        dp = self.config.dp
-        if dp is None or not dp.aggregates or dp.window_s is None:
-            return None
-        latest = max((ps.engine.max_event_time for ps in self.parts.values()), default=-math.inf)
-        if not math.isfinite(latest):
-            return None
-        return dp.schedule_end(math.floor(latest / dp.window_s))
+        """:func:`stream_anon.kafka.aggregates.clock_through` of this worker's partitions."""
+        return aggregates.clock_through(self.config.dp, [ps.engine for ps in self.parts.values()])
 
     def idle_due_at(self, not_before: float = -math.inf) -> float:
         """When the partitions will have been without input for ``flush_when_idle_s`` (counted from ``not_before``
         at the earliest), so that an idle flush may follow (:meth:`idle_partitions`); inf when there is nothing
         to flush."""
         through = self.dp_clock_through()
-        if not self.flush_when_idle_s or not any(ps.dirty_since_flush or dp_behind(ps, through)
+        if not self.flush_when_idle_s or not any(ps.dirty_since_flush or aggregates.behind(ps.dp, through)
                                                  for ps in self.parts.values()):
             return math.inf
         return max(max(ps.last_input for ps in self.parts.values()), not_before) + self.flush_when_idle_s
@@ -440,4 +350,4 @@ class WorkerCore:
         if min(time.monotonic(), answered_at) < self.idle_due_at(not_before):
             return []
         through = self.dp_clock_through()
-        return [ps for ps in self.parts.values() if ps.dirty_since_flush or dp_behind(ps, through)]
+        return [ps for ps in self.parts.values() if ps.dirty_since_flush or aggregates.behind(ps.dp, through)]

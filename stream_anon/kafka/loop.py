@@ -184,6 +184,17 @@ def input_topic_id(admin: AdminClient, topic: str) -> str | None:
         return None
 
 
+def prepare_topics(admin: AdminClient, core: WorkerCore, state_topic: str, part_bytes: int) -> None:
+    """Before consuming: the input topic exists, the state topic has one partition per input partition, and the
+    core checks that each event arrives on its unit's partition of the input topic's (stream_anon.kafka.placement)."""
+    md = admin.list_topics(timeout=30)
+    if core.topic not in md.topics:
+        raise RuntimeError(f"input topic {core.topic} does not exist (create it with `stream-anon topics apply`)")
+    n = len(md.topics[core.topic].partitions)
+    core.check_placement(n)
+    ensure_state_topic(admin, state_topic, n, exists=state_topic in md.topics, part_bytes=part_bytes)
+
+
 def ensure_state_topic(admin: AdminClient, topic: str, partitions: int, exists: bool,
                        part_bytes: int = st.PART_MAX_BYTES) -> None:
     """Create the state topic (compacted, ``max.message.bytes`` = ``state.MESSAGE_MAX_BYTES``), or refuse an
@@ -294,12 +305,7 @@ class KafkaLoop:
 
     def _setup(self) -> None:
         admin = AdminClient({**self.cfg, "logger": client_log})
-        md = admin.list_topics(timeout=30)
-        if self.input not in md.topics:
-            raise RuntimeError(f"input topic {self.input} does not exist (create it with `stream-anon topics apply`)")
-        self.core.check_placement(len(md.topics[self.input].partitions))
-        ensure_state_topic(admin, self.state_topic, len(md.topics[self.input].partitions),
-                           exists=self.state_topic in md.topics, part_bytes=self.state_part_bytes)
+        prepare_topics(admin, self.core, self.state_topic, self.state_part_bytes)
         self.lineage.topic.ensure(admin)
         self._admin = admin
         self.metrics.start(self.cfg, self.compression)
@@ -430,10 +436,8 @@ class KafkaLoop:
         """Idle flush in two transactions: the decision (state with flush_pending), then its output."""
         if not self._settle_in_flight([ps.partition])[ps.partition] or self.core.parts.get(ps.partition) is not ps:
             return
-        if not ps.flush_pending:
-            ps.flush_through = self.core.dp_clock_through()     # part of the decision: redone the same
-            if not self._commit(ps, [], ps.offset, flush_pending=True):
-                return
+        if not ps.flush_pending and not self._commit(ps, [], ps.offset, flush_pending=True):
+            return
         out = self.core.complete(ps, self.core.flush(ps))
         if self._commit(ps, out.messages, ps.offset, flush_pending=False):
             self.core.stats.note_commit(out.releases)

@@ -111,3 +111,20 @@ class UnitPlacement:
                 idx.append(i)
                 units.append(u)
         return [(i, p) for i, p in zip(idx, self.home(units)) if p != partition]
+
+    def take_misplaced(self, batch, partition: int) -> list[tuple]:
+        """Remove from ``batch`` (a :class:`~stream_anon.kafka.input_checks.InputBatch`) the events whose unit
+        belongs on another partition; returns ``(source, event, dead letter reason)`` of each."""
+        wrong = self.misplaced(batch.events, partition)
+        if not wrong:
+            return []
+        out = [(batch.sources[i], batch.events[i], f"{WRONG_PARTITION}: its privacy unit belongs on partition {home} "
+                f"of {self.n_partitions} (produce keyed by the unit's pseudonym: docs/inputs.md)") for i, home in wrong]
+        drop = {i for i, _ in wrong}
+        keep = [i for i in range(len(batch.events)) if i not in drop]
+        batch.events = [batch.events[i] for i in keep]
+        batch.sources = [batch.sources[i] for i in keep]
+        if batch.columns is not None:
+            batch.columns = {f: [col[i] for i in keep] for f, col in batch.columns.items()}
+        return out
+

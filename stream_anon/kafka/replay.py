@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable
 
+import orjson
+
 from stream_anon import crypto
 from stream_anon.connection import as_connection
 
@@ -24,6 +26,14 @@ def _dotted(event: dict, path: str):
             return None
         cur = cur.get(part)
     return cur
+
+
+def _json_object(payload: bytes) -> dict | None:
+    try:
+        doc = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 def unit_key_fn(privacy_unit: str) -> Callable[[dict], str | None]:
@@ -61,7 +71,8 @@ def encode_event(event: dict) -> bytes:
 def replay(bootstrap, topic: str, events: Iterable[dict], key_fn: Callable[[dict], str | None] | str | None,
            progress: bool = True, raw_payloads: Iterable | None = None, secret: bytes | None = None,
            producer=None, total: int | None = None, flush_timeout_s: float = 120.0) -> dict:
-    """Produce ``events`` (JSON) and then ``raw_payloads`` (bytes, or ``(key, bytes)`` pairs) to ``topic``.
+    """Produce ``events`` (JSON) and then ``raw_payloads`` (bytes, or ``(key, bytes)`` pairs) to ``topic``; a raw
+    payload without a key that is a JSON object with a unit is keyed by it, as an event is.
 
     ``key_fn(event)`` returns the privacy-unit value (or None for no key); a string is taken as the dotted path of
     the privacy unit. The Kafka key is ``pseudonym(secret, unit)``; ``secret`` defaults to
@@ -121,6 +132,9 @@ def replay(bootstrap, topic: str, events: Iterable[dict], key_fn: Callable[[dict
                 value = value.encode("utf-8")
             if isinstance(key, str):
                 key = key.encode("utf-8")
+            if key is None and key_fn is not None:     # a JSON object with a unit goes to the unit's partition
+                unit = key_fn(_json_object(value))
+                key = None if unit is None else crypto.pseudonym(secret, unit).encode()
             producer.send(topic, value=value, key=key).add_callback(on_ok).add_errback(on_err)
             counts["raw"] += 1
             if bar is not None:

@@ -54,6 +54,11 @@ class WorkerStats:
                                             "counterfeit_records": rel.counterfeit_records,
                                             "window_end": rel.window_end}
 
+    def raised(self, name: str) -> None:
+        """A one-off alert raised by the core (its count and time)."""
+        self.alerts[name] = self.alerts.get(name, 0) + 1
+        self.alert_last[name] = time.time()
+
     def note_alert(self, metric: dict) -> None:
         """A message for anon.metrics: an alert's time is kept (``stream_anon_alert_last_timestamp_seconds``)."""
         if metric.get("type") == "alert":
