@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from stream_anon.dp import BudgetLedger, DPAggregator, parse_dp_config
+from stream_anon.contract import config_path
+from stream_anon.dp import BudgetLedger, DPAggregator, load_dp_config, parse_dp_config
 from stream_anon.dp.outlook import AggregatorPosition, budget_outlook, position_of, releases_due
 
 DAY0 = 1257724800            # 2009-11-09T00:00:00Z (London = UTC in November)
@@ -123,3 +124,20 @@ def test_releases_due_counts_the_schedule_of_the_aggregator(every, n):
     due = [w for w in range(first, first + n) if (w - first + 1) % every == 0 or w == first + n - 1]
     for start in range(first, first + n + 2):
         assert releases_due(every, first, n, start) == sum(1 for w in due if w >= start), start
+
+
+@pytest.mark.parametrize("name", ["oyster", "oyster-cards"])
+def test_the_bundled_designs_project_their_budget_every_window_and_close_each_day_at_it(name):
+    """Both bundled DP configs spend the whole budget every day: the projection is the budget from each day's first
+    window, while the current day's charge shows less before its last window (oyster-cards: 0.7)."""
+    cfg = load_dp_config(config_path(name))
+    agg = DPAggregator(cfg, BudgetLedger(None, cfg.epsilon_budget), seed=b"s")
+    before_last = {}
+    for w in range(W0, W0 + 2 * 96 + 1):
+        agg.process_window(w, [])
+        o = _outlook(agg)
+        assert o.projected == pytest.approx(cfg.epsilon_budget, abs=1e-9), (w, o)
+        if o.elapsed[0] < o.elapsed[1]:
+            before_last[o.period] = max(before_last.get(o.period, 0.0), o.spent)
+    assert o.closed == DAYS[1] and o.closed_spent == pytest.approx(cfg.epsilon_budget)
+    assert before_last[DAYS[0]] == pytest.approx(0.7 if name == "oyster-cards" else 1.0)

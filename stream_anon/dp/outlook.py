@@ -5,7 +5,7 @@ clock, what its scheduled releases will have charged by its end, and the last cl
 Why a projection and not "spent so far against time elapsed": the ledger charges an aggregate at most its share of
 the period (its cap), and a unit may put its ``W`` windows in the period's first releases, so a design that spends
 exactly its budget every period reaches it early (the bundled ``oyster`` stream after 2 of the day's 96 windows,
-``oyster-cards`` 0.7 of 1.0 after its first hour) and stays there; its daily releases charge in the period's last
+``oyster-cards`` 0.7 of 1.0 after its first two hours) and stays there; its daily releases charge in the period's last
 window. The spend is on schedule when the projected charge fits the budget. It does not fit when releases were
 paid again (a window re-closed with other events after a restart: the ledger charges it in full on top of the
 cap), or when an accepted change lowered the budget within the period: then the ledger refuses a release before
