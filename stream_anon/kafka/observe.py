@@ -128,8 +128,8 @@ BUDGET_GAUGES = (
      "aggregates (the ledger_epsilon_spent of the period's rows)", ("partition", "period")),
     ("epsilon_budget", "Epsilon budget per unit of privacy and period in force ([dp] epsilon_per_period; "
      "epsilon_budget, over the stream, without a period)", ("partition",)),
-    ("epsilon_left", "Epsilon budget left to the worst-case unit in the current period (0 all day where the "
-     "aggregates spend the whole budget by design)", ("partition",)),
+    ("epsilon_left", "Epsilon budget left to the worst-case unit in the current period (0 for most of every period "
+     "where the aggregates spend the whole budget by design: not a warning)", ("partition",)),
     ("period_elapsed_ratio", "Share of the current period's windows released (the stream's event-time clock; "
      "1 once its last window is)", ("partition", "period")),
     ("epsilon_period_projected", "Epsilon the current period's scheduled releases will have charged the worst-case "
