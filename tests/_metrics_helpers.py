@@ -44,6 +44,16 @@ def dp_stream(tmp_path: Path, name: str):
     return path, load_config(path)
 
 
+def across_midnight(events: list[dict]) -> list[dict]:
+    """``events`` (in time order) with their event times moved by one offset so that the middle one falls at the
+    start of 2009-11-10 (London is on UTC in November): the DP aggregates of configs/oyster.toml (a period of a day)
+    release the end of the 9th, in the batch that opens the 10th, and run into the 10th."""
+    from datetime import datetime, timezone
+    midnight = datetime(2009, 11, 10, tzinfo=timezone.utc)
+    shift = midnight - datetime.fromisoformat(events[len(events) // 2]["event_time"])
+    return [{**e, "event_time": (datetime.fromisoformat(e["event_time"]) + shift).isoformat()} for e in events]
+
+
 def start_dp_worker(bootstrap: str, tmp_path: Path, name: str, events: list[dict]):
     """Replay ``events``, start a worker (flush when idle 2 s) and wait until every event is accounted; returns
     (process, web port, config)."""

@@ -83,6 +83,10 @@ def test_the_process_gives_the_output_and_the_state_of_the_worker_without_it():
     assert core_b.stats.totals["aggregate_rows"] == core_a.stats.totals["aggregate_rows"] == len(rows)
     ledger = core_b.parts[0].dp.ledger          # the metrics endpoint's view: as of the last state record
     assert ledger.spent == core_a.parts[0].dp.ledger.spent > 0
+    # and its budget gauges' outlook: the same as that of the aggregates in the worker's own process
+    from stream_anon.dp.outlook import budget_outlook
+    outlooks = [budget_outlook(c.config.dp, *c.parts[0].dp.budget_view()) for c in (core_a, core_b)]
+    assert outlooks[0] == outlooks[1] and outlooks[1].elapsed is not None and outlooks[1].projected > 0
 
 
 def test_a_release_failing_in_the_process_is_handled_as_without_the_process(monkeypatch):

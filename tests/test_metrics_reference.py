@@ -3,12 +3,13 @@ epsilon it shows against the ledger charge stated on the committed ``anon.aggreg
 from __future__ import annotations
 
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _metrics_helpers import RETENTION_S, families, get, reference, start_dp_worker  # noqa: E402
+from _metrics_helpers import RETENTION_S, across_midnight, families, get, reference, start_dp_worker  # noqa: E402
 
 from stream_anon.datasets import load_events  # noqa: E402
 from stream_anon.kafka.aggregates_view import ledger_charge_by_period, read_rows  # noqa: E402
@@ -28,7 +29,9 @@ def dp_worker(module_broker, tmp_path_factory):
     import os
     os.environ.setdefault("STREAM_ANON_SECRET", "metrics-reference-secret-0123456789abcdef")
     tmp = tmp_path_factory.mktemp("metricsref")
-    proc, port, cfg = start_dp_worker(module_broker.bootstrap, tmp, "metricsref", load_events("oyster", limit=6000))
+    # across midnight: the first day closes, so every budget series has samples
+    proc, port, cfg = start_dp_worker(module_broker.bootstrap, tmp, "metricsref",
+                                      across_midnight(load_events("oyster", limit=6000)))
     try:
         status, text = get(port, "/metrics")
         assert status == 200
@@ -107,6 +110,37 @@ def test_epsilon_spent_is_the_ledger_charge_of_the_period_on_the_committed_rows(
     budget = cfg.dp.epsilon_budget
     for _, lab, v in fams["stream_anon_epsilon_left"]["samples"]:
         assert v == pytest.approx(budget - period_spent[lab["partition"]])
+
+
+@pytest.mark.kafka
+def test_the_closed_day_s_charge_is_the_one_its_rows_state_and_the_next_day_is_projected_on_schedule(dp_worker):
+    """The 9th's last releases came in the batch that opened the 10th (the worker's final flush closed both): the
+    current period's series show the 10th, the closed period's the 9th's whole charge as its rows state it."""
+    text, rows, cfg, _ = dp_worker
+    fams = families(text)
+    by_period = ledger_charge_by_period(rows.values())
+    day9, day10 = sorted(p for p in by_period if p is not None)
+    closed = {lab["partition"]: (lab["period"], v)
+              for _, lab, v in fams["stream_anon_epsilon_closed_period_spent"]["samples"]}
+    assert closed and {p for p, _ in closed.values()} == {day9}
+    for p, (_, v) in closed.items():
+        mine = [r for r in rows.values() if str(r["partition"]) == p]
+        assert v == pytest.approx(ledger_charge_by_period(r for r in mine if r["period"] == day9)[day9], abs=1e-9)
+        # the oyster design spends its whole budget every day: from the 10th's first window its releases are
+        # projected to charge the budget; the share of the day elapsed is that of its windows released
+        first = int(datetime(2009, 11, 10, tzinfo=timezone.utc).timestamp() // cfg.anonymization.window_s)
+        elapsed = (max(r["window"] for r in mine) - first + 1) / 96
+        assert ({lab["period"]: v for _, lab, v in fams["stream_anon_period_elapsed_ratio"]["samples"]
+                 if lab["partition"] == p} == {day10: pytest.approx(elapsed)})
+    assert max(v for _, v in closed.values()) == pytest.approx(by_period[day9], abs=1e-9)
+    per_agg: dict[str, float] = {}
+    for _, lab, v in fams["stream_anon_epsilon_closed_period_aggregate_spent"]["samples"]:
+        assert lab["period"] == day9
+        per_agg[lab["partition"]] = per_agg.get(lab["partition"], 0.0) + v
+    assert per_agg == pytest.approx({p: v for p, (_, v) in closed.items()})
+    projected = fams["stream_anon_epsilon_period_projected"]["samples"]
+    assert len(projected) == len(closed)
+    assert all(lab["period"] == day10 and v == pytest.approx(cfg.dp.epsilon_budget) for _, lab, v in projected)
 
 
 def _health_commands() -> dict[str, list[str]]:

@@ -20,7 +20,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _kafka_helpers import wait_for  # noqa: E402
-from _metrics_helpers import start_dp_worker  # noqa: E402
+from _metrics_helpers import across_midnight, start_dp_worker  # noqa: E402
 
 from stream_anon.broker import free_port  # noqa: E402
 from stream_anon.datasets import load_events  # noqa: E402
@@ -86,7 +86,9 @@ def _query(port: int, expr: str) -> list:
 def test_every_dashboard_and_rule_expression_returns_series_from_a_running_worker(broker, tmp_path, monkeypatch):
     prometheus = _tool("prometheus")
     monkeypatch.setenv("STREAM_ANON_SECRET", "monitoring-test-secret-0123456789abcdef")
-    proc, port, _ = start_dp_worker(broker.bootstrap, tmp_path, "monitored", load_events("oyster", limit=4000))
+    # across midnight: a day closes, so the closed period's series (a panel's, a rule's) exist
+    proc, port, _ = start_dp_worker(broker.bootstrap, tmp_path, "monitored",
+                                    across_midnight(load_events("oyster", limit=4000)))
     prom_port = free_port()
     cfg = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"}, "rule_files": [str(RULES)],
            "scrape_configs": [{"job_name": "stream-anon", "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}]}

@@ -28,7 +28,7 @@ What persists between windows is :mod:`~stream_anon.dp.state` (the aggregator's 
 unit window table) and the ledger: both :class:`~stream_anon.checkpoint.Checkpointable`. Beside the walk:
 :mod:`~stream_anon.dp.specs` (the configuration), :mod:`~stream_anon.dp.merge` and
 :mod:`~stream_anon.dp.consistency` (post-processing of published rows), :mod:`~stream_anon.dp.report` (error and
-attack figures).
+attack figures), :mod:`~stream_anon.dp.outlook` (where a partition's budget stands, for the worker's gauges).
 
 >>> from stream_anon.dp import DPAggregator, BudgetLedger, parse_dp_config   # doctest: +SKIP
 """

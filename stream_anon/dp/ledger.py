@@ -172,6 +172,12 @@ class BudgetLedger:
             total += min(v, cap)
         return total
 
+    def period_parts(self, period: str) -> tuple[dict[str, tuple[float, float]], float]:
+        """What :meth:`period_spent` adds up for ``period``: (aggregate -> (sum of its releases, its cap), the paid
+        re-releases)."""
+        sums = {a: (v, self._pcap[(p, a)]) for (p, a), v in sorted(self._psum.items()) if p == period}
+        return sums, self._pextra.get(period, 0.0)
+
     def spent_by_period(self) -> dict[str, float]:
         """Period -> epsilon charged to the worst-case unit (period mode)."""
         return {p: self.period_spent(p) for p in sorted({p for p, _ in self._psum} | set(self._pextra))}
@@ -414,20 +420,32 @@ class BudgetLedger:
 
 def current_charges(ledger: BudgetLedger) -> tuple[str | None, dict[str, float]]:
     """(current period, aggregate -> what it charged the worst-case unit in that period): in period mode the
-    latest period (labels sort in time) and per aggregate ``min(sum of its releases, cap)`` plus its paid
-    re-releases, summing to :meth:`BudgetLedger.period_spent`; without periods (None, the sum of each aggregate's
-    reservations), summing to :attr:`BudgetLedger.spent`."""
+    latest period (labels sort in time) and its :func:`period_charges`; without periods (None, the sum of each
+    aggregate's reservations), summing to :attr:`BudgetLedger.spent`."""
     if not ledger.period_mode:
         out: dict[str, float] = {}
         for (a, _), e in ledger._entries.items():
             out[a] = out.get(a, 0.0) + e
         return None, out
-    periods = {p for p, _ in ledger._psum} | set(ledger._pextra)
+    periods = ledger_periods(ledger)
     if not periods:
         return None, {}
     period = max(periods)
+    return period, period_charges(ledger, period)
+
+
+def ledger_periods(ledger: BudgetLedger) -> set[str]:
+    """The periods the ledger holds charges of (not those only in its archive)."""
+    return {p for p, _ in ledger._psum} | set(ledger._pextra)
+
+
+def period_charges(ledger: BudgetLedger, period: str) -> dict[str, float]:
+    """Aggregate -> what it charged the worst-case unit in ``period``: ``min(sum of its releases, cap)`` plus its
+    paid re-releases, summing to :meth:`BudgetLedger.period_spent` while the period's entries are kept (the
+    current period and the one before: :meth:`BudgetLedger.compact`); a compacted period's re-releases are kept
+    as the period's total only, in no aggregate's figure."""
     out = {a: min(v, ledger._pcap.get((p, a), math.inf)) for (p, a), v in sorted(ledger._psum.items()) if p == period}
     for (a, w), (p, _) in ledger._period.items():
         if p == period and "~" in w:
             out[a] = out.get(a, 0.0) + ledger._entries[(a, w)]
-    return period, out
+    return out

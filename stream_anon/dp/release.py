@@ -48,6 +48,16 @@ class Plan:
     sens_factor: int = 1                 # windows of one unit one release can hold: min(release_every, W)
 
 
+def release_epsilon(spec: AggregateSpec, max_windows: int | None = None) -> tuple[float, int]:
+    """(epsilon one release of the aggregate charges the worst-case unit, ``m``: the unit's windows one release
+    can hold) under :func:`plan_aggregate`'s calibration (``max_windows``: the stream's ``W``, None without a
+    period)."""
+    if max_windows is not None and spec.max_windows is not None:
+        max_windows = spec.max_windows
+    m = 1 if max_windows is None else min(spec.release_every, max_windows)
+    return (spec.epsilon if max_windows is None else spec.epsilon * m / max_windows), m
+
+
 def plan_aggregate(spec: AggregateSpec, max_windows: int | None = None) -> Plan:
     """Split the aggregate's epsilon over its components and outputs and pick the running mechanism.
 
@@ -56,10 +66,7 @@ def plan_aggregate(spec: AggregateSpec, max_windows: int | None = None) -> Plan:
     min(release_every, W)`` of its windows (sensitivity ``m`` times the per-window one); noise calibrated to
     ``epsilon * m / W`` per release keeps the unit's loss over the whole period at ``epsilon`` (the sum over
     its releases; Dwork & Roth 2014, Theorem 3.16), whatever the number of windows in the period."""
-    if max_windows is not None and spec.max_windows is not None:
-        max_windows = spec.max_windows
-    m = 1 if max_windows is None else min(spec.release_every, max_windows)
-    eps = spec.epsilon if max_windows is None else spec.epsilon * m / max_windows
+    eps, m = release_epsilon(spec, max_windows)
     eps_c = eps / len(spec.components)
     if spec.output == "per_window":
         return Plan(spec, None, eps_c, 0.0, "per-window output only", eps, m)

@@ -258,6 +258,13 @@ class PartitionAggregates:
                            for cell, key in zip(block.cell_fragments(dumps), block.labels.key_tails)])
         return values
 
+    def budget_view(self):
+        """(the ledger, the aggregator's :class:`~stream_anon.dp.outlook.AggregatorPosition`): what
+        :func:`~stream_anon.dp.outlook.budget_outlook` reads, here live (the metrics endpoint)."""
+        from stream_anon.dp.outlook import AggregatorPosition
+        st = self.aggregator.state
+        return self.ledger, AggregatorPosition(st.period, st.last_window, st.carry)
+
     # -- checkpoint --------------------------------------------------------------------------------------------
     def state_core(self) -> dict:
         return self._parts.state_core()

@@ -163,7 +163,9 @@ class RemoteAggregates:
         last = ((core or {}).get("aggregator") or {}).get("last_window")
         start = self.dp.start_window
         self.released_through = last if last is not None else None if start is None else start - 1
-        self._ledger_state = (core or {}).get("ledger")
+        # the ledger's and the aggregator's position as of the last state record, noted together (one assignment:
+        # the metrics endpoint reads them from its own thread) and read into a ledger when asked (_ledger_view)
+        self._noted = ((core or {}).get("ledger"), (core or {}).get("aggregator"))
         self._ledger_view = None
         self._record_state: Pending | None = None
         # a prefetched record state was dropped: the child's change tracking was reset with it, so the next
@@ -195,18 +197,20 @@ class RemoteAggregates:
         changes are None when a prefetched reply was dropped since the last record (some changes went with it)."""
         pending, self._record_state = self._record_state, None
         core, changes, rows = (pending or self.process.send("record_state", self.partition)).result()
-        self._note_ledger(core["ledger"])
+        self._note(core)
         if self._changes_dropped:
             self._changes_dropped, changes = False, None
         return core, changes, rows
 
     def state_core(self) -> dict:
         doc = self.process.call("state_core", self.partition)
-        self._note_ledger(doc["ledger"])
+        self._note(doc)
         return doc
 
-    def _note_ledger(self, state: dict) -> None:
-        self._ledger_state, self._ledger_view = state, None
+    def _note(self, core: dict) -> None:
+        """Keep the ledger and the aggregator's position of a state core (not the counters)."""
+        aggregator = {k: core["aggregator"].get(k) for k in ("period", "last_window", "carry")}
+        self._noted = (core["ledger"], aggregator)
 
     def full_tables(self) -> dict:
         return self.process.call("full_tables", self.partition)
@@ -219,15 +223,22 @@ class RemoteAggregates:
     def ledger(self):
         """The ledger as of the last state record (for the metrics endpoint, read from its own thread: never a
         request to the child)."""
-        view = self._ledger_view
-        if view is None:
+        return self.budget_view()[0]
+
+    def budget_view(self):
+        """(the ledger, the aggregator's :class:`~stream_anon.dp.outlook.AggregatorPosition`) as of the last state
+        record, for :func:`~stream_anon.dp.outlook.budget_outlook`."""
+        from stream_anon.dp.outlook import position_of
+        noted, view = self._noted, self._ledger_view
+        if view is None or view[0] is not noted:
             from stream_anon.dp import BudgetLedger
+            state = noted[0]
             # the budget in force (an accepted change may keep another one until the period ends)
-            view = BudgetLedger(None, (self._ledger_state or {}).get("epsilon_budget", self.dp.epsilon_budget))
-            if self._ledger_state is not None:
-                view.load_state(self._ledger_state, {})
-            self._ledger_view = view
-        return view
+            ledger = BudgetLedger(None, (state or {}).get("epsilon_budget", self.dp.epsilon_budget))
+            if state is not None:
+                ledger.load_state(state, {})
+            view = self._ledger_view = (noted, ledger, position_of(noted[1]))
+        return view[1], view[2]
 
 
 # ---- the child --------------------------------------------------------------------------------------------------

@@ -90,34 +90,56 @@ def partition_series(core, loop):
 
 
 def budget_series(core):
-    """The DP budget per partition ledger (as of its last committed state): what each aggregate charged the
-    worst-case unit of privacy in the current period (the whole stream without ``[dp] period``), the budget and
-    what is left of it."""
+    """The DP budget per partition ledger (as of its last state record), charged to the worst-case unit of
+    privacy (:mod:`stream_anon.dp.outlook`): in the current period (the whole stream without ``[dp] period``) by
+    each aggregate and in all, the budget and what is left of it; with a period also how far the period has run
+    by event time, what its scheduled releases will have charged by its end, and the last closed period's charge
+    (in all and by aggregate), which the current period's figures no longer show once the next period starts."""
     stream = core.stream
-    spent = _gauge("epsilon_spent", "Epsilon charged to the worst-case unit of privacy in the current period by "
-                   "each aggregate (whole stream without [dp] period), per partition ledger",
-                   ["partition", "aggregate", "period"])
-    total = _gauge("epsilon_period_spent", "Epsilon charged to the worst-case unit of privacy in the current "
-                   "period, all aggregates (the ledger_epsilon_spent of the period's rows)", ["partition", "period"])
-    budget = _gauge("epsilon_budget", "Epsilon budget per unit of privacy and period ([dp] epsilon_budget)",
-                    ["partition"])
-    left = _gauge("epsilon_left", "Epsilon budget left to the worst-case unit in the current period",
-                  ["partition"])
+    g = {name: _gauge(name, doc, labels) for name, doc, labels in BUDGET_GAUGES}
     for p, ps in sorted(core.parts.items()):
         if ps.dp is None:
             continue
         # here: stream_anon.dp imports diffprivlib and scikit-learn (~2 s of a worker's start without [dp])
-        from stream_anon.dp.ledger import current_charges
-        ledger = ps.dp.ledger
-        period, charges = current_charges(ledger)
-        label = period or ""
+        from stream_anon.dp.outlook import budget_outlook
+        ledger, position = ps.dp.budget_view()
+        o = budget_outlook(ps.dp.dp, ledger, position)
+        part, label = [stream, str(p)], o.period or ""
         for spec in ps.dp.dp.aggregates:
-            spent.add_metric([stream, str(p), spec.name, label], charges.get(spec.name, 0.0))
-        charged = ledger.period_spent(period) if period is not None else ledger.spent
-        total.add_metric([stream, str(p), label], charged)
-        budget.add_metric([stream, str(p)], ledger.epsilon_budget)
-        left.add_metric([stream, str(p)], max(0.0, ledger.epsilon_budget - charged))
-    yield from (spent, total, budget, left)
+            g["epsilon_spent"].add_metric([*part, spec.name, label], o.charges.get(spec.name, 0.0))
+        g["epsilon_period_spent"].add_metric([*part, label], o.spent)
+        g["epsilon_budget"].add_metric(part, ledger.epsilon_budget)
+        g["epsilon_left"].add_metric(part, max(0.0, ledger.epsilon_budget - o.spent))
+        if o.elapsed is not None:
+            g["period_elapsed_ratio"].add_metric([*part, label], o.elapsed[0] / o.elapsed[1])
+            g["epsilon_period_projected"].add_metric([*part, label], o.projected)
+        if o.closed is not None:
+            g["epsilon_closed_period_spent"].add_metric([*part, o.closed], o.closed_spent)
+            for name, charge in sorted(o.closed_charges.items()):
+                g["epsilon_closed_period_aggregate_spent"].add_metric([*part, name, o.closed], charge)
+    yield from g.values()
+
+
+# name, help, labels beside ``stream`` (docs/operations.md, Metrics reference, says more of each)
+BUDGET_GAUGES = (
+    ("epsilon_spent", "Epsilon charged to the worst-case unit of privacy in the current period by each aggregate "
+     "(whole stream without [dp] period), per partition ledger", ("partition", "aggregate", "period")),
+    ("epsilon_period_spent", "Epsilon charged to the worst-case unit of privacy in the current period, all "
+     "aggregates (the ledger_epsilon_spent of the period's rows)", ("partition", "period")),
+    ("epsilon_budget", "Epsilon budget per unit of privacy and period in force ([dp] epsilon_per_period; "
+     "epsilon_budget, over the stream, without a period)", ("partition",)),
+    ("epsilon_left", "Epsilon budget left to the worst-case unit in the current period (0 for most of every period "
+     "where the aggregates spend the whole budget by design: not a warning)", ("partition",)),
+    ("period_elapsed_ratio", "Share of the current period's windows released (the stream's event-time clock; "
+     "1 once its last window is)", ("partition", "period")),
+    ("epsilon_period_projected", "Epsilon the current period's scheduled releases will have charged the worst-case "
+     "unit by its end (what is charged, plus the releases due, each aggregate at most its share, plus those "
+     "refused); above the budget when the ledger stops an aggregate before the period ends", ("partition", "period")),
+    ("epsilon_closed_period_spent", "Epsilon charged to the worst-case unit in the last closed period (its last "
+     "window released), all aggregates", ("partition", "period")),
+    ("epsilon_closed_period_aggregate_spent", "Epsilon charged to the worst-case unit in the last closed period by "
+     "each aggregate", ("partition", "aggregate", "period")),
+)
 
 
 def loop_series(core, loop):
