@@ -159,17 +159,15 @@ class BudgetLedger:
     def period_spent(self, period: str, extra: tuple[str, float, float, bool] | None = None) -> float:
         """Epsilon charged to the worst-case unit in ``period`` (optionally with one more release ``(aggregate,
         epsilon, cap, rerelease)``)."""
-        total = self._pextra.get(period, 0.0)
-        aggs = {a for (p, a) in self._psum if p == period}
+        sums, total = self.period_parts(period)
         if extra is not None:
-            aggs.add(extra[0])
-            if extra[3]:
-                total += extra[1]
-        for a in sorted(aggs):      # a fixed order: a float sum over a set would depend on the string hash seed
-            v, cap = self._psum.get((period, a), 0.0), self._pcap.get((period, a), math.inf)
-            if extra is not None and extra[0] == a and not extra[3]:
-                v, cap = v + extra[1], extra[2]
-            total += min(v, cap)
+            a, epsilon, cap, rerelease = extra
+            if rerelease:
+                total += epsilon
+            else:
+                sums[a] = (sums.get(a, (0.0, cap))[0] + epsilon, cap)
+        for a in sorted(sums):      # a fixed order: a float sum over a set would depend on the string hash seed
+            total += min(*sums[a])
         return total
 
     def period_parts(self, period: str) -> tuple[dict[str, tuple[float, float]], float]:
