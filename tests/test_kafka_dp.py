@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _kafka_helpers import ROUTES, START, ZONES, read_all, synthetic_fares, write_stream_config  # noqa: E402
+from _kafka_helpers import ROUTES, START, ZONES, read_all, synthetic_fares, wait_for, write_stream_config  # noqa: E402
 
 from stream_anon import crypto  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402
@@ -621,22 +621,30 @@ def test_tiny_budget_stops_aggregates_with_an_event_and_keys_do_not_depend_on_da
 
 @pytest.mark.kafka
 def test_aggregates_view_prints_one_figure_per_key_summed_over_partitions(broker, tmp_path, secret_env, capsys):
-    """`stream-anon aggregates` on a 4-partition DP stream: each merged row is the sum of the partitions' rows
-    (read back separately here), with the combined noise and an interval around it; windows some partition has
-    not published are held back unless --incomplete."""
+    """`stream-anon aggregates` on a 4-partition DP stream in mid-stream (a worker without an idle flush: each
+    partition has released the windows its own watermark closed): each merged row is the sum of the partitions'
+    rows (read back separately here), with the combined noise and an interval around it; windows some partition
+    has not published are held back unless --incomplete."""
     import csv
 
     from stream_anon.cli import main
     from stream_anon.kafka.replay import replay
-    from stream_anon.kafka.supervise import run_until_accounted
+    from stream_anon.kafka.supervise import start_worker_process, stop_worker_process
 
     path = dp_stream_config(tmp_path / "cfg", "dpview", budget=1000.0, epsilon=1.0)
     cfg = _setup(broker.bootstrap, path)
     events = synthetic_fares(2000, seed=37)
     replay(broker.bootstrap, cfg.stream.input_topic, events, "journey_id", progress=False)
-    acc = run_until_accounted(path, broker.bootstrap, tmp_path / "state", len(events), timeout_s=120,
-                              app_id="dpview-app", flush_when_idle_s=3.0, log_path=tmp_path / "w.log")
-    assert acc["accounted"] == len(events)
+    proc = start_worker_process(path, broker.bootstrap, tmp_path / "state", "dpview-app", None, tmp_path / "w.log")
+    try:
+        seen = []
+
+        def settled():        # the rows stop growing once every partition released what its watermark closed
+            seen.append(len(_read(broker.bootstrap, AGGREGATES_TOPIC, "dpview")))
+            return len(seen) >= 3 and seen[-1] == seen[-2] == seen[-3] and seen[-1] > 0
+        wait_for(settled, 120, "the worker's DP rows", lambda: seen[-3:])
+    finally:
+        stop_worker_process(proc)
     by_id, _ = _dedupe(_read(broker.bootstrap, AGGREGATES_TOPIC, "dpview"))
     parts: dict = defaultdict(list)
     for r in by_id.values():
@@ -710,8 +718,8 @@ def test_demo_dp_report_on_an_oyster_cards_slice(tmp_path):
     for t in rel["by_threshold"]:
         assert 0 <= t["within_10pct"] <= t["cells"]
         assert t["cells"] == 0 or 0 <= t["median_relative_error"] <= t["max_relative_error"]
-    # the first 3,000 events end on the morning of day 0: only the hourly aggregates are released (the daily ones
-    # at the end of the day)
-    hourly = {s.name for s in load_config("configs/oyster-cards.toml").dp.aggregates if s.release_every == 4}
-    assert set(dp["aggregates_rmse"]) == hourly == {"tap_ins_zone_hour", "taps_per_zone"}
+    # the first 3,000 events end on the morning of day 0; the idle flush releases the day to its end by the clock
+    # (docs/privacy.md, Which DP rows exist): the daily aggregates too, every one with its error
+    names = {s.name for s in load_config("configs/oyster-cards.toml").dp.aggregates}
+    assert set(dp["aggregates_rmse"]) == names and len(names) == 5
     assert all(math.isfinite(a["rmse"]) and a["rmse"] > 0 for a in dp["aggregates_rmse"].values())

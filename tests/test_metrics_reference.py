@@ -113,29 +113,29 @@ def test_epsilon_spent_is_the_ledger_charge_of_the_period_on_the_committed_rows(
 
 
 @pytest.mark.kafka
-def test_the_closed_day_s_charge_is_the_one_its_rows_state_and_the_next_day_is_projected_on_schedule(dp_worker):
-    """The 9th's last releases came in the batch that opened the 10th (the worker's final flush closed both): the
-    current period's series show the 10th, the closed period's the 9th's whole charge as its rows state it."""
+def test_the_closed_day_s_charge_is_the_one_its_rows_state(dp_worker):
+    """The worker's final idle flush releases the 10th to its last window (the schedule's clock closes the period
+    the latest event is in: docs/privacy.md, Which DP rows exist): the closed period's series show the 10th's whole
+    charge as its rows state it, the current period is the 10th with all its windows released."""
     text, rows, cfg, _ = dp_worker
     fams = families(text)
     by_period = ledger_charge_by_period(rows.values())
     day9, day10 = sorted(p for p in by_period if p is not None)
     closed = {lab["partition"]: (lab["period"], v)
               for _, lab, v in fams["stream_anon_epsilon_closed_period_spent"]["samples"]}
-    assert closed and {p for p, _ in closed.values()} == {day9}
+    assert closed and {p for p, _ in closed.values()} == {day10}
     for p, (_, v) in closed.items():
         mine = [r for r in rows.values() if str(r["partition"]) == p]
-        assert v == pytest.approx(ledger_charge_by_period(r for r in mine if r["period"] == day9)[day9], abs=1e-9)
-        # the oyster design spends its whole budget every day: from the 10th's first window its releases are
-        # projected to charge the budget; the share of the day elapsed is that of its windows released
-        first = int(datetime(2009, 11, 10, tzinfo=timezone.utc).timestamp() // cfg.anonymization.window_s)
-        elapsed = (max(r["window"] for r in mine) - first + 1) / 96
+        assert v == pytest.approx(ledger_charge_by_period(r for r in mine if r["period"] == day10)[day10], abs=1e-9)
+        last = int(datetime(2009, 11, 11, tzinfo=timezone.utc).timestamp() // cfg.anonymization.window_s) - 1
+        assert max(r["window"] for r in mine) == last          # the whole day, whatever the partition's data
         assert ({lab["period"]: v for _, lab, v in fams["stream_anon_period_elapsed_ratio"]["samples"]
-                 if lab["partition"] == p} == {day10: pytest.approx(elapsed)})
-    assert max(v for _, v in closed.values()) == pytest.approx(by_period[day9], abs=1e-9)
+                 if lab["partition"] == p} == {day10: pytest.approx(1.0)})
+    assert max(v for _, v in closed.values()) == pytest.approx(by_period[day10], abs=1e-9)
+    assert by_period[day9] == pytest.approx(cfg.dp.epsilon_budget)
     per_agg: dict[str, float] = {}
     for _, lab, v in fams["stream_anon_epsilon_closed_period_aggregate_spent"]["samples"]:
-        assert lab["period"] == day9
+        assert lab["period"] == day10
         per_agg[lab["partition"]] = per_agg.get(lab["partition"], 0.0) + v
     assert per_agg == pytest.approx({p: v for p, (_, v) in closed.items()})
     projected = fams["stream_anon_epsilon_period_projected"]["samples"]

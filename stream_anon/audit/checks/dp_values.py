@@ -55,7 +55,8 @@ class DPValuesCheck:
             if new_lineage:
                 skipped["a lineage that superseded another (its input may start mid-topic)"] += n_rows
                 continue
-            if any(r.get("settings_changed") for b in blocks.values() for r in b):
+            if any(r.get("settings_changed") for b in blocks.values() for r in b) or \
+                    any(m.get("settings_changed") for m in ctx.manifests if m.get("partition") == partition):
                 skipped["a partition whose rows state an accepted settings change"] += n_rows
                 continue
             self._partition(ctx, dpv, log, partition, lineage, blocks, max(windows), skipped, stats)
