@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from collections import defaultdict
+from datetime import datetime, timezone
+from pathlib import Path
 
 import orjson
 import pytest
@@ -136,15 +139,16 @@ def dp_page():
     for e in load_events("oyster-cards"):
         by_day[e["event_time"][:10]].append(e)
     first, second = sorted(by_day)[:2]
-    raw, outputs, metrics = _worker_run(cfg, by_day[first][::3] + by_day[second][:200])
-    return cfg, outputs, build_report(path, raw, outputs, SECRET, metrics)
+    events = by_day[first][::3] + by_day[second][:200]
+    raw, outputs, metrics = _worker_run(cfg, events)
+    return cfg, outputs, build_report(path, raw, outputs, SECRET, metrics), events
 
 
 def test_the_dp_section_lists_every_aggregate_of_the_config(dp_page):
     """Each aggregate of the config has its entry and its row in the page's DP table, with the number of merged
     rows it published (recounted here from the aggregates topic), whatever its kind and output."""
     from stream_anon.dp.merge import merge_rows
-    cfg, outputs, page = dp_page
+    cfg, outputs, page, _ = dp_page
     names = [s.name for s in cfg.dp.aggregates]
     assert len(names) == 5
     dp = page.figures["query_error"]["dp"]
@@ -159,3 +163,53 @@ def test_the_dp_section_lists_every_aggregate_of_the_config(dp_page):
     table = page.html[page.html.index("<h3>DP aggregates</h3>"):]
     table = table[:table.index("</table>")]
     assert [n for n in names if f"<tr><td>{n}</td>" in table] == names
+
+
+def _parents(tree, parent=None, out=None) -> dict:
+    """Label -> parent label of the hierarchy file's tree (dicts of lists of leaves)."""
+    out = {} if out is None else out
+    if isinstance(tree, dict):
+        for label, sub in tree.items():
+            out[label] = parent
+            _parents(sub, label, out)
+    else:
+        for leaf in tree:
+            out[leaf] = parent
+    return out
+
+
+def test_the_realized_noise_is_measured_against_the_bounded_truth_recounted_from_the_raw_topic(dp_page):
+    """``tap_ins_zone_hour`` (tap-ins per fare zone, released hourly: 4 windows of 15 min; each card at most one
+    tap-in per window and its first 4 windows of the day) recounted here in plain Python from the raw events: the
+    report's realized noise of its per-window rows is the RMSE against that recount."""
+    cfg, outputs, page, events = dp_page
+    parent = _parents(json.loads((Path(cfg.source).parent / "hierarchies" / "oyster_location.json")
+                                 .read_text())["tree"])
+    spans: dict = defaultdict(lambda: defaultdict(float))     # (partition, release window) -> zone -> count
+    used: dict = defaultdict(int)                               # (day, card) -> windows used
+    per_window: dict = defaultdict(list)
+    for e in events:
+        if e["event_type"] == "tap_in" and e.get("station") in parent:
+            t = datetime.fromisoformat(e["event_time"]).timestamp()
+            per_window[int(t // 900)].append(e)
+    counts: dict = defaultdict(float)
+    for w in sorted(per_window):
+        day = datetime.fromtimestamp(w * 900, timezone.utc).date()   # London is UTC in November
+        seen = set()
+        for e in per_window[w]:
+            card = e["card_id"]
+            if card in seen:
+                continue
+            if used[(day, card)] >= 4:
+                continue
+            used[(day, card)] += 1
+            seen.add(card)
+            release = w - w % 4 + 3                                   # the hour's last window
+            counts[(release, parent[e["station"]])] += 1
+    errors = [r["value"] - counts[(r["window"], r["group_key"])] for r in outputs.aggregates
+              if r["aggregate"] == "tap_ins_zone_hour" and r["output"] == "per_window"]
+    want = math.sqrt(sum(x * x for x in errors) / len(errors))
+    got = page.figures["query_error"]["dp"]["tap_ins_zone_hour"]["realized_noise"]
+    assert got["rows"] == len(errors) > 100
+    assert got["rmse"] == pytest.approx(want, abs=1e-6)
+    assert "realized noise (per partition)" in page.html

@@ -92,4 +92,18 @@ def compute(report, ctx, config, query_seed: int = 0) -> dict:
                "alerts_by_name": (report.health or {}).get("alerts") or {}}
     placed = placement(ctx)
     figures["query_error"] = query_error(config, placed, seed=query_seed) if placed.events else None
+    noise_error((figures["query_error"] or {}).get("dp"), report.checks.get("dp_values") or {})
     return figures
+
+
+def noise_error(dp_errors: dict | None, dp_values: dict) -> None:
+    """Each aggregate's ``realized_noise``: the RMSE of its published values against the audit's recomputed
+    bounded true values (the error the noise made, per partition's row, for the output the entry measures); and
+    ``bounding_bias`` beside it when the RMSE against the unbounded truth is known (what contribution bounding
+    and clamping add)."""
+    if not dp_errors:
+        return
+    realized = dp_values.get("realized_error") or {}
+    for name, entry in dp_errors.items():
+        got = (realized.get(name) or {}).get(entry.get("output")) or {}
+        entry["realized_noise"] = {"rmse": got.get("rmse"), "rows": got.get("rows", 0)}

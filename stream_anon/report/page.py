@@ -155,16 +155,22 @@ def _errors_html(figures: dict) -> str:
             drows.append({"aggregate": name, "kind": f"{e['kind']}, {e['output']}", "unit": e["unit"],
                           "rows": e["rows"] or "none published", "noise": e["noise_rms"],
                           "stated": e["stated_half_width"], "stated_rel": e["stated_relative"],
+                          "noise_real": (e.get("realized_noise") or {}).get("rmse"),
                           "rmse": realized.get("rmse"), "realized": by or None})
         out += ["<h3>DP aggregates</h3><p>Every aggregate of the configuration. Stated: the root mean square of "
                 "the rows' noise standard deviations and the median half-width of their 95% intervals (in the "
-                "aggregate's unit, and for counts and sums relative to the released value); realized: the RMSE "
-                "against the true values recomputed from the raw topic's placed events, and for per-window counts "
-                "the relative error over cells with at least 10 and 1 true events.</p>",
+                "aggregate's unit, and for counts and sums relative to the released value); realized noise: the "
+                "RMSE of each partition's published values against the audit's recomputed bounded true values "
+                "(the error the noise made; check dp_values); realized RMSE: the merged values against the "
+                "unbounded true values of the raw topic's placed events (noise plus what contribution bounds and "
+                "clamping cut), and for per-window counts the relative error over cells with at least 10 and 1 "
+                "true events.</p>",
                 _table(drows, [("aggregate", "aggregate"), ("kind", "kind, rows measured"), ("unit", "unit"),
                                ("rows", "merged rows"), ("noise", "stated noise (RMS std)"),
                                ("stated", "stated +-"), ("stated_rel", "stated relative"),
-                               ("rmse", "realized RMSE"), ("realized", "realized relative error")])]
+                               ("noise_real", "realized noise (per partition)"),
+                               ("rmse", "realized RMSE (merged, vs unbounded)"),
+                               ("realized", "realized relative error")])]
     return "".join(out)
 
 

@@ -63,7 +63,9 @@ class DPValuesCheck:
         if len(set(ends.values())) > 1:
             log.fail("schedule end", line=f"dp_values: partitions end at different windows {dict(sorted(ends.items(), key=str))}: "
                      f"the schedule follows one clock", ends={str(k): v for k, v in ends.items()})
-        log.details.update(**stats, not_recomputed=dict(skipped), rows=len(ctx.aggregates))
+        errors = stats.pop("errors", {})
+        log.details.update(**stats, not_recomputed=dict(skipped), rows=len(ctx.aggregates),
+                           realized_error=realized_error(errors))
         return log.result()
 
     def _partition(self, ctx, dpv: DPValues, log: ViolationLog, partition, lineage, blocks: dict, end: int,
@@ -131,12 +133,14 @@ class DPValuesCheck:
                  period_mode: bool, skipped: dict, stats: dict) -> None:
         keys = spec.group_keys()
         eps, m = calibration(spec, period_mode)
-        window_values = {}
+        window_values, true_values = {}, {}
         for comp in spec.components:
             x = np.array([pending.get(comp, {}).get(k, 0.0) for k in keys])
+            true_values[comp] = x
             window_values[comp] = noisy(seed, spec, comp, release, x, eps, m)
             run = st["running"].get(comp)
             st["running"][comp] = window_values[comp] if run is None else run + window_values[comp]
+            st.setdefault("true_running", {})[comp] = x if run is None else st["true_running"][comp] + x
         for output in outputs:
             rows = blocks.get((spec.name, output, release))
             if not rows:
@@ -145,6 +149,7 @@ class DPValuesCheck:
                 skipped[f"mechanism {rows[0].get('mechanism')}"] += len(rows)
                 continue
             values = window_values if output == "per_window" else {c: st["running"][c] for c in spec.components}
+            truth = true_values if output == "per_window" else {c: st["true_running"][c] for c in spec.components}
             by_key = defaultdict(list)
             for r in rows:
                 by_key[r.get("group_key")].append(r)
@@ -169,6 +174,7 @@ class DPValuesCheck:
                 for r in cell_rows:
                     self._compare(log, partition, spec, output, release, gk, r, {c: values[c][i] for c in values},
                                   stats)
+                    _note_error(stats, spec, output, r, {c: truth[c][i] for c in truth})
 
     @staticmethod
     def _compare(log, partition, spec, output, release, gk, row, want: dict, stats: dict) -> None:
@@ -195,3 +201,31 @@ class DPValuesCheck:
         log.fail("value differs", line=f"dp_values: partition {partition} {spec.name} {output} release {release} "
                  f"cell {gk}: published {got} != recomputed {shown} (row {row.get('row_id')})", partition=partition,
                  aggregate=spec.name, release=release, group_key=gk)
+
+
+def _true_value(spec, truth: dict) -> float:
+    """What a row's ``value`` estimates, from the bounded true components: the count or sum, or the clipped
+    ratio of a mean or ratio."""
+    comps = spec.components
+    if len(comps) == 1:
+        return float(truth[comps[0]])
+    lo, hi = (0.0, 1.0) if spec.kind == "ratio" else (spec.lower, spec.upper)
+    return min(max(truth[comps[0]] / max(truth[comps[1]], 1.0), lo), hi)
+
+
+def _note_error(stats: dict, spec, output: str, row: dict, truth: dict) -> None:
+    try:
+        err = float(row.get("value")) - float(_true_value(spec, truth))
+    except (TypeError, ValueError):
+        return
+    acc = stats.setdefault("errors", {}).setdefault(spec.name, {}).setdefault(output, [0, 0.0])
+    acc[0] += 1
+    acc[1] += err * err
+
+
+def realized_error(errors: dict) -> dict:
+    """Aggregate -> output -> (rows, RMSE of the published values against the recomputed bounded true values:
+    the error the noise made, per partition's row)."""
+    return {name: {o: {"rows": n, "rmse": round((sq / n) ** 0.5, 6) if n else None} for o, (n, sq) in outs.items()}
+            for name, outs in errors.items()}
+
