@@ -68,6 +68,7 @@ def fingerprint(releases) -> str:
         m.pop("created_at")
         m.pop("kid")            # the engine names its key since the releases of BEFORE were measured
         m.pop("individuals")    # and states the release's individuals
+        m.pop("flushed", None)  # and marks the releases of a flush
         h.update(json.dumps(m, sort_keys=True, default=str).encode())
         h.update(json.dumps(r.records, sort_keys=True, default=str).encode())
     return h.hexdigest()

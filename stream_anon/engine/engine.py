@@ -41,6 +41,7 @@ the former's (``former/signatures`` with m-invariance). A state record carries w
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 
 import numpy as np
@@ -254,6 +255,7 @@ class Engine:
         if not keys and len(self.buffer):       # only deferred or late records left (a flush after a flush)
             w = int(np.floor(self.closed_until / self.window_s))
             self._close(result, w, (w + 1) * self.window_s, final=True)
+        result.releases = [dataclasses.replace(rel, flushed=True) for rel in result.releases]
         return result
 
     @property

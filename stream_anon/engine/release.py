@@ -55,6 +55,7 @@ class Release:
     m: int | None = None                            # m of an m-invariant release (None: m-invariance off)
     kid: str | None = None                          # key id of the secret of the audit tokens (crypto.key_id)
     late: int = 0                                   # late events this release handled (published or suppressed)
+    flushed: bool = False                           # made by a flush (end of input): every record was resolved
     lineage: str | None = None                      # the stream's lineage (part of release_id; None: no lineage)
     # the release's own individuals (distinct units of its real records) by the size of the smallest class holding
     # them here: ((size, individuals), ...), a reused class at max(k, its individuals in this release), the lower
@@ -155,6 +156,8 @@ class Release:
             "suppression_limit_exceeded": ratio > self.max_suppression_ratio,
             "created_at": datetime.now(timezone.utc).isoformat(),
         }
+        if self.flushed:
+            doc["flushed"] = True
         if self.kid is not None:
             doc["kid"] = self.kid
         if self.lineage is not None:

@@ -128,6 +128,27 @@ def end_offsets(consumer: Consumer, topic: str, partitions) -> dict[int, int | N
     return out
 
 
+def unread_input(consumer: Consumer, topic: str, parts: dict, partitions: list[int]) -> set[int]:
+    """The ``partitions`` whose input is not all read: their position (or, before any message since the
+    assignment, the offset after their state's) is below the broker's end offset, or the end is not known. An idle
+    flush of such a partition would close its windows, and release its DP schedule to the worker's clock, before
+    that input (a partition just taken over from another worker with a backlog)."""
+    if not partitions:
+        return set()
+    waiting = set()
+    positions = {tp.partition: tp.offset for tp in consumer.position([TopicPartition(topic, p) for p in partitions])}
+    for p in partitions:
+        try:
+            end = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5, cached=False)[1]
+        except KafkaException:
+            waiting.add(p)
+            continue
+        at = max(positions.get(p, -1), parts[p].offset + 1)
+        if end < 0 or at < end:
+            waiting.add(p)
+    return waiting
+
+
 # the loop's counters (/metrics and the throughput metric on anon.metrics)
 COUNTERS = ("transactions", "aborted", "recoveries", "halts", "broker_lost", "state_bytes", "full_state_records",
             "lineages_started", "config_changes_accepted", "keys_rotated")
@@ -352,8 +373,11 @@ class KafkaLoop:
         # a broker that was answering (a probe sent at least flush_when_idle_s after the last input and after the
         # end of the last outage answered); a flush during a broker pause would make the pause's backlog late.
         self.watch.probe_by(self.core.idle_due_at(not_before=self.watch.outage_ended_at))
-        for ps in self.core.idle_partitions(answered_at=self.watch.answered_at, not_before=self.watch.outage_ended_at):
-            if ps.partition not in self.halted:
+        idle = self.core.idle_partitions(answered_at=self.watch.answered_at, not_before=self.watch.outage_ended_at)
+        waiting = unread_input(self._consumer, self.input, self.core.parts,
+                               [ps.partition for ps in idle if ps.partition not in self.halted])
+        for ps in idle:
+            if ps.partition not in self.halted and ps.partition not in waiting:
                 self._flush(ps)
         if (now := time.monotonic()) - self._last_metric >= self.metrics_interval_s:
             self._last_metric = now

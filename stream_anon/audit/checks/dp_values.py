@@ -11,6 +11,7 @@ recomputed, rows not recomputed and why (``not_recomputed``), late events, the l
 """
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 import numpy as np
@@ -76,50 +77,31 @@ class DPValuesCheck:
         events = sorted(((raw.source[2], raw.event, raw.token) for raw in ctx.raws
                          if raw.source is not None and raw.source[1] == partition and raw.event is not None
                          and raw.source[2] not in dead and len(raw.source) == 3), key=lambda e: e[0])
-        windows, late = partition_windows(events, dpv)
-        stats["late_events"] += late
-        seed = noise_seed(ctx.secret, dpv.stream, partition, lineage)
         start = dpv.start_window
         first_row = min(r["window"] for b in blocks.values() for r in b)
         if start is not None and first_row != self._first_release(dpv, start):
             log.fail("schedule start", line=f"dp_values: partition {partition} publishes from window {first_row}, the "
                      f"schedule from {start}", partition=partition, first=first_row, start=start)
-        period_mode = dpv.period is not None
-        state: dict = {}
-        label = None
-        expected_blocks = set()
-        for w in range(start if start is not None else first_row, end + 1):
-            lab, first, n = dpv.period_bounds(w)
-            if lab != label or not period_mode:
-                if lab != label:
-                    state = {name: {"used": {}, "pending": {}, "running": {}} for name in dpv.aggregates}
-                label = lab
-            for name, spec in dpv.aggregates.items():
-                st = state[name]
-                x = bounded_values(spec, windows.get(w, []), dpv.unit_field, st["used"],
-                                   spec.max_windows if period_mode else None)
-                if not period_mode:
-                    st["pending"] = x
-                else:
-                    for c, cells in x.items():
-                        acc = st["pending"].setdefault(c, {})
-                        for k, v in cells.items():
-                            acc[k] = acc.get(k, 0.0) + v
-                if period_mode and not ((w - first + 1) % spec.release_every == 0 or w - first == n - 1):
-                    continue
-                release = str(w)
-                pending, st["pending"] = st["pending"], {}
-                outputs = [o for o in ("per_window", "running")
-                           if spec.output == o or spec.output == "both"]
-                for output in outputs:
-                    expected_blocks.add((name, output, release))
-                self._release(log, partition, spec, release, pending, st, blocks, outputs, seed, period_mode,
-                              skipped, stats)
+        seed = noise_seed(ctx.secret, dpv.stream, partition, lineage)
+        # a release's truth is of the events that had arrived when it was made: the whole input, or the input up to
+        # a flush (a window released by a flush's clock takes no later event)
+        candidates = []
+        for bound in [*flush_bounds(ctx, partition, events), None]:
+            mine = events if bound is None else [e for e in events if e[0] <= bound]
+            windows, late = partition_windows(mine, dpv)
+            candidates.append(self._expected(dpv, windows, seed, start if start is not None else first_row, end))
+        stats["late_events"] += late
         for key, rows in blocks.items():
-            if key not in expected_blocks:
+            spec = dpv.aggregates.get(key[0])
+            if spec is None or all(key not in c for c in candidates):
                 log.fail("row outside the schedule", line=f"dp_values: partition {partition} {key[0]} {key[1]} "
                          f"release {key[2]}: {len(rows)} rows the schedule has no release for", partition=partition,
                          aggregate=key[0], release=key[2])
+                continue
+            if not str(rows[0].get("mechanism", "")).startswith("per_window"):
+                skipped[f"mechanism {rows[0].get('mechanism')}"] += len(rows)
+                continue
+            self._block(log, partition, spec, key, rows, [c[key] for c in candidates if key in c], stats)
 
     @staticmethod
     def _first_release(dpv: DPValues, start: int) -> int:
@@ -129,78 +111,136 @@ class DPValuesCheck:
         _, first, n = dpv.period_bounds(start)
         return min(first + min(s.release_every, n) - 1 for s in dpv.aggregates.values())
 
-    def _release(self, log, partition, spec, release, pending: dict, st: dict, blocks: dict, outputs, seed,
-                 period_mode: bool, skipped: dict, stats: dict) -> None:
-        keys = spec.group_keys()
-        eps, m = calibration(spec, period_mode)
-        window_values, true_values = {}, {}
-        for comp in spec.components:
-            x = np.array([pending.get(comp, {}).get(k, 0.0) for k in keys])
-            true_values[comp] = x
-            window_values[comp] = noisy(seed, spec, comp, release, x, eps, m)
-            run = st["running"].get(comp)
-            st["running"][comp] = window_values[comp] if run is None else run + window_values[comp]
-            st.setdefault("true_running", {})[comp] = x if run is None else st["true_running"][comp] + x
-        for output in outputs:
-            rows = blocks.get((spec.name, output, release))
-            if not rows:
-                continue                              # a stopped aggregate publishes nothing (its budget)
-            if not str(rows[0].get("mechanism", "")).startswith("per_window"):
-                skipped[f"mechanism {rows[0].get('mechanism')}"] += len(rows)
-                continue
-            values = window_values if output == "per_window" else {c: st["running"][c] for c in spec.components}
-            truth = true_values if output == "per_window" else {c: st["true_running"][c] for c in spec.components}
-            by_key = defaultdict(list)
-            for r in rows:
-                by_key[r.get("group_key")].append(r)
-            missing = [k for k in keys if k not in by_key]
-            if missing:
-                log.fail("cells missing", line=f"dp_values: partition {partition} {spec.name} {output} release "
-                         f"{release}: {len(missing)} of {len(keys)} cells missing", partition=partition,
-                         aggregate=spec.name, release=release)
-            index = {k: i for i, k in enumerate(keys)}
-            for gk, cell_rows in by_key.items():
-                if gk not in index:
-                    log.fail("row outside the schedule", line=f"dp_values: partition {partition} {spec.name} "
-                             f"{output} release {release}: cell {gk!r} is not in the configured domain",
-                             partition=partition, aggregate=spec.name, release=release, group_key=gk)
+    def _expected(self, dpv: DPValues, windows: dict, seed: bytes, first: int, end: int) -> dict:
+        """(aggregate, output, release) -> group key -> (noisy components, bounded true components) of every
+        release of the schedule from window ``first`` to ``end``, from ``windows`` (steps 2-4)."""
+        period_mode = dpv.period is not None
+        out, state, label = {}, {}, ()
+        for w in range(first, end + 1):
+            lab, first_w, n = dpv.period_bounds(w)
+            if lab != label:            # a new period (legacy mode: one for the whole stream)
+                state = {name: {"used": {}, "pending": {}, "running": {}, "true_running": {}}
+                         for name in dpv.aggregates}
+                label = lab
+            for name, spec in dpv.aggregates.items():
+                st = state[name]
+                x = bounded_values(spec, windows.get(w, []), dpv.unit_field, st["used"],
+                                   spec.max_windows if period_mode else None)
+                for c, cells in x.items():
+                    acc = st["pending"].setdefault(c, {})
+                    for k, v in cells.items():
+                        acc[k] = acc.get(k, 0.0) + v
+                if period_mode and not ((w - first_w + 1) % spec.release_every == 0 or w - first_w == n - 1):
                     continue
-                i = index[gk]
-                if len(cell_rows) > 1:
-                    log.fail("second row for a cell", line=f"dp_values: partition {partition} {spec.name} {output} "
-                             f"release {release} cell {gk}: {len(cell_rows)} rows (row ids "
-                             f"{sorted(str(r.get('row_id')) for r in cell_rows)[:3]}): a second draw", partition=partition,
-                             aggregate=spec.name, release=release, group_key=gk)
-                for r in cell_rows:
-                    self._compare(log, partition, spec, output, release, gk, r, {c: values[c][i] for c in values},
-                                  stats)
-                    _note_error(stats, spec, output, r, {c: truth[c][i] for c in truth})
+                release, pending, st["pending"] = str(w), st["pending"], {}
+                keys = spec.group_keys()
+                eps, m = calibration(spec, period_mode)
+                noisy_w, true_w = {}, {}
+                for comp in spec.components:
+                    true_w[comp] = np.array([pending.get(comp, {}).get(k, 0.0) for k in keys])
+                    noisy_w[comp] = noisy(seed, spec, comp, release, true_w[comp], eps, m)
+                    for acc, v in ((st["running"], noisy_w[comp]), (st["true_running"], true_w[comp])):
+                        acc[comp] = v if comp not in acc else acc[comp] + v
+                for output in ("per_window", "running"):
+                    if spec.output not in (output, "both"):
+                        continue
+                    vals = noisy_w if output == "per_window" else dict(st["running"])
+                    truth = true_w if output == "per_window" else dict(st["true_running"])
+                    out[(name, output, release)] = {k: ({c: vals[c][i] for c in vals}, {c: truth[c][i] for c in truth})
+                                                    for i, k in enumerate(keys)}
+        return out
+
+    def _block(self, log, partition, spec, key, rows: list, candidates: list, stats: dict) -> None:
+        """One release's rows against the recomputed cells of each candidate truth (a row passes with any)."""
+        name, output, release = key
+        cells = candidates[0]
+        by_key = defaultdict(list)
+        for r in rows:
+            by_key[r.get("group_key")].append(r)
+        missing = [k for k in cells if k not in by_key]
+        if missing:
+            log.fail("cells missing", line=f"dp_values: partition {partition} {name} {output} release {release}: "
+                     f"{len(missing)} of {len(cells)} cells missing", partition=partition, aggregate=name,
+                     release=release)
+        for gk, cell_rows in by_key.items():
+            if gk not in cells:
+                log.fail("row outside the schedule", line=f"dp_values: partition {partition} {name} {output} release "
+                         f"{release}: cell {gk!r} is not in the configured domain", partition=partition,
+                         aggregate=name, release=release, group_key=gk)
+                continue
+            if len(cell_rows) > 1:
+                log.fail("second row for a cell", line=f"dp_values: partition {partition} {name} {output} release "
+                         f"{release} cell {gk}: {len(cell_rows)} rows (row ids "
+                         f"{sorted(str(r.get('row_id')) for r in cell_rows)[:3]}): a second draw", partition=partition,
+                         aggregate=name, release=release, group_key=gk)
+            for r in cell_rows:
+                match = next((c[gk] for c in candidates if _matches(spec, r, c[gk][0])), None)
+                if match is None:
+                    self._differs(log, partition, spec, output, release, gk, r, candidates[-1][gk][0], stats)
+                else:
+                    stats["rows_recomputed"] += 1
+                    _note_error(stats, spec, output, r, match[1])
 
     @staticmethod
-    def _compare(log, partition, spec, output, release, gk, row, want: dict, stats: dict) -> None:
-        comps = spec.components
-        if len(comps) == 1:
-            exp = want[comps[0]]
-            ok = _close(row.get("value"), np.rint(exp) if spec.noise == "geometric" else exp)
-            got, shown = row.get("value"), exp
-        else:
-            a, b = want[comps[0]], want[comps[1]]
-            lo, hi = (0.0, 1.0) if spec.kind == "ratio" else (spec.lower, spec.upper)
-            ratio = min(max(a / max(b, 1.0), lo), hi)
-            parts = row.get("components") if isinstance(row.get("components"), dict) else {}
-            ok = _close(parts.get(comps[0]), a) and _close(parts.get(comps[1]), b) and _close(row.get("value"), ratio)
-            got, shown = {**parts, "value": row.get("value")}, {comps[0]: a, comps[1]: b, "value": ratio}
-        if ok:
-            stats["rows_recomputed"] += 1
-            return
+    def _differs(log, partition, spec, output, release, gk, row, want: dict, stats: dict) -> None:
+        shown = _shown(spec, want)
         try:
-            diff = abs(float(row.get("value")) - float(shown if len(comps) == 1 else shown["value"]))
+            diff = abs(float(row.get("value")) - float(shown["value"]))
             stats["largest_difference"] = max(stats["largest_difference"], diff)
         except (TypeError, ValueError):
             pass
+        got = {**(row.get("components") or {}), "value": row.get("value")} if len(spec.components) > 1 \
+            else row.get("value")
         log.fail("value differs", line=f"dp_values: partition {partition} {spec.name} {output} release {release} "
-                 f"cell {gk}: published {got} != recomputed {shown} (row {row.get('row_id')})", partition=partition,
-                 aggregate=spec.name, release=release, group_key=gk)
+                 f"cell {gk}: published {got} != recomputed {shown if len(spec.components) > 1 else shown['value']} "
+                 f"(row {row.get('row_id')})", partition=partition, aggregate=spec.name, release=release,
+                 group_key=gk)
+
+
+def _shown(spec, want: dict) -> dict:
+    """The row's numbers as the worker shows them: the value (a geometric count rounded), and for a mean or ratio
+    its components and the clipped ratio."""
+    comps = spec.components
+    if len(comps) == 1:
+        v = want[comps[0]]
+        return {"value": float(np.rint(v)) if spec.noise == "geometric" else float(v)}
+    a, b = float(want[comps[0]]), float(want[comps[1]])
+    lo, hi = (0.0, 1.0) if spec.kind == "ratio" else (spec.lower, spec.upper)
+    return {comps[0]: a, comps[1]: b, "value": min(max(a / max(b, 1.0), lo), hi)}
+
+
+def _matches(spec, row: dict, want: dict) -> bool:
+    shown = _shown(spec, want)
+    if len(spec.components) == 1:
+        return _close(row.get("value"), shown["value"])
+    parts = row.get("components") if isinstance(row.get("components"), dict) else {}
+    return all(_close(parts.get(c), shown[c]) for c in spec.components) and _close(row.get("value"), shown["value"])
+
+
+def flush_bounds(ctx, partition, events: list) -> list[int]:
+    """The last input offset each flush of the partition had read (manifests with ``flushed``): the largest offset
+    of the events resolved in its releases or before them (a flush resolves every record it holds)."""
+    seq_of = {m.get("release_id"): m.get("seq") for m in ctx.manifests if m.get("partition") == partition}
+    flushes = sorted({m.get("seq") for m in ctx.manifests if m.get("partition") == partition and m.get("flushed")
+                      and isinstance(m.get("seq"), int)})
+    if not flushes:
+        return []
+    resolved: dict[str, int] = {}                 # token -> seq of the release that resolved it
+    for r in ctx.records:
+        s = seq_of.get(r.get("release_id"))
+        if s is not None and r.get("audit_token"):
+            resolved[r["audit_token"]] = s
+    for m in ctx.manifests:
+        if m.get("partition") == partition and isinstance(m.get("seq"), int):
+            for tokens in (m.get("suppressed_tokens") or {}).values():
+                for t in tokens:
+                    resolved[t] = m["seq"]
+    out = []
+    for f in flushes:
+        offsets = [off for off, _, token in events if resolved.get(token, math.inf) <= f]
+        if offsets:
+            out.append(max(offsets))
+    return sorted(set(out))
 
 
 def _true_value(spec, truth: dict) -> float:
