@@ -24,6 +24,10 @@ The walk of one DP value, from a closed window to a row; each module once, in th
    ``ReleasedCells`` block: the fields the rows share and each cell's numbers (value, intervals). Its ``rows()``
    (or, in the worker, ``stream_anon.kafka.aggregates`` serializing it) gives the rows.
 
+Which windows are released is the schedule's, not the data's: every window from the start of ``dp.start``'s period
+(:attr:`~stream_anon.dp.specs.DPConfig.start_window`), skipped ones released empty, and
+:meth:`DPAggregator.advance_through` releases empty windows the stream's clock has passed.
+
 What persists between windows is :mod:`~stream_anon.dp.state` (the aggregator's counters, partial releases and
 unit window table) and the ledger: both :class:`~stream_anon.checkpoint.Checkpointable`. Beside the walk:
 :mod:`~stream_anon.dp.specs` (the configuration), :mod:`~stream_anon.dp.merge` and

@@ -5,9 +5,12 @@ Per input partition (one individual -> one partition, so the partitions hold dis
 their budgets compose in parallel: McSherry, PINQ, SIGMOD 2009, Theorem 4):
 
 - **Windows** are the engine's: every window the engine closes (:class:`stream_anon.engine.ClosedWindow`, with the
-  fields of the accepted events that arrived while it was open) is handed to the aggregator, which releases it
-  (and every skipped window, empty: publication never depends on data). The engine carries the fields listed by
-  :func:`needed_fields` and keeps the open window's in its checkpointed state.
+  fields of the accepted events that arrived while it was open) is handed to the aggregator, which releases it.
+  Which windows are released follows the stream's clock, never the data (docs/privacy.md, Which DP rows exist):
+  from the schedule's start (``dp.start``) on, after every batch every window the engine's clock closed
+  (:func:`closed_through`), and at an idle flush every window to the end of the period of the worker's clock
+  (:func:`clock_through`), empty or not; a window released is never released again. The engine carries the fields
+  listed by :func:`needed_fields` and keeps the open window's in its checkpointed state.
 - **State**: :class:`PartitionAggregates` is a :class:`~stream_anon.checkpoint.Checkpointable` of two parts, the
   aggregator and its ledger (core ``{"aggregator": ..., "ledger": ...}``, the keyed table
   ``aggregator/unit_windows`` in period mode), written in the same Kafka transaction as the rows that spend the
