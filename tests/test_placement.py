@@ -102,3 +102,34 @@ def test_a_stream_keyed_by_unit_loses_nothing_to_the_check():
     core, out = _run(msgs, 4, check=True)
     assert core.stats.totals["dead_letters"] == 0
     assert not [v for t, _, v in out if t == TOPICS.metrics and WRONG_PARTITION.encode() in v]
+
+
+def _audit(msgs, out, n_partitions):
+    from stream_anon.audit import AuditConfig, audit
+    cfg = load_config(config_path("oyster-cards"))
+    outputs = {"records": [], "manifests": [], "deadletters": [], "aggregates": []}
+    for topic, _, value in out:
+        part = {"anon.aggregates": "aggregates", "anon.releases": "manifests", "anon.deadletter": "deadletters",
+                "anon.oyster-cards.records": "records"}.get(topic)
+        if part:
+            outputs[part].append(orjson.loads(value))
+    raw = [((cfg.stream.input_topic, p, o), v) for p, o, v in msgs]
+    return audit(raw, outputs, SECRET, AuditConfig.from_toml(config_path("oyster-cards")))
+
+
+def test_the_audit_charges_a_unit_the_sum_over_the_partitions_it_reached():
+    """A stream keyed by event: the naive worker's outputs fail the audit (each card charged on every partition its
+    events reached, naming the count and the worst charge); the checking worker's pass (the misplaced events are
+    dead letters, charged nowhere)."""
+    _, msgs = _stream(4, "event_id")
+    _, out = _run(msgs, 4, check=False)
+    rep = _audit(msgs, out, 4)
+    dp = rep.checks["dp"]
+    assert not dp["passed"] and dp["violations_by_kind"].get("unit on several partitions") == 1
+    assert dp["units_on_several_partitions"] > 100 and dp["worst_charge_across_partitions"] > 1.0
+    line = next(e["line"] for e in dp["examples"] if e["violation"] == "unit on several partitions")
+    assert f"{dp['units_on_several_partitions']} unit-periods on several input partitions" in line
+    _, out = _run(msgs, 4, check=True)
+    rep = _audit(msgs, out, 4)
+    assert rep.checks["dp"]["passed"] and rep.checks["dp"]["units_on_several_partitions"] == 0
+    assert rep.checks["dp_values"]["passed"]
