@@ -142,7 +142,8 @@ def legacy_days(ledger, days) -> dict:
     out = {}
     for i, (label, first) in enumerate(days):
         end = days[i + 1][1] - 1 if i + 1 < len(days) else 10 ** 12
-        out[label] = ledger.spent_through(end) - (ledger.spent_through(first - 1) if first else 0.0)
+        through = ledger.spent_through([end, first - 1])
+        out[label] = through[end] - (through[first - 1] if first else 0.0)
     return out
 
 

@@ -215,6 +215,12 @@ class DPAggregator:
     def _bounded(self, spec: AggregateSpec, wc: WindowColumns, window_units: WindowUnits | None,
                  commit: bool = True) -> tuple[dict[str, np.ndarray], dict]:
         """Steps 2 and 3: (bounded true value of every cell per component, counts of what was left out)."""
+        if wc.n == 0:               # an empty window (the schedule releases them): zeros, nothing left out
+            n = len(spec.domain)
+            stats = {"contributions_cut": 0, "out_of_domain": 0, "missing": 0}
+            if self.clock is not None:
+                stats.update(windows_cut=0, units_window_capped=0)
+            return {c: np.zeros(n) for c in spec.components}, stats
         if self.bounding.takes(wc):
             cells = self.cells.of_window(spec, wc)
             if cells is not None:

@@ -234,13 +234,6 @@ class BudgetLedger:
             return max([*self.spent_by_period().values(), self._archive["max_spent"] if self._archive else 0.0])
         return float(sum(self._entries.values()))
 
-    @property
-    def remaining(self) -> float:
-        return max(0.0, self.epsilon_budget - self.spent)
-
-    def spent_by(self, aggregate: str) -> float:
-        return float(sum(e for (a, _), e in self._entries.items() if a == aggregate))
-
     def is_stopped(self, aggregate: str) -> bool:
         return aggregate in self._exhausted or self._compacted_stop(aggregate) is not None
 
@@ -251,24 +244,26 @@ class BudgetLedger:
         summary = self._compacted.get(key.rsplit("@", 1)[1])
         return None if summary is None else summary["exhausted"].get(key)
 
-    def spent_through(self, window: int) -> float:
-        """Total charged for windows <= ``window`` (integer window ids): unlike :attr:`spent` it does not depend on
-        how far a crashed worker got before its restart, so a re-produced release shows the same figure. In
-        period mode: the charge of ``window``'s period through ``window`` (capped as in :meth:`period_spent`)."""
-        if self.period_mode:
-            period = next((p for (a, w), (p, _) in self._period.items() if int(w.split("~")[0]) == window), None)
-            if period is None:
-                return 0.0
+    def spent_through(self, windows) -> dict[int, float]:
+        """Window -> total charged for windows up to it (integer window ids), for each of ``windows``: unlike
+        :attr:`spent` it does not depend on how far a crashed worker got before its restart, so a re-produced
+        release shows the same figure. In period mode the charge of the window's period through it (capped as in
+        :meth:`period_spent`). The entries are read once for all the windows (a flush releases many)."""
+        entries = [(int(w.split("~")[0]), a, w) for a, w in self._entries]
+        if not self.period_mode:
+            return {x: float(sum(self._entries[(a, w)] for base, a, w in entries if base <= x)) for x in windows}
+        period_of = {base: self._period[(a, w)][0] for base, a, w in entries}
+        out = {}
+        for x in windows:
             total, sums, caps = 0.0, {}, {}
-            for (a, w), (p, cap) in self._period.items():
-                if p != period or int(w.split("~")[0]) > window:
-                    continue
-                if "~" in w:
-                    total += self._entries[(a, w)]
-                else:
-                    sums[a], caps[a] = sums.get(a, 0.0) + self._entries[(a, w)], cap
-            return float(total + sum(min(v, caps[a]) for a, v in sums.items()))
-        return float(sum(e for (_, w), e in self._entries.items() if int(w.split("~")[0]) <= window))
+            for base, a, w in entries:
+                if base <= x and self._period[(a, w)][0] == period_of.get(x):
+                    if "~" in w:
+                        total += self._entries[(a, w)]
+                    else:
+                        sums[a], caps[a] = sums.get(a, 0.0) + self._entries[(a, w)], self._period[(a, w)][1]
+            out[x] = float(total + sum(min(v, caps[a]) for a, v in sums.items()))
+        return out
 
     def exhausted_at(self, aggregate: str) -> str | None:
         """The window at which the aggregate was stopped, or None."""

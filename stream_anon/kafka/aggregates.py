@@ -207,16 +207,14 @@ class PartitionAggregates:
         else:
             out = self.aggregator.release_columns(index, WindowColumns(carried))   # reserves (writes) the ledger
         now = _now_iso()
-        spent = {}                 # window -> ledger total through it (gap windows are released here too)
         released = []
         for r in out:
             if isinstance(r, ReleasedCells):
-                rw = r.common["window"]
-                if rw not in spent:
-                    spent[rw] = self.ledger.spent_through(rw)
                 released.append(r)
             else:                                              # budget_exhausted
                 metrics.append({**r, "partition": self.partition, "ts": now})
+        # window -> ledger total through it (gap windows are released here too)
+        spent = self.ledger.spent_through(sorted({r.common["window"] for r in released}))
         wm = self.aggregator.window_metrics
         if wm:
             metrics.append({**wm, "partition": self.partition, "ts": now,
