@@ -249,8 +249,11 @@ def rotate_key(tables: dict) -> dict:
 
 def carry_dp_change(dp_core: dict | None, old: dict, new: dict, changes: list[str]) -> dict | None:
     """The aggregates' saved core with an accepted DP change carried into it (:mod:`stream_anon.dp.transition`):
-    the settings in force until the current period ends, and the change each aggregate's next release states."""
+    the settings in force until the current period ends, and the change each aggregate's next release states (every
+    row of it: each value cut to 80 characters)."""
     from stream_anon.dp import transition
+    short = {line.split(" ", 1)[0]: line for line in guarantees.changes(old, new, width=80)}
+    changes = [short.get(c.split(" ", 1)[0], c) for c in changes]
     mine = transition.dp_changes(changes)
     if dp_core is None or not mine:
         return dp_core
