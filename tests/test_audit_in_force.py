@@ -19,7 +19,7 @@ from test_audit import SECRET, cfg, scenario  # noqa: E402
 
 from stream_anon import contract, guarantees  # noqa: E402
 from stream_anon.audit import AuditConfig, Hierarchy, QISpec, audit  # noqa: E402
-from stream_anon.audit.in_force import ANY, audit_settings, read_value, same, settings_in_force  # noqa: E402
+from stream_anon.audit.in_force import ANY, TRACKED, audit_settings, read_value, same, settings_in_force  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402
 from stream_anon.hierarchy import Hierarchy as EngineHierarchy  # noqa: E402
 
@@ -217,15 +217,17 @@ def test_the_audit_computes_the_settings_it_compares_as_the_worker_records_them(
         path.write_text(contract.config_path("oyster").read_text() + CRITERIA)
     ours = audit_settings(AuditConfig.from_toml(path))
     theirs = guarantees.settings(load_config(path))
-    compared = {key for key in theirs if key == "anonymization.k" or key.startswith("anonymization.criteria[")
-                or (key.startswith("quasi_identifiers.") and key.endswith((".hierarchy", ".granularity")))}
+    compared = {key for key in theirs if TRACKED.match(key)}
     assert compared == set(ours)
     for key in compared:
-        assert same(_worker_value(key, theirs[key]), ours[key]), (name, key, theirs[key], ours[key])
-    if name.endswith("criteria"):                       # the l-diversity criteria are read, the severity rule is not
+        value = _worker_value(key, theirs[key])
+        assert value is not ANY and same(value, ours[key]), (name, key, theirs[key], ours[key])
+    if name.endswith("criteria"):                       # every criterion is read, the severity rule whole
         assert [_worker_value(f"anonymization.criteria[{i}]", theirs[f"anonymization.criteria[{i}]"])
                 for i in range(3)] == [("distinct_l_diversity", "product_category", 2.0),
-                                       ("entropy_l_diversity", "full_fare_pence", 1.5), ANY]
+                                       ("entropy_l_diversity", "full_fare_pence", 1.5),
+                                       ("severity", "fare_product", (("Other", 3.0), ("PAYG", 2.0)), 10, 3.0, None, 1,
+                                        True)]
 
 
 def test_the_hierarchy_digest_formulas_agree_on_the_bundled_hierarchies(tmp_path):

@@ -122,6 +122,8 @@ class AuditConfig:
     max_suppression_ratio: float = 0.05  # [anonymization]: a run suppressing more is NOT PASSED
     risk: RiskSettings = field(default_factory=RiskSettings)   # [risk]: population and threshold of the figures
     source: str | None = None            # the file it was read from (names it in the report)
+    drop: list[str] = field(default_factory=list)           # [identifiers] drop, as given (settings in force)
+    pseudonymize: list[str] = field(default_factory=list)   # [identifiers] pseudonymize, as given
 
     def __post_init__(self) -> None:
         self.quasi_identifiers = [q if isinstance(q, QISpec) else QISpec(*q) for q in self.quasi_identifiers]
@@ -181,6 +183,8 @@ class AuditConfig:
             max_suppression_ratio=float(anon.get("max_suppression_ratio", 0.05)),
             risk=read_risk(raw.get("risk") or {}),
             source=str(path),
+            drop=list(ids.get("drop", [])),
+            pseudonymize=list(ids.get("pseudonymize", [])),
         )
 
 
