@@ -80,6 +80,8 @@ class Renderer:
         out = [(topic, key, payload) for payload in rel.record_payloads(json_bytes)]
         manifest = rel.manifest()
         manifest["settings_fingerprint"] = self.settings_fingerprint
+        # the field whose values are the individuals counted: an audit of a superseded lineage counts by it
+        manifest["privacy_unit"] = self.config.stream.privacy_unit
         if settings_changed:
             manifest["settings_changed"] = list(settings_changed)
         if notes:

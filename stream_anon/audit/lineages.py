@@ -11,11 +11,13 @@ operator who knew the earlier one was lost).
 
 **Settings of a superseded lineage.** A lineage that a later one supersedes (named in ``supersedes`` of the later
 lineage's ``lineage_started``, an operator's explicit act: ``--new-lineage``) ran under the settings of its own
-time: an m cannot change within a lineage (the worker refuses it), so a new m comes with a new lineage. Such a
-lineage is judged by the k and m its newest manifests state (one value over its partitions; the k in force walks
-back from there through its recorded changes, :mod:`.in_force`), not by the config's, and every difference is
-reported (``settings_of_superseded``: ``anonymization.m 3 (the config: 2)``). Every other lineage, and the current
-one always, is judged by the config given.
+time: m and the privacy unit cannot change within a lineage (the worker refuses them), so a new m or unit comes
+with a new lineage. Such a lineage is judged by the k, m and privacy unit its newest manifests state (one value over
+its partitions; the k in force walks back from there through its recorded changes, :mod:`.in_force`), not by the
+config's: by the first of the audit config and the earlier configs (``--earlier-config``) with that m and unit, its
+other settings too. Every difference from the audit config is reported (``judged_by_its_own``:
+``anonymization.m 3 (the config: 2)``). Every other lineage, and the current one always, is judged by the config
+given.
 
 **Previous keys.** After a key rotation (``stream-anon worker --rotate-key``) the manifests name two key ids. Given
 the previous secrets too, the audit maps every token made under one of them to the current secret's token of the
@@ -110,10 +112,11 @@ def superseded_lineages(manifests) -> set[str]:
     return out
 
 
-def own_settings(cfg, manifests) -> tuple[Any, list[str]]:
-    """A superseded lineage's audit config: ``cfg`` with the k and m its newest manifests state (the newest of each
-    partition, all stating one value), and a line per setting that differs from ``cfg``'s. A value the partitions
-    disagree on, or none stated, keeps the config's (the checks then report what does not fit).
+def own_settings(cfg, manifests, earlier=()) -> tuple[Any, list[str]]:
+    """A superseded lineage's audit config and a line per setting that differs from ``cfg``'s: the first of ``cfg``
+    and the ``earlier`` configs whose privacy unit and m are those its newest manifests state (the newest of each
+    partition, all stating one value; ``cfg`` when none is), with the k, m and privacy unit they state. A value the
+    partitions disagree on, or none stated, keeps the config's (the checks then report what does not fit).
 
     >>> from stream_anon.audit.config import AuditConfig
     >>> cfg = AuditConfig(k=5, privacy_unit="card_id", m=2)
@@ -123,6 +126,10 @@ def own_settings(cfg, manifests) -> tuple[Any, list[str]]:
     ((5, 3, 2), ['anonymization.m 3 (the config: 2)'])
     >>> own_settings(cfg, old[:2] + [{"partition": 1, "seq": 3, "k": 5, "m": 4}])[1]     # the partitions disagree
     []
+    >>> journeys = [{**m, "privacy_unit": "journey_id"} for m in old]
+    >>> own, lines = own_settings(cfg, journeys, [AuditConfig(k=5, privacy_unit="journey_id", m=3, source="old")])
+    >>> own.source, own.privacy_unit, lines
+    ('old', 'journey_id', ['anonymization.m 3 (the config: 2)', 'stream.privacy_unit journey_id (the config: card_id)'])
     >>> superseded_lineages([{"lineage": "L2", "lineage_started": {"lineage": "L2", "supersedes": ["L1"]}}])
     {'L1'}
     """
@@ -132,12 +139,16 @@ def own_settings(cfg, manifests) -> tuple[Any, list[str]]:
             p = m.get("partition")
             if p not in newest or m["seq"] > newest[p]["seq"]:
                 newest[p] = m
-    changes, lines = {}, []
-    for name in ("k", "m"):
-        stated = {m.get(name) for m in newest.values()}
-        value = stated.pop() if len(stated) == 1 else None
-        if isinstance(value, int) and not isinstance(value, bool) and value != getattr(cfg, name):
-            changes[name] = value
-            lines.append(f"anonymization.{name} {value} (the config: {getattr(cfg, name)})")
-    own = cfg.with_k(changes["k"]) if "k" in changes else cfg
-    return (dataclasses.replace(own, m=changes["m"]) if "m" in changes else own), lines
+    stated = {}
+    for name, kind in (("k", int), ("m", int), ("privacy_unit", str)):
+        values = {m.get(name) for m in newest.values()}
+        value = values.pop() if len(values) == 1 else None
+        if isinstance(value, kind) and not isinstance(value, bool):
+            stated[name] = value
+    base = next((c for c in (cfg, *earlier) if all(getattr(c, n) == stated[n] for n in ("m", "privacy_unit")
+                                                    if n in stated)), cfg)
+    lines = [f"{'stream' if name == 'privacy_unit' else 'anonymization'}.{name} {value} (the config: "
+             f"{getattr(cfg, name)})" for name, value in stated.items() if value != getattr(cfg, name)]
+    own = base.with_k(stated["k"]) if "k" in stated else base
+    changes = {n: stated[n] for n in ("m", "privacy_unit") if n in stated and stated[n] != getattr(own, n)}
+    return (dataclasses.replace(own, **changes) if changes else own), lines

@@ -166,7 +166,7 @@ def audit_lineages(raw_events: list, by_lineage: dict, secret: bytes, cfg: Audit
     superseded lineage is judged by the k and m it ran under (:func:`.lineages.own_settings`, listed under its
     ``judged_by_its_own``)."""
     superseded = superseded_lineages(m for part in by_lineage.values() for m in part.manifests)
-    own = {name: own_settings(cfg, part.manifests) if name in superseded else (cfg, [])
+    own = {name: own_settings(cfg, part.manifests, earlier) if name in superseded else (cfg, [])
            for name, part in by_lineage.items()}
     audited = {name: _audit_one(raw_events, part, secret, own[name][0], alerts, previous, max_prosecutor_risk,
                                 earlier)
