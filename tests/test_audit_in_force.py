@@ -244,3 +244,18 @@ def test_the_hierarchy_digest_formulas_agree_on_the_bundled_hierarchies(tmp_path
         assert ours == guarantees._plain(engine), path
         digests.add(ours)
     assert len(digests) == len(files) + 2
+
+
+def test_a_settings_fingerprint_that_changes_without_a_recorded_change_is_a_consistency_violation():
+    """The worker fences every setting it digests: another fingerprint at a release that records no change is a
+    change made around the fence (a setting the worker did not record, or manifests of two configs mixed)."""
+    ms = manifests([], [], [], ["anonymization.k 10 -> 5"])
+    for m, fp in zip(ms, ("sha256:aa", "sha256:aa", "sha256:bb", "sha256:cc")):
+        m["settings_fingerprint"] = fp
+    s = settings_in_force(ms, [config(5, TREE, "new"), config(10, TREE, "old")])
+    assert s.problems == [("settings fingerprint changed without a recorded change",
+                           {"release_id": "p0-3", "fingerprint": "sha256:bb", "before": "sha256:aa",
+                            "release_before": "p0-2"})]
+    # the same change recorded where the fingerprint changes: nothing to report
+    ms[2]["settings_changed"], ms[3]["settings_fingerprint"] = ms[3].pop("settings_changed"), "sha256:bb"
+    assert settings_in_force(ms, [config(5, TREE, "new"), config(10, TREE, "old")]).problems == []

@@ -12,22 +12,26 @@ own config reading (never ``stream_anon.guarantees``; tests/test_audit_in_force.
 configs):
 
 - ``anonymization.k`` (the ``k`` check, a severity rule's k_min, the health figures);
-- ``anonymization.criteria[<i>]`` of the l-diversity kinds: kind, field and l (the ``l_diversity`` check);
+- ``anonymization.criteria[<i>]``: an l-diversity kind's kind, field and l (the ``l_diversity`` check), a severity
+  rule's field, map, k_min, default (the map's largest when none is given), cap, l_floor and diversity (``severity``);
 - ``quasi_identifiers.<name>.hierarchy``: the content digest (:meth:`.primitives.Hierarchy.content_digest`;
-  ``coverage`` and the labels ``leaks`` allows);
-- ``quasi_identifiers.<name>.granularity`` (the numeric bounds of ``leaks``).
+  ``coverage`` and the labels ``leaks`` allows), ``.fields``, ``.kind``, ``.lower`` and ``.upper`` (a time as epoch
+  seconds: ``coverage``), ``.granularity`` (the numeric bounds of ``leaks``);
+- ``sensitive.fields``, ``identifiers.drop`` and ``identifiers.pseudonymize`` (the values ``leaks`` searches for and
+  those it allows).
 
-Every other recorded change is ignored here: windows, reuse, m (refused in place), time granularity, a
-quasi-identifier's bounds, kind or fields, the sensitive fields, domains and invariant, the identifiers (the checks
-read them from the audit config), the DP settings (the ``dp`` check follows them from the rows:
-:mod:`.checks.dp_budget`) and a severity rule (its recorded text is cut to 80 characters before its map, so two rules
-cannot be told apart by it; a criterion whose text is cut, or is no l-diversity, matches any config).
+Every other recorded change is ignored here: windows, reuse, time granularity, the sensitive domains (no check reads
+them) and the DP settings (the ``dp`` check follows them from the rows: :mod:`.checks.dp_budget`). The privacy unit,
+m, the invariant, the event time and the input mapping never change within a lineage (the worker refuses them in
+place): a superseded lineage is judged by its own (:func:`.lineages.own_settings`). A criterion whose recorded text an
+older worker cut to 80 characters matches any config.
 
 A release whose settings no given config has is judged by the audit config with the k in force (k needs no config:
 the k of the manifests' walk, as when no earlier config is given); each check that reads a setting it lacks fails
 with one line naming the release, the setting and its value (:meth:`SettingsInForce.unmatched_lines`). A manifest
 whose ``k`` differs from the k in force (a change the worker did not record, or an audit given another config than
-the one in force), and a recorded change whose new side is not the setting in force, are violations of
+the one in force), a recorded change whose new side is not the setting in force, and a settings fingerprint that
+changes between two releases of a partition without a recorded change (:func:`_check_fingerprint`) are violations of
 ``consistency``. Published classes are never reused across an accepted change (the worker retires them), so a class is
 judged by the settings of the release that created it.
 
