@@ -100,7 +100,7 @@ def _plain(value):
             name = _name(value, f)
             if name not in NOT_GUARANTEES:
                 plain = _plain(getattr(value, f.name))
-                out[f.name] = _digest(plain) if name in DIGESTED else plain
+                out[f.name] = _digest(plain) if name in DIGESTED and plain is not None else plain
         return out
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
@@ -134,7 +134,7 @@ def _section(obj, prefix: str, out: dict, key_field: str | None = None) -> None:
                     out[at] = {**({"kind": kind} if isinstance(kind, str) else {}), **_plain(item)}
         else:
             plain = _plain(value)
-            out[key] = _digest(plain) if name in DIGESTED else plain
+            out[key] = _digest(plain) if name in DIGESTED and plain is not None else plain
 
 
 def settings(config) -> dict:
