@@ -427,3 +427,59 @@ def test_the_unit_the_event_time_the_input_mapping_and_with_m_the_invariant_are_
     before = {"anonymization.m": None}                   # a state that never recorded the stream's settings
     check_change(guarantees.changes(before, {**new, "anonymization.m": None, "sensitive.invariant": None}), {},
                  before, {**new, "anonymization.m": None})
+
+
+def test_an_input_mapping_changed_is_refused_in_place_and_each_lineage_is_read_through_its_own(tmp_path):
+    """configs/inputs/oyster-csv.toml reads the raw CSV's naive times in Europe/London; the new config reads them in
+    Atlantic/Azores (an hour later in November). Refused in place (every event's values are read through the
+    mapping); a new lineage reads the same raw messages the new way. The audit with the new config and the old one
+    as --earlier-config reads each lineage's raw messages as that lineage did; without the old config the superseded
+    lineage fails one check, ``input``, naming the reading its manifests state."""
+    from stream_anon.audit.inputs import raw_decoder
+    from stream_anon.inputs import file_messages
+    root = contract.configs_dir()
+    text = (root / "inputs" / "oyster-csv.toml").read_text().replace('"../', '"')     # its files beside it
+    new_raw = tomllib.loads(text)
+    new_raw["input"]["timezone"] = "Atlantic/Azores"
+    copy_hierarchies(tmp_path)
+    (tmp_path / "lookups").mkdir()
+    for f in (root / "lookups").glob("*.csv"):
+        (tmp_path / "lookups" / f.name).write_bytes(f.read_bytes())
+    paths = {"old": tmp_path / "old.toml", "new": tmp_path / "new.toml"}
+    paths["old"].write_text(text)
+    paths["new"].write_text(toml_text(new_raw))
+    old_cfg, new_cfg = load_config(paths["old"]), load_config(paths["new"])
+    data = contract.configs_dir().parent / "data" / "oyster_slice.csv.gz"
+    messages = list(file_messages(data, old_cfg.input))[:3000]
+    msgs = list(enumerate(messages))
+    first = WorkerCore(old_cfg, "app", SECRET)
+    ps = first.open_partition(0, lineage="L1")
+    out = collect(first.process(ps, msgs).messages + first.flush(ps).messages, "oyster-csv")
+    value = st.encode_state(first.committed(ps, ps.offset))
+    second = WorkerCore(new_cfg, "app", SECRET)
+    kw = dict(marker=ps.seq, committed_input=ps.offset + 1, kid=second.kid, settings=second.settings)
+    halted = st.choose_state([value], **kw)
+    assert halted.halt == st.HALT_CONFIG_CHANGED and halted.changes and \
+        all(c.startswith("input.") for c in halted.changes), halted.changes
+    rec = st.choose_state([value], accept_config_change=True, **kw)
+    with pytest.raises(ConfigChangeRefused, match="read through the mapping"):
+        second.open_partition(0, rec.doc, rec.tables, rec.base_seq, accepted_changes=rec.changes)
+    notes = {"lineage_started": {"lineage": "L2", "supersedes": ["L1"], "reason": "input mapping changed"}}
+    ps2 = second.open_partition(0, lineage="L2", notes=notes)
+    collect(second.process(ps2, msgs).messages + second.flush(ps2).messages, "oyster-csv", out)
+    assert len({m["input_digest"] for m in out["manifests"]}) == 2
+
+    raw = [(("raw.fare.oyster-csv", 0, i), m) for i, m in enumerate(messages)]
+
+    def reread(config):
+        return raw_decoder(config.source, SECRET)(raw)
+
+    new, old = AuditConfig.from_toml(paths["new"]), AuditConfig.from_toml(paths["old"])
+    report = audit(reread(new), out, SECRET, new, earlier_configs=[old], reread=reread)
+    lineages = report.summary["lineages"]
+    assert {n: f["verdict"] for n, f in lineages.items()} == {"L1": "PASSED", "L2": "PASSED"}, report.format_text()
+    assert lineages["L1"]["judged_by_its_own"] == [f"input_digest {old.input_digest} (the config: {new.input_digest})"]
+    # read the new way, the first lineage's times are an hour off its published intervals
+    assert "coverage [L1]" in failed(audit(reread(new), out, SECRET, new, earlier_configs=[old]))
+    alone = audit(reread(new), out, SECRET, new, reread=reread)
+    assert failed(alone)["input [L1]"] == {"input read otherwise": 1} and "input [L2]" not in failed(alone)

@@ -112,11 +112,45 @@ def superseded_lineages(manifests) -> set[str]:
     return out
 
 
+_STATED = (("k", int, "anonymization.k"), ("m", int, "anonymization.m"), ("privacy_unit", str, "stream.privacy_unit"),
+           ("input_digest", str, "input_digest"))
+
+
+def stated_settings(manifests) -> dict:
+    """What a lineage's newest manifests (the newest of each partition) all state of ``k``, ``m``, ``privacy_unit``
+    and ``input_digest``; a value the partitions disagree on, or none stated, is left out."""
+    newest: dict = {}
+    for m in manifests:
+        if isinstance(m, dict) and isinstance(m.get("seq"), int):
+            p = m.get("partition")
+            if p not in newest or m["seq"] > newest[p]["seq"]:
+                newest[p] = m
+    stated = {}
+    for name, kind, _ in _STATED:
+        values = {m.get(name) for m in newest.values()}
+        value = values.pop() if len(values) == 1 else None
+        if isinstance(value, kind) and not isinstance(value, bool):
+            stated[name] = value
+    return stated
+
+
+def _compared(cfg, stated: dict) -> list[str]:
+    """The stated settings ``cfg`` is compared on (a config made without an input digest: not on the reading)."""
+    return [name for name, _, _ in _STATED if name in stated
+            and not (name == "input_digest" and cfg.input_digest is None)]
+
+
+def _fits(cfg, stated: dict) -> bool:
+    """``cfg`` has the privacy unit, m and input reading ``stated``."""
+    return all(getattr(cfg, n) == stated[n] for n in _compared(cfg, stated) if n != "k")
+
+
 def own_settings(cfg, manifests, earlier=()) -> tuple[Any, list[str]]:
     """A superseded lineage's audit config and a line per setting that differs from ``cfg``'s: the first of ``cfg``
-    and the ``earlier`` configs whose privacy unit and m are those its newest manifests state (the newest of each
-    partition, all stating one value; ``cfg`` when none is), with the k, m and privacy unit they state. A value the
-    partitions disagree on, or none stated, keeps the config's (the checks then report what does not fit).
+    and the ``earlier`` configs whose privacy unit, m and input reading (``input_digest``) are those its newest
+    manifests state (:func:`stated_settings`; ``cfg`` when none is), with the k, m and privacy unit they state. A
+    value the partitions disagree on, or none stated, keeps the config's (the checks then report what does not fit;
+    an input reading no config has: :func:`unread`).
 
     >>> from stream_anon.audit.config import AuditConfig
     >>> cfg = AuditConfig(k=5, privacy_unit="card_id", m=2)
@@ -133,22 +167,21 @@ def own_settings(cfg, manifests, earlier=()) -> tuple[Any, list[str]]:
     >>> superseded_lineages([{"lineage": "L2", "lineage_started": {"lineage": "L2", "supersedes": ["L1"]}}])
     {'L1'}
     """
-    newest: dict = {}
-    for m in manifests:
-        if isinstance(m, dict) and isinstance(m.get("seq"), int):
-            p = m.get("partition")
-            if p not in newest or m["seq"] > newest[p]["seq"]:
-                newest[p] = m
-    stated = {}
-    for name, kind in (("k", int), ("m", int), ("privacy_unit", str)):
-        values = {m.get(name) for m in newest.values()}
-        value = values.pop() if len(values) == 1 else None
-        if isinstance(value, kind) and not isinstance(value, bool):
-            stated[name] = value
-    base = next((c for c in (cfg, *earlier) if all(getattr(c, n) == stated[n] for n in ("m", "privacy_unit")
-                                                    if n in stated)), cfg)
-    lines = [f"{'stream' if name == 'privacy_unit' else 'anonymization'}.{name} {value} (the config: "
-             f"{getattr(cfg, name)})" for name, value in stated.items() if value != getattr(cfg, name)]
+    stated = stated_settings(manifests)
+    base = next((c for c in (cfg, *earlier) if _fits(c, stated)), cfg)
+    compared = _compared(cfg, stated)
+    lines = [f"{key} {stated[name]} (the config: {getattr(cfg, name)})" for name, _, key in _STATED
+             if name in compared and stated[name] != getattr(cfg, name)]
     own = base.with_k(stated["k"]) if "k" in stated else base
     changes = {n: stated[n] for n in ("m", "privacy_unit") if n in stated and stated[n] != getattr(own, n)}
     return (dataclasses.replace(own, **changes) if changes else own), lines
+
+
+def unread(cfg, manifests) -> str | None:
+    """Why a lineage judged by ``cfg`` cannot be: its manifests state another input reading than ``cfg``'s (the raw
+    messages would be read as it never read them), else None."""
+    digest = stated_settings(manifests).get("input_digest")
+    if digest is None or cfg.input_digest is None or digest == cfg.input_digest:
+        return None
+    return (f"the lineage read its raw messages as input_digest {digest} states, no config given reads them so "
+            f"(the config: {cfg.input_digest}); give the config it ran under with --earlier-config")
