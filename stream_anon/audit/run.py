@@ -17,9 +17,10 @@ identical copies from restarted workers merged, differing copies fail), ``k`` (:
 ``l_diversity`` and ``severity`` (:mod:`.checks.l_diversity`, :mod:`.checks.severity`: only for a stream with
 such ``[[anonymization.criteria]]``), ``leaks``, ``coverage``, ``accounting``, ``consistency``, ``m_invariance``
 (only for a stream with ``[anonymization] m``), ``dp`` (:mod:`.checks.dp_budget`: only for a stream with ``[dp]``
-or aggregate rows) and ``config`` (only when it finds something). Across accepted configuration changes each
-release is judged by the config in force when it was made, the audit config or one of ``earlier_configs``
-(:mod:`.in_force`).
+or aggregate rows) and ``config`` (only when it finds something); ``input`` first when the manifests state another
+reading of the raw messages (``input_digest``) than the config judging them has. Across accepted configuration
+changes each release is judged by the config in force when it was made, the audit config or one of
+``earlier_configs`` (:mod:`.in_force`).
 
 Counterfeit records (m-invariance)
 ----------------------------------
