@@ -8,8 +8,8 @@ in the next release manifest (:func:`stream_anon.kafka.partition.check_change` r
 
 The settings are derived from the validated config (:class:`~stream_anon.config.StreamConfig`): every dataclass field
 of it and of its sections, recursively, is a setting, except those :data:`NOT_GUARANTEES` names with the reason no
-guarantee, audit check or published field's form depends on them (the strategy's seed, loss limits, the risk and
-report tables, the Kafka connection, which is no field). A field added to the config is therefore fenced until it is
+guarantee, audit check or published field's form depends on them (the seed, loss limits, the risk and report
+tables; the Kafka connection is no field of it). A field added to the config is therefore fenced until it is
 declared otherwise; tests/test_guarantees.py walks the schema (:func:`schema`) and fails on a field neither covered
 nor declared. A hierarchy is recorded by its content, an input lookup table and a DP group's value mapping by a
 digest of theirs (:data:`DIGESTED`).
@@ -37,8 +37,8 @@ NOT_GUARANTEES = {
     "StreamSection.name": "the stream's name: a state of another stream is refused on its own (open_partition)",
     "StreamSection.input_topic": "where the input is read: a re-created topic halts on its own "
                                  "(input_topic_recreated)",
-    "StreamSection.max_future_s": "a dead-letter rule for far-future event times: which events are processed, "
-                                  "which the audit's accounting finds whatever it is",
+    "StreamSection.max_future_s": "a dead-letter rule for far-future event times: it decides which events are "
+                                  "processed, and the audit's accounting places every event whatever it is",
     "StreamSection.partitions": "the declared partition count: units are placed by the topic's own count "
                                 "(wrong_partition)",
     "StreamSection.input_retention_s": "how long the raw topic keeps data: an alert at start",
@@ -74,11 +74,10 @@ SECTIONS = ("StreamConfig.stream", "StreamConfig.anonymization", "StreamConfig.l
 ENTRIES = {"StreamConfig.quasi_identifiers": ("name", True), "StreamConfig.domains": ("field", False),
            "DPConfig.aggregates": ("name", True), "InputSpec.fields": ("name", False),
            "Anonymization.criteria": (None, False)}
-# the keys the settings have always been recorded under (states and manifests written before carry them)
+# keys other than the field's name (the states and manifests written so far carry them)
 KEY_OF = {"StreamConfig.sensitive": "sensitive.fields", "StreamConfig.invariant_sensitive": "sensitive.invariant",
           "StreamConfig.drop": "identifiers.drop", "StreamConfig.pseudonymize": "identifiers.pseudonymize",
-          "StreamConfig.domains": "sensitive.domains", "StreamConfig.quasi_identifiers": "quasi_identifiers",
-          "StreamConfig.dp": "dp", "DPConfig.aggregates": "aggregates"}
+          "StreamConfig.domains": "sensitive.domains", "DPConfig.aggregates": "aggregates"}
 
 
 def _name(obj, f: dataclasses.Field) -> str:
