@@ -22,6 +22,7 @@ from stream_anon.audit import AuditConfig, Hierarchy, QISpec, audit  # noqa: E40
 from stream_anon.audit.in_force import ANY, TRACKED, audit_settings, read_value, same, settings_in_force  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402
 from stream_anon.hierarchy import Hierarchy as EngineHierarchy  # noqa: E402
+from stream_anon.render import Renderer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TREE = {"*": {"Rail": {"Zone 1": ["Aldgate", "Bank"], "Zone 3": ["Ealing"]}, "Bus": {"Routes 1-99": ["7"]}}}
@@ -208,15 +209,20 @@ severity = { PAYG = 2, Other = 3 }
 """
 
 
-@pytest.mark.parametrize("name", [*contract.config_names(), "oyster with criteria"])
+INPUTS = sorted(f"inputs/{p.stem}" for p in (ROOT / "configs" / "inputs").glob("*.toml"))
+
+
+@pytest.mark.parametrize("name", [*contract.config_names(), *INPUTS, "oyster with criteria"])
 def test_the_audit_computes_the_settings_it_compares_as_the_worker_records_them(name, tmp_path):
-    path = contract.config_path(name.split(" ")[0])
+    path = ROOT / "configs" / f"{name}.toml" if name.startswith("inputs/") else contract.config_path(name.split(" ")[0])
     if name.endswith("criteria"):                       # no bundled config has [[anonymization.criteria]]
         copy_hierarchies(tmp_path)
         path = tmp_path / "criteria.toml"
         path.write_text(contract.config_path("oyster").read_text() + CRITERIA)
-    ours = audit_settings(AuditConfig.from_toml(path))
-    theirs = guarantees.settings(load_config(path))
+    audit_config, worker_config = AuditConfig.from_toml(path), load_config(path)
+    ours, theirs = audit_settings(audit_config), guarantees.settings(worker_config)
+    # the input reading the manifests state (the renderer's) is the one the audit reads from the config
+    assert audit_config.input_digest == Renderer(worker_config, b"s").input_digest
     compared = {key for key in theirs if TRACKED.match(key)}
     assert compared == set(ours)
     for key in compared:
