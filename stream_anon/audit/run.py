@@ -181,12 +181,14 @@ def audit_lineages(raw_events: list, by_lineage: dict, secret: bytes, cfg: Audit
            for name, part in by_lineage.items()}
     audited = {}
     for name, part in by_lineage.items():
-        mine = own[name][0]
-        raw = raw_events
-        if reread is not None and mine.input_digest != cfg.input_digest:
-            raw = reread(mine)
-        audited[name] = _audit_one(raw, part, secret, mine, alerts, previous, max_prosecutor_risk, earlier,
-                                   unread(mine, part.manifests))
+        mine, raw, why = own[name][0], raw_events, unread(own[name][0], part.manifests)
+        if None not in (mine.input_digest, cfg.input_digest) and mine.input_digest != cfg.input_digest:
+            if reread is not None:
+                raw = reread(mine)
+            elif why is None:
+                why = (f"the lineage read its raw messages as input_digest {mine.input_digest} states, this audit has "
+                       f"them only as the config reads them ({cfg.input_digest})")
+        audited[name] = _audit_one(raw, part, secret, mine, alerts, previous, max_prosecutor_risk, earlier, why)
     reports = {name: r for name, (r, _) in audited.items()}
     checks = {f"{check} [{name}]": result for name, r in reports.items() for check, result in r.checks.items()}
     order = {FAILED: 2, NOT_PASSED: 1, PASSED: 0}
