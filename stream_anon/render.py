@@ -16,6 +16,7 @@ import orjson
 from stream_anon import crypto, guarantees
 from stream_anon.contract import topics
 from stream_anon.engine import get_path
+from stream_anon.inputs import input_digest
 from stream_anon.risk import release_risk
 
 log = logging.getLogger("stream_anon.worker")
@@ -64,6 +65,8 @@ class Renderer:
         self.kid = crypto.key_id(secret)          # published with releases and dead letters (secret rotation)
         # the guarantee settings in force, as a digest in every manifest (stream_anon.guarantees.fingerprint)
         self.settings_fingerprint = guarantees.fingerprint(guarantees.settings(config))
+        # how the raw messages are read: an audit of a superseded lineage reads them as it did
+        self.input_digest = input_digest(config.input, config.stream.event_time)
         self.stream = config.stream.name
         self.topic = config.stream.input_topic
         self.alert_log = AlertLog()
@@ -80,6 +83,9 @@ class Renderer:
         out = [(topic, key, payload) for payload in rel.record_payloads(json_bytes)]
         manifest = rel.manifest()
         manifest["settings_fingerprint"] = self.settings_fingerprint
+        # the field whose values are the individuals counted: an audit of a superseded lineage counts by it
+        manifest["privacy_unit"] = self.config.stream.privacy_unit
+        manifest["input_digest"] = self.input_digest
         if settings_changed:
             manifest["settings_changed"] = list(settings_changed)
         if notes:

@@ -19,9 +19,10 @@ from test_audit import SECRET, cfg, scenario  # noqa: E402
 
 from stream_anon import contract, guarantees  # noqa: E402
 from stream_anon.audit import AuditConfig, Hierarchy, QISpec, audit  # noqa: E402
-from stream_anon.audit.in_force import ANY, audit_settings, read_value, same, settings_in_force  # noqa: E402
+from stream_anon.audit.in_force import ANY, TRACKED, audit_settings, read_value, same, settings_in_force  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402
 from stream_anon.hierarchy import Hierarchy as EngineHierarchy  # noqa: E402
+from stream_anon.render import Renderer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TREE = {"*": {"Rail": {"Zone 1": ["Aldgate", "Bank"], "Zone 3": ["Ealing"]}, "Bus": {"Routes 1-99": ["7"]}}}
@@ -208,24 +209,31 @@ severity = { PAYG = 2, Other = 3 }
 """
 
 
-@pytest.mark.parametrize("name", [*contract.config_names(), "oyster with criteria"])
+INPUTS = sorted(f"inputs/{p.stem}" for p in (ROOT / "configs" / "inputs").glob("*.toml"))
+
+
+@pytest.mark.parametrize("name", [*contract.config_names(), *INPUTS, "oyster with criteria"])
 def test_the_audit_computes_the_settings_it_compares_as_the_worker_records_them(name, tmp_path):
-    path = contract.config_path(name.split(" ")[0])
+    path = ROOT / "configs" / f"{name}.toml" if name.startswith("inputs/") else contract.config_path(name.split(" ")[0])
     if name.endswith("criteria"):                       # no bundled config has [[anonymization.criteria]]
         copy_hierarchies(tmp_path)
         path = tmp_path / "criteria.toml"
         path.write_text(contract.config_path("oyster").read_text() + CRITERIA)
-    ours = audit_settings(AuditConfig.from_toml(path))
-    theirs = guarantees.settings(load_config(path))
-    compared = {key for key in theirs if key == "anonymization.k" or key.startswith("anonymization.criteria[")
-                or (key.startswith("quasi_identifiers.") and key.endswith((".hierarchy", ".granularity")))}
+    audit_config, worker_config = AuditConfig.from_toml(path), load_config(path)
+    ours, theirs = audit_settings(audit_config), guarantees.settings(worker_config)
+    # the input reading the manifests state (the renderer's) is the one the audit reads from the config
+    assert audit_config.input_digest == Renderer(worker_config, b"s").input_digest
+    compared = {key for key in theirs if TRACKED.match(key)}
     assert compared == set(ours)
     for key in compared:
-        assert same(_worker_value(key, theirs[key]), ours[key]), (name, key, theirs[key], ours[key])
-    if name.endswith("criteria"):                       # the l-diversity criteria are read, the severity rule is not
+        value = _worker_value(key, theirs[key])
+        assert value is not ANY and same(value, ours[key]), (name, key, theirs[key], ours[key])
+    if name.endswith("criteria"):                       # every criterion is read, the severity rule whole
         assert [_worker_value(f"anonymization.criteria[{i}]", theirs[f"anonymization.criteria[{i}]"])
                 for i in range(3)] == [("distinct_l_diversity", "product_category", 2.0),
-                                       ("entropy_l_diversity", "full_fare_pence", 1.5), ANY]
+                                       ("entropy_l_diversity", "full_fare_pence", 1.5),
+                                       ("severity", "fare_product", (("Other", 3.0), ("PAYG", 2.0)), 10, 3.0, None, 1,
+                                        True)]
 
 
 def test_the_hierarchy_digest_formulas_agree_on_the_bundled_hierarchies(tmp_path):
@@ -242,3 +250,18 @@ def test_the_hierarchy_digest_formulas_agree_on_the_bundled_hierarchies(tmp_path
         assert ours == guarantees._plain(engine), path
         digests.add(ours)
     assert len(digests) == len(files) + 2
+
+
+def test_a_settings_fingerprint_that_changes_without_a_recorded_change_is_a_consistency_violation():
+    """The worker fences every setting it digests: another fingerprint at a release that records no change is a
+    change made around the fence (a setting the worker did not record, or manifests of two configs mixed)."""
+    ms = manifests([], [], [], ["anonymization.k 10 -> 5"])
+    for m, fp in zip(ms, ("sha256:aa", "sha256:aa", "sha256:bb", "sha256:cc")):
+        m["settings_fingerprint"] = fp
+    s = settings_in_force(ms, [config(5, TREE, "new"), config(10, TREE, "old")])
+    assert s.problems == [("settings fingerprint changed without a recorded change",
+                           {"release_id": "p0-3", "fingerprint": "sha256:bb", "before": "sha256:aa",
+                            "release_before": "p0-2"})]
+    # the same change recorded where the fingerprint changes: nothing to report
+    ms[2]["settings_changed"], ms[3]["settings_fingerprint"] = ms[3].pop("settings_changed"), "sha256:bb"
+    assert settings_in_force(ms, [config(5, TREE, "new"), config(10, TREE, "old")]).problems == []

@@ -190,3 +190,28 @@ def test_the_period_or_the_unit_of_privacy_is_refused_in_place():
                           settings=second.settings, accept_config_change=True)
     with pytest.raises(ConfigChangeRefused, match="dp.timezone Europe/London -> UTC: the period's time zone"):
         second.open_partition(0, rec.doc, rec.tables, rec.base_seq, accepted_changes=rec.changes)
+
+
+def test_a_group_whose_values_map_to_other_cells_of_the_same_domain_goes_on_another_domain_pauses():
+    """The settings record each DP group's value mapping (a digest): a hierarchy regrouped under the same labels
+    changes it and the aggregate goes on, counting each event in its new cell; a group with other cells pauses
+    until the next period; a DP schedule start moved is refused (the schedule's windows)."""
+    from stream_anon import guarantees
+    from stream_anon.dp import transition
+    from stream_anon.kafka.partition import check_change
+    cards = load_config(contract.config_path("oyster-cards"))
+    old = guarantees.settings(cards)
+    name = next(s.name for s in cards.dp.aggregates if any(g.mapping for g in s.group_by))
+    key = f"aggregates.{name}.group_by"
+    moved = copy.deepcopy(old)
+    first = moved[key][0]
+    first["mapping"] = "sha256:" + "0" * 16                        # stations moved between the same zones
+    other = copy.deepcopy(moved)
+    other[key][0]["domain"] = other[key][0]["domain"][:-1]         # a zone gone
+    for new, paused in ((moved, []), (other, [name])):
+        lines = guarantees.changes(old, new)
+        assert [line.split(" ")[0] for line in lines] == [key]
+        assert transition.carry(old, new, lines)["pause"] == paused
+    started = {**old, "dp.start": old["dp.start"] + 86400}
+    with pytest.raises(ConfigChangeRefused, match="dp.start .*the release schedule's first window"):
+        check_change(guarantees.changes(old, started), {}, old, started)

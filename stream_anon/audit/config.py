@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from stream_anon.contract import config_dir
+from stream_anon.inputs import input_digest, parse_input
 from stream_anon.risk import DEFAULT_THRESHOLD, RiskSettings
 
 from .dp_config import DPBudget, read_dp
@@ -122,6 +123,9 @@ class AuditConfig:
     max_suppression_ratio: float = 0.05  # [anonymization]: a run suppressing more is NOT PASSED
     risk: RiskSettings = field(default_factory=RiskSettings)   # [risk]: population and threshold of the figures
     source: str | None = None            # the file it was read from (names it in the report)
+    drop: list[str] = field(default_factory=list)           # [identifiers] drop, as given (settings in force)
+    pseudonymize: list[str] = field(default_factory=list)   # [identifiers] pseudonymize, as given
+    input_digest: str | None = None      # how the raw messages are read (stream_anon.inputs.input_digest)
 
     def __post_init__(self) -> None:
         self.quasi_identifiers = [q if isinstance(q, QISpec) else QISpec(*q) for q in self.quasi_identifiers]
@@ -181,6 +185,11 @@ class AuditConfig:
             max_suppression_ratio=float(anon.get("max_suppression_ratio", 0.05)),
             risk=read_risk(raw.get("risk") or {}),
             source=str(path),
+            drop=list(ids.get("drop", [])),
+            pseudonymize=list(ids.get("pseudonymize", [])),
+            input_digest=input_digest(parse_input(raw.get("input"), event_time=stream.get("event_time", "event_time"),
+                                                  event_types=tuple(stream.get("event_types", ())), base_dir=files),
+                                      stream.get("event_time", "event_time")),
         )
 
 

@@ -14,7 +14,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from stream_anon.connection import as_connection, seek_to_first
 from stream_anon.contract import topics
@@ -155,11 +155,12 @@ ALERTS_MAX_WAIT_S = 10.0
 class KafkaInputs:
     """What the audit (and ``stream-anon report``) reads from the broker for one stream: its config, the raw
     messages (decoded for a mapped ``[input]``), the outputs and the stream's messages on anon.metrics (None: not
-    read)."""
+    read); ``reread(config)``: the raw messages as another config reads them (the audit's ``reread``)."""
     config: AuditConfig
     raw: list
     outputs: AuditOutputs
     metrics: list[dict] | None
+    reread: Callable | None = None
 
 
 def read_inputs(bootstrap, config_path: str | Path, secret: bytes | str, raw_topic: str | None = None,
@@ -183,13 +184,18 @@ def read_inputs(bootstrap, config_path: str | Path, secret: bytes | str, raw_top
         calls["metrics"] = (read_metrics, (bootstrap, cfg.stream),
                             {"idle_s": idle_s, "max_wait_s": min(max_wait_s, ALERTS_MAX_WAIT_S)})
     read = _parallel(calls)
-    raw = read["raw"]
+    messages = raw = read["raw"]
     secret = secret.encode() if isinstance(secret, str) else secret
     # a mapped [input] (csv, tesla-fleet-telemetry, gtfs-realtime, ...)
     decode = raw_decoder(config_path, secret, allow_outside_paths)
     if decode is not None:
         raw = decode(raw)
-    return KafkaInputs(cfg, raw, _outputs_of(read, cfg.stream), read.get("metrics"))
+
+    def reread(config: AuditConfig) -> list:
+        other = raw_decoder(config.source, secret, allow_outside_paths) if config.source else None
+        return other(messages) if other is not None else messages
+
+    return KafkaInputs(cfg, raw, _outputs_of(read, cfg.stream), read.get("metrics"), reread)
 
 
 def audit_from_kafka(bootstrap, config_path: str | Path, secret: bytes | str, raw_topic: str | None = None,
@@ -210,7 +216,8 @@ def audit_from_kafka(bootstrap, config_path: str | Path, secret: bytes | str, ra
                        allow_outside_paths=allow_outside_paths)
     secret = secret.encode() if isinstance(secret, str) else secret
     return audit(read.raw, read.outputs, secret, read.config, alerts=read.metrics,
-                 max_prosecutor_risk=max_prosecutor_risk, previous_secrets=previous_secrets, earlier_configs=earlier)
+                 max_prosecutor_risk=max_prosecutor_risk, previous_secrets=previous_secrets, earlier_configs=earlier,
+                 reread=read.reread)
 
 
 def read_metrics(bootstrap, stream: str, idle_s: float = 3.0, max_wait_s: float = 120.0) -> list[dict]:

@@ -11,11 +11,13 @@ operator who knew the earlier one was lost).
 
 **Settings of a superseded lineage.** A lineage that a later one supersedes (named in ``supersedes`` of the later
 lineage's ``lineage_started``, an operator's explicit act: ``--new-lineage``) ran under the settings of its own
-time: an m cannot change within a lineage (the worker refuses it), so a new m comes with a new lineage. Such a
-lineage is judged by the k and m its newest manifests state (one value over its partitions; the k in force walks
-back from there through its recorded changes, :mod:`.in_force`), not by the config's, and every difference is
-reported (``settings_of_superseded``: ``anonymization.m 3 (the config: 2)``). Every other lineage, and the current
-one always, is judged by the config given.
+time: m and the privacy unit cannot change within a lineage (the worker refuses them), so a new m or unit comes
+with a new lineage. Such a lineage is judged by the k, m and privacy unit its newest manifests state (one value over
+its partitions; the k in force walks back from there through its recorded changes, :mod:`.in_force`), not by the
+config's: by the first of the audit config and the earlier configs (``--earlier-config``) with that m and unit, its
+other settings too. Every difference from the audit config is reported (``judged_by_its_own``:
+``anonymization.m 3 (the config: 2)``). Every other lineage, and the current one always, is judged by the config
+given.
 
 **Previous keys.** After a key rotation (``stream-anon worker --rotate-key``) the manifests name two key ids. Given
 the previous secrets too, the audit maps every token made under one of them to the current secret's token of the
@@ -110,10 +112,45 @@ def superseded_lineages(manifests) -> set[str]:
     return out
 
 
-def own_settings(cfg, manifests) -> tuple[Any, list[str]]:
-    """A superseded lineage's audit config: ``cfg`` with the k and m its newest manifests state (the newest of each
-    partition, all stating one value), and a line per setting that differs from ``cfg``'s. A value the partitions
-    disagree on, or none stated, keeps the config's (the checks then report what does not fit).
+_STATED = (("k", int, "anonymization.k"), ("m", int, "anonymization.m"), ("privacy_unit", str, "stream.privacy_unit"),
+           ("input_digest", str, "input_digest"))
+
+
+def stated_settings(manifests) -> dict:
+    """What a lineage's newest manifests (the newest of each partition) all state of ``k``, ``m``, ``privacy_unit``
+    and ``input_digest``; a value the partitions disagree on, or none stated, is left out."""
+    newest: dict = {}
+    for m in manifests:
+        if isinstance(m, dict) and isinstance(m.get("seq"), int):
+            p = m.get("partition")
+            if p not in newest or m["seq"] > newest[p]["seq"]:
+                newest[p] = m
+    stated = {}
+    for name, kind, _ in _STATED:
+        values = {m.get(name) for m in newest.values()}
+        value = values.pop() if len(values) == 1 else None
+        if isinstance(value, kind) and not isinstance(value, bool):
+            stated[name] = value
+    return stated
+
+
+def _compared(cfg, stated: dict) -> list[str]:
+    """The stated settings ``cfg`` is compared on (a config made without an input digest: not on the reading)."""
+    return [name for name, _, _ in _STATED if name in stated
+            and not (name == "input_digest" and cfg.input_digest is None)]
+
+
+def _fits(cfg, stated: dict) -> bool:
+    """``cfg`` has the privacy unit, m and input reading ``stated``."""
+    return all(getattr(cfg, n) == stated[n] for n in _compared(cfg, stated) if n != "k")
+
+
+def own_settings(cfg, manifests, earlier=()) -> tuple[Any, list[str]]:
+    """A superseded lineage's audit config and a line per setting that differs from ``cfg``'s: the first of ``cfg``
+    and the ``earlier`` configs whose privacy unit, m and input reading (``input_digest``) are those its newest
+    manifests state (:func:`stated_settings`; ``cfg`` when none is), with the k, m and privacy unit they state. A
+    value the partitions disagree on, or none stated, keeps the config's (the checks then report what does not fit;
+    an input reading no config has: :func:`unread`).
 
     >>> from stream_anon.audit.config import AuditConfig
     >>> cfg = AuditConfig(k=5, privacy_unit="card_id", m=2)
@@ -123,21 +160,28 @@ def own_settings(cfg, manifests) -> tuple[Any, list[str]]:
     ((5, 3, 2), ['anonymization.m 3 (the config: 2)'])
     >>> own_settings(cfg, old[:2] + [{"partition": 1, "seq": 3, "k": 5, "m": 4}])[1]     # the partitions disagree
     []
+    >>> journeys = [{**m, "privacy_unit": "journey_id"} for m in old]
+    >>> own, lines = own_settings(cfg, journeys, [AuditConfig(k=5, privacy_unit="journey_id", m=3, source="old")])
+    >>> own.source, own.privacy_unit, lines
+    ('old', 'journey_id', ['anonymization.m 3 (the config: 2)', 'stream.privacy_unit journey_id (the config: card_id)'])
     >>> superseded_lineages([{"lineage": "L2", "lineage_started": {"lineage": "L2", "supersedes": ["L1"]}}])
     {'L1'}
     """
-    newest: dict = {}
-    for m in manifests:
-        if isinstance(m, dict) and isinstance(m.get("seq"), int):
-            p = m.get("partition")
-            if p not in newest or m["seq"] > newest[p]["seq"]:
-                newest[p] = m
-    changes, lines = {}, []
-    for name in ("k", "m"):
-        stated = {m.get(name) for m in newest.values()}
-        value = stated.pop() if len(stated) == 1 else None
-        if isinstance(value, int) and not isinstance(value, bool) and value != getattr(cfg, name):
-            changes[name] = value
-            lines.append(f"anonymization.{name} {value} (the config: {getattr(cfg, name)})")
-    own = cfg.with_k(changes["k"]) if "k" in changes else cfg
-    return (dataclasses.replace(own, m=changes["m"]) if "m" in changes else own), lines
+    stated = stated_settings(manifests)
+    base = next((c for c in (cfg, *earlier) if _fits(c, stated)), cfg)
+    compared = _compared(cfg, stated)
+    lines = [f"{key} {stated[name]} (the config: {getattr(cfg, name)})" for name, _, key in _STATED
+             if name in compared and stated[name] != getattr(cfg, name)]
+    own = base.with_k(stated["k"]) if "k" in stated else base
+    changes = {n: stated[n] for n in ("m", "privacy_unit") if n in stated and stated[n] != getattr(own, n)}
+    return (dataclasses.replace(own, **changes) if changes else own), lines
+
+
+def unread(cfg, manifests) -> str | None:
+    """Why a lineage judged by ``cfg`` cannot be: its manifests state another input reading than ``cfg``'s (the raw
+    messages would be read as it never read them), else None."""
+    digest = stated_settings(manifests).get("input_digest")
+    if digest is None or cfg.input_digest is None or digest == cfg.input_digest:
+        return None
+    return (f"the lineage read its raw messages as input_digest {digest} states, no config given reads them so "
+            f"(the config: {cfg.input_digest}); give the config it ran under with --earlier-config")

@@ -17,9 +17,10 @@ identical copies from restarted workers merged, differing copies fail), ``k`` (:
 ``l_diversity`` and ``severity`` (:mod:`.checks.l_diversity`, :mod:`.checks.severity`: only for a stream with
 such ``[[anonymization.criteria]]``), ``leaks``, ``coverage``, ``accounting``, ``consistency``, ``m_invariance``
 (only for a stream with ``[anonymization] m``), ``dp`` (:mod:`.checks.dp_budget`: only for a stream with ``[dp]``
-or aggregate rows) and ``config`` (only when it finds something). Across accepted configuration changes each
-release is judged by the config in force when it was made, the audit config or one of ``earlier_configs``
-(:mod:`.in_force`).
+or aggregate rows) and ``config`` (only when it finds something); ``input`` first when the manifests state another
+reading of the raw messages (``input_digest``) than the config judging them has. Across accepted configuration
+changes each release is judged by the config in force when it was made, the audit config or one of
+``earlier_configs`` (:mod:`.in_force`).
 
 Counterfeit records (m-invariance)
 ----------------------------------
@@ -33,7 +34,7 @@ class whose counterfeit records differ from its manifest count fails ``consisten
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from .check import AuditContext, Check
 from .checks.accounting import Accounting
@@ -49,7 +50,7 @@ from .checks.m_invariance import MInvariance
 from .checks.severity import Severity
 from .config import AuditConfig
 from .inputs import build_context, outputs_part
-from .lineages import own_settings, split_by_lineage, superseded_lineages, translate_tokens
+from .lineages import own_settings, split_by_lineage, superseded_lineages, translate_tokens, unread
 from .primitives import key_id
 from .measures import class_individuals, health_figures
 from .report import FAILED, NOT_PASSED, PASSED, AuditReport
@@ -62,16 +63,17 @@ _M_SUMMARY_RENAMED = ("releases", "classes", "individuals")   # the audit's own 
 
 def audit(raw_events: Iterable, outputs: Any, secret: bytes | str, config_view: AuditConfig,
           alerts: Iterable[dict] | None = None, max_prosecutor_risk: float | None = None,
-          previous_secrets: Iterable[bytes | str] = (), earlier_configs: Iterable[AuditConfig] = ()) -> AuditReport:
+          previous_secrets: Iterable[bytes | str] = (), earlier_configs: Iterable[AuditConfig] = (),
+          reread: Callable | None = None) -> AuditReport:
     """Audit published outputs against the raw input: the report of :func:`audit_with_context`."""
     return audit_with_context(raw_events, outputs, secret, config_view, alerts, max_prosecutor_risk,
-                              previous_secrets, earlier_configs)[0]
+                              previous_secrets, earlier_configs, reread)[0]
 
 
 def audit_with_context(raw_events: Iterable, outputs: Any, secret: bytes | str, config_view: AuditConfig,
                        alerts: Iterable[dict] | None = None, max_prosecutor_risk: float | None = None,
-                       previous_secrets: Iterable[bytes | str] = (), earlier_configs: Iterable[AuditConfig] = ()
-                       ) -> tuple[AuditReport, AuditContext | None]:
+                       previous_secrets: Iterable[bytes | str] = (), earlier_configs: Iterable[AuditConfig] = (),
+                       reread: Callable | None = None) -> tuple[AuditReport, AuditContext | None]:
     """Audit published outputs against the raw input. See the module docstring for the checks.
 
     raw_events: iterable of ``((topic, partition, offset), payload)`` with payload bytes/str (may be malformed).
@@ -87,6 +89,8 @@ def audit_with_context(raw_events: Iterable, outputs: Any, secret: bytes | str, 
     (:mod:`.lineages`). Outputs of several lineages are judged per lineage (:func:`audit_lineages`).
     earlier_configs: the configs in force before accepted configuration changes; each release is judged by the one
     whose settings were in force when it was made (:mod:`.in_force`; the report's ``settings_in_force``).
+    reread: ``reread(config)`` -> the raw messages as ``config`` reads them (its ``[input]`` mapping), for a
+    superseded lineage made under another reading (:func:`.lineages.own_settings`); None: ``raw_events`` for all.
     """
     cfg = config_view
     earlier = tuple(earlier_configs)
@@ -103,18 +107,24 @@ def audit_with_context(raw_events: Iterable, outputs: Any, secret: bytes | str, 
     by_lineage = split_by_lineage(outputs)
     if len(by_lineage) > 1:
         return audit_lineages(list(raw_events), by_lineage, secret, cfg, alerts, previous, max_prosecutor_risk,
-                              earlier)
-    report, ctx = _audit_one(raw_events, outputs, secret, cfg, alerts, previous, max_prosecutor_risk, earlier)
+                              earlier, reread)
+    report, ctx = _audit_one(raw_events, outputs, secret, cfg, alerts, previous, max_prosecutor_risk, earlier,
+                             unread(cfg, outputs_part(outputs, "manifests")))
     report.summary["lineages"] = sorted(by_lineage)
     return report, ctx
 
 
 def _audit_one(raw_events, outputs, secret: bytes, cfg: AuditConfig, alerts, previous: list[bytes],
-               max_prosecutor_risk: float | None, earlier: tuple = ()) -> tuple[AuditReport, AuditContext]:
-    """Every check on the outputs of one lineage."""
+               max_prosecutor_risk: float | None, earlier: tuple = (), unread: str | None = None
+               ) -> tuple[AuditReport, AuditContext]:
+    """Every check on the outputs of one lineage (``unread``: why its raw messages cannot be read as it read them,
+    a failed check ``input``)."""
     ctx, duplicates = build_context(raw_events, outputs, secret, cfg, earlier)
     ctx.previous_secrets = tuple(previous)
     checks = {"duplicates": duplicates}
+    if unread:
+        checks["input"] = {"passed": False, "violations": 1, "violations_by_kind": {"input read otherwise": 1},
+                           "examples": [{"violation": "input read otherwise", "line": unread}]}
     for check in CHECKS:
         if check.applies(ctx):
             checks[check.name] = check.run(ctx)
@@ -159,18 +169,26 @@ def _other_key(outputs: Any, secret: bytes, previous: list[bytes] = ()) -> str |
 
 
 def audit_lineages(raw_events: list, by_lineage: dict, secret: bytes, cfg: AuditConfig, alerts,
-                   previous: list[bytes], max_prosecutor_risk: float | None = None, earlier: tuple = ()
-                   ) -> tuple[AuditReport, AuditContext]:
+                   previous: list[bytes], max_prosecutor_risk: float | None = None, earlier: tuple = (),
+                   reread: Callable | None = None) -> tuple[AuditReport, AuditContext]:
     """Each lineage audited apart (:mod:`.lineages`): checks named ``<check> [<lineage>]``, the verdict the worst
     of theirs, the summary (and context) of the last lineage with every lineage's figures under ``lineages``. A
-    superseded lineage is judged by the k and m it ran under (:func:`.lineages.own_settings`, listed under its
-    ``judged_by_its_own``)."""
+    superseded lineage is judged by the privacy unit, k, m and input reading it ran under
+    (:func:`.lineages.own_settings`, listed under its ``judged_by_its_own``), its raw messages read as its config
+    reads them (``reread``)."""
     superseded = superseded_lineages(m for part in by_lineage.values() for m in part.manifests)
-    own = {name: own_settings(cfg, part.manifests) if name in superseded else (cfg, [])
+    own = {name: own_settings(cfg, part.manifests, earlier) if name in superseded else (cfg, [])
            for name, part in by_lineage.items()}
-    audited = {name: _audit_one(raw_events, part, secret, own[name][0], alerts, previous, max_prosecutor_risk,
-                                earlier)
-               for name, part in by_lineage.items()}
+    audited = {}
+    for name, part in by_lineage.items():
+        mine, raw, why = own[name][0], raw_events, unread(own[name][0], part.manifests)
+        if None not in (mine.input_digest, cfg.input_digest) and mine.input_digest != cfg.input_digest:
+            if reread is not None:
+                raw = reread(mine)
+            elif why is None:
+                why = (f"the lineage read its raw messages as input_digest {mine.input_digest} states, this audit has "
+                       f"them only as the config reads them ({cfg.input_digest})")
+        audited[name] = _audit_one(raw, part, secret, mine, alerts, previous, max_prosecutor_risk, earlier, why)
     reports = {name: r for name, (r, _) in audited.items()}
     checks = {f"{check} [{name}]": result for name, r in reports.items() for check, result in r.checks.items()}
     order = {FAILED: 2, NOT_PASSED: 1, PASSED: 0}

@@ -19,9 +19,11 @@ ends) as follows; from the next period on, the new settings are in force:
   a regrouped hierarchy) cannot be computed without the old hierarchy, which the state keeps only as a digest.
 - **a removed aggregate** ends at once; what it spent stays in the ledger's period.
 
-Settings the state cannot carry over are refused (:data:`FIXED`): the period, its time zone, the unit of privacy
-and the window length (the calendar and the units the ledger charges), and any change without periods (a total
-budget over the stream's life) or that adds or removes ``[dp]``.
+Settings the state cannot carry over are refused (:data:`FIXED`): the period, its time zone, the unit of privacy,
+the window length and the schedule's start (the calendar, the windows released and the units the ledger charges),
+and any change without periods (a total budget over the stream's life) or that adds or removes ``[dp]``. A group
+key whose values map to other cells of the same domain (stations moved between zones) is no redefinition: the
+aggregate goes on, each event counted in its cell under the new mapping.
 
 Each aggregate's first release after the change carries ``settings_changed`` (the accepted DP changes, as
 ``<key> <old> -> <new>`` lines of :func:`stream_anon.guarantees.changes`), so the audit tells an accepted raise
@@ -42,7 +44,7 @@ CALIBRATION = ("epsilon", "max_contributions", "lower", "upper", "resolution", "
                "horizon_windows")
 FIXED = {"dp.period": "the period", "dp.timezone": "the period's time zone", "dp.unit": "the unit of privacy",
          "dp.privacy_unit": "the unit of privacy", "dp.window_s": "the window length",
-         "dp.stream": "the stream"}
+         "dp.stream": "the stream", "dp.start": "the release schedule's first window"}
 BUDGET = "dp.epsilon_budget"
 
 
@@ -93,6 +95,8 @@ def carry(old: dict, new: dict, changes: list[str], previous: dict | None = None
             pause.add(name)
             continue
         changed = {f for f in set(fields) | set(was) if fields.get(f) != was.get(f)}
+        if "group_by" in changed and _cells(fields["group_by"]) == _cells(was.get("group_by")):
+            changed.discard("group_by")     # values mapped to other cells of the same domain: the aggregate goes on
         if changed - set(CALIBRATION):
             pause.add(name)
             continue
@@ -102,6 +106,14 @@ def carry(old: dict, new: dict, changes: list[str], previous: dict | None = None
             keep[name] = kept
     return {"budget": budget, "keep": keep, "pause": sorted(pause & set(after)),
             "changes": list(previous.get("changes", [])) + dp_changes(changes)}
+
+
+def _cells(group_by) -> list | None:
+    """An aggregate's recorded ``group_by`` without each key's value mapping (:data:`stream_anon.guarantees.DIGESTED`):
+    its cells."""
+    if not isinstance(group_by, list):
+        return None
+    return [{k: v for k, v in g.items() if k != "mapping"} if isinstance(g, dict) else g for g in group_by]
 
 
 def specs_in_force(specs, carried: dict | None) -> tuple:

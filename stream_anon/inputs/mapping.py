@@ -54,6 +54,9 @@ gtfs-realtime), so the worker and the audit derive the same id, hence the same a
 from __future__ import annotations
 
 import csv
+import dataclasses
+import hashlib
+import json
 import re
 from dataclasses import dataclass, field
 
@@ -378,3 +381,33 @@ def _event_type(t: Table, fmt: str, fields: list[FieldSpec], event_types, requir
 
 def _quote(name: str) -> str:
     return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else f'"{name}"'
+
+
+# texts kept for reasons only: their content is in other fields (parts, pointer, const, lookup, elapsed_parts)
+_TEXTS = ("raw", "source", "lookup_source", "elapsed_source")
+
+
+def _content(value):
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _content(getattr(value, f.name)) for f in dataclasses.fields(value) if f.name not in _TEXTS}
+    if isinstance(value, (list, tuple)):
+        return [_content(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted((_content(v) for v in value), key=lambda v: json.dumps(v, sort_keys=True, default=str))
+    if isinstance(value, dict):
+        return {str(k): _content(v) for k, v in value.items()}
+    return value if isinstance(value, (str, int, float, bool)) or value is None else str(value)
+
+
+def input_digest(spec: InputSpec, event_time: str) -> str:
+    """How a stream reads its raw messages, as ``sha256:`` and 16 hex digits: the ``[input]`` mapping's content
+    (lookup tables included, the names they were read from not) and the event time field. Release manifests state
+    it (``input_digest``); the audit computes it from its own reading of the config, and decodes each lineage's raw
+    messages through the config that has it.
+
+    >>> a, b = input_digest(InputSpec(), "event_time"), input_digest(InputSpec(), "tapped_at")
+    >>> a == input_digest(InputSpec(), "event_time") != b
+    True
+    """
+    text = json.dumps({"event_time": event_time, "input": _content(spec)}, sort_keys=True, default=str)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -160,8 +160,20 @@ class ConfigChangeRefused(ValueError):
 
 # changes an accepted change step cannot apply to a state (the key prefix, why); DP settings:
 # stream_anon.dp.transition
-_NEVER = (("anonymization.m ", "m binds every individual's signature: changing it needs a new state (a new app id and "
-                               "--new-lineage: docs/operations.md, Lineage)"),)
+_NEW_STATE = "a new app id and --new-lineage: docs/operations.md, Lineage"
+_NEVER = (("anonymization.m ", f"m binds every individual's signature: changing it needs a new state ({_NEW_STATE})"),
+          ("stream.privacy_unit ", f"k, the m-invariance signatures and the DP ledgers count individuals of the unit "
+                                   f"the state was written under: another unit needs a new state ({_NEW_STATE})"),
+          ("stream.event_time ", f"the state's windows, watermark and DP periods are of the old event time: another "
+                                 f"needs a new state ({_NEW_STATE})"),
+          ("input.", f"each event's id (its audit token and duplicate key), unit and values are read through the "
+                     f"mapping, and the audit reads the raw topic through one mapping per lineage: another mapping "
+                     f"needs a new state ({_NEW_STATE})"))
+_WITH_M = (("sensitive.invariant ", f"with m the invariant is what every signature is made of: another needs a new "
+                                    f"state ({_NEW_STATE})"),)
+# settings a state lacks when it was written before they were recorded (it then lacks stream.privacy_unit): their
+# "(absent)" side is no value that changed
+_FIRST_RECORDED = ("stream.", "input.", "anonymization.strategy")
 _WITH_EMPTY_BUFFER = (("quasi_identifiers.", "quasi-identifiers"), ("sensitive.", "sensitive fields"))
 _RECODED = "sensitive.domains."        # and a hierarchy whose old leaves the state holds (recodable_hierarchies)
 
@@ -181,17 +193,23 @@ def recodable_hierarchies(config, tables: dict) -> dict[str, int]:
 
 def check_change(changes: list[str], tables: dict, old: dict | None = None, new: dict | None = None,
                  recodable: tuple = ()) -> None:
-    """Raise :class:`ConfigChangeRefused`, naming every change that cannot apply to this state: m never changes
-    in place, nor the DP settings that fix which releases the ledger charges together
+    """Raise :class:`ConfigChangeRefused`, naming every change that cannot apply to this state: m, the privacy unit,
+    the event time and the input mapping never change in place (nor, with m, the invariant), nor the DP settings that
+    fix which releases the ledger charges together
     (:func:`stream_anon.dp.transition.refusals`; ``old``, ``new``: the settings before and after); quasi-identifiers
     and sensitive fields only while no record is buffered (the buffer holds them coded under the old
     definitions), except the changes of ``recodable`` keys (a hierarchy or a sensitive domain: the buffered records
     are recoded, :func:`apply_change`)."""
     from stream_anon.dp import transition      # here: stream_anon.dp loads diffprivlib, only streams with [dp] need it
+    old, new = old or {}, new or {}
     buffered = len(tables.get(ENGINE + "buffer", ((),))[0])
-    refused = transition.refusals(changes, old or {}, new or {})
+    refused = transition.refusals(changes, old, new)
+    never = _NEVER + (_WITH_M if old.get("anonymization.m") is not None or new.get("anonymization.m") is not None
+                      else ())
     for change in changes:
-        for prefix, why in _NEVER:
+        if _first_recorded(change, old):
+            continue
+        for prefix, why in never:
             if change.startswith(prefix):
                 refused.append(f"{change}: {why}")
         if change.startswith(_RECODED) or change.split(" ", 1)[0] in recodable:
@@ -202,6 +220,12 @@ def check_change(changes: list[str], tables: dict, old: dict | None = None, new:
                                "let the worker release them (--flush-when-idle) first")
     if refused:
         raise ConfigChangeRefused("; ".join(refused))
+
+
+def _first_recorded(change: str, old: dict) -> bool:
+    """A setting the state was written before recording (:data:`_FIRST_RECORDED`), now recorded: no change."""
+    key, rest = change.split(" ", 1)
+    return rest.startswith("(absent) -> ") and key.startswith(_FIRST_RECORDED) and "stream.privacy_unit" not in old
 
 
 class KeyRotationRefused(ValueError):
@@ -249,8 +273,11 @@ def rotate_key(tables: dict) -> dict:
 
 def carry_dp_change(dp_core: dict | None, old: dict, new: dict, changes: list[str]) -> dict | None:
     """The aggregates' saved core with an accepted DP change carried into it (:mod:`stream_anon.dp.transition`):
-    the settings in force until the current period ends, and the change each aggregate's next release states."""
+    the settings in force until the current period ends, and the change each aggregate's next release states (every
+    row of it: each value cut to 80 characters)."""
     from stream_anon.dp import transition
+    short = {line.split(" ", 1)[0]: line for line in guarantees.changes(old, new, width=80)}
+    changes = [short.get(c.split(" ", 1)[0], c) for c in changes]
     mine = transition.dp_changes(changes)
     if dp_core is None or not mine:
         return dp_core

@@ -32,8 +32,8 @@ class Report:
 
 def build_report(config_path, raw: list, outputs: Any, secret: bytes, metrics: list[dict] | None = None,
                  query_seed: int = 0, broker_retention: dict | None = None,
-                 allow_outside_paths: bool = False, earlier_configs=()) -> Report:
-    """The report of one stream from what was read (as :func:`stream_anon.audit.audit` takes it);
+                 allow_outside_paths: bool = False, earlier_configs=(), reread=None) -> Report:
+    """The report of one stream from what was read (as :func:`stream_anon.audit.audit` takes it, ``reread`` too);
     ``broker_retention``: topic -> the ``retention.ms`` the broker states (:func:`broker_retention`);
     ``allow_outside_paths``: the files the config names may lie outside its directory tree; ``earlier_configs``:
     the paths of the configs in force before accepted configuration changes (the audit's ``--earlier-config``)."""
@@ -43,7 +43,7 @@ def build_report(config_path, raw: list, outputs: Any, secret: bytes, metrics: l
     config = load_config(config_path, allow_outside_paths)
     earlier = [AuditConfig.from_toml(p, allow_outside_paths) for p in earlier_configs]
     report, ctx = audit_with_context(raw, outputs, secret, AuditConfig.from_toml(config_path, allow_outside_paths),
-                                     alerts=metrics, earlier_configs=earlier)
+                                     alerts=metrics, earlier_configs=earlier, reread=reread)
     if ctx is None:      # outputs under another secret: nothing can be counted, the page says why
         figs = {"releases": [], "class_sizes": [], "risk": [], "dp_budget": None, "query_error": None,
                 "deadletters_by_reason": {}, "alerts_by_name": {}}
@@ -72,7 +72,7 @@ def report_from_kafka(bootstrap, config_path, secret: bytes | str, raw_topic: st
                        allow_outside_paths=allow_outside_paths)
     retention = broker_retention(bootstrap, list(stream_topic_defs(load_config(config_path, allow_outside_paths))))
     return build_report(config_path, read.raw, read.outputs, secret, read.metrics, broker_retention=retention,
-                        allow_outside_paths=allow_outside_paths, earlier_configs=earlier_configs)
+                        allow_outside_paths=allow_outside_paths, earlier_configs=earlier_configs, reread=read.reread)
 
 
 def broker_retention(bootstrap, topics: list[str]) -> dict:

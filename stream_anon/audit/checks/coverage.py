@@ -11,10 +11,10 @@ A geopoint published as an H3 cell (``{"h3": cell, "resolution": r}``) covers a 
 that resolution is the cell (:func:`..primitives.h3_cell_covers`, with the h3 package, exact); ``{"h3": "*"}`` is
 the whole domain.
 
-Each record is judged by the config in force when its release was made (:mod:`..in_force`): its hierarchies. A
-release made under a hierarchy that no given config has fails once per such hierarchy, with one line naming the
-release and the hierarchy's digest (give the config in force then with ``--earlier-config``); its labels are not
-judged under another hierarchy.
+Each record is judged by the config in force when its release was made (:mod:`..in_force`): its quasi-identifiers'
+fields, kinds, domain bounds and hierarchies. A release made under such a setting that no given config has fails
+once per setting, with one line naming the release and the setting's value (give the config in force then with
+``--earlier-config``, e.g. the hierarchy's digest); that quasi-identifier is not judged under another setting.
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ class Coverage:
             rid = r.get("release_id")
             unjudged = ctx.in_force.skipped(rid, self.name)
             for q in ctx.config_for(rid).quasi_identifiers:
-                if f"quasi_identifiers.{q.name}.hierarchy" in unjudged:
+                if any(key.startswith(f"quasi_identifiers.{q.name}.") for key in unjudged):
                     continue
                 checked += 1
                 ok, why = cover_test(q, qi.get(q.name), qi_value(q, raw.event))

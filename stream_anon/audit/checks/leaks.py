@@ -16,10 +16,12 @@ domain), each published ``from`` / ``to`` must be a multiple of it or a domain b
 equals the record's own raw value fails as ``numeric bound equals a member's value`` (every bound that equals some
 member's value is met on that member's record), any other off the grid as ``numeric bound off its granularity``.
 
-Across accepted configuration changes (:mod:`..in_force`): a record's numeric bounds are judged by the granularity
-of the config in force when its release was made (a release made under a granularity no given config has fails once
-per such setting, with one line naming it); the labels of every hierarchy in force are allowed, and the identifier
-and sensitive fields are those of every config used.
+Across accepted configuration changes (:mod:`..in_force`): a record or manifest is judged by the config in force
+when its release was made: its identifier and sensitive fields, the labels of its hierarchies and the granularity of
+its numeric bounds (a release made under such a setting that no given config has fails once per setting, with one
+line naming it, and is searched with the audit config's). A manifest's ``settings_changed`` lines quote the configs
+before and after the change (a sensitive domain's values, of a field that became an identifier), not events: they
+are searched for pseudonyms only.
 """
 from __future__ import annotations
 
@@ -31,18 +33,21 @@ from ..primitives import as_float, as_text, get_path, on_grid, pseudonym, qi_val
 MIN_NEEDLE_LEN = 4
 _SPLIT_RE = re.compile(r"[\s,;:/|=()\[\]{}\"']+")
 _HEX_RUN_RE = re.compile(r"[0-9a-f]{16,}")
+# a manifest's recorded changes quote the configs before and after (a domain's values), no event: pseudonyms only
+_QUOTES_CONFIG = ".settings_changed["
 
 
-def needles(ctx: AuditContext) -> tuple[dict[str, str], dict[str, str]]:
-    """(exact-value needles -> description, hex prefixes/pseudonyms -> description)."""
-    configs = ctx.in_force.used()
+def needles(ctx: AuditContext, cfg=None) -> tuple[dict[str, str], dict[str, str]]:
+    """(exact-value needles -> description, hex prefixes/pseudonyms -> description) of the releases judged by
+    ``cfg`` (default: the audit config): its identifier fields' raw values, less the labels of its hierarchies and
+    the raw values of its sensitive fields."""
+    cfg = cfg or ctx.config
     allow: set[str] = set()
-    for q in (q for cfg in configs for q in cfg.quasi_identifiers):
+    for q in cfg.quasi_identifiers:
         if q.hierarchy is not None:
             allow.update(q.hierarchy.parent)
-    identifier_fields = list(dict.fromkeys(f for cfg in configs for f in cfg.identifier_fields))
-    legit_sensitive = [f for f in dict.fromkeys(f for cfg in configs for f in cfg.sensitive_fields)
-                       if f not in identifier_fields]
+    identifier_fields = list(dict.fromkeys(cfg.identifier_fields))
+    legit_sensitive = [f for f in dict.fromkeys(cfg.sensitive_fields) if f not in identifier_fields]
     exact: dict[str, str] = {}
     hexes: dict[str, str] = {}
     events = [raw for raw in ctx.raws if raw.event is not None]
@@ -75,10 +80,18 @@ class Leaks:
 
     def run(self, ctx: AuditContext) -> dict:
         log = ViolationLog()
-        exact, hexes = needles(ctx)
+        for entry in ctx.in_force.unmatched_lines(self.name):
+            log.fail("release made under settings no given config has", **entry)
         tokens_known = {r.token for r in ctx.raws if r.token is not None} | set(ctx.counterfeits)
+        judges: dict[int, tuple] = {}          # id(config) -> (exact needles, hex needles, its strings' findings)
 
-        def leaks_in(s: str) -> tuple[str, ...]:
+        def judge(release_id) -> tuple:
+            cfg = ctx.config_for(release_id)
+            if id(cfg) not in judges:
+                judges[id(cfg)] = (*needles(ctx, cfg), {})    # keys, labels and times repeat across records
+            return judges[id(cfg)]
+
+        def leaks_in(s: str, exact: dict, hexes: dict) -> tuple[str, ...]:     # exact {}: pseudonyms only
             found = [f"leaked {exact[t]}" for t in {s, *_SPLIT_RE.split(s)} if t in exact]
             if s not in tokens_known:  # an audit token is an HMAC of its own: no pseudonym inside
                 for run in _HEX_RUN_RE.findall(s):
@@ -88,17 +101,19 @@ class Leaks:
                             found.append(f"leaked {hexes[run[i:i + n]]}")
             return tuple(found)  # () is a shared singleton: the cache stays small
 
-        cache: dict[str, tuple[str, ...]] = {}  # keys, labels and times repeat across records
         scanned = 0
         for kind, items in (("record", ctx.records), ("manifest", ctx.manifests)):
             for item in items:
+                exact, hexes, cache = judge(item.get("release_id"))
                 for path, s in strings_in(item):
                     scanned += 1
-                    found = cache.get(s)
-                    if found is None:
-                        found = cache[s] = leaks_in(s)
+                    if path.startswith(_QUOTES_CONFIG):
+                        found = leaks_in(s, {}, hexes)
+                    elif (found := cache.get(s)) is None:
+                        found = cache[s] = leaks_in(s, exact, hexes)
                     for what in found:
                         log.fail(what, where=kind, release_id=item.get("release_id"), path=path)
+        exact, hexes, _ = judge(None)
         log.details.update(strings_scanned=scanned, identifier_values=len(exact), pseudonym_needles=len(hexes),
                            numeric_bounds_checked=numeric_bounds(ctx, log))
         return log.result()
@@ -106,8 +121,6 @@ class Leaks:
 
 def numeric_bounds(ctx: AuditContext, log: ViolationLog) -> int:
     """Check every numeric bound against its granularity (module docstring); the number of bounds checked."""
-    for entry in ctx.in_force.unmatched_lines("leaks"):
-        log.fail("release made under settings no given config has", **entry)
     if not any(q.kind == "numeric" and q.granularity for cfg in ctx.in_force.used() for q in cfg.quasi_identifiers):
         return 0
     checked = 0

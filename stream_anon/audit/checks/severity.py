@@ -12,7 +12,8 @@ For each class (all its releases, and its creating release), with S the severity
 
 Written here, apart from ``stream_anon.criteria``, so that a bug in the engine's rule cannot pass its own check.
 A class is judged by the rule of the config in force when its creating release was made (:mod:`..in_force`: its
-k_min follows the k in force).
+k_min follows the k in force). A release made under a rule no given config has fails once per rule, with one line
+naming it; its classes are not judged by another rule.
 """
 from __future__ import annotations
 
@@ -54,16 +55,21 @@ class Severity:
     name = "severity"
 
     def applies(self, ctx: AuditContext) -> bool:
-        return any(isinstance(c, SeveritySpec) for cfg in ctx.in_force.used() for c in cfg.criteria)
+        return any(isinstance(c, SeveritySpec) for cfg in ctx.in_force.used() for c in cfg.criteria) \
+            or bool(ctx.in_force.unmatched_lines(self.name))
 
     def run(self, ctx: AuditContext) -> dict:
         log = ViolationLog()
+        for entry in ctx.in_force.unmatched_lines(self.name):
+            log.fail("release made under settings no given config has", **entry)
         members = class_members(ctx)
         specs = [c for c in ctx.config.criteria if isinstance(c, SeveritySpec)]
         for when, classes in (("all releases", members.overall), ("at creation", members.at_creation)):
             for cid, recs in classes.items():
-                for spec in (c for c in ctx.config_for(members.created.get(cid)).criteria
-                             if isinstance(c, SeveritySpec)):
+                rid = members.created.get(cid)
+                unjudged = ctx.in_force.skipped(rid, self.name)
+                for spec in (c for i, c in enumerate(ctx.config_for(rid).criteria)
+                             if isinstance(c, SeveritySpec) and f"anonymization.criteria[{i}]" not in unjudged):
                     for what in violations(spec, recs):
                         log.fail(f"{what} ({when})", class_id=cid, field=spec.field, k_min=spec.k_min)
         log.details.update(classes=len(members.overall),
