@@ -112,6 +112,34 @@ def test_audit_command_exit_status_with_fail_on_alert(monkeypatch, capsys, tmp_p
     assert '"health"' in (tmp_path / "r.json").read_text()
 
 
+FIRST = {"type": "alert", "stream": "test", "alert": "lineage_started", "lineage": "L1", "supersedes": [],
+         "reason": "first lineage of the stream: no state, no local state cache and no manifest names an earlier "
+                   "lineage"}
+
+
+@pytest.mark.parametrize("later", [None, {**FIRST, "lineage": "L2", "supersedes": ["L1"]},
+                                   {**FIRST, "lineage": "L2"}])
+def test_a_streams_first_lineage_is_expected_and_a_later_one_stays_an_alert(monkeypatch, capsys, later):
+    """Every new stream declares a first lineage: no ALERT in a passing audit and no exit 3 with --fail-on-alert.
+    A lineage declared after it (--new-lineage after a lost state, or a first lineage declared again after a
+    reset) stays an alert."""
+    from stream_anon import cli
+    from stream_anon.audit import kafka_source
+
+    raw, outputs = scenario()
+    alerts = [FIRST, dict(FIRST)] + ([later] if later else [])       # a copy: the same alert read twice
+    report = audit(raw, outputs, SECRET, cfg(), alerts=alerts)
+    assert report.passed and report.health["expected"] == {"lineage_started": 1}
+    assert report.health["alerts"] == ({"lineage_started": 1} if later else {})
+    text = report.format_text()
+    assert ("(ALERT)" in text) == bool(later)
+    assert "expected: lineage_started=1 (a new stream's first lineage: no alert)" in text
+    monkeypatch.setenv("STREAM_ANON_SECRET", "9f2c4e6a8b0d1f3e5a7c9e1b3d5f7a9c")
+    monkeypatch.setattr(kafka_source, "audit_from_kafka", lambda *a, **kw: report)
+    assert cli.main(["audit", "--config", "oyster", "--broker", "127.0.0.1:9", "--fail-on-alert"]) == \
+        (3 if later else 0)
+    assert ("--fail-on-alert: alerts on anon.metrics: lineage_started x1" in capsys.readouterr().err) == bool(later)
+
 def _timed(outputs):
     """The scenario's releases with real window bounds: R1 closes 07:00-07:15, R2 07:15-07:30."""
     for m, (start, end) in zip(outputs["manifests"], (("07:00", "07:15"), ("07:15", "07:30"))):

@@ -135,6 +135,10 @@ def test_a_lost_state_halts_and_a_new_lineage_reuses_no_release_id_and_is_audite
     first, first_manifests = _run_lineage(path, broker.bootstrap, tmp_path / "s1", "lin-a", name, tmp_path / "a.log")
     assert first.startswith("L") and all(m["release_id"].startswith(f"{name}-{first}-p") for m in first_manifests)
     assert {m["lineage_started"]["lineage"] for m in first_manifests if "lineage_started" in m} == {first}
+    # the stream's first lineage is what every new stream declares: expected, no alert (issue 43)
+    report = audit_from_kafka(broker.bootstrap, path, secret_env, idle_s=1.0)
+    assert report.passed and report.health["expected"] == {"lineage_started": 1}
+    assert "lineage_started" not in report.health["alerts"]
 
     _halted_with(path, broker.bootstrap, tmp_path / "s2", "lin-b", tmp_path / "b1.log", {"lineage_lost"})
     log_text = (tmp_path / "b1.log").read_text()
@@ -171,6 +175,8 @@ def test_a_lost_state_halts_and_a_new_lineage_reuses_no_release_id_and_is_audite
     assert max(across.values()) > 1.0        # what a consumer of both lineages faces, reported, not hidden
     text = report.format_text()
     assert f"lineage {first}: PASSED" in text and f"lineage {second}: PASSED" in text
+    # the lineage started after the loss stays an alert (--fail-on-alert exits 3 on it)
+    assert report.health["alerts"]["lineage_started"] == 1 and report.health["expected"] == {"lineage_started": 1}
 
 
 def test_a_broker_reset_halts_with_the_cache_and_starts_a_new_lineage_without_it(tmp_path, secret_env):

@@ -163,8 +163,9 @@ def health_figures(ctx: AuditContext, individuals: ClassIndividuals, alerts: Ite
       counts every individual published in it, in any release: the rule of the k check and of the summary,
       docs/privacy.md "Reuse of published classes"), counted from the raw events behind the records;
     - ``deadletters_by_reason``: dead letters (deduplicated by source offset) by the kind of their reason;
-    - ``alerts``: alert messages of this stream on anon.metrics by alert name (deduplicated by alert, partition
-      and release); ``None`` when the metrics topic was not read.
+    - ``alerts``: alert messages of this stream on anon.metrics by alert name (deduplicated by alert, partition,
+      release and lineage); ``None`` when the metrics topic was not read;
+    - ``expected``: those that are no alert (:func:`first_lineage`), by name, beside ``alerts``.
     """
     pairs = []
     for m in ctx.manifests:
@@ -203,6 +204,29 @@ def health_figures(ctx: AuditContext, individuals: ClassIndividuals, alerts: Ite
         seen = {}
         for a in alerts:
             if isinstance(a, dict) and a.get("type") == ALERT_TYPE and a.get("stream") in (None, ctx.config.stream):
-                seen.setdefault((a.get("alert"), a.get("partition"), a.get("release_id")), a)
-        out["alerts"] = dict(sorted(Counter(str(name) for name, _, _ in seen).items()))
+                seen.setdefault((a.get("alert"), a.get("partition"), a.get("release_id"), a.get("lineage")), a)
+        first = first_lineage(list(seen.values()))
+        out["alerts"] = dict(sorted(Counter(str(a.get("alert")) for a in seen.values() if a is not first).items()))
+        out["expected"] = {} if first is None else {LINEAGE_STARTED: 1}
     return out
+
+
+LINEAGE_STARTED = "lineage_started"
+
+
+def first_lineage(alerts: list[dict]) -> dict | None:
+    """The ``lineage_started`` alert of the stream's first lineage: the first one declared that supersedes nothing.
+    Every new stream starts one, so it is expected, not an alert; a later one (a lost state, a reset: another
+    lineage declared after it) stays an alert. A broker reset that lost anon.metrics as well leaves only the new
+    lineage's: nothing read can tell it from a first one (docs/operations.md, Lineage).
+
+    >>> a = {"alert": "lineage_started", "lineage": "L1", "supersedes": []}
+    >>> first_lineage([a, {"alert": "lineage_started", "lineage": "L2", "supersedes": ["L1"]}]) is a
+    True
+    >>> first_lineage([{**a, "supersedes": ["L0"]}]), first_lineage([a, {**a, "lineage": "L2"}]) is a
+    (None, True)
+    """
+    started = [a for a in alerts if a.get("alert") == LINEAGE_STARTED]
+    if started and not started[0].get("supersedes"):
+        return started[0]
+    return None

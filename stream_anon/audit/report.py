@@ -100,7 +100,9 @@ class AuditReport:
         lines.append(f"  suppressed by reason: {_fmt(h.get('suppressed_by_reason'))}; deferred={h.get('deferred')}")
         lines.append(f"  dead letters by reason: {_fmt(h.get('deadletters_by_reason'))}")
         alerts = h.get("alerts")
-        lines.append(f"  alerts on anon.metrics: {_fmt(alerts)}" + (" (ALERT)" if alerts else ""))
+        lines.append(f"  alerts on anon.metrics: {_fmt(alerts)}" + (" (ALERT)" if alerts else "")
+                     + (f"; expected: {_fmt(h['expected'])} (a new stream's first lineage: no alert)"
+                        if h.get("expected") else ""))
         return lines
 
     def format_text(self) -> str:
