@@ -167,26 +167,145 @@ def test_the_page_in_chromium(published, browser):
             f"plot-{pid}")
         assert drawn is not None, f"plot {pid} missing"
         assert drawn[0] > 200 and drawn[1] > 100 and drawn[2] > 10, (pid, drawn)
-    # what the page shows is what the audit counted
+    # what the page shows is what the audit counted (the exact value in data-value, the text as a person reads it)
     shown = browser.execute_script(
         "const o = {}; for (const e of document.querySelectorAll('[data-figure]')) o[e.dataset.figure] = "
-        "e.textContent; return o;")
+        "[e.textContent, e.dataset.value === undefined ? null : JSON.parse(e.dataset.value)]; return o;")
     a = audit["summary"]
     for key in ("events_in", "published", "suppressed", "dead_lettered", "releases", "classes", "min_individuals",
                 "k"):
-        assert shown[key] == str(a[key]), key
-    assert shown["verdict"] == audit["verdict"]
-    assert float(shown["ncp_mean"]) == audit["health"]["ncp"]["mean"]
-    assert float(shown["dp_worst_unit_charge"]) == audit["checks"]["dp"]["worst_unit_charge"]
+        assert shown[key] == [str(a[key]), a[key]], key
+    assert shown["verdict"][0] == audit["verdict"]
+    assert shown["ncp_mean"][1] == audit["health"]["ncp"]["mean"]
+    assert shown["dp_worst_unit_charge"][1] == audit["checks"]["dp"]["worst_unit_charge"]
     p = audit["risk"]["summary"]["prosecutor"]
-    assert [float(shown[k]) for k in ("prosecutor_highest", "prosecutor_average", "records_at_risk")] == \
+    assert [shown[k][1] for k in ("prosecutor_highest", "prosecutor_average", "records_at_risk")] == \
         [p["highest"], p["average"], p["records_at_risk"]]
-    assert float(shown["intersection_risk"]) == audit["risk"]["summary"]["intersection_risk"]
-    assert shown["settings_fingerprint"] == report["summary"]["guarantees"]["fingerprint"]
+    assert shown["records_at_risk"][0] == f"{p['records_at_risk'] * 100:g}%"          # a share, as a percentage
+    assert shown["intersection_risk"][1] == audit["risk"]["summary"]["intersection_risk"]
+    assert shown["settings_fingerprint"][0] == report["summary"]["guarantees"]["fingerprint"]
+    # the marketer risk is the prosecutor average here (no [risk] population), named so in the summary and legend
+    assert shown["marketer"][0] == shown["prosecutor_average"][0]
     data = json.loads(browser.execute_script("return document.getElementById('report-data').textContent"))
     assert data["summary"]["counts"] == report["summary"]["counts"]
     text = browser.find_element("tag name", "body").text
     assert STATEMENT["controller"] in text and "open data portal" in text
+    assert "undefined topic" not in text
+    _plots_read_right(browser, {"ncp-suppression": ("share-suppressed", "y"), "risk": ("risk", "y"),
+                                "dp-budget": ("epsilon", "y"), "class-sizes": ("classes", "x")})
+
+
+# Per plot in the page: the text boxes of tick labels that overlap (per axis), the plot areas (an SVG group per
+# matplotlib Axes, its id naming its unit, or matplotlib's own axes_N without one) and every limit line: the value
+# its position reads on the tick labels of its own plot area's axis, and that area's unit.
+PLOT_GEOMETRY_JS = """
+const rect = e => { const r = e.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
+const meet = (a, b) => Math.min(a[2], b[2]) - Math.max(a[0], b[0]) > 0.5 && Math.min(a[3], b[3]) - Math.max(a[1], b[1]) > 0.5;
+const number = t => { const x = parseFloat(t.replace(/[,%\u2212]/g, m => m === '\u2212' ? '-' : ''));
+                      return t.includes('%') ? x / 100 : x; };
+const out = {};
+for (const fig of document.querySelectorAll('figure[id^="plot-"]')) {
+  const svg = fig.querySelector('svg'); if (!svg) continue;
+  const res = {overlaps: [], areas: [], refs: []};
+  for (const axis of svg.querySelectorAll('g[id^="matplotlib.axis"]')) {
+    const texts = [...axis.querySelectorAll('text')].map(t => [t.textContent, rect(t)]);
+    for (let i = 0; i < texts.length; i++) for (let j = i + 1; j < texts.length; j++)
+      if (meet(texts[i][1], texts[j][1])) res.overlaps.push([texts[i][0], texts[j][0]]);
+  }
+  for (const ax of svg.querySelectorAll('g[id^="axes_"], g[id*="/axes/"]')) {
+    // the plot area: its background and spines (a twin axes draws no background of its own)
+    const area = [...ax.querySelectorAll(':scope > g[id^="patch_"] > path')].map(rect).reduce(
+      (u, r) => [Math.min(u[0], r[0]), Math.min(u[1], r[1]), Math.max(u[2], r[2]), Math.max(u[3], r[3])]);
+    const unit = ax.id.includes('/axes/') ? ax.id.split('/axes/')[1] : null;
+    res.areas.push([unit, area]);
+    const axes = ax.querySelectorAll(':scope > g[id^="matplotlib.axis"]');
+    for (const ref of ax.querySelectorAll('g[id*="/ref/"]')) {
+      const [dir, value] = ref.id.split('/ref/')[1].split('/');
+      const ticks = [...axes[dir === 'x' ? 0 : 1].querySelectorAll('g[id^="' + dir + 'tick_"]')]
+        .filter(t => t.querySelector('text')).map(t => {
+          const m = rect(t.querySelector('use')); const v = number(t.querySelector('text').textContent);
+          return [dir === 'x' ? (m[0] + m[2]) / 2 : (m[1] + m[3]) / 2, v]; });
+      const l = rect(ref.querySelector('path')); const at = dir === 'x' ? (l[0] + l[2]) / 2 : (l[1] + l[3]) / 2;
+      const [a, b] = [ticks[0], ticks[ticks.length - 1]];
+      res.refs.push({unit, dir, value: parseFloat(value), read: a[1] + (at - a[0]) * (b[1] - a[1]) / (b[0] - a[0]),
+                     span: Math.abs(b[1] - a[1]), inside: dir === 'x' ? area[0] <= at && at <= area[2]
+                                                                       : area[1] <= at && at <= area[3]});
+    }
+  }
+  out[fig.id.slice(5)] = res;
+}
+return out;
+"""
+SCIENTIFIC = re.compile(r"(?<![\w.-])\d+(?:\.\d+)?e[-+]\d+(?![\w])", re.IGNORECASE)
+
+
+def _plots_read_right(browser, refs: dict) -> None:
+    """What a reader sees: no tick label overprints another, every plot area has one scale whose unit it names
+    (no twin axes: no two areas overlap), every limit line reads its own value on the scale of its unit
+    (``refs``: plot -> (unit, axis) of its limit line), and no number in the page is in scientific notation."""
+    geometry = browser.execute_script(PLOT_GEOMETRY_JS)
+    assert set(refs) <= set(geometry), geometry.keys()
+    problems = []           # every one found, so that a failure shows all that a reader would misread
+    for pid, g in geometry.items():
+        if g["overlaps"]:
+            problems.append((pid, f"{len(g['overlaps'])} pairs of tick labels overprint", g["overlaps"][:3]))
+        for i, (_, a) in enumerate(g["areas"]):
+            problems += [(pid, "two scales over one plot area", a, b) for _, b in g["areas"][i + 1:]
+                         if min(a[2], b[2]) > max(a[0], b[0]) and min(a[3], b[3]) > max(a[1], b[1])]
+        problems += [(pid, "a plot area names no unit") for unit, _ in g["areas"] if not unit]
+    for pid, (unit, axis) in refs.items():
+        lines = geometry[pid]["refs"]
+        if [(r["unit"], r["dir"]) for r in lines] != [(unit, axis)]:
+            problems.append((pid, f"the limit line is not on the {axis} scale of {unit}", lines))
+        problems += [(pid, "the limit line reads another value on its scale", r) for r in lines
+                     if not (r["inside"] and abs(r["read"] - r["value"]) <= 0.02 * r["span"])]
+    text = browser.execute_script("return document.body.innerText + ' ' + [...document.querySelectorAll('svg text')]"
+                                  ".map(t => t.textContent).join(' ')")
+    problems += [("page", "scientific notation", x) for x in SCIENTIFIC.findall(text)]
+    assert not problems, "\n".join(map(str, problems[:40]))
+
+
+def test_plots_of_a_long_run_with_small_risks_read_right_in_chromium(published, browser, tmp_path):
+    """The issue's stream: 32 DP periods (their labels overprinted), risks of a few in a million (written 2e-06),
+    a marketer risk against a declared population beside the prosecutor average, and k = 5 below 1 / threshold
+    (every individual at risk: the page says why). Drawn from this run's figures, reshaped so."""
+    import copy
+
+    from stream_anon.report import page, plots
+    _, _, report, _ = published
+    f, s = copy.deepcopy(report["figures"]), copy.deepcopy(report["summary"])
+    day = next(iter(f["dp_budget"]["spent_by_period"].values()))
+    f["dp_budget"]["spent_by_period"] = {f"2024-{1 + i // 28:02d}-{1 + i % 28:02d}": day for i in range(32)}
+    population = {"highest": 4e-06, "average": 2e-06, "records_at_risk": 0.0, "population": 9_000_000,
+                  "sampling_fraction": 0.0002, "population_uniqueness": {"share": 1e-07}}
+    for r in f["risk"]:
+        r["journalist"], r["marketer"] = population, population["average"]
+    s["risk"].update(marketer=2e-06, journalist={**population, "population_uniqueness_max": 1e-07})
+    s["risk"]["prosecutor"]["records_at_risk"] = 1.0
+    s["counts"]["k"] = 5
+    f["alerts_by_name"] = {"suppression_limit_exceeded": 3, "raw_retention_exceeded": 1}
+    svgs = {"class-sizes": plots.class_sizes(f, 5), "ncp-suppression": plots.ncp_suppression(f, 0.05),
+            "risk": plots.risk(f), "dp-budget": plots.dp_budget(f), "query-error": plots.query_error(f),
+            "deadletters-alerts": plots.deadletters_alerts(f)}
+    html = tmp_path / "long.html"
+    html.write_text(page.render(s, f, svgs))
+    browser.get(html.as_uri())
+    _plots_read_right(browser, {"ncp-suppression": ("share-suppressed", "y"), "risk": ("risk", "y"),
+                                "dp-budget": ("epsilon", "y"), "class-sizes": ("classes", "x")})
+    shown = browser.execute_script(
+        "const o = {}; for (const e of document.querySelectorAll('[data-figure]')) o[e.dataset.figure] = "
+        "e.textContent; return o;")
+    assert shown["marketer"] == shown["journalist_average"] == "0.000002 (1 in 500,000)"
+    assert shown["records_at_risk"] == "100%" and shown["population_uniqueness_max"] == "0.00001%"
+    text = browser.find_element("tag name", "body").text
+    assert "with k = 5 below 10, a class can meet k and still be at risk, so the share is 100%" in text
+    assert "marketer risk = journalist average (expected share re-identified)" in text
+    legend = browser.execute_script("return [...document.querySelectorAll('#plot-risk svg text')]"
+                                    ".map(t => t.textContent)")
+    assert "marketer risk = journalist average (expected share re-identified)" in legend
+    ticks = browser.execute_script("return [...document.querySelectorAll('#plot-deadletters-alerts svg "
+                                   "g[id^=\"matplotlib.axis\"] text')].map(t => t.textContent)")
+    assert ticks and all(not re.fullmatch(r"\d+\.\d+", t) for t in ticks), ticks      # counts: integer ticks
 
 
 def test_a_report_of_outputs_under_another_secret_says_so(published, module_broker):

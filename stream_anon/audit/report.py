@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from stream_anon.numbers import plain, share
+
 
 def _fmt(counts: dict | None) -> str:
     if counts is None:
@@ -70,13 +72,15 @@ class AuditReport:
         p = s.get("prosecutor")
         if not p:
             return ["risk: no release with individuals"]
-        lines = [f"risk: prosecutor highest={p['highest']} (release {s.get('highest_release_id')}) average="
-                 f"{p['average']} records_at_risk={p['records_at_risk']} (risk > {s['threshold']}) over "
-                 f"{s['releases']} releases; marketer={s.get('marketer')}"]
         j = s.get("journalist")
+        lines = [f"risk: prosecutor highest={plain(p['highest'], 6)} (release {s.get('highest_release_id')}) "
+                 f"average={plain(p['average'], 6)} records_at_risk={share(p['records_at_risk'])} of individuals "
+                 f"(risk > {plain(s['threshold'])}) over {s['releases']} releases; marketer="
+                 f"{plain(s.get('marketer'), 6)} (= {'journalist' if j else 'prosecutor'} average)"]
         if j:
-            lines.append(f"  journalist highest={j['highest']} average={j['average']} records_at_risk="
-                         f"{j['records_at_risk']}; population uniqueness max={j['population_uniqueness_max']}")
+            lines.append(f"  journalist highest={plain(j['highest'], 6)} average={plain(j['average'], 6)} "
+                         f"records_at_risk={share(j['records_at_risk'])} of individuals; population uniqueness max="
+                         f"{share(j['population_uniqueness_max'])}")
         x = self.risk.get("intersection")
         if x:
             lines.append(f"  intersection attack (m-invariance): targets={x['targets']} min_candidates="

@@ -187,7 +187,7 @@ def stream_topic_defs(config, defs: dict[str, TopicDef] | None = None) -> dict[s
     n, source = input_partitions(config, defs)
     out: dict[str, TopicDef] = {}
     base = defs.get(topic) or TopicDef(topic, n, retention_ms=604800000, key="pseudonym of the privacy unit",
-                                       value="raw events (undefined topic)")
+                                       value="raw events of the stream")
     from dataclasses import replace
     if base.partitions != n:
         base = replace(base, partitions=n)
@@ -196,7 +196,7 @@ def stream_topic_defs(config, defs: dict[str, TopicDef] | None = None) -> dict[s
         base = replace(base, retention_ms=declared)
     log.info("input topic %s: %d partition(s) (%s)", topic, n, source)
     out[topic] = base
-    out[records] = defs.get(records) or TopicDef(records, 1, value="published records (undefined topic)")
+    out[records] = defs.get(records) or TopicDef(records, 1, value="published records of the stream")
     for name in (names.releases, names.deadletter, names.metrics) + ((names.aggregates,) if config.dp else ()):
         if name not in defs:
             raise TopicError(f"no definition for shared topic {name}")

@@ -9,6 +9,10 @@ import json
 from datetime import datetime, timezone
 from html import escape
 
+from stream_anon.numbers import plain, risk, share
+
+from .plots import RISK_LABELS, marketer_label
+
 CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:2rem auto;max-width:1100px;color:#222;
 line-height:1.4;padding:0 1rem}
@@ -27,13 +31,15 @@ PLOTS = (  # (id, title, caption)
      "Distinct individuals behind each published class over all the releases it appears in (the audit's count; "
      "the dashed line is k)."),
     ("ncp-suppression", "Information loss and suppression over time",
-     "Per release: mean normalized certainty penalty of its real records (0: exact, 1: the whole domain) and the "
-     "share of the events it placed that it suppressed; the dotted line is max_suppression_ratio."),
+     "Per release: mean normalized certainty penalty of its real records (0: exact, 1: the whole domain), and "
+     "below, on a scale of its own, the share of the events it placed that it suppressed; the dotted line there is "
+     "max_suppression_ratio."),
     ("risk", "Re-identification risk over time",
      "Per release, over its own individuals, each at risk 1/f, f the individuals of its class (a reused class "
      "counts every individual published in it so far): the prosecutor's highest risk 1/min f and average (the "
-     "expected share of the release's individuals re-identified; = marketer risk without a declared "
-     "population), and the journalist's average against a declared [risk] population."),
+     "expected share of the release's individuals re-identified), and the journalist's average against a declared "
+     "[risk] population; the marketer risk is the journalist average with a population, the prosecutor average "
+     "without one. The dotted line is [risk] threshold."),
     ("dp-budget", "DP budget per period",
      "Per period: the epsilon the worst unit can have been charged per aggregate, recomputed by the audit from "
      "the rows' declared noise, and what is left of the period's budget."),
@@ -43,20 +49,40 @@ PLOTS = (  # (id, title, caption)
      "for offline Mondrian on the same events per window and on the whole table."),
     ("deadletters-alerts", "Dead letters and alerts by reason",
      "Dead letters (deduplicated by source offset) by the kind of their reason, and alert messages on "
-     "anon.metrics by name."),
+     "anon.metrics by name (a new stream's first lineage_started is expected, not counted)."),
 )
 
 
-def _fig(name: str, value) -> str:
-    shown = "-" if value is None else value
-    return f'<span data-figure="{escape(name)}">{escape(str(shown))}</span>'
+def _fig(name: str, value, fmt=plain) -> str:
+    """A figure as a person reads it (``fmt``: :mod:`stream_anon.numbers`), its exact value in ``data-value``."""
+    return (f'<span data-figure="{escape(name)}" data-value="{escape(json.dumps(value))}">'
+            f"{escape(fmt(value) if value is not None else '-')}</span>")
+
+
+def _cell(v) -> str:
+    return "-" if v is None else plain(v, 4) if isinstance(v, float) else str(v)
 
 
 def _table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
     head = "".join(f"<th>{escape(title)}</th>" for _, title in columns)
-    body = "".join("<tr>" + "".join(f"<td>{escape(str(r.get(key, '') if r.get(key) is not None else '-'))}</td>"
-                                    for key, _ in columns) + "</tr>" for r in rows)
+    body = "".join("<tr>" + "".join(f"<td>{escape(_cell(r.get(key)))}</td>" for key, _ in columns) + "</tr>"
+                   for r in rows)
     return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def at_risk_sentence(k, threshold) -> str:
+    """What the share at risk means, and why it is 100% by construction when k < 1 / threshold."""
+    if not threshold:
+        return "Every individual with any risk counts as at risk ([risk] threshold 0)."
+    below = 1 / threshold
+    text = (f"An individual is at risk when its risk 1/f is above the threshold {plain(float(threshold))}, i.e. "
+            f"its class holds fewer than {plain(float(below))} individuals")
+    if k is not None and k < below:
+        return text + (f"; with k = {k} below {plain(float(below))}, a class can meet k and still be at risk, so the "
+                       f"share is 100% whenever every class holds fewer than {plain(float(below))}: expected, not a "
+                       f"fault (raise k, or set [risk] threshold = {plain(1 / k)}, for a share that tells classes "
+                       "apart).")
+    return text + "."
 
 
 def _summary_html(s: dict) -> str:
@@ -72,24 +98,33 @@ def _summary_html(s: dict) -> str:
                  f"{_fig('ncp_p95', ncp.get('p95'))}</td></tr>")
     r = s["risk"]
     p = r.get("prosecutor") or {}
-    parts.append(f"<tr><td>prosecutor risk: highest of any release / average / records at risk (risk above "
-                 f"{r.get('threshold')})</td><td>{_fig('prosecutor_highest', r.get('prosecutor_highest'))} / "
-                 f"{_fig('prosecutor_average', p.get('average'))} / {_fig('records_at_risk', p.get('records_at_risk'))}"
-                 f" over {r.get('releases', 0)} releases" + (f" (highest in {escape(str(r['highest_release']))})"
-                                                             if r.get("highest_release") else "") + "</td></tr>")
-    if r.get("marketer") is not None:
-        parts.append(f"<tr><td>marketer risk</td><td>{_fig('marketer', r['marketer'])}</td></tr>")
+    where = f" (in {escape(str(r['highest_release']))})" if r.get("highest_release") else ""
+    rows = [(RISK_LABELS["highest"] + ", of any release", _fig("prosecutor_highest", r.get("prosecutor_highest"),
+                                                                risk) + where),
+            (RISK_LABELS["average"], _fig("prosecutor_average", p.get("average"), risk)),
+            (f"share of individuals at risk (records_at_risk: risk above {plain(r.get('threshold'))})",
+             _fig("records_at_risk", p.get("records_at_risk"), share))]
     j = r.get("journalist")
+    if r.get("marketer") is not None:
+        rows.append((marketer_label(bool(j)), _fig("marketer", r["marketer"], risk)))
     if j:
-        parts.append(f"<tr><td>journalist risk: highest / average; population uniqueness (largest)</td><td>"
-                     f"{_fig('journalist_highest', j.get('highest'))} / {_fig('journalist_average', j.get('average'))}"
-                     f"; {_fig('population_uniqueness_max', j.get('population_uniqueness_max'))}</td></tr>")
+        rows += [("journalist risk, highest / average", f"{_fig('journalist_highest', j.get('highest'), risk)} / "
+                                                        f"{_fig('journalist_average', j.get('average'), risk)}"),
+                 ("journalist share of individuals at risk", _fig("journalist_records_at_risk",
+                                                                 j.get("records_at_risk"), share)),
+                 ("population uniqueness (largest share of a release's population unique)",
+                  _fig("population_uniqueness_max", j.get("population_uniqueness_max"), share))]
+    for label, value in rows:
+        parts.append(f"<tr><td>{escape(label)}</td><td>{value}</td></tr>")
+    parts.append(f'<tr><td colspan="2" class="muted" data-figure-note="records_at_risk">Over '
+                 f"{r.get('releases', 0)} releases, averages weighted by their individuals. "
+                 f"{escape(at_risk_sentence(c.get('k'), r.get('threshold')))}</td></tr>")
     if r.get("intersection_risk") is not None:
         parts.append(f"<tr><td>cross-release intersection attack (m-invariance): risk 1 / smallest candidate set"
-                     f"</td><td>{_fig('intersection_risk', r['intersection_risk'])}</td></tr>")
+                     f"</td><td>{_fig('intersection_risk', r['intersection_risk'], risk)}</td></tr>")
     if s.get("dp"):
         parts.append(f"<tr><td>DP: worst unit's charge in a period / budget</td><td>"
-                     f"{_fig('dp_worst_unit_charge', s['dp']['worst_unit_charge'])} / {s['dp']['budget']:g}</td></tr>")
+                     f"{_fig('dp_worst_unit_charge', s['dp']['worst_unit_charge'])} / {plain(s['dp']['budget'])}</td></tr>")
     if s.get("query_error"):
         q = s["query_error"]
         parts.append("<tr><td>query error over the run (mean relative): streaming / offline same windows / "

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import Counter
 
 from stream_anon import guarantees
+from stream_anon.numbers import plain
 from stream_anon.render import DEADLETTER_PAYLOAD_MAX
 
 DAY_MS = 86_400_000
@@ -75,7 +76,7 @@ def fields_out(config) -> list[dict]:
             keys = ", ".join(g.name for g in s.group_by) or "no grouping"
             out.append({"field": s.value_field or "(events)", "role": f"DP aggregate {s.name}",
                         "topic": "aggregates", "form": f"{s.kind} per window by {keys}, with noise (epsilon "
-                                                      f"{s.epsilon:g} per {config.dp.privacy_unit} per "
+                                                      f"{plain(float(s.epsilon), 6)} per {config.dp.privacy_unit} per "
                                                       f"{config.dp.period or 'run'})"})
     out.append({"field": "every other field", "role": "", "topic": "dead letters only",
                 "form": "not published in records or aggregates"})
@@ -102,7 +103,7 @@ def guarantees_in_force(config, ctx) -> dict:
                      f"{a.m_horizon_s:g} s after its last release)")
     if config.dp is not None:
         dp = config.dp
-        lines.append(f"differential privacy: epsilon {dp.epsilon_budget:g} per {dp.privacy_unit} per "
+        lines.append(f"differential privacy: epsilon {plain(float(dp.epsilon_budget), 6)} per {dp.privacy_unit} per "
                      f"{dp.period or 'run'}" + (f" ({dp.timezone})" if getattr(dp, "timezone", None) else "") +
                      f", over {len(dp.aggregates)} aggregates")
     changed = sorted({c for m in manifests for c in m.get("settings_changed") or ()})
