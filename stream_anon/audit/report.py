@@ -12,6 +12,25 @@ def _fmt(counts: dict | None) -> str:
 
 
 PASSED, FAILED, NOT_PASSED = "PASSED", "FAILED", "NOT PASSED"
+LATE = "late"        # the engine's suppression reason of an event for a window already released
+
+
+def late_cause(by_reason: dict | None) -> str | None:
+    """A line naming lateness when it is the largest suppression reason, with what to do; else None.
+
+    >>> late_cause({"late": 90, "k": 10})[:60]
+    '  most suppressed events are late: 90 of 100 (90.0%) arrived '
+    >>> late_cause({"late": 1, "k": 10}) is None, late_cause({}) is None
+    (True, True)
+    """
+    total = sum((by_reason or {}).values())
+    late = (by_reason or {}).get(LATE, 0)
+    if not late or late < max(by_reason.values()):
+        return None
+    return (f"  most suppressed events are late: {late} of {total} ({late / total:.1%}) arrived for a window "
+            "already released. Input out of event-time order (e.g. a file replayed unsorted) or later than "
+            "[stream] allowed_lateness_s: sort the input by event time, or raise allowed_lateness_s "
+            "(`stream-anon calibrate --suggest` measures the share arriving late)")
 
 
 def _releases(n: int) -> str:
@@ -98,6 +117,9 @@ class AuditReport:
         else:
             lines.append("  individuals per class: no classes")
         lines.append(f"  suppressed by reason: {_fmt(h.get('suppressed_by_reason'))}; deferred={h.get('deferred')}")
+        cause = late_cause(h.get("suppressed_by_reason"))
+        if cause:
+            lines.append(cause)
         lines.append(f"  dead letters by reason: {_fmt(h.get('deadletters_by_reason'))}")
         alerts = h.get("alerts")
         lines.append(f"  alerts on anon.metrics: {_fmt(alerts)}" + (" (ALERT)" if alerts else ""))
