@@ -208,6 +208,15 @@ print(json.dumps({
 
 
 @pytest.mark.slow
+def test_the_wheel_states_its_licence_as_an_spdx_expression(installed):
+    """pyproject.toml's ``license = "Apache-2.0"`` (PEP 639): setuptools writes License-Expression and prints no
+    deprecation box, where the table form ``{ text = ... }`` wrote License and did (issue 43 item 10)."""
+    meta = installed.python("from importlib.metadata import metadata; m = metadata('stream-anon'); "
+                            "print(m['License-Expression'], m['License'])").stdout.split()
+    assert meta == ["Apache-2.0", "None"]
+
+
+@pytest.mark.slow
 def test_installed_cli_lists_topics_calibrates_and_evaluates(installed):
     listed = installed.run("topics", "list").stdout.splitlines()
     defined = {t["name"] for t in tomllib.loads((ROOT / "topics" / "topics.toml").read_text())["topic"]}
