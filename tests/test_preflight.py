@@ -5,8 +5,8 @@ and exit 1."""
 from __future__ import annotations
 
 import json
+import logging
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -108,7 +108,7 @@ def test_a_secret_whose_key_id_is_not_the_streams(bootstrap, tmp_path, secret_en
     events = synthetic_fares(400, seed=3)
     out = core.process(ps, [(i, json.dumps(e).encode()) for i, e in enumerate(events)]).messages
     out += core.flush(ps).messages
-    producer = Producer({"bootstrap.servers": bootstrap})
+    producer = Producer({"bootstrap.servers": bootstrap, "logger": logging.getLogger("stream_anon.kafka.client")})
     released = 0
     for topic, key, value in out:
         if topic == "anon.releases":
