@@ -151,7 +151,7 @@ def with_settings(config, settings: dict):
 def run_settings(config, events: list[dict]) -> Figures:
     """Run the engine (one partition) over ``events`` in their order, flush, and count where every event went."""
     from stream_anon.engine import Engine
-    from stream_anon.engine.engine import LATE
+    from stream_anon.engine.decide import LATE
 
     engine = Engine(config, partition=0, secret=SECRET)
     t0 = time.perf_counter()

@@ -47,6 +47,7 @@ from .checks.k_individuals import KInIndividuals
 from .checks.l_diversity import LDiversity
 from .checks.leaks import Leaks
 from .checks.m_invariance import MInvariance
+from .checks.release_delta import ReleaseDelta
 from .checks.severity import Severity
 from .config import AuditConfig
 from .inputs import build_context, outputs_part
@@ -56,8 +57,9 @@ from .measures import class_individuals, health_figures
 from .report import FAILED, NOT_PASSED, PASSED, AuditReport
 from .risk import MaxProsecutorRisk, risk_figures
 
-CHECKS: tuple[Check, ...] = (KInIndividuals(), LDiversity(), Severity(), Leaks(), Coverage(), Accounting(),
-                             Consistency(), MInvariance(), DPBudgetCheck(), DPValuesCheck(), ConfigSanity())
+CHECKS: tuple[Check, ...] = (KInIndividuals(), ReleaseDelta(), LDiversity(), Severity(), Leaks(), Coverage(),
+                             Accounting(), Consistency(), MInvariance(), DPBudgetCheck(), DPValuesCheck(),
+                             ConfigSanity())
 _M_SUMMARY_RENAMED = ("releases", "classes", "individuals")   # the audit's own summary has these names
 
 
