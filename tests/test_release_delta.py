@@ -22,19 +22,28 @@ from test_lateness import SECRET, releases_of
 CONFIG = "configs/citibike.toml"
 
 
-def late_trips_run(naive: bool, monkeypatch) -> tuple[list, list, dict]:
-    """4,000 citibike trips arriving up to 4 h late (lateness 30 min, late records go to a covering earlier class);
-    ``naive``: the engine without the rule (every reused entry published, whatever its individuals)."""
+def late_trips():
+    """(config, events): 4,000 citibike trips arriving up to 4 h late (lateness 30 min, late records go to a
+    covering earlier class)."""
     base = load_config(CONFIG)
     raw = {**base.raw, "stream": {**base.raw["stream"], "allowed_lateness_s": 1800, "late_policy": "next_release"},
            "anonymization": {**base.raw["anonymization"], "reuse_horizon_s": 86400}}
     cfg = parse_config(raw, base_dir=base.source.parent, source=base.source)
     events = load_events("citibike")[:4000]
     rng = np.random.default_rng(0)
-    arrival = [events[i] for i in np.argsort([parse_time(e["event_time"]) + rng.uniform(0, 4 * 3600)
-                                              for e in events], kind="stable")]
+    return cfg, [events[i] for i in np.argsort([parse_time(e["event_time"]) + rng.uniform(0, 4 * 3600)
+                                                for e in events], kind="stable")]
+
+
+def naive_reuse(monkeypatch):
+    """The engine without the rule: every reused entry published, whatever its individuals."""
+    monkeypatch.setattr(engine_module, "thin_reuse_entries", lambda reused, units, k: np.zeros(0, np.int64))
+
+
+def late_trips_run(naive: bool, monkeypatch) -> tuple[list, list, dict]:
+    cfg, arrival = late_trips()
     if naive:
-        monkeypatch.setattr(engine_module, "thin_reuse_entries", lambda reused, units, k: np.zeros(0, np.int64))
+        naive_reuse(monkeypatch)
     rels, _, _ = releases_of(cfg, arrival, batch=250)
     monkeypatch.undo()
     raw_msgs = [(("raw.vehicle.citibike", 0, i), json.dumps(e)) for i, e in enumerate(arrival)]
@@ -74,3 +83,20 @@ def test_the_release_delta_attack_singles_out_newcomers_of_naive_reuse_only(naiv
         assert check["min_candidates"] == res["min_candidates"] and check["targets"] == res["targets"]
         thin = sum(len(r.suppressed_tokens.get(SUPPRESSED_THIN_REUSE, ())) for r in rels)
         assert report.summary["suppressed_by_reason"][SUPPRESSED_THIN_REUSE] == thin > 0
+
+
+@pytest.mark.parametrize("naive", [True, False], ids=["naive", "ours"])
+def test_calibrate_suggest_judges_settings_by_the_attacks_smallest_candidate_set(naive, monkeypatch):
+    from stream_anon.suggest_search import _admissible, run_settings
+
+    cfg, events = late_trips()
+    if naive:
+        naive_reuse(monkeypatch)
+    figures = run_settings(cfg, events)
+    monkeypatch.undo()
+    k = cfg.anonymization.k
+    assert f"smallest candidate set {figures.min_candidates}" in figures.brief()
+    if naive:       # as good as itself in every other figure, refused for the attack alone
+        assert figures.min_candidates == 1 and not _admissible(figures, figures, k)
+    else:
+        assert figures.min_candidates >= k and _admissible(figures, figures, k)
