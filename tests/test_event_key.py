@@ -129,3 +129,21 @@ def test_event_key_errors_name_the_key(table, message):
     base = {"format": "tesla-fleet-telemetry", "fields": {"vehicle_id": "vin", "event_time": "created_at"}}
     with pytest.raises(ConfigError, match=message):
         parse_input({**base, **table}, event_types=("t",))
+
+
+def test_two_readings_under_one_key_are_two_events_and_a_resend_is_one():
+    """Two readings of one vehicle in one second at two positions share the key (vin, created_at, $keys); they
+    differ in a mapped field, so both are events; a resend (``is_resend``, same content) is the first's copy."""
+    spec = parse_input({"format": "tesla-fleet-telemetry", "event_key": TESLA_KEY,
+                        "fields": {"vehicle_id": "vin", "event_time": "created_at",
+                                   "lat": "Location.latitude", "lon": "Location.longitude"}}, event_types=("t",))
+    m = next(x for x in tesla_payloads("protobuf", limit=200)
+             if Decoder(spec, secret=SECRET).decode(x, "t", 0, 0).reasons == [None])
+    moved = pb.Payload.FromString(m)
+    loc = next(d for d in moved.data if d.key == pb.Location)
+    loc.value.location_value.latitude += 0.001
+    dec = Decoder(spec, secret=SECRET)
+    first, second, again = (dec.decode(x, "t", 0, i).events[0] for i, x in
+                            enumerate([m, moved.SerializeToString(), resent(m)]))
+    assert first["event_time"] == second["event_time"] and first["lat"] != second["lat"]
+    assert first["event_id"] != second["event_id"] and again["event_id"] == first["event_id"]
