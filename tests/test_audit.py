@@ -520,3 +520,22 @@ def test_reused_class_gaining_one_individual_in_a_release_fails_release_delta():
                                   "release_id": "test-p0-000002", "class_id": "test-p0-000001-c0001",
                                   "individuals": 1, "k": 2}
     assert (chk["min_candidates"], chk["singled_out"]) == (1, 1)
+
+
+def test_health_states_the_share_of_records_published_as_the_whole_domain():
+    raw, out = scenario()
+    c2 = "test-p0-000002-c0001"
+    for r in out["records"]:
+        if r["class_id"] == c2:
+            r["qi"]["age"] = {"from": 1900, "to": 2020}          # the declared bounds of age
+    for c in out["manifests"][1]["classes"]:
+        if c["class_id"] == c2:
+            c["generalization"] = out["records"][-1]["qi"]
+    report = run(raw, out)
+    assert report.passed, report.format_text()
+    whole = report.health["whole_domain"]
+    assert whole["run"] == {"location": 0.0, "age": round(2 / 6, 6)}
+    assert whole["releases"] == {"test-p0-000001": {"location": 0.0, "age": 0.0},
+                                 "test-p0-000002": {"location": 0.0, "age": 0.5}}
+    assert "published as the whole domain (share of records): location=0.0, age=0.333333; highest in one release: " \
+        "location=0.0, age=0.5" in report.format_text()
