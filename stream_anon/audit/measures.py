@@ -154,6 +154,50 @@ def deadletter_reason(reason: Any) -> str:
     return str(reason).split(":", 1)[0].strip() or "unknown"
 
 
+def is_whole_domain(qi, value: Any) -> bool | None:
+    """Whether a published QI value is the whole domain (an H3 ``*``, the hierarchy's root, bounds covering the
+    declared ones); None when it cannot tell (a time interval, undeclared bounds, a malformed value)."""
+    if not isinstance(value, dict):
+        return None
+    if "h3" in value:
+        return value["h3"] == "*"
+    if "label" in value:
+        return value["label"] in (qi.hierarchy.roots if qi.hierarchy is not None else {"*"})
+    try:
+        if "lat" in value and isinstance(qi.lower, (list, tuple)) and isinstance(qi.upper, (list, tuple)):
+            (la0, la1), (lo0, lo1) = value["lat"], value["lon"]
+            return la0 <= qi.lower[0] and la1 >= qi.upper[0] and lo0 <= qi.lower[1] and lo1 >= qi.upper[1]
+        if qi.kind == "numeric" and qi.lower is not None and qi.upper is not None:
+            return float(value["from"]) <= float(qi.lower) and float(value["to"]) >= float(qi.upper)
+    except (KeyError, TypeError, ValueError):
+        return None
+    return None
+
+
+def whole_domain_shares(ctx: AuditContext) -> dict:
+    """Per quasi-identifier, the share of published real records whose value is the whole domain
+    (:func:`is_whole_domain`): over the run (``run``) and per release (``releases``); QIs it cannot judge (time)
+    are left out. A position published as the whole domain tells an analyst nothing about where."""
+    judged = [q for q in ctx.config.quasi_identifiers if q.kind != "timestamp"]
+    run: dict[str, list[int]] = {q.name: [0, 0] for q in judged}
+    per_release: dict[Any, dict[str, list[int]]] = defaultdict(lambda: {q.name: [0, 0] for q in judged})
+    for r in ctx.records:
+        if ctx.raw_of(r) is None or not isinstance(r.get("qi"), dict):
+            continue
+        rel = per_release[r.get("release_id")]
+        for q in judged:
+            whole = is_whole_domain(q, r["qi"].get(q.name))
+            if whole is None:
+                continue
+            for counts in (run[q.name], rel[q.name]):
+                counts[0] += whole
+                counts[1] += 1
+
+    def shares(counts: dict) -> dict:
+        return {name: round(w / n, 6) for name, (w, n) in counts.items() if n}
+    return {"run": shares(run), "releases": {rid: shares(c) for rid, c in per_release.items()}}
+
+
 def health_figures(ctx: AuditContext, individuals: ClassIndividuals, alerts: Iterable[dict] | None = None) -> dict:
     """Utility and privacy health of the published outputs (numbers, never a verdict):
 
@@ -162,6 +206,8 @@ def health_figures(ctx: AuditContext, individuals: ClassIndividuals, alerts: Ite
     - ``class_individuals``: distribution of distinct individuals per class (a class reused by later releases
       counts every individual published in it, in any release: the rule of the k check and of the summary,
       docs/privacy.md "Reuse of published classes"), counted from the raw events behind the records;
+    - ``whole_domain``: per QI, the share of published records generalized to the whole domain, over the run and
+      per release (:func:`whole_domain_shares`);
     - ``deadletters_by_reason``: dead letters (deduplicated by source offset) by the kind of their reason;
     - ``alerts``: alert messages of this stream on anon.metrics by alert name (deduplicated by alert, partition
       and release); ``None`` when the metrics topic was not read.
@@ -197,6 +243,7 @@ def health_figures(ctx: AuditContext, individuals: ClassIndividuals, alerts: Ite
         "class_individuals": size_distribution([len(u) for u in individuals.overall.values()],
                                                [k_of.get(created.get(c), ctx.config.k) for c in individuals.overall]),
         "deadletters_by_reason": dict(sorted(by_reason.items())),
+        "whole_domain": whole_domain_shares(ctx),
         "alerts": None,
     }
     if alerts is not None:

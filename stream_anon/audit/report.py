@@ -116,6 +116,12 @@ class AuditReport:
                          "classes; ".format(**sizes) + _fmt(sizes.get("bins")))
         else:
             lines.append("  individuals per class: no classes")
+        whole = h.get("whole_domain") or {}
+        if whole.get("run"):
+            worst = {name: max((r.get(name, 0) for r in whole["releases"].values()), default=0)
+                     for name in whole["run"]}
+            lines.append(f"  published as the whole domain (share of records): {_fmt(whole['run'])}; "
+                         f"highest in one release: {_fmt(worst)}")
         lines.append(f"  suppressed by reason: {_fmt(h.get('suppressed_by_reason'))}; deferred={h.get('deferred')}")
         cause = late_cause(h.get("suppressed_by_reason"))
         if cause:
