@@ -19,7 +19,7 @@ def late_cause(by_reason: dict | None) -> str | None:
     """A line naming lateness when it is the largest suppression reason, with what to do; else None.
 
     >>> late_cause({"late": 90, "k": 10})[:60]
-    '  most suppressed events are late: 90 of 100 (90.0%) arrived '
+    '  most suppressed events are late: 90 of 100 (90.0%) arrived'
     >>> late_cause({"late": 1, "k": 10}) is None, late_cause({}) is None
     (True, True)
     """
