@@ -133,8 +133,10 @@ def _cmd_audit(args) -> int:
 def _cmd_check(args) -> int:
     from stream_anon import preflight
     config_path = resolve_config(args.config)
+    # --timeout: where the connection options give one (the bound of every broker request), else the check's own
     result = preflight.run(config_path, kafka_connection.from_args(args, config_path=config_path),
-                           app_id=args.app_id, allow_outside_paths=args.allow_outside_paths, named=args.config)
+                           app_id=args.app_id, allow_outside_paths=args.allow_outside_paths, named=args.config,
+                           timeout_s=getattr(args, "timeout", None) or preflight.TIMEOUT_S)
     for line in result.lines():
         print(line)
     return result.exit_status
