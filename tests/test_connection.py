@@ -26,6 +26,7 @@ from stream_anon import connection
 from stream_anon.connection import ConnectionSettingsError, KafkaConnection, kafka_net_client, resolve
 
 SECRET = "pa55-w0rd-never-logged"
+CLIENT_LOG = logging.getLogger("stream_anon.kafka.client")     # librdkafka lines through Python logging
 
 
 @pytest.fixture(scope="module")
@@ -183,13 +184,14 @@ def test_confluent_mapping_is_accepted_by_librdkafka(pki, mechanism):
     assert conf == {"bootstrap.servers": "127.0.0.1:9094", "security.protocol": "SASL_SSL",
                     "ssl.endpoint.identification.algorithm": "https", "ssl.ca.location": str(pki / "ca.pem"),
                     "sasl.mechanism": mechanism, "sasl.username": "anon-worker", "sasl.password": SECRET}
+    conf = {**conf, "logger": CLIENT_LOG}
     confluent_kafka.Producer(conf).flush(0)
     confluent_kafka.Consumer({**conf, "group.id": "g"}).close()
-    confluent_kafka.Producer(tls(pki).confluent()).flush(0)
+    confluent_kafka.Producer({**tls(pki).confluent(), "logger": CLIENT_LOG}).flush(0)
     with pytest.raises(confluent_kafka.KafkaException):      # the check is real: a wrong name is refused
-        confluent_kafka.Producer({**conf, "sasl.user.name": "anon-worker"})
+        confluent_kafka.Producer({**conf, "sasl.user.name": "anon-worker", "logger": CLIENT_LOG})
     with pytest.raises(confluent_kafka.KafkaException):      # and so is a CA file that is no certificate
-        confluent_kafka.Producer({**conf, "ssl.ca.location": str(pki / "san.cnf")})
+        confluent_kafka.Producer({**conf, "ssl.ca.location": str(pki / "san.cnf"), "logger": CLIENT_LOG})
 
 
 @pytest.mark.parametrize("make", ["tls", "sasl_ssl", "sasl_plaintext"])
@@ -277,7 +279,7 @@ def test_clients_open_mutual_tls_with_the_mapped_options(pki, client):
         else:
             confluent_kafka = pytest.importorskip("confluent_kafka")
             from confluent_kafka.admin import AdminClient
-            admin = AdminClient({**c.confluent(), "socket.timeout.ms": 3000})
+            admin = AdminClient({**c.confluent(), "socket.timeout.ms": 3000, "logger": CLIENT_LOG})
             try:
                 admin.list_topics(timeout=3)
             except confluent_kafka.KafkaException:
