@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .causes import ADVICE, LATE
+
 
 def _fmt(counts: dict | None) -> str:
     if counts is None:
@@ -12,14 +14,13 @@ def _fmt(counts: dict | None) -> str:
 
 
 PASSED, FAILED, NOT_PASSED = "PASSED", "FAILED", "NOT PASSED"
-LATE = "late"        # the engine's suppression reason of an event for a window already released
 
 
 def late_cause(by_reason: dict | None) -> str | None:
     """A line naming lateness when it is the largest suppression reason, with what to do; else None.
 
     >>> late_cause({"late": 90, "k": 10})[:60]
-    '  most suppressed events are late: 90 of 100 (90.0%) arrived'
+    '  most suppressed events are late: 90 of 100 (90.0%): events'
     >>> late_cause({"late": 1, "k": 10}) is None, late_cause({}) is None
     (True, True)
     """
@@ -27,10 +28,7 @@ def late_cause(by_reason: dict | None) -> str | None:
     late = (by_reason or {}).get(LATE, 0)
     if not late or late < max(by_reason.values()):
         return None
-    return (f"  most suppressed events are late: {late} of {total} ({late / total:.1%}) arrived for a window "
-            "already released. Input out of event-time order (e.g. a file replayed unsorted) or later than "
-            "[stream] allowed_lateness_s: sort the input by event time, or raise allowed_lateness_s "
-            "(`stream-anon calibrate --suggest` measures the share arriving late)")
+    return f"  most suppressed events are late: {late} of {total} ({late / total:.1%}): {ADVICE[LATE]}"
 
 
 def _releases(n: int) -> str:
