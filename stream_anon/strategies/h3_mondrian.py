@@ -84,6 +84,11 @@ class GeoLevels:
                                      else -1 for a, o in pts.tolist()), dtype=np.int64, count=len(pts))
             self.cells[r] = np.where(present, per_point[inverse], -1)
 
+    def at_root(self, idx: np.ndarray) -> bool:
+        """Whether rows ``idx`` share no cell of the start resolution (their class publishes the whole domain)."""
+        c = self.cells[self.start][idx]
+        return bool(c[0] < 0 or (c != c[0]).any())
+
     def span(self, level: int | None) -> float:
         """NCP of a part at ``level`` (None: the root, the whole domain)."""
         return 1.0 if level is None else self.ncp[level]
@@ -131,9 +136,11 @@ class H3Mondrian:
         stack = [(np.arange(n), (None,) * len(geos))]
         while stack:
             idx, levels = stack.pop()
-            parts = self._cut(X, units, k, idx, levels, geos, other, width)
+            # below 2k records no cut leaves k on both sides: a leaf (not 2k individuals, as Mondrian: one vehicle
+            # drives through many cells, so two cells may hold k individuals each out of fewer than 2k)
+            parts = self._cut(X, units, k, idx, levels, geos, other, width) if len(idx) >= 2 * k else None
             if parts is None:
-                if due is None or None not in levels:
+                if due is None or not any(g.at_root(idx) for g in geos):
                     out.append(idx)
                 else:
                     out += self._wait(idx, units, k, due, self.params.whole_domain == "withhold")
