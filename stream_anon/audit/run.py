@@ -193,10 +193,14 @@ def audit_lineages(raw_events: list, by_lineage: dict, secret: bytes, cfg: Audit
         audited[name] = _audit_one(raw, part, secret, mine, alerts, previous, max_prosecutor_risk, earlier, why)
     reports = {name: r for name, (r, _) in audited.items()}
     checks = {f"{check} [{name}]": result for name, r in reports.items() for check, result in r.checks.items()}
+    if cfg.dp is not None and cfg.dp.period is not None and len(reports) > 1:
+        checks["dp across lineages"] = _dp_across_check(reports, cfg.dp.budget)
     order = {FAILED: 2, NOT_PASSED: 1, PASSED: 0}
     worst = max(reports, key=lambda n: order[reports[n].verdict])
     verdict = reports[worst].verdict
     reason = None if verdict == PASSED else f"lineage {worst}: {reports[worst].verdict_reason}"
+    if not checks.get("dp across lineages", {"passed": True})["passed"]:
+        verdict, reason = FAILED, "dp across lineages" + (f"; {reason}" if reason else "")
     last = list(reports)[-1]
     summary = dict(reports[last].summary)
     summary["lineages"] = {name: {"verdict": r.verdict, "releases": r.summary["releases"],
@@ -230,6 +234,21 @@ def _dp_across(reports: dict) -> dict:
         for period, charge in period_totals(r.checks.get("dp") or {}).items():
             total[period] = round(total.get(period, 0.0) + charge, 9)
     return total
+
+
+def _dp_across_check(reports: dict, budget: float) -> dict:
+    """A unit's loss in a period over every lineage (a lineage after a total loss starts with an empty ledger):
+    each period's worst charge summed over the lineages within the budget, else a line naming the period and the
+    charges (a new lineage carries what a lost one spent: ``worker --carry-budget``, docs/operations.md)."""
+    examples = []
+    for period, total in sorted(_dp_across(reports).items()):
+        if total > budget * (1 + 1e-9):
+            examples.append({"violation": "period over budget across lineages", "period": period, "charge": total,
+                             "budget": budget, "by_lineage": {name: period_totals(r.checks.get("dp") or {})
+                                                              .get(period) for name, r in reports.items()}})
+    return {"passed": not examples, "violations": len(examples),
+            "violations_by_kind": {"period over budget across lineages": len(examples)} if examples else {},
+            "examples": examples[:10]}
 
 
 def judge(checks: dict, summary: dict, max_suppression_ratio: float) -> tuple[str, str | None]:

@@ -237,6 +237,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="operator decision: partitions halted because their state was lost (lineage_lost, "
                         "state_topic_reset) start empty in a new lineage of the stream: new release ids, a fresh DP "
                         "budget, written into the manifests (lineage_started); without a loss it does nothing")
+    p.add_argument("--carry-budget", metavar="ROWS.jsonl", default=None,
+                   help="with --new-lineage after a total loss: the anon.aggregates rows a consumer kept (JSONL); "
+                        "each period's largest ledger_epsilon_spent is charged to the new lineage's ledgers, so a "
+                        "period is never spent twice (docs/operations.md, Lineage)")
     p.add_argument("--rotate-key", action="store_true",
                    help="operator decision: partitions whose state was written with the previous secret "
                         "(STREAM_ANON_PREVIOUS_SECRET or STREAM_ANON_PREVIOUS_SECRET_FILE, read only) resume under "
@@ -307,6 +311,13 @@ def worker_main(argv=None) -> int:
     except (OSError, ValueError) as exc:     # ConfigError is a ValueError
         print(f"stream-anon worker: {args.config}: {exc}", file=sys.stderr)
         return 2
+    if args.carry_budget:
+        from stream_anon.dp.carry import read_carried, with_carried
+        try:
+            config = with_carried(config, read_carried(args.carry_budget))
+        except ValueError as exc:
+            print(f"stream-anon worker: {exc}", file=sys.stderr)
+            return 2
     try:
         checked_part_bytes(args.state_part_bytes)
     except ValueError as exc:
