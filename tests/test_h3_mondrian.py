@@ -113,3 +113,22 @@ def test_bundled_h3_configs_publish_real_cells(dataset):
         assert np.mean(resolutions) >= 7
         assert positions["mean_resolution"] == pytest.approx(np.mean(resolutions), abs=1e-3)
         assert positions["records"] == len(records) and 0 < positions["ncp"] < 0.2
+
+
+def test_a_class_at_the_whole_domain_waits_when_not_due_and_is_withheld_when_asked():
+    sp = space()
+    cells = [h3.cell_to_latlng(h3.latlng_to_cell(*c, 7)) for c in ((40.70, -74.09), (40.745, -74.04))]
+    # two far apart cells of two vehicles each: with k = 3 no cell holds a class, so the class is the whole domain
+    X = np.array([[*cells[i // 2], 10.0 * i] for i in range(4)])
+    units = np.arange(4)
+    strategy = make_strategy("h3-mondrian")
+    assert [c.tolist() for c in strategy.form_classes(X, units, 3, sp, None)] == [[0, 1, 2, 3]]
+    assert strategy.form_classes(X, units, 3, sp, None, due=np.zeros(4, bool)) == []        # all wait
+    # due ones need the company of those not due (2 due vehicles < k): the whole part is published
+    assert [c.tolist() for c in strategy.form_classes(X, units, 3, sp, None, due=np.array([1, 1, 0, 0], bool))] \
+        == [[0, 1, 2, 3]]
+    # 3 due vehicles form the class alone; the 4th waits
+    assert [c.tolist() for c in strategy.form_classes(X, units, 3, sp, None, due=np.array([1, 1, 1, 0], bool))] \
+        == [[0, 1, 2]]
+    withhold = make_strategy("h3-mondrian", {"whole_domain": "withhold"})
+    assert withhold.form_classes(X, units, 3, sp, None, due=np.ones(4, bool)) == []
