@@ -89,7 +89,8 @@ def _pct(x) -> str:
 def table(rows: list[dict]) -> str:
     """One row per fleet, window and k: strict Mondrian (main: whole domain, res [5, 12]), h3-mondrian publishing
     the whole domain, h3-mondrian withholding it (as configs/obd2-h3.toml)."""
-    lines = ["| drivers | window | published within | k | Mondrian: suppressed / whole domain / NCP | h3-mondrian publish: "
+    lines = ["| drivers | window | published within | k | Mondrian: suppressed / whole domain / NCP | "
+             "h3-mondrian publish: "
              "suppressed / whole domain / NCP | h3-mondrian withhold: suppressed / mean resolution / NCP |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:

@@ -73,7 +73,8 @@ def position_figures(audit_cfg: AuditConfig, records: list[dict]) -> dict:
             per_release.setdefault(rid, []).append(s)
         release_means = [float(np.mean(v)) for v in per_release.values()]
         cells = shares[[p["h3"] != "*" for _, p in pubs]]
-        out[q.name] = {"records": len(pubs), "whole_domain_share": round(float(np.mean([p["h3"] == "*" for _, p in pubs])), 4),
+        whole = float(np.mean([p["h3"] == "*" for _, p in pubs]))
+        out[q.name] = {"records": len(pubs), "whole_domain_share": round(whole, 4),
                        "mean_resolution": round(float(res.mean()), 3) if len(res) else None,
                        "min_resolution": int(res.min()) if len(res) else None,
                        "ncp": round(float(shares.mean()), 4),

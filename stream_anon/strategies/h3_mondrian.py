@@ -39,6 +39,7 @@ cell larger than the domain is ever published). Deterministic: no randomness, ch
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -51,6 +52,14 @@ def _distinct(units: np.ndarray) -> int:
         return len(units)
     s = np.sort(units)
     return int(np.count_nonzero(s[1:] != s[:-1])) + 1
+
+
+@lru_cache(maxsize=1 << 18)
+def _cell(lat: float, lon: float, r: int) -> int:
+    """H3 cell id of a position, as an integer. Cached: a record waits through several closes, and fleets repeat
+    positions (stations, depots)."""
+    from h3.api import basic_int     # only H3 streams get here (their config load checked the package)
+    return basic_int.latlng_to_cell(lat, lon, r)
 
 
 def distinct_per_label(labels: np.ndarray, units: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -68,7 +77,6 @@ class GeoLevels:
     resolution, and each row's cell (as int64, -1 for a missing position) per resolution from start to finest."""
 
     def __init__(self, X: np.ndarray, d: int, rmin: int, rmax: int, n_cells: int, lower: np.ndarray):
-        import h3       # only H3 streams get here; their config load checked the package
 
         ncp = {r: min(1.0, (7.0 ** (rmax - r) - 1.0) / max(n_cells - 1.0, 1.0)) for r in range(rmin, rmax + 1)}
         self.start = next((r for r in range(rmin, rmax + 1) if ncp[r] < 1.0), rmax)
@@ -80,8 +88,9 @@ class GeoLevels:
         self.cells: dict[int, np.ndarray] = {}
         for r in range(self.start, rmax + 1):
             # once per distinct position (a parked vehicle repeats one): h3 has no vectorized call
-            per_point = np.fromiter((h3.str_to_int(h3.latlng_to_cell(a, o, r)) if a >= lower[d] and o >= lower[d + 1]
-                                     else -1 for a, o in pts.tolist()), dtype=np.int64, count=len(pts))
+            # (cell ids as integers: below 2**63, the top bit is reserved)
+            per_point = np.fromiter((_cell(a, o, r) if a >= lower[d] and o >= lower[d + 1] else -1
+                                     for a, o in pts.tolist()), dtype=np.int64, count=len(pts))
             self.cells[r] = np.where(present, per_point[inverse], -1)
 
     def at_root(self, idx: np.ndarray) -> bool:
@@ -166,6 +175,12 @@ class H3Mondrian:
         for g, geo in enumerate(geos):
             if geo.next_level(levels[g]) is not None:
                 candidates.append((0 if self.params.position_first else 1, -geo.span(levels[g]), g, "h3", g))
+        if self.params.position_first:          # the positions first: the other spans only when no cell cuts
+            for *_, g in sorted(candidates):
+                parts = self._cut_cells(units, k, idx, levels, g, geos[g])
+                if parts is not None:
+                    return parts
+            candidates = []
         if len(other) and len(idx) >= 2 * k:
             sub = X[np.ix_(idx, other)]
             span = (sub.max(axis=0) - sub.min(axis=0)) / width[other]
@@ -190,14 +205,20 @@ class H3Mondrian:
     def _cut_cells(units, k, idx, levels, g, geo):
         """Children at the next resolution holding k individuals; the rest pooled at this level (docstring)."""
         nxt = geo.next_level(levels[g])
-        cells, inverse, counts = distinct_per_label(geo.cells[nxt][idx], units[idx])
+        c = geo.cells[nxt][idx]
+        if c[0] >= 0 and (c == c[0]).all():
+            # every position in one child (a part holds k individuals): down as far as they share a cell, no split
+            while nxt < geo.rmax and (c := geo.cells[nxt + 1][idx])[0] >= 0 and (c == c[0]).all():
+                nxt += 1
+            return [(idx, levels[:g] + (nxt,) + levels[g + 1:])]
+        cells, inverse, counts = distinct_per_label(c, units[idx])
         kept = np.flatnonzero((counts >= k) & (cells >= 0))
         if len(kept) == 0:
             return None
         down = levels[:g] + (nxt,) + levels[g + 1:]
-        if len(kept) == 1 and len(cells) == 1:
-            return [(idx, down)]                    # every position in one child: down a level, no split
-        rest = idx[~np.isin(inverse, kept)]
+        in_kept = np.zeros(len(cells), dtype=bool)
+        in_kept[kept] = True
+        rest = idx[~in_kept[inverse]]
         children = [idx[inverse == j] for j in kept]
         if len(rest) and _distinct(units[rest]) < k:
             if len(kept) == 1:
