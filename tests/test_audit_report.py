@@ -223,3 +223,23 @@ def test_worker_logs_release_alerts_as_rate_limited_warnings(tmp_path, caplog):
     lines = [r.getMessage() for r in caplog.records]
     assert lines[-2].endswith("(+2 more since the last line)") and "release r5" in lines[-2]
     assert lines[-1].endswith("(+1 more since the last line)")
+
+
+def test_a_run_over_its_suppression_limit_names_the_dominant_cause_and_the_setting():
+    """Issue 46: the verdict of a run that suppresses too much, or publishes nothing, says why and what to change."""
+    raw, outputs = scenario()
+    outputs = copy.deepcopy(outputs)
+    outputs["manifests"][0]["suppressed_tokens"] = {"fewer_than_k_individuals_by_deadline":
+                                                    outputs["manifests"][0]["suppressed_tokens"]["ncp"]}
+    report = audit(raw, outputs, SECRET, dataclasses.replace(cfg(), max_suppression_ratio=0.05))
+    assert report.verdict == "NOT PASSED"
+    assert "mostly fewer_than_k_individuals_by_deadline (1 of 1 suppressed): classes of k distinct individuals " \
+           "did not form by the deadline: lengthen anonymization.window_s" in report.verdict_reason
+    assert "lower anonymization.k" in report.verdict_reason
+    outputs["records"], tokens = [], [r["audit_token"] for r in outputs["records"]]
+    outputs["manifests"][0]["suppressed_tokens"]["late"] = tokens
+    for m in outputs["manifests"]:
+        m["classes"], m["published"] = [], 0
+    report = audit(raw, outputs, SECRET, dataclasses.replace(cfg(), max_suppression_ratio=1.0))
+    assert report.verdict_reason.startswith("nothing published") and "mostly late (6 of 7 suppressed)" in \
+        report.verdict_reason and "allowed_lateness_s" in report.verdict_reason, report.verdict_reason

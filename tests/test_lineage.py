@@ -5,6 +5,7 @@ with the state directory lost leaves nothing to find: a first lineage is declare
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import sys
 from collections import Counter
@@ -225,7 +226,7 @@ def test_a_first_lineage_another_worker_declares_between_the_reads_is_joined_not
     from stream_anon.kafka.topics import ensure_topics
     from stream_anon.render import json_bytes
 
-    cfg = {"bootstrap.servers": broker.bootstrap}
+    cfg = {"bootstrap.servers": broker.bootstrap, "logger": logging.getLogger("stream_anon.kafka.client")}
     ensure_topics(broker.bootstrap, names=["anon.releases"])
     other = lin.LineageTopic(cfg, "race-app", "race")
     other.ensure(AdminClient(cfg))

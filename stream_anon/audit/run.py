@@ -37,6 +37,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable
 
 from .check import AuditContext, Check
+from .causes import dominant_cause, nothing_published_cause
 from .checks.accounting import Accounting
 from .checks.config_sanity import ConfigSanity
 from .checks.consistency import Consistency
@@ -259,9 +260,10 @@ def judge(checks: dict, summary: dict, max_suppression_ratio: float) -> tuple[st
         return FAILED, ", ".join(name for name, c in checks.items() if not c["passed"])
     published, suppressed = summary["published"], summary["suppressed"]
     if not published:
-        return NOT_PASSED, f"nothing published ({summary['events_in']} events in, {suppressed} suppressed)"
+        return NOT_PASSED, (f"nothing published ({summary['events_in']} events in, {suppressed} suppressed): "
+                            f"{nothing_published_cause(summary)}")
     ratio = suppressed / (published + suppressed)
     if ratio > max_suppression_ratio:
         return NOT_PASSED, (f"{ratio:.1%} of the placed events suppressed, above max_suppression_ratio "
-                            f"{max_suppression_ratio:g}")
+                            f"{max_suppression_ratio:g}; {dominant_cause(summary.get('suppressed_by_reason'))}")
     return PASSED, None
