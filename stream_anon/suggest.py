@@ -5,7 +5,8 @@ figures it comes from. First in closed form (:func:`closed_form`), the starting 
   (the configured bounds, which ``calibrate`` takes from the sample) in the engine's NCP: a coarser cell is worth
   no more than the whole domain (NCP 1) yet shows an area larger than the stream covers. The finest stays as
   configured. No finer: a finer coarsest resolution turns the classes whose members share no such cell into the
-  whole domain (Mondrian does not form its classes along cells), which only raises NCP.
+  whole domain (Mondrian does not form its classes along cells), which only raises NCP. It is also the start
+  resolution of ``strategy = "h3-mondrian"``, which forms classes along cells (docs/h3-positions.md).
 - ``window_s`` (and ``max_delay_s`` = ``window_s``): the shortest of the candidate windows in which at least
   ``units_factor * k`` distinct privacy units occur in 9 windows of 10 (the 10th percentile over the sample's
   windows), so a window can form classes of k distinct individuals without suppressing most of it.

@@ -12,7 +12,8 @@ current settings' on the same events:
 - the sample is cut by event time: the earlier ``train_share`` chooses (capped to its first ``max_events``
   events), the later part is held out and reports the chosen settings against the current ones (a deployment
   runs the settings on the stream that follows its sample);
-- ``strategy`` in :data:`STRATEGY_CANDIDATES` (those that need no parameters), judged on runs of consecutive
+- ``strategy`` in :data:`STRATEGY_CANDIDATES` (those that need no parameters; with an H3 geopoint also
+  ``h3-mondrian``, which forms classes along the cells), judged on runs of consecutive
   windows spread over the choosing part (a lattice search per window makes some strategies costly), then
   confirmed on the whole part;
 - ``window_s`` x ``max_delay_s``: windows of :data:`WINDOW_LADDER` from half the shorter of the current and the
@@ -263,11 +264,14 @@ class _Runs:
 
 def search(config, events: list[dict], closed_form: dict, max_delay_limit_s: float | None = None,
            train_share: float = 0.5, max_events: int = 20000, strategy_windows: int = 12,
-           strategies: tuple[str, ...] = STRATEGY_CANDIDATES, rounds: int = 2, progress=None) -> SearchResult:
-    """The search of the module docstring. ``closed_form``: key -> value of the closed-form suggestions."""
+           strategies: tuple[str, ...] | None = None, rounds: int = 2, progress=None) -> SearchResult:
+    """The search of the module docstring. ``closed_form``: key -> value of the closed-form suggestions;
+    ``strategies``: default :data:`STRATEGY_CANDIDATES`, and ``h3-mondrian`` with an H3 geopoint."""
     t0, c0 = time.perf_counter(), time.process_time()
     a, s = config.anonymization, config.stream
     h3_keys = [f"quasi_identifiers.{q.name}.resolutions" for q in config.quasi_identifiers if getattr(q, "h3", None)]
+    if strategies is None:      # h3-mondrian forms classes along the cells (docs/h3-positions.md)
+        strategies = STRATEGY_CANDIDATES + (("h3-mondrian",) if h3_keys else ())
     current = {WINDOW: a.window_s, MAX_DELAY: a.max_delay_s, LATENESS: s.allowed_lateness_s, STRATEGY: a.strategy}
     current.update({k: list(q.h3) for k, q in zip(h3_keys, [q for q in config.quasi_identifiers
                                                             if getattr(q, "h3", None)])})

@@ -120,6 +120,9 @@ class AuditReport:
                      for name in whole["run"]}
             lines.append(f"  published as the whole domain (share of records): {_fmt(whole['run'])}; "
                          f"highest in one release: {_fmt(worst)}")
+        for name, f in ((h.get("h3_positions") or {}).get("run") or {}).items():
+            lines.append(f"  H3 positions {name}: mean resolution {f['mean_resolution']} (cells, whole domain left "
+                         f"out), NCP {f['ncp']} (cell area over the domain's) over {f['records']} records")
         lines.append(f"  suppressed by reason: {_fmt(h.get('suppressed_by_reason'))}; deferred={h.get('deferred')}")
         cause = late_cause(h.get("suppressed_by_reason"))
         if cause:
