@@ -15,7 +15,7 @@ from stream_anon.kafka.topics import (TopicMismatchWarning, apply_topics, existi
 
 pytestmark = pytest.mark.kafka
 
-EXPECTED = {"raw.fare.oyster": 4, "raw.vehicle.citibike": 4, "raw.vehicle.obd2": 4, "anon.oyster.records": 1,
+EXPECTED = {"raw.fare.oyster": 4, "raw.vehicle.citibike": 4, "raw.vehicle.obd2": 1, "anon.oyster.records": 1,
             "anon.citibike.records": 1, "anon.obd2.records": 1, "anon.releases": 1, "anon.deadletter": 1,
             "anon.metrics": 1, "anon.aggregates": 1, "raw.fare.oyster-cards": 4, "anon.oyster-cards.records": 1,
             "anon.citibike-h3.records": 1, "anon.obd2-h3.records": 1}
