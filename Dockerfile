@@ -27,9 +27,10 @@ VOLUME ["/state"]
 USER anon
 WORKDIR /home/anon
 ENV PYTHONUNBUFFERED=1
-# The port a worker serves /metrics, /livez and /readyz on (pass `--web-port 6066`; they bind 127.0.0.1, which is
-# where this check runs). Liveness: /livez answers 200 while the worker's loop runs; the compose workers check
-# readiness (/readyz) instead.
+# The port a worker serves /metrics, /livez and /readyz on: the worker's default for --web-port (they bind
+# 127.0.0.1, which is where this check runs). Liveness: /livez answers 200 while the worker's loop runs; the compose
+# workers check readiness (/readyz) instead. tests/test_wheel_install.py runs this CMD and this HEALTHCHECK against
+# a worker of the installed wheel started with this environment and no --web-port.
 ENV STREAM_ANON_WEB_PORT=6066
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:' + os.environ['STREAM_ANON_WEB_PORT'] + '/livez', timeout=4)"]

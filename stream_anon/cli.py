@@ -1,4 +1,5 @@
-"""``stream-anon`` command line: demo, worker, replay, topics, audit, report, aggregates, calibrate, evaluate."""
+"""``stream-anon`` command line: demo, worker, replay, topics, check, audit, report, aggregates, calibrate,
+evaluate."""
 from __future__ import annotations
 
 import argparse
@@ -127,6 +128,18 @@ def _cmd_audit(args) -> int:
     if args.report:
         Path(args.report).write_text(json.dumps(report.to_dict(), indent=2))
     return audit_exit_status(report, args.fail_on_alert, args.fail_on_open)
+
+
+def _cmd_check(args) -> int:
+    from stream_anon import preflight
+    config_path = resolve_config(args.config)
+    # --timeout: where the connection options give one (the bound of every broker request), else the check's own
+    result = preflight.run(config_path, kafka_connection.from_args(args, config_path=config_path),
+                           app_id=args.app_id, allow_outside_paths=args.allow_outside_paths, named=args.config,
+                           timeout_s=getattr(args, "timeout", None) or preflight.TIMEOUT_S)
+    for line in result.lines():
+        print(line)
+    return result.exit_status
 
 
 def _cmd_report(args) -> int:
@@ -400,6 +413,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="exit 5 when events wait in windows not released yet (reported as open, never as lost)")
     a.set_defaults(func=_cmd_audit)
 
+    ck = sub.add_parser("check", help="pre-flight of a stream: config, secret and key id, topics, retention, rights",
+                        description="Needs STREAM_ANON_SECRET, as the worker. Checks before a worker starts: the "
+                                    "config loads, the secret is strong and its key id is the one the stream's last "
+                                    "releases carry, the stream's topics exist with the expected partition counts and "
+                                    "message size limits, the input topic's retention is within [stream] "
+                                    "input_retention_s and not shorter than max_delay_s, and the principal's rights "
+                                    "on the topics where the broker tells them. One line per finding; exit 0 when "
+                                    "there is none, 1 otherwise (docs/operations.md, Pre-flight check).")
+    ck.add_argument("--config", required=True, help=CONFIG_HELP)
+    kafka_connection.add_arguments(ck)
+    ck.add_argument("--app-id", default=None, help="the worker's app id, whose state topic <ID>-state is checked "
+                                                   "(default: stream-anon-<stream>, as the worker's)")
+    ck.set_defaults(func=_cmd_check)
+
     rp = sub.add_parser("report", help="one self-contained HTML page: figures, plots and a DPO summary of a stream",
                         description="Needs STREAM_ANON_SECRET. Reads the raw topic, the output topics and "
                                     "anon.metrics as the audit does, runs the audit, and writes one HTML file (inline "
@@ -484,9 +511,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="timestamp QI bounds = the data's first and last hour (evaluate a full file longer than "
                         "the configured period instead of rejecting its events)")
     e.set_defaults(func=_cmd_evaluate)
-    for sp in (r, ta, a, rp, g, c, e):       # the commands that read a stream config
+    for sp in (r, ta, ck, a, rp, g, c, e):       # the commands that read a stream config
         sp.add_argument(ALLOW_OUTSIDE_FLAG, action="store_true", help=ALLOW_OUTSIDE_HELP)
-    for sp in (d, b, r, ta, tl, mo, a, rp, g, c, e):
+    for sp in (d, b, r, ta, tl, mo, ck, a, rp, g, c, e):
         logsetup.add_arguments(sp)
         sp.add_argument("--loglevel", default="warning", help="log level (default: warning)")
     return p

@@ -167,9 +167,10 @@ class KafkaConnection:
 
     # ---- client options
     def kafka_python(self) -> dict[str, Any]:
-        """Options of kafka-python's KafkaProducer, KafkaConsumer and KafkaAdminClient."""
+        """Options of kafka-python's KafkaProducer, KafkaConsumer and KafkaAdminClient (their network client:
+        :func:`kafka_net_client`)."""
         out: dict[str, Any] = {"bootstrap_servers": self.bootstrap.split(","),
-                               "security_protocol": self.security_protocol}
+                               "security_protocol": self.security_protocol, "kafka_client": kafka_net_client}
         if self.uses_tls:
             out["ssl_check_hostname"] = self.ssl_check_hostname
             for name in (*_FILE_FIELDS, "ssl_password"):
@@ -241,6 +242,21 @@ class KafkaConnection:
         return out
 
 
+# kafka-python 3 warns "blocking the event loop" when one step of its network task takes over 0.1 s. Reading a
+# fetch response of a few MB (4 KB a recv, then parsed) takes that long on a busy machine, and so does waiting for
+# the GIL while the audit's readers decode in other threads: every `make demo` and audit printed it. A step this
+# long is a stall worth a line, as the check means it (a task that never yields).
+SLOW_NETWORK_STEP_S = 5.0
+
+
+def kafka_net_client(**configs):
+    """kafka-python's network client (its ``kafka_client`` option) with the slow-step warning at
+    :data:`SLOW_NETWORK_STEP_S`."""
+    from kafka.net.compat import KafkaNetClient
+
+    return KafkaNetClient(**{**configs, "slow_task_threshold_secs": SLOW_NETWORK_STEP_S})
+
+
 def _hostport(value: str) -> bool:
     host, sep, port = value.strip().rpartition(":")
     return bool(sep and host and port.isdigit())
@@ -304,8 +320,8 @@ def resolve(bootstrap: str | None = None, files=(), environ: Mapping[str, str] |
     """Merge file tables (in order), the environment, then ``bootstrap`` and ``overrides`` (None = not given),
     and validate. ``files``: TOML paths whose ``[kafka]`` table is read (missing table: nothing).
 
-    >>> resolve("127.0.0.1:9092", environ={}).kafka_python()
-    {'bootstrap_servers': ['127.0.0.1:9092'], 'security_protocol': 'PLAINTEXT'}
+    >>> resolve("127.0.0.1:9092", environ={}).kafka_python()["bootstrap_servers"]
+    ['127.0.0.1:9092']
     >>> resolve("h:1", environ={"STREAM_ANON_KAFKA_SECURITY_PROTOCOL": "sasl_plaintext"})
     Traceback (most recent call last):
     ...

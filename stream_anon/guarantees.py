@@ -55,6 +55,8 @@ NOT_GUARANTEES = {
     "Limits.max_event_bytes": "the largest message accepted: larger ones are dead-lettered",
     "Limits.duplicate_horizon_s": "how long event ids are remembered to dead-letter copies: a copy let through "
                                   "later is another event, which the audit's accounting finds whatever it is",
+    "DPConfig.carried": "an operator's input when a lineage starts (worker --carry-budget), charged once to the "
+                        "new ledger, whose state and rows then hold it",
     "RiskConfig.per_release": "whether the release metric carries risk figures: a figure, no guarantee",
     "RiskSettings.population": "the population the risk figures assume: figures beside the releases",
     "RiskSettings.sampling_fraction": "the sampling fraction the risk figures assume: figures beside the releases",

@@ -5,7 +5,8 @@ figures it comes from. First in closed form (:func:`closed_form`), the starting 
   (the configured bounds, which ``calibrate`` takes from the sample) in the engine's NCP: a coarser cell is worth
   no more than the whole domain (NCP 1) yet shows an area larger than the stream covers. The finest stays as
   configured. No finer: a finer coarsest resolution turns the classes whose members share no such cell into the
-  whole domain (Mondrian does not form its classes along cells), which only raises NCP.
+  whole domain (Mondrian does not form its classes along cells), which only raises NCP. It is also the start
+  resolution of ``strategy = "h3-mondrian"``, which forms classes along cells (docs/h3-positions.md).
 - ``window_s`` (and ``max_delay_s`` = ``window_s``): the shortest of the candidate windows in which at least
   ``units_factor * k`` distinct privacy units occur in 9 windows of 10 (the 10th percentile over the sample's
   windows), so a window can form classes of k distinct individuals without suppressing most of it.
@@ -13,7 +14,11 @@ figures it comes from. First in closed form (:func:`closed_form`), the starting 
   behind the largest event time read before it), rounded up to a minute: an event later than that whose window
   is already released is late (published under an earlier class that covers it, or suppressed as ``late``).
 
-The sample is read in the order the stream would deliver it (the file's order for replay).
+The sample is read in the order the stream would deliver it (the file's order for replay). When more than
+:data:`OUT_OF_ORDER_SHARE` of it arrives later than the current ``allowed_lateness_s``, the sample is not in
+event-time order (e.g. a CSV export sorted by vehicle, not by time): the lateness suggestion then carries a
+warning saying so, with the measured share and what to do (sort the file by event time before replaying it, or
+raise the lateness if the stream really delivers its events that late), since the search cannot fix an order.
 
 These figures say where to look, not what is best: :func:`suggest` then runs a small grid of candidates around
 them and the current settings through the engine on the sample (:mod:`stream_anon.suggest_search`) and suggests
@@ -30,6 +35,8 @@ import numpy as np
 from stream_anon.suggest_search import apply_settings, event_time, search
 
 WINDOWS_S = (300, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400, 172800, 604800)
+# more of the sample than this arriving later than the current lateness: an order problem, not a few stragglers
+OUT_OF_ORDER_SHARE = 0.25
 
 
 @dataclass
@@ -39,6 +46,7 @@ class Suggestion:
     current: object
     figures: str             # what it was derived from
     closed_form: object = None   # the closed-form value, when the search chose ``value`` from candidates
+    warning: str | None = None   # what the sample shows that no setting of the search fixes (its order)
 
 
 def suggest(config, events: list[dict], units_factor: float = 2.0, **search_kw):
@@ -50,10 +58,12 @@ def suggest(config, events: list[dict], units_factor: float = 2.0, **search_kw):
     out = []
     for s in start:
         value = result.chosen.get(s.key, s.value)
-        verdict = ("the search keeps the current value" if value == s.current else
+        verdict = ("see the warning: the sample is out of event-time order" if s.warning else
+                   "the search keeps the current value" if value == s.current else
                    "the search agrees" if value == s.value else f"the search chose {value}")
         out.append(Suggestion(s.key, value, result.current.get(s.key, s.current),
-                              f"closed form {s.value}: {s.figures}; {verdict}", closed_form=s.value))
+                              f"closed form {s.value}: {s.figures}; {verdict}", closed_form=s.value,
+                              warning=s.warning))
     known = {s.key for s in start}
     out += [Suggestion(key, value, result.current.get(key), "chosen by the search (no closed form)")
             for key, value in result.chosen.items() if key not in known and value != result.current.get(key)]
@@ -131,10 +141,18 @@ def _lateness(config, times: np.ndarray) -> Suggestion:
     value = int(math.ceil(p99 / 60.0) * 60)
     current = config.stream.allowed_lateness_s
     late_now = float(np.mean(lag > current)) if len(lag) else 0.0
+    warning = None
+    if late_now > OUT_OF_ORDER_SHARE:
+        warning = (f"the sample is not in event-time order: {late_now:.1%} of its events arrive later than the "
+                   f"current allowed_lateness_s = {current:g} s behind an event read before them (arrival lag p50 "
+                   f"{np.percentile(lag, 50):.0f} s): late events, published under an earlier class only where one "
+                   "covers them, else suppressed. Sort the file by event time before replaying it; only if the "
+                   "stream really delivers its events this late, raise stream.allowed_lateness_s (to "
+                   f"{value} s for 99% of them)")
     return Suggestion("stream.allowed_lateness_s", value, current,
                       f"arrival lag p50 {np.percentile(lag, 50):.0f} s, p99 {p99:.0f} s, max {lag.max():.0f} s; "
                       f"{late_now:.1%} of the sample arrives later than the current {current:g} s, "
-                      f"{float(np.mean(lag > value)):.1%} later than {value} s")
+                      f"{float(np.mean(lag > value)):.1%} later than {value} s", warning=warning)
 
 
 def apply(raw: dict, suggestions: list[Suggestion]) -> dict:
@@ -163,4 +181,5 @@ def search_report(suggestions: list[Suggestion], result) -> list[str]:
                      f"{b.settings['anonymization.max_delay_s']}: {b.figures.brief()} (--max-delay-limit-s allows "
                      "it; never suggested without)")
     lines += [f"note: {n}" for n in result.notes]
-    return lines
+    # last, where a terminal leaves it in view after the candidates
+    return lines + [f"warning: {s.warning}" for s in suggestions if s.warning]

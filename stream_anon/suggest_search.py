@@ -12,7 +12,8 @@ current settings' on the same events:
 - the sample is cut by event time: the earlier ``train_share`` chooses (capped to its first ``max_events``
   events), the later part is held out and reports the chosen settings against the current ones (a deployment
   runs the settings on the stream that follows its sample);
-- ``strategy`` in :data:`STRATEGY_CANDIDATES` (those that need no parameters), judged on runs of consecutive
+- ``strategy`` in :data:`STRATEGY_CANDIDATES` (those that need no parameters; with an H3 geopoint also
+  ``h3-mondrian``, which forms classes along the cells), judged on runs of consecutive
   windows spread over the choosing part (a lattice search per window makes some strategies costly), then
   confirmed on the whole part;
 - ``window_s`` x ``max_delay_s``: windows of :data:`WINDOW_LADDER` from half the shorter of the current and the
@@ -65,11 +66,14 @@ class Figures:
     dead_letters: int             # events the engine rejected (duplicates, future_event_time, bad values)
     releases: int
     runtime_s: float
+    # the release-delta attack's smallest candidate set: the fewest individuals a class gains in one release
+    # (stream_anon.attacks.release_delta); below k a reader of the releases in order singles someone out
+    min_candidates: int | None = None
 
     def brief(self) -> str:
         return (f"NCP {_f(self.ncp)}, suppressed {_pct(self.suppression)} ({self.suppressed}), late "
                 f"{self.late} ({self.late_suppressed} suppressed), deferred {self.deferred}, dead letters "
-                f"{self.dead_letters}")
+                f"{self.dead_letters}, smallest candidate set {self.min_candidates}")
 
 
 @dataclass
@@ -151,7 +155,7 @@ def with_settings(config, settings: dict):
 def run_settings(config, events: list[dict]) -> Figures:
     """Run the engine (one partition) over ``events`` in their order, flush, and count where every event went."""
     from stream_anon.engine import Engine
-    from stream_anon.engine.engine import LATE
+    from stream_anon.engine.decide import LATE
 
     engine = Engine(config, partition=0, secret=SECRET)
     t0 = time.perf_counter()
@@ -159,6 +163,7 @@ def run_settings(config, events: list[dict]) -> Figures:
     res.extend(engine.flush())
     runtime = time.perf_counter() - t0
     ncp_sum, published, by_reason, late, deferred = 0.0, 0, {}, 0, set()
+    entries = [c.individuals for rel in res.releases for c in rel.classes]
     for rel in res.releases:
         real = rel.record_ncp if rel.record_counterfeit is None else rel.record_ncp[~rel.record_counterfeit]
         ncp_sum += float(real.sum())
@@ -173,7 +178,8 @@ def run_settings(config, events: list[dict]) -> Figures:
                    suppression=suppressed / n if n else None, published=published, suppressed=suppressed,
                    suppressed_by_reason=dict(sorted(by_reason.items())), late=late,
                    late_suppressed=by_reason.get(LATE, 0), deferred=len(deferred), dead_letters=len(res.rejected),
-                   releases=len(res.releases), runtime_s=round(runtime, 3))
+                   releases=len(res.releases), runtime_s=round(runtime, 3),
+                   min_candidates=min(entries, default=None))
 
 
 def split_by_time(config, events: list[dict], train_share: float) -> tuple[list[dict], list[dict], float]:
@@ -204,10 +210,11 @@ def window_candidates(current_w: float, current_d: float, closed_w: float | None
     return pairs
 
 
-def _admissible(f: Figures, base: Figures) -> bool:
-    """No more suppression, late events suppressed or dead letters than the current settings on the same events."""
+def _admissible(f: Figures, base: Figures, k: int) -> bool:
+    """No more suppression, late events suppressed or dead letters than the current settings on the same events,
+    and no class gaining fewer than ``k`` individuals in a release (the release-delta attack's floor)."""
     return (f.ncp is not None and f.suppressed <= base.suppressed and f.late_suppressed <= base.late_suppressed
-            and f.dead_letters <= base.dead_letters)
+            and f.dead_letters <= base.dead_letters and (f.min_candidates is None or f.min_candidates >= k))
 
 
 def spread_windows(config, events: list[dict], window_s: float, max_delay_s: float, count: int,
@@ -257,11 +264,14 @@ class _Runs:
 
 def search(config, events: list[dict], closed_form: dict, max_delay_limit_s: float | None = None,
            train_share: float = 0.5, max_events: int = 20000, strategy_windows: int = 12,
-           strategies: tuple[str, ...] = STRATEGY_CANDIDATES, rounds: int = 2, progress=None) -> SearchResult:
-    """The search of the module docstring. ``closed_form``: key -> value of the closed-form suggestions."""
+           strategies: tuple[str, ...] | None = None, rounds: int = 2, progress=None) -> SearchResult:
+    """The search of the module docstring. ``closed_form``: key -> value of the closed-form suggestions;
+    ``strategies``: default :data:`STRATEGY_CANDIDATES`, and ``h3-mondrian`` with an H3 geopoint."""
     t0, c0 = time.perf_counter(), time.process_time()
     a, s = config.anonymization, config.stream
     h3_keys = [f"quasi_identifiers.{q.name}.resolutions" for q in config.quasi_identifiers if getattr(q, "h3", None)]
+    if strategies is None:      # h3-mondrian forms classes along the cells (docs/h3-positions.md)
+        strategies = STRATEGY_CANDIDATES + (("h3-mondrian",) if h3_keys else ())
     current = {WINDOW: a.window_s, MAX_DELAY: a.max_delay_s, LATENESS: s.allowed_lateness_s, STRATEGY: a.strategy}
     current.update({k: list(q.h3) for k, q in zip(h3_keys, [q for q in config.quasi_identifiers
                                                             if getattr(q, "h3", None)])})
@@ -319,7 +329,7 @@ class _Stages:
         top = self.runs(self.best, part).figures
         for delta in candidates:
             f = self.runs({**self.best, **delta}, part).figures
-            if f is not None and base is not None and _admissible(f, base) and \
+            if f is not None and base is not None and _admissible(f, base, self.config.anonymization.k) and \
                     f.ncp < top.ncp + (1e-12 if ties else -1e-12):
                 self.best, top = {**self.best, **delta}, f
 
@@ -336,7 +346,7 @@ class _Stages:
         if self.best != before and part != "train":
             f = self.runs(self.best, "train").figures
             top, base = self.runs(before, "train").figures, self.runs(self.current, "train").figures
-            if f is None or not _admissible(f, base) or f.ncp >= top.ncp - 1e-12:
+            if f is None or not _admissible(f, base, self.config.anonymization.k) or f.ncp >= top.ncp - 1e-12:
                 self.notes.append(f"strategy {self.best[STRATEGY]} was better on the spread windows, not on the "
                                   "whole part")
                 self.best = before

@@ -48,16 +48,19 @@ def rec(rid, cid, eid, t0, t1, label="Zone 1", age=(1970, 1989)):
 
 
 def scenario():
-    """Two releases of partition 0; class c1 created in R1 and reused in R2; c2 created in R2."""
+    """Two releases of partition 0; class c1 created in R1 and reused in R2 (two new individuals); c2 created in
+    R2."""
     events = [ev("e1", "J1001", "Aldgate", 1), ev("e2", "J1002", "Bank", 3), ev("e3", "J1003", "Bank", 5),
               ev("e4", "J1001", "Aldgate", 20), ev("e5", "J1005", "Ealing", 2), ev("e6", "J1006", "Bank", 40),
               ev("e7", "J1004", "Bank", 22)]
     raw = [((TOPIC, 0, i), json.dumps(e).encode()) for i, e in enumerate(events)]
     raw.append(((TOPIC, 0, len(raw)), b"{not json"))
+    raw.append(((TOPIC, 0, len(raw)), json.dumps(ev("e8", "J1008", "Bank", 6)).encode()))
     r1, r2 = "test-p0-000001", "test-p0-000002"
     c1, c2 = "test-p0-000001-c0001", "test-p0-000002-c0001"
     records = [rec(r1, c1, "e1", 0, 10), rec(r1, c1, "e2", 0, 10),
-               rec(r2, c1, "e3", 0, 10), rec(r2, c2, "e4", 15, 29), rec(r2, c2, "e7", 15, 29)]
+               rec(r2, c1, "e3", 0, 10), rec(r2, c1, "e8", 0, 10), rec(r2, c2, "e4", 15, 29),
+               rec(r2, c2, "e7", 15, 29)]
     gen = {c: next(r["qi"] for r in records if r["class_id"] == c) for c in (c1, c2)}
 
     def manifest(rid, seq, classes, suppressed, deferred):
@@ -72,7 +75,7 @@ def scenario():
                 "created_at": "2024-01-01T00:00:00+00:00"}
 
     manifests = [manifest(r1, 1, [(c1, 2, False)], {"ncp": [tok("e5")]}, [tok("e3"), tok("e6")]),
-                 manifest(r2, 2, [(c1, 1, True), (c2, 2, False)], {}, [tok("e6")])]
+                 manifest(r2, 2, [(c1, 2, True), (c2, 2, False)], {}, [tok("e6")])]
     deadletters = [{"reason": "malformed_json", "stream": "test", "source": {"topic": TOPIC, "partition": 0,
                                                                              "offset": 7},
                     "payload": "{not json", "received_at": "now"}]
@@ -105,7 +108,7 @@ def test_correct_release_passes():
     report = run(raw, out)
     assert report.passed, report.format_text()
     s = report.summary
-    assert (s["events_in"], s["published"], s["suppressed"], s["dead_lettered"], s["deferred"]) == (8, 5, 1, 1, 1)
+    assert (s["events_in"], s["published"], s["suppressed"], s["dead_lettered"], s["deferred"]) == (9, 6, 1, 1, 1)
     assert s["lost"] == s["duplicated"] == 0
     assert s["suppressed_by_reason"] == {"ncp": 1}
     assert s["min_individuals"] == 2 and s["classes"] == 2
@@ -245,7 +248,7 @@ def test_identical_duplicate_releases_are_deduped():
     out["manifests"].append(copy.deepcopy(out["manifests"][1]))
     report = run(raw, out)
     assert report.passed, report.format_text()
-    assert report.summary["published"] == 5 and report.summary["duplicated"] == 0
+    assert report.summary["published"] == 6 and report.summary["duplicated"] == 0
     assert report.checks["duplicates"]["duplicate_manifests"] == 2
     assert report.checks["duplicates"]["duplicate_records"] == 2
 
@@ -379,7 +382,7 @@ def test_deeply_nested_raw_json_is_reported_not_a_crash(dead_lettered):
     nested = b'{"event_id": "e9", "journey_id": "J1009", "x": ' + b"[" * DEPTH + b"]" * DEPTH + b"}"
     raw, out = with_raw(*scenario(), nested, dead_lettered)
     report = run(raw, out)
-    assert report.summary["events_in"] == 9
+    assert report.summary["events_in"] == 10
     if dead_lettered:      # the worker's decoder refuses it too: one more dead letter, nothing lost
         assert report.passed, report.format_text()
         assert report.summary["dead_lettered"] == 2
@@ -392,7 +395,7 @@ def test_lone_surrogate_event_id_is_reported_not_a_crash(dead_lettered):
     event = ev("e9\ud800", "J10\udc09", "Bank", 30)           # JSON escapes may carry lone surrogates
     raw, out = with_raw(*scenario(), json.dumps(event).encode(), dead_lettered)
     report = run(raw, out)
-    assert report.summary["events_in"] == 9
+    assert report.summary["events_in"] == 10
     if dead_lettered:
         assert report.passed, report.format_text()
         assert report.summary["dead_lettered"] == 2
@@ -409,7 +412,7 @@ def test_deeply_nested_output_record_is_malformed_not_a_crash():
     report = run(raw, out)
     assert failed(report) == ["consistency"]
     assert report.checks["consistency"]["violations_by_kind"] == {"malformed output message": 1}
-    assert report.summary["records"] == 5              # the other records are audited as before
+    assert report.summary["records"] == 6              # the other records are audited as before
 
 
 # ---------------------------------------------------------------------- one event id on several raw messages
@@ -446,7 +449,7 @@ def test_record_stands_for_the_copy_on_its_release_partition():
                              "deferred_tokens": []})
     report = run(raw, out)
     assert report.passed, report.format_text()
-    assert report.summary["published"] == 7
+    assert report.summary["published"] == 8
 
 
 # ---------------------------------------------------------------------- reading a topic from the broker
@@ -499,3 +502,40 @@ def test_read_topic_complete_raises_instead_of_returning_a_prefix(monkeypatch, t
     assert len(prefix) > 0                                   # without ``complete``: what was read (live topics)
     with pytest.raises(kafka_source.IncompleteRead, match="more still arriving"):
         kafka_source.read_topic("localhost:9", "raw.t", idle_s=0.05, max_wait_s=0.3, complete=True)
+
+
+def test_reused_class_gaining_one_individual_in_a_release_fails_release_delta():
+    """A reader of the releases in order sees R2's additions to c1 apart from its members of R1: one individual
+    there is singled out, though the class holds three over its releases."""
+    raw, out = scenario()
+    out["records"] = [r for r in out["records"] if r["audit_token"] != tok("e8")]
+    out["manifests"][1]["classes"][0].update(individuals=1, records=1)
+    out["manifests"][1]["published"] -= 1
+    out["manifests"][1]["deferred_tokens"].append(tok("e8"))
+    out["manifests"][1]["deferred"] += 1
+    report = run(raw, out)
+    assert failed(report) == ["release_delta"], report.format_text()
+    chk = report.checks["release_delta"]
+    assert chk["examples"][0] == {"violation": "release adds fewer than k individuals to a reused class",
+                                  "release_id": "test-p0-000002", "class_id": "test-p0-000001-c0001",
+                                  "individuals": 1, "k": 2}
+    assert (chk["min_candidates"], chk["singled_out"]) == (1, 1)
+
+
+def test_health_states_the_share_of_records_published_as_the_whole_domain():
+    raw, out = scenario()
+    c2 = "test-p0-000002-c0001"
+    for r in out["records"]:
+        if r["class_id"] == c2:
+            r["qi"]["age"] = {"from": 1900, "to": 2020}          # the declared bounds of age
+    for c in out["manifests"][1]["classes"]:
+        if c["class_id"] == c2:
+            c["generalization"] = out["records"][-1]["qi"]
+    report = run(raw, out)
+    assert report.passed, report.format_text()
+    whole = report.health["whole_domain"]
+    assert whole["run"] == {"location": 0.0, "age": round(2 / 6, 6)}
+    assert whole["releases"] == {"test-p0-000001": {"location": 0.0, "age": 0.0},
+                                 "test-p0-000002": {"location": 0.0, "age": 0.5}}
+    assert "published as the whole domain (share of records): location=0.0, age=0.333333; highest in one release: " \
+        "location=0.0, age=0.5" in report.format_text()

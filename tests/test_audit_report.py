@@ -34,32 +34,32 @@ def test_health_figures_from_a_known_release_set():
               {**ALERT, "alert": "loss_limit"}, {"type": "release", "stream": "test", "release_id": "x"}]
     report = audit(raw, outputs, SECRET, cfg(), alerts=alerts)
     h = report.health
-    # real records: 2 at 0.1 (R1 c1), 1 at 0.1 (R2 c1), 2 at 0.5 (R2 c2): mean 1.3 / 5, p95 0.5
-    assert h["ncp"] == {"records": 5, "mean": 0.26, "p95": 0.5}
+    # real records: 2 at 0.1 (R1 c1), 2 at 0.1 (R2 c1), 2 at 0.5 (R2 c2): mean 1.4 / 6, p95 0.5
+    assert h["ncp"] == {"records": 6, "mean": 0.233333, "p95": 0.5}
     # individuals per class over its releases (docs/privacy.md, Reuse of published classes): c1 {J1001, J1002}
-    # in R1 and J1003 reusing it in R2, c2 {J1001, J1004}; k = 2
-    assert h["class_individuals"] == {"classes": 2, "min": 2, "p50": 2, "mean": 2.5, "p95": 3, "max": 3,
-                                      "bins": {"< k": 0, "k": 1, "k+1 .. 2k-1": 1, "2k .. 4k-1": 0, ">= 4k": 0}}
+    # in R1 and J1003, J1008 reusing it in R2, c2 {J1001, J1004}; k = 2
+    assert h["class_individuals"] == {"classes": 2, "min": 2, "p50": 2, "mean": 3.0, "p95": 4, "max": 4,
+                                      "bins": {"< k": 0, "k": 1, "k+1 .. 2k-1": 0, "2k .. 4k-1": 1, ">= 4k": 0}}
     assert h["suppressed_by_reason"] == {"ncp": 1} and h["deferred"] == 1
     assert h["deadletters_by_reason"] == {"malformed_json": 1, "oversized payload": 1}
     assert h["alerts"] == {"loss_limit": 1, "suppression_limit_exceeded": 2}
     text = report.format_text()
-    assert "health: NCP of published records mean=0.26 p95=0.5 (records=5)" in text
-    assert "individuals per class: min=2 p50=2 mean=2.5 p95=3 max=3 over 2 classes; < k=0, k=1" in text
+    assert "health: NCP of published records mean=0.233333 p95=0.5 (records=6)" in text
+    assert "individuals per class: min=2 p50=2 mean=3.0 p95=4 max=4 over 2 classes; < k=0, k=1" in text
     assert "alerts on anon.metrics: loss_limit=1, suppression_limit_exceeded=2 (ALERT)" in text
     assert report.to_dict()["health"] == h
 
 
 def test_summary_and_health_agree_on_a_class_reused_by_a_late_record():
-    """R2 places the late record of J1003 in c1, which R1 published with J1001 and J1002: one rule for both
-    parts of the report (the class counts every individual published in it), and the class counts 3."""
+    """R2 places the late records of J1003 and J1008 in c1, which R1 published with J1001 and J1002: one rule for
+    both parts of the report (the class counts every individual published in it), and the class counts 4."""
     raw, outputs = health_scenario()
     reused = [c for m in outputs["manifests"] for c in m["classes"] if c["reused"]]
-    assert [c["individuals"] for c in reused] == [1]        # the reusing release adds one individual only
+    assert [c["individuals"] for c in reused] == [2]        # the reusing release adds k individuals
     report = audit(raw, outputs, SECRET, cfg())
     assert report.summary["min_individuals"] == report.health["class_individuals"]["min"] == 2
     assert report.summary["classes"] == report.health["class_individuals"]["classes"] == 2
-    assert report.health["class_individuals"]["max"] == 3
+    assert report.health["class_individuals"]["max"] == 4
     # a class below k at creation still fails the k check whatever the reuse rule
     assert outputs["records"][0]["release_id"] == "test-p0-000001"
     outputs["records"] = outputs["records"][1:]             # c1 created with J1002 only
@@ -72,7 +72,7 @@ def test_health_without_metrics_says_not_read_and_counterfeits_are_no_records():
     outputs["manifests"][1]["classes"][1]["counterfeit_records"] = 1      # one of c2's two records is counterfeit
     report = audit(raw, outputs, SECRET, cfg())
     assert report.health["alerts"] is None and "alerts on anon.metrics: not read" in report.format_text()
-    assert report.health["ncp"] == {"records": 4, "mean": 0.2, "p95": 0.5}
+    assert report.health["ncp"] == {"records": 5, "mean": 0.18, "p95": 0.5}
 
 
 def test_size_distribution_quantiles_and_empty():
@@ -182,10 +182,10 @@ def test_a_run_that_publishes_nothing_or_suppresses_too_much_is_not_passed():
     raw, outputs = scenario()
     outputs = copy.deepcopy(outputs)
     strict = dataclasses.replace(cfg(), max_suppression_ratio=0.05)
-    report = audit(raw, outputs, SECRET, strict)      # 1 of 6 placed events suppressed: 16.7%
+    report = audit(raw, outputs, SECRET, strict)      # 1 of 7 placed events suppressed: 14.3%
     assert all(c["passed"] for c in report.checks.values())
     assert (report.passed, report.verdict) == (False, "NOT PASSED")
-    assert report.format_text().startswith("AUDIT NOT PASSED: 16.7% of the placed events suppressed")
+    assert report.format_text().startswith("AUDIT NOT PASSED: 14.3% of the placed events suppressed")
     assert audit(raw, outputs, SECRET, dataclasses.replace(cfg(), max_suppression_ratio=0.2)).passed
     # every event suppressed: nothing published
     tokens = [r["audit_token"] for r in outputs["records"]]
@@ -251,3 +251,23 @@ def test_worker_logs_release_alerts_as_rate_limited_warnings(tmp_path, caplog):
     lines = [r.getMessage() for r in caplog.records]
     assert lines[-2].endswith("(+2 more since the last line)") and "release r5" in lines[-2]
     assert lines[-1].endswith("(+1 more since the last line)")
+
+
+def test_a_run_over_its_suppression_limit_names_the_dominant_cause_and_the_setting():
+    """Issue 46: the verdict of a run that suppresses too much, or publishes nothing, says why and what to change."""
+    raw, outputs = scenario()
+    outputs = copy.deepcopy(outputs)
+    outputs["manifests"][0]["suppressed_tokens"] = {"fewer_than_k_individuals_by_deadline":
+                                                    outputs["manifests"][0]["suppressed_tokens"]["ncp"]}
+    report = audit(raw, outputs, SECRET, dataclasses.replace(cfg(), max_suppression_ratio=0.05))
+    assert report.verdict == "NOT PASSED"
+    assert "mostly fewer_than_k_individuals_by_deadline (1 of 1 suppressed): classes of k distinct individuals " \
+           "did not form by the deadline: lengthen anonymization.window_s" in report.verdict_reason
+    assert "lower anonymization.k" in report.verdict_reason
+    outputs["records"], tokens = [], [r["audit_token"] for r in outputs["records"]]
+    outputs["manifests"][0]["suppressed_tokens"]["late"] = tokens
+    for m in outputs["manifests"]:
+        m["classes"], m["published"] = [], 0
+    report = audit(raw, outputs, SECRET, dataclasses.replace(cfg(), max_suppression_ratio=1.0))
+    assert report.verdict_reason.startswith("nothing published") and "mostly late (6 of 7 suppressed)" in \
+        report.verdict_reason and "allowed_lateness_s" in report.verdict_reason, report.verdict_reason

@@ -21,25 +21,26 @@ SECRET = b"risk-audit-secret-0123456789abcdef"
 
 # ------------------------------------------------------------------------------------------------ hand-built
 def test_hand_built_releases():
-    """test_audit.scenario: R1 holds class c1 of J1001, J1002 (2); R2 reuses c1 for J1003 (so far 3 individuals)
-    and creates c2 of J1001, J1004 (2). R1: highest 1/2, average 1/2. R2's own individuals are J1003 (risk 1/3),
-    J1001 and J1004 (1/2 each): 3 individuals, highest 1/2, average (1/3 + 1/2 + 1/2) / 3; at threshold 0.4 the
-    2 of c2 are at risk, 2 of 3 (not 2 of the 5 its classes hold over their releases)."""
+    """test_audit.scenario: R1 holds class c1 of J1001, J1002 (2); R2 reuses c1 for J1003 and J1008 (so far 4
+    individuals) and creates c2 of J1001, J1004 (2). R1: highest 1/2, average 1/2. R2's own individuals are J1003
+    and J1008 (risk 1/4 each), J1001 and J1004 (1/2 each): 4 individuals, highest 1/2, average
+    (1/4 + 1/4 + 1/2 + 1/2) / 4; at threshold 0.4 the 2 of c2 are at risk, 2 of 4 (not 2 of the 6 its classes hold
+    over their releases)."""
     raw, outputs = hand.scenario()
     cfg = dataclasses.replace(hand.cfg(), risk=RiskSettings(threshold=0.4))
     report = audit(raw, outputs, hand.SECRET, cfg)
     per = {p["release_id"]: p for p in report.risk["per_release"]}
     assert per["test-p0-000001"]["prosecutor"] == {"highest": 0.5, "average": 0.5, "records_at_risk": 1.0}
     r2 = per["test-p0-000002"]
-    assert r2["prosecutor"] == {"highest": 0.5, "average": round((1 / 3 + 1 / 2 + 1 / 2) / 3, 6),
-                                "records_at_risk": round(2 / 3, 6)}
-    assert (r2["classes"], r2["individuals"], r2["individuals_in_classes"]) == (2, 3, 5)
+    assert r2["prosecutor"] == {"highest": 0.5, "average": round((1 / 4 + 1 / 4 + 1 / 2 + 1 / 2) / 4, 6),
+                                "records_at_risk": round(2 / 4, 6)}
+    assert (r2["classes"], r2["individuals"], r2["individuals_in_classes"]) == (2, 4, 6)
     s = report.risk["summary"]
-    # the run: releases weighed by their own individuals, 2 and 3
+    # the run: releases weighed by their own individuals, 2 and 4
     p1, p2 = per["test-p0-000001"]["prosecutor"], r2["prosecutor"]
-    assert s["individuals"] == 5
-    assert s["prosecutor"] == {"highest": 0.5, "average": round((2 * p1["average"] + 3 * p2["average"]) / 5, 6),
-                               "records_at_risk": round((2 * 1.0 + 3 * p2["records_at_risk"]) / 5, 6)}
+    assert s["individuals"] == 6
+    assert s["prosecutor"] == {"highest": 0.5, "average": round((2 * p1["average"] + 4 * p2["average"]) / 6, 6),
+                               "records_at_risk": round((2 * 1.0 + 4 * p2["records_at_risk"]) / 6, 6)}
     assert "risk" not in report.checks
     text = report.format_text()
     assert "risk: prosecutor highest=0.5 (release test-p0-000001) average=" in text and "over 2 releases" in text
@@ -50,14 +51,14 @@ def test_hand_built_releases():
 
 
 def test_worker_metric_bounds_a_reused_class():
-    """The worker knows only what a release adds to a reused class (R2 adds 1 to c1): it counts max(k, 1) = 2,
-    an upper bound of the risk the audit counts (c1 holds 3 by then)."""
+    """The worker knows only what a release adds to a reused class (R2 adds 2 to c1): it counts max(k, 2) = 2,
+    an upper bound of the risk the audit counts (c1 holds 4 by then)."""
     from stream_anon.render import release_risk_figures
     raw, outputs = hand.scenario()
     report = audit(raw, outputs, hand.SECRET, hand.cfg())
     audit_r2 = report.risk["per_release"][1]
     worker_r2 = release_risk_figures(outputs["manifests"][1], RiskSettings())
-    assert worker_r2["prosecutor"]["average"] == 0.5 > audit_r2["prosecutor"]["average"] == round(4 / 9, 6)
+    assert worker_r2["prosecutor"]["average"] == 0.5 > audit_r2["prosecutor"]["average"] == 0.375
     assert worker_r2["prosecutor"]["highest"] >= audit_r2["prosecutor"]["highest"]
 
 
@@ -65,8 +66,8 @@ def test_journalist_figures_follow_the_config(tmp_path):
     raw, outputs = hand.scenario()
     cfg = dataclasses.replace(hand.cfg(), risk=RiskSettings(population=100))
     per = audit(raw, outputs, hand.SECRET, cfg).risk["per_release"]
-    assert per[1]["journalist"] == release_risk([3, 2], RiskSettings(population=100), [3, 2, 2])["journalist"]
-    assert per[1]["journalist"]["sampling_fraction"] == 0.05
+    assert per[1]["journalist"] == release_risk([4, 2], RiskSettings(population=100), [4, 4, 2, 2])["journalist"]
+    assert per[1]["journalist"]["sampling_fraction"] == 0.06
 
 
 # ------------------------------------------------------------------------------------------------ worker output

@@ -23,9 +23,10 @@ import time
 import pytest
 
 from stream_anon import connection
-from stream_anon.connection import ConnectionSettingsError, KafkaConnection, resolve
+from stream_anon.connection import ConnectionSettingsError, KafkaConnection, kafka_net_client, resolve
 
 SECRET = "pa55-w0rd-never-logged"
+CLIENT_LOG = logging.getLogger("stream_anon.kafka.client")     # librdkafka lines through Python logging
 
 
 @pytest.fixture(scope="module")
@@ -165,12 +166,13 @@ def test_kafka_python_mapping_uses_its_option_names(pki):
     t, s = tls(pki).kafka_python(), sasl(protocol="SASL_SSL", ssl_cafile=str(pki / "ca.pem")).kafka_python()
     assert t == {"bootstrap_servers": ["127.0.0.1:9093"], "security_protocol": "SSL", "ssl_check_hostname": True,
                  "ssl_cafile": str(pki / "ca.pem"), "ssl_certfile": str(pki / "client.pem"),
-                 "ssl_keyfile": str(pki / "client.key"), "ssl_password": SECRET}
+                 "ssl_keyfile": str(pki / "client.key"), "ssl_password": SECRET, "kafka_client": kafka_net_client}
     assert (s["sasl_mechanism"], s["sasl_plain_username"], s["sasl_plain_password"], s["security_protocol"]) == \
         ("SCRAM-SHA-512", "anon-worker", SECRET, "SASL_SSL")
     for client in (KafkaProducer, KafkaConsumer, KafkaAdminClient):
         assert set(t) | set(s) <= set(client.DEFAULT_CONFIG), client
-    assert KafkaConnection("h:1").kafka_python() == {"bootstrap_servers": ["h:1"], "security_protocol": "PLAINTEXT"}
+    assert KafkaConnection("h:1").kafka_python() == {"bootstrap_servers": ["h:1"], "security_protocol": "PLAINTEXT",
+                                                     "kafka_client": kafka_net_client}
 
 
 @pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"])
@@ -182,13 +184,14 @@ def test_confluent_mapping_is_accepted_by_librdkafka(pki, mechanism):
     assert conf == {"bootstrap.servers": "127.0.0.1:9094", "security.protocol": "SASL_SSL",
                     "ssl.endpoint.identification.algorithm": "https", "ssl.ca.location": str(pki / "ca.pem"),
                     "sasl.mechanism": mechanism, "sasl.username": "anon-worker", "sasl.password": SECRET}
+    conf = {**conf, "logger": CLIENT_LOG}
     confluent_kafka.Producer(conf).flush(0)
     confluent_kafka.Consumer({**conf, "group.id": "g"}).close()
-    confluent_kafka.Producer(tls(pki).confluent()).flush(0)
+    confluent_kafka.Producer({**tls(pki).confluent(), "logger": CLIENT_LOG}).flush(0)
     with pytest.raises(confluent_kafka.KafkaException):      # the check is real: a wrong name is refused
-        confluent_kafka.Producer({**conf, "sasl.user.name": "anon-worker"})
+        confluent_kafka.Producer({**conf, "sasl.user.name": "anon-worker", "logger": CLIENT_LOG})
     with pytest.raises(confluent_kafka.KafkaException):      # and so is a CA file that is no certificate
-        confluent_kafka.Producer({**conf, "ssl.ca.location": str(pki / "san.cnf")})
+        confluent_kafka.Producer({**conf, "ssl.ca.location": str(pki / "san.cnf"), "logger": CLIENT_LOG})
 
 
 @pytest.mark.parametrize("make", ["tls", "sasl_ssl", "sasl_plaintext"])
@@ -276,7 +279,7 @@ def test_clients_open_mutual_tls_with_the_mapped_options(pki, client):
         else:
             confluent_kafka = pytest.importorskip("confluent_kafka")
             from confluent_kafka.admin import AdminClient
-            admin = AdminClient({**c.confluent(), "socket.timeout.ms": 3000})
+            admin = AdminClient({**c.confluent(), "socket.timeout.ms": 3000, "logger": CLIENT_LOG})
             try:
                 admin.list_topics(timeout=3)
             except confluent_kafka.KafkaException:
@@ -318,3 +321,20 @@ def test_tls_without_the_client_certificate_is_refused_by_the_server(pki):
         assert not server.clients
     finally:
         server.close()
+
+
+def test_kafka_python_clients_warn_only_of_a_network_step_that_stalls(bootstrap):
+    """kafka-python's "blocking the event loop" warning fires on a 0.1 s network step, which reading a fetch of a few
+    MB on a busy machine takes (every `make demo` and audit printed it, issue 43 item 10); the project's clients
+    keep it for a stall of :data:`stream_anon.connection.SLOW_NETWORK_STEP_S`."""
+    from kafka import KafkaConsumer, KafkaProducer
+    from kafka.admin import KafkaAdminClient
+
+    conn = KafkaConnection(bootstrap)
+    net = conn.kafka_python()["kafka_client"](**conn.kafka_python())
+    try:
+        assert net._net.config["slow_task_threshold_secs"] == connection.SLOW_NETWORK_STEP_S >= 1
+    finally:
+        net.close()
+    for client in (KafkaConsumer, KafkaProducer, KafkaAdminClient):      # each takes it as its network client
+        client(**conn.kafka_python()).close()

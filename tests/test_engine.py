@@ -14,6 +14,7 @@ from stream_anon import crypto
 from stream_anon.config import parse_config
 from _state_helpers import reopened
 from stream_anon.engine import Engine, anonymize_dataframe
+from stream_anon.formers.base import SUPPRESSED_THIN_REUSE
 from stream_anon.formers.counterfeits import CounterfeitTokens, counterfeit_token
 
 SECRET = b"test-secret-0123456789"
@@ -116,25 +117,34 @@ def test_output_independent_of_batching_and_deterministic(seed, b1, b2):
     assert outs[0] == outs[1]
 
 
-def test_deadline_reuse_picks_among_covering_classes_at_random():
-    # A wide class is published first; late records it covers get reused, chosen at random among covers.
-    cfg = make_config(k=3, window_s=10, max_delay_s=10)
-    engine = Engine(cfg, secret=SECRET)
+def _wide_class_then_late(late_units: list[str]):
+    """A release of two classes (values 10-30 and 40-60, k = 3), then late records of ``late_units`` inside the
+    first class's box, due at the next close."""
+    engine = Engine(make_config(k=3, window_s=10, max_delay_s=10), secret=SECRET)
     first = [{"event_id": f"a{i}", "event_type": "reading", "unit": f"u{i}", "time": float(i), "value": v,
               "secret_value": 0} for i, v in enumerate([10.0, 20.0, 30.0, 40.0, 50.0, 60.0])]
     out = engine.process(first + [{"event_id": "tick", "event_type": "reading", "unit": "x", "time": 15.0,
                                    "value": 1.0, "secret_value": 0}])
     assert [len(r.classes) for r in out.releases] == [2]
-    # A lone record covered by the first class, due at the next close -> reused, not suppressed.
-    out = engine.process([{"event_id": "late", "event_type": "reading", "unit": "new", "time": 1.5,
-                           "value": 15.0, "secret_value": 0},
-                          {"event_id": "tick2", "event_type": "reading", "unit": "y", "time": 25.0,
-                           "value": 99.0, "secret_value": 0}])
-    release = out.releases[0]
+    late = [{"event_id": f"late{i}", "event_type": "reading", "unit": u, "time": 1.5, "value": 15.0 + i,
+             "secret_value": 0} for i, u in enumerate(late_units)]
+    out = engine.process(late + [{"event_id": "tick2", "event_type": "reading", "unit": "y", "time": 25.0,
+                                  "value": 99.0, "secret_value": 0}])
+    return out.releases[0], [crypto.audit_token(SECRET, e["event_id"]) for e in late]
+
+
+def test_reuse_takes_k_new_individuals_into_the_covering_class():
+    release, tokens = _wide_class_then_late(["n1", "n2", "n3", "n3"])
     reused = [c for c in release.classes if c.reused]
     assert len(reused) == 1 and reused[0].class_id.endswith("-c0000")
-    late_token = crypto.audit_token(SECRET, "late")
-    assert late_token in release.record_token
+    assert reused[0].individuals == 3 and all(t in release.record_token for t in tokens)
+
+
+def test_reuse_of_fewer_than_k_new_individuals_is_suppressed_with_its_reason():
+    # one late individual alone in the class's additions would be singled out by a reader of the releases in order
+    release, tokens = _wide_class_then_late(["n1", "n2", "n2"])
+    assert not [c for c in release.classes if c.reused]
+    assert sorted(release.suppressed_tokens[SUPPRESSED_THIN_REUSE]) == sorted(tokens)
 
 
 def test_state_roundtrip_resumes_identically():

@@ -7,6 +7,7 @@ an idle flush, an input topic re-created under the worker, and a worker whose ma
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import sys
@@ -94,7 +95,7 @@ def test_a_recreated_input_topic_halts_its_partitions_until_the_operator_accepts
                               log_path=tmp_path / "w1.log")
     assert acc["accounted"] == 800
     before = state_offsets(broker.bootstrap, app_id, "reset")
-    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap, "logger": logging.getLogger("stream_anon.kafka.client")})
     admin.delete_topics([cfg.stream.input_topic])[cfg.stream.input_topic].result(30)
     wait_for(lambda: cfg.stream.input_topic not in admin.list_topics(timeout=10).topics, 20, "topic deleted")
     admin.create_topics([NewTopic(cfg.stream.input_topic, 4, 1)])[cfg.stream.input_topic].result(30)

@@ -18,6 +18,7 @@ from _state_helpers import reopened
 from stream_anon.engine import Engine
 from stream_anon.engine.space import parse_time
 from stream_anon.errors import ConfigError
+from stream_anon.formers.base import SUPPRESSED_THIN_REUSE
 
 SECRET = b"test-secret-0123456789"
 
@@ -131,16 +132,19 @@ def test_records_join_the_window_of_their_event_time_and_wait_for_it():
 
 
 # -- late events ----------------------------------------------------------------------------------------------
-def _released_then_late(policy, late_value):
+def _released_then_late(policy, late_value, n_late=1):
+    """A release of classes 10-30 and 40-60 (k = 3), then ``n_late`` late events of distinct individuals at
+    ``late_value`` (+ 0.1 each)."""
     cfg = make_config(k=3, window_s=10, max_delay_s=10, policy=policy)
     engine = Engine(cfg, secret=SECRET, carried=("value",))
     first = [event(i, f"u{i}", i, v) for i, v in enumerate([10.0, 20.0, 30.0, 40.0, 50.0, 60.0])]
     out = engine.process(first + [event(90, "x", 15, 1)])
     assert len(out.releases) == 1 and out.releases[0].window_end == 10.0
-    late = event(99, "new", 1.5, late_value)
-    out = engine.process([late, event(91, "y", 25, 99)])
-    assert engine.late_total == 1
-    return engine, out, crypto.audit_token(SECRET, "e99")
+    late = [event(99 - j, f"new{j}", 1.5, late_value + 0.1 * j) for j in range(n_late)]
+    out = engine.process(late + [event(91, "y", 25, 99)])
+    assert engine.late_total == n_late
+    tokens = [crypto.audit_token(SECRET, f"e{99 - j}") for j in range(n_late)]
+    return engine, out, tokens[0] if n_late == 1 else tokens
 
 
 def test_late_event_suppressed_as_late_and_counted():
@@ -153,15 +157,22 @@ def test_late_event_suppressed_as_late_and_counted():
     assert "late" in release.manifest()["suppressed"]
 
 
-def test_late_event_next_release_goes_to_a_covering_earlier_class():
-    engine, out, token = _released_then_late("next_release", 15.0)
+def test_late_events_next_release_go_to_a_covering_earlier_class():
+    engine, out, tokens = _released_then_late("next_release", 15.0, n_late=3)
     release = out.releases[0]
-    assert release.late == 1 and token in release.record_token and "late" not in release.suppressed_tokens
-    rec = next(r for r in release.records if r["audit_token"] == token)
-    cls = next(c for c in release.classes if c.class_id == rec["class_id"])
-    assert cls.reused and cls.class_id.startswith("t-p0-000000-")          # an earlier class, never a new one
-    assert rec["qi"]["value"]["from"] <= 15.0 <= rec["qi"]["value"]["to"]
-    assert out.windows[0].late == 1 and 15.0 not in out.windows[0].carried["value"]
+    assert release.late == 3 and "late" not in release.suppressed_tokens
+    for token in tokens:
+        rec = next(r for r in release.records if r["audit_token"] == token)
+        cls = next(c for c in release.classes if c.class_id == rec["class_id"])
+        assert cls.reused and cls.class_id.startswith("t-p0-000000-")          # an earlier class, never a new one
+        assert rec["qi"]["value"]["from"] <= 15.0 <= rec["qi"]["value"]["to"]
+    assert out.windows[0].late == 3 and 15.0 not in out.windows[0].carried["value"]
+
+
+def test_a_late_event_alone_in_a_reused_class_is_suppressed_for_the_rule():
+    engine, out, token = _released_then_late("next_release", 15.0)    # one individual would be singled out
+    release = out.releases[0]
+    assert release.suppressed_tokens.get(SUPPRESSED_THIN_REUSE) == [token] and token not in release.record_token
 
 
 def test_late_event_next_release_without_a_covering_class_is_suppressed_as_late():

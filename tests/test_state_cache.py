@@ -67,7 +67,7 @@ def test_a_barrier_that_does_not_come_back_is_reported_with_what_was_read(broker
     from stream_anon.kafka.state_cache import read_to_barriers
     from stream_anon.kafka.transactions import fence_and_barrier
 
-    cfg = {"bootstrap.servers": broker.bootstrap}
+    cfg = {"bootstrap.servers": broker.bootstrap, "logger": logging.getLogger("stream_anon.kafka.client")}
     admin = AdminClient(cfg)
     for f in admin.create_topics([NewTopic("app-state", 2, 1)]).values():
         f.result(30)

@@ -7,6 +7,7 @@ cards, m = 3, the DP aggregates) forces records of many parts; ``bench/bench_sta
 limit with 300,000 cards (bench/results/state_size.json)."""
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -103,7 +104,7 @@ def test_records_over_the_limit_are_written_in_parts_and_a_second_worker_recover
     assert max(len(v) for _, v in values if v is not None) <= PART
     in_parts = _parts_by_record(values)
     assert len(in_parts) >= 2 and max(in_parts.values()) > 5, in_parts       # full records of many parts
-    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap, "logger": logging.getLogger("stream_anon.kafka.client")})
     found = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, st.state_topic(app_id))])
     configs = {n: c.value for f in found.values() for n, c in f.result(30).items()}
     assert configs["max.message.bytes"] == str(st.MESSAGE_MAX_BYTES)
@@ -137,7 +138,7 @@ def test_topics_apply_creates_the_state_topic_as_the_worker_would_and_one_below_
     from stream_anon.cli import main
 
     cfg, _ = _setup(broker, tmp_path, "smalltopic", oyster_cards.read_events()[:50], partitions=1)
-    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap, "logger": logging.getLogger("stream_anon.kafka.client")})
     # an operator creates it beforehand (a worker that may not create topics): the worker takes it as it is
     assert main(["topics", "apply", "--broker", broker.bootstrap, "--config", str(cfg.source),
                  "--app-id", "applied-app"]) == 0

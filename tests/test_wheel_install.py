@@ -208,6 +208,15 @@ print(json.dumps({
 
 
 @pytest.mark.slow
+def test_the_wheel_states_its_licence_as_an_spdx_expression(installed):
+    """pyproject.toml's ``license = "Apache-2.0"`` (PEP 639): setuptools writes License-Expression and prints no
+    deprecation box, where the table form ``{ text = ... }`` wrote License and did (issue 43 item 10)."""
+    meta = installed.python("from importlib.metadata import metadata; m = metadata('stream-anon'); "
+                            "print(m['License-Expression'], m['License'])").stdout.split()
+    assert meta == ["Apache-2.0", "None"]
+
+
+@pytest.mark.slow
 def test_installed_cli_lists_topics_calibrates_and_evaluates(installed):
     listed = installed.run("topics", "list").stdout.splitlines()
     defined = {t["name"] for t in tomllib.loads((ROOT / "topics" / "topics.toml").read_text())["topic"]}
@@ -258,6 +267,42 @@ def _stop(proc: subprocess.Popen, timeout: float = 30.0) -> int:
 EVENTS = 3000          # of the bundled Oyster slice: enough for several releases in every partition
 
 
+@dataclass
+class Image:
+    """What the Dockerfile's runtime stage runs: its environment, ENTRYPOINT + CMD and HEALTHCHECK command."""
+    env: dict
+    command: list
+    healthcheck: list
+
+
+def _image() -> Image:
+    import re
+
+    text = re.sub(r"\\\n\s*", " ", (ROOT / "Dockerfile").read_text())
+    runtime = text[text.index(" AS runtime"):]
+    env = dict(re.findall(r"^ENV (\w+)=(\S+)$", runtime, re.M))
+    entry = json.loads(re.search(r"^ENTRYPOINT (\[.*\])$", runtime, re.M).group(1))
+    cmd = json.loads(re.search(r"^CMD (\[.*\])$", runtime, re.M).group(1))
+    check = re.search(r"^HEALTHCHECK .*?CMD (\[.*\])$", runtime, re.M).group(1)
+    return Image(env, entry + cmd, json.loads(check))
+
+
+def _healthcheck(installed: Installed, image: Image, port: int) -> subprocess.CompletedProcess:
+    """The image's HEALTHCHECK, its ``python`` the installed one, with the image's environment (the port: a free
+    one, as tests run side by side)."""
+    argv = [str(installed.venv / "bin" / "python") if a == "python" else a for a in image.healthcheck]
+    return subprocess.run(argv, cwd=installed.workdir, capture_output=True, text=True, timeout=30,
+                          env=installed.env({**image.env, "STREAM_ANON_WEB_PORT": str(port)}))
+
+
+@pytest.mark.slow
+def test_the_images_cmd_runs_on_the_installed_wheel(installed):
+    image = _image()
+    assert image.env["STREAM_ANON_WEB_PORT"] and image.command[0] == "stream-anon"
+    proc = installed._run([str(installed.venv / "bin" / image.command[0]), *image.command[1:]], 120, image.env)
+    assert proc.stdout.startswith("usage: stream-anon")
+
+
 @pytest.mark.slow
 @pytest.mark.kafka
 def test_installed_package_runs_broker_topics_worker_replay_and_audit(installed):
@@ -285,10 +330,14 @@ def test_installed_package_runs_broker_topics_worker_replay_and_audit(installed)
         assert counts["events"] == EVENTS and counts["errors"] == 0 and len(counts["partitions"]) == 4
 
         log_path = installed.workdir / "worker.log"
+        # with the image's environment and no --web-port: the worker serves the port the image's HEALTHCHECK asks
+        from stream_anon.broker import free_port
+        image, port = _image(), free_port()
         with open(log_path, "w") as log:
             worker = installed.start("worker", "--config", "oyster", "--broker", bootstrap, "--state-dir", "state",
                                      "--flush-when-idle", "2", "--loglevel", "info", "--log-format", "json",
-                                     env=secret, stdout=log, stderr=subprocess.STDOUT)
+                                     env={**image.env, **secret, "STREAM_ANON_WEB_PORT": str(port)}, stdout=log,
+                                     stderr=subprocess.STDOUT)
         reader = OutputReader(bootstrap, "oyster")
         deadline = time.monotonic() + 120
         try:
@@ -302,7 +351,10 @@ def test_installed_package_runs_broker_topics_worker_replay_and_audit(installed)
                 pytest.fail(f"not accounted within 120 s: {acc}\n{log_path.read_text()[-3000:]}")
         finally:
             reader.close()
+        health = _healthcheck(installed, image, port)
+        assert health.returncode == 0, health.stderr[-2000:]
         assert _stop(worker) in (0, -signal.SIGTERM)
+        assert _healthcheck(installed, image, port).returncode != 0        # it fails without a live worker
         logged = [json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")]
         assert logged and all({"levelname", "name", "message"} <= set(d) for d in logged)
         assert any("Kafka connection: 127.0.0.1:" in d["message"] for d in logged)

@@ -6,6 +6,8 @@ same figures whatever the criterion.
 """
 from __future__ import annotations
 
+import math
+
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
@@ -154,6 +156,97 @@ def deadletter_reason(reason: Any) -> str:
     return str(reason).split(":", 1)[0].strip() or "unknown"
 
 
+def is_whole_domain(qi, value: Any) -> bool | None:
+    """Whether a published QI value is the whole domain (an H3 ``*``, the hierarchy's root, bounds covering the
+    declared ones); None when it cannot tell (a time interval, undeclared bounds, a malformed value)."""
+    if not isinstance(value, dict):
+        return None
+    if "h3" in value:
+        return value["h3"] == "*"
+    if "label" in value:
+        return value["label"] in (qi.hierarchy.roots if qi.hierarchy is not None else {"*"})
+    try:
+        if "lat" in value and isinstance(qi.lower, (list, tuple)) and isinstance(qi.upper, (list, tuple)):
+            (la0, la1), (lo0, lo1) = value["lat"], value["lon"]
+            return la0 <= qi.lower[0] and la1 >= qi.upper[0] and lo0 <= qi.lower[1] and lo1 >= qi.upper[1]
+        if qi.kind == "numeric" and qi.lower is not None and qi.upper is not None:
+            return float(value["from"]) <= float(qi.lower) and float(value["to"]) >= float(qi.upper)
+    except (KeyError, TypeError, ValueError):
+        return None
+    return None
+
+
+def whole_domain_shares(ctx: AuditContext) -> dict:
+    """Per quasi-identifier, the share of published real records whose value is the whole domain
+    (:func:`is_whole_domain`): over the run (``run``) and per release (``releases``); QIs it cannot judge (time)
+    are left out. A position published as the whole domain tells an analyst nothing about where."""
+    judged = [q for q in ctx.config.quasi_identifiers if q.kind != "timestamp"]
+    run: dict[str, list[int]] = {q.name: [0, 0] for q in judged}
+    per_release: dict[Any, dict[str, list[int]]] = defaultdict(lambda: {q.name: [0, 0] for q in judged})
+    for r in ctx.records:
+        if ctx.raw_of(r) is None or not isinstance(r.get("qi"), dict):
+            continue
+        rel = per_release[r.get("release_id")]
+        for q in judged:
+            whole = is_whole_domain(q, r["qi"].get(q.name))
+            if whole is None:
+                continue
+            for counts in (run[q.name], rel[q.name]):
+                counts[0] += whole
+                counts[1] += 1
+
+    def shares(counts: dict) -> dict:
+        return {name: round(w / n, 6) for name, (w, n) in counts.items() if n}
+    return {"run": shares(run), "releases": {rid: shares(c) for rid, c in per_release.items()}}
+
+
+def cell_area_share(qi, cell: str) -> float | None:
+    """Position NCP of a published H3 value: the cell's area over the declared domain's (a lat/lon box, its
+    longitude extent scaled by cos(latitude)), capped at 1; 1 for the whole domain ``"*"``; None when the domain
+    is not declared or the cell is not valid. Imports h3 itself (not the engine's code)."""
+    if cell == "*":
+        return 1.0
+    import h3
+    try:
+        (la0, lo0), (la1, lo1) = qi.lower, qi.upper
+        if not isinstance(cell, str) or not h3.is_valid_cell(cell):
+            return None
+    except (TypeError, ValueError):
+        return None
+    domain = (la1 - la0) * 111.32 * (lo1 - lo0) * 111.32 * math.cos(math.radians((la0 + la1) / 2))
+    return min(1.0, h3.cell_area(cell, "km^2") / domain) if domain > 0 else None
+
+
+def h3_positions(ctx: AuditContext) -> dict:
+    """Per H3 geopoint, over the run (``run``) and per release (``releases``): ``records`` (published real
+    records), ``mean_resolution`` (over those published as a cell, the whole domain left out: its share is in
+    ``whole_domain``) and ``ncp`` (mean area of the published cell over the domain's, :func:`cell_area_share`)."""
+    geo = [q for q in ctx.config.quasi_identifiers if q.kind == "geopoint"]
+    run: dict[str, list] = defaultdict(lambda: [0, 0, 0, 0.0])        # records, cells, sum of res, sum of NCP
+    per_release: dict[Any, dict] = defaultdict(lambda: defaultdict(lambda: [0, 0, 0, 0.0]))
+    for r in ctx.records:
+        if ctx.raw_of(r) is None or not isinstance(r.get("qi"), dict):
+            continue
+        for q in geo:
+            value = r["qi"].get(q.name)
+            if not isinstance(value, dict) or "h3" not in value:
+                continue
+            share = cell_area_share(q, value["h3"])
+            if share is None:
+                continue
+            for acc in (run[q.name], per_release[r.get("release_id")][q.name]):
+                acc[0] += 1
+                acc[3] += share
+                if value["h3"] != "*":
+                    acc[1] += 1
+                    acc[2] += int(value.get("resolution", 0))
+
+    def figures(accs: dict) -> dict:
+        return {name: {"records": n, "mean_resolution": round(rs / c, 3) if c else None,
+                       "ncp": round(ncp / n, 6)} for name, (n, c, rs, ncp) in accs.items() if n}
+    return {"run": figures(run), "releases": {rid: figures(a) for rid, a in per_release.items()}}
+
+
 def health_figures(ctx: AuditContext, individuals: ClassIndividuals, alerts: Iterable[dict] | None = None) -> dict:
     """Utility and privacy health of the published outputs (numbers, never a verdict):
 
@@ -162,6 +255,10 @@ def health_figures(ctx: AuditContext, individuals: ClassIndividuals, alerts: Ite
     - ``class_individuals``: distribution of distinct individuals per class (a class reused by later releases
       counts every individual published in it, in any release: the rule of the k check and of the summary,
       docs/privacy.md "Reuse of published classes"), counted from the raw events behind the records;
+    - ``whole_domain``: per QI, the share of published records generalized to the whole domain, over the run and
+      per release (:func:`whole_domain_shares`);
+    - ``h3_positions``: per H3 geopoint, the mean published resolution and the position NCP (cell area over the
+      domain's), over the run and per release (:func:`h3_positions`);
     - ``deadletters_by_reason``: dead letters (deduplicated by source offset) by the kind of their reason;
     - ``alerts``: alert messages of this stream on anon.metrics by alert name (deduplicated by alert, partition,
       release and lineage); ``None`` when the metrics topic was not read;
@@ -198,6 +295,8 @@ def health_figures(ctx: AuditContext, individuals: ClassIndividuals, alerts: Ite
         "class_individuals": size_distribution([len(u) for u in individuals.overall.values()],
                                                [k_of.get(created.get(c), ctx.config.k) for c in individuals.overall]),
         "deadletters_by_reason": dict(sorted(by_reason.items())),
+        "whole_domain": whole_domain_shares(ctx),
+        "h3_positions": h3_positions(ctx),
         "alerts": None,
     }
     if alerts is not None:

@@ -6,6 +6,8 @@ from typing import Any
 
 from stream_anon.numbers import plain, share
 
+from .causes import ADVICE, LATE
+
 
 def _fmt(counts: dict | None) -> str:
     if counts is None:
@@ -14,6 +16,21 @@ def _fmt(counts: dict | None) -> str:
 
 
 PASSED, FAILED, NOT_PASSED = "PASSED", "FAILED", "NOT PASSED"
+
+
+def late_cause(by_reason: dict | None) -> str | None:
+    """A line naming lateness when it is the largest suppression reason, with what to do; else None.
+
+    >>> late_cause({"late": 90, "k": 10})[:60]
+    '  most suppressed events are late: 90 of 100 (90.0%): events'
+    >>> late_cause({"late": 1, "k": 10}) is None, late_cause({}) is None
+    (True, True)
+    """
+    total = sum((by_reason or {}).values())
+    late = (by_reason or {}).get(LATE, 0)
+    if not late or late < max(by_reason.values()):
+        return None
+    return f"  most suppressed events are late: {late} of {total} ({late / total:.1%}): {ADVICE[LATE]}"
 
 
 def _releases(n: int) -> str:
@@ -101,7 +118,19 @@ class AuditReport:
                          "classes; ".format(**sizes) + _fmt(sizes.get("bins")))
         else:
             lines.append("  individuals per class: no classes")
+        whole = h.get("whole_domain") or {}
+        if whole.get("run"):
+            worst = {name: max((r.get(name, 0) for r in whole["releases"].values()), default=0)
+                     for name in whole["run"]}
+            lines.append(f"  published as the whole domain (share of records): {_fmt(whole['run'])}; "
+                         f"highest in one release: {_fmt(worst)}")
+        for name, f in ((h.get("h3_positions") or {}).get("run") or {}).items():
+            lines.append(f"  H3 positions {name}: mean resolution {f['mean_resolution']} (cells, whole domain left "
+                         f"out), NCP {f['ncp']} (cell area over the domain's) over {f['records']} records")
         lines.append(f"  suppressed by reason: {_fmt(h.get('suppressed_by_reason'))}; deferred={h.get('deferred')}")
+        cause = late_cause(h.get("suppressed_by_reason"))
+        if cause:
+            lines.append(cause)
         lines.append(f"  dead letters by reason: {_fmt(h.get('deadletters_by_reason'))}")
         alerts = h.get("alerts")
         lines.append(f"  alerts on anon.metrics: {_fmt(alerts)}" + (" (ALERT)" if alerts else "")

@@ -37,6 +37,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable
 
 from .check import AuditContext, Check
+from .causes import dominant_cause, nothing_published_cause
 from .checks.accounting import Accounting
 from .checks.config_sanity import ConfigSanity
 from .checks.consistency import Consistency
@@ -47,6 +48,7 @@ from .checks.k_individuals import KInIndividuals
 from .checks.l_diversity import LDiversity
 from .checks.leaks import Leaks
 from .checks.m_invariance import MInvariance
+from .checks.release_delta import ReleaseDelta
 from .checks.severity import Severity
 from .config import AuditConfig
 from .inputs import build_context, outputs_part
@@ -56,8 +58,9 @@ from .measures import class_individuals, health_figures
 from .report import FAILED, NOT_PASSED, PASSED, AuditReport
 from .risk import MaxProsecutorRisk, risk_figures
 
-CHECKS: tuple[Check, ...] = (KInIndividuals(), LDiversity(), Severity(), Leaks(), Coverage(), Accounting(),
-                             Consistency(), MInvariance(), DPBudgetCheck(), DPValuesCheck(), ConfigSanity())
+CHECKS: tuple[Check, ...] = (KInIndividuals(), ReleaseDelta(), LDiversity(), Severity(), Leaks(), Coverage(),
+                             Accounting(), Consistency(), MInvariance(), DPBudgetCheck(), DPValuesCheck(),
+                             ConfigSanity())
 _M_SUMMARY_RENAMED = ("releases", "classes", "individuals")   # the audit's own summary has these names
 
 
@@ -191,10 +194,14 @@ def audit_lineages(raw_events: list, by_lineage: dict, secret: bytes, cfg: Audit
         audited[name] = _audit_one(raw, part, secret, mine, alerts, previous, max_prosecutor_risk, earlier, why)
     reports = {name: r for name, (r, _) in audited.items()}
     checks = {f"{check} [{name}]": result for name, r in reports.items() for check, result in r.checks.items()}
+    if cfg.dp is not None and cfg.dp.period is not None and len(reports) > 1:
+        checks["dp across lineages"] = _dp_across_check(reports, cfg.dp.budget)
     order = {FAILED: 2, NOT_PASSED: 1, PASSED: 0}
     worst = max(reports, key=lambda n: order[reports[n].verdict])
     verdict = reports[worst].verdict
     reason = None if verdict == PASSED else f"lineage {worst}: {reports[worst].verdict_reason}"
+    if not checks.get("dp across lineages", {"passed": True})["passed"]:
+        verdict, reason = FAILED, "dp across lineages" + (f"; {reason}" if reason else "")
     last = list(reports)[-1]
     summary = dict(reports[last].summary)
     summary["lineages"] = {name: {"verdict": r.verdict, "releases": r.summary["releases"],
@@ -230,6 +237,21 @@ def _dp_across(reports: dict) -> dict:
     return total
 
 
+def _dp_across_check(reports: dict, budget: float) -> dict:
+    """A unit's loss in a period over every lineage (a lineage after a total loss starts with an empty ledger):
+    each period's worst charge summed over the lineages within the budget, else a line naming the period and the
+    charges (a new lineage carries what a lost one spent: ``worker --carry-budget``, docs/operations.md)."""
+    examples = []
+    for period, total in sorted(_dp_across(reports).items()):
+        if total > budget * (1 + 1e-9):
+            examples.append({"violation": "period over budget across lineages", "period": period, "charge": total,
+                             "budget": budget, "by_lineage": {name: period_totals(r.checks.get("dp") or {})
+                                                              .get(period) for name, r in reports.items()}})
+    return {"passed": not examples, "violations": len(examples),
+            "violations_by_kind": {"period over budget across lineages": len(examples)} if examples else {},
+            "examples": examples[:10]}
+
+
 def judge(checks: dict, summary: dict, max_suppression_ratio: float) -> tuple[str, str | None]:
     """The verdict: FAILED when a check failed; NOT PASSED when every check held but the run published nothing,
     or suppressed more than ``max_suppression_ratio`` of the events it placed (suppressed / (published +
@@ -238,9 +260,10 @@ def judge(checks: dict, summary: dict, max_suppression_ratio: float) -> tuple[st
         return FAILED, ", ".join(name for name, c in checks.items() if not c["passed"])
     published, suppressed = summary["published"], summary["suppressed"]
     if not published:
-        return NOT_PASSED, f"nothing published ({summary['events_in']} events in, {suppressed} suppressed)"
+        return NOT_PASSED, (f"nothing published ({summary['events_in']} events in, {suppressed} suppressed): "
+                            f"{nothing_published_cause(summary)}")
     ratio = suppressed / (published + suppressed)
     if ratio > max_suppression_ratio:
         return NOT_PASSED, (f"{ratio:.1%} of the placed events suppressed, above max_suppression_ratio "
-                            f"{max_suppression_ratio:g}")
+                            f"{max_suppression_ratio:g}; {dominant_cause(summary.get('suppressed_by_reason'))}")
     return PASSED, None

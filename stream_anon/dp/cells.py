@@ -130,6 +130,9 @@ class CellKeys:
         return EventCells(positions, cell, key_none, valid, values)
 
 
+_NEW = -2          # group_cells: a value not in ``known`` yet
+
+
 def group_cells(wc: WindowColumns, group: GroupKey, known: dict) -> np.ndarray:
     """Index in ``group.domain`` of every event's key, -1 when it has none; once per window and dimension.
     ``known``: raw value -> index, kept by the caller from window to window (a key is a function of the value
@@ -140,7 +143,14 @@ def group_cells(wc: WindowColumns, group: GroupKey, known: dict) -> np.ndarray:
         codes, distinct = wc.factorized(group.fields if len(group.fields) > 1 else group.fields[0])
         position = None
         cell_of = np.empty(len(distinct), dtype=np.int64)
-        for j, v in enumerate(distinct):
+        todo = range(len(distinct))
+        if distinct and bool not in set(map(type, distinct)):
+            # the values seen in earlier windows, looked up in C; only the new ones go through the loop below
+            cell_of[:] = np.fromiter(map(known.get, distinct, itertools.repeat(_NEW)), dtype=np.int64,
+                                     count=len(distinct))
+            todo = np.flatnonzero(cell_of == _NEW).tolist()
+        for j in todo:
+            v = distinct[j]
             if v is UNHASHABLE:
                 cell_of[j] = -1
                 continue

@@ -222,6 +222,8 @@ class DPConfig:
     max_windows_per_period: int | None = None
     window_s: float | None = None
     start: float | None = None          # the schedule's start (epoch seconds): see :attr:`start_window`
+    # period -> (a window of it, epsilon) spent by a lost lineage, charged to a new one (stream_anon.dp.carry)
+    carried: tuple = ()
 
     @property
     def period_mode(self) -> bool:

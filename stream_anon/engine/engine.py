@@ -51,12 +51,12 @@ from stream_anon.config import StreamConfig
 from stream_anon.engine.assemble import assemble_release
 from stream_anon.engine.buffer import Buffer, OpenWindows
 from stream_anon.engine.carried import CarriedWindow
+from stream_anon.engine.decide import LATE, decide_close
 from stream_anon.engine.records import Records, RecordReader, SeenEvents
 from stream_anon.engine.registry import PublishedClasses
 from stream_anon.engine.release import Rejection, Release, StepResult
 from stream_anon.engine.space import QISpace
-from stream_anon.formers.base import (SUPPRESSED_END, SUPPRESSED_LOSS, SUPPRESSED_NO_CLASS, Former, Plan,
-                                      WindowView)
+from stream_anon.formers.base import Former, WindowView
 from stream_anon.formers.counterfeits import CounterfeitTokens
 from stream_anon.formers.kanon import KAnonymousFormer
 from stream_anon.formers.minvariant import MInvariantFormer, MInvariantParams
@@ -65,7 +65,6 @@ from stream_anon.keyed_table import KeyedTable
 from stream_anon.strategies import make_strategy
 
 STATE_VERSION = 5       # 5: buffer, open windows and published classes as keyed tables of chunks
-LATE = "late"      # suppression reason of a late event (an event for a window already released)
 FORMER_TABLES = "former/"      # prefix of the former's tables among the engine's
 
 
@@ -375,45 +374,12 @@ class Engine:
                               np.ones(in_view, dtype=bool)])
         view = WindowView(work.X[:nv], work.units[:nv], work.times[:nv], work.sensitive[:nv], due, final,
                           window_end, self.space, rng, self.registry)
-        plan = former.form(view)
-        placed = np.zeros(len(work), dtype=bool)
-        for nc in plan.new_classes:
-            placed[nc.rows] = True
-        reused = self.registry.exact_cover(plan.reused, work.X)
-        for rows in reused.values():
-            placed[rows] = True
-        suppressed_rows = {reason: list(rows) for reason, rows in plan.suppressed.items()}
-        resolved = np.zeros(len(work), dtype=bool)
-        for rows in suppressed_rows.values():
-            resolved[rows] = True
-        # due leftovers: an earlier class chosen by the former, else suppressed
-        leftovers = np.flatnonzero(due & ~placed[:nv] & ~resolved[:nv])
-        for c, rows in self.registry.exact_cover(former.reuse(view, leftovers, plan), work.X).items():
-            reused.setdefault(c, []).extend(rows)
-            placed[rows] = True
-        loss = plan.loss_rejected
-        for i in np.flatnonzero(due & ~placed[:nv] & ~resolved[:nv]).tolist():
-            reason = LATE if i >= nf else SUPPRESSED_LOSS if loss is not None and loss[i] else (
-                SUPPRESSED_END if final else SUPPRESSED_NO_CLASS)
-            suppressed_rows.setdefault(reason, []).append(i)
-            resolved[i] = True
-        if nl > in_view:
-            # late records: never in a new class; a random earlier class covering them, or suppressed as late
-            late_rows = np.arange(nf, nf + nl)
-            if self.late_policy == "next_release":
-                late_view = WindowView(work.X, work.units, work.times, work.sensitive, np.ones(len(work), bool),
-                                       final, window_end, self.space, rng, self.registry)
-                for c, rows in self.registry.exact_cover(former.reuse(late_view, late_rows, Plan()), work.X).items():
-                    reused.setdefault(c, []).extend(rows)
-                    placed[rows] = True
-            for i in late_rows[~placed[late_rows]].tolist():
-                suppressed_rows.setdefault(LATE, []).append(i)
-                resolved[i] = True
+        d = decide_close(former, self.registry, view, work, nf, nl, in_view, self.late_policy, self.k)
         # deferred: records a close has seen and left waiting (late ones never stay; the records of open windows
         # are in no manifest yet)
-        waiting = np.flatnonzero(~(placed | resolved))
-        release = assemble_release(self, work, view, release_id, window_start, plan.new_classes, reused,
-                                   suppressed_rows, deferred_tokens=[work.tokens[i] for i in waiting.tolist()],
+        waiting = np.flatnonzero(~(d.placed | d.resolved))
+        release = assemble_release(self, work, view, release_id, window_start, d.plan.new_classes, d.reused,
+                                   d.suppressed, deferred_tokens=[work.tokens[i] for i in waiting.tolist()],
                                    late=nl)
         self.buffer.keep(np.concatenate([work_idx[waiting], rest_idx]))
         self.seq += 1

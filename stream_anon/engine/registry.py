@@ -68,13 +68,21 @@ class PublishedClasses:
 
     def choose_random(self, X: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Per row, a covering class chosen uniformly at random, or -1 (CASTLE, Cao et al., ICDE 2008, Example 4:
-        choosing the best-fitting class would leak the value)."""
+        choosing the best-fitting class would leak the value). A class already chosen for an earlier row of the
+        call is preferred when it covers the row (uniformly among those): the additions a class takes in one
+        release must hold k individuals (:func:`stream_anon.formers.base.thin_reuse_entries`), so they pool."""
         cover = self.cover(X)
         ok = cover.any(axis=1)
         if not ok.any():            # no draw: the generator's stream stays as it was
             return np.full(len(X), -1)
-        choice = np.argmax(rng.random(cover.shape) * cover, axis=1)
-        return np.where(ok, choice, -1)
+        draws = rng.random(cover.shape)
+        chosen = np.zeros(cover.shape[1], dtype=bool)
+        out = np.full(len(X), -1)
+        for i in np.flatnonzero(ok).tolist():
+            again = cover[i] & chosen
+            out[i] = int(np.argmax(draws[i] * (again if again.any() else cover[i])))
+            chosen[out[i]] = True
+        return out
 
     def exact_cover(self, reused: dict[int, list[int]], X: np.ndarray) -> dict[int, list[int]]:
         """Reuse decisions (class index -> rows of ``X``) kept only where the class's published H3 cells hold the

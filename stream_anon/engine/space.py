@@ -331,7 +331,7 @@ def inner_box(cell: str, margin: float = 0.98) -> tuple[tuple[float, float], tup
         return all(h3.latlng_to_cell(p, q, r) == cell for p, q in pts)
 
     lo_s, hi_s = 0.0, 1.0
-    for _ in range(30):
+    for _ in range(14):     # 2^-14 of the extent: far below the margin, and a new cell's box costs half as much
         mid = (lo_s + hi_s) / 2
         lo_s, hi_s = (mid, hi_s) if inside(mid) else (lo_s, mid)
     a, o = lo_s * margin * half

@@ -21,6 +21,7 @@ SUPPRESSED_NO_CLASS = K_REASON
 SUPPRESSED_LOSS = LOSS_REASON
 SUPPRESSED_END = "end_of_stream"
 SUPPRESSED_VALUE_CHANGED = "invariant_value_changed"
+SUPPRESSED_THIN_REUSE = "reused_class_fewer_than_k_new_individuals"
 
 
 @dataclass
@@ -55,6 +56,19 @@ class Plan:
     reused: dict[int, list[int]] = field(default_factory=dict)    # registry index -> rows (placed before forming)
     suppressed: dict[str, list[int]] = field(default_factory=dict)
     loss_rejected: np.ndarray | None = None
+
+
+def thin_reuse_entries(reused: dict[int, list[int]], units: np.ndarray, k: int) -> np.ndarray:
+    """Take out of ``reused`` (registry index -> rows) every entry whose rows hold fewer than ``k`` distinct
+    individuals (``units``: the privacy unit of each row); returns the rows taken out.
+
+    An adversary who reads the releases in order sees each release's additions to a reused class apart from its
+    earlier members; one who knows a target was active in that box during that window has only the individuals
+    added in that release as candidates. So the additions of every release hold k individuals, like a new class
+    (CASTLE's reuse argument, Cao et al., ICDE 2008, section 4.3, covers an adversary who sees the class whole)."""
+    thin = [c for c, rows in reused.items() if len(np.unique(units[rows])) < k]
+    taken = [r for c in thin for r in reused.pop(c)]
+    return np.array(taken, dtype=np.int64)
 
 
 @dataclass

@@ -68,6 +68,8 @@ class KAnonymousFormer:
             # strategies with a diversity or severity rule (seeds 002, 003) see the sensitive columns too
             extra["sensitive"] = {f: [view.sensitive[i][j] for i in pending]
                                   for j, f in enumerate(self.sensitive_fields)}
+        if getattr(self.strategy, "uses_due", False):
+            extra["due"] = view.due[pending]     # h3-mondrian lets records that are not due wait for a finer cell
         raw = self.strategy.form_classes(view.X[pending], view.units[pending], self.k, view.space, view.rng,
                                          **extra)
         locs = [np.asarray(local, dtype=np.int64) for local in raw]

@@ -107,7 +107,7 @@ class Decoder:
                 continue
             _put(event, f.name, value)
         if self.spec.event_key:
-            key_id, why = self._key_id(rec)
+            key_id, why = self._key_id(rec, event)
             event["event_id"] = key_id or default_id      # a failed key keeps the derived id (and its token)
             reason = reason or why
         elif not self._has_id:
@@ -119,9 +119,12 @@ class Decoder:
             event["event_type"] = self.spec.event_type
         return event, reason
 
-    def _key_id(self, rec: dict) -> tuple[str | None, str | None]:
-        """The event id of a natural key: ``key:`` + keyed hash (HMAC-SHA256, 128 bits) of the key's values, so no
-        identifier (a VIN) is in the id; or the reason the key cannot be read."""
+    def _key_id(self, rec: dict, event: dict) -> tuple[str | None, str | None]:
+        """The event id of a natural key: ``key:`` + keyed hash (HMAC-SHA256, 128 bits) of the key's values and of
+        the mapped ``event``, so no identifier (a VIN) is in the id; or the reason the key cannot be read. A resend
+        (same key, same mapped content, whatever else differs, e.g. ``is_resend``) has the first copy's id and is a
+        duplicate; two readings under one key that differ in a mapped field (two positions in one second) are two
+        events, never one dropped as the other's copy."""
         values = []
         for path, parts in self.spec.event_key:
             if path == RECORD_KEYS:
@@ -132,7 +135,7 @@ class Decoder:
                 what = "cannot be decoded" if isinstance(v, Undecodable) else "is missing"
                 return None, f"event_id: event_key {path} {what} (input {path})"
             values.append(v)
-        text = orjson.dumps(values, option=orjson.OPT_SORT_KEYS, default=str)
+        text = orjson.dumps([values, event], option=orjson.OPT_SORT_KEYS, default=str)
         return "key:" + hmac.new(self._key_secret, b"event:" + text, hashlib.sha256).hexdigest()[:32], None
 
     def _value(self, f: FieldSpec, rec: dict):

@@ -62,6 +62,32 @@ def vehicle_records(raw: bytes) -> list[dict]:
     return out
 
 
+def split_feed(raw: bytes, groups: list) -> list[tuple[object, bytes]]:
+    """``raw`` cut into one FeedMessage per group (same header): ``groups`` gives the group of each vehicle entity
+    :func:`vehicle_records` reads, in order; entities it does not read (no vehicle, deleted) go with the first
+    group, so the cut adds and drops no event. ``(group, message)`` in the order of each group's first entity."""
+    from google.transit import gtfs_realtime_pb2 as rt
+
+    feed = rt.FeedMessage.FromString(raw)
+    order: list = []
+    parts: dict = {}
+    others = []
+    it = iter(groups)
+    for ent in feed.entity:
+        if not ent.HasField("vehicle") or ent.is_deleted:
+            others.append(ent)
+            continue
+        g = next(it)
+        if g not in parts:
+            order.append(g)
+            parts[g] = rt.FeedMessage(header=feed.header)
+        parts[g].entity.append(ent)
+    if not order:
+        return [(None, raw)]
+    parts[order[0]].entity.extend(others)
+    return [(g, parts[g].SerializeToString()) for g in order]
+
+
 def _value(msg, name: str):
     v = getattr(msg, name)
     return float32(v) if msg.DESCRIPTOR.fields_by_name[name].type == 2 else v     # 2: FieldDescriptor.TYPE_FLOAT

@@ -300,8 +300,8 @@ def parse_input(table, event_time: str = "event_time", event_types: tuple[str, .
 
 def _event_key(t: Table, fmt: str, fields: list[FieldSpec], columns) -> tuple:
     """``event_key``: source paths whose values identify an event (``"$keys"``: the record's key names, e.g. a
-    Tesla Payload's field set). Its keyed hash becomes the event id, so a copy of an event (a resend) is a
-    ``duplicate_event`` within the duplicate horizon, whatever its offset."""
+    Tesla Payload's field set). Its keyed hash with the mapped event becomes the event id (``Decoder._key_id``),
+    so a copy of an event (a resend) is a ``duplicate_event`` within the duplicate horizon, whatever its offset."""
     if "event_key" not in t:
         return ()
     if fmt == "json" and not fields:

@@ -276,6 +276,13 @@ class PartitionAggregates:
     def load_state(self, core: dict, tables) -> None:
         self._parts.load_state(core, tables)
 
+    def open_new(self) -> None:
+        """Aggregates of a partition new in its lineage: their ledger is charged what a lost lineage spent
+        (``dp.carried``, :mod:`stream_anon.dp.carry`); restored ones hold it in their state."""
+        if self.dp.carried:
+            from stream_anon.dp.carry import carry_into
+            carry_into(self.ledger, self.dp.clock, {label: (w, eps) for label, w, eps in self.dp.carried})
+
     def record_state(self) -> tuple[dict, dict, int]:
         """What a state record takes of the aggregates: (:meth:`state_core`, the tables' changes since the previous
         call (:func:`stream_anon.checkpoint.changes`), the rows the tables hold)."""

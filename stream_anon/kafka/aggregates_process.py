@@ -272,6 +272,8 @@ def serve_requests(requests, replies) -> None:
                 parts[p] = aggregates.PartitionAggregates(config, p, secret, lineage)
                 if core is not None:
                     parts[p].load_state(core, tables or {})
+                else:
+                    parts[p].open_new()
                 value = parts[p].carried
             elif op == "release":
                 windows, topic, through = args

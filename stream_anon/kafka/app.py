@@ -36,6 +36,7 @@ from stream_anon.kafka.observe import prometheus_text, readiness
 
 log = logging.getLogger("stream_anon.worker")
 BROKER_PROBE_S = 15.0          # the worker's wait for its broker at start (--broker-wait)
+WEB_PORT_ENV = "STREAM_ANON_WEB_PORT"     # the default of --web-port (the image sets it for its HEALTHCHECK)
 
 
 class _NoFaustKafka(BootStrategy):
@@ -193,6 +194,17 @@ def use_aggregates_process(choice: str) -> bool:
 SESSION_TIMEOUT_ENV = "STREAM_ANON_SESSION_TIMEOUT_S"
 
 
+def _port(text: str) -> int:
+    """A TCP port number (of ``--web-port`` or, as its default, ``$STREAM_ANON_WEB_PORT``)."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 < port < 65536:
+        raise argparse.ArgumentTypeError(f"{text!r}: not a port number (also from {WEB_PORT_ENV})")
+    return port
+
+
 def _session_timeout(text: str) -> float:
     try:
         seconds = float(text)
@@ -222,8 +234,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep every field of a dead-lettered event (identifiers still redacted) and payloads that "
                         "are not JSON objects verbatim (they may hold identifiers); by default a dead letter holds "
                         "only what the output contract allows (docs/privacy.md, Dead letters)")
-    p.add_argument("--web-port", type=int, default=None,
-                   help="serve /metrics (Prometheus), /livez and /readyz on 127.0.0.1:PORT")
+    # argparse converts a string default with the type: a bad $STREAM_ANON_WEB_PORT is refused as --web-port would be
+    p.add_argument("--web-port", type=_port, default=os.environ.get(WEB_PORT_ENV) or None,
+                   help="serve /metrics (Prometheus), /livez and /readyz on 127.0.0.1:PORT (default: "
+                        f"${WEB_PORT_ENV}, which the image sets for its HEALTHCHECK; unset: no web server)")
     p.add_argument("--accept-input-reset", action="store_true",
                    help="operator decision: a partition halted because its input topic was re-created resumes "
                         "its state (signatures, DP ledger) from offset 0 of the new topic")
@@ -237,6 +251,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="operator decision: partitions halted because their state was lost (lineage_lost, "
                         "state_topic_reset) start empty in a new lineage of the stream: new release ids, a fresh DP "
                         "budget, written into the manifests (lineage_started); without a loss it does nothing")
+    p.add_argument("--carry-budget", metavar="ROWS.jsonl", default=None,
+                   help="with --new-lineage after a total loss: the anon.aggregates rows a consumer kept (JSONL); "
+                        "each period's largest ledger_epsilon_spent is charged to the new lineage's ledgers, so a "
+                        "period is never spent twice (docs/operations.md, Lineage)")
     p.add_argument("--rotate-key", action="store_true",
                    help="operator decision: partitions whose state was written with the previous secret "
                         "(STREAM_ANON_PREVIOUS_SECRET or STREAM_ANON_PREVIOUS_SECRET_FILE, read only) resume under "
@@ -307,6 +325,13 @@ def worker_main(argv=None) -> int:
     except (OSError, ValueError) as exc:     # ConfigError is a ValueError
         print(f"stream-anon worker: {args.config}: {exc}", file=sys.stderr)
         return 2
+    if args.carry_budget:
+        from stream_anon.dp.carry import read_carried, with_carried
+        try:
+            config = with_carried(config, read_carried(args.carry_budget))
+        except ValueError as exc:
+            print(f"stream-anon worker: {exc}", file=sys.stderr)
+            return 2
     try:
         checked_part_bytes(args.state_part_bytes)
     except ValueError as exc:

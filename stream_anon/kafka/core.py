@@ -121,6 +121,8 @@ class WorkerCore:
         dp = aggregates.PartitionAggregates(self.config, partition, self.secret, lineage)
         if core is not None:
             dp.load_state(core, tables or {})
+        else:
+            dp.open_new()
         return dp
 
     def close_partition(self, partition: int) -> None:

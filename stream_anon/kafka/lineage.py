@@ -54,6 +54,7 @@ from stream_anon.kafka.state_cache import POLL_S
 from stream_anon.render import TOPICS, json_bytes
 
 log = logging.getLogger("stream_anon.worker")
+client_log = logging.getLogger("stream_anon.kafka.client")
 
 HALT_LINEAGE_LOST = "lineage_lost"
 READ_WAIT_S = 60.0
@@ -164,7 +165,7 @@ class LineageTopic:
 
     def _producer_ready(self) -> Producer:
         if self._producer is None:
-            self._producer = Producer({**self.cfg, "enable.idempotence": True, "acks": "all"})
+            self._producer = Producer({**self.cfg, "enable.idempotence": True, "acks": "all", "logger": client_log})
         return self._producer
 
     def _produce(self, key: str, doc: dict) -> None:
@@ -181,7 +182,7 @@ class LineageTopic:
         nonce = uuid.uuid4().hex
         self._produce(f"{self.stream}/barrier", {"type": "barrier", "stream": self.stream, "nonce": nonce})
         reader = Consumer({**self.cfg, "group.id": f"{self.topic}-reader", "enable.auto.commit": False,
-                           "auto.offset.reset": "earliest"})
+                           "auto.offset.reset": "earliest", "logger": client_log})
         out: list[dict] = []
         try:
             reader.list_topics(self.topic, timeout=30)    # leader known: no 500 ms wait before the first fetch
@@ -219,7 +220,7 @@ def manifest_lineages(client_config: dict, stream: str, quiet_s: float = 0.5, ma
     topic = TOPICS.releases
     reader = Consumer({**client_config, "group.id": f"stream-anon-lineage-scan-{uuid.uuid4().hex[:8]}",
                        "enable.auto.commit": False, "isolation.level": "read_committed",
-                       "auto.offset.reset": "earliest"})
+                       "auto.offset.reset": "earliest", "logger": client_log})
     found: dict[str, set[int]] = {}
     try:
         md = reader.list_topics(topic, timeout=30).topics.get(topic)

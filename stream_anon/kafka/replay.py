@@ -175,11 +175,14 @@ def mapped_messages(path: str | Path, config, secret: bytes, limit: int | None =
     """``(key, message)`` pairs of a file (or a directory of files) for a stream with a mapped ``[input]``: the
     messages go to the raw topic as they are in the file (a CSV record as one CSV line, a binary message as its
     bytes; framings: stream_anon/inputs/files.py), keyed by the keyed pseudonym of the privacy unit the mapping
-    reads from them (no key when it cannot: the worker then dead-letters the message).
+    reads from them (no key when it cannot: the worker then dead-letters the message). A GTFS-realtime snapshot
+    of several vehicles becomes one snapshot per vehicle (same header), each keyed by its vehicle.
 
     ValueError (naming the file) when the file cannot be read, or when not one of its messages is of the format
     (a framing mistake, e.g. a length-delimited file read as one message)."""
     from stream_anon.inputs import Decoder, file_messages
+    from stream_anon.inputs.gtfs import split_feed
+    from stream_anon.inputs.mapping import MULTI_EVENT_FORMATS
 
     decoder = Decoder(config.input, max_bytes=1 << 30, secret=secret)
     unit_path = config.stream.privacy_unit
@@ -192,14 +195,18 @@ def mapped_messages(path: str | Path, config, secret: bytes, limit: int | None =
         if d.reason is None:
             readable += 1
         first_reason = first_reason or d.reason
-        unit = _dotted(d.events[0], unit_path) if d.events else None
-        key = None
-        if unit is not None:
-            unit = str(unit)
-            key = cache.get(unit)
-            if key is None:
-                key = cache[unit] = crypto.pseudonym(secret, unit).encode()
-        out.append((key, raw))
+        units = [None if (u := _dotted(e, unit_path)) is None else str(u) for e in d.events]
+        # a message of several units' events (a GTFS-realtime snapshot) is cut into one message per unit, so each
+        # unit's events land on one partition (one DP ledger, one class former)
+        parts = split_feed(raw, units) if len(set(units)) > 1 and config.input.format in MULTI_EVENT_FORMATS \
+            else [(units[0] if units else None, raw)]
+        for unit, message in parts:
+            key = None
+            if unit is not None:
+                key = cache.get(unit)
+                if key is None:
+                    key = cache[unit] = crypto.pseudonym(secret, unit).encode()
+            out.append((key, message))
     if out and not readable:
         raise ValueError(f"{path}: none of its {len(out)} messages is a {config.input.format} message (the first: "
                          f"{first_reason}); check the framing (--framing message|delimited|lines)")

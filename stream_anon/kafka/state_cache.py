@@ -19,6 +19,7 @@ BARRIER_WAIT_S = 120           # in all, over the first read and the one after f
 BARRIER_REFENCE_S = 20          # a barrier not back by then: fence the partition's transactional id again
 POLL_S = 0.05           # a recovery reader's poll: it lasts its whole timeout unless its batch fills
 log = logging.getLogger("stream_anon.worker")
+client_log = logging.getLogger("stream_anon.kafka.client")
 
 
 def read_to_barriers(client_config: dict, group_id: str, state_topic: str, nonces: dict[int, bytes],
@@ -27,7 +28,7 @@ def read_to_barriers(client_config: dict, group_id: str, state_topic: str, nonce
     for at most ``wait_s``: (the logs read, and for each partition whose barrier did not come back, what was read
     of it, as one line)."""
     reader = Consumer({**client_config, "group.id": group_id, "enable.auto.commit": False,
-                       "isolation.level": "read_committed"})
+                       "isolation.level": "read_committed", "logger": client_log})
     logs = {p: st.StateLog() for p in nonces}
     waiting = set(nonces)
     try:

@@ -6,6 +6,7 @@ Nothing here is used by the worker itself; the test-only crash wrapper and the f
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -169,7 +170,8 @@ def committed_offsets(bootstrap: str, group: str, topic: str, partitions) -> dic
     """The group's committed offsets of ``topic`` (None where nothing is committed)."""
     from confluent_kafka import Consumer, TopicPartition
 
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
+                  "logger": logging.getLogger("stream_anon.kafka.client")})
     try:
         got = c.committed([TopicPartition(topic, p) for p in partitions], timeout=30)
     finally:

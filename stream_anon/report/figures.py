@@ -82,6 +82,21 @@ def dp_budget(report, config) -> dict | None:
             "spent_by_period": chk.get("spent_by_period") or {}, "worst_unit_charge": chk.get("worst_unit_charge")}
 
 
+def generalization(health: dict) -> list[dict]:
+    """Per quasi-identifier the audit judges: the share of published records generalized to the whole domain over
+    the run and its highest in one release, and for an H3 position the mean published resolution and the
+    position NCP (the published cell's area over the domain's), from the audit's health."""
+    whole = health.get("whole_domain") or {}
+    h3 = (health.get("h3_positions") or {}).get("run") or {}
+    rows = []
+    for name, share in (whole.get("run") or {}).items():
+        highest = max((r.get(name, 0.0) for r in (whole.get("releases") or {}).values()), default=None)
+        cell = h3.get(name) or {}
+        rows.append({"qi": name, "whole_domain": share, "whole_domain_highest_release": highest,
+                     "mean_resolution": cell.get("mean_resolution"), "position_ncp": cell.get("ncp")})
+    return rows
+
+
 def compute(report, ctx, config, query_seed: int = 0) -> dict:
     """Every figure of the report (JSON-ready)."""
     from stream_anon.evaluate.utility import query_error
@@ -89,7 +104,8 @@ def compute(report, ctx, config, query_seed: int = 0) -> dict:
     figures = {"releases": releases(ctx), "class_sizes": class_sizes(ctx),
                "risk": risk_per_release(report), "dp_budget": dp_budget(report, config),
                "deadletters_by_reason": (report.health or {}).get("deadletters_by_reason") or {},
-               "alerts_by_name": (report.health or {}).get("alerts") or {}}
+               "alerts_by_name": (report.health or {}).get("alerts") or {},
+               "generalization": generalization(report.health or {})}
     placed = placement(ctx)
     figures["query_error"] = query_error(config, placed, seed=query_seed) if placed.events else None
     noise_error((figures["query_error"] or {}).get("dp"), report.checks.get("dp_values") or {})

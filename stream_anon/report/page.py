@@ -209,6 +209,20 @@ def _errors_html(figures: dict) -> str:
     return "".join(out)
 
 
+def _generalization_html(figures: dict) -> str:
+    rows = figures.get("generalization") or []
+    if not rows:
+        return ""
+    return ("<h3>Generalization per quasi-identifier</h3><p>The share of published records whose value is the "
+            "whole domain (it tells an analyst nothing of that attribute) over the run and in the release where "
+            "it is highest; for a position published as H3 cells, the mean resolution of the cells (the whole "
+            "domain left out) and the position NCP, the published cell's area over the domain's (1: the whole "
+            "domain).</p>" +
+            _table(rows, [("qi", "quasi-identifier"), ("whole_domain", "whole domain (run)"),
+                          ("whole_domain_highest_release", "whole domain (highest release)"),
+                          ("mean_resolution", "mean H3 resolution"), ("position_ncp", "position NCP")]))
+
+
 def render(summary: dict, figures: dict, svgs: dict[str, str | None]) -> str:
     """The page: ``svgs`` maps each plot id of :data:`PLOTS` to its SVG (None: nothing to plot, said in words)."""
     verdict = summary["verdict"] or ""
@@ -221,6 +235,8 @@ def render(summary: dict, figures: dict, svgs: dict[str, str | None]) -> str:
                      f"<figcaption>{escape(caption)}</figcaption></figure>")
         if pid == "query-error":
             plots.append(_errors_html(figures))
+        if pid == "ncp-suppression":
+            plots.append(_generalization_html(figures))
     data = json.dumps({"summary": summary, "figures": figures}, default=str).replace("</", "<\\/")
     reason = f" ({escape(summary['verdict_reason'])})" if summary.get("verdict_reason") else ""
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>stream-anon report: '

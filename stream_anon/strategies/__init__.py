@@ -6,7 +6,9 @@ A strategy is a class with ``form_classes(X, units, k, space, rng) -> list[np.nd
 - ``k``: every returned class must hold records of at least k distinct units;
 - ``space``: the QI space (bounds, widths, weights, hierarchies) for distance and loss;
 - ``rng``: a seeded ``numpy.random.Generator`` (the only source of randomness).
-A strategy with ``uses_sensitive = True`` also gets ``sensitive=`` (sensitive field -> values of the rows).
+A strategy with ``uses_sensitive = True`` also gets ``sensitive=`` (sensitive field -> values of the rows), and one
+with ``uses_due = True`` gets ``due=`` ((n,) bool: the rows that must be placed or suppressed at this close; a row
+that is not due may be left out to wait for the next close; the batch evaluation passes none).
 It returns arrays of row indices; rows in no class stay deferred. The k-anonymous former
 (``stream_anon.formers.kanon``) checks the k condition again before anything is published, so a faulty strategy
 can cost utility, never privacy.
@@ -63,9 +65,11 @@ STRATEGIES: dict[str, type] = _Registry({
     "severity": "stream_anon.strategies.severity:Severity",
     "grouping": "stream_anon.strategies.grouping:Grouping",
     "car-data": "stream_anon.strategies.cardata:CarData",
+    "h3-mondrian": "stream_anon.strategies.h3_mondrian:H3Mondrian",
 })
 _CLASS_NAMES = {"Mondrian": "mondrian", "HeuristicMin": "heuristicmin", "UtilityClustering": "utility-clustering",
-                "Severity": "severity", "Grouping": "grouping", "CarData": "car-data"}
+                "Severity": "severity", "Grouping": "grouping", "CarData": "car-data",
+                "H3Mondrian": "h3-mondrian"}
 
 
 def __getattr__(name: str):

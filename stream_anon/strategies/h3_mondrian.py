@@ -1,0 +1,231 @@
+"""Mondrian that cuts positions along the H3 hierarchy (issue 44).
+
+Strict Mondrian (LeFevre, DeWitt & Ramakrishnan, ICDE 2006; :mod:`stream_anon.strategies.mondrian`) cuts a
+geopoint as two numeric axes, so its boxes ignore H3 cells: a class whose members share no cell of the coarsest
+allowed resolution is published as the whole domain. Here an H3 geopoint (``hierarchy = "h3"``) is one
+hierarchical dimension instead, cut top-down like a categorical hierarchy (the multi-way split of Mondrian's
+hierarchical attributes, ICDE 2006 section 4; Uber's H3, h3geo.org, for the cells):
+
+- a part starts at the root (the whole domain, ``"*"``); its first cut is into the cells of the **start
+  resolution**, the coarsest allowed one whose cells stand for less than the whole domain in the engine's NCP
+  (``(7 ** (rmax - r) - 1) / (N - 1) < 1``, N the domain's finest cells: a cell no larger than the declared
+  domain); each further cut is into the cells one resolution finer, down to the finest allowed;
+- a part at cell c of resolution r is cut into the cells of resolution r + 1 of its positions
+  (``latlng_to_cell``: H3 children do not tile their parent, so a child here is "the members whose r + 1 cell
+  is x", which keeps every member of a part in one cell of each resolution it was cut at); every child holding
+  records of at least k distinct individuals becomes a part; the children below k pool, and stay at cell c as
+  one part when they hold k individuals together, else join the smallest kept child, which then stays at c;
+  nothing is dropped. A part whose positions all fall in one child goes down a level without a split;
+- the other dimensions (time, numbers, categories, lat/lon geopoints) are cut at the median as strict Mondrian
+  does, both halves holding k individuals.
+
+Positions first (``position_first = true``, the default): a part is cut along its H3 geopoints before any other
+dimension, so a class is formed in the finest cell that holds k individuals and the other QIs are cut inside
+it. ``position_first = false`` tries every dimension by its normalized span (an H3 part's span is its cell's
+NCP), the widest first, as Mondrian.
+
+A class formed in cell c has every member's position in c, so the engine's published cell (the finest common
+cell of the members within the allowed resolutions, :func:`stream_anon.engine.space.common_cell`) is c or a
+cell inside it; a class left at the root publishes the whole domain or a shared cell of an allowed resolution
+(configure the coarsest allowed resolution as the start resolution, as ``calibrate --suggest`` does, so that no
+cell larger than the domain is ever published). Deterministic: no randomness, children in cell-id order.
+
+>>> import numpy as np
+>>> X = np.array([[0.], [1.], [2.], [3.], [10.], [11.]])
+>>> class Space: width = np.array([11.])
+>>> sorted(sorted(c.tolist()) for c in H3Mondrian().form_classes(X, np.arange(6), 3, Space(), None))
+[[0, 1, 2], [3, 4, 5]]
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from stream_anon.strategies.partition import median_left
+from stream_anon.validation import check_bool, check_choice
+
+
+def _distinct(units: np.ndarray) -> int:
+    if len(units) < 2:
+        return len(units)
+    s = np.sort(units)
+    return int(np.count_nonzero(s[1:] != s[:-1])) + 1
+
+
+@lru_cache(maxsize=1 << 18)
+def _cell(lat: float, lon: float, r: int) -> int:
+    """H3 cell id of a position, as an integer. Cached: a record waits through several closes, and fleets repeat
+    positions (stations, depots)."""
+    from h3.api import basic_int     # only H3 streams get here (their config load checked the package)
+    return basic_int.latlng_to_cell(lat, lon, r)
+
+
+def distinct_per_label(labels: np.ndarray, units: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(sorted distinct labels, each row's index into them, distinct units per label), one sort."""
+    values, inverse = np.unique(labels, return_inverse=True)
+    order = np.lexsort((units, inverse))
+    li, u = inverse[order], units[order]
+    first = np.ones(len(li), dtype=bool)
+    first[1:] = (li[1:] != li[:-1]) | (u[1:] != u[:-1])
+    return values, inverse, np.bincount(li[first], minlength=len(values))
+
+
+class GeoLevels:
+    """One H3 geopoint of the buffer: its dimensions, start and finest resolution, the NCP of a cell per
+    resolution, and each row's cell (as int64, -1 for a missing position) per resolution from start to finest."""
+
+    def __init__(self, X: np.ndarray, d: int, rmin: int, rmax: int, n_cells: int, lower: np.ndarray):
+
+        ncp = {r: min(1.0, (7.0 ** (rmax - r) - 1.0) / max(n_cells - 1.0, 1.0)) for r in range(rmin, rmax + 1)}
+        self.start = next((r for r in range(rmin, rmax + 1) if ncp[r] < 1.0), rmax)
+        self.rmax, self.d, self.ncp = rmax, d, ncp
+        lat, lon = X[:, d], X[:, d + 1]
+        present = (lat >= lower[d]) & (lon >= lower[d + 1])       # a missing position is coded below the domain
+        pts, inverse = np.unique(np.stack([lat, lon], axis=1), axis=0, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        self.cells: dict[int, np.ndarray] = {}
+        for r in range(self.start, rmax + 1):
+            # once per distinct position (a parked vehicle repeats one): h3 has no vectorized call
+            # (cell ids as integers: below 2**63, the top bit is reserved)
+            per_point = np.fromiter((_cell(a, o, r) if a >= lower[d] and o >= lower[d + 1] else -1
+                                     for a, o in pts.tolist()), dtype=np.int64, count=len(pts))
+            self.cells[r] = np.where(present, per_point[inverse], -1)
+
+    def at_root(self, idx: np.ndarray) -> bool:
+        """Whether rows ``idx`` share no cell of the start resolution (their class publishes the whole domain)."""
+        c = self.cells[self.start][idx]
+        return bool(c[0] < 0 or (c != c[0]).any())
+
+    def span(self, level: int | None) -> float:
+        """NCP of a part at ``level`` (None: the root, the whole domain)."""
+        return 1.0 if level is None else self.ncp[level]
+
+    def next_level(self, level: int | None) -> int | None:
+        nxt = self.start if level is None else level + 1
+        return nxt if nxt <= self.rmax else None
+
+
+@dataclass(frozen=True)
+class H3MondrianParams:
+    """``position_first``: cut H3 positions before the other dimensions; ``whole_domain``: what becomes of due
+    records left at the root of an H3 geopoint, ``"publish"`` (as the whole domain) or ``"withhold"`` (left to the
+    former: an earlier class covering them, else suppressed; module docstring)."""
+    position_first: bool = True
+    whole_domain: str = "publish"
+
+    def __post_init__(self):
+        check_bool(self.position_first, "position_first")
+        check_choice(self.whole_domain, "whole_domain", ("publish", "withhold"))
+
+    def check_config(self, sensitive: tuple[str, ...], qi_names: tuple[str, ...]) -> None:
+        pass
+
+
+class H3Mondrian:
+    name = "h3-mondrian"
+    uses_sensitive = False
+    uses_due = True               # the former passes ``due=``: which rows must be placed at this close
+    Params = H3MondrianParams
+
+    def __init__(self, **params):
+        self.params = H3MondrianParams(**params)
+
+    def form_classes(self, X, units, k, space, rng=None, due: np.ndarray | None = None) -> list[np.ndarray]:
+        n = len(X)
+        if n == 0 or _distinct(units) < k:
+            return []
+        width = np.where(space.width > 0, space.width, 1.0)
+        geos = [GeoLevels(X, d, rmin, rmax, n_cells, space.lower)
+                for _, d, rmin, rmax, n_cells in getattr(space, "h3_qis", ())]
+        h3_dims = {g.d + a for g in geos for a in (0, 1)}
+        other = np.array([j for j in range(X.shape[1]) if j not in h3_dims], dtype=np.int64)
+        out: list[np.ndarray] = []
+        stack = [(np.arange(n), (None,) * len(geos))]
+        while stack:
+            idx, levels = stack.pop()
+            # below 2k records no cut leaves k on both sides: a leaf (not 2k individuals, as Mondrian: one vehicle
+            # drives through many cells, so two cells may hold k individuals each out of fewer than 2k)
+            parts = self._cut(X, units, k, idx, levels, geos, other, width) if len(idx) >= 2 * k else None
+            if parts is None:
+                if due is None or not any(g.at_root(idx) for g in geos):
+                    out.append(idx)
+                else:
+                    out += self._wait(idx, units, k, due, self.params.whole_domain == "withhold")
+            else:
+                stack += reversed(parts)          # depth first, parts in order (as split_recursively)
+        return out
+
+    @staticmethod
+    def _wait(idx, units, k, due, withhold: bool) -> list[np.ndarray]:
+        """A class left at the root of an H3 geopoint (it would publish the whole domain): its records that are
+        not due wait for the next close, where more records may share their cells; the due ones form the class when
+        they hold k individuals, else the whole part does (a due record needs the company)."""
+        d = due[idx]
+        if withhold or not d.any():
+            return []
+        if d.all() or _distinct(units[idx[d]]) < k:
+            return [idx]
+        return [idx[d]]
+
+    def _cut(self, X, units, k, idx, levels, geos, other, width):
+        """The parts ``[(rows, levels)]`` of one cut of ``idx``, or None when no dimension can be cut."""
+        candidates = []          # (position-first rank, -span, order, kind, which)
+        for g, geo in enumerate(geos):
+            if geo.next_level(levels[g]) is not None:
+                candidates.append((0 if self.params.position_first else 1, -geo.span(levels[g]), g, "h3", g))
+        if self.params.position_first:          # the positions first: the other spans only when no cell cuts
+            for *_, g in sorted(candidates):
+                parts = self._cut_cells(units, k, idx, levels, g, geos[g])
+                if parts is not None:
+                    return parts
+            candidates = []
+        if len(other) and len(idx) >= 2 * k:
+            sub = X[np.ix_(idx, other)]
+            span = (sub.max(axis=0) - sub.min(axis=0)) / width[other]
+            candidates += [(1, -s, len(geos) + j, "num", int(other[j])) for j, s in enumerate(span) if s > 0]
+        for *_, kind, which in sorted(candidates):
+            parts = (self._cut_cells(units, k, idx, levels, which, geos[which]) if kind == "h3"
+                     else self._cut_median(X, units, k, idx, levels, which))
+            if parts is not None:
+                return parts
+        return None
+
+    @staticmethod
+    def _cut_median(X, units, k, idx, levels, dim):
+        left = median_left(X[idx, dim])
+        if left.all() or not left.any():
+            return None
+        if _distinct(units[idx[left]]) >= k and _distinct(units[idx[~left]]) >= k:
+            return [(idx[left], levels), (idx[~left], levels)]
+        return None
+
+    @staticmethod
+    def _cut_cells(units, k, idx, levels, g, geo):
+        """Children at the next resolution holding k individuals; the rest pooled at this level (docstring)."""
+        nxt = geo.next_level(levels[g])
+        c = geo.cells[nxt][idx]
+        if c[0] >= 0 and (c == c[0]).all():
+            # every position in one child (a part holds k individuals): down as far as they share a cell, no split
+            while nxt < geo.rmax and (c := geo.cells[nxt + 1][idx])[0] >= 0 and (c == c[0]).all():
+                nxt += 1
+            return [(idx, levels[:g] + (nxt,) + levels[g + 1:])]
+        cells, inverse, counts = distinct_per_label(c, units[idx])
+        kept = np.flatnonzero((counts >= k) & (cells >= 0))
+        if len(kept) == 0:
+            return None
+        down = levels[:g] + (nxt,) + levels[g + 1:]
+        in_kept = np.zeros(len(cells), dtype=bool)
+        in_kept[kept] = True
+        rest = idx[~in_kept[inverse]]
+        children = [idx[inverse == j] for j in kept]
+        if len(rest) and _distinct(units[rest]) < k:
+            if len(kept) == 1:
+                return None                         # the pooled rest would take the only child back to this level
+            smallest = int(np.argmin(counts[kept]))
+            rest = np.concatenate([children.pop(smallest), rest])
+        parts = [(c, down) for c in children]
+        if len(rest):
+            parts.append((np.sort(rest), levels))
+        return parts
