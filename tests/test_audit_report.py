@@ -199,6 +199,18 @@ def test_a_run_that_publishes_nothing_or_suppresses_too_much_is_not_passed():
     assert report.to_dict()["verdict"] == "NOT PASSED"
 
 
+
+def test_an_audit_before_any_worker_ran_says_nothing_has_consumed_the_topic():
+    """Raw events on the input topic and not one release, record or dead letter of the stream: the verdict says
+    that no worker has consumed the topic yet (not that windows are still open)."""
+    raw = [m for m in scenario()[0] if m[1] != b"{not json"]     # events only: no message without a time
+    report = audit(raw, {"records": [], "manifests": [], "deadletters": []}, SECRET, cfg())
+    assert report.verdict == "NOT PASSED" and report.summary["lost"] == 0, report.format_text()
+    assert report.verdict_reason.startswith(f"nothing published ({report.summary['events_in']} events in, 0 "
+                                            "suppressed): nothing has consumed the input topic yet"), \
+        report.verdict_reason
+    assert "start the worker with this config" in report.format_text()
+
 @pytest.mark.parametrize("verdict, n_open, flags, code", [
     ("PASSED", 0, [], 0), ("FAILED", 0, [], 1), ("NOT PASSED", 0, [], 4), ("NOT PASSED", 0, ["--fail-on-alert"], 4),
     ("PASSED", 7, [], 0), ("PASSED", 7, ["--fail-on-alert"], 0), ("PASSED", 7, ["--fail-on-open"], 5)])

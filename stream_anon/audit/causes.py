@@ -60,6 +60,10 @@ def nothing_published_cause(summary: dict) -> str:
     waiting = (summary.get("deferred") or 0) + (summary.get("open") or 0)
     suppressed = summary.get("suppressed") or 0
     dead = summary.get("dead_lettered") or 0
+    if not summary.get("releases") and not dead:
+        return (f"nothing has consumed the input topic yet: its {summary['events_in']} events have no release and no "
+                "dead letter of this stream on the output topics (start the worker with this config, or check "
+                "that the worker's [stream] name is this config's)")
     if not suppressed and dead >= waiting:
         return "every event was dead-lettered: see dead letters by reason (the [input] mapping or the event schema)"
     if not suppressed:
