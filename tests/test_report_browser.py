@@ -31,6 +31,7 @@ from stream_anon.report.page import PLOTS
 pytestmark = pytest.mark.kafka
 
 N_EVENTS = 2000
+SECRET = "report-browser-secret-0123456789abcdef"
 NAME = "rcards"
 STATEMENT = {"purpose": "fare planning from anonymized taps", "controller": "Transit Authority <dpo@example.org>",
              "recipients": ["planning team", "open data portal"], "retention": "records 2 years, raw 7 days"}
@@ -53,7 +54,7 @@ def published(module_broker, tmp_path_factory):
     """(config path, audit JSON, report JSON, HTML path) of one run."""
     import os
     tmp = tmp_path_factory.mktemp("report")
-    os.environ["STREAM_ANON_SECRET"] = secret = "report-browser-secret-0123456789abcdef"
+    os.environ["STREAM_ANON_SECRET"] = secret = SECRET
     try:
         path, raw = _config(tmp)
         topic = raw["stream"]["input_topic"]
@@ -319,3 +320,60 @@ def test_a_report_of_outputs_under_another_secret_says_so(published, module_brok
     assert page.summary["verdict"] == "FAILED" and "this secret is key id" in page.summary["verdict_reason"]
     assert page.figures["class_sizes"] == [] and page.figures["query_error"] is None
     assert page.html.count("Nothing to plot") == len(PLOTS) - 1      # dead letters and alerts: "none" panels
+
+
+def _run(argv: list[str], terminal: bool) -> tuple[int, str]:
+    """``stream-anon ARGV`` in a process of its own, its stderr a terminal (a pty) or a pipe: (exit, stderr)."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import subprocess
+    import sys
+    import termios
+    import threading
+
+    env = {**os.environ, "STREAM_ANON_SECRET": SECRET}
+    cmd = [sys.executable, "-m", "stream_anon.cli", *argv]
+    if not terminal:
+        done = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=300)
+        return done.returncode, done.stderr.decode()
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))     # a terminal's size (0: no bar)
+    chunks: list[bytes] = []
+
+    def drain():            # read as it comes: a full pty buffer would block the bars
+        while True:
+            try:
+                data = os.read(master, 4096)
+            except OSError:
+                return
+            if not data:
+                return
+            chunks.append(data)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=slave)
+    os.close(slave)
+    code = proc.wait(timeout=300)
+    reader.join(10)
+    os.close(master)
+    return code, b"".join(chunks).decode(errors="replace")
+
+
+@pytest.mark.parametrize("command", ["audit", "report"])
+def test_progress_shows_on_a_terminal_and_stays_out_of_files(published, module_broker, tmp_path, command):
+    """A long audit or report shows what it does on a terminal (tqdm bars on stderr: reading the topics until
+    quiet, the checks, the plots) and writes no bar into a file or pipe."""
+    path = published[0]
+    argv = [command, "--config", str(path), "--broker", module_broker.bootstrap, "--idle", "1"]
+    if command == "report":
+        argv += ["--out", str(tmp_path / "r.html")]
+    code, seen = _run(argv, terminal=True)
+    assert code == 0, seen
+    assert "reading rcards's topics" in seen and "auditing" in seen and "msg" in seen, seen[-2000:]
+    if command == "report":
+        assert "drawing the plots" in seen
+    code, piped = _run(argv, terminal=False)
+    assert code == 0 and "reading" not in piped and "auditing" not in piped and "\r" not in piped, piped[-2000:]

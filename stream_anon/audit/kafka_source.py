@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from stream_anon.connection import as_connection, seek_to_first
 from stream_anon.contract import topics
+from stream_anon.progress import bar as progress_bar
 
 from .config import AuditConfig
 from .inputs import AuditOutputs, raw_decoder
@@ -42,7 +43,7 @@ def _partitions(consumer: Any, topic: str, wait_s: float) -> list[int]:
 
 def read_topic(bootstrap, topic: str, idle_s: float = 3.0, max_wait_s: float = 120.0,
                metadata_wait_s: float = 5.0, with_timestamps: bool = False,
-               committed_only: bool = False, complete: bool = False) -> list[tuple]:
+               committed_only: bool = False, complete: bool = False, progress=None) -> list[tuple]:
     """Every message of ``topic`` as ``((topic, partition, offset), value_bytes)``, ordered by source
     (with ``with_timestamps``: ``(source, value_bytes, timestamp_ms)``).
 
@@ -50,6 +51,7 @@ def read_topic(bootstrap, topic: str, idle_s: float = 3.0, max_wait_s: float = 1
     filters them; the Tansu broker does not, so a caller must still tolerate them).
     A topic that does not exist (no metadata within ``metadata_wait_s``) yields ``[]``. ``complete``: raise
     :class:`IncompleteRead` when ``max_wait_s`` runs out before the topic went quiet (else: what was read).
+    ``progress``: a bar (:func:`stream_anon.progress.bar`) counting the messages read.
     """
     from kafka import KafkaConsumer, TopicPartition
 
@@ -75,6 +77,8 @@ def read_topic(bootstrap, topic: str, idle_s: float = 3.0, max_wait_s: float = 1
                 for msg in tp_records:
                     seen.setdefault((msg.topic, msg.partition, msg.offset), (msg.value, msg.timestamp))
             now = time.monotonic()
+            if progress is not None and len(seen) != before:
+                progress.update(len(seen) - before)
             if len(seen) != before:
                 last_new = now
                 confirmed_count = -1
@@ -183,7 +187,11 @@ def read_inputs(bootstrap, config_path: str | Path, secret: bytes | str, raw_top
     if metrics:
         calls["metrics"] = (read_metrics, (bootstrap, cfg.stream),
                             {"idle_s": idle_s, "max_wait_s": min(max_wait_s, ALERTS_MAX_WAIT_S)})
-    read = _parallel(calls)
+    # the reads end only after idle_s of quiet on every topic: a bar shows them working meanwhile
+    with progress_bar(f"reading {cfg.stream}'s topics (until quiet for {idle_s:g} s)", unit="msg") as bar:
+        for _fn, _args, kwargs in calls.values():
+            kwargs["progress"] = bar
+        read = _parallel(calls)
     messages = raw = read["raw"]
     secret = secret.encode() if isinstance(secret, str) else secret
     # a mapped [input] (csv, tesla-fleet-telemetry, gtfs-realtime, ...)
@@ -220,10 +228,12 @@ def audit_from_kafka(bootstrap, config_path: str | Path, secret: bytes | str, ra
                  reread=read.reread)
 
 
-def read_metrics(bootstrap, stream: str, idle_s: float = 3.0, max_wait_s: float = 120.0) -> list[dict]:
+def read_metrics(bootstrap, stream: str, idle_s: float = 3.0, max_wait_s: float = 120.0,
+                 progress=None) -> list[dict]:
     """The messages of ``stream`` on anon.metrics (release metrics, alerts, DP window figures, ...)."""
     out = []
-    for _src, value in read_topic(bootstrap, topics().metrics, idle_s=idle_s, max_wait_s=max_wait_s):
+    for _src, value in read_topic(bootstrap, topics().metrics, idle_s=idle_s, max_wait_s=max_wait_s,
+                                  progress=progress):
         obj = _decode(value)
         if obj is not None and obj.get("stream") == stream:
             out.append(obj)

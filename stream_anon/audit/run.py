@@ -36,6 +36,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable
 
+from stream_anon.progress import steps
+
 from .check import AuditContext, Check
 from .causes import dominant_cause, nothing_published_cause
 from .checks.accounting import Accounting
@@ -128,7 +130,7 @@ def _audit_one(raw_events, outputs, secret: bytes, cfg: AuditConfig, alerts, pre
     if unread:
         checks["input"] = {"passed": False, "violations": 1, "violations_by_kind": {"input read otherwise": 1},
                            "examples": [{"violation": "input read otherwise", "line": unread}]}
-    for check in CHECKS:
+    for check in steps(CHECKS, "auditing", unit="check"):
         if check.applies(ctx):
             checks[check.name] = check.run(ctx)
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stream_anon.progress import steps
+
 from . import figures as _figures
 from . import page, plots
 from . import summary as _summary
@@ -51,10 +53,11 @@ def build_report(config_path, raw: list, outputs: Any, secret: bytes, metrics: l
         figs = _figures.compute(report, ctx, config, query_seed=query_seed)
     summ = _summary.summary(config, report, ctx, figs, broker_retention)
     a = config.anonymization
-    svgs = {"class-sizes": plots.class_sizes(figs, a.k),
-            "ncp-suppression": plots.ncp_suppression(figs, a.max_suppression_ratio),
-            "risk": plots.risk(figs), "dp-budget": plots.dp_budget(figs), "query-error": plots.query_error(figs),
-            "deadletters-alerts": plots.deadletters_alerts(figs)}
+    draw = {"class-sizes": lambda: plots.class_sizes(figs, a.k),
+            "ncp-suppression": lambda: plots.ncp_suppression(figs, a.max_suppression_ratio),
+            "risk": lambda: plots.risk(figs), "dp-budget": lambda: plots.dp_budget(figs),
+            "query-error": lambda: plots.query_error(figs), "deadletters-alerts": lambda: plots.deadletters_alerts(figs)}
+    svgs = {pid: draw[pid]() for pid in steps(draw, "drawing the plots", unit="plot")}
     return Report(page.render(summ, figs, svgs), summ, figs, report)
 
 
