@@ -10,6 +10,7 @@ from pathlib import Path
 
 from stream_anon import connection as kafka_connection
 from stream_anon import logsetup
+from stream_anon.helptext import with_defaults
 from stream_anon.contract import resolve_config
 from stream_anon.validation import ALLOW_OUTSIDE_FLAG, ALLOW_OUTSIDE_HELP
 
@@ -313,7 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--dataset", choices=DATASET_CHOICES, default="oyster",
                    help="bundled dataset and its config (default: oyster)")
     d.add_argument("--events", type=int, default=None, help="number of events (default: the whole bundled slice)")
-    d.add_argument("--k", type=int, default=None, help="override k of configs/<dataset>.toml")
+    d.add_argument("--k", type=int, default=None, help="override k of configs/<dataset>.toml (default: its k)")
     d.add_argument("--m", type=int, default=None,
                    help="m-invariance: every class m-unique, one signature per individual across releases "
                         "(oyster-cards: default m of its config; citibike: bikes and their fleet contract); adds "
@@ -516,7 +517,7 @@ def build_parser() -> argparse.ArgumentParser:
     for sp in (d, b, r, ta, tl, mo, ck, a, rp, g, c, e):
         logsetup.add_arguments(sp)
         sp.add_argument("--loglevel", default="warning", help="log level (default: warning)")
-    return p
+    return with_defaults(p)
 
 
 def _bundled_config_resolved(argv: list[str]) -> list[str]:

@@ -28,6 +28,7 @@ from stream_anon import __version__, crypto, logsetup
 from stream_anon import connection as kafka_connection
 from stream_anon.connection import as_connection
 from stream_anon.config import load_config
+from stream_anon.helptext import with_defaults
 from stream_anon.kafka.core import WorkerCore
 from stream_anon.kafka.loop import COMPRESSIONS, DEFAULT_COMPRESSION, SESSION_TIMEOUT_S, KafkaLoop, group_timeouts
 from stream_anon.kafka.state import MIN_PART_BYTES, PART_MAX_BYTES, checked_part_bytes
@@ -228,7 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-interval", type=float, default=5.0,
                    help="seconds between throughput metrics on anon.metrics and consumer lag reads (default: 5)")
     p.add_argument("--flush-when-idle", type=float, default=None,
-                   help="flush a partition's engine after this many seconds without input (end of a replay/demo)")
+                   help="flush a partition's engine after this many seconds without input (end of a replay/demo; "
+                        "default: never, a window closes on later input)")
     p.add_argument("--no-create-topics", action="store_true", help="do not apply topics/*.toml at start")
     p.add_argument("--deadletter-raw-payload", action="store_true",
                    help="keep every field of a dead-lettered event (identifiers still redacted) and payloads that "
@@ -283,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="log level: debug (adds the Kafka and faust clients' internals), info (default: the "
                         "worker's lifecycle lines), warning, error")
     logsetup.add_arguments(p)
-    return p
+    return with_defaults(p)
 
 
 def broker_unreachable(conn, timeout_s: float = BROKER_PROBE_S) -> str | None:
