@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import re
-import tomllib
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -23,9 +22,12 @@ def calibrate(config_path: str | Path, events: list[dict], out_path: str | Path,
     the sample's range (widened by ``margin`` of the range on each side). The files it names stay in the copy's
     directory tree (copied beside it when they are not: :func:`~stream_anon.config.with_files_beside`), so the copy
     loads without ``--allow-outside-paths``. Returns the bounds written."""
+    import tomlkit
+
     config_path, out_path = Path(config_path), Path(out_path)
     load_config(config_path, allow_outside_paths)           # its files are where they may be before any is copied
-    raw = with_files_beside(tomllib.loads(config_path.read_text()), config_path.parent, out_path.parent)
+    # tomlkit keeps what the author wrote (comments, inline tables, key order) around the values written here
+    raw = with_files_beside(tomlkit.parse(config_path.read_text()), config_path.parent, out_path.parent)
     bounds = {}
     for qi in raw.get("quasi_identifiers", []):
         kind = qi.get("kind")
@@ -50,13 +52,31 @@ def calibrate(config_path: str | Path, events: list[dict], out_path: str | Path,
         else:
             continue
         bounds[qi["name"]] = (qi["lower"], qi["upper"])
-    out_path.write_text(f"# Calibrated by `stream-anon calibrate` from {len(events)} events on "
-                        f"{datetime.now(timezone.utc).date()}; source config {config_path.name}.\n" + toml_text(raw))
+    body = [line for line in tomlkit.dumps(raw).splitlines(keepends=True)
+            if not line.startswith((CALIBRATED, SUGGESTED))]     # an earlier calibration's notes, replaced
+    out_path.write_text(f"{CALIBRATED} from {len(events)} events on {datetime.now(timezone.utc).date()}; source "
+                        f"config {config_path.name}.\n" + "".join(body))
     try:
         load_config(out_path)
     except ConfigError as exc:
         raise ConfigError(f"calibrated config {out_path} does not validate: {exc}") from None
     return bounds
+
+
+CALIBRATED = "# Calibrated by `stream-anon calibrate`"
+SUGGESTED = "# Settings suggested from the sample (stream-anon calibrate --apply-suggestions)."
+
+
+def write_suggestions(path: str | Path, edit) -> None:
+    """``edit(document)`` applied to the calibrated config at ``path`` in place, keeping what its author wrote
+    (comments, inline tables, key order), with a note under the calibration's first line."""
+    import tomlkit
+
+    path = Path(path)
+    lines = tomlkit.dumps(edit(tomlkit.parse(path.read_text()))).splitlines(keepends=True)
+    lines = [line for line in lines if not line.startswith(SUGGESTED)]
+    lines.insert(1 if lines and lines[0].startswith(CALIBRATED) else 0, SUGGESTED + "\n")
+    path.write_text("".join(lines))
 
 
 def _number(v):

@@ -246,9 +246,7 @@ def _cmd_calibrate(args) -> int:
 def _suggest(out, events, write: bool, max_delay_limit_s: float | None, train_share: float) -> None:
     """Settings suggested from the sample (stream_anon.suggest), with their figures and the search's candidates;
     written into ``out`` when asked (the bounds just calibrated stay)."""
-    import tomllib
-
-    from stream_anon.calibrate import toml_text
+    from stream_anon.calibrate import write_suggestions
     from stream_anon.config import load_config
     from stream_anon.suggest import apply, suggest, search_report
 
@@ -258,9 +256,7 @@ def _suggest(out, events, write: bool, max_delay_limit_s: float | None, train_sh
     for line in search_report(suggestions, result):
         print(line)
     if write:
-        head = out.read_text().splitlines()[0]
-        out.write_text(head + "\n# Settings suggested from the sample (stream-anon calibrate --apply-suggestions)."
-                       "\n" + toml_text(apply(tomllib.loads(out.read_text()), suggestions)))
+        write_suggestions(out, lambda doc: apply(doc, suggestions))
         load_config(out)
 
 

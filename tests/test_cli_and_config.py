@@ -109,6 +109,38 @@ def test_calibrate_writes_fixed_bounds(tmp_path):
     assert speed.upper[0] - max(speeds) < 1
 
 
+def test_calibrate_keeps_the_configs_comments_and_inline_tables(tmp_path):
+    """The calibrated copy is the user's file with its bounds written in (issue 43 item 11): its comments, inline
+    tables and key order stay; a calibration of a calibrated file has one header; --apply-suggestions keeps them
+    too."""
+    src = (ROOT / "configs" / "obd2.toml").read_text()
+    out, again = tmp_path / "obd2.toml", tmp_path / "again.toml"
+    assert main(["calibrate", "--config", str(ROOT / "configs" / "obd2.toml"), "--dataset", "obd2",
+                 "--out", str(out)]) == 0
+    text = out.read_text()
+    assert text.startswith("# Calibrated by `stream-anon calibrate` from ") and text.count("# Calibrated by") == 1
+    for line in src.splitlines():
+        if line.lstrip().startswith("#") or "= {" in line:
+            assert line in text, line                  # every comment and inline table, as written
+    assert "grid_deg = 0.001          # published boxes snap outward to a ~110 m grid" in text
+    speed = next(q for q in load_config(out).quasi_identifiers if q.name == "speed")
+    assert (speed.lower[0], speed.upper[0]) != (0, 200)            # the bounds are the sample's
+    assert main(["calibrate", "--config", str(out), "--dataset", "obd2", "--out", str(again)]) == 0
+    assert again.read_text().count("# Calibrated by") == 1 and again.read_text().splitlines()[1:] == \
+        text.splitlines()[1:]
+
+    from stream_anon.calibrate import write_suggestions
+
+    def edit(doc):
+        doc["anonymization"]["k"] = 4
+        return doc
+    write_suggestions(out, edit)
+    lines = out.read_text().splitlines()
+    assert lines[1] == "# Settings suggested from the sample (stream-anon calibrate --apply-suggestions)."
+    assert lines[0] == text.splitlines()[0] and lines[2:] == [x.replace("k = 3", "k = 4") if x == "k = 3" else x
+                                                            for x in text.splitlines()[1:]]
+    assert load_config(out).anonymization.k == 4
+
 def test_docker_compose_uses_existing_commands_and_topics():
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     services = compose["services"]
