@@ -211,6 +211,32 @@ def test_an_audit_before_any_worker_ran_says_nothing_has_consumed_the_topic():
         report.verdict_reason
     assert "start the worker with this config" in report.format_text()
 
+
+def test_k_beyond_the_individuals_of_any_window_says_what_to_change():
+    """k far too large for the data: every event suppressed, and the verdict says that no window holds k
+    individuals, how many the largest holds and what to change (not the reason the last flush gave)."""
+    raw, outputs = scenario()
+    outputs = _timed(copy.deepcopy(outputs))
+    tokens = [r["audit_token"] for r in outputs["records"]]
+    outputs["records"] = []
+    outputs["manifests"][0]["suppressed_tokens"]["fewer_than_k"] = tokens
+    for m in outputs["manifests"]:
+        m["classes"], m["published"], m["k"] = [], 0, 50
+    report = audit(raw, outputs, SECRET, dataclasses.replace(cfg(), k=50, max_suppression_ratio=1.0))
+    most = report.summary["window_individuals"]
+    assert most["window_s"] == 900 and 2 <= most["individuals"] < 50
+    assert report.verdict == "NOT PASSED" and report.verdict_reason.endswith(
+        f"k = 50 is more than the distinct individuals of any window (at most {most['individuals']} in one window "
+        f"of 900 s of one input partition): no class of k can form; lower anonymization.k to at most "
+        f"{most['individuals']}, or lengthen anonymization.window_s and max_delay_s until a window holds k "
+        "individuals, or read the input on fewer partitions (`stream-anon calibrate --suggest` proposes a window)"), \
+        report.verdict_reason
+    # a k the windows can reach: the dominant suppression reason, as before
+    for m in outputs["manifests"]:
+        m["k"] = 2
+    report = audit(raw, outputs, SECRET, dataclasses.replace(cfg(), max_suppression_ratio=1.0))
+    assert "k = 2 is more" not in report.verdict_reason and report.verdict_reason.startswith("nothing published")
+
 @pytest.mark.parametrize("verdict, n_open, flags, code", [
     ("PASSED", 0, [], 0), ("FAILED", 0, [], 1), ("NOT PASSED", 0, [], 4), ("NOT PASSED", 0, ["--fail-on-alert"], 4),
     ("PASSED", 7, [], 0), ("PASSED", 7, ["--fail-on-alert"], 0), ("PASSED", 7, ["--fail-on-open"], 5)])

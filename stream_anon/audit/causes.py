@@ -52,6 +52,25 @@ def dominant_cause(by_reason: dict | None) -> str | None:
             f"{advice_for(reason)}")
 
 
+def k_out_of_reach(summary: dict) -> str | None:
+    """What to change when k is more than the individuals of any window (``summary["window_individuals"]``:
+    :func:`.measures.window_individuals`): no class could form, whatever the other settings; None otherwise.
+
+    >>> k_out_of_reach({"k": 400, "window_individuals": {"window_s": 900.0, "individuals": 97}})[:80]
+    'k = 400 is more than the distinct individuals of any window (at most 97 in one w'
+    >>> k_out_of_reach({"k": 10, "window_individuals": {"window_s": 900.0, "individuals": 97}}) is None
+    True
+    """
+    w = summary.get("window_individuals") or {}
+    k, n = summary.get("k"), w.get("individuals")
+    if k is None or n is None or n >= k:
+        return None
+    return (f"k = {k} is more than the distinct individuals of any window (at most {n} in one window of "
+            f"{w['window_s']:.0f} s of one input partition): no class of k can form; lower anonymization.k to at "
+            f"most {n}, or lengthen anonymization.window_s and max_delay_s until a window holds k individuals, or "
+            "read the input on fewer partitions (`stream-anon calibrate --suggest` proposes a window)")
+
+
 def nothing_published_cause(summary: dict) -> str:
     """Why a run published nothing: no input read, every event dead-lettered or still waiting, or the dominant
     suppression reason."""
@@ -69,4 +88,4 @@ def nothing_published_cause(summary: dict) -> str:
     if not suppressed:
         return ("the events are still deferred or in open windows: no window has closed yet (more input, or the "
                 "worker's --flush-when-idle, closes them)")
-    return dominant_cause(summary.get("suppressed_by_reason")) or ""
+    return k_out_of_reach(summary) or dominant_cause(summary.get("suppressed_by_reason")) or ""

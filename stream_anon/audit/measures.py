@@ -329,3 +329,27 @@ def first_lineage(alerts: list[dict]) -> dict | None:
     if started and not started[0].get("supersedes"):
         return started[0]
     return None
+
+
+def window_individuals(ctx: AuditContext) -> dict | None:
+    """The most distinct individuals the raw events of one window of one input partition hold (``individuals``;
+    each partition's engine forms its own classes), windows of the releases' length (``window_s``, their most
+    common window_end - window_start) aligned as the engine aligns them (multiples of window_s since the epoch);
+    None without a release of a known window. Fewer than k: no class of k could form in any window, whatever the
+    deadline."""
+    from .primitives import get_path, parse_time
+
+    lengths = Counter()
+    for m in ctx.manifests:
+        start, end = parse_time(m.get("window_start")), parse_time(m.get("window_end"))
+        if start is not None and end is not None and end > start:
+            lengths[(end - start).total_seconds()] += 1
+    if not lengths:
+        return None
+    window_s = lengths.most_common(1)[0][0]
+    units: dict[tuple, set] = defaultdict(set)
+    for raw in ctx.raws:
+        t = parse_time(get_path(raw.event, ctx.config.event_time)) if raw.event is not None else None
+        if t is not None and raw.unit is not None:
+            units[(raw.source and raw.source[1], math.floor(t.timestamp() / window_s))].add(raw.unit)
+    return {"window_s": window_s, "individuals": max((len(u) for u in units.values()), default=0)}

@@ -39,7 +39,7 @@ from typing import Any, Callable, Iterable
 from stream_anon.progress import steps
 
 from .check import AuditContext, Check
-from .causes import dominant_cause, nothing_published_cause
+from .causes import dominant_cause, k_out_of_reach, nothing_published_cause
 from .checks.accounting import Accounting
 from .checks.config_sanity import ConfigSanity
 from .checks.consistency import Consistency
@@ -56,7 +56,7 @@ from .config import AuditConfig
 from .inputs import build_context, outputs_part
 from .lineages import own_settings, split_by_lineage, superseded_lineages, translate_tokens, unread
 from .primitives import key_id
-from .measures import class_individuals, health_figures
+from .measures import class_individuals, health_figures, window_individuals
 from .report import FAILED, NOT_PASSED, PASSED, AuditReport
 from .risk import MaxProsecutorRisk, risk_figures
 
@@ -141,7 +141,7 @@ def _audit_one(raw_events, outputs, secret: bytes, cfg: AuditConfig, alerts, pre
     summary = {**counts, "suppressed_by_reason": accounting["suppressed_by_reason"],
                "releases": len(ctx.manifests), "records": len(ctx.records), "classes": checks["k"]["classes"],
                "min_individuals": checks["k"]["min_individuals"], "k": cfg.k,
-               "settings_in_force": ctx.in_force.judged_by()}
+               "settings_in_force": ctx.in_force.judged_by(), "window_individuals": window_individuals(ctx)}
     if "m_invariance" in checks and "summary" in checks["m_invariance"]:
         summary.update({f"m_invariance_{k}" if k in _M_SUMMARY_RENAMED else k: v
                         for k, v in checks["m_invariance"]["summary"].items()})
@@ -266,6 +266,7 @@ def judge(checks: dict, summary: dict, max_suppression_ratio: float) -> tuple[st
                             f"{nothing_published_cause(summary)}")
     ratio = suppressed / (published + suppressed)
     if ratio > max_suppression_ratio:
+        cause = k_out_of_reach(summary) or dominant_cause(summary.get("suppressed_by_reason"))
         return NOT_PASSED, (f"{ratio:.1%} of the placed events suppressed, above max_suppression_ratio "
-                            f"{max_suppression_ratio:g}; {dominant_cause(summary.get('suppressed_by_reason'))}")
+                            f"{max_suppression_ratio:g}; {cause}")
     return PASSED, None
