@@ -55,7 +55,7 @@ PLOTS = (  # (id, title, caption)
 
 def _fig(name: str, value, fmt=plain) -> str:
     """A figure as a person reads it (``fmt``: :mod:`stream_anon.numbers`), its exact value in ``data-value``."""
-    return (f'<span data-figure="{escape(name)}" data-value="{escape(json.dumps(value))}">'
+    return (f'<span data-figure="{escape(name)}" data-value="{escape(json.dumps(value, default=str))}">'
             f"{escape(fmt(value) if value is not None else '-')}</span>")
 
 
