@@ -26,7 +26,7 @@ from mode import Service
 
 from stream_anon import __version__, crypto, logsetup
 from stream_anon import connection as kafka_connection
-from stream_anon.connection import as_connection
+from stream_anon.connection import as_connection, broker_unreachable
 from stream_anon.config import load_config
 from stream_anon.kafka.core import WorkerCore
 from stream_anon.kafka.loop import COMPRESSIONS, DEFAULT_COMPRESSION, SESSION_TIMEOUT_S, KafkaLoop, group_timeouts
@@ -284,26 +284,6 @@ def build_parser() -> argparse.ArgumentParser:
                         "worker's lifecycle lines), warning, error")
     logsetup.add_arguments(p)
     return p
-
-
-def broker_unreachable(conn, timeout_s: float = BROKER_PROBE_S) -> str | None:
-    """One line saying why the broker cannot be used at start (no answer to a metadata request within
-    ``timeout_s``), or None: a worker that cannot reach its broker when it starts says so and exits 2, where it
-    would otherwise wait and stop with a traceback."""
-    from confluent_kafka import KafkaException
-    from confluent_kafka.admin import AdminClient
-
-    client_log = logging.getLogger("stream_anon.kafka.client")
-    client_log.disabled = True            # librdkafka's retries during the probe are this one line's business
-    try:
-        AdminClient({**conn.confluent(), "logger": client_log}).list_topics(timeout=timeout_s)
-    except KafkaException as exc:
-        err = exc.args[0] if exc.args else exc
-        why = err.str() if hasattr(err, "str") else str(err)
-        return f"broker {conn.describe()} unreachable: no answer to a metadata request within {timeout_s:g} s ({why})"
-    finally:
-        client_log.disabled = False
-    return None
 
 
 def worker_main(argv=None) -> int:
