@@ -311,7 +311,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("file", nargs="?", help="JSONL file of events; with a mapped [input]: a CSV, JSONL or binary "
                                            "file, or a directory of them")
     r.add_argument("--file", dest="file_opt", default=None, help="same as FILE")
-    r.add_argument("--topic", required=True, help="topic to produce the events to (the stream's input topic)")
+    r.add_argument("--topic", default=None,
+                   help="topic to produce the events to (default: the --config's [stream] input_topic; another topic "
+                        "needs --other-topic)")
+    r.add_argument("--other-topic", action="store_true",
+                   help="produce to a --topic that is not the --config's input topic (a broker that creates topics "
+                        "on first use creates it)")
     add_connection_arguments(r)
     r.add_argument("--dataset", choices=DATASET_CHOICES, help="replay a bundled dataset instead of a file")
     r.add_argument("--full", action="store_true", help="with --dataset: the full file under ../shared/data")

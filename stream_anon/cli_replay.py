@@ -1,4 +1,5 @@
-"""``stream-anon replay``: events from a file or a bundled dataset to the stream's input topic."""
+"""``stream-anon replay``: events from a file or a bundled dataset to the stream's input topic (the config's, unless
+``--other-topic`` says another is meant)."""
 from __future__ import annotations
 
 import json
@@ -16,7 +17,9 @@ def cmd_replay(args) -> int:
     secret = crypto.load_secret()
     config_path = config_file(args.config) if args.config else None
     config = load_config(config_path, args.allow_outside_paths) if config_path else None
-    topic = args.topic
+    topic = _replay_topic(args, config)
+    if topic is None:
+        return 2
     # the events are read before the broker is asked: a file's problem is found without one
     pairs = events = None
     if args.file and config is not None and not config.input.legacy:
@@ -56,3 +59,21 @@ def cmd_replay(args) -> int:
     print(json.dumps(counts))
     return 0
 
+
+def _replay_topic(args, config) -> str | None:
+    """The topic replay produces to: the config's input topic, unless ``--topic`` names another and
+    ``--other-topic`` says that is meant (a misspelled topic would otherwise be created and never read by the
+    worker). None after one line saying why not."""
+    if config is None:
+        if not args.topic:
+            print("stream-anon replay: give --config (its input topic is the default) or --topic", file=sys.stderr)
+        return args.topic
+    named = config.stream.input_topic
+    if args.topic is None or args.topic == named:
+        return named
+    if args.other_topic:
+        return args.topic
+    print(f"stream-anon replay: --topic {args.topic}: the stream {config.stream.name} reads {named} ([stream] "
+          f"input_topic of {args.config}); leave --topic out to produce there, or add --other-topic to produce to "
+          f"{args.topic}", file=sys.stderr)
+    return None
