@@ -10,6 +10,8 @@ from pathlib import Path
 
 from stream_anon import connection as kafka_connection
 from stream_anon import logsetup
+from stream_anon.cli_kafka import BrokerUnreachable, add_connection_arguments, config_file, connect
+from stream_anon.cli_replay import cmd_replay
 from stream_anon.helptext import with_defaults
 from stream_anon.contract import resolve_config
 from stream_anon.validation import ALLOW_OUTSIDE_FLAG, ALLOW_OUTSIDE_HELP
@@ -24,53 +26,6 @@ def _cmd_demo(args) -> int:
                     dp=args.dp, m=args.m)
 
 
-def _cmd_replay(args) -> int:
-    args.file = args.file or args.file_opt
-    from stream_anon import crypto
-    from stream_anon.config import load_config
-    from stream_anon.kafka.replay import read_jsonl, replay, unit_key_fn
-
-    secret = crypto.load_secret()
-    config_path = resolve_config(args.config) if args.config else None
-    config = load_config(config_path, args.allow_outside_paths) if config_path else None
-    conn = kafka_connection.from_args(args, config_path=config_path)
-    if args.file and config is not None and not config.input.legacy:
-        # a mapped [input]: the file's records go to the topic as they are; the worker maps them
-        from stream_anon.kafka.replay import mapped_messages
-        try:
-            pairs = mapped_messages(args.file, config, secret, limit=args.events, framing=args.framing,
-                                    order=args.order)
-        except ValueError as exc:
-            print(f"stream-anon replay: {exc}", file=sys.stderr)
-            return 2
-        counts = replay(conn, args.topic, [], key_fn=None, raw_payloads=pairs, secret=secret,
-                        progress=not args.quiet, total=len(pairs))
-        print(json.dumps(counts))
-        return 0
-    if args.file and str(args.file).endswith((".csv", ".csv.gz")):
-        print("stream-anon replay: a CSV file needs --config with an [input] mapping (format = \"csv\")",
-              file=sys.stderr)
-        return 2
-    if args.dataset:
-        from stream_anon.datasets import load_events
-        events = load_events(args.dataset, limit=args.events, full=args.full)
-    elif args.file:
-        try:
-            events = read_jsonl(args.file)[: args.events]
-        except (OSError, ValueError) as exc:     # not JSONL text (UnicodeDecodeError, JSONDecodeError): one line
-            print(f"stream-anon replay: {args.file}: not a JSONL file of events ({type(exc).__name__}: "
-                  f"{str(exc)[:120]}); binary messages need --config with their [input] format", file=sys.stderr)
-            return 2
-    else:
-        print("stream-anon replay: give a JSONL FILE or --dataset NAME", file=sys.stderr)
-        return 2
-    unit = config.stream.privacy_unit if config is not None else args.key_field
-    counts = replay(conn, args.topic, events, key_fn=unit_key_fn(unit) if unit else None, secret=secret,
-                    progress=not args.quiet)
-    print(json.dumps(counts))
-    return 0
-
-
 def _cmd_broker(args) -> int:
     from stream_anon.broker import serve
     return serve(port=args.port, host=args.host)
@@ -80,15 +35,15 @@ def _cmd_topics_apply(args) -> int:
     from stream_anon.config import load_config
     from stream_anon.kafka.topics import apply_declared_retention, apply_plan, apply_topics, declared_retention, \
         load_topic_definitions
-    configs = [resolve_config(c) for c in args.config or ()]
+    configs = [config_file(c) for c in args.config or ()]
     if args.app_id is not None and len(configs) != 1:
         print(f"stream-anon topics apply: --app-id {args.app_id}: the state topic belongs to one stream; give one "
               "--config", file=sys.stderr)
         return 2
-    conn = kafka_connection.from_args(args, config_path=configs[0] if len(configs) == 1 else None)
     # with --config: the shared topics and those streams' (input topic with the declared partition count and
     # retention: an existing input topic's retention.ms is set to [stream] input_retention_s)
     streams = [load_config(path, args.allow_outside_paths) for path in configs]
+    conn = connect(args, config_path=configs[0] if len(configs) == 1 else None)
     defs = apply_plan(load_topic_definitions(args.dir), streams, app_id=args.app_id)
     result = apply_topics(conn, defs)
     for name, status in sorted(result.items()):
@@ -115,16 +70,21 @@ def _cmd_topics_list(args) -> int:
 
 def _cmd_audit(args) -> int:
     from stream_anon import crypto
+    from stream_anon.audit import AuditConfig
     from stream_anon.audit.kafka_source import audit_from_kafka
-    config_path = resolve_config(args.config)
-    conn = kafka_connection.from_args(args, config_path=config_path)
+    config_path = config_file(args.config)
+    earlier = [config_file(p) for p in args.earlier_config]
+    for path in (config_path, *earlier):        # the audit's own reading of the configs, before any broker
+        AuditConfig.from_toml(path, args.allow_outside_paths)
+    secret = crypto.load_secret()
     env = args.previous_secret_env
     previous = [crypto.load_secret(env, env + "_FILE")] if os.environ.get(env) or os.environ.get(env + "_FILE") \
         else []
-    report = audit_from_kafka(conn, config_path, crypto.load_secret(), raw_topic=args.raw_topic,
+    conn = connect(args, config_path=config_path)
+    report = audit_from_kafka(conn, config_path, secret, raw_topic=args.raw_topic,
                               idle_s=args.idle, health=True, max_prosecutor_risk=args.max_prosecutor_risk,
                               previous_secrets=previous, allow_outside_paths=args.allow_outside_paths,
-                              earlier_configs=[resolve_config(p) for p in args.earlier_config])
+                              earlier_configs=earlier)
     print(report.format_text())
     if args.report:
         Path(args.report).write_text(json.dumps(report.to_dict(), indent=2))
@@ -145,12 +105,18 @@ def _cmd_check(args) -> int:
 
 def _cmd_report(args) -> int:
     from stream_anon import crypto
+    from stream_anon.audit import AuditConfig
+    from stream_anon.config import load_config
     from stream_anon.report import report_from_kafka, write
-    config_path = resolve_config(args.config)
-    conn = kafka_connection.from_args(args, config_path=config_path)
-    report = report_from_kafka(conn, config_path, crypto.load_secret(), raw_topic=args.raw_topic, idle_s=args.idle,
-                               allow_outside_paths=args.allow_outside_paths,
-                               earlier_configs=[resolve_config(p) for p in args.earlier_config])
+    config_path = config_file(args.config)
+    earlier = [config_file(p) for p in args.earlier_config]
+    load_config(config_path, args.allow_outside_paths)      # the configs' errors before any broker
+    for path in (config_path, *earlier):
+        AuditConfig.from_toml(path, args.allow_outside_paths)
+    secret = crypto.load_secret()
+    conn = connect(args, config_path=config_path)
+    report = report_from_kafka(conn, config_path, secret, raw_topic=args.raw_topic, idle_s=args.idle,
+                               allow_outside_paths=args.allow_outside_paths, earlier_configs=earlier)
     write(report, args.out, args.json)
     s = report.summary
     print(f"stream-anon report: wrote {args.out} ({len(report.html):,} bytes); audit {s['verdict']}"
@@ -197,13 +163,13 @@ def _cmd_aggregates(args) -> int:
     if not 0 < args.level < 1:
         print(f"stream-anon aggregates: --level must be in (0, 1), got {args.level}", file=sys.stderr)
         return 2
-    config_path = resolve_config(args.config)
+    config_path = config_file(args.config)
     config = load_config(config_path, args.allow_outside_paths)
     if config.dp is None:
         print(f"stream-anon aggregates: {args.config}: the stream has no [dp] / [[aggregates]] tables",
               file=sys.stderr)
         return 2
-    conn = kafka_connection.from_args(args, config_path=config_path)
+    conn = connect(args, config_path=config_path)
     counts = run_view(conn, config.stream.name, fmt=args.format, out_path=args.out, level=args.level,
                       incomplete=args.incomplete, idle_s=args.idle)
     print(f"stream-anon aggregates: {counts['rows_read']:,} partition rows of {len(counts['partitions'])} "
@@ -342,8 +308,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("file", nargs="?", help="JSONL file of events; with a mapped [input]: a CSV, JSONL or binary "
                                            "file, or a directory of them")
     r.add_argument("--file", dest="file_opt", default=None, help="same as FILE")
-    r.add_argument("--topic", required=True, help="topic to produce the events to (the stream's input topic)")
-    kafka_connection.add_arguments(r)
+    r.add_argument("--topic", default=None,
+                   help="topic to produce the events to (default: the --config's [stream] input_topic; another topic "
+                        "needs --other-topic)")
+    r.add_argument("--other-topic", action="store_true",
+                   help="produce to a --topic that is not the --config's input topic (a broker that creates topics "
+                        "on first use creates it)")
+    add_connection_arguments(r)
     r.add_argument("--dataset", choices=DATASET_CHOICES, help="replay a bundled dataset instead of a file")
     r.add_argument("--full", action="store_true", help="with --dataset: the full file under ../shared/data")
     r.add_argument("--events", type=int, default=None, help="produce only the first N events (default: all)")
@@ -355,12 +326,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--order", choices=("name", "mtime"), default="name",
                    help="FILE is a directory: its files in name or modification-time order")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
-    r.set_defaults(func=_cmd_replay)
+    r.set_defaults(func=cmd_replay)
 
     t = sub.add_parser("topics", help="topic administration")
     tsub = t.add_subparsers(dest="topics_command", required=True)
     ta = tsub.add_parser("apply", help="create the defined topics (idempotent)")
-    kafka_connection.add_arguments(ta)
+    add_connection_arguments(ta)
     ta.add_argument("--dir", default=None, help="topic definitions directory (default: the bundled definitions)")
     ta.add_argument("--config", action="append", default=None,
                     help=CONFIG_HELP + "; create only the shared topics and this stream's, its input topic with "
@@ -384,9 +355,10 @@ def build_parser() -> argparse.ArgumentParser:
     a = sub.add_parser("audit", help="verify the output topics against the raw topic (independent of the engine)",
                        description="Needs STREAM_ANON_SECRET. Exit status 0 PASSED, 1 FAILED (a check failed), "
                                    "4 NOT PASSED (nothing published, or more suppressed than "
-                                   "max_suppression_ratio), 3 and 5 with --fail-on-alert / --fail-on-open.")
+                                   "max_suppression_ratio), 3 and 5 with --fail-on-alert / --fail-on-open, 2 not run "
+                                   "(a config, secret or connection error, or no broker answer within --timeout).")
     a.add_argument("--config", required=True, help=CONFIG_HELP)
-    kafka_connection.add_arguments(a)
+    add_connection_arguments(a)
     a.add_argument("--raw-topic", default=None, help="default: the config's input topic")
     a.add_argument("--idle", type=float, default=3.0, help="quiet seconds that mark the end of a topic")
     a.add_argument("--report", default=None, help="write the audit report as JSON here")
@@ -430,9 +402,10 @@ def build_parser() -> argparse.ArgumentParser:
                                     "SVG plots, no script, nothing fetched): class sizes, NCP and suppression, "
                                     "re-identification risk, DP budget, query error, dead letters and alerts, and a "
                                     "summary for a data protection officer (docs/report.md). Exit 0 when written, "
-                                    "whatever the audit's verdict (the page states it).")
+                                    "whatever the audit's verdict (the page states it); 2 when it could not run (a "
+                                    "config, secret or connection error, or no broker answer within --timeout).")
     rp.add_argument("--config", required=True, help=CONFIG_HELP)
-    kafka_connection.add_arguments(rp)
+    add_connection_arguments(rp)
     rp.add_argument("--out", required=True, help="write the HTML page here")
     rp.add_argument("--json", default=None, help="also write the summary, the figures and the audit report as JSON")
     rp.add_argument("--raw-topic", default=None, help="default: the config's input topic")
@@ -449,7 +422,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "noise_std = combined standard deviation of the noise, interval = where the true "
                                    "value lies with probability --level, partitions = the partitions summed.")
     g.add_argument("--config", required=True, help=CONFIG_HELP)
-    kafka_connection.add_arguments(g)
+    add_connection_arguments(g)
     g.add_argument("--format", choices=("jsonl", "csv"), default="jsonl",
                    help="one JSON object per merged row (default) or CSV")
     g.add_argument("--out", default=None, help="write here (default: stdout)")
@@ -534,15 +507,19 @@ def main(argv=None) -> int:
         return worker_main(_bundled_config_resolved(argv[1:]))
     args = build_parser().parse_args(argv)
     logsetup.setup_logging(args.loglevel, args.log_format)
+    command = " ".join(filter(None, (args.command, getattr(args, "topics_command", None))))
     try:
         return args.func(args)
+    except BrokerUnreachable as exc:
+        print(f"stream-anon {command}: {exc}", file=sys.stderr)
+        return 2
     except Exception as exc:  # a clear one-line error for configuration and secret problems
         from stream_anon.config import ConfigError
         from stream_anon.contract import ContractError
         from stream_anon.crypto import SecretError
         if isinstance(exc, (ConfigError, ContractError, SecretError, FileNotFoundError,
                             kafka_connection.ConnectionSettingsError)):
-            print(f"stream-anon {args.command}: {exc}", file=sys.stderr)
+            print(f"stream-anon {command}: {exc}", file=sys.stderr)
             return 2
         raise
 

@@ -402,6 +402,60 @@ def from_args(args, config_path=None, environ: Mapping[str, str] | None = None) 
                        "sasl_username")})
 
 
+BROKER_TIMEOUT_S = 10.0        # the commands' wait for a broker's first answer (--timeout)
+
+
+def broker_unreachable(conn: KafkaConnection, timeout_s: float = BROKER_TIMEOUT_S) -> str | None:
+    """One line saying why the broker cannot be used (no answer to a metadata request within ``timeout_s``),
+    naming the address, what a plain TCP connection to it gets, and what to check; or None when it answers. Every
+    command that talks to Kafka asks this first, so that a wrong address costs ``timeout_s`` and one line instead of
+    a client's own wait and traceback."""
+    import logging
+
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    client_log = logging.getLogger("stream_anon.kafka.client")
+    client_log.disabled = True            # librdkafka's retries during the probe are this one line's business
+    try:
+        AdminClient({**conn.confluent(), "logger": client_log}).list_topics(timeout=timeout_s)
+    except KafkaException as exc:
+        err = exc.args[0] if exc.args else exc
+        why = err.str() if hasattr(err, "str") else str(err)
+    else:
+        return None
+    finally:
+        client_log.disabled = False
+    tcp = [_tcp_outcome(address, min(1.0, timeout_s)) for address in conn.bootstrap.split(",")]
+    where = conn.sources.get("bootstrap")
+    where = f" (from {where})" if where else ""
+    if any(outcome.endswith(": TCP connects") for outcome in tcp):
+        check = (f"check that {conn.bootstrap}{where} is a Kafka listener for {conn.security_protocol}"
+                 + ("" if conn.security_protocol == "PLAINTEXT" else " and that the TLS and SASL settings fit it"))
+    else:
+        check = f"check that a Kafka broker runs at {conn.bootstrap}{where} and is reachable from here"
+    return (f"broker {conn.describe()} unreachable: no answer to a metadata request within {timeout_s:g} s "
+            f"({why}; {', '.join(tcp)}); {check}")
+
+
+def _tcp_outcome(address: str, timeout_s: float) -> str:
+    """``HOST:PORT: TCP connects`` or what a TCP connection to it met (refused, timed out, unknown host)."""
+    import socket
+
+    host, _, port = address.strip().rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except socket.gaierror:
+        return f"{address}: host name not resolved"
+    except ConnectionRefusedError:
+        return f"{address}: connection refused"
+    except TimeoutError:
+        return f"{address}: TCP connection timed out"
+    except OSError as exc:
+        return f"{address}: {exc.strerror or exc}"
+    return f"{address}: TCP connects"
+
+
 def to_args(conn: KafkaConnection) -> list[str]:
     """Command-line options that give a child command the non-secret settings of ``conn`` (secrets:
     :func:`secret_env`).

@@ -86,7 +86,7 @@ def test_size_distribution_quantiles_and_empty():
     (None, False, 0), ({"suppression_limit_exceeded": 3}, False, 0), ({"suppression_limit_exceeded": 3}, True, 3),
     ({}, True, 0)])
 def test_audit_command_exit_status_with_fail_on_alert(monkeypatch, capsys, tmp_path, alerts, fail_on_alert, code):
-    from stream_anon import cli
+    from stream_anon import cli, connection
     from stream_anon.audit import kafka_source
     from stream_anon.audit.report import AuditReport
 
@@ -103,6 +103,7 @@ def test_audit_command_exit_status_with_fail_on_alert(monkeypatch, capsys, tmp_p
                                    "alerts": alerts})
 
     monkeypatch.setattr(kafka_source, "audit_from_kafka", fake)
+    monkeypatch.setattr(connection, "broker_unreachable", lambda conn, timeout_s: None)   # no broker: the fake reads
     argv = ["audit", "--config", "oyster", "--broker", "127.0.0.1:9", "--report", str(tmp_path / "r.json")]
     assert cli.main(argv + (["--fail-on-alert"] if fail_on_alert else [])) == code
     out = capsys.readouterr()
@@ -241,7 +242,7 @@ def test_k_beyond_the_individuals_of_any_window_says_what_to_change():
     ("PASSED", 0, [], 0), ("FAILED", 0, [], 1), ("NOT PASSED", 0, [], 4), ("NOT PASSED", 0, ["--fail-on-alert"], 4),
     ("PASSED", 7, [], 0), ("PASSED", 7, ["--fail-on-alert"], 0), ("PASSED", 7, ["--fail-on-open"], 5)])
 def test_audit_command_exit_status_by_verdict_and_open_events(monkeypatch, capsys, verdict, n_open, flags, code):
-    from stream_anon import cli
+    from stream_anon import cli, connection
     from stream_anon.audit import kafka_source
     from stream_anon.audit.report import AuditReport
 
@@ -252,6 +253,7 @@ def test_audit_command_exit_status_by_verdict_and_open_events(monkeypatch, capsy
     report = AuditReport(verdict == "PASSED", {}, summary, health={"alerts": {}}, verdict=verdict,
                          verdict_reason=None if verdict == "PASSED" else "why")
     monkeypatch.setattr(kafka_source, "audit_from_kafka", lambda *a, **kw: report)
+    monkeypatch.setattr(connection, "broker_unreachable", lambda conn, timeout_s: None)
     assert cli.main(["audit", "--config", "oyster", "--broker", "127.0.0.1:9", *flags]) == code
     out = capsys.readouterr()
     assert out.out.startswith(f"AUDIT {verdict}")

@@ -216,11 +216,13 @@ def test_input_partitions_decided_by_stream_then_definition_then_default():
 
 
 def test_topics_apply_takes_stream_configs(monkeypatch, tmp_path, capsys):
+    from stream_anon import connection
     from stream_anon.kafka import topics as topics_mod
 
     applied = {}
     monkeypatch.setattr(topics_mod, "apply_topics",
                         lambda conn, defs: applied.update(conn=conn, defs=defs) or {n: "created" for n in defs})
+    monkeypatch.setattr(connection, "broker_unreachable", lambda conn, timeout_s: None)    # the plan is the subject
     raw = (ROOT / "configs" / "obd2.toml").read_text().replace('input_topic = "raw.vehicle.obd2"',
                                                               'input_topic = "raw.vehicle.fleet"\npartitions = 2')
     assert "raw.vehicle.fleet" in raw
@@ -352,6 +354,74 @@ def test_an_unreachable_broker_at_start_is_one_line_and_exit_2(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("stream-anon worker: broker 127.0.0.1:9 (PLAINTEXT) unreachable: "
                                                    "no answer to a metadata request within 2 s"), out.stderr
     assert "Traceback" not in out.stderr
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released): a real broker address that refuses."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+KAFKA_COMMANDS = {   # every command that talks to Kafka, with what it needs besides the broker
+    "topics apply": ("topics", "apply", "--config", "oyster"),
+    "replay": ("replay", "--dataset", "oyster", "--events", "10", "--topic", "raw.fare.oyster", "--config", "oyster",
+               "--quiet"),
+    "audit": ("audit", "--config", "oyster"),
+    "aggregates": ("aggregates", "--config", "oyster-cards"),
+    "report": ("report", "--config", "oyster", "--out", "report.html"),
+}
+
+
+@pytest.mark.parametrize("command,timeout", [(c, 2.0) for c in sorted(KAFKA_COMMANDS)] + [("audit", None)])
+def test_an_unreachable_broker_is_one_line_and_exit_2_within_the_timeout(command, timeout, tmp_path):
+    """A refusing broker address: one line naming it, what a TCP connection met and what to check, exit 2,
+    within --timeout (default at most 15 s) and a few seconds of start-up, for every command that talks to Kafka."""
+    import time
+
+    address = f"127.0.0.1:{_closed_port()}"
+    argv = [*KAFKA_COMMANDS[command], "--broker", address] + ([] if timeout is None else ["--timeout", str(timeout)])
+    env = {**os.environ, "STREAM_ANON_SECRET": "0123456789abcdef0123456789abcdef"}
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "stream_anon.cli", *argv], capture_output=True, text=True, env=env,
+                         cwd=tmp_path, timeout=120)
+    elapsed = time.monotonic() - started
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert out.returncode == 2 and len(lines) == 1, out.stderr[-3000:]
+    said = re.match(rf"stream-anon {command}: broker {re.escape(address)} \(PLAINTEXT\) unreachable: no "
+                    r"answer to a metadata request within ([0-9.]+) s", lines[0])
+    assert said, lines[0]
+    waited = float(said.group(1))
+    assert waited == timeout if timeout is not None else 0 < waited <= 15
+    assert f"{address}: connection refused" in lines[0] and f"check that a Kafka broker runs at {address} " \
+        "(from --broker)" in lines[0], lines[0]
+    assert waited <= elapsed < waited + 8, elapsed     # start-up: imports, the config
+    assert not (tmp_path / "report.html").exists()
+
+
+@pytest.mark.parametrize("command", sorted(KAFKA_COMMANDS))
+def test_a_missing_config_file_is_named_as_the_config_before_any_broker(command, tmp_path, monkeypatch, capsys):
+    """``--config typo.toml``: one line saying the config file is not found (not a Kafka connection file), exit 2,
+    and no broker asked (none listens at the address given); a bare name that is no bundled config lists those."""
+    from stream_anon import connection
+
+    monkeypatch.setenv("STREAM_ANON_SECRET", "0123456789abcdef0123456789abcdef")
+    monkeypatch.chdir(tmp_path)
+    asked = []
+    monkeypatch.setattr(connection, "broker_unreachable", lambda conn, timeout_s: asked.append(conn) or "asked",
+                        raising=False)
+    base = list(KAFKA_COMMANDS[command])
+    for typo, needles in (("typo.toml", ["config file not found: typo.toml"]),
+                          ("oyter", ["config file not found: oyter", "bundled config", "oyster, "])):
+        argv = [typo if a in ("oyster", "oyster-cards") and base[i - 1] == "--config" else a
+                for i, a in enumerate(base)]
+        assert main([*argv, "--broker", f"127.0.0.1:{_closed_port()}"]) == 2, argv
+        lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith(f"stream-anon {command}: "), lines
+        assert all(n in lines[0] for n in needles) and "kafka" not in lines[0].lower(), lines[0]
+    assert asked == []
 
 
 def test_worker_session_timeout_from_flag_or_environment_and_refused_out_of_range(monkeypatch, capsys):

@@ -127,14 +127,3 @@ def test_fit_time_bounds_spans_the_events_whole_hours():
     assert max(times) < table.space.upper[0] == np.ceil(max(times) / 3600) * 3600
     configured = load_table("citibike", limit=300)
     assert configured.space.upper[0] > table.space.upper[0] and table.n == configured.n
-
-
-def test_without_matplotlib_the_tables_are_written_and_no_plot(monkeypatch, tmp_path):
-    """A wheel installed without the ``eval`` extra: evaluate ends with results.json/.md, not an ImportError."""
-    import sys
-
-    from stream_anon.evaluate import plot
-
-    monkeypatch.setitem(sys.modules, "matplotlib", None)          # import matplotlib -> ImportError
-    assert plot([{"strategy": "mondrian", "k": 2, "ncp": 0.1}], tmp_path) == []
-    assert not list(tmp_path.glob("*.png"))

@@ -58,7 +58,8 @@ def test_tesla_protojson_lines_stay_lines(tmp_path):
 
 
 def _replay(capsys, *args) -> tuple[int, list[str]]:
-    rc = main(["replay", *map(str, args), "--topic", "raw.never", "--broker", "127.0.0.1:1", "--quiet"])
+    topic = [] if "--config" in args else ["--topic", "raw.never"]      # with a config: its input topic
+    rc = main(["replay", *map(str, args), *topic, "--broker", "127.0.0.1:1", "--quiet"])
     return rc, [line for line in capsys.readouterr().err.splitlines() if line.strip()]
 
 

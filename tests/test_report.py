@@ -234,3 +234,67 @@ def test_the_share_published_as_the_whole_domain_is_recounted_from_the_records(r
     got = {row["qi"]: row["whole_domain"] for row in page.figures["generalization"]}
     assert got == shares and any(shares.values())
     assert "Generalization per quasi-identifier" in page.html
+
+
+def _report_import_closure() -> dict[str, set[str]]:
+    """Third-party top-level module -> the stream_anon modules that import it, over every module the report's
+    package imports (followed through stream_anon's own modules; imports inside functions included)."""
+    import ast
+    import sys
+
+    pkg_root = Path(__file__).resolve().parent.parent
+
+    def file_of(module: str) -> Path | None:
+        base = pkg_root.joinpath(*module.split("."))
+        for p in (base.with_suffix(".py"), base / "__init__.py"):
+            if p.is_file():
+                return p
+        return None
+
+    todo = [f"stream_anon.report.{p.stem}" if p.stem != "__init__" else "stream_anon.report"
+            for p in (pkg_root / "stream_anon" / "report").glob("*.py")]
+    seen, third = set(), defaultdict(set)
+    while todo:
+        module = todo.pop()
+        path = file_of(module)
+        if module in seen or path is None:
+            continue
+        seen.add(module)
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(parent + ([base] if base else []))
+                names = [base] + [f"{base}.{a.name}" for a in node.names]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                if top == "stream_anon":
+                    todo.append(name)
+                elif top not in sys.stdlib_module_names and top != "__future__":
+                    third[top].add(module)
+    return third
+
+
+def test_the_report_needs_nothing_outside_the_core_dependencies():
+    """A plain ``pip install stream-anon`` (no extras) runs ``stream-anon report``: every third-party module the
+    report's code reaches is provided by a distribution named in ``[project] dependencies``."""
+    import tomllib
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())
+    core = {canonicalize_name(Requirement(r).name) for r in pyproject["project"]["dependencies"]}
+    provided = metadata.packages_distributions()
+    third = _report_import_closure()
+    assert "numpy" in third and "matplotlib" in third        # the walk reaches the plots' imports
+    missing = {top: sorted(users) for top, users in third.items()
+               if not {canonicalize_name(d) for d in provided.get(top, ())} & core}
+    assert not missing, f"imported by the report but not a core dependency: {missing}"

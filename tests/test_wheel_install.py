@@ -5,11 +5,11 @@ The ``installed`` fixture copies the sources the build reads to a temporary dire
 in the checkout), builds the wheel, installs it into a fresh virtual environment and runs commands from an empty
 working directory with a clean environment. The dependencies are not downloaded and unpacked again (that took two
 minutes of every test run): the fresh environment sees, through a ``.pth`` line, a directory of links to exactly
-the distributions the wheel's own ``Requires-Dist`` (with ``[eval]``) needs, followed recursively, as installed in
-the test environment; pip installs the wheel with ``--no-index``, so it must find every declared requirement there
-at a version its specifier allows, and the package itself comes only from the wheel (the test environment's
-editable stream-anon is not linked). Further commands on the installed package (broker, topics apply, worker,
-replay, audit) are one more test on the same fixture.
+the distributions the wheel's own ``Requires-Dist`` needs without extras (what a plain ``pip install`` gets),
+followed recursively, as installed in the test environment; pip installs the wheel with ``--no-index``, so it must
+find every declared requirement there at a version its specifier allows, and the package itself comes only from
+the wheel (the test environment's editable stream-anon is not linked). Further commands on the installed package
+(broker, topics apply, worker, replay, audit, report) are one more test on the same fixture.
 """
 from __future__ import annotations
 
@@ -150,12 +150,12 @@ def installed(tmp_path_factory) -> Installed:
     venv.create(tmp / "venv")
     python = tmp / "venv" / "bin" / "python"
     site, = (tmp / "venv" / "lib").glob("python3*/site-packages")
-    (site / "dependencies.pth").write_text(f"{_link_dependencies(wheel, {'eval'}, tmp / 'dependencies')}\n")
+    (site / "dependencies.pth").write_text(f"{_link_dependencies(wheel, set(), tmp / 'dependencies')}\n")
     # neither the checkout nor PYTHONPATH (tests/conftest.py puts the checkout there for worker subprocesses) may
     # be on pip's path: it would take the checkout's stream_anon.egg-info for an installed stream-anon and skip
     # the wheel. pip runs under the fresh environment's python (--python), which has no pip of its own.
     subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-index",
-                    f"{wheel}[eval]"], check=True, timeout=600, cwd=tmp, env=Installed.env())
+                    str(wheel)], check=True, timeout=600, cwd=tmp, env=Installed.env())
     # (a clean environment and a working directory outside the checkout: with the checkout or any PYTHONPATH on
     # its path, pip would count packages found there (the editable stream_anon.egg-info) as installed)
     workdir = tmp / "work"
@@ -305,10 +305,11 @@ def test_the_images_cmd_runs_on_the_installed_wheel(installed):
 
 @pytest.mark.slow
 @pytest.mark.kafka
-def test_installed_package_runs_broker_topics_worker_replay_and_audit(installed):
+def test_installed_package_runs_broker_topics_worker_replay_audit_and_report(installed):
     """What a new user does after ``pip install``, from an empty directory: ``stream-anon broker``, ``topics
     apply``, ``replay`` of a bundled slice, ``worker`` with the bundled oyster config by name, ``audit`` passing
-    with its health figures; the same steps as the container image (Dockerfile) and docker-compose.yml."""
+    with its health figures, ``report`` with its plots (no extra installed); the same steps as the container image
+    (Dockerfile) and docker-compose.yml."""
     from stream_anon.kafka.supervise import OutputReader     # the test's own reader, to know when to stop the worker
 
     secret = {"STREAM_ANON_SECRET": "wheel-test-secret-" + "0123456789abcdef" * 2}
@@ -370,6 +371,11 @@ def test_installed_package_runs_broker_topics_worker_replay_and_audit(installed)
         assert s["published"] + s["suppressed"] + s["dead_lettered"] + s["deferred"] == EVENTS
         assert 0 < h["ncp"]["mean"] <= h["ncp"]["p95"] <= 1 and h["ncp"]["records"] == s["published"]
         assert h["class_individuals"]["min"] >= s["k"] and h["alerts"] is not None
+
+        written = installed.run("report", "--config", "oyster", "--broker", bootstrap, "--idle", "1.0", "--out",
+                                "report.html", env=secret, timeout=180)
+        assert "audit PASSED" in written.stdout, written.stdout
+        assert (installed.workdir / "report.html").read_text().count("<svg") >= 4
     finally:
         if worker is not None:
             _stop(worker)

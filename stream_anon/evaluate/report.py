@@ -4,14 +4,11 @@ comparison table of a user's own stream.
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 
 import numpy as np
 
 from stream_anon.evaluate.batch import BASELINES
-
-log = logging.getLogger("stream_anon.evaluate")
 
 TABLE_COLUMNS = (("dataset", "dataset", "{}"), ("strategy", "strategy", "{}"), ("k", "k", "{}"),
                  ("ncp", "NCP", "{:.4f}"), ("ncp_released", "NCP (released)", "{:.4f}"),
@@ -43,14 +40,8 @@ def markdown_table(rows: list[dict]) -> str:
 
 
 def plot(rows: list[dict], out: Path) -> list[Path]:
-    """PNG plots against k per strategy; baselines without k (raw) as dashed horizontal lines. Without matplotlib
-    (the ``eval`` extra) no plot is drawn: the tables are the results."""
-    try:
-        import matplotlib
-    except ImportError:
-        log.warning("matplotlib is not installed (pip install 'stream-anon[eval]'): no plots, results.json and "
-                    "results.md only")
-        return []
+    """PNG plots against k per strategy; baselines without k (raw) as dashed horizontal lines."""
+    import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

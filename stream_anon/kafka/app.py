@@ -21,12 +21,13 @@ import warnings
 from pathlib import Path
 
 import faust
+from confluent_kafka import KafkaError, KafkaException
 from faust.app.base import BootStrategy
 from mode import Service
 
 from stream_anon import __version__, crypto, logsetup
 from stream_anon import connection as kafka_connection
-from stream_anon.connection import as_connection
+from stream_anon.connection import as_connection, broker_unreachable
 from stream_anon.config import load_config
 from stream_anon.helptext import with_defaults
 from stream_anon.kafka.core import WorkerCore
@@ -110,13 +111,15 @@ def make_app(config, bootstrap: str, state_dir, app_id: str | None = None, secre
             log.info("stopping: finishing or aborting the batch in flight, leaving the consumer group")
             loop.stop()
             await self.loop.run_in_executor(None, self._thread.join, 60)
-            log.info("stopped: %d transactions committed, %d aborted%s", loop.counters["transactions"],
-                     loop.counters["aborted"], f"; loop error: {loop.error!r}" if loop.error is not None else "")
+            log.info("stopped: %d transactions committed, %d aborted", loop.counters["transactions"],
+                     loop.counters["aborted"])
 
     @app.timer(1.0)
     async def watch_loop():
         if loop.stopped.is_set() and not loop.stopping.is_set():
-            log.error("the Kafka loop stopped: %r; exiting", loop.error)
+            log.error("the Kafka loop stopped (%s): exiting with status %d; a restarted worker recovers its "
+                      "partitions from Kafka, or halts them with an alert when the broker lost their state "
+                      "(docs/operations.md, Faults and what the worker does)", loop_failure(loop.error), LOOP_FAILED)
             os.kill(os.getpid(), signal.SIGTERM)
 
     @app.page("/metrics")
@@ -142,6 +145,17 @@ class _Worker(faust.Worker):
         # joined the loop's thread (batch committed or aborted, consumer closed, producers flushed): a stop need not
         # wait that second
         await asyncio.sleep(0.05)
+
+
+LOOP_FAILED = 70            # the worker's exit status when its loop failed (EX_SOFTWARE; docs/operations.md)
+
+
+def loop_failure(exc) -> str:
+    """What ended the loop, in a few words: a Kafka client's error by its code (fatal or not), else the exception."""
+    err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+    if isinstance(err, KafkaError):
+        return f"{'fatal ' if err.fatal() else ''}Kafka client error {err.name()}: {err.str()}"
+    return repr(exc)
 
 
 def _setup_logging(level: str, fmt: str = "text") -> None:
@@ -177,7 +191,7 @@ def run_worker(config, bootstrap: str, state_dir, app_id: str | None = None, sec
         if exc.code not in (0, None):
             raise
     if app.stream_anon_loop.error is not None:
-        raise SystemExit(70)
+        raise SystemExit(LOOP_FAILED)
     return app
 
 
@@ -286,26 +300,6 @@ def build_parser() -> argparse.ArgumentParser:
                         "worker's lifecycle lines), warning, error")
     logsetup.add_arguments(p)
     return with_defaults(p)
-
-
-def broker_unreachable(conn, timeout_s: float = BROKER_PROBE_S) -> str | None:
-    """One line saying why the broker cannot be used at start (no answer to a metadata request within
-    ``timeout_s``), or None: a worker that cannot reach its broker when it starts says so and exits 2, where it
-    would otherwise wait and stop with a traceback."""
-    from confluent_kafka import KafkaException
-    from confluent_kafka.admin import AdminClient
-
-    client_log = logging.getLogger("stream_anon.kafka.client")
-    client_log.disabled = True            # librdkafka's retries during the probe are this one line's business
-    try:
-        AdminClient({**conn.confluent(), "logger": client_log}).list_topics(timeout=timeout_s)
-    except KafkaException as exc:
-        err = exc.args[0] if exc.args else exc
-        why = err.str() if hasattr(err, "str") else str(err)
-        return f"broker {conn.describe()} unreachable: no answer to a metadata request within {timeout_s:g} s ({why})"
-    finally:
-        client_log.disabled = False
-    return None
 
 
 def worker_main(argv=None) -> int:

@@ -149,6 +149,7 @@ class LineageTopic:
         self.cfg, self.stream = dict(client_config), stream
         self.topic = lineage_topic(app_id)
         self._producer: Producer | None = None
+        self.fatal: KafkaError | None = None     # the producer's fatal error: it cannot be used again
 
     def ensure(self, admin) -> None:
         """Create the topic (one partition, compacted) unless it exists, and the producer: an idempotent producer
@@ -165,12 +166,30 @@ class LineageTopic:
 
     def _producer_ready(self) -> Producer:
         if self._producer is None:
-            self._producer = Producer({**self.cfg, "enable.idempotence": True, "acks": "all", "logger": client_log})
+            # an error_cb of its own: without one, confluent-kafka raises a fatal error (an idempotent producer's
+            # sequence numbers after a broker reset) out of a call of the worker's loop as an object that is no
+            # exception class, which no ``except`` catches: the loop died and the worker exited 0
+            self._producer = Producer({**self.cfg, "enable.idempotence": True, "acks": "all", "logger": client_log,
+                                       "error_cb": self._on_error})
         return self._producer
 
+    def _on_error(self, err: KafkaError) -> None:
+        if err.fatal():
+            self.fatal = err
+        elif err.code() not in (KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT):   # the watchdog's to report
+            client_log.warning("lineage producer: %s", err)
+
+    def raise_fatal(self) -> None:
+        """Raise the producer's fatal error, if it had one (the worker's loop ends on it: exit 70)."""
+        if self.fatal is not None:
+            raise KafkaException(self.fatal)
+
     def _produce(self, key: str, doc: dict) -> None:
+        self.raise_fatal()
         self._producer_ready().produce(self.topic, json_bytes(doc), key.encode(), partition=0)
-        if self._producer.flush(30) != 0:
+        unsent = self._producer.flush(30)
+        self.raise_fatal()
+        if unsent != 0:
             raise RuntimeError(f"lineage topic {self.topic}: a record was not acknowledged within 30 s")
 
     def declare(self, declaration: dict) -> None:

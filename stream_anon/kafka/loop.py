@@ -22,11 +22,14 @@ Failures:
   record with ``flush_pending``), then the flush's output; a worker that dies in between re-does the same flush,
   so a release id is never published with two contents;
 - losing the broker is reported once (WARNING) when it happens and once when it is back; librdkafka's own log
-  lines are rate-limited.
+  lines are rate-limited;
+- a fatal client error outside the partitions' transactions (the lineage producer's, after a broker reset) ends the
+  loop: the app states it in one line and exits 70, and the restarted worker recovers or halts the partitions.
 """
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 
@@ -37,6 +40,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from stream_anon.kafka import state as st
 from stream_anon.kafka.core import WorkerCore
 from stream_anon.kafka.lineage import StreamLineage
+from stream_anon.kafka.observe import throughput_metric
 from stream_anon.kafka.partition import ConfigChangeRefused, KeyRotationRefused
 from stream_anon.kafka.retention import RetentionCheck, guard_raw_retention
 from stream_anon.kafka.state_cache import CommittedCache, read_state_logs
@@ -114,6 +118,16 @@ def by_partition(msgs, parts, halted) -> dict[int, list | None]:
         if batch is not None:
             batch.append((m.offset(), m.value()))
     return out
+
+
+def loop_error(exc) -> BaseException:
+    """What ended the loop, as an exception. A Kafka client's error is stated in one line (the app's, on exit);
+    anything else is a bug: its traceback is logged."""
+    if isinstance(exc, KafkaError):
+        return KafkaException(exc)
+    if not isinstance(exc, KafkaException):
+        log.error("worker loop failed", exc_info=exc)
+    return exc
 
 
 def end_offsets(consumer: Consumer, topic: str, partitions) -> dict[int, int | None]:
@@ -312,10 +326,12 @@ class KafkaLoop:
             self._setup()
             threading.Thread(target=self.watch.run, name="broker-watchdog", daemon=True).start()
             while not self.stopping.is_set():
+                self.lineage.topic.raise_fatal()
                 self._step()
-        except BaseException as exc:       # the app reports it and exits non-zero; nothing was committed
-            self.error = exc
-            log.exception("worker loop failed")
+        except BaseException as exc:       # the app reports it and exits non-zero (70); nothing was committed
+            self.error = loop_error(exc)
+        except:  # noqa: E722 - confluent-kafka raises a client's fatal error without error_cb as a KafkaError object
+            self.error = loop_error(sys.exc_info()[1])
         finally:
             try:
                 self._settle_in_flight(self.in_flight.partitions(), leaving=True)   # commits as any other
@@ -561,7 +577,4 @@ class KafkaLoop:
     def _publish_metrics(self) -> None:
         highwaters = end_offsets(self._consumer, self.input, self.core.parts)
         self.highwater = {p: h for p, h in highwaters.items() if h is not None}
-        doc = self.core.stats.throughput_metric(self.core.stream, self.core.app_id, self.core.parts,
-                                                {p: ps.offset + 1 for p, ps in self.core.parts.items()}, highwaters)
-        self.metrics.send({**doc, "connected": self.watch.connected,
-                           "halted": {str(p): h["reason"] for p, h in self.halted.items()}, **self.counters})
+        self.metrics.send(throughput_metric(self, highwaters))

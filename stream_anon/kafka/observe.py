@@ -1,5 +1,5 @@
 """The worker's figures in Prometheus text format (``/metrics``), read at scrape time from the same counters that
-feed the ``anon.metrics`` topic (one source), plus liveness and readiness. Every series is described in
+feed the ``anon.metrics`` topic (one source: :func:`throughput_metric`), plus liveness and readiness. Every series is described in
 docs/operations.md (Metrics reference); tests/test_metrics_reference.py holds the two to each other.
 
 Readiness: every partition assigned to the worker has its state recovered and none is halted (a halted partition
@@ -241,3 +241,13 @@ def readiness(loop) -> tuple[bool, dict]:
         detail["raw_retention"] = loop.retention.as_dict()
     ok = loop.ready and not loop.halted and not loop.stopped.is_set() and bool(loop.assigned)
     return ok, detail
+
+
+def throughput_metric(loop, highwaters: dict) -> dict:
+    """The loop's periodic message on ``anon.metrics``: the engines' throughput with the partitions' positions
+    against ``highwaters`` (end offsets), the broker connection, the halted partitions and the loop's counters."""
+    core = loop.core
+    doc = core.stats.throughput_metric(core.stream, core.app_id, core.parts,
+                                       {p: ps.offset + 1 for p, ps in core.parts.items()}, highwaters)
+    return {**doc, "connected": loop.watch.connected,
+            "halted": {str(p): h["reason"] for p, h in loop.halted.items()}, **loop.counters}

@@ -1,0 +1,86 @@
+"""A fatal Kafka client error under a running worker (issue 43 item 13): the broker is reset (stopped, its data
+gone, restarted on the same port) while the worker runs. The worker's idempotent lineage producer then meets
+OUT_OF_ORDER_SEQUENCE_NUMBER, a fatal librdkafka error. Before: a traceback in the kafka-loop thread and exit 0, so
+a supervisor that restarts on failure left the worker down. Now: one ERROR line naming the error and exit 70, and
+the worker a supervisor restarts halts its partitions (state_topic_reset) instead of publishing a new history."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _kafka_helpers import setup_stream, synthetic_fares, wait_for  # noqa: E402
+
+from stream_anon.broker import EmbeddedBroker, free_port  # noqa: E402
+from stream_anon.kafka.replay import replay  # noqa: E402
+from stream_anon.kafka.supervise import start_worker_process, stop_worker_process  # noqa: E402
+
+pytestmark = pytest.mark.kafka
+
+N = 400
+
+
+def _readyz(port: int) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=3) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+    except (urllib.error.URLError, OSError):
+        return 0, {}
+
+
+def test_a_broker_reset_under_a_running_worker_exits_70_with_one_line_and_the_restart_halts(tmp_path, secret_env):
+    name, app_id, state = "fatal", "fatal-app", tmp_path / "state"
+    events = synthetic_fares(N, seed=7)
+    broker = EmbeddedBroker().start()
+    try:
+        path, cfg = setup_stream(tmp_path, broker.bootstrap, name)
+        replay(broker.bootstrap, cfg.stream.input_topic, events[: N // 2], "journey_id", progress=False)
+        port = free_port()
+        worker = start_worker_process(path, broker.bootstrap, state, app_id, 1.0, tmp_path / "w1.log",
+                                      extra=["--web-port", str(port), "--metrics-interval", "1"])
+        try:
+            wait_for(lambda: _readyz(port)[0] == 200, 60, "the worker ready")
+            time.sleep(3)                                 # a few transactions, and the lineage barrier, written
+            broker.stop()                                 # memory storage: its data goes with it
+            time.sleep(3)
+            broker = EmbeddedBroker(port=broker.port).start()
+            setup_stream(tmp_path, broker.bootstrap, name)
+            replay(broker.bootstrap, cfg.stream.input_topic, events[N // 2:], "journey_id", progress=False)
+            try:
+                code = worker.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                code = None
+        finally:
+            stop_worker_process(worker)
+        log = (tmp_path / "w1.log").read_text()
+        assert code == 70, log[-4000:]
+        assert "Traceback" not in log and "Exception in thread" not in log, log[-4000:]
+        errors = [line for line in log.splitlines() if " ERROR stream_anon.worker: " in line]
+        assert len(errors) == 1, errors
+        assert "the Kafka loop stopped (fatal Kafka client error " in errors[0] \
+            and "exiting with status 70" in errors[0], errors[0]
+
+        # what the supervisor's restart finds: the broker lost the partitions' state, the state directory did not
+        port = free_port()
+        worker = start_worker_process(path, broker.bootstrap, state, app_id, 1.0, tmp_path / "w2.log",
+                                      extra=["--web-port", str(port), "--metrics-interval", "1"])
+        try:
+            def halted():
+                code, body = _readyz(port)
+                return body if code == 503 and len(body.get("halted", {})) == 4 else None
+            body = wait_for(halted, 90, "the restarted worker's partitions halted")
+            assert worker.poll() is None                  # up, not ready: /readyz says why
+        finally:
+            stop_worker_process(worker)
+        assert {h["reason"] for h in body["halted"].values()} == {"state_topic_reset"}, body
+    finally:
+        broker.stop()
