@@ -397,7 +397,8 @@ def test_an_unreachable_broker_is_one_line_and_exit_2_within_the_timeout(command
     assert waited == timeout if timeout is not None else 0 < waited <= 15
     assert f"{address}: connection refused" in lines[0] and f"check that a Kafka broker runs at {address} " \
         "(from --broker)" in lines[0], lines[0]
-    assert waited <= elapsed < waited + 8, elapsed     # start-up: imports, the config
+    # start-up: imports (the report's plotting ones), the config; 10.4 s for report at --timeout 2 on a loaded CI
+    assert waited <= elapsed < waited + 15, elapsed
     assert not (tmp_path / "report.html").exists()
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _kafka_helpers import write_cards_config  # noqa: E402
+from _kafka_helpers import read_all, write_cards_config  # noqa: E402
 from test_lineage import _halted_with, _run_lineage  # noqa: E402
 
 from stream_anon.attacks.intersection import intersection_attack  # noqa: E402
@@ -126,8 +126,13 @@ def test_kill_between_releases_restart_checker_still_passes(broker, tmp_path, se
     assert all("anonymization.m 3 -> 2" in ln and "a new app id and --new-lineage" in ln for ln in halted), halted
     # 5) the step: a new app id and --new-lineage; the new lineage places every event again, under m = 2
     first = {m["lineage"] for m in out.manifests}.pop()
+    # the same input again: its DP budget is carried from the rows a consumer kept, or a unit's loss per day doubles
+    kept = tmp_path / "kept-rows.jsonl"
+    kept.write_text("".join(json.dumps(d) + "\n" for _, d, _, _ in read_all(broker.bootstrap, "anon.aggregates",
+                                                                          stream=name)))
     second, manifests = _run_lineage(changed, broker.bootstrap, tmp_path / "state-m2", "mcards-m2", name,
-                                     tmp_path / "w5.log", extra=["--new-lineage"], n=N_EVENTS)
+                                     tmp_path / "w5.log", extra=["--new-lineage", "--carry-budget", str(kept)],
+                                     n=N_EVENTS)
     assert second != first and {m["m"] for m in manifests} == {2}
     assert {m["lineage_started"]["supersedes"][0] for m in manifests if "lineage_started" in m} == {first}
 

@@ -20,9 +20,12 @@ EVENTS = 20
 
 
 def _topics(bootstrap: str) -> set[str]:
+    import logging
+
     from confluent_kafka.admin import AdminClient
 
-    return set(AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10).topics)
+    client = AdminClient({"bootstrap.servers": bootstrap, "logger": logging.getLogger("stream_anon.kafka.client")})
+    return set(client.list_topics(timeout=10).topics)
 
 
 def _replay(capsys, bootstrap: str, *args: str) -> tuple[int, list[str], list[str]]:
