@@ -38,6 +38,12 @@ from stream_anon.errors import ConfigError
 
 MAX_SECONDS = 10 * 366 * 86400   # largest duration a key may name (ten years): beyond it a typo, not a setting
 MAX_COUNT = 1_000_000            # largest count a key may name (k, l, m, contributions, pool sizes, ...)
+# largest epsilon a key may name (a budget or an aggregate's share): at 1e9 a count's noise is already far below 1
+# (tests run near noise-free at 1e6-1e7); beyond it is a typo (2**64, 1e308), whose sums in the ledger lose meaning
+MAX_EPSILON = 1e9
+# largest magnitude of a DP aggregate's clamping bound or bin edge: a sum of clamped values stays exact in a float
+# (2**53 ~ 9.0e15); at 1e308 the noise scale (upper - lower) / epsilon is infinite
+MAX_MAGNITUDE = 1e15
 NAME_RE = re.compile(r"^[a-z0-9_-]+$")   # names that become parts of topics, keys and output fields
 
 

@@ -314,6 +314,22 @@ def test_issue_cases_are_refused_at_load(table, key, value, message):
     assert str(exc.value) == message
 
 
+@pytest.mark.parametrize("change, key", [
+    (lambda r: r["dp"].update(epsilon_per_period=2 ** 64), "dp.epsilon_per_period: must be in (0, 1000000000]"),
+    (lambda r: r["dp"].update(epsilon_per_period=1e308), "dp.epsilon_per_period: must be in (0, 1000000000]"),
+    (lambda r: r["aggregates"][0].update(epsilon=1e308),
+     "aggregates.taps_per_zone.epsilon: must be in (0, 1000000000]"),
+    (lambda r: r["aggregates"][2].update(upper=2 ** 64), "aggregates.mean_fare_by_category.upper: must be in"),
+    (lambda r: r["aggregates"][2].update(lower=-1e308), "aggregates.mean_fare_by_category.lower: must be in"),
+    (lambda r: r["aggregates"][3].update(bins=[0, 1, 1e308]), "aggregates.fare_histogram.bins[2]: must be in"),
+])
+def test_absurd_budgets_and_bounds_are_refused_naming_the_key(change, key):
+    """Issue 43 item 13: an epsilon of 2^64 or 1e308 and aggregate bounds of 2^64 or 1e308 loaded in the worker."""
+    raw = copy.deepcopy(oyster())
+    change(raw)
+    assert refusal(raw).startswith(key)
+
+
 @pytest.mark.parametrize("change, message", [
     (lambda r: r["quasi_identifiers"][1].update(lower=0),
      "quasi_identifiers.location.lower: not a key of a station quasi-identifier"),

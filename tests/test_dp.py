@@ -263,7 +263,8 @@ def test_output_keys_are_the_configured_domain_not_the_data(tmp_path):
 
 
 def test_spec_errors_name_the_key(tmp_path):
-    with pytest.raises(ConfigError, match=r"^aggregates\.taps_per_station\.epsilon: must be > 0, got 0"):
+    with pytest.raises(ConfigError,
+                       match=r"^aggregates\.taps_per_station\.epsilon: must be in \(0, 1000000000\], got 0"):
         parse_dp_config(_raw([_count("taps_per_station", epsilon=0)]))
     with pytest.raises(ConfigError, match=r"^aggregates\.n\.max_contributions"):
         parse_dp_config(_raw([_count(mc=0)]))

@@ -32,8 +32,8 @@ from typing import Any
 from stream_anon.dp.periods import PERIODS, PeriodClock, period_alignment_error
 from stream_anon.errors import ConfigError
 from stream_anon.hierarchy import Hierarchy
-from stream_anon.validation import MAX_COUNT, MAX_SECONDS, REQUIRED, ConfigDir, Table, check_integer, check_number, \
-    check_timestamp, named_tables
+from stream_anon.validation import MAX_COUNT, MAX_EPSILON, MAX_MAGNITUDE, MAX_SECONDS, REQUIRED, ConfigDir, Table, \
+    check_integer, check_number, check_timestamp, named_tables
 
 KINDS = ("count", "sum", "mean", "histogram", "ratio")
 OUTPUTS = ("per_window", "running", "both")
@@ -332,7 +332,7 @@ def parse_aggregate(table: Any, path: str, base_dir: Path, event_time: str = "ev
     :class:`ConfigError` naming the key)."""
     t = table if isinstance(table, Table) else Table(table, path, AGGREGATE_KEYS)
     name, kind = t.name(), t.choice("kind", KINDS)
-    epsilon = t.number("epsilon", above=0)
+    epsilon = t.number("epsilon", above=0, at_most=MAX_EPSILON)
     if "max_contributions" not in t:
         raise ConfigError(f"{t.key('max_contributions')}: missing (events per individual per window; it sets the "
                           f"sensitivity)")
@@ -356,7 +356,7 @@ def parse_aggregate(table: Any, path: str, base_dir: Path, event_time: str = "ev
     bins: tuple = ()
     numerator: tuple = ()
     if kind in ("sum", "mean"):
-        lower, upper = t.number("lower"), t.number("upper")
+        lower, upper = (t.number(b, at_least=-MAX_MAGNITUDE, at_most=MAX_MAGNITUDE) for b in ("lower", "upper"))
         if not lower < upper:
             raise ConfigError(f"{t.key('lower')}: must be below upper ({upper}), got {lower} (clamping bounds "
                               f"come from configuration, never from the data)")
@@ -364,7 +364,8 @@ def parse_aggregate(table: Any, path: str, base_dir: Path, event_time: str = "ev
         b = t.get("bins")
         if not isinstance(b, list) or len(b) < 2:
             raise ConfigError(f"{t.key('bins')}: expected at least two numeric bin edges")
-        bins = tuple(check_number(x, f"{t.key('bins')}[{i}]") for i, x in enumerate(b))
+        bins = tuple(check_number(x, f"{t.key('bins')}[{i}]", at_least=-MAX_MAGNITUDE, at_most=MAX_MAGNITUDE)
+                     for i, x in enumerate(b))
         if any(bins[i] >= bins[i + 1] for i in range(len(bins) - 1)):
             raise ConfigError(f"{t.key('bins')}: edges must increase strictly")
         lower, upper = bins[0], bins[-1]
@@ -426,7 +427,7 @@ def parse_dp_config(raw: dict, base_dir: "str | Path | ConfigDir" = ".", need_st
         unit_field = stream.get("privacy_unit")
         if not isinstance(unit_field, str) or not unit_field:
             raise ConfigError("stream.privacy_unit: missing (contribution bounding counts events per individual)")
-        budget = t.number("epsilon_budget", above=0)
+        budget = t.number("epsilon_budget", above=0, at_most=MAX_EPSILON)
         mode = {"epsilon_budget": budget, "privacy_unit": unit_field}
     start = _schedule_start(t, raw, stream, mode.get("timezone", "UTC"), need_start)
     t.done("only meaningful in period mode (with dp.period)")
@@ -512,7 +513,7 @@ def _period_mode(t: Table, raw: dict, stream: dict) -> dict:
         raise ConfigError("dp.timezone: missing (an IANA time zone such as 'Europe/London'; periods are "
                           "calendar periods there)")
     t.timezone("timezone")
-    budget = t.number("epsilon_per_period", above=0)
+    budget = t.number("epsilon_per_period", above=0, at_most=MAX_EPSILON)
     anon = raw.get("anonymization", {}) if isinstance(raw.get("anonymization", {}), dict) else {}
     if anon.get("window_s") is None:
         raise ConfigError("anonymization.window_s: missing (dp.period needs the window length in seconds)")
