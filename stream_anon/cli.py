@@ -68,14 +68,29 @@ def _cmd_topics_list(args) -> int:
     return 0
 
 
-def _cmd_audit(args) -> int:
-    from stream_anon import crypto
+def audited_configs(args) -> tuple[Path, list[Path]]:
+    """The stream config of ``audit`` / ``report`` and its ``--earlier-config`` files, each refused as the worker
+    refuses it, before any broker is asked: the worker's validation (stream_anon.config.load_config, the one place
+    a config is judged valid) runs first, then the audit's own reading, which stays apart from the engine's code
+    (stream_anon.audit imports nothing of config) and so cannot judge validity itself. Before, the audit accepted
+    k = 0 or a NaN window and judged nothing."""
     from stream_anon.audit import AuditConfig
-    from stream_anon.audit.kafka_source import audit_from_kafka
+    from stream_anon.config import ConfigError, load_config
     config_path = config_file(args.config)
     earlier = [config_file(p) for p in args.earlier_config]
-    for path in (config_path, *earlier):        # the audit's own reading of the configs, before any broker
-        AuditConfig.from_toml(path, args.allow_outside_paths)
+    for given, path in zip((args.config, *args.earlier_config), (config_path, *earlier)):
+        try:
+            load_config(path, args.allow_outside_paths)
+            AuditConfig.from_toml(path, args.allow_outside_paths)
+        except (OSError, ValueError) as exc:      # ConfigError is a ValueError; named with the file, as the worker's
+            raise ConfigError(f"{given}: {exc}") from exc
+    return config_path, earlier
+
+
+def _cmd_audit(args) -> int:
+    from stream_anon import crypto
+    from stream_anon.audit.kafka_source import audit_from_kafka
+    config_path, earlier = audited_configs(args)
     secret = crypto.load_secret()
     env = args.previous_secret_env
     previous = [crypto.load_secret(env, env + "_FILE")] if os.environ.get(env) or os.environ.get(env + "_FILE") \
@@ -105,14 +120,8 @@ def _cmd_check(args) -> int:
 
 def _cmd_report(args) -> int:
     from stream_anon import crypto
-    from stream_anon.audit import AuditConfig
-    from stream_anon.config import load_config
     from stream_anon.report import report_from_kafka, write
-    config_path = config_file(args.config)
-    earlier = [config_file(p) for p in args.earlier_config]
-    load_config(config_path, args.allow_outside_paths)      # the configs' errors before any broker
-    for path in (config_path, *earlier):
-        AuditConfig.from_toml(path, args.allow_outside_paths)
+    config_path, earlier = audited_configs(args)
     secret = crypto.load_secret()
     conn = connect(args, config_path=config_path)
     report = report_from_kafka(conn, config_path, secret, raw_topic=args.raw_topic, idle_s=args.idle,

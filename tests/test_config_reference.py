@@ -387,3 +387,52 @@ def test_files_are_found_next_to_the_config(tmp_path):
         parse_config(raw, base_dir=tmp_path)
 
 
+
+
+# -- the audit refuses what the worker refuses (issue 43 item 13) --------------------------------------------------
+def _worker_refusal_cases() -> list[tuple[dict, str]]:
+    """(raw config, dotted key) of every numeric-key refusal above (the reference's keys: NaN, +-inf, a boolean, out
+    of range) and the issue's cases on the bundled oyster config (k = 0, negative, 2^64; max_future_s, window_s =
+    NaN; an epsilon per period of 2^64)."""
+    cases = []
+    for table, row in NUMERIC:
+        if table == "kafka":               # connection settings: not the stream config's validation
+            continue
+        key = row["key"]
+        bad = [math.nan, math.inf, True] + out_of_range(row["range"], lambda other: _holder(table, key)[other])
+        cases += [place(table, key, key, value) for value in bad]
+    for table, key, value in (("anonymization", "k", 0), ("anonymization", "k", -3), ("anonymization", "k", 2 ** 64),
+                              ("stream", "max_future_s", math.nan), ("anonymization", "window_s", math.nan),
+                              ("dp", "epsilon_per_period", 2 ** 64)):
+        raw = oyster()
+        raw[table][key] = value
+        cases.append((raw, f"{table}.{key}"))
+    return cases
+
+
+@pytest.mark.parametrize("command", ["audit", "report"])
+def test_the_audit_and_the_report_refuse_every_config_the_worker_refuses(command, tmp_path, monkeypatch, capsys):
+    """The audit's own config reader accepted what the worker refuses (k = 0, negative or 2^64, a NaN window): an
+    audit with such a config judged nothing. Each refusal case of the worker, written as a file, goes through the
+    command: exit 2 and one line, the worker's message for that file, before any broker is asked (none listens)."""
+    import socket
+
+    from stream_anon.calibrate import toml_text
+    from stream_anon.cli import main
+
+    monkeypatch.setenv("STREAM_ANON_SECRET", "0123456789abcdef0123456789abcdef")
+    with socket.socket() as s:               # a loopback port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        closed = f"127.0.0.1:{s.getsockname()[1]}"
+    cases = _worker_refusal_cases()
+    assert len(cases) >= 200
+    path = tmp_path / "stream.toml"
+    for raw, dotted in cases:
+        path.write_text(toml_text(with_files_beside(raw, CONFIGS, tmp_path)))
+        with pytest.raises(ConfigError) as worker:
+            load_config(path)
+        assert str(worker.value).startswith(f"{dotted}:"), (dotted, str(worker.value))
+        extra = ["--out", str(tmp_path / "r.html")] if command == "report" else []
+        rc = main([command, "--config", str(path), "--broker", closed, "--timeout", "0.5", *extra])
+        lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert rc == 2 and lines == [f"stream-anon {command}: {path}: {worker.value}"], (dotted, lines)
