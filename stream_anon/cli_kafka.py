@@ -3,7 +3,6 @@ its ``--timeout``, and its connection once the broker has answered (or one line 
 wait and traceback)."""
 from __future__ import annotations
 
-import argparse
 import os
 from pathlib import Path
 
@@ -38,20 +37,10 @@ def config_file(text: str) -> Path:
     return path
 
 
-def positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"seconds, a number > 0, got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"seconds, a number > 0, got {text!r}")
-    return value
-
-
 def add_connection_arguments(parser) -> None:
     """The Kafka connection options and ``--timeout`` of a command that talks to Kafka."""
     kafka_connection.add_arguments(parser)
-    parser.add_argument("--timeout", type=positive_seconds, default=kafka_connection.BROKER_TIMEOUT_S,
+    parser.add_argument("--timeout", type=kafka_connection.timeout_seconds, default=kafka_connection.BROKER_TIMEOUT_S,
                         metavar="SECONDS",
                         help="seconds to wait for the broker's first answer; none: one line naming the broker and "
                              f"exit 2 (default: {kafka_connection.BROKER_TIMEOUT_S:g})")

@@ -40,6 +40,7 @@ never logged: ``repr``/``str``/:meth:`describe` show ``'***'``.
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import tomllib
@@ -403,6 +404,17 @@ def from_args(args, config_path=None, environ: Mapping[str, str] | None = None) 
 
 
 BROKER_TIMEOUT_S = 10.0        # the commands' wait for a broker's first answer (--timeout)
+
+
+def timeout_seconds(text: str) -> float:
+    """``--timeout SECONDS`` (the worker's ``--broker-wait``): a number > 0, else an argparse error line."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"seconds, a number > 0, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"seconds, a number > 0, got {text!r}")
+    return value
 
 
 def broker_unreachable(conn: KafkaConnection, timeout_s: float = BROKER_TIMEOUT_S) -> str | None:

@@ -287,7 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="largest value written to the state topic: a longer state record is written as several "
                         f"(between {MIN_PART_BYTES} and the default {PART_MAX_BYTES}; lower it for a cluster whose "
                         "max.message.bytes is lower)")
-    p.add_argument("--broker-wait", type=float, default=BROKER_PROBE_S,
+    # --timeout: the name the other commands give the same wait
+    p.add_argument("--broker-wait", "--timeout", dest="broker_wait", type=kafka_connection.timeout_seconds,
+                   default=BROKER_PROBE_S, metavar="SECONDS",
                    help="seconds to wait at start for the broker to answer a metadata request; no answer: one line "
                         f"naming the broker and exit 2 (default: {BROKER_PROBE_S:g})")
     p.add_argument("--session-timeout", type=_session_timeout, metavar="SECONDS",
