@@ -59,14 +59,20 @@ class ClassMembers:
     created: dict[Any, Any] = field(default_factory=dict)     # class id -> the release that created it
 
 
-def class_members(ctx: AuditContext) -> ClassMembers:
-    """Every published record by class (the equivalence class an adversary sees: one ``class_id`` over all the
-    releases it appears in) and the records of the class's creating release (manifest entry ``reused: false``)."""
+def creating_releases(manifests) -> dict[Any, Any]:
+    """Class id -> the release that created it (its first manifest entry with ``reused: false``)."""
     created: dict[Any, Any] = {}
-    for m in ctx.manifests:
+    for m in manifests:
         for c in m.get("classes") or []:
             if isinstance(c, dict) and not c.get("reused"):
                 created.setdefault(c.get("class_id"), m.get("release_id"))
+    return created
+
+
+def class_members(ctx: AuditContext) -> ClassMembers:
+    """Every published record by class (the equivalence class an adversary sees: one ``class_id`` over all the
+    releases it appears in) and the records of the class's creating release (manifest entry ``reused: false``)."""
+    created = creating_releases(ctx.manifests)
     out = ClassMembers(created=created)
     for r in ctx.records:
         raw = ctx.raw_of(r)

@@ -43,15 +43,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from stream_anon.strategies.partition import median_left
+from stream_anon.strategies.partition import distinct_units, median_left
 from stream_anon.validation import check_bool, check_choice
-
-
-def _distinct(units: np.ndarray) -> int:
-    if len(units) < 2:
-        return len(units)
-    s = np.sort(units)
-    return int(np.count_nonzero(s[1:] != s[:-1])) + 1
 
 
 @lru_cache(maxsize=1 << 18)
@@ -134,7 +127,7 @@ class H3Mondrian:
 
     def form_classes(self, X, units, k, space, rng=None, due: np.ndarray | None = None) -> list[np.ndarray]:
         n = len(X)
-        if n == 0 or _distinct(units) < k:
+        if n == 0 or distinct_units(units) < k:
             return []
         width = np.where(space.width > 0, space.width, 1.0)
         geos = [GeoLevels(X, d, rmin, rmax, n_cells, space.lower)
@@ -165,7 +158,7 @@ class H3Mondrian:
         d = due[idx]
         if withhold or not d.any():
             return []
-        if d.all() or _distinct(units[idx[d]]) < k:
+        if d.all() or distinct_units(units[idx[d]]) < k:
             return [idx]
         return [idx[d]]
 
@@ -197,7 +190,7 @@ class H3Mondrian:
         left = median_left(X[idx, dim])
         if left.all() or not left.any():
             return None
-        if _distinct(units[idx[left]]) >= k and _distinct(units[idx[~left]]) >= k:
+        if distinct_units(units[idx[left]]) >= k and distinct_units(units[idx[~left]]) >= k:
             return [(idx[left], levels), (idx[~left], levels)]
         return None
 
@@ -220,7 +213,7 @@ class H3Mondrian:
         in_kept[kept] = True
         rest = idx[~in_kept[inverse]]
         children = [idx[inverse == j] for j in kept]
-        if len(rest) and _distinct(units[rest]) < k:
+        if len(rest) and distinct_units(units[rest]) < k:
             if len(kept) == 1:
                 return None                         # the pooled rest would take the only child back to this level
             smallest = int(np.argmin(counts[kept]))

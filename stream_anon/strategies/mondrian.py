@@ -22,14 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stream_anon.strategies.partition import median_left, split_recursively
-
-
-def _distinct(units: np.ndarray) -> int:
-    if len(units) < 2:
-        return len(units)
-    s = np.sort(units)
-    return int(np.count_nonzero(s[1:] != s[:-1])) + 1
+from stream_anon.strategies.partition import distinct_units, median_left, split_recursively
 
 
 @dataclass(frozen=True)
@@ -50,7 +43,7 @@ class Mondrian:
 
     def form_classes(self, X, units, k, space, rng=None) -> list[np.ndarray]:
         n = len(X)
-        if n == 0 or _distinct(units) < k:
+        if n == 0 or distinct_units(units) < k:
             return []
         width = np.where(space.width > 0, space.width, 1.0)
 
@@ -58,7 +51,7 @@ class Mondrian:
             u = units[idx]
             if len(idx) < 2 * k:
                 return None
-            n_distinct = _distinct(u)
+            n_distinct = distinct_units(u)
             if n_distinct < 2 * k:
                 return None
             all_distinct = n_distinct == len(idx)
@@ -74,7 +67,7 @@ class Mondrian:
                 if all_distinct:
                     ok = n_left >= k and len(idx) - n_left >= k
                 else:
-                    ok = _distinct(u[left]) >= k and _distinct(u[~left]) >= k
+                    ok = distinct_units(u[left]) >= k and distinct_units(u[~left]) >= k
                 if ok:
                     return left
             return None

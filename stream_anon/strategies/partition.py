@@ -18,6 +18,14 @@ from typing import Callable
 import numpy as np
 
 
+def distinct_units(units: np.ndarray) -> int:
+    """How many distinct individuals ``units`` holds (k counts individuals, not records)."""
+    if len(units) < 2:
+        return len(units)
+    s = np.sort(units)
+    return int(np.count_nonzero(s[1:] != s[:-1])) + 1
+
+
 def split_recursively(root: np.ndarray, cut: Callable[[np.ndarray], np.ndarray | None]) -> list[np.ndarray]:
     """Depth-first top-down splitting shared by every Mondrian-style former: ``cut(idx)`` returns the boolean mask
     of the left part of ``idx``, or None to keep ``idx`` as a leaf. Leaves come left part first (the order the

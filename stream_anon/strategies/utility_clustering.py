@@ -46,7 +46,7 @@ import pandas as pd
 
 from stream_anon.errors import ConfigError
 from stream_anon.metrics.distortion import entropy_factor, utility_weights
-from stream_anon.strategies.mondrian import _distinct
+from stream_anon.strategies.partition import distinct_units
 from stream_anon.strategies.tabular import Attribute, frame_attributes, generalize_classes, space_attributes
 from stream_anon.validation import MAX_COUNT, check_choice, check_integer, check_number
 
@@ -170,7 +170,7 @@ def _split_blocks(attrs: list[Attribute], units: np.ndarray, k: int, max_block: 
                 left = v <= med
             if left.all() or not left.any():
                 continue
-            if _distinct(units[idx[left]]) >= k and _distinct(units[idx[~left]]) >= k:
+            if distinct_units(units[idx[left]]) >= k and distinct_units(units[idx[~left]]) >= k:
                 stack += [idx[~left], idx[left]]
                 done = True
                 break
@@ -191,7 +191,7 @@ def _cluster_block(rows, dist: _Normalized, attrs, units, k, head, limits, rng):
     kk = 0
     while True:
         rem = np.flatnonzero(alive)
-        if len(rem) == 0 or _distinct(uu[rem]) < k:
+        if len(rem) == 0 or distinct_units(uu[rem]) < k:
             break
         if head == "greedy":
             h = int(rem[rng.integers(len(rem))]) if rng is not None else int(rem[0])
@@ -238,7 +238,7 @@ def cluster(attrs: list[Attribute], units: np.ndarray, k: int, weights: np.ndarr
     all_rows = np.arange(n)
     dist = _Normalized(attrs, weights, normalization, all_rows)
     classes, suppressed, left = [], [], []
-    if n == 0 or _distinct(units) < k:          # Algorithm 1, line 36: |T| < k
+    if n == 0 or distinct_units(units) < k:          # Algorithm 1, line 36: |T| < k
         return [], np.empty(0, np.int64), all_rows
     for block in _split_blocks(attrs, units, k, max_block):
         c, s, rest = _cluster_block(block, dist, attrs, units, k, head, limits, rng)
@@ -344,7 +344,7 @@ class UtilityClustering:
                 self.graphs[name] = load_station_graph(g)
 
     def form_classes(self, X, units, k, space, rng=None) -> list[np.ndarray]:
-        if len(X) == 0 or _distinct(units) < k:
+        if len(X) == 0 or distinct_units(units) < k:
             return []
         attrs = space_attributes(X, space, self.graphs)
         owners = [space.qis[o].name for o in space.owner] if hasattr(space, "qis") else None

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..check import AuditContext, ViolationLog
 from ..inputs import canonical_json
-from ..measures import class_individuals
+from ..measures import class_individuals, creating_releases
 
 
 class KInIndividuals:
@@ -37,11 +37,7 @@ class KInIndividuals:
             if qi_of_class.setdefault(r.get("class_id"), q) != q:
                 log.fail("class with inconsistent generalization", class_id=r.get("class_id"),
                          release_id=r.get("release_id"))
-        created: dict[Any, Any] = {}
-        for m in ctx.manifests:
-            for c in m.get("classes") or []:
-                if not c.get("reused"):
-                    created.setdefault(c.get("class_id"), m.get("release_id"))
+        created = creating_releases(ctx.manifests)
         for cid, units in measured.overall.items():
             n = len(units)
             rid = created.get(cid)

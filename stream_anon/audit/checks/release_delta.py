@@ -11,7 +11,7 @@ no one (a reader cannot tell them apart, but they are nobody). Computed here, ap
 from __future__ import annotations
 
 from ..check import AuditContext, ViolationLog
-from ..measures import class_individuals
+from ..measures import class_individuals, creating_releases
 
 
 class ReleaseDelta:
@@ -23,25 +23,22 @@ class ReleaseDelta:
     def run(self, ctx: AuditContext) -> dict:
         log = ViolationLog()
         entries = class_individuals(ctx).per_release
-        created: dict = {}
-        for m in ctx.manifests:
-            for c in m.get("classes") or []:
-                if isinstance(c, dict) and not c.get("reused"):
-                    created.setdefault(c.get("class_id"), m.get("release_id"))
+        created = creating_releases(ctx.manifests)
         k_of = ctx.in_force.k_of
-        k_class = {cid: k_of.get(created.get(cid), ctx.config.k) for _, cid in entries}
-        for (rid, cid), units in sorted(entries.items(), key=lambda e: (str(e[0][0]), str(e[0][1]))):
-            if len(units) < k_class[cid] and created.get(cid) != rid:     # creation entries: the k check's
-                log.fail("release adds fewer than k individuals to a reused class", release_id=rid,
-                         class_id=cid, individuals=len(units), k=k_class[cid])
         smallest: dict = {}                          # individual -> its smallest candidate set
         exposed: set = set()
-        for (rid, cid), units in entries.items():
-            if len(units) < k_class[cid]:
+        below = 0
+        for (rid, cid), units in sorted(entries.items(), key=lambda e: (str(e[0][0]), str(e[0][1]))):
+            k = k_of.get(created.get(cid), ctx.config.k)
+            if len(units) < k:
+                below += 1
                 exposed |= units
+                if created.get(cid) != rid:          # a creation entry below k is the k check's
+                    log.fail("release adds fewer than k individuals to a reused class", release_id=rid,
+                             class_id=cid, individuals=len(units), k=k)
             for u in units:
                 smallest[u] = min(smallest.get(u, len(units)), len(units))
         log.details.update(targets=len(smallest), min_candidates=min(smallest.values(), default=None),
                            singled_out=sum(1 for n in smallest.values() if n == 1), targets_below_k=len(exposed),
-                           entries_below_k=sum(1 for (_, cid), units in entries.items() if len(units) < k_class[cid]))
+                           entries_below_k=below)
         return log.result()
