@@ -39,6 +39,7 @@ from itertools import repeat
 import numpy as np
 
 from stream_anon.config import QuasiIdentifier, StreamConfig
+from stream_anon.h3cells import finest_common_cell
 
 
 @lru_cache(maxsize=8192)     # published bounds are snapped to the time granularity: few distinct values
@@ -299,16 +300,9 @@ def _h3():
 
 def common_cell(lat: np.ndarray, lon: np.ndarray, resolutions: tuple[int, int]) -> str | None:
     """The cell of the finest resolution in [rmin, rmax] holding every (lat, lon), or None (none does).
-    Coarser is searched downwards from rmax: H3 children do not tile their parent exactly, so sharing a cell at
-    one resolution does not imply sharing one at every coarser resolution (tests/test_h3.py)."""
-    h3 = _h3()
-    rmin, rmax = resolutions
-    pts = set(zip(np.asarray(lat, dtype=float).tolist(), np.asarray(lon, dtype=float).tolist()))
-    for r in range(rmax, rmin - 1, -1):
-        cells = {h3.latlng_to_cell(a, o, r) for a, o in pts}
-        if len(cells) == 1:
-            return cells.pop()
-    return None
+    Every resolution is searched: H3 children do not tile their parent exactly, so sharing a cell at one
+    resolution does not imply sharing one at every coarser resolution (tests/test_h3.py)."""
+    return finest_common_cell(lat, lon, *resolutions)
 
 
 def h3_resolution(cell: str) -> int:

@@ -101,8 +101,9 @@ class KAnonymousFormer:
         sizes = np.array([len(g) for g in groups])
         Xc = view.X[np.concatenate(groups)]
         starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-        lo, hi, _ = view.space.snap(np.minimum.reduceat(Xc, starts, axis=0), np.maximum.reduceat(Xc, starts, axis=0))
-        return self.loss_rule.holds(Classes(sizes, np.empty(0), ncp=view.space.ncp(lo, hi)))
+        lo, hi, labels = view.space.snap(np.minimum.reduceat(Xc, starts, axis=0),
+                                         np.maximum.reduceat(Xc, starts, axis=0))
+        return self.loss_rule.holds(Classes(sizes, np.empty(0), ncp=view.space.ncp(lo, hi, labels)))
 
     def _columns(self, view: WindowView) -> dict[str, Column]:
         index = {f: j for j, f in enumerate(self.sensitive_fields)}

@@ -39,30 +39,26 @@ cell larger than the domain is ever published). Deterministic: no randomness, ch
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 
+from stream_anon.h3cells import cells_of_points
 from stream_anon.strategies.partition import distinct_units, median_left
 from stream_anon.validation import check_bool, check_choice
 
 
-@lru_cache(maxsize=1 << 18)
-def _cell(lat: float, lon: float, r: int) -> int:
-    """H3 cell id of a position, as an integer. Cached: a record waits through several closes, and fleets repeat
-    positions (stations, depots)."""
-    from h3.api import basic_int     # only H3 streams get here (their config load checked the package)
-    return basic_int.latlng_to_cell(lat, lon, r)
-
-
-def distinct_per_label(labels: np.ndarray, units: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(sorted distinct labels, each row's index into them, distinct units per label), one sort."""
-    values, inverse = np.unique(labels, return_inverse=True)
-    order = np.lexsort((units, inverse))
-    li, u = inverse[order], units[order]
-    first = np.ones(len(li), dtype=bool)
-    first[1:] = (li[1:] != li[:-1]) | (u[1:] != u[:-1])
-    return values, inverse, np.bincount(li[first], minlength=len(values))
+def label_groups(labels: np.ndarray, units: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(sorted distinct labels, distinct units per label, the rows in label order, where each label's rows start
+    in it; one sort): the rows of label j are ``order[starts[j]:starts[j + 1]]``."""
+    order = np.lexsort((units, labels))
+    sl, su = labels[order], units[order]
+    new_label = np.ones(len(sl), dtype=bool)
+    new_label[1:] = sl[1:] != sl[:-1]
+    first_unit = new_label.copy()
+    first_unit[1:] |= su[1:] != su[:-1]
+    starts = np.flatnonzero(new_label)
+    counts = np.bincount(np.cumsum(new_label)[first_unit] - 1, minlength=len(starts))
+    return sl[starts], counts, order, np.append(starts, len(sl))
 
 
 class GeoLevels:
@@ -70,21 +66,14 @@ class GeoLevels:
     resolution, and each row's cell (as int64, -1 for a missing position) per resolution from start to finest."""
 
     def __init__(self, X: np.ndarray, d: int, rmin: int, rmax: int, n_cells: int, lower: np.ndarray):
-
         ncp = {r: min(1.0, (7.0 ** (rmax - r) - 1.0) / max(n_cells - 1.0, 1.0)) for r in range(rmin, rmax + 1)}
         self.start = next((r for r in range(rmin, rmax + 1) if ncp[r] < 1.0), rmax)
         self.rmax, self.d, self.ncp = rmax, d, ncp
         lat, lon = X[:, d], X[:, d + 1]
         present = (lat >= lower[d]) & (lon >= lower[d + 1])       # a missing position is coded below the domain
-        pts, inverse = np.unique(np.stack([lat, lon], axis=1), axis=0, return_inverse=True)
-        inverse = inverse.reshape(-1)
-        self.cells: dict[int, np.ndarray] = {}
-        for r in range(self.start, rmax + 1):
-            # once per distinct position (a parked vehicle repeats one): h3 has no vectorized call
-            # (cell ids as integers: below 2**63, the top bit is reserved)
-            per_point = np.fromiter((_cell(a, o, r) if a >= lower[d] and o >= lower[d + 1] else -1
-                                     for a, o in pts.tolist()), dtype=np.int64, count=len(pts))
-            self.cells[r] = np.where(present, per_point[inverse], -1)
+        cells = np.full((rmax - rmin + 1, len(X)), -1, dtype=np.int64)     # one contiguous row per resolution
+        cells[:, present] = cells_of_points(lat[present], lon[present], rmin, rmax).T
+        self.cells: dict[int, np.ndarray] = {r: cells[r - rmin] for r in range(self.start, rmax + 1)}
 
     def at_root(self, idx: np.ndarray) -> bool:
         """Whether rows ``idx`` share no cell of the start resolution (their class publishes the whole domain)."""
@@ -204,15 +193,18 @@ class H3Mondrian:
             while nxt < geo.rmax and (c := geo.cells[nxt + 1][idx])[0] >= 0 and (c == c[0]).all():
                 nxt += 1
             return [(idx, levels[:g] + (nxt,) + levels[g + 1:])]
-        cells, inverse, counts = distinct_per_label(c, units[idx])
+        cells, counts, order, starts = label_groups(c, units[idx])
         kept = np.flatnonzero((counts >= k) & (cells >= 0))
         if len(kept) == 0:
             return None
         down = levels[:g] + (nxt,) + levels[g + 1:]
-        in_kept = np.zeros(len(cells), dtype=bool)
-        in_kept[kept] = True
-        rest = idx[~in_kept[inverse]]
-        children = [idx[inverse == j] for j in kept]
+        rest_mask = np.ones(len(idx), dtype=bool)
+        children = []
+        for j in kept.tolist():
+            rows = np.sort(order[starts[j]:starts[j + 1]])      # in the part's order
+            rest_mask[rows] = False
+            children.append(idx[rows])
+        rest = idx[rest_mask]
         if len(rest) and distinct_units(units[rest]) < k:
             if len(kept) == 1:
                 return None                         # the pooled rest would take the only child back to this level
