@@ -3,6 +3,7 @@ are kept as totals, the oldest as their largest charge. The budget and the repor
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 
@@ -102,3 +103,28 @@ def test_beyond_the_summaries_only_the_largest_charge_is_kept(monkeypatch):
     assert led.spent == pytest.approx(0.9)                        # the archived day's charge still counts
     copy = _restored(led)
     assert copy.spent == pytest.approx(0.9) and copy.spent_by_period() == led.spent_by_period()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_spent_through_in_one_pass_equals_window_by_window(seed):
+    """The one-pass charge through each window (entries reserved in window order, re-releases and a cap change
+    within a period included) equals the window-by-window sum, to the last bit."""
+    rng = random.Random(seed)
+    period_mode = seed % 2 == 0
+    led = BudgetLedger(None, 1e6)
+    windows = []
+    for w in range(0, 60, rng.choice([1, 2, 3])):
+        period = f"2026-01-{1 + w // 24:02d}"
+        for a in ("a", "b", "c"):
+            if rng.random() < 0.7:
+                eps = rng.choice([0.1, 0.2, 0.3, 0.05])
+                content = "x" if rng.random() < 0.8 else "y"
+                req = (a, w, eps, content, period, rng.choice([0.3, 0.5])) if period_mode else (a, w, eps, content)
+                led.reserve_many([req])
+                if rng.random() < 0.1:          # the same window closed again with other content: a re-release
+                    led.reserve_many([(a, w, eps, "z" + str(w), *req[4:])])
+        windows.append(w)
+    entries = [(int(w.split("~")[0]), a, w) for a, w in led._entries]
+    asked = rng.sample(windows, min(20, len(windows)))
+    assert led.spent_through(asked) == led._spent_through_unordered(entries, asked)
+    assert any(v > 0 for v in led.spent_through(asked).values())

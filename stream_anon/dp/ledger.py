@@ -250,6 +250,39 @@ class BudgetLedger:
         release shows the same figure. In period mode the charge of the window's period through it (capped as in
         :meth:`period_spent`). The entries are read once for all the windows (a flush releases many)."""
         entries = [(int(w.split("~")[0]), a, w) for a, w in self._entries]
+        bases = [e[0] for e in entries]
+        if any(b > c for b, c in zip(bases, bases[1:])):
+            return self._spent_through_unordered(entries, windows)
+        # the entries are in window order (as the worker reserves them): each window's charge is a prefix of
+        # them, summed in the same order as one by one, in one pass
+        period_of = {base: self._period[(a, w)][0] for base, a, w in entries} if self.period_mode else {}
+        out: dict[int, float] = {}
+        total = 0.0                     # without periods: every entry so far
+        per_period: dict = {}           # period -> [whole entries' total, per aggregate sum, per aggregate cap]
+        i = 0
+        for x in sorted(set(int(w) for w in windows)):
+            while i < len(entries) and entries[i][0] <= x:
+                _, a, w = entries[i]
+                amount = self._entries[(a, w)]
+                if not self.period_mode:
+                    total += amount
+                else:
+                    period, cap = self._period[(a, w)]
+                    acc = per_period.setdefault(period, [0.0, {}, {}])
+                    if "~" in w:
+                        acc[0] += amount
+                    else:
+                        acc[1][a], acc[2][a] = acc[1].get(a, 0.0) + amount, cap
+                i += 1
+            if not self.period_mode:
+                out[x] = float(total)
+                continue
+            acc = per_period.get(period_of.get(x), (0.0, {}, {}))
+            out[x] = float(acc[0] + sum(min(v, acc[2][a]) for a, v in acc[1].items()))
+        return {x: out[int(x)] for x in windows}
+
+    def _spent_through_unordered(self, entries, windows) -> dict[int, float]:
+        """:meth:`spent_through` when entries were not reserved in window order: window by window."""
         if not self.period_mode:
             return {x: float(sum(self._entries[(a, w)] for base, a, w in entries if base <= x)) for x in windows}
         period_of = {base: self._period[(a, w)][0] for base, a, w in entries}
