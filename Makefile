@@ -23,6 +23,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 3 --dist loadfile --durations=25
 
 bench: $(STAMP)
+	$(BIN)/python bench/bench_guard.py
 	$(BIN)/python bench/bench_engine.py
 	$(BIN)/python bench/bench_castle.py
 	$(BIN)/python bench/bench_end_to_end.py
