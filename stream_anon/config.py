@@ -531,7 +531,7 @@ def _parse_input(table, stream: StreamSection, qis, sensitive, dp, base_dir: Pat
             required.setdefault(f, f"quasi-identifier {q.name} field")
     for f in sensitive:
         required.setdefault(f, "sensitive field")
-    if dp is not None:     # what stream_anon.kafka.aggregates.needed_fields carries to the closed windows
+    if dp is not None:     # what stream_anon.worker.aggregates.needed_fields carries to the closed windows
         fields = [dp.privacy_unit]
         for s in dp.aggregates:
             fields += [f for g in s.group_by for f in g.fields] + ([s.value_field] if s.value_field else []) \

@@ -310,7 +310,7 @@ def test_the_worker_cli_and_demo_load_no_attack():
                          timeout=120)
     assert out.returncode == 0, out.stderr
     loaded = json.loads(out.stdout.splitlines()[-1])
-    assert "stream_anon.kafka.core" in loaded
+    assert "stream_anon.worker.core" in loaded
     assert not [m for m in loaded if in_layer(m, ATTACKS)], loaded
 
 

@@ -4,7 +4,7 @@ and noise, the window metrics and the unit window counts must not change when th
 
 The slice: every event of the journeys whose CRC-32 is 0 modulo 40 (whole journeys, so contribution cuts and the
 W-windows cap bite; the whole day, so the period boundary at midnight in London is crossed), fed to one
-partition of :class:`stream_anon.kafka.core.WorkerCore` in batches of 1,000 with configs/oyster.toml, the worker
+partition of :class:`stream_anon.worker.core.WorkerCore` in batches of 1,000 with configs/oyster.toml, the worker
 restarted from its state document half way, and flushed at the end. Four configurations: configs/oyster.toml as
 it is (journeys never exceed its bounds), the station as privacy unit with W = 3 (contribution cuts, the window
 cap, units missing on bus taps), the bus route as unit without a period (legacy mode, the budget runs out) and
@@ -30,7 +30,7 @@ import pytest
 from stream_anon import contract
 from stream_anon.config import load_config
 from stream_anon.datasets import DATASETS, load_events
-from stream_anon.kafka.core import WorkerCore
+from stream_anon.worker.core import WorkerCore
 
 # the golden file was recorded on a whole day of the full Oyster file, which lives in ../shared/data (not in a
 # plain clone); the bundled slice is a different input
@@ -90,7 +90,7 @@ def run_worker(messages, config) -> dict:
     half = len(messages) // 2 // BATCH * BATCH
     for start in range(0, len(messages), BATCH):
         if start == half:           # restart: a new worker from the committed state records, as Kafka returns them
-            from stream_anon.kafka import state as st
+            from stream_anon.worker import state as st
             doc, tables = st.resolve_chain([st.decode_state(st.encode_state(r)) for r in ps.chain])
             core = WorkerCore(config, "golden", SECRET)
             ps = core.open_partition(0, doc, tables)

@@ -25,8 +25,8 @@ from stream_anon import contract  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402
 from stream_anon import checkpoint
 from stream_anon.engine import Engine  # noqa: E402
-from stream_anon.kafka.aggregates import PartitionAggregates, needed_fields  # noqa: E402
-from stream_anon.kafka.partition import PartitionState, split_tables  # noqa: E402
+from stream_anon.worker.aggregates import PartitionAggregates, needed_fields  # noqa: E402
+from stream_anon.worker.partition import PartitionState, split_tables  # noqa: E402
 
 SECRET = b"dp-state-secret-0123456789abcdef0123"
 BATCH = 1000
@@ -159,7 +159,7 @@ def test_a_period_keyed_under_another_unit_key_scheme_is_refused(monkeypatch):
     unit ids, or the aggregator's own keyed hash of the unit. Read by an aggregator of the other scheme, every unit
     would be looked up under a key it never had and start again at 0 windows, contributing past the cap W: the
     restore is refused. Its own scheme restores, and a state whose period holds no count loads under either."""
-    from stream_anon.kafka import aggregates
+    from stream_anon.worker import aggregates
     config = _config()
     events = [orjson.loads(m) for m in cached_slice()[:8000]]
     with monkeypatch.context() as m:                      # the aggregates keyed by hashes of the unit field

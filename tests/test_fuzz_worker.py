@@ -20,7 +20,7 @@ from stream_anon import crypto
 from stream_anon.config import load_config
 from stream_anon.datasets import load_events
 from stream_anon.engine import Engine
-from stream_anon.kafka.core import WorkerCore
+from stream_anon.worker.core import WorkerCore
 from stream_anon.render import TOPICS
 from _worker_harness import POISON_TIMES, mutate
 

@@ -32,7 +32,7 @@ from stream_anon.config import load_config  # noqa: E402
 from stream_anon.dp import BudgetLedger  # noqa: E402
 from stream_anon import checkpoint
 from stream_anon.engine import Engine  # noqa: E402
-from stream_anon.kafka.aggregates import AGGREGATES_TOPIC, PartitionAggregates, needed_fields  # noqa: E402
+from stream_anon.worker.aggregates import AGGREGATES_TOPIC, PartitionAggregates, needed_fields  # noqa: E402
 
 WINDOW_S = 900
 DP_TOML = '''
@@ -412,7 +412,7 @@ def test_every_row_is_committed_with_the_ledger_spend_that_pays_for_it(tmp_path)
     """The worker writes a batch's rows and its state (with the ledger) in one transaction: drive WorkerCore
     (the worker without Kafka) batch by batch and check that the state committed with each batch's rows has
     already reserved every (aggregate, window) those rows release."""
-    from stream_anon.kafka.core import WorkerCore
+    from stream_anon.worker.core import WorkerCore
 
     cfg = load_config(dp_stream_config(tmp_path, "dporder", budget=50.0))
     core = WorkerCore(cfg, "app", b"order-secret-0123456789abcdef")

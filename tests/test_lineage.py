@@ -227,7 +227,7 @@ def test_a_first_lineage_another_worker_declares_between_the_reads_is_joined_not
     from confluent_kafka.admin import AdminClient
 
     from stream_anon.kafka import lineage as lin
-    from stream_anon.kafka.state import Recovery
+    from stream_anon.worker.state import Recovery
     from stream_anon.kafka.state_cache import CommittedCache
     from stream_anon.kafka.topics import ensure_topics
     from stream_anon.render import json_bytes

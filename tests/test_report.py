@@ -18,7 +18,7 @@ from stream_anon import contract, crypto
 from stream_anon.audit import AuditOutputs
 from stream_anon.config import load_config
 from stream_anon.datasets import load_events
-from stream_anon.kafka.core import WorkerCore
+from stream_anon.worker.core import WorkerCore
 from stream_anon.render import TOPICS
 from stream_anon.report import build_report
 from stream_anon.report.page import PLOTS

@@ -11,7 +11,7 @@ depend on the data; the worst-case charge keeps the stop decision data-independe
 
 Durability. The ledger is part of the partition's state (a :class:`~stream_anon.checkpoint.Checkpointable` with
 a bounded core and no keyed table): the worker writes it in the same Kafka transaction as the rows that spend it
-(:mod:`stream_anon.kafka.state`), so a release is published only together with its spend, and a restarted worker
+(:mod:`stream_anon.worker.state`), so a release is published only together with its spend, and a restarted worker
 resumes from the committed ledger. A reservation is keyed by ``(aggregate, window)``: reserving it again (a
 restarted worker re-producing the same window) returns the existing reservation and spends nothing. That is sound
 because the aggregator's noise is a deterministic function of a secret seed and the window, so a re-produced

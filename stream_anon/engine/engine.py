@@ -75,7 +75,7 @@ class ClosedWindow:
 
     ``carried`` is decoded from the window's :class:`~stream_anon.engine.carried.CarriedWindow` (``source``: it
     and the canonical order, None when that is the arrival order) when first read: a window handed to another
-    process (:mod:`stream_anon.kafka.aggregates_process`) travels as its compact chunks and is decoded there."""
+    process (:mod:`stream_anon.worker.aggregates_process`) travels as its compact chunks and is decoded there."""
 
     __slots__ = ("index", "start", "end", "late", "_carried", "_source")
 

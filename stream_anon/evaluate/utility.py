@@ -46,7 +46,7 @@ def placement_from_engine(config, events: list[dict], secret: bytes = b"evaluate
     dp = config.dp is not None and bool(config.dp.aggregates)
     aggregates = None
     if dp:
-        from stream_anon.kafka.aggregates import PartitionAggregates, needed_fields
+        from stream_anon.worker.aggregates import PartitionAggregates, needed_fields
         engine = Engine(config, partition=0, secret=secret, carried=needed_fields(config))
         aggregates = PartitionAggregates(config, 0, secret)
     else:

@@ -5,7 +5,7 @@ Why: the worker's loop is one thread on one core; on the 2-core machine of the b
 (cells, contribution bounds, noise, ledger, rows: ~3.5 us of CPU per event of the Oyster stream) cost the DP run
 a fifth of its throughput. In a child process that work runs beside the engine's instead of after it.
 
-What does not change: the aggregates of a partition are the same :class:`~stream_anon.kafka.aggregates.
+What does not change: the aggregates of a partition are the same :class:`~stream_anon.worker.aggregates.
 PartitionAggregates` object, only living in the child; every row, ledger entry and state record is the one the
 worker computes without the child (``tests/test_aggregates_process.py`` compares them byte for byte); the
 partition's DP state still goes into the same Kafka transaction as its output and offsets (the loop asks the child
@@ -67,7 +67,7 @@ class Pending:
 
 
 class AggregatesProcess:
-    """The child process holding the :class:`~stream_anon.kafka.aggregates.PartitionAggregates` of the worker's
+    """The child process holding the :class:`~stream_anon.worker.aggregates.PartitionAggregates` of the worker's
     partitions; :meth:`open` gives a partition's :class:`RemoteAggregates`. Used from one thread (the loop's).
 
     ``dumps``: the worker's serializer of the rows (bytes); ``setup``: called in the child first (the worker's
@@ -153,7 +153,7 @@ class AggregatesProcess:
 
 class RemoteAggregates:
     """A partition's aggregates held by the child: the interface ``WorkerCore`` uses of
-    :class:`~stream_anon.kafka.aggregates.PartitionAggregates`, where :meth:`messages` returns a
+    :class:`~stream_anon.worker.aggregates.PartitionAggregates`, where :meth:`messages` returns a
     :class:`Pending` of its result."""
 
     def __init__(self, process: AggregatesProcess, config, partition: int, carried: tuple, core: dict | None):
@@ -244,7 +244,7 @@ class RemoteAggregates:
 # ---- the child --------------------------------------------------------------------------------------------------
 def serve_requests(requests, replies) -> None:
     """The child's loop: one request at a time, one reply each, until ``stop`` or the parent is gone."""
-    from stream_anon.kafka import aggregates
+    from stream_anon.worker import aggregates
     parent = multiprocessing.parent_process()
     replies.cancel_join_thread()        # a parent that is gone reads no reply: exit without waiting to send it
     # the queue's thread sends each reply while the next release computes: it gets the GIL within 1 ms, not 5

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from stream_anon.kafka import state as st
+from stream_anon.worker import state as st
 
 log = logging.getLogger("stream_anon.worker")
 
@@ -14,7 +14,7 @@ MAX_FAILURES = 64      # failed attempts per batch; beyond, a failing part is de
 
 
 def isolate(core, ps, events: list, offsets: list, out, first: Exception) -> None:
-    """``core`` (a :class:`~stream_anon.kafka.core.WorkerCore`): the batch failed as a whole: go back to the state before it (the last committed state,
+    """``core`` (a :class:`~stream_anon.worker.core.WorkerCore`): the batch failed as a whole: go back to the state before it (the last committed state,
     ``ps.chain``) and split the batch in halves, processed in order, each part from a snapshot of the state before
     it, until the events that fail alone are found (``TRIES`` attempts each); those are
     dead-lettered with ``processing error: <exception class>``. Output does not depend on how input is cut

@@ -14,7 +14,7 @@ their budgets compose in parallel: McSherry, PINQ, SIGMOD 2009, Theorem 4):
 - **State**: :class:`PartitionAggregates` is a :class:`~stream_anon.checkpoint.Checkpointable` of two parts, the
   aggregator and its ledger (core ``{"aggregator": ..., "ledger": ...}``, the keyed table
   ``aggregator/unit_windows`` in period mode), written in the same Kafka transaction as the rows that spend the
-  ledger (stream_anon.kafka.state).
+  ledger (stream_anon.worker.state).
 - **Restarts**: the worker re-processes input after its committed state. The re-closed windows find their
   reservations in the ledger (idempotent: nothing is spent twice) and get the same noise, because the noise
   seed is ``HMAC(stream secret, stream, partition)`` and each window's generator ``HMAC(seed, aggregate,
@@ -123,7 +123,7 @@ class PartitionAggregates:
     ``aggregator/unit_windows``: the unit's keyed 64-bit id or hash -> windows it used in the period, one column per
     aggregate (a new period deletes them all); :meth:`load_state` on aggregates just built. For the worker's state
     records, :meth:`record_state` and :meth:`full_tables` give the same as copies (the aggregates may live in
-    another process: :mod:`stream_anon.kafka.aggregates_process`).
+    another process: :mod:`stream_anon.worker.aggregates_process`).
     """
 
     def __init__(self, config, partition: int, secret: bytes, lineage: str | None = None):

@@ -9,7 +9,7 @@ written under, :mod:`stream_anon.guarantees`), "settings_changes" (accepted chan
 (what the next manifest must say: ``lineage_started``, ``key_rotated``), "flush_pending", "written_at", "engine":
 <engine core>, "dp": <aggregates core>}`` and the tables ``engine/<table>``
 (:meth:`stream_anon.engine.Engine.state_tables`), ``dp/<table>`` (the DP aggregates',
-:class:`stream_anon.kafka.aggregates.PartitionAggregates`) and ``qi/leaves`` (each hierarchy quasi-identifier's
+:class:`stream_anon.worker.aggregates.PartitionAggregates`) and ``qi/leaves`` (each hierarchy quasi-identifier's
 leaves in code order, what the buffered records are coded with: :class:`stream_anon.engine.recode.QILeaves`).
 
 An accepted configuration change (``--accept-config-change``) is applied when the partition is opened
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from stream_anon import checkpoint, crypto, guarantees
 from stream_anon.engine import Engine
 from stream_anon.engine.recode import QILeaves, recheck_sensitive, recode_buffer
-from stream_anon.kafka.state import MAX_CHAIN
+from stream_anon.worker.state import MAX_CHAIN
 
 log = logging.getLogger("stream_anon.worker")
 
@@ -42,7 +42,7 @@ class PartitionState:
     its committed chain of state records."""
     partition: int
     engine: Engine
-    dp: object = None              # stream_anon.kafka.aggregates.PartitionAggregates (or its process proxy)
+    dp: object = None              # stream_anon.worker.aggregates.PartitionAggregates (or its process proxy)
     offset: int = -1               # last input offset whose effects are in the state (-1: none)
     seq: int = 0                   # committed state transactions of this partition (0: none)
     input_topic_id: str | None = None
