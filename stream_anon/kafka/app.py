@@ -25,7 +25,8 @@ from confluent_kafka import KafkaError, KafkaException
 from faust.app.base import BootStrategy
 from mode import Service
 
-from stream_anon import __version__, crypto, logsetup
+from stream_anon import crypto, logsetup
+from stream_anon.version import __version__
 from stream_anon import connection as kafka_connection
 from stream_anon.connection import as_connection, broker_unreachable
 from stream_anon.config import load_config

@@ -12,7 +12,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from stream_anon import __version__, crypto
+from stream_anon import crypto
+from stream_anon.version import __version__
 from stream_anon.worker.stats import LATENCY_BUCKETS
 
 PREFIX = "stream_anon"
