@@ -503,6 +503,56 @@ def test_the_worker_cli_and_demo_load_no_attack():
     assert not [m for m in loaded if in_layer(m, ATTACKS)], loaded
 
 
+# ------------------------------------------------------------------------------------------------ private fields
+# ``x._name`` where ``x`` is not ``self`` / ``cls``: each allowed one says why (the same class's other instance,
+# or a third-party name whose public spelling has an underscore)
+OTHERS_PRIVATE_ALLOWED = {
+    ("stream_anon.engine.buffer", "b._set"): "a Buffer building another Buffer",
+    ("stream_anon.keyed_table", "other._values"): "BlobTable.__eq__ on another BlobTable",
+    ("stream_anon.dp.diffprivlib_adapter", "Geometric(epsilon=epsilon, sensitivity=sensitivity)._scale"): "diffprivlib",
+    ("stream_anon.dp.diffprivlib_adapter", "mech._rng"): "diffprivlib",
+    ("stream_anon.dp.diffprivlib_adapter", "Laplace._laplace_sampler"): "diffprivlib",
+    ("stream_anon.helptext", "parser._actions"): "argparse",
+    ("stream_anon.helptext", "argparse._SubParsersAction"): "argparse",
+    ("stream_anon.worker.aggregates_process", "q._reader"): "multiprocessing's queue pipe (widened)",
+    ("stream_anon.worker.aggregates_process", "q._writer"): "multiprocessing's queue pipe (widened)",
+}
+
+
+def others_private_fields(root: Path = ROOT) -> list[str]:
+    """Every ``x._name`` of the package whose ``x`` is not ``self`` or ``cls`` and is not allowed above.
+    ``KafkaError._CODE`` is librdkafka's public spelling of its local error codes; protoc's generated modules
+    (``*_pb2``) are not read."""
+    found = []
+    for module, (path, _) in package_modules(root).items():
+        if module.endswith("_pb2"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")):
+                continue
+            if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls", "KafkaError"):
+                continue
+            text = ast.unparse(node)
+            if (module, text) not in OTHERS_PRIVATE_ALLOWED:
+                found.append(f"{module}:{node.lineno} {text}")
+    return sorted(found)
+
+
+def test_no_helper_reads_another_class_private_fields():
+    found = others_private_fields()
+    assert not found, "a helper reads another class's private field (make it public, or move the code):\n" + \
+        "\n".join(found)
+
+
+def test_private_field_check_sees_a_helper_reading_one(tmp_path):
+    pkg = tmp_path / PACKAGE
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "ledger.py").write_text("class L:\n    def __init__(self):\n        self._entries = {}\n\n\n"
+                                   "def total(ledger):\n    return sum(ledger._entries.values())\n")
+    assert others_private_fields(tmp_path) == ["stream_anon.ledger:7 ledger._entries"]
+
+
 # ------------------------------------------------------------------------------------------------ sizes
 MODULE_MAX_LINES = 600        # a module larger than this holds more than one job (issue 27)
 CLASS_MAX_LINES = 300
@@ -518,3 +568,26 @@ def test_no_module_over_600_lines_and_no_class_over_300():
             if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > CLASS_MAX_LINES:
                 too_long.append(f"{module}.{node.name}: {node.end_lineno - node.lineno + 1} lines")
     assert not too_long, "split these by job:\n" + "\n".join(too_long)
+
+
+def test_the_large_classes_jobs_in_the_developer_guide_name_their_methods():
+    """docs/developers.md lists each large class's jobs by its methods (instead of a line cap): every method it
+    names exists, and every class over 250 lines is listed."""
+    import importlib
+    import re
+    text = (ROOT / "docs" / "developers.md").read_text()
+    start = text.index("### The large classes and their jobs")
+    section = text[start:text.index("\n## ", start)]
+    listed = re.findall(r"^- \*\*`(\w+)`\*\* \(`([\w/]+)\.py`\): (.*?)(?=^- |\Z)", section, re.S | re.M)
+    assert len(listed) >= 4
+    for name, path, body in listed:
+        cls = getattr(importlib.import_module(f"{PACKAGE}.{path.replace('/', '.')}"), name)
+        methods = [m for m in re.findall(r"`(\w+)`", body) if not m[0].isupper()]
+        assert methods and not [m for m in methods if not hasattr(cls, m)], (name, methods)
+    big = []
+    for module, (path, _) in package_modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > 250:
+                big.append(node.name)
+    assert not set(big) - {name for name, _, _ in listed}, sorted(set(big) - {name for name, _, _ in listed})
+

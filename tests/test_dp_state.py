@@ -146,7 +146,7 @@ def test_the_worker_messages_carry_exactly_the_rows_of_close_windows():
     for start in range(0, len(events), 3000):
         windows = engine.process(events[start:start + 3000]).windows
         rows, metrics = twin_rows.close_windows(windows)
-        msgs, n = twin_msgs.messages(windows, dumps, "anon.metrics")
+        msgs, n = twin_msgs.messages(windows, dumps, "anon.metrics").result()
         values = [orjson.loads(v) for t, _, v in msgs if t != "anon.metrics"]
         assert n == len(rows) == len(values) and values == rows
         assert _without_ts([orjson.loads(v) for t, _, v in msgs if t == "anon.metrics"]) == _without_ts(metrics)

@@ -370,11 +370,11 @@ def test_the_workers_serialized_rows_are_the_aggregate_rows():
     rows, values = [], []
     for start in range(0, len(events), 5000):
         rows += as_rows.process(events[start:start + 5000])[0]
-        out, n = as_bytes.messages(engine.process(events[start:start + 5000]).windows, dumps, "anon.metrics")
+        out, n = as_bytes.messages(engine.process(events[start:start + 5000]).windows, dumps, "anon.metrics").result()
         values += [v for topic, _, v in out if topic == AGGREGATES_TOPIC]
         assert n == sum(topic == AGGREGATES_TOPIC for topic, _, _ in out)
     rows += as_rows.flush()[0]
-    out, _ = as_bytes.messages(engine.flush().windows, dumps, "anon.metrics")
+    out, _ = as_bytes.messages(engine.flush().windows, dumps, "anon.metrics").result()
     values += [v for topic, _, v in out if topic == AGGREGATES_TOPIC]
     parsed = [json.loads(v) for v in values]
     assert len(rows) > 1000 and {r["kind"] for r in rows} == {"count", "mean", "histogram", "ratio"}

@@ -152,7 +152,7 @@ class Engine:
         self.lineage = lineage
         self.secret = secret if secret is not None else crypto.throwaway_secret()
         self.kid = crypto.key_id(self.secret)
-        self._counterfeit_tokens = CounterfeitTokens(self.secret)
+        self.counterfeit_tokens = CounterfeitTokens(self.secret)   # the counterfeit records' tokens (assemble.py)
         self.space = QISpace(config)
         a = config.anonymization
         self.seen_events = KeyedTable(SeenEvents.FIELDS)

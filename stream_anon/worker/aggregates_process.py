@@ -34,6 +34,9 @@ import queue
 import sys
 import traceback
 
+from stream_anon.worker import aggregates
+from stream_anon.worker.aggregates import Pending
+
 log = logging.getLogger("stream_anon.worker")
 
 POLL_S = 1.0          # how often a waiting side checks that the other process is still there
@@ -48,22 +51,6 @@ class AggregatesProcessLost(BaseException):
 
 class RemoteError(RuntimeError):
     """An exception raised in the child that could not be sent back as itself."""
-
-
-class Pending:
-    """The reply to one request, filled in when it arrives (:meth:`result` waits for it)."""
-
-    __slots__ = ("_owner", "done", "value", "error")
-
-    def __init__(self, owner: "AggregatesProcess"):
-        self._owner, self.done, self.value, self.error = owner, False, None, None
-
-    def result(self):
-        if not self.done:
-            self._owner._wait(self)
-        if self.error is not None:
-            raise self.error
-        return self.value
 
 
 class AggregatesProcess:
@@ -113,7 +100,7 @@ class AggregatesProcess:
             init.result()
         return reply.result()
 
-    def _wait(self, reply: Pending) -> None:
+    def wait(self, reply: Pending) -> None:
         while not reply.done:
             try:
                 status, value = pickle.loads(self._replies.get(timeout=POLL_S))
@@ -153,8 +140,8 @@ class AggregatesProcess:
 
 class RemoteAggregates:
     """A partition's aggregates held by the child: the interface ``WorkerCore`` uses of
-    :class:`~stream_anon.worker.aggregates.PartitionAggregates`, where :meth:`messages` returns a
-    :class:`Pending` of its result."""
+    :class:`~stream_anon.worker.aggregates.PartitionAggregates`, whose :meth:`messages` returns the same
+    :class:`~stream_anon.worker.aggregates.Pending`, filled in when the child replies."""
 
     def __init__(self, process: AggregatesProcess, config, partition: int, carried: tuple, core: dict | None):
         self.process, self.partition, self.carried = process, partition, tuple(carried)
@@ -244,7 +231,6 @@ class RemoteAggregates:
 # ---- the child --------------------------------------------------------------------------------------------------
 def serve_requests(requests, replies) -> None:
     """The child's loop: one request at a time, one reply each, until ``stop`` or the parent is gone."""
-    from stream_anon.worker import aggregates
     parent = multiprocessing.parent_process()
     replies.cancel_join_thread()        # a parent that is gone reads no reply: exit without waiting to send it
     # the queue's thread sends each reply while the next release computes: it gets the GIL within 1 ms, not 5
@@ -277,7 +263,7 @@ def serve_requests(requests, replies) -> None:
                 value = parts[p].carried
             elif op == "release":
                 windows, topic, through = args
-                value = parts[p].messages(windows, dumps, topic, through)
+                value = parts[p].messages(windows, dumps, topic, through).result()
             elif op == "close":
                 value = parts.pop(p, None) is not None
             elif op in ("state_core", "full_tables", "record_state"):

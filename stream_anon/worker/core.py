@@ -152,7 +152,7 @@ class WorkerCore:
         batch = InputBatch(fresh, self.config, self.decoder, self.topic, ps.partition)
         out.counts["events_in"] += batch.n
         for source, reason, raw, event, opaque in batch.rejected:
-            self._deadletter(out, reason, ps.partition, source, raw=raw, event=event, opaque=opaque)
+            self.deadletter(out, reason, ps.partition, source, raw=raw, event=event, opaque=opaque)
         out.last_offset = last
         if batch.events and self.placement is not None:
             self._misplaced(ps, batch, out)
@@ -188,7 +188,7 @@ class WorkerCore:
         aggregates see them (:mod:`stream_anon.worker.placement`); one alert per batch that had any."""
         wrong = self.placement.take_misplaced(batch, ps.partition)
         for source, event, reason in wrong:
-            self._deadletter(out, reason, ps.partition, source, event=event)
+            self.deadletter(out, reason, ps.partition, source, event=event)
         if wrong:
             topic, key, alert = self.render.alert(placement.WRONG_PARTITION, ps.partition, events=len(wrong),
                                                   partitions=self.placement.n_partitions)
@@ -202,24 +202,24 @@ class WorkerCore:
         :func:`stream_anon.worker.isolation.isolate`."""
         first, counts = len(out.messages), dict(out.counts)
         try:
-            self._attempt(ps, events, offsets, range(len(events)), out, columns)
+            self.attempt(ps, events, offsets, range(len(events)), out, columns)
         except Exception as exc:   # noqa: BLE001 - one event never stops the partition
             del out.messages[first:]          # the failed attempt leaves neither messages nor counts behind
             out.counts.update(counts)
             out.releases.clear()
             isolate(self, ps, events, offsets, out, exc)
 
-    def _attempt(self, ps: PartitionState, events: list, offsets: list, idx, out: BatchOutput,
-                 columns: dict | None = None) -> None:
+    def attempt(self, ps: PartitionState, events: list, offsets: list, idx, out: BatchOutput,
+                columns: dict | None = None) -> None:
         """``columns``: of all ``events``, given only when ``idx`` is all of them."""
         idx = list(idx)
         part = events if len(idx) == len(events) else [events[i] for i in idx]
         records, rejected = ps.engine.read(part, columns)
         for j, reason in rejected:
-            self._deadletter(out, reason, ps.partition, offsets[idx[j]], event=part[j])
+            self.deadletter(out, reason, ps.partition, offsets[idx[j]], event=part[j])
         self._emit(ps, ps.engine.process_records(records), out, aggregates.closed_through(ps.engine))
 
-    def _restore(self, ps: PartitionState, doc: dict | None, tables: dict) -> None:
+    def restore(self, ps: PartitionState, doc: dict | None, tables: dict) -> None:
         """Put the partition back into the state of ``doc`` and ``tables`` (None: a new partition), keeping its
         bookkeeping (committed chain, offsets)."""
         fresh = self.open_partition(ps.partition, doc, tables)
@@ -240,13 +240,10 @@ class WorkerCore:
             self.stats.release(rel, alerts)
         if ps.dp is not None and (result.windows or aggregates.behind(ps.dp, through)):
             released = ps.dp.messages(result.windows, json_bytes, TOPICS.metrics, through)
-            if self.aggregates_process is None:
-                msgs_dp, n = released
-            elif not ps.wait_for_aggregates:
+            if not (released.done or ps.wait_for_aggregates):
                 out.pending.append((len(out.messages), released))      # collected by complete()
                 return
-            else:
-                msgs_dp, n = released.result()
+            msgs_dp, n = released.result()
             out.messages.extend(msgs_dp)
             out.counts["aggregate_rows"] += n
 
@@ -263,7 +260,7 @@ class WorkerCore:
         except Exception as exc:   # noqa: BLE001 - one event never stops the partition
             log.error("partition %s: the aggregates process failed on the batch (%s); processing it again, "
                       "waiting for each release", ps.partition, type(exc).__name__)
-            self._restore(ps, *ps.committed_state())
+            self.restore(ps, *ps.committed_state())
             self.stats.batch(out.counts, sign=-1)    # the batch is accounted again when it runs again
             ps.events_in -= out.counts["events_in"]
             ps.wait_for_aggregates = True
@@ -278,8 +275,8 @@ class WorkerCore:
             self.stats.totals["aggregate_rows"] += n
         return out
 
-    def _deadletter(self, out: BatchOutput, reason: str, partition: int, source, raw=None, event=None,
-                    opaque: bool = False) -> None:
+    def deadletter(self, out: BatchOutput, reason: str, partition: int, source, raw=None, event=None,
+                   opaque: bool = False) -> None:
         """``source``: the input offset, or (offset, index) of one event of a multi-event message."""
         offset, index = source if isinstance(source, tuple) else (source, None)
         ps = self.parts.get(partition)
