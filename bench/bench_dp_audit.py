@@ -46,7 +46,6 @@ import argparse
 import dataclasses
 import hashlib
 import json
-import math
 import platform
 import subprocess
 import sys

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from collections import Counter
 from pathlib import Path
 
 import orjson

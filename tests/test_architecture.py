@@ -591,3 +591,13 @@ def test_the_large_classes_jobs_in_the_developer_guide_name_their_methods():
                 big.append(node.name)
     assert not set(big) - {name for name, _, _ in listed}, sorted(set(big) - {name for name, _, _ in listed})
 
+
+
+if __name__ == "__main__":      # the measure: python tests/test_architecture.py [a checkout's root, e.g. an old tree]
+    root = Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else ROOT
+    found = check_floors(*import_graph(root))
+    print(f"circles (strongly connected components of more than one): {len(found.module_circles)} of modules, "
+          f"{len(found.part_circles)} of parts {[len(c) for c in found.part_circles]}; upward import statements: "
+          f"{len(found.upward)} ({len({(e.source, e.target) for e in found.upward})} module pairs); modules with a "
+          f"chain up a floor: {len(found.chains)}; parts on no floor: {found.unplaced}")
+    print(found.report())

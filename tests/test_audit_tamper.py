@@ -8,7 +8,6 @@ value without noise``, ``a second row for one cell``, ``a whole release publishe
 from __future__ import annotations
 
 import copy
-import math
 
 import orjson
 import pytest

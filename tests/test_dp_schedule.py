@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 
 import orjson

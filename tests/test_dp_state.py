@@ -23,7 +23,6 @@ from test_dp_golden import cached_slice, pytestmark  # noqa: E402,F401  (needs t
 
 from stream_anon import contract  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402
-from stream_anon import checkpoint
 from stream_anon.engine import Engine  # noqa: E402
 from stream_anon.worker.aggregates import PartitionAggregates, needed_fields  # noqa: E402
 from stream_anon.worker.partition import PartitionState, split_tables  # noqa: E402

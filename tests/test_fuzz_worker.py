@@ -9,7 +9,6 @@ and a batch whose engine call raises is bisected to its culprit.
 from __future__ import annotations
 
 from pathlib import Path
-import json
 import random
 from collections import Counter
 

@@ -11,7 +11,6 @@ count of events per (journey, event-time window).
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import os
@@ -27,7 +26,6 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from _kafka_helpers import ROUTES, START, ZONES, read_all, synthetic_fares, wait_for, write_stream_config  # noqa: E402
 
-from stream_anon import crypto  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402
 from stream_anon.dp import BudgetLedger  # noqa: E402
 from stream_anon import checkpoint

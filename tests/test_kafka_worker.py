@@ -11,7 +11,6 @@ import os
 import signal
 import sys
 import time
-from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest

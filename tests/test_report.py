@@ -185,7 +185,6 @@ def test_the_realized_noise_is_measured_against_the_bounded_truth_recounted_from
     cfg, outputs, page, events = dp_page
     parent = _parents(json.loads((Path(cfg.source).parent / "hierarchies" / "oyster_location.json")
                                  .read_text())["tree"])
-    spans: dict = defaultdict(lambda: defaultdict(float))     # (partition, release window) -> zone -> count
     used: dict = defaultdict(int)                               # (day, card) -> windows used
     per_window: dict = defaultdict(list)
     for e in events:

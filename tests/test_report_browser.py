@@ -12,7 +12,6 @@ import re
 import shutil
 import tomllib
 
-import orjson
 import pytest
 
 from stream_anon import contract

@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone

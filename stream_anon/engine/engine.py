@@ -51,7 +51,7 @@ from stream_anon.config import StreamConfig
 from stream_anon.engine.assemble import assemble_release
 from stream_anon.engine.buffer import Buffer, OpenWindows
 from stream_anon.engine.carried import CarriedWindow
-from stream_anon.engine.decide import LATE, decide_close
+from stream_anon.engine.decide import decide_close
 from stream_anon.engine.records import Records, RecordReader, SeenEvents
 from stream_anon.engine.registry import PublishedClasses
 from stream_anon.engine.release import Rejection, Release, StepResult

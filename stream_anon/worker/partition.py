@@ -32,8 +32,10 @@ from stream_anon.worker.state import MAX_CHAIN
 log = logging.getLogger("stream_anon.worker")
 
 STATE_VERSION = 4              # 4: the lineage in every state record (3: one state model, engine/ and dp/ tables)
-ENGINE, DP = "engine/", "dp/"  # prefixes of the parts' tables in a partition's state record
-QI = "qi/"                     # the hierarchies' leaves the buffered records are coded with (engine/recode.py)
+# the parts of a partition's state record; their tables are named <part>/<table> (checkpoint.Composite's layout).
+# qi: the hierarchies' leaves the buffered records are coded with (engine/recode.py)
+ENGINE_PART, QI_PART, DP_PART = "engine", "qi", "dp"
+ENGINE, QI, DP = (part + checkpoint.SEPARATOR for part in (ENGINE_PART, QI_PART, DP_PART))
 
 
 @dataclass
@@ -85,11 +87,16 @@ class PartitionState:
             doc["dp"] = self.dp.state_core() if dp_core is None else dp_core
         return doc
 
+    def local_parts(self) -> checkpoint.Composite:
+        """The parts whose state lives in this process as one Checkpointable: the engine and the hierarchies'
+        leaves (tables ``engine/...``, ``qi/...``). The DP aggregates' part comes in one piece (``dp/...``,
+        :meth:`record`): they may live in another process."""
+        return checkpoint.Composite({ENGINE_PART: self.engine, QI_PART: self.leaves})
+
     def full_tables(self) -> dict:
-        """Every table of the partition in full: the engine's (``engine/``) and the aggregates'."""
-        _, tables = checkpoint.full_state(self.engine)
-        out = {ENGINE + name: t for name, t in tables.items()}
-        out.update({QI + name: t for name, t in checkpoint.full_state(self.leaves)[1].items()})
+        """Every table of the partition in full: the engine's (``engine/``), the leaves' (``qi/``) and the
+        aggregates' (``dp/``)."""
+        _, out = checkpoint.full_state(self.local_parts())
         if self.dp is not None:
             out.update({DP + name: t for name, t in self.dp.full_tables().items()})
         return out
@@ -103,15 +110,15 @@ class PartitionState:
         # the aggregates' part in one piece (from the aggregates process: sent with the batch's releases)
         dp_core, dp_changes, dp_rows = self.dp.record_state() if self.dp is not None else (None, {}, 0)
         doc = self.core_doc(stream, input_topic, seq, offset, flush_pending, dp_core)
-        changes = {ENGINE + name: c for name, c in checkpoint.changes(self.engine).items()}
-        changes.update({QI + name: c for name, c in checkpoint.changes(self.leaves).items()})
+        local = self.local_parts()
+        changes = checkpoint.changes(local)
         if dp_changes is None:          # the aggregates' changes since the last record are not known: in full
             return checkpoint.StateRecord.full_of(doc, self.full_tables())
         changes.update({DP + name: c for name, c in dp_changes.items()})
         rec = checkpoint.StateRecord(doc, changes, full=self.next_full)
         if not rec.full:
             chained = sum(r.rows for r in self.chain[1:]) + rec.rows
-            if chained > checkpoint.table_rows(self.engine) + len(self.leaves.table) + dp_rows \
+            if chained > checkpoint.table_rows(local) + dp_rows \
                     or len(self.chain) >= MAX_CHAIN:
                 rec = checkpoint.StateRecord.full_of(doc, self.full_tables())
         return rec
