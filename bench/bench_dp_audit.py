@@ -46,7 +46,6 @@ import argparse
 import dataclasses
 import hashlib
 import json
-import math
 import platform
 import subprocess
 import sys
@@ -70,8 +69,8 @@ from stream_anon.datasets import DATASETS, oyster_cards  # noqa: E402
 from stream_anon.dp import BudgetLedger, DPAggregator  # noqa: E402
 from stream_anon.dp.release import ReleasedCells, Releaser, new_counters  # noqa: E402
 from stream_anon.events import parse_event_time  # noqa: E402
-from stream_anon.kafka.aggregates import AGGREGATES_TOPIC  # noqa: E402
-from stream_anon.kafka.core import WorkerCore  # noqa: E402
+from stream_anon.worker.aggregates import AGGREGATES_TOPIC  # noqa: E402
+from stream_anon.worker.core import WorkerCore  # noqa: E402
 
 CONFIG = REPO / "configs" / "oyster-cards.toml"
 TARGET = "oyc-card-audit-target"

@@ -124,7 +124,6 @@ def main() -> None:
         for c, tok, is_real in zip(r.record_class.tolist(), r.record_token, real.tolist()):
             if is_real:       # counterfeit records (m-invariance) are no input event
                 class_units.setdefault(ids[c], set()).add(get_path(events[by_token[tok]], unit_field))
-    min_individuals = min(len(u) for u in class_units.values())
     mean_ncp = ncp_sum / published
 
     result = {

@@ -4,9 +4,9 @@ Batches of ``--batch`` payloads (2,500: the worker's 10,000-message batch over 4
 tuned as in the worker. Passes alternate (general, decoded, general, ...) so that both paths see the machine's speed
 of the moment; per path the best and the median pass in CPU microseconds per event:
 
-- ``general``: :func:`stream_anon.kafka.input_checks.parse_payloads` (orjson per payload) and
+- ``general``: :func:`stream_anon.worker.input_checks.parse_payloads` (orjson per payload) and
   :func:`stream_anon.events.schema_columns` (row-wise columns, checked a column at a time);
-- ``check_batch``: :func:`stream_anon.kafka.input_checks.check_batch`, what the worker runs (the msgspec decoder of
+- ``check_batch``: :func:`stream_anon.worker.input_checks.check_batch`, what the worker runs (the msgspec decoder of
   :mod:`stream_anon.schema_decoder` for a batch of complete events).
 
     .venv/bin/python bench/bench_input_checks.py [--events N] [--passes 5] -> bench/results/input_checks.json
@@ -31,7 +31,7 @@ from stream_anon.config import load_config  # noqa: E402
 from stream_anon.datasets import load_events  # noqa: E402
 from stream_anon.events import schema_columns  # noqa: E402
 from stream_anon.kafka.app import tune_gc  # noqa: E402
-from stream_anon.kafka.input_checks import check_batch, parse_payloads  # noqa: E402
+from stream_anon.worker.input_checks import check_batch, parse_payloads  # noqa: E402
 
 
 def general(batches, config) -> None:

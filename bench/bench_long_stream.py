@@ -21,7 +21,7 @@ Both with the timestamp QI's upper bound widened to cover the four days. Per day
 seconds, one core, numpy pinned to 1 thread) and with checkpoints; RSS at the end of the day and peak RSS so far;
 individuals seen; sizes of the keyed tables. The events go through the worker's core (WorkerCore.process: payload
 checks, reader, engine, output serialization; DP aggregates off but in ``k10-dp``) and after every batch the partition's state
-record is built and encoded as the worker writes it to the state topic (stream_anon.kafka.state: core + table
+record is built and encoded as the worker writes it to the state topic (stream_anon.worker.state: core + table
 changes, or a full record); per day the bytes and seconds of the state records (mean, max, p50 of deltas, full
 records) next to what a single document of the whole state (the earlier format) would cost at the end of the day.
 
@@ -50,8 +50,8 @@ from stream_anon import checkpoint  # noqa: E402
 
 from stream_anon.config import parse_config  # noqa: E402
 from stream_anon.datasets import load_events  # noqa: E402
-from stream_anon.kafka import state as st  # noqa: E402
-from stream_anon.kafka.core import WorkerCore  # noqa: E402
+from stream_anon.worker import state as st  # noqa: E402
+from stream_anon.worker.core import WorkerCore  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = b"bench-secret-long-stream-0123456789"

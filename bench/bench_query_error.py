@@ -4,7 +4,7 @@ DP aggregates), writing bench/results/query_error.json.
 
 For each dataset and k: the streaming engine over the slice in file order (one partition, flushed at the end), then
 :func:`stream_anon.evaluate.utility.query_error`: the seeded workload of area x hour, station x hour and product x
-day range counts (stream_anon/metrics/workload.py), its relative error over the run per family (mean, median,
+day range counts (stream_anon/evaluate/workload.py), its relative error over the run per family (mean, median,
 90th percentile) for the streaming records, offline Mondrian per engine window and offline Mondrian on the whole
 slice, and the spread of the per-release means. For a stream with DP aggregates also the realized and stated error
 of its count aggregates.
@@ -68,7 +68,7 @@ def run() -> dict:
                             cwd=OUT.parent).stdout.strip()
     return {"benchmark": "query_error", "commit": commit, "python": platform.python_version(),
             "seed": SEED, "rows": rows,
-            "notes": {"workload": "stream_anon/metrics/workload.py: per family up to 100 distinct cells drawn from "
+            "notes": {"workload": "stream_anon/evaluate/workload.py: per family up to 100 distinct cells drawn from "
                                   "the events (seed 0); relative error |estimate - truth| / truth over queries with "
                                   "a true count, estimates by uniform spread inside each published box",
                       "variants": "streaming: the engine's records (counterfeits included for m-invariance); "

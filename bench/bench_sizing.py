@@ -25,9 +25,9 @@ import orjson  # noqa: E402
 from stream_anon import checkpoint  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402
 from stream_anon.datasets import DATASETS, oyster_cards  # noqa: E402
-from stream_anon.kafka import state as st  # noqa: E402
+from stream_anon.worker import state as st  # noqa: E402
 from stream_anon.kafka.app import tune_gc  # noqa: E402
-from stream_anon.kafka.core import WorkerCore  # noqa: E402
+from stream_anon.worker.core import WorkerCore  # noqa: E402
 
 SECRET = b"bench-sizing-secret-0123456789abcdef0123"
 

@@ -38,8 +38,8 @@ from stream_anon.audit.kafka_source import read_topic  # noqa: E402
 from stream_anon.broker import EmbeddedBroker  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402
 from stream_anon.datasets import DATASETS, oyster_cards  # noqa: E402
-from stream_anon.kafka import state as st  # noqa: E402
-from stream_anon.kafka.core import WorkerCore  # noqa: E402
+from stream_anon.worker import state as st  # noqa: E402
+from stream_anon.worker.core import WorkerCore  # noqa: E402
 from stream_anon.kafka.loop import KafkaLoop  # noqa: E402
 from stream_anon.kafka.replay import replay  # noqa: E402
 from stream_anon.kafka.topics import ensure_topics  # noqa: E402

@@ -41,11 +41,11 @@ import stream_anon  # noqa: E402,F401  (first: from CODE, before bench_end_to_en
 from bench_end_to_end import config_file, cpu_seconds  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402
 from stream_anon.datasets import load_events  # noqa: E402
-from stream_anon.kafka import aggregates as kafka_aggregates  # noqa: E402
-from stream_anon.kafka import state as st  # noqa: E402
+from stream_anon.worker import aggregates as kafka_aggregates  # noqa: E402
+from stream_anon.worker import state as st  # noqa: E402
 from stream_anon.kafka.app import tune_gc  # noqa: E402
 from stream_anon import render  # noqa: E402
-from stream_anon.kafka.core import WorkerCore  # noqa: E402
+from stream_anon.worker.core import WorkerCore  # noqa: E402
 
 SECRET = b"bench-worker-core-secret-0123456789abcdef"
 

@@ -29,7 +29,6 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections import defaultdict
 from pathlib import Path
 
 import orjson

@@ -65,7 +65,7 @@ def _canonical(value: bytes) -> bytes:
 
 def run_stream(name: str) -> dict:
     from stream_anon.audit import AuditConfig, audit
-    from stream_anon.kafka.core import WorkerCore
+    from stream_anon.worker.core import WorkerCore
 
     config_name, dataset, n = RUNS[name]
     path = contract.config_path(config_name)

@@ -1,6 +1,6 @@
 """Shared by bench/bench_h3_positions.py and bench/bench_sparse_fleet.py (issue 44): a stream config with overrides,
 the engine run as the worker runs it (one engine per partition of the raw topic, each unit on the partition Kafka's
-default partitioner gives its keyed pseudonym: stream_anon.kafka.placement), the independent audit on its outputs,
+default partitioner gives its keyed pseudonym: stream_anon.worker.placement), the independent audit on its outputs,
 and the position figures of the published records.
 
 Position figures, per H3 geopoint, over the published real records: ``whole_domain_share`` (published as ``*``),
@@ -22,7 +22,7 @@ from stream_anon.audit.measures import cell_area_share
 from stream_anon.config import load_config, parse_config
 from stream_anon.engine import Engine
 from stream_anon.engine.space import parse_time
-from stream_anon.kafka.placement import UnitPlacement
+from stream_anon.worker.placement import UnitPlacement
 
 REPO = Path(__file__).resolve().parent.parent
 

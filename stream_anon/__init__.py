@@ -10,9 +10,10 @@ an independent audit checks the outputs. Parts (interfaces in docs/contracts.md,
   a pluggable strategy, or m-invariant).
 - ``stream_anon.dp``: the differentially private aggregates of the closed windows and their budget ledger.
 - ``stream_anon.audit``: independent verification of the published output.
-- ``stream_anon.kafka``: the worker (a confluent-kafka batch loop: one transaction per partition batch holding the
-  output, the partition's state record and the consumer offsets; faust runs the process, its signals and the
-  ``/metrics``, ``/livez`` and ``/readyz`` endpoints), topic provisioning and replay.
+- ``stream_anon.worker``: the worker without Kafka: a partition's batch in, its output messages and new state out.
+- ``stream_anon.kafka``: the worker on Kafka (a confluent-kafka batch loop: one transaction per partition batch
+  holding the output, the partition's state record and the consumer offsets; faust runs the process, its signals and
+  the ``/metrics``, ``/livez`` and ``/readyz`` endpoints), topic provisioning and replay.
 """
 
-__version__ = "0.1.0"
+from stream_anon.version import __version__  # noqa: F401

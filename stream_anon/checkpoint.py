@@ -19,7 +19,7 @@ the contract suite (``tests/test_checkpoint_contract.py``) are written once.
 **full** (the core and every table in full) or a **delta** (the core and, per table, the rows put and the keys
 deleted since the record before it). :func:`resolve_chain` gives the state a chain of records (a full one and the
 deltas after it) stands for. Where the records are kept and how recovery chooses a chain is the worker's business
-(:mod:`stream_anon.kafka.state`).
+(:mod:`stream_anon.worker.state`).
 
 A record longer than ``PART_MAX_BYTES`` is written as parts (:func:`split_value`), each carrying the digest of the
 whole record; :func:`join_parts` gives the record back only from all of one record's parts.

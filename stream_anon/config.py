@@ -7,15 +7,14 @@ a scale that drifted with the data would make information loss incomparable acro
 """
 from __future__ import annotations
 
-import math
-
 import dataclasses
 import hashlib
+import math
 import shutil
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stream_anon.connection import SETTINGS as KAFKA_KEYS
 from stream_anon.contract import config_dir
@@ -31,6 +30,9 @@ from stream_anon.risk import DEFAULT_THRESHOLD, RiskSettings
 from stream_anon.strategies import STRATEGIES
 from stream_anon.validation import MAX_COUNT, MAX_SECONDS, Table, check_fields, check_file, check_integer, \
     check_number, named_tables
+
+if TYPE_CHECKING:       # the annotation only: stream_anon.dp pulls in diffprivlib, loaded for streams with [dp]
+    from stream_anon.dp.specs import DPConfig
 
 STREAM_KINDS = ("fare", "vehicle")
 QI_KINDS = ("numeric", "timestamp", "categorical", "station", "geopoint")
@@ -531,7 +533,7 @@ def _parse_input(table, stream: StreamSection, qis, sensitive, dp, base_dir: Pat
             required.setdefault(f, f"quasi-identifier {q.name} field")
     for f in sensitive:
         required.setdefault(f, "sensitive field")
-    if dp is not None:     # what stream_anon.kafka.aggregates.needed_fields carries to the closed windows
+    if dp is not None:     # what stream_anon.worker.aggregates.needed_fields carries to the closed windows
         fields = [dp.privacy_unit]
         for s in dp.aggregates:
             fields += [f for g in s.group_by for f in g.fields] + ([s.value_field] if s.value_field else []) \

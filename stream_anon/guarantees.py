@@ -1,10 +1,10 @@
 """The settings a stream's guarantees depend on, as flat dotted keys, and what changed between two of them.
 
-Each partition's state records carry them (:class:`stream_anon.kafka.partition.PartitionState`); a worker that
+Each partition's state records carry them (:class:`stream_anon.worker.partition.PartitionState`); a worker that
 finds other settings in force than those the state was written under does not resume the partition silently
-(:func:`stream_anon.kafka.state.choose_state`): it halts it with one line per changed setting, unless the change is
+(:func:`stream_anon.worker.state.choose_state`): it halts it with one line per changed setting, unless the change is
 accepted explicitly (``stream-anon worker --accept-config-change``), and then the change is recorded in the state and
-in the next release manifest (:func:`stream_anon.kafka.partition.check_change` refuses what the state cannot carry).
+in the next release manifest (:func:`stream_anon.worker.partition.check_change` refuses what the state cannot carry).
 
 The settings are derived from the validated config (:class:`~stream_anon.config.StreamConfig`): every dataclass field
 of it and of its sections, recursively, is a setting, except those :data:`NOT_GUARANTEES` names with the reason no

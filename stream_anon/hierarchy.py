@@ -54,7 +54,7 @@ class Hierarchy:
                 stack.append((child, False))
         self.leaves = leaves
         self.n_leaves = len(leaves)
-        self._code = {leaf: i for i, leaf in enumerate(leaves)}
+        self.leaf_code = {leaf: i for i, leaf in enumerate(leaves)}
         self._range = ranges
         self._depth = depth
         # Lowest common ancestor lookup by (lo, hi) range: nodes sorted by span so the first covering one wins.
@@ -121,11 +121,11 @@ class Hierarchy:
 
     # -- queries ------------------------------------------------------------------------------------------
     def code(self, value: str) -> int:
-        return self._code[value]
+        return self.leaf_code[value]
 
     def codes(self, values) -> np.ndarray:
         """Leaf codes of values; unknown values get -1 (the caller rejects them)."""
-        get = self._code.get
+        get = self.leaf_code.get
         return np.fromiter((get(v, -1) if v is not None else -1 for v in values), dtype=np.int64)
 
     def node_range(self, label: str) -> tuple[int, int]:

@@ -9,11 +9,11 @@
     Release --Renderer--> records, manifest, metric, alerts (Kafka messages)
     ClosedWindow --WindowConsumer--> DP aggregate rows
 
-One object per partition holds the stages (:class:`stream_anon.kafka.partition.PartitionState`); every stateful
+One object per partition holds the stages (:class:`stream_anon.worker.partition.PartitionState`); every stateful
 stage is a :class:`stream_anon.checkpoint.Checkpointable`. Implementations: :class:`stream_anon.engine.RecordReader`,
 :class:`stream_anon.engine.Engine`, :class:`stream_anon.formers.base.Former` (k-anonymous and m-invariant),
 :mod:`stream_anon.criteria`, :class:`stream_anon.render.Renderer`,
-:class:`stream_anon.kafka.aggregates.PartitionAggregates`. The stages call each other only through these methods
+:class:`stream_anon.worker.aggregates.PartitionAggregates`. The stages call each other only through these methods
 (``tests/test_pipeline.py`` checks every implementation against its protocol).
 """
 from __future__ import annotations

@@ -117,7 +117,7 @@ def _topic_names(admin, timeout_s: float) -> dict[str, int] | None:
 def _topics(out: Preflight, admin, config, named: str, app_id: str, names: dict[str, int], timeout_s: float) -> dict:
     """Presence, partition counts and message size limits; returns the planned topics that exist (name ->
     TopicDef), the state topic among them when it exists."""
-    from stream_anon.kafka import state as st
+    from stream_anon.worker import state as st
     from stream_anon.kafka.topics import input_partitions, state_topic_def, stream_topic_defs
 
     plan = stream_topic_defs(config)

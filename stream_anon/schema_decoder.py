@@ -9,7 +9,7 @@ A ``pattern`` is left to the caller's column check (:func:`stream_anon.events.de
 text of the column; msgspec runs a regular expression per value, ~40% of the decoding).
 
 With that check the decoder is sound, not complete, like :func:`stream_anon.events.compile_schema`: a batch it
-decodes is a batch :func:`stream_anon.kafka.input_checks.parse_payloads` and the schema accept, with the same values
+decodes is a batch :func:`stream_anon.worker.input_checks.parse_payloads` and the schema accept, with the same values
 (tested against them on mutated payloads); any payload it does not decode (an absent property, a JSON integer outside orjson's
 int64 range, ``1.0`` where an integer is expected, malformed JSON) sends the whole batch to those general checks,
 which name each reason. Schemas outside that shape (the vehicle schema's objects and numbers) raise

@@ -15,13 +15,13 @@ def _failing_close(real):
 
 def fail_in_this_process(monkeypatch) -> None:
     """The same failure for aggregates released in this process."""
-    from stream_anon.kafka import aggregates
+    from stream_anon.worker import aggregates
     monkeypatch.setattr(aggregates.PartitionAggregates, "_close", _failing_close(aggregates.PartitionAggregates._close))
 
 
 def serve_failing(requests, replies) -> None:
     """``serve_requests`` whose releases raise for any window holding an event whose fare is :data:`POISON_FARE`."""
-    from stream_anon.kafka import aggregates
-    from stream_anon.kafka.aggregates_process import serve_requests
+    from stream_anon.worker import aggregates
+    from stream_anon.worker.aggregates_process import serve_requests
     aggregates.PartitionAggregates._close = _failing_close(aggregates.PartitionAggregates._close)
     serve_requests(requests, replies)

@@ -1,4 +1,4 @@
-"""The DP aggregates released in a child process (stream_anon.kafka.aggregates_process, issue 11): the worker's
+"""The DP aggregates released in a child process (stream_anon.worker.aggregates_process, issue 11): the worker's
 output and state must be the ones it gives without the process, a release that fails there must be handled as a
 failure of the batch's events (isolated, dead-lettered, the rest unchanged), and a process that is gone must stop
 the worker (fail closed), never be taken for an event's fault.
@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from collections import Counter
 from pathlib import Path
 
 import orjson
@@ -22,8 +21,8 @@ import _aggregates_process_helpers as helpers  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402
 from stream_anon.contract import config_path  # noqa: E402
 from stream_anon.datasets import load_events  # noqa: E402
-from stream_anon.kafka.aggregates_process import AggregatesProcessLost  # noqa: E402
-from stream_anon.kafka.core import WorkerCore  # noqa: E402
+from stream_anon.worker.aggregates_process import AggregatesProcessLost  # noqa: E402
+from stream_anon.worker.core import WorkerCore  # noqa: E402
 from stream_anon.render import TOPICS  # noqa: E402
 
 SECRET = b"aggregates-process-test-secret-0123456789"

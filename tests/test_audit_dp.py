@@ -16,7 +16,7 @@ from stream_anon.audit.checks.dp_budget import worst_charge
 from stream_anon.config import load_config
 from stream_anon.datasets import load_events
 from stream_anon.engine import Engine
-from stream_anon.kafka.aggregates import PartitionAggregates, needed_fields
+from stream_anon.worker.aggregates import PartitionAggregates, needed_fields
 
 SECRET = b"audit-dp-secret-0123456789abcdef0123"
 EVENTS = 6000

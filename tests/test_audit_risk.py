@@ -75,7 +75,7 @@ def test_journalist_figures_follow_the_config(tmp_path):
 # ------------------------------------------------------------------------------------------------ worker output
 def _worker_outputs(config, events, partition: int = 0):
     """The worker core (no broker) over ``events``: raw messages and the output messages by topic."""
-    from stream_anon.kafka.core import WorkerCore
+    from stream_anon.worker.core import WorkerCore
     from stream_anon.render import TOPICS
     core = WorkerCore(config, "risk-test", SECRET)
     msgs = [(partition, i, json.dumps(e).encode()) for i, e in enumerate(events)]

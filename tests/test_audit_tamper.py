@@ -8,7 +8,6 @@ value without noise``, ``a second row for one cell``, ``a whole release publishe
 from __future__ import annotations
 
 import copy
-import math
 
 import orjson
 import pytest
@@ -17,8 +16,8 @@ from stream_anon import contract, crypto
 from stream_anon.audit import AuditConfig, audit
 from stream_anon.config import load_config
 from stream_anon.datasets import load_events
-from stream_anon.kafka.core import WorkerCore
-from stream_anon.kafka.placement import partitions_for
+from stream_anon.worker.core import WorkerCore
+from stream_anon.worker.placement import partitions_for
 
 SECRET = b"tamper-secret-0123456789abcdef0123456"
 N_PARTITIONS = 2

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from stream_anon.config import load_config
 from stream_anon.kafka import watchdog as watchdog_module
-from stream_anon.kafka.core import WorkerCore
+from stream_anon.worker.core import WorkerCore
 from stream_anon.kafka.loop import KafkaLoop
 
 OYSTER = Path(__file__).resolve().parents[1] / "configs" / "oyster.toml"

@@ -3,7 +3,6 @@ gets at the close are the values that arrived, type for type, through appends, r
 from __future__ import annotations
 
 import numpy as np
-import orjson
 
 from stream_anon.engine.buffer import OpenWindows
 from stream_anon.engine.carried import CarriedWindow

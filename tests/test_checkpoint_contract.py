@@ -6,14 +6,14 @@ The checks (``CHECKS``), each on a part built by a :class:`Factory` and fed its 
 (a) ``restore``: a fresh part loaded from a full state record, taken after some input, gives the same output as the
     original on the next inputs;
 (b) ``changes``: the change sets since the first record, applied in order to the first (full) record
-    (:func:`stream_anon.kafka.state.resolve_chain`), equal the full state; where the part deletes rows
+    (:func:`stream_anon.worker.state.resolve_chain`), equal the full state; where the part deletes rows
     (``Factory.deletes``), the chain must carry deletions;
 (c) ``no raw identifier``: fed units whose identifiers are recognisable strings, no state record (core and tables,
     as written) holds any of them;
 (d) ``bounded core``: the core's serialized size does not grow with the number of distinct units fed (the same
     events, ten times more units); what grows goes to the keyed tables.
 
-Records go through the state topic's own encoding (:func:`stream_anon.kafka.state.encode_state`): what is checked
+Records go through the state topic's own encoding (:func:`stream_anon.worker.state.encode_state`): what is checked
 is what a worker writes and reads back.
 
 To add a part: append a :class:`Factory` to ``FACTORIES`` (its ``build`` makes the part from its configuration,
@@ -38,7 +38,7 @@ from stream_anon.config import load_config
 from stream_anon.datasets import load_events
 from stream_anon.dp import BudgetLedger, DPAggregator, parse_dp_config
 from stream_anon.events import UNIT_IDS
-from stream_anon.kafka import state as st
+from stream_anon.worker import state as st
 
 MARK = "RAWID"                        # in every unit identifier fed: found in a record, it is a raw identifier
 SECRET = b"contract-secret-0123456789abcdef0123"
@@ -147,7 +147,7 @@ def reserve(ledger: BudgetLedger, step) -> list:
 @functools.lru_cache(maxsize=8)
 def _closed_windows(pool: tuple[str, ...]) -> list:
     from stream_anon.engine import Engine
-    from stream_anon.kafka.aggregates import needed_fields
+    from stream_anon.worker.aggregates import needed_fields
     config = load_config(contract.config_path("oyster"))
     events = load_events("oyster", limit=4000)            # 04:31-05:52: moved to 23:31-00:52, across a period
     journeys = {j: pool[i % len(pool)] for i, j in enumerate(dict.fromkeys(e["journey_id"] for e in events))}
@@ -163,7 +163,7 @@ def _closed_windows(pool: tuple[str, ...]) -> list:
 
 
 def partition_aggregates():
-    from stream_anon.kafka.aggregates import PartitionAggregates
+    from stream_anon.worker.aggregates import PartitionAggregates
     return PartitionAggregates(load_config(contract.config_path("oyster")), 0, SECRET)
 
 

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _kafka_helpers import account, collect, setup_stream, synthetic_fares, wait_for  # noqa: E402
 
 from stream_anon.audit.kafka_source import audit_from_kafka  # noqa: E402
-from stream_anon.kafka.core import WorkerCore  # noqa: E402
+from stream_anon.worker.core import WorkerCore  # noqa: E402
 from stream_anon.kafka.loop import KafkaLoop  # noqa: E402
 from stream_anon.kafka.replay import replay  # noqa: E402
 from stream_anon.kafka.supervise import OutputReader  # noqa: E402

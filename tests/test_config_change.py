@@ -25,9 +25,9 @@ from stream_anon.audit import AuditConfig, audit  # noqa: E402
 from stream_anon.calibrate import toml_text  # noqa: E402
 from stream_anon.config import load_config, parse_config  # noqa: E402
 from stream_anon.datasets import load_events  # noqa: E402
-from stream_anon.kafka import state as st  # noqa: E402
-from stream_anon.kafka.core import WorkerCore  # noqa: E402
-from stream_anon.kafka.partition import ConfigChangeRefused, check_change  # noqa: E402
+from stream_anon.worker import state as st  # noqa: E402
+from stream_anon.worker.core import WorkerCore  # noqa: E402
+from stream_anon.worker.partition import ConfigChangeRefused, check_change  # noqa: E402
 from stream_anon.render import TOPICS  # noqa: E402
 
 SECRET = b"config-change-secret-0123456789abcdef"

@@ -19,7 +19,7 @@ from stream_anon.audit.primitives import audit_token, covers, qi_value
 from stream_anon.config import load_config
 from stream_anon.datasets import load_events
 from stream_anon.engine import Engine
-from stream_anon.kafka.core import WorkerCore
+from stream_anon.worker.core import WorkerCore
 from stream_anon.kafka.replay import replay
 from stream_anon.kafka.supervise import run_until_accounted
 from stream_anon.kafka.topics import ensure_topics

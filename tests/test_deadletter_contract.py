@@ -10,7 +10,7 @@ import pytest
 from stream_anon import contract, crypto
 from stream_anon.config import load_config
 from stream_anon.datasets import load_events
-from stream_anon.kafka.core import WorkerCore
+from stream_anon.worker.core import WorkerCore
 from stream_anon.render import TOPICS
 
 SECRET = b"deadletter-contract-secret-0123456789"

@@ -16,7 +16,7 @@ from stream_anon.config import load_config
 from stream_anon.render import TOPICS
 from stream_anon.datasets import load_events
 from stream_anon.dp.carry import carried_spend, with_carried
-from stream_anon.kafka.core import WorkerCore
+from stream_anon.worker.core import WorkerCore
 
 SECRET = b"test-secret-carried-budget-0123456789"
 CONFIG = "configs/oyster.toml"

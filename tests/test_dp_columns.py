@@ -93,7 +93,6 @@ def _unit_window_counts(agg, name):
 @pytest.mark.parametrize("collide", [False, True])
 def test_columnar_cell_values_equal_the_per_event_ones_window_after_window(collide, monkeypatch):
     dp = _config()
-    W0 = int(1257753600 // 900) + 30                     # 2009-11-09 07:30 UTC: one period for every window
     columnar = DPAggregator(dp, BudgetLedger(None, dp.epsilon_budget), seed=b"columns")
     reference = DPAggregator(dp, BudgetLedger(None, dp.epsilon_budget), seed=b"columns")
     if collide:       # 64 hash values for 300 units: distinct units of one window share a count

@@ -18,10 +18,10 @@ from stream_anon.audit import AuditConfig, audit
 from stream_anon.audit.dp_config import read_dp
 from stream_anon.config import load_config, parse_config
 from stream_anon.datasets import load_events
-from stream_anon.kafka import state as st
-from stream_anon.kafka.aggregates import AGGREGATES_TOPIC
-from stream_anon.kafka.core import WorkerCore
-from stream_anon.kafka.partition import ConfigChangeRefused
+from stream_anon.worker import state as st
+from stream_anon.worker.aggregates import AGGREGATES_TOPIC
+from stream_anon.worker.core import WorkerCore
+from stream_anon.worker.partition import ConfigChangeRefused
 
 SECRET = b"dp-config-change-secret-0123456789ab"
 DAY1 = "2009-11-09"
@@ -198,7 +198,7 @@ def test_a_group_whose_values_map_to_other_cells_of_the_same_domain_goes_on_anot
     until the next period; a DP schedule start moved is refused (the schedule's windows)."""
     from stream_anon import guarantees
     from stream_anon.dp import transition
-    from stream_anon.kafka.partition import check_change
+    from stream_anon.worker.partition import check_change
     cards = load_config(contract.config_path("oyster-cards"))
     old = guarantees.settings(cards)
     name = next(s.name for s in cards.dp.aggregates if any(g.mapping for g in s.group_by))

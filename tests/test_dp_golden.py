@@ -4,19 +4,22 @@ and noise, the window metrics and the unit window counts must not change when th
 
 The slice: every event of the journeys whose CRC-32 is 0 modulo 40 (whole journeys, so contribution cuts and the
 W-windows cap bite; the whole day, so the period boundary at midnight in London is crossed), fed to one
-partition of :class:`stream_anon.kafka.core.WorkerCore` in batches of 1,000 with configs/oyster.toml, the worker
+partition of :class:`stream_anon.worker.core.WorkerCore` in batches of 1,000 with configs/oyster.toml, the worker
 restarted from its state document half way, and flushed at the end. Four configurations: configs/oyster.toml as
 it is (journeys never exceed its bounds), the station as privacy unit with W = 3 (contribution cuts, the window
 cap, units missing on bus taps), the bus route as unit without a period (legacy mode, the budget runs out) and
 the event as unit.
 
-Regenerate (only when a change of output is intended): ``python tests/test_dp_golden.py``.
+The slice's events ship in ``tests/golden/dp_oyster_slice_events.jsonl.gz`` (a test checks them against the full
+file where it is present). Regenerate (only when a change of output is intended; needs the full file):
+``python tests/test_dp_golden.py``.
 """
 from __future__ import annotations
 
 import base64
 import dataclasses
 import functools
+import gzip
 import hashlib
 import json
 import sys
@@ -30,15 +33,13 @@ import pytest
 from stream_anon import contract
 from stream_anon.config import load_config
 from stream_anon.datasets import DATASETS, load_events
-from stream_anon.kafka.core import WorkerCore
+from stream_anon.worker.core import WorkerCore
 
 # the golden file was recorded on a whole day of the full Oyster file, which lives in ../shared/data (not in a
-# plain clone); the bundled slice is a different input
+# plain clone); the slice's events ship beside it (225 KB), so the test runs on every clone
 FULL_OYSTER = DATASETS["oyster"].full_path
-pytestmark = pytest.mark.skipif(not FULL_OYSTER.exists(),
-                                reason=f"full data {FULL_OYSTER} absent (plain clone without ../shared)")
-
 GOLDEN = Path(__file__).parent / "golden" / "dp_oyster_slice.json"
+SLICE = Path(__file__).parent / "golden" / "dp_oyster_slice_events.jsonl.gz"
 SECRET = b"golden-secret-0123456789abcdef0123456789"
 BATCH = 1000
 
@@ -65,7 +66,13 @@ VARIANTS = ("oyster", "station_unit", "legacy_route_unit", "event_unit")
 
 @functools.lru_cache(maxsize=1)
 def cached_slice() -> tuple[bytes, ...]:
-    return tuple(oyster_slice())
+    """The slice's messages as shipped (:func:`oyster_slice` of the full file, one a line)."""
+    return tuple(gzip.decompress(SLICE.read_bytes()).splitlines())
+
+
+@pytest.mark.skipif(not FULL_OYSTER.exists(), reason=f"full data {FULL_OYSTER} absent (plain clone without ../shared)")
+def test_the_shipped_slice_is_the_selection_of_the_full_file():
+    assert cached_slice() == tuple(oyster_slice())
 
 
 def run_worker(messages, config) -> dict:
@@ -90,7 +97,7 @@ def run_worker(messages, config) -> dict:
     half = len(messages) // 2 // BATCH * BATCH
     for start in range(0, len(messages), BATCH):
         if start == half:           # restart: a new worker from the committed state records, as Kafka returns them
-            from stream_anon.kafka import state as st
+            from stream_anon.worker import state as st
             doc, tables = st.resolve_chain([st.decode_state(st.encode_state(r)) for r in ps.chain])
             core = WorkerCore(config, "golden", SECRET)
             ps = core.open_partition(0, doc, tables)
@@ -157,6 +164,8 @@ def test_dp_rows_match_the_golden_file(variant):
 
 
 if __name__ == "__main__":
+    SLICE.write_bytes(gzip.compress(b"\n".join(oyster_slice()) + b"\n", 9, mtime=0))
+    cached_slice.cache_clear()
     GOLDEN.write_text(json.dumps({v: summarize(run_worker(cached_slice(), variant_config(v))) for v in VARIANTS},
                                  indent=1) + "\n")
     print(GOLDEN, GOLDEN.stat().st_size, file=sys.stderr)

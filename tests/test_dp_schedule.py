@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 
 import orjson
@@ -25,9 +25,9 @@ from _kafka_helpers import read_all, synthetic_fares, wait_for, write_stream_con
 
 from stream_anon import crypto  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402
-from stream_anon.kafka.aggregates import AGGREGATES_TOPIC  # noqa: E402
-from stream_anon.kafka.core import WorkerCore  # noqa: E402
-from stream_anon.kafka.placement import partitions_for  # noqa: E402
+from stream_anon.worker.aggregates import AGGREGATES_TOPIC  # noqa: E402
+from stream_anon.worker.core import WorkerCore  # noqa: E402
+from stream_anon.worker.placement import partitions_for  # noqa: E402
 
 SECRET = b"schedule-test-secret-0123456789abcdef"
 N_PARTITIONS = 4

@@ -23,10 +23,9 @@ from test_dp_golden import cached_slice, pytestmark  # noqa: E402,F401  (needs t
 
 from stream_anon import contract  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402
-from stream_anon import checkpoint
 from stream_anon.engine import Engine  # noqa: E402
-from stream_anon.kafka.aggregates import PartitionAggregates, needed_fields  # noqa: E402
-from stream_anon.kafka.partition import PartitionState, split_tables  # noqa: E402
+from stream_anon.worker.aggregates import PartitionAggregates, needed_fields  # noqa: E402
+from stream_anon.worker.partition import PartitionState, split_tables  # noqa: E402
 
 SECRET = b"dp-state-secret-0123456789abcdef0123"
 BATCH = 1000
@@ -146,7 +145,7 @@ def test_the_worker_messages_carry_exactly_the_rows_of_close_windows():
     for start in range(0, len(events), 3000):
         windows = engine.process(events[start:start + 3000]).windows
         rows, metrics = twin_rows.close_windows(windows)
-        msgs, n = twin_msgs.messages(windows, dumps, "anon.metrics")
+        msgs, n = twin_msgs.messages(windows, dumps, "anon.metrics").result()
         values = [orjson.loads(v) for t, _, v in msgs if t != "anon.metrics"]
         assert n == len(rows) == len(values) and values == rows
         assert _without_ts([orjson.loads(v) for t, _, v in msgs if t == "anon.metrics"]) == _without_ts(metrics)
@@ -159,7 +158,7 @@ def test_a_period_keyed_under_another_unit_key_scheme_is_refused(monkeypatch):
     unit ids, or the aggregator's own keyed hash of the unit. Read by an aggregator of the other scheme, every unit
     would be looked up under a key it never had and start again at 0 windows, contributing past the cap W: the
     restore is refused. Its own scheme restores, and a state whose period holds no count loads under either."""
-    from stream_anon.kafka import aggregates
+    from stream_anon.worker import aggregates
     config = _config()
     events = [orjson.loads(m) for m in cached_slice()[:8000]]
     with monkeypatch.context() as m:                      # the aggregates keyed by hashes of the unit field

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from stream_anon.config import load_config
 from stream_anon.evaluate import read_own_events
-from stream_anon.kafka.core import WorkerCore
-from stream_anon.kafka.stats import reason_kind
+from stream_anon.worker.core import WorkerCore
+from stream_anon.worker.stats import reason_kind
 from stream_anon.render import TOPICS
 
 ROOT = Path(__file__).resolve().parents[1]

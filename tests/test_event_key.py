@@ -153,7 +153,7 @@ def test_gtfs_replay_cuts_each_snapshot_into_one_message_per_vehicle(tmp_path):
     """A GTFS-realtime snapshot holds many vehicles; keyed by its first vehicle, 4 partitions spread most vehicles
     over several (their DP charges and classes then split). Replay cuts it into one snapshot per vehicle, keyed by
     it: every vehicle on one partition, the same events in all."""
-    from stream_anon.kafka.placement import partitions_for
+    from stream_anon.worker.placement import partitions_for
     from stream_anon.kafka.replay import mapped_messages
 
     feeds = gtfs_feeds(limit=1500)[:60]

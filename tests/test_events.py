@@ -213,7 +213,7 @@ def test_worker_batch_payload_checks_equal_the_per_message_checks():
     from pathlib import Path
 
     from stream_anon.config import load_config
-    from stream_anon.kafka.input_checks import check_payload, check_payloads
+    from stream_anon.worker.input_checks import check_payload, check_payloads
     config = load_config(Path(__file__).resolve().parents[1] / "configs" / "oyster.toml")
     base = fare()
     raws = [json.dumps(e).encode() if not isinstance(e, bytes) else e
@@ -231,7 +231,7 @@ def test_worker_batch_check_gives_the_reader_its_columns():
     from pathlib import Path
 
     from stream_anon.config import load_config
-    from stream_anon.kafka.input_checks import check_batch, check_payload
+    from stream_anon.worker.input_checks import check_batch, check_payload
     config = load_config(Path(__file__).resolve().parents[1] / "configs" / "oyster.toml")
     raws = [json.dumps(fare(event_id=f"e{i}", station=None if i % 3 else "Bank")).encode() for i in range(30)]
     events, rejected, columns = check_batch(raws, config)
@@ -280,7 +280,7 @@ def test_decoded_columns_are_the_general_checks_columns_or_none():
 
     from stream_anon.config import load_config
     from stream_anon.events import _fast_check, decoded_columns, schema_columns
-    from stream_anon.kafka.input_checks import parse_payloads
+    from stream_anon.worker.input_checks import parse_payloads
     config = load_config(Path(__file__).resolve().parents[1] / "configs" / "oyster.toml")
     reference = Draft202012Validator(json.loads((SCHEMA_DIR / "fare.schema.json").read_text()))
     base = fare()
@@ -316,7 +316,7 @@ def test_the_decoder_leaves_schemas_beyond_flat_scalars_to_the_general_checks():
 
 
 def test_a_decoded_batch_parses_an_event_only_when_it_is_read():
-    from stream_anon.kafka.input_checks import ParsedOnRead
+    from stream_anon.worker.input_checks import ParsedOnRead
     raws = [json.dumps(fare(event_id=f"e{i}")).encode() for i in range(4)] + [b"{not json"]
     events = ParsedOnRead(raws)
     assert len(events) == 5 and events[1]["event_id"] == "e1" and events[-2]["event_id"] == "e3"

@@ -15,7 +15,7 @@ from stream_anon.datasets import load_events
 from stream_anon.engine import Engine
 from stream_anon.engine.space import parse_time
 from stream_anon.errors import ConfigError
-from stream_anon.kafka.core import WorkerCore
+from stream_anon.worker.core import WorkerCore
 from stream_anon.render import TOPICS
 
 # this checkout's bundled config (an installed stream_anon.configs may belong to another checkout)

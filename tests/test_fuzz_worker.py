@@ -9,7 +9,6 @@ and a batch whose engine call raises is bisected to its culprit.
 from __future__ import annotations
 
 from pathlib import Path
-import json
 import random
 from collections import Counter
 
@@ -20,7 +19,7 @@ from stream_anon import crypto
 from stream_anon.config import load_config
 from stream_anon.datasets import load_events
 from stream_anon.engine import Engine
-from stream_anon.kafka.core import WorkerCore
+from stream_anon.worker.core import WorkerCore
 from stream_anon.render import TOPICS
 from _worker_harness import POISON_TIMES, mutate
 

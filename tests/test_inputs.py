@@ -269,7 +269,7 @@ def test_inputs_import_nothing_of_engine_config_strategies():
 def _run_core(cfg, messages, tmp_path):
     """WorkerCore (the worker without Kafka) on one partition, batches of 200, then a final flush; the output
     messages and the counters."""
-    from stream_anon.kafka.core import WorkerCore
+    from stream_anon.worker.core import WorkerCore
     core = WorkerCore(cfg, "app", SECRET, flush_when_idle_s=1e-9)
     msgs = [(0, off, raw) for off, raw in enumerate(messages)]
     out = []

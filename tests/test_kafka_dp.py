@@ -11,7 +11,6 @@ count of events per (journey, event-time window).
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import os
@@ -27,12 +26,11 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from _kafka_helpers import ROUTES, START, ZONES, read_all, synthetic_fares, wait_for, write_stream_config  # noqa: E402
 
-from stream_anon import crypto  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402
 from stream_anon.dp import BudgetLedger  # noqa: E402
 from stream_anon import checkpoint
 from stream_anon.engine import Engine  # noqa: E402
-from stream_anon.kafka.aggregates import AGGREGATES_TOPIC, PartitionAggregates, needed_fields  # noqa: E402
+from stream_anon.worker.aggregates import AGGREGATES_TOPIC, PartitionAggregates, needed_fields  # noqa: E402
 
 WINDOW_S = 900
 DP_TOML = '''
@@ -370,11 +368,11 @@ def test_the_workers_serialized_rows_are_the_aggregate_rows():
     rows, values = [], []
     for start in range(0, len(events), 5000):
         rows += as_rows.process(events[start:start + 5000])[0]
-        out, n = as_bytes.messages(engine.process(events[start:start + 5000]).windows, dumps, "anon.metrics")
+        out, n = as_bytes.messages(engine.process(events[start:start + 5000]).windows, dumps, "anon.metrics").result()
         values += [v for topic, _, v in out if topic == AGGREGATES_TOPIC]
         assert n == sum(topic == AGGREGATES_TOPIC for topic, _, _ in out)
     rows += as_rows.flush()[0]
-    out, _ = as_bytes.messages(engine.flush().windows, dumps, "anon.metrics")
+    out, _ = as_bytes.messages(engine.flush().windows, dumps, "anon.metrics").result()
     values += [v for topic, _, v in out if topic == AGGREGATES_TOPIC]
     parsed = [json.loads(v) for v in values]
     assert len(rows) > 1000 and {r["kind"] for r in rows} == {"count", "mean", "histogram", "ratio"}
@@ -412,7 +410,7 @@ def test_every_row_is_committed_with_the_ledger_spend_that_pays_for_it(tmp_path)
     """The worker writes a batch's rows and its state (with the ledger) in one transaction: drive WorkerCore
     (the worker without Kafka) batch by batch and check that the state committed with each batch's rows has
     already reserved every (aggregate, window) those rows release."""
-    from stream_anon.kafka.core import WorkerCore
+    from stream_anon.worker.core import WorkerCore
 
     cfg = load_config(dp_stream_config(tmp_path, "dporder", budget=50.0))
     core = WorkerCore(cfg, "app", b"order-secret-0123456789abcdef")

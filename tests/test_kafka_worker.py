@@ -11,7 +11,6 @@ import os
 import signal
 import sys
 import time
-from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,7 @@ from stream_anon import crypto  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402
 from stream_anon.kafka.replay import replay  # noqa: E402
 from stream_anon.kafka.topics import ensure_topics  # noqa: E402
-from stream_anon.kafka.input_checks import check_payload  # noqa: E402
+from stream_anon.worker.input_checks import check_payload  # noqa: E402
 from _worker_harness import start_worker_process  # noqa: E402  (honours the kill-at-the-worst-moment variables)
 from stream_anon.kafka.supervise import OutputReader, run_until_accounted, stop_worker_process  # noqa: E402
 

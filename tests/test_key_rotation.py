@@ -16,9 +16,9 @@ from _kafka_helpers import START, read_all, setup_stream, synthetic_fares, write
 
 from stream_anon import crypto  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402
-from stream_anon.kafka import state as st  # noqa: E402
-from stream_anon.kafka.core import WorkerCore  # noqa: E402
-from stream_anon.kafka.partition import KeyRotationRefused  # noqa: E402
+from stream_anon.worker import state as st  # noqa: E402
+from stream_anon.worker.core import WorkerCore  # noqa: E402
+from stream_anon.worker.partition import KeyRotationRefused  # noqa: E402
 
 OLD = b"old-secret-0123456789abcdef0123456789"
 NEW = b"new-secret-9876543210fedcba9876543210"

@@ -2,7 +2,6 @@
 terminal control bytes in a file), and ``topics apply --config X`` creating only the shared topics and X's."""
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys

@@ -10,7 +10,7 @@ from stream_anon.config import load_config
 from stream_anon.contract import config_path
 from stream_anon.engine import Engine, RecordReader
 from stream_anon.formers.base import Former
-from stream_anon.kafka.aggregates import PartitionAggregates
+from stream_anon.worker.aggregates import PartitionAggregates
 from stream_anon.render import Renderer
 
 SECRET = b"pipeline-test-secret-0123456789"

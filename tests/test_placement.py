@@ -1,4 +1,4 @@
-"""One privacy unit, one partition (stream_anon.kafka.placement): the worker computes where each unit belongs as
+"""One privacy unit, one partition (stream_anon.worker.placement): the worker computes where each unit belongs as
 Kafka's default partitioner does, and an event arriving elsewhere is dead-lettered before the engine and the DP
 aggregates see it, so that no unit is charged on two partitions' ledgers.
 
@@ -22,8 +22,8 @@ from stream_anon import crypto  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402
 from stream_anon.contract import config_path  # noqa: E402
 from stream_anon.datasets import load_events  # noqa: E402
-from stream_anon.kafka.core import WorkerCore  # noqa: E402
-from stream_anon.kafka.placement import WRONG_PARTITION, UnitPlacement, murmur2, partitions_for  # noqa: E402
+from stream_anon.worker.core import WorkerCore  # noqa: E402
+from stream_anon.worker.placement import WRONG_PARTITION, UnitPlacement, murmur2, partitions_for  # noqa: E402
 from stream_anon.render import TOPICS  # noqa: E402
 
 SECRET = b"placement-test-secret-0123456789abcdef"

@@ -99,7 +99,7 @@ def test_a_secret_whose_key_id_is_not_the_streams(bootstrap, tmp_path, secret_en
 
     from stream_anon import crypto
     from stream_anon.config import load_config
-    from stream_anon.kafka.core import WorkerCore
+    from stream_anon.worker.core import WorkerCore
 
     cfg = _config(tmp_path, "kid")
     _applied(capsys, bootstrap, cfg)

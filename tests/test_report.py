@@ -18,7 +18,7 @@ from stream_anon import contract, crypto
 from stream_anon.audit import AuditOutputs
 from stream_anon.config import load_config
 from stream_anon.datasets import load_events
-from stream_anon.kafka.core import WorkerCore
+from stream_anon.worker.core import WorkerCore
 from stream_anon.render import TOPICS
 from stream_anon.report import build_report
 from stream_anon.report.page import PLOTS
@@ -185,7 +185,6 @@ def test_the_realized_noise_is_measured_against_the_bounded_truth_recounted_from
     cfg, outputs, page, events = dp_page
     parent = _parents(json.loads((Path(cfg.source).parent / "hierarchies" / "oyster_location.json")
                                  .read_text())["tree"])
-    spans: dict = defaultdict(lambda: defaultdict(float))     # (partition, release window) -> zone -> count
     used: dict = defaultdict(int)                               # (day, card) -> windows used
     per_window: dict = defaultdict(list)
     for e in events:

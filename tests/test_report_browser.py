@@ -12,7 +12,6 @@ import re
 import shutil
 import tomllib
 
-import orjson
 import pytest
 
 from stream_anon import contract
@@ -22,7 +21,7 @@ from stream_anon.config import with_files_beside
 from stream_anon.datasets import load_events
 from stream_anon.audit.kafka_source import read_topic
 from stream_anon.config import load_config
-from stream_anon.kafka.core import WorkerCore
+from stream_anon.worker.core import WorkerCore
 from stream_anon.kafka.replay import replay
 from stream_anon.kafka.retention import confluent_admin, set_topic_retention
 from stream_anon.kafka.topics import ensure_topics

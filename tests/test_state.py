@@ -17,7 +17,7 @@ from stream_anon.engine import Engine, demo_config
 from stream_anon.engine.records import DUPLICATE_EVENT
 from stream_anon import checkpoint
 from stream_anon.keyed_table import KeyedTable
-from stream_anon.kafka import state as st
+from stream_anon.worker import state as st
 from _state_helpers import reopened
 
 from pathlib import Path

@@ -63,7 +63,7 @@ def test_a_barrier_that_does_not_come_back_is_reported_with_what_was_read(broker
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from stream_anon.kafka import state as st
+    from stream_anon.worker import state as st
     from stream_anon.kafka.state_cache import read_to_barriers
     from stream_anon.kafka.transactions import fence_and_barrier
 

@@ -1,5 +1,5 @@
 """State records over ``PART_MAX_BYTES`` are written in parts and reassembled on recovery (stream_anon.checkpoint,
-stream_anon.kafka.state), case by case without a broker: no value over the limit, the parts of the committed
+stream_anon.worker.state), case by case without a broker: no value over the limit, the parts of the committed
 attempt win over an aborted attempt's, and a chain whose record lacks a part, or whose parts do not make the record
 they name, halts the partition. ``tests/test_state_size_kafka.py`` does it on the broker with 300,000 cards."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from stream_anon import checkpoint
-from stream_anon.kafka import state as st
+from stream_anon.worker import state as st
 
 DT = np.dtype([("time", "<f8"), ("n", "<u8")])
 NO_KEYS = checkpoint.EMPTY_KEYS

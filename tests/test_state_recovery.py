@@ -1,4 +1,4 @@
-"""How a partition resumes from its state topic (stream_anon.kafka.state), case by case, without a broker: the
+"""How a partition resumes from its state topic (stream_anon.worker.state), case by case, without a broker: the
 committed marker picks the chain of state records (a full record and the deltas after it), records of aborted
 attempts are ignored, deltas applied in order give the committed tables, and everything unexpected halts the
 partition with a reason instead of guessing."""
@@ -11,7 +11,7 @@ import pytest
 
 from stream_anon import checkpoint
 from stream_anon.keyed_table import KeyedTable
-from stream_anon.kafka import state as st
+from stream_anon.worker import state as st
 
 DT = np.dtype([("time", "<f8"), ("n", "<u2")])
 NO_KEYS = checkpoint.EMPTY_KEYS
@@ -163,7 +163,7 @@ def test_state_records_replayed_from_the_log_restore_the_worker_exactly():
     half-way produces exactly the output of the one that never stopped; deltas carry a fraction of the rows."""
     from stream_anon import contract
     from stream_anon.config import load_config
-    from stream_anon.kafka.core import WorkerCore
+    from stream_anon.worker.core import WorkerCore
 
     cfg = load_config(contract.config_path("oyster-cards"))
     secret = b"state-records-secret-0123456789abcdef"
@@ -223,7 +223,7 @@ def test_the_committed_state_held_in_memory_is_what_was_written_whatever_comes_a
     must still be what was written to the state topic."""
     from stream_anon import contract
     from stream_anon.config import load_config
-    from stream_anon.kafka.core import WorkerCore
+    from stream_anon.worker.core import WorkerCore
 
     cfg = load_config(contract.config_path("oyster-cards"))
     core = WorkerCore(cfg, "app", b"state-records-secret-0123456789abcdef")
@@ -274,7 +274,7 @@ def test_a_state_written_under_another_key_halts_with_both_key_ids():
     event keys and audit tokens would not match. The partition halts with one line naming both key ids."""
     from stream_anon import contract
     from stream_anon.config import load_config
-    from stream_anon.kafka.core import WorkerCore
+    from stream_anon.worker.core import WorkerCore
 
     cfg = load_config(contract.config_path("oyster-cards"))
     first = WorkerCore(cfg, "app", b"first-secret-0123456789abcdef0123")
@@ -296,7 +296,7 @@ def test_the_audit_with_another_secret_says_so_in_one_line_before_any_check():
     from stream_anon import contract
     from stream_anon.audit import AuditConfig, audit
     from stream_anon.config import load_config
-    from stream_anon.kafka.core import WorkerCore
+    from stream_anon.worker.core import WorkerCore
     from stream_anon.render import TOPICS
 
     path = contract.config_path("oyster-cards")

@@ -25,7 +25,7 @@ from _worker_harness import start_worker_process  # noqa: E402
 from stream_anon.audit.kafka_source import audit_from_kafka, read_topic  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402
 from stream_anon.datasets import oyster_cards  # noqa: E402
-from stream_anon.kafka import state as st  # noqa: E402
+from stream_anon.worker import state as st  # noqa: E402
 from stream_anon.kafka.replay import replay  # noqa: E402
 from stream_anon.kafka.supervise import run_until_accounted  # noqa: E402
 from stream_anon.kafka.topics import ensure_topics  # noqa: E402
@@ -46,7 +46,7 @@ def _setup(broker, tmp_path, name: str, events: list, partitions: int = 2, secre
 
 
 def _run_loop(cfg, bootstrap, app_id, cache):
-    from stream_anon.kafka.core import WorkerCore
+    from stream_anon.worker.core import WorkerCore
     from stream_anon.kafka.loop import KafkaLoop
 
     core = WorkerCore(cfg, app_id, SECRET, aggregates_process=False)

@@ -1,4 +1,4 @@
-"""The analyst's workload (stream_anon/metrics/workload.py) and the streaming-vs-offline query error
+"""The analyst's workload (stream_anon/evaluate/workload.py) and the streaming-vs-offline query error
 (stream_anon/evaluate/utility.py): answers against hand-computed shares, published records read as the boxes they
 cover, the families drawn from the data, and the error of exact, suppressed and generalized releases."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ from stream_anon import contract
 from stream_anon.config import load_config
 from stream_anon.datasets import load_events
 from stream_anon.evaluate.utility import Placement, placement_from_engine, query_error
-from stream_anon.metrics.workload import (CLOSED, HALF_OPEN, LEAVES, QuerySpace, analyst_workload, box_answers,
+from stream_anon.evaluate.workload import (CLOSED, HALF_OPEN, LEAVES, QuerySpace, analyst_workload, box_answers,
                                           relative_errors, summarize)
 
 INF = np.inf

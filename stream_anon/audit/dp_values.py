@@ -36,7 +36,6 @@ import json
 import math
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta, timezone
-from typing import Any
 
 import numpy as np
 

@@ -32,6 +32,9 @@ import numpy as np
 from stream_anon.criteria.base import Classes
 from stream_anon.validation import MAX_COUNT, check_bool, check_integer, check_number, check_text
 
+# Table 1 of the paper (guideline sentence as weight) and Example 2 (Murder): the ``crime`` preset.
+CRIME_SEVERITY = {"Embezzlement": 3, "Disorderly Conduct": 3, "Theft": 5, "Drunken Driving": 5,
+                  "Robbery": 7, "Murder": 25}
 PRESETS = ("crime",)
 
 
@@ -40,7 +43,6 @@ def severity_map(severity) -> dict[str, float]:
     if isinstance(severity, str):
         if severity not in PRESETS:
             raise ValueError(f"severity: unknown preset {severity!r}; known: {list(PRESETS)}")
-        from stream_anon.metrics.severity import CRIME_SEVERITY     # the paper's Table 1; metrics load pandas
         severity = CRIME_SEVERITY
     if not isinstance(severity, Mapping) or not severity:
         raise ValueError("severity: a non-empty mapping sensitive value -> severity, or a preset")

@@ -22,7 +22,7 @@ The walk of one DP value, from a closed window to a row; each module once, in th
    :mod:`~stream_anon.dp.continual` (per-window noise, binary tree, hybrid), whose noise is drawn by
    :mod:`~stream_anon.dp.diffprivlib_adapter` (the only module touching diffprivlib's internals); the result is a
    ``ReleasedCells`` block: the fields the rows share and each cell's numbers (value, intervals). Its ``rows()``
-   (or, in the worker, ``stream_anon.kafka.aggregates`` serializing it) gives the rows.
+   (or, in the worker, ``stream_anon.worker.aggregates`` serializing it) gives the rows.
 
 Which windows are released is the schedule's, not the data's: every window from the start of ``dp.start``'s period
 (:attr:`~stream_anon.dp.specs.DPConfig.start_window`), skipped ones released empty, and

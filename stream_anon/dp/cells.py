@@ -159,7 +159,7 @@ def group_cells(wc: WindowColumns, group: GroupKey, known: dict) -> np.ndarray:
             if cell is None:
                 if position is None:
                     position = {d: i for i, d in enumerate(group.domain)}
-                key = group._value_key(v)
+                key = group.value_key(v)
                 cell = -1 if key is None else position[key]
                 if type(v) is not bool:
                     known[v] = cell

@@ -136,7 +136,7 @@ class _Counter:
             return (steps + draw_noise(mech, len(values))) * self.resolution
         return values + draw_noise(make_mechanism(self.noise, epsilon, self.sensitivity, random_state), len(values))
 
-    def _var(self, epsilon: float) -> float:
+    def variance(self, epsilon: float) -> float:
         """Variance of one noise draw of this counter at ``epsilon`` (in the values' units)."""
         if self.noise == "geometric" and self.resolution != 1.0:
             return noise_variance("geometric", epsilon, round(float(self.sensitivity) / self.resolution)) \
@@ -209,7 +209,7 @@ class PerWindowCounter(_Counter):
         return self.running.copy()
 
     def window_variance(self) -> float:
-        return self._var(self.epsilon)
+        return self.variance(self.epsilon)
 
     def running_variance(self, t: int) -> float:
         return t * self.window_variance()
@@ -273,7 +273,7 @@ class BinaryTreeCounter(_Counter):
         return self.base + (self.alpha_hat[bits].sum(axis=0) if bits else 0.0)
 
     def node_variance(self) -> float:
-        return self._var(self.node_epsilon)
+        return self.variance(self.node_epsilon)
 
     def running_terms(self, t: int) -> int:
         """Number of noisy p-sums in the running total at step ``t`` (earlier trees included)."""
@@ -342,9 +342,9 @@ class HybridCounter(_Counter):
             return 0.0
         n_log, n_tree = self.running_terms(t)
         k = t.bit_length() - 1
-        var = n_log * self._var(self.epsilon / 2)
+        var = n_log * self.variance(self.epsilon / 2)
         if n_tree:
-            var += n_tree * self._var(self.epsilon / 2 / (k + 1))
+            var += n_tree * self.variance(self.epsilon / 2 / (k + 1))
         return var
 
     def _progress(self) -> dict:

@@ -11,7 +11,7 @@ depend on the data; the worst-case charge keeps the stop decision data-independe
 
 Durability. The ledger is part of the partition's state (a :class:`~stream_anon.checkpoint.Checkpointable` with
 a bounded core and no keyed table): the worker writes it in the same Kafka transaction as the rows that spend it
-(:mod:`stream_anon.kafka.state`), so a release is published only together with its spend, and a restarted worker
+(:mod:`stream_anon.worker.state`), so a release is published only together with its spend, and a restarted worker
 resumes from the committed ledger. A reservation is keyed by ``(aggregate, window)``: reserving it again (a
 restarted worker re-producing the same window) returns the existing reservation and spends nothing. That is sound
 because the aggregator's noise is a deterministic function of a secret seed and the window, so a re-produced
@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -114,6 +113,49 @@ class BudgetExhaustedError(BudgetError):
         self.outcome = outcome
 
 
+class PeriodTotals:
+    """The ledger's totals per period (period mode): per (period, aggregate) the sum of its releases and its cap, per
+    period the paid re-releases (uncapped). What a period charged the worst-case unit is read from them alone, also
+    once the period's entries are compacted away (:meth:`BudgetLedger.compact`)."""
+
+    def __init__(self):
+        self._sums: dict[tuple[str, str], float] = {}       # (period, aggregate) -> capped part: sum of releases
+        self._caps: dict[tuple[str, str], float] = {}       # (period, aggregate) -> cap
+        self._extra: dict[str, float] = {}                  # period -> paid re-releases (uncapped)
+
+    def add(self, period: str, aggregate: str, epsilon: float, cap: float, rerelease: bool) -> None:
+        if rerelease:
+            self._extra[period] = self._extra.get(period, 0.0) + epsilon
+        else:
+            self._sums[(period, aggregate)] = self._sums.get((period, aggregate), 0.0) + epsilon
+            self._caps[(period, aggregate)] = float(cap)
+
+    def parts(self, period: str) -> tuple[dict[str, tuple[float, float]], float]:
+        """(aggregate -> (sum of its releases, its cap), the paid re-releases) of ``period``."""
+        sums = {a: (v, self._caps[(p, a)]) for (p, a), v in sorted(self._sums.items()) if p == period}
+        return sums, self._extra.get(period, 0.0)
+
+    def periods(self) -> set[str]:
+        return {p for p, _ in self._sums} | set(self._extra)
+
+    def summary(self, period: str) -> dict:
+        aggs = sorted(a for (p, a) in self._sums if p == period)
+        return {"sums": {a: self._sums[(period, a)] for a in aggs}, "caps": {a: self._caps[(period, a)] for a in aggs},
+                "extra": self._extra.get(period, 0.0)}
+
+    def load(self, period: str, summary: dict) -> None:
+        for a, v in summary["sums"].items():
+            self._sums[(period, a)] = float(v)
+            self._caps[(period, a)] = float(summary["caps"][a])
+        if float(summary.get("extra", 0.0)):
+            self._extra[period] = float(summary["extra"])
+
+    def drop(self, period: str) -> None:
+        self._extra.pop(period, None)
+        for key in [key for key in self._sums if key[0] == period]:
+            del self._sums[key], self._caps[key]
+
+
 class BudgetLedger:
     """Budget ledger (module docstring), a Checkpointable: :meth:`state_core`, :meth:`load_state`.
 
@@ -138,23 +180,16 @@ class BudgetLedger:
         self._exhausted: dict[str, dict] = {}
         self._content: dict[tuple[str, str], str] = {}      # digest of the released content per entry
         self._period: dict[tuple[str, str], tuple[str, float]] = {}   # entry -> (period, cap) in period mode
-        self._psum: dict[tuple[str, str], float] = {}       # (period, aggregate) -> capped part: sum of releases
-        self._pcap: dict[tuple[str, str], float] = {}       # (period, aggregate) -> cap
-        self._pextra: dict[str, float] = {}                 # period -> paid re-releases (uncapped)
-        # compacted periods (:meth:`compact`): their totals stay in _psum/_pcap/_pextra; here what else is kept
+        self._totals = PeriodTotals()
+        # compacted periods (:meth:`compact`): their totals stay in _totals; here what else is kept
         self._compacted: dict[str, dict] = {}               # period -> {"entries": count, "exhausted": stops}
         self._archive: dict | None = None                   # periods before the compacted ones: largest charge
         # without a period: the total, checked by diffprivlib (pure epsilon, basic composition)
         self._accountant = BudgetAccountant(epsilon=self.epsilon_budget * (1 + _REL_TOL), delta=0.0)
 
     def _index(self, key: tuple[str, str], epsilon: float, period: str, cap: float) -> None:
-        a, w = key
         self._period[key] = (period, float(cap))
-        if "~" in w:
-            self._pextra[period] = self._pextra.get(period, 0.0) + epsilon
-        else:
-            self._psum[(period, a)] = self._psum.get((period, a), 0.0) + epsilon
-            self._pcap[(period, a)] = float(cap)
+        self._totals.add(period, key[0], epsilon, cap, "~" in key[1])
 
     def period_spent(self, period: str, extra: tuple[str, float, float, bool] | None = None) -> float:
         """Epsilon charged to the worst-case unit in ``period`` (optionally with one more release ``(aggregate,
@@ -173,12 +208,32 @@ class BudgetLedger:
     def period_parts(self, period: str) -> tuple[dict[str, tuple[float, float]], float]:
         """What :meth:`period_spent` adds up for ``period``: (aggregate -> (sum of its releases, its cap), the paid
         re-releases)."""
-        sums = {a: (v, self._pcap[(p, a)]) for (p, a), v in sorted(self._psum.items()) if p == period}
-        return sums, self._pextra.get(period, 0.0)
+        return self._totals.parts(period)
 
     def spent_by_period(self) -> dict[str, float]:
         """Period -> epsilon charged to the worst-case unit (period mode)."""
-        return {p: self.period_spent(p) for p in sorted({p for p, _ in self._psum} | set(self._pextra))}
+        return {p: self.period_spent(p) for p in sorted(self.periods())}
+
+    def periods(self) -> set[str]:
+        """The periods the ledger holds charges of (not those only in its archive)."""
+        return self._totals.periods()
+
+    def charges(self, period: str | None) -> dict[str, float]:
+        """Aggregate -> what it charged the worst-case unit in ``period``: ``min(sum of its releases, cap)`` plus
+        its paid re-releases, summing to :meth:`period_spent` while the period's entries are kept (the current
+        period and the one before: :meth:`compact`); a compacted period's re-releases are kept as the period's
+        total only, in no aggregate's figure. ``period`` None (no periods): the sum of each aggregate's
+        reservations, summing to :attr:`spent`."""
+        out: dict[str, float] = {}
+        if period is None:
+            for (a, _), e in self._entries.items():
+                out[a] = out.get(a, 0.0) + e
+            return out
+        out = {a: min(v, cap) for a, (v, cap) in self._totals.parts(period)[0].items()}
+        for (a, w), (p, _) in self._period.items():
+            if p == period and "~" in w:
+                out[a] = out.get(a, 0.0) + self._entries[(a, w)]
+        return out
 
     @property
     def period_mode(self) -> bool:
@@ -409,9 +464,7 @@ class BudgetLedger:
     def _summary(self, period: str) -> dict:
         """A compacted period as saved: per aggregate the sum of its releases and its cap, the paid re-releases,
         the entry count and the stops."""
-        aggs = sorted(a for (p, a) in self._psum if p == period)
-        return {"sums": {a: self._psum[(period, a)] for a in aggs}, "caps": {a: self._pcap[(period, a)] for a in aggs},
-                "extra": self._pextra.get(period, 0.0), **self._compacted[period]}
+        return {**self._totals.summary(period), **self._compacted[period]}
 
     def _archived(self, period: str) -> bool:
         return self._archive is not None and period <= self._archive["last"]
@@ -419,9 +472,7 @@ class BudgetLedger:
     def _drop_period(self, period: str) -> None:
         """Forget a compacted period (its charge is in the archive)."""
         self._compacted.pop(period, None)
-        self._pextra.pop(period, None)
-        for key in [key for key in self._psum if key[0] == period]:
-            del self._psum[key], self._pcap[key]
+        self._totals.drop(period)
 
     def _archive_period(self, period: str) -> None:
         """Move the oldest compacted period into the archive (periods are compacted in time order, so it follows
@@ -435,43 +486,19 @@ class BudgetLedger:
 
     def _load_summary(self, period: str, summary: dict) -> None:
         """A compacted period's totals, entry count and stops (:meth:`_summary`), as saved."""
-        for a, v in summary["sums"].items():
-            self._psum[(period, a)] = float(v)
-            self._pcap[(period, a)] = float(summary["caps"][a])
-        if float(summary.get("extra", 0.0)):
-            self._pextra[period] = float(summary["extra"])
+        self._totals.load(period, summary)
         self._compacted[period] = {"entries": int(summary.get("entries", 0)),
                                    "exhausted": dict(summary.get("exhausted", {}))}
 
 
 def current_charges(ledger: BudgetLedger) -> tuple[str | None, dict[str, float]]:
     """(current period, aggregate -> what it charged the worst-case unit in that period): in period mode the
-    latest period (labels sort in time) and its :func:`period_charges`; without periods (None, the sum of each
-    aggregate's reservations), summing to :attr:`BudgetLedger.spent`."""
+    latest period (labels sort in time) and its :meth:`BudgetLedger.charges`; without periods (None, the sum of
+    each aggregate's reservations), summing to :attr:`BudgetLedger.spent`."""
     if not ledger.period_mode:
-        out: dict[str, float] = {}
-        for (a, _), e in ledger._entries.items():
-            out[a] = out.get(a, 0.0) + e
-        return None, out
-    periods = ledger_periods(ledger)
+        return None, ledger.charges(None)
+    periods = ledger.periods()
     if not periods:
         return None, {}
     period = max(periods)
-    return period, period_charges(ledger, period)
-
-
-def ledger_periods(ledger: BudgetLedger) -> set[str]:
-    """The periods the ledger holds charges of (not those only in its archive)."""
-    return {p for p, _ in ledger._psum} | set(ledger._pextra)
-
-
-def period_charges(ledger: BudgetLedger, period: str) -> dict[str, float]:
-    """Aggregate -> what it charged the worst-case unit in ``period``: ``min(sum of its releases, cap)`` plus its
-    paid re-releases, summing to :meth:`BudgetLedger.period_spent` while the period's entries are kept (the
-    current period and the one before: :meth:`BudgetLedger.compact`); a compacted period's re-releases are kept
-    as the period's total only, in no aggregate's figure."""
-    out = {a: min(v, ledger._pcap.get((p, a), math.inf)) for (p, a), v in sorted(ledger._psum.items()) if p == period}
-    for (a, w), (p, _) in ledger._period.items():
-        if p == period and "~" in w:
-            out[a] = out.get(a, 0.0) + ledger._entries[(a, w)]
-    return out
+    return period, ledger.charges(period)

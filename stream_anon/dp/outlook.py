@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from stream_anon.dp.ledger import BudgetLedger, current_charges, ledger_periods, period_charges
+from stream_anon.dp.ledger import BudgetLedger, current_charges
 from stream_anon.dp.release import release_epsilon
 from stream_anon.dp.specs import DPConfig
 from stream_anon.dp.transition import specs_in_force
@@ -82,10 +82,10 @@ def budget_outlook(dp: DPConfig, ledger: BudgetLedger, position: AggregatorPosit
     if done == n:                 # its last window is released: no release of it can follow
         closed = period
     else:
-        closed = max((p for p in ledger_periods(ledger) if p < period), default=None)
-    return BudgetOutlook(period, period_charges(ledger, period), spent, (done, n),
+        closed = max((p for p in ledger.periods() if p < period), default=None)
+    return BudgetOutlook(period, ledger.charges(period), spent, (done, n),
                          projected_charge(dp, ledger, position, period, first, n), closed,
-                         {} if closed is None else period_charges(ledger, closed),
+                         {} if closed is None else ledger.charges(closed),
                          None if closed is None else ledger.period_spent(closed))
 
 

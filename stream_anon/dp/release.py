@@ -25,6 +25,7 @@ import hmac
 import json
 import math
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Callable, Iterable
 
 import numpy as np
@@ -179,6 +180,70 @@ class ReleasedCells:
         return [lab + template % tuple(nums[i * k:(i + 1) * k]) for i, lab in enumerate(self.labels.json)]
 
 
+class WindowStarts(dict):
+    """Window index -> ISO-8601 UTC time of the window's start, computed once."""
+
+    def __init__(self, window_s: float):
+        super().__init__()
+        self.window_s = window_s
+
+    def __missing__(self, w: int) -> str:
+        self[w] = value = iso_time(w * self.window_s)
+        return value
+
+
+def iso_time(ts: float) -> str:
+    return datetime.fromtimestamp(ts, timezone.utc).isoformat()
+
+
+class RowWriter:
+    """The ``anon.aggregates`` rows of one partition, in both forms: :meth:`row` (a dict) and :meth:`values` (the
+    same rows serialized, a release's shared fields once): the one place the DP row is written. To a block's rows
+    it adds the partition, the lineage, the window's bounds, the ledger's total through the window and the budget
+    in force, and ``row_id`` (the dedupe key: a re-produced row is identical)."""
+
+    def __init__(self, stream: str, partition: int, lineage: str | None, window_s: float, ledger):
+        self.stream, self.partition, self.lineage, self.window_s = stream, partition, lineage, window_s
+        self.ledger = ledger
+
+    def window_starts(self) -> WindowStarts:
+        return WindowStarts(self.window_s)
+
+    def _fields(self, r: dict, spent_through: float, iso: WindowStarts) -> dict:
+        """The fields a partition adds to a block's row (all but ``row_id`` are the release's)."""
+        lineage = {"lineage": self.lineage} if self.lineage else {}
+        return {**lineage, "partition": self.partition, "window_start": iso[r.get("span_start_window", r["window"])],
+                "window_end": iso[r["window"] + 1], "ledger_epsilon_spent": spent_through,
+                # the budget in force at the release (a gap window released with a later one may be of a period
+                # whose budget an accepted change has since raised: stream_anon.dp.transition)
+                "ledger_epsilon_budget": r.get("ledger_epsilon_budget", self.ledger.epsilon_budget)}
+
+    def _row_id_prefix(self, r: dict) -> str:
+        # release: "<window>", or "<window>~<n>" for a paid re-release of a window re-closed with other content
+        lineage = f"{self.lineage}/" if self.lineage else ""
+        return f"{self.stream}/{lineage}p{self.partition}/{r['aggregate']}/{r['output']}/w{r['release']}/"
+
+    def row(self, r: dict, spent_through: float, iso: WindowStarts | None = None) -> dict:
+        """One row: a block's row (:meth:`ReleasedCells.rows`) plus the partition's fields and ``row_id``.
+        ``iso``: window index -> ISO time of its start (a window's rows share a few)."""
+        iso = self.window_starts() if iso is None else iso
+        row = {**r, **self._fields(r, spent_through, iso)}
+        row["row_id"] = self._row_id_prefix(r) + r["group_key"]
+        return row
+
+    def values(self, released: list, spent: dict, iso: WindowStarts, dumps) -> list[bytes]:
+        """:meth:`row` of each row of the releases, serialized: per release its fields once, then each cell's
+        (:meth:`ReleasedCells.cell_fragments`) and ``row_id``. ``spent``: window -> the ledger's total through it."""
+        values = []
+        for block in released:
+            common = block.common
+            head = dumps({**common, **self._fields(common, spent[common["window"]], iso)})[:-1] + b","
+            id_head = b',"row_id":' + dumps(self._row_id_prefix(common))[:-1]     # a JSON string, still open
+            values.extend([head + cell + id_head + key + b"}"
+                           for cell, key in zip(block.cell_fragments(dumps), block.labels.key_tails)])
+        return values
+
+
 def rows_of(released: Iterable) -> list[dict]:
     """Rows of :meth:`~stream_anon.dp.aggregator.DPAggregator.release_columns`' output: each block's rows, events
     as they are."""
@@ -308,4 +373,4 @@ def _half(counter: _Counter, terms: int, epsilon: float) -> float:
             steps = round(float(counter.sensitivity) / counter.resolution)
             return noise_ci95_half_width("geometric", epsilon, steps) * counter.resolution
         return noise_ci95_half_width(counter.noise, epsilon, counter.sensitivity)
-    return Z95 * math.sqrt(terms * counter._var(epsilon))
+    return Z95 * math.sqrt(terms * counter.variance(epsilon))

@@ -74,7 +74,7 @@ class GroupKey:
             value = flat.get(f)
             if value is not None:
                 break
-        return self._value_key(value)
+        return self.value_key(value)
 
     def keys_of(self, flats: list[dict]) -> list:
         """``key_of`` of every event (the same values), in bulk: one mapping lookup or one time parse per
@@ -93,20 +93,20 @@ class GroupKey:
             try:
                 return [get(v) for v in raw]        # get(None) is None: no domain value is null (TOML has none)
             except TypeError:                       # an unhashable value: outside every domain
-                return [self._value_key(v) for v in raw]
+                return [self.value_key(v) for v in raw]
         cache: dict = {}
         out = []
         for v in raw:
             try:
                 k = cache[v]
             except KeyError:
-                k = cache[v] = self._value_key(v)
+                k = cache[v] = self.value_key(v)
             except TypeError:
-                k = self._value_key(v)
+                k = self.value_key(v)
             out.append(k)
         return out
 
-    def _value_key(self, value):
+    def value_key(self, value):
         if value is None:
             return None
         if self.kind == "hour":

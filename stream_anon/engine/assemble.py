@@ -61,7 +61,7 @@ def assemble_release(engine, buf, view: WindowView, release_id: str, window_star
             n_cf_ind, n_cf_rec = extra.individuals, len(extra.sensitive)
             rec_class += [ci] * n_cf_rec
             rec_sens += extra.sensitive
-            rec_tok += engine._counterfeit_tokens(release_id, cid, n_cf_rec)
+            rec_tok += engine.counterfeit_tokens(release_id, cid, n_cf_rec)
             rec_ncp += [ncp_c] * n_cf_rec
             rec_cf += [True] * n_cf_rec
         classes.append(ClassInfo(cid, gen, n_reals[ci], len(rl) + n_cf_rec, ncp_c, is_reused,

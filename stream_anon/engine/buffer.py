@@ -88,6 +88,11 @@ class Buffer:
         b._set(*(c[rows] for c in self._columns()), [self.tokens[i] for i in il], [self.sensitive[i] for i in il])
         return b
 
+    def changed_all(self) -> None:
+        """Every row changed in place (a recoding): every chunk of the state table is written again."""
+        if self._synced:
+            self._dirty.update(np.unique(self.chunk).tolist())
+
     def keep(self, rows) -> None:
         """Keep only the rows ``rows``, in that order (the others left the buffer)."""
         rows = np.asarray(rows, dtype=np.int64)

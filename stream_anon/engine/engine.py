@@ -51,7 +51,7 @@ from stream_anon.config import StreamConfig
 from stream_anon.engine.assemble import assemble_release
 from stream_anon.engine.buffer import Buffer, OpenWindows
 from stream_anon.engine.carried import CarriedWindow
-from stream_anon.engine.decide import LATE, decide_close
+from stream_anon.engine.decide import decide_close
 from stream_anon.engine.records import Records, RecordReader, SeenEvents
 from stream_anon.engine.registry import PublishedClasses
 from stream_anon.engine.release import Rejection, Release, StepResult
@@ -75,7 +75,7 @@ class ClosedWindow:
 
     ``carried`` is decoded from the window's :class:`~stream_anon.engine.carried.CarriedWindow` (``source``: it
     and the canonical order, None when that is the arrival order) when first read: a window handed to another
-    process (:mod:`stream_anon.kafka.aggregates_process`) travels as its compact chunks and is decoded there."""
+    process (:mod:`stream_anon.worker.aggregates_process`) travels as its compact chunks and is decoded there."""
 
     __slots__ = ("index", "start", "end", "late", "_carried", "_source")
 
@@ -152,7 +152,7 @@ class Engine:
         self.lineage = lineage
         self.secret = secret if secret is not None else crypto.throwaway_secret()
         self.kid = crypto.key_id(self.secret)
-        self._counterfeit_tokens = CounterfeitTokens(self.secret)
+        self.counterfeit_tokens = CounterfeitTokens(self.secret)   # the counterfeit records' tokens (assemble.py)
         self.space = QISpace(config)
         a = config.anonymization
         self.seen_events = KeyedTable(SeenEvents.FIELDS)

@@ -67,8 +67,8 @@ def recode_buffer(engine, saved: dict[int, list[str]], missing: dict[int, float]
     for qi in space.qis:
         if d in dims:
             old = saved[d]
-            lookup = qi.hierarchy._code if hasattr(qi.hierarchy, "_code") else {v: i for i, v in
-                                                                                 enumerate(qi.hierarchy.leaves)}
+            lookup = qi.hierarchy.leaf_code if hasattr(qi.hierarchy, "leaf_code") else {
+                v: i for i, v in enumerate(qi.hierarchy.leaves)}
             table = np.array([lookup.get(leaf, -1) for leaf in old] + [-1], dtype=float)
             col = X[:, d]
             was_missing = col == missing[d]
@@ -79,7 +79,7 @@ def recode_buffer(engine, saved: dict[int, list[str]], missing: dict[int, float]
             X[:, d] = np.where(new < 0, space.missing_code[d], new)
         d += qi.dims
     buf.X = X
-    _rewrite(buf)
+    buf.changed_all()
     return lost
 
 
@@ -102,11 +102,6 @@ def recheck_sensitive(engine, fields: list[str]) -> int:
                 nulled += 1
             row[i] = shown
     buf.sensitive = [tuple(r) for r in rows]
-    _rewrite(buf)
+    buf.changed_all()
     return nulled
 
-
-def _rewrite(buf) -> None:
-    """Every chunk of the buffer's state table written again (their rows changed)."""
-    if buf._synced:
-        buf._dirty.update(np.unique(buf.chunk).tolist())

@@ -363,7 +363,7 @@ def _leaf_codes(hierarchy, values) -> np.ndarray:
     """``hierarchy.codes`` of the values' text (None and unknown values: -1), as floats; one pass."""
     codes = hierarchy.codes
     try:
-        get = hierarchy._code.get
+        get = hierarchy.leaf_code.get
     except AttributeError:                                   # pragma: no cover - another hierarchy class
         return codes(None if v is None else str(v) for v in values).astype(float)
     if set(map(type, values)) == {str}:     # the usual batch: a C-level loop

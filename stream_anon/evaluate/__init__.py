@@ -21,7 +21,8 @@ Outputs (``write_outputs``): ``results.json`` (one row per dataset, strategy and
 Modules, by job: :mod:`.tables` (datasets as :class:`EvalTable`), :mod:`.batch` (anonymize, measure, the rows),
 :mod:`.report` (Markdown, plots, JSON), :mod:`.own_stream` (the streaming engine on a user's file against offline
 Mondrian), :mod:`.commands` (the bodies of ``stream-anon evaluate``), :mod:`.throughput` (input formats' events/s),
-:mod:`.stream_figures` (the demo report's attack figures). This package and :mod:`stream_anon.attacks` are the only
+:mod:`.stream_figures` (the demo report's attack figures), :mod:`.workload` (the analyst's range-count
+queries answered from published boxes). This package and :mod:`stream_anon.attacks` are the only
 ones that import an attack.
 """
 from stream_anon.evaluate.batch import (BASELINES, Anonymized, anonymize, aoi_result, evaluate, make, make_release,

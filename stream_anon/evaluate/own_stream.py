@@ -36,15 +36,15 @@ class CheckedInput:
 
 def read_own_events(config, path, framing: str = "auto", secret: bytes = EVALUATE_SECRET) -> CheckedInput:
     """The messages of a file (CSV/JSONL/binary, framed as ``stream-anon replay`` sends them) through every input
-    check the worker applies (:class:`stream_anon.kafka.input_checks.InputBatch`: size, JSON, kind and schema of
+    check the worker applies (:class:`stream_anon.worker.input_checks.InputBatch`: size, JSON, kind and schema of
     the built-in shape, or the ``[input]`` mapping; then the engine's reader: event type, privacy unit, time,
     quasi-identifier domains, ``[sensitive.domains]``, ``duplicate_event`` and ``future_event_time``), judged as
     one partition in file order (the worker judges the last two per partition)."""
     from stream_anon.engine import Engine
     from stream_anon.inputs import Decoder
     from stream_anon.inputs.files import file_messages
-    from stream_anon.kafka.input_checks import InputBatch
-    from stream_anon.kafka.stats import reason_kind
+    from stream_anon.worker.input_checks import InputBatch
+    from stream_anon.worker.stats import reason_kind
 
     messages = list(enumerate(file_messages(path, config.input, framing)))
     decoder = None if config.input.legacy else Decoder(config.input, config.limits.max_event_bytes, secret)

@@ -20,8 +20,8 @@ def format_throughput(batch: int = 1000, repeat: int = 3) -> list[dict]:
     from stream_anon.datasets import load_events
     from stream_anon.inputs import Decoder, file_messages
     from stream_anon.inputs.samples import gtfs_feeds, tesla_payloads
-    from stream_anon.kafka.core import WorkerCore
-    from stream_anon.kafka.input_checks import check_payload
+    from stream_anon.worker.core import WorkerCore
+    from stream_anon.worker.input_checks import check_payload
 
     checkout = Path(__file__).resolve().parents[2] / "configs"     # a source checkout, else the installed configs
     cfg_dir = checkout if (checkout / "inputs" / "obd2-tesla.toml").is_file() else contract.configs_dir()

@@ -1,5 +1,5 @@
 """Utility an analyst recognises (issue 29): the relative error of the analyst's workload
-(:mod:`stream_anon.metrics.workload`) on what the stream published, release by release and over the run, beside
+(:mod:`stream_anon.evaluate.workload`) on what the stream published, release by release and over the run, beside
 offline Mondrian asked the same queries about the same events, on the same windows and on the whole table; and the
 error of the DP aggregates: realized where the truth is at hand, stated (the rows' intervals) otherwise.
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from stream_anon.metrics.workload import PER_FAMILY, QuerySpace, analyst_workload, box_answers, summarize
+from stream_anon.evaluate.workload import PER_FAMILY, QuerySpace, analyst_workload, box_answers, summarize
 
 
 @dataclass
@@ -46,7 +46,7 @@ def placement_from_engine(config, events: list[dict], secret: bytes = b"evaluate
     dp = config.dp is not None and bool(config.dp.aggregates)
     aggregates = None
     if dp:
-        from stream_anon.kafka.aggregates import PartitionAggregates, needed_fields
+        from stream_anon.worker.aggregates import PartitionAggregates, needed_fields
         engine = Engine(config, partition=0, secret=secret, carried=needed_fields(config))
         aggregates = PartitionAggregates(config, 0, secret)
     else:
@@ -92,7 +92,7 @@ def _table_boxes(qs: QuerySpace, table, anon, X: np.ndarray) -> tuple[np.ndarray
 def query_error(config, placement: Placement, seed: int = 0, per_family: int = PER_FAMILY, offline: bool = True,
                 k: int | None = None) -> dict:
     """The analyst's workload on ``placement``: ``workload`` (families, queries, a few cells each), ``run`` (per
-    variant: :func:`~stream_anon.metrics.workload.summarize` over the run), ``per_release`` (per release: the
+    variant: :func:`~stream_anon.evaluate.workload.summarize` over the run), ``per_release`` (per release: the
     events it placed and, per variant, the summary over the queries with a true count in that release) and
     ``dp`` (:func:`dp_errors`). Variants: ``streaming`` (the published records), and with ``offline``
     ``offline_windows`` / ``offline_table`` (Mondrian at ``k``, default the config's, on the same events per

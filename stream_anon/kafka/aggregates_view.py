@@ -7,7 +7,7 @@ budget ledger). This view reads a stream's rows back and merges them with :func:
 Reading: a ``read_committed`` consumer from the beginning of every partition, until the topic has been quiet for
 ``idle_s`` twice in a row (:func:`stream_anon.audit.kafka_source.read_topic`), never up to the broker's end offset
 (the Tansu broker reports it wrong). A row of an aborted transaction that a broker still shows (Tansu does) is
-identical to its committed re-production (same ``row_id``, same noise: see :mod:`stream_anon.kafka.aggregates`),
+identical to its committed re-production (same ``row_id``, same noise: see :mod:`stream_anon.worker.aggregates`),
 so deduplication by ``row_id`` makes it harmless.
 """
 from __future__ import annotations

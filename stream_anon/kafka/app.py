@@ -25,14 +25,15 @@ from confluent_kafka import KafkaError, KafkaException
 from faust.app.base import BootStrategy
 from mode import Service
 
-from stream_anon import __version__, crypto, logsetup
+from stream_anon import crypto, logsetup
+from stream_anon.version import __version__
 from stream_anon import connection as kafka_connection
 from stream_anon.connection import as_connection, broker_unreachable
 from stream_anon.config import load_config
 from stream_anon.helptext import with_defaults
-from stream_anon.kafka.core import WorkerCore
+from stream_anon.worker.core import WorkerCore
 from stream_anon.kafka.loop import COMPRESSIONS, DEFAULT_COMPRESSION, SESSION_TIMEOUT_S, KafkaLoop, group_timeouts
-from stream_anon.kafka.state import MIN_PART_BYTES, PART_MAX_BYTES, checked_part_bytes
+from stream_anon.worker.state import MIN_PART_BYTES, PART_MAX_BYTES, checked_part_bytes
 from stream_anon.validation import ALLOW_OUTSIDE_FLAG, ALLOW_OUTSIDE_HELP
 from stream_anon.kafka.observe import prometheus_text, readiness
 
@@ -199,7 +200,7 @@ AGGREGATES_PROCESS = ("auto", "on", "off")
 
 
 def use_aggregates_process(choice: str) -> bool:
-    """Whether the worker releases its DP aggregates in a second process (stream_anon.kafka.aggregates_process):
+    """Whether the worker releases its DP aggregates in a second process (stream_anon.worker.aggregates_process):
     ``auto`` when the machine has a second CPU for it (on one CPU the process would only add its messages' cost)."""
     if choice not in AGGREGATES_PROCESS:
         raise ValueError(f"aggregates_process {choice!r}: one of {', '.join(AGGREGATES_PROCESS)}")

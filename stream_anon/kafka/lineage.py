@@ -9,7 +9,7 @@ repeatedly the first later one that supersedes the current one; two workers decl
 reads the topic up to a barrier it wrote after its own declaration, so it sees the one that came first). The
 **known** lineages are every declared and every superseded id.
 
-When a worker recovers a partition that has no state (:func:`stream_anon.kafka.state.choose_state` found none, or
+When a worker recovers a partition that has no state (:func:`stream_anon.worker.state.choose_state` found none, or
 halted it as ``state_topic_reset`` because the local cache knows more), it looks for **earlier lineages** of the
 stream: those its state directory's committed headers name (every app id under ``--state-dir``) and those the
 manifests on ``anon.releases`` name. Then (:func:`decide`):
@@ -291,14 +291,14 @@ class StreamLineage:
         self.topic = LineageTopic(client_config, app_id, stream)
 
     def place(self, recs: dict, send_metric=None, counters: dict | None = None, empty: set | None = None) -> None:
-        """For each :class:`~stream_anon.kafka.state.Recovery` without state (none found, or halted as
+        """For each :class:`~stream_anon.worker.state.Recovery` without state (none found, or halted as
         ``state_topic_reset``): the lineage it starts in (``rec.lineage``, ``rec.notes``), or a halt
         (``lineage_lost``; a ``state_topic_reset`` keeps its reason, with the lineage named). A lineage this worker
         declares is logged, counted (``counters["lineages_started"]``) and sent as alert ``lineage_started``
         (``send_metric``). ``empty``: the partitions whose state topic holds no record at all: releases of theirs in
         the current lineage mean their state was lost (a partition whose first transaction was aborted has that
         transaction's state record beside the releases a broker like Tansu shows of it)."""
-        from stream_anon.kafka.state import HALT_STATE_RESET, Recovery
+        from stream_anon.worker.state import HALT_STATE_RESET, Recovery
         fresh = {p: rec for p, rec in recs.items() if rec.doc is None and rec.halt in (None, HALT_STATE_RESET)}
         if not fresh:
             return

@@ -37,11 +37,11 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
     TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
-from stream_anon.kafka import state as st
-from stream_anon.kafka.core import WorkerCore
+from stream_anon.worker import state as st
+from stream_anon.worker.core import WorkerCore
 from stream_anon.kafka.lineage import StreamLineage
 from stream_anon.kafka.observe import throughput_metric
-from stream_anon.kafka.partition import ConfigChangeRefused, KeyRotationRefused
+from stream_anon.worker.partition import ConfigChangeRefused, KeyRotationRefused
 from stream_anon.kafka.retention import RetentionCheck, guard_raw_retention
 from stream_anon.kafka.state_cache import CommittedCache, read_state_logs
 from stream_anon.kafka.transactions import TXN_TIMEOUT_S, CommitThreads, InFlight, OpenTransaction, \
@@ -221,7 +221,7 @@ def input_topic_id(admin: AdminClient, topic: str) -> str | None:
 
 def prepare_topics(admin: AdminClient, core: WorkerCore, state_topic: str, part_bytes: int) -> None:
     """Before consuming: the input topic exists, the state topic has one partition per input partition, and the
-    core checks that each event arrives on its unit's partition of the input topic's (stream_anon.kafka.placement)."""
+    core checks that each event arrives on its unit's partition of the input topic's (stream_anon.worker.placement)."""
     md = admin.list_topics(timeout=30)
     if core.topic not in md.topics:
         raise RuntimeError(f"input topic {core.topic} does not exist (create it with `stream-anon topics apply`)")

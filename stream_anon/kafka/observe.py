@@ -12,8 +12,9 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from stream_anon import __version__, crypto
-from stream_anon.kafka.stats import LATENCY_BUCKETS
+from stream_anon import crypto
+from stream_anon.version import __version__
+from stream_anon.worker.stats import LATENCY_BUCKETS
 
 PREFIX = "stream_anon"
 # alerts raised once at an event (a lineage declared, an operator's step taken), not while a condition lasts

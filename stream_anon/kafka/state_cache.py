@@ -1,7 +1,7 @@
 """What a recovering worker reads besides the committed offsets: the partitions' state records up to a barrier it
 committed itself (:func:`read_to_barriers`), and the local cache of the last committed header per partition
 (:class:`CommittedCache`), which tells a broker or state topic that lost its data from a partition that never had
-any (:func:`stream_anon.kafka.state.choose_state`)."""
+any (:func:`stream_anon.worker.state.choose_state`)."""
 from __future__ import annotations
 
 import logging
@@ -12,7 +12,7 @@ from pathlib import Path
 import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from stream_anon.kafka import state as st
+from stream_anon.worker import state as st
 from stream_anon.render import json_bytes
 
 BARRIER_WAIT_S = 120           # in all, over the first read and the one after fencing again

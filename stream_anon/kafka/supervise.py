@@ -183,7 +183,7 @@ def committed_states(bootstrap: str, app_id: str, stream: str, partitions, idle_
     """Each partition's committed state: its core with its tables (name -> (keys, rows)) under ``tables`` (read
     back as a recovering worker would, for tests and benchmarks of a stopped worker: the state topic is read until
     idle rather than to a barrier)."""
-    from stream_anon.kafka import state as st
+    from stream_anon.worker import state as st
 
     topic = st.state_topic(app_id)
     markers = committed_offsets(bootstrap, app_id, topic, partitions)

@@ -220,12 +220,12 @@ def shared_topic_defs(defs: dict[str, TopicDef] | None = None) -> dict[str, Topi
 
 def state_topic_def(config, app_id: str, defs: dict[str, TopicDef] | None = None) -> TopicDef:
     """The state topic of the worker ``app_id`` of ``config``'s stream, as that worker creates it when it is
-    missing (stream_anon.kafka.state: compacted, ``max.message.bytes`` for its values), one partition per input
+    missing (stream_anon.worker.state: compacted, ``max.message.bytes`` for its values), one partition per input
     partition."""
-    from stream_anon.kafka.state import STATE_TOPIC_CONFIG, state_topic
+    from stream_anon.worker.state import STATE_TOPIC_CONFIG, state_topic
 
     return TopicDef(state_topic(app_id), input_partitions(config, defs)[0],
-                    value="the worker's state records (stream_anon.kafka.state)", configs=dict(STATE_TOPIC_CONFIG))
+                    value="the worker's state records (stream_anon.worker.state)", configs=dict(STATE_TOPIC_CONFIG))
 
 
 def apply_plan(defs: dict[str, TopicDef], configs=(), app_id: str | None = None) -> dict[str, TopicDef]:

@@ -16,7 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from stream_anon.kafka import state as st
+from stream_anon.worker import state as st
 
 client_log = logging.getLogger("stream_anon.kafka.client")
 
@@ -56,7 +56,7 @@ def produce_all(prod: Producer, messages: list) -> None:
 
 def fence_and_barrier(prod: Producer, state_topic: str, stream: str, partition: int) -> bytes:
     """Initialize the partition's transactional producer (fences a zombie, ends a transaction it left open) and
-    commit a barrier with a fresh nonce to the state partition (kafka/state.py: how far recovery reads)."""
+    commit a barrier with a fresh nonce to the state partition (worker/state.py: how far recovery reads)."""
     prod.init_transactions(TXN_TIMEOUT_S)
     nonce = uuid.uuid4().hex.encode()
     prod.begin_transaction()

@@ -8,7 +8,7 @@ leaves under a node, or the overlap of a released interval). Relative error |est
 
 These random queries follow the paper's protocol on a whole-table release (``stream-anon evaluate``'s
 ``count_query_error``). The questions an analyst of a stream asks (area x hour, station x hour, product x day, per
-release) are :mod:`stream_anon.metrics.workload`: the same uniform-spread estimate on the published boxes.
+release) are :mod:`stream_anon.evaluate.workload`: the same uniform-spread estimate on the published boxes.
 
 >>> import pandas as pd
 >>> orig = pd.DataFrame({"n": [1, 2, 3, 4]})

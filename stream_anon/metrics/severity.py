@@ -11,14 +11,8 @@ from typing import Iterable, Mapping
 import numpy as np
 import pandas as pd
 
-# Table 1 of the paper (guideline sentence as weight) and Example 2 (Murder).
-CRIME_SEVERITY = {"Embezzlement": 3, "Disorderly Conduct": 3, "Theft": 5, "Drunken Driving": 5,
-                  "Robbery": 7, "Murder": 25}
-
-
-def k_min(k_cons: int, severities: Iterable[float]) -> int:
-    """k_min = max(k_cons, min S_D) (Eq. 4): the global minimum class size."""
-    return int(max(k_cons, min(severities)))
+# the paper's Table 1 and its Eq. 4 belong to the severity rule (criteria, the lower layer); re-exported here
+from stream_anon.criteria.severity import CRIME_SEVERITY, k_min  # noqa: F401
 
 
 def severity_penalty(severity: float, class_size: int) -> float:

@@ -107,7 +107,6 @@ def test_multiple_requirements_and_individuals():
 
 def test_engine_adapter_guarantees_k_individuals():
     assert "heuristicmin" in STRATEGIES
-    from stream_anon.strategies.heuristicmin import HeuristicMin
 
     class Space:   # two numeric dimensions
         lower = np.array([0.0, 0.0]); upper = np.array([100.0, 10.0]); width = upper - lower

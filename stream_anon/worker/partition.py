@@ -9,7 +9,7 @@ written under, :mod:`stream_anon.guarantees`), "settings_changes" (accepted chan
 (what the next manifest must say: ``lineage_started``, ``key_rotated``), "flush_pending", "written_at", "engine":
 <engine core>, "dp": <aggregates core>}`` and the tables ``engine/<table>``
 (:meth:`stream_anon.engine.Engine.state_tables`), ``dp/<table>`` (the DP aggregates',
-:class:`stream_anon.kafka.aggregates.PartitionAggregates`) and ``qi/leaves`` (each hierarchy quasi-identifier's
+:class:`stream_anon.worker.aggregates.PartitionAggregates`) and ``qi/leaves`` (each hierarchy quasi-identifier's
 leaves in code order, what the buffered records are coded with: :class:`stream_anon.engine.recode.QILeaves`).
 
 An accepted configuration change (``--accept-config-change``) is applied when the partition is opened
@@ -27,13 +27,15 @@ from dataclasses import dataclass, field
 from stream_anon import checkpoint, crypto, guarantees
 from stream_anon.engine import Engine
 from stream_anon.engine.recode import QILeaves, recheck_sensitive, recode_buffer
-from stream_anon.kafka.state import MAX_CHAIN
+from stream_anon.worker.state import MAX_CHAIN
 
 log = logging.getLogger("stream_anon.worker")
 
 STATE_VERSION = 4              # 4: the lineage in every state record (3: one state model, engine/ and dp/ tables)
-ENGINE, DP = "engine/", "dp/"  # prefixes of the parts' tables in a partition's state record
-QI = "qi/"                     # the hierarchies' leaves the buffered records are coded with (engine/recode.py)
+# the parts of a partition's state record; their tables are named <part>/<table> (checkpoint.Composite's layout).
+# qi: the hierarchies' leaves the buffered records are coded with (engine/recode.py)
+ENGINE_PART, QI_PART, DP_PART = "engine", "qi", "dp"
+ENGINE, QI, DP = (part + checkpoint.SEPARATOR for part in (ENGINE_PART, QI_PART, DP_PART))
 
 
 @dataclass
@@ -42,7 +44,7 @@ class PartitionState:
     its committed chain of state records."""
     partition: int
     engine: Engine
-    dp: object = None              # stream_anon.kafka.aggregates.PartitionAggregates (or its process proxy)
+    dp: object = None              # stream_anon.worker.aggregates.PartitionAggregates (or its process proxy)
     offset: int = -1               # last input offset whose effects are in the state (-1: none)
     seq: int = 0                   # committed state transactions of this partition (0: none)
     input_topic_id: str | None = None
@@ -85,11 +87,16 @@ class PartitionState:
             doc["dp"] = self.dp.state_core() if dp_core is None else dp_core
         return doc
 
+    def local_parts(self) -> checkpoint.Composite:
+        """The parts whose state lives in this process as one Checkpointable: the engine and the hierarchies'
+        leaves (tables ``engine/...``, ``qi/...``). The DP aggregates' part comes in one piece (``dp/...``,
+        :meth:`record`): they may live in another process."""
+        return checkpoint.Composite({ENGINE_PART: self.engine, QI_PART: self.leaves})
+
     def full_tables(self) -> dict:
-        """Every table of the partition in full: the engine's (``engine/``) and the aggregates'."""
-        _, tables = checkpoint.full_state(self.engine)
-        out = {ENGINE + name: t for name, t in tables.items()}
-        out.update({QI + name: t for name, t in checkpoint.full_state(self.leaves)[1].items()})
+        """Every table of the partition in full: the engine's (``engine/``), the leaves' (``qi/``) and the
+        aggregates' (``dp/``)."""
+        _, out = checkpoint.full_state(self.local_parts())
         if self.dp is not None:
             out.update({DP + name: t for name, t in self.dp.full_tables().items()})
         return out
@@ -103,15 +110,15 @@ class PartitionState:
         # the aggregates' part in one piece (from the aggregates process: sent with the batch's releases)
         dp_core, dp_changes, dp_rows = self.dp.record_state() if self.dp is not None else (None, {}, 0)
         doc = self.core_doc(stream, input_topic, seq, offset, flush_pending, dp_core)
-        changes = {ENGINE + name: c for name, c in checkpoint.changes(self.engine).items()}
-        changes.update({QI + name: c for name, c in checkpoint.changes(self.leaves).items()})
+        local = self.local_parts()
+        changes = checkpoint.changes(local)
         if dp_changes is None:          # the aggregates' changes since the last record are not known: in full
             return checkpoint.StateRecord.full_of(doc, self.full_tables())
         changes.update({DP + name: c for name, c in dp_changes.items()})
         rec = checkpoint.StateRecord(doc, changes, full=self.next_full)
         if not rec.full:
             chained = sum(r.rows for r in self.chain[1:]) + rec.rows
-            if chained > checkpoint.table_rows(self.engine) + len(self.leaves.table) + dp_rows \
+            if chained > checkpoint.table_rows(local) + dp_rows \
                     or len(self.chain) >= MAX_CHAIN:
                 rec = checkpoint.StateRecord.full_of(doc, self.full_tables())
         return rec

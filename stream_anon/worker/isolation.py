@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from stream_anon.kafka import state as st
+from stream_anon.worker import state as st
 
 log = logging.getLogger("stream_anon.worker")
 
@@ -14,7 +14,7 @@ MAX_FAILURES = 64      # failed attempts per batch; beyond, a failing part is de
 
 
 def isolate(core, ps, events: list, offsets: list, out, first: Exception) -> None:
-    """``core`` (a :class:`~stream_anon.kafka.core.WorkerCore`): the batch failed as a whole: go back to the state before it (the last committed state,
+    """``core`` (a :class:`~stream_anon.worker.core.WorkerCore`): the batch failed as a whole: go back to the state before it (the last committed state,
     ``ps.chain``) and split the batch in halves, processed in order, each part from a snapshot of the state before
     it, until the events that fail alone are found (``TRIES`` attempts each); those are
     dead-lettered with ``processing error: <exception class>``. Output does not depend on how input is cut
@@ -23,7 +23,7 @@ def isolate(core, ps, events: list, offsets: list, out, first: Exception) -> Non
     log.error("partition %s: batch of %d events failed (%s); isolating the culprit(s)", ps.partition,
               len(events), type(first).__name__)
     out.pending.clear()
-    core._restore(ps, *ps.committed_state())
+    core.restore(ps, *ps.committed_state())
     waited, ps.wait_for_aggregates = ps.wait_for_aggregates, True     # a part's failure must show in its attempt
     try:
         _isolate_parts(core, ps, events, offsets, out)
@@ -38,16 +38,16 @@ def _isolate_parts(core, ps, events: list, offsets: list, out) -> None:
         snap, mark = ps.snapshot(core.stream, core.topic), len(out.messages)
         counts = dict(out.counts)
         try:
-            core._attempt(ps, events, offsets, idx, out)
+            core.attempt(ps, events, offsets, idx, out)
             return
         except Exception as exc:   # noqa: BLE001
             failures += 1
             del out.messages[mark:]
             out.counts.update(counts)
-            core._restore(ps, *st.resolve_chain([snap.as_written()]))
+            core.restore(ps, *st.resolve_chain([snap.as_written()]))
             if failures > MAX_FAILURES:
                 for i in idx:
-                    core._deadletter(out, f"processing error: {type(exc).__name__} (isolation gave up after "
+                    core.deadletter(out, f"processing error: {type(exc).__name__} (isolation gave up after "
                                           f"{failures} failed attempts)", ps.partition, offsets[i],
                                      event=events[i])
             elif len(idx) > 1:
@@ -58,7 +58,7 @@ def _isolate_parts(core, ps, events: list, offsets: list, out) -> None:
                 run(idx, tries + 1)
             else:
                 isolated += 1
-                core._deadletter(out, f"processing error: {type(exc).__name__}", ps.partition, offsets[idx[0]],
+                core.deadletter(out, f"processing error: {type(exc).__name__}", ps.partition, offsets[idx[0]],
                                  event=events[idx[0]])
 
     run(list(range(len(events))))

@@ -255,7 +255,7 @@ def choose_state(states, marker: int | None, committed_input: int | None,
     settings in force (:func:`stream_anon.guarantees.settings`): a state written under others is resumed only when
     ``accept_config_change`` (the changes are then listed in ``Recovery.changes``), else the partition halts with
     them; ``rotate_from``: the key id of the previous secret (``--rotate-key``): a state written under it is resumed
-    under the worker's key (``Recovery.rotated_from``; :func:`stream_anon.kafka.partition.check_rotation` decides
+    under the worker's key (``Recovery.rotated_from``; :func:`stream_anon.worker.partition.check_rotation` decides
     whether it can be).
 
     >>> choose_state([], None, None).doc is None, choose_state([], None, None).halt

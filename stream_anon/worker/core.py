@@ -21,13 +21,13 @@ from dataclasses import dataclass, field
 
 from stream_anon.inputs import Decoder
 from stream_anon import guarantees
-from stream_anon.kafka import aggregates, placement
-from stream_anon.kafka import state as st
-from stream_anon.kafka.input_checks import InputBatch
-from stream_anon.kafka.isolation import isolate
-from stream_anon.kafka.partition import PartitionState, open_partition
+from stream_anon.worker import aggregates, placement
+from stream_anon.worker import state as st
+from stream_anon.worker.input_checks import InputBatch
+from stream_anon.worker.isolation import isolate
+from stream_anon.worker.partition import PartitionState, open_partition
 from stream_anon.render import TOPICS, Renderer, json_bytes
-from stream_anon.kafka.stats import WorkerStats, batch_counts
+from stream_anon.worker.stats import WorkerStats, batch_counts
 
 log = logging.getLogger("stream_anon.worker")
 
@@ -61,7 +61,7 @@ def new_messages(msgs, last: int) -> tuple[list, int, int]:
 
 class WorkerCore:
     """Everything the worker does between reading input and writing output, for the partitions it owns: each
-    partition's pipeline (:class:`~stream_anon.kafka.partition.PartitionState`), the batch's input decoding, its
+    partition's pipeline (:class:`~stream_anon.worker.partition.PartitionState`), the batch's input decoding, its
     rendering (:class:`~stream_anon.render.Renderer`), failure isolation and the worker's counters."""
 
     def __init__(self, config, app_id: str, secret: bytes, flush_when_idle_s: float | None = None,
@@ -81,17 +81,17 @@ class WorkerCore:
         self.placement: placement.UnitPlacement | None = None
         # [input] mapping (stream_anon.inputs); None: the built-in JSON shape, checked by check_payloads
         self.decoder = None if config.input.legacy else Decoder(config.input, config.limits.max_event_bytes, secret)
-        # the DP aggregates in a child process (stream_anon.kafka.aggregates_process); their rows are then collected
+        # the DP aggregates in a child process (stream_anon.worker.aggregates_process); their rows are then collected
         # by complete() before a batch's output is written
         self.aggregates_process = None
         if aggregates_process and config.dp is not None and config.dp.aggregates:
-            from stream_anon.kafka.aggregates_process import AggregatesProcess
+            from stream_anon.worker.aggregates_process import AggregatesProcess
             self.aggregates_process = AggregatesProcess(config, secret, json_bytes, setup=aggregates_setup,
                                                         serve=aggregates_serve)
 
     def check_placement(self, n_partitions: int) -> None:
         """From now on, check that each event's privacy unit belongs on the partition it arrives on, of an input
-        topic of ``n_partitions`` (stream_anon.kafka.placement). Refuses DP aggregates whose unit is not the
+        topic of ``n_partitions`` (stream_anon.worker.placement). Refuses DP aggregates whose unit is not the
         stream's privacy unit on more than one partition: their units could span partitions, each partition's
         ledger charging them apart."""
         dp = self.config.dp
@@ -106,7 +106,7 @@ class WorkerCore:
     # ---- partitions
     def open_partition(self, partition: int, doc: dict | None = None, tables: dict | None = None,
                        base_seq: int | None = None, **options) -> PartitionState:
-        """:func:`stream_anon.kafka.partition.open_partition` of this worker's configuration, registered
+        """:func:`stream_anon.worker.partition.open_partition` of this worker's configuration, registered
         (``options``: its ``accepted_changes``, ``lineage``, ``notes``, ``rotated_from``)."""
         ps = open_partition(self.config, self.secret, partition, self._aggregates, doc, tables, base_seq, **options)
         self.parts[partition] = ps
@@ -152,7 +152,7 @@ class WorkerCore:
         batch = InputBatch(fresh, self.config, self.decoder, self.topic, ps.partition)
         out.counts["events_in"] += batch.n
         for source, reason, raw, event, opaque in batch.rejected:
-            self._deadletter(out, reason, ps.partition, source, raw=raw, event=event, opaque=opaque)
+            self.deadletter(out, reason, ps.partition, source, raw=raw, event=event, opaque=opaque)
         out.last_offset = last
         if batch.events and self.placement is not None:
             self._misplaced(ps, batch, out)
@@ -185,10 +185,10 @@ class WorkerCore:
 
     def _misplaced(self, ps: PartitionState, batch: InputBatch, out: BatchOutput) -> None:
         """Dead-letter the events whose privacy unit belongs on another partition, before the engine and the
-        aggregates see them (:mod:`stream_anon.kafka.placement`); one alert per batch that had any."""
+        aggregates see them (:mod:`stream_anon.worker.placement`); one alert per batch that had any."""
         wrong = self.placement.take_misplaced(batch, ps.partition)
         for source, event, reason in wrong:
-            self._deadletter(out, reason, ps.partition, source, event=event)
+            self.deadletter(out, reason, ps.partition, source, event=event)
         if wrong:
             topic, key, alert = self.render.alert(placement.WRONG_PARTITION, ps.partition, events=len(wrong),
                                                   partitions=self.placement.n_partitions)
@@ -199,27 +199,27 @@ class WorkerCore:
                         columns: dict | None = None) -> None:
         """Reader, engine and output of a batch's checked events (``columns``: their fields as the input checks
         read them, or None). If this raises, no event is lost and the partition does not stop: see
-        :func:`stream_anon.kafka.isolation.isolate`."""
+        :func:`stream_anon.worker.isolation.isolate`."""
         first, counts = len(out.messages), dict(out.counts)
         try:
-            self._attempt(ps, events, offsets, range(len(events)), out, columns)
+            self.attempt(ps, events, offsets, range(len(events)), out, columns)
         except Exception as exc:   # noqa: BLE001 - one event never stops the partition
             del out.messages[first:]          # the failed attempt leaves neither messages nor counts behind
             out.counts.update(counts)
             out.releases.clear()
             isolate(self, ps, events, offsets, out, exc)
 
-    def _attempt(self, ps: PartitionState, events: list, offsets: list, idx, out: BatchOutput,
-                 columns: dict | None = None) -> None:
+    def attempt(self, ps: PartitionState, events: list, offsets: list, idx, out: BatchOutput,
+                columns: dict | None = None) -> None:
         """``columns``: of all ``events``, given only when ``idx`` is all of them."""
         idx = list(idx)
         part = events if len(idx) == len(events) else [events[i] for i in idx]
         records, rejected = ps.engine.read(part, columns)
         for j, reason in rejected:
-            self._deadletter(out, reason, ps.partition, offsets[idx[j]], event=part[j])
+            self.deadletter(out, reason, ps.partition, offsets[idx[j]], event=part[j])
         self._emit(ps, ps.engine.process_records(records), out, aggregates.closed_through(ps.engine))
 
-    def _restore(self, ps: PartitionState, doc: dict | None, tables: dict) -> None:
+    def restore(self, ps: PartitionState, doc: dict | None, tables: dict) -> None:
         """Put the partition back into the state of ``doc`` and ``tables`` (None: a new partition), keeping its
         bookkeeping (committed chain, offsets)."""
         fresh = self.open_partition(ps.partition, doc, tables)
@@ -240,13 +240,10 @@ class WorkerCore:
             self.stats.release(rel, alerts)
         if ps.dp is not None and (result.windows or aggregates.behind(ps.dp, through)):
             released = ps.dp.messages(result.windows, json_bytes, TOPICS.metrics, through)
-            if self.aggregates_process is None:
-                msgs_dp, n = released
-            elif not ps.wait_for_aggregates:
+            if not (released.done or ps.wait_for_aggregates):
                 out.pending.append((len(out.messages), released))      # collected by complete()
                 return
-            else:
-                msgs_dp, n = released.result()
+            msgs_dp, n = released.result()
             out.messages.extend(msgs_dp)
             out.counts["aggregate_rows"] += n
 
@@ -263,7 +260,7 @@ class WorkerCore:
         except Exception as exc:   # noqa: BLE001 - one event never stops the partition
             log.error("partition %s: the aggregates process failed on the batch (%s); processing it again, "
                       "waiting for each release", ps.partition, type(exc).__name__)
-            self._restore(ps, *ps.committed_state())
+            self.restore(ps, *ps.committed_state())
             self.stats.batch(out.counts, sign=-1)    # the batch is accounted again when it runs again
             ps.events_in -= out.counts["events_in"]
             ps.wait_for_aggregates = True
@@ -278,8 +275,8 @@ class WorkerCore:
             self.stats.totals["aggregate_rows"] += n
         return out
 
-    def _deadletter(self, out: BatchOutput, reason: str, partition: int, source, raw=None, event=None,
-                    opaque: bool = False) -> None:
+    def deadletter(self, out: BatchOutput, reason: str, partition: int, source, raw=None, event=None,
+                   opaque: bool = False) -> None:
         """``source``: the input offset, or (offset, index) of one event of a multi-event message."""
         offset, index = source if isinstance(source, tuple) else (source, None)
         ps = self.parts.get(partition)
@@ -328,7 +325,7 @@ class WorkerCore:
         return rec
 
     def dp_clock_through(self) -> int | None:
-        """:func:`stream_anon.kafka.aggregates.clock_through` of this worker's partitions."""
+        """:func:`stream_anon.worker.aggregates.clock_through` of this worker's partitions."""
         return aggregates.clock_through(self.config.dp, [ps.engine for ps in self.parts.values()])
 
     def idle_due_at(self, not_before: float = -math.inf) -> float:

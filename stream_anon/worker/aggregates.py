@@ -14,14 +14,14 @@ their budgets compose in parallel: McSherry, PINQ, SIGMOD 2009, Theorem 4):
 - **State**: :class:`PartitionAggregates` is a :class:`~stream_anon.checkpoint.Checkpointable` of two parts, the
   aggregator and its ledger (core ``{"aggregator": ..., "ledger": ...}``, the keyed table
   ``aggregator/unit_windows`` in period mode), written in the same Kafka transaction as the rows that spend the
-  ledger (stream_anon.kafka.state).
+  ledger (stream_anon.worker.state).
 - **Restarts**: the worker re-processes input after its committed state. The re-closed windows find their
   reservations in the ledger (idempotent: nothing is spent twice) and get the same noise, because the noise
   seed is ``HMAC(stream secret, stream, partition)`` and each window's generator ``HMAC(seed, aggregate,
   component, output, window)`` (:func:`stream_anon.crypto.dp_noise_seed`). A re-produced row is identical to the
   first copy (same ``row_id``); consumers dedupe by ``row_id``.
 
-Outputs: rows for ``anon.aggregates`` (see :meth:`PartitionAggregates.aggregate_row`), and for ``anon.metrics``
+Outputs: rows for ``anon.aggregates`` (written by :class:`stream_anon.dp.release.RowWriter`), and for ``anon.metrics``
 one ``dp_window`` event per closed window (contribution cuts, out-of-domain and missing events, epsilon spent)
 plus a ``budget_exhausted`` event when the ledger stops an aggregate.
 """
@@ -85,23 +85,31 @@ def behind(dp, through: int | None) -> bool:
     return last is not None and through > last
 
 
-def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, timezone.utc).isoformat()
-
-
 AGGREGATES_TOPIC = topics().aggregates
 
 
-class _IsoCache(dict):
-    """Window index -> ISO-8601 UTC time of the window's start, computed once."""
+class Pending:
+    """What a partition batch's DP release gives, ``(messages, aggregate rows)``, on both paths: ready at once in
+    the worker's process (:meth:`ready`), or filled in when the aggregates process replies
+    (:mod:`stream_anon.worker.aggregates_process`; :meth:`result` waits for it)."""
 
-    def __init__(self, window_s: float):
-        super().__init__()
-        self.window_s = window_s
+    __slots__ = ("_owner", "done", "value", "error")
 
-    def __missing__(self, w: int) -> str:
-        self[w] = value = _iso(w * self.window_s)
-        return value
+    def __init__(self, owner=None):
+        self._owner, self.done, self.value, self.error = owner, False, None, None
+
+    @classmethod
+    def ready(cls, value) -> "Pending":
+        out = cls()
+        out.done, out.value = True, value
+        return out
+
+    def result(self):
+        if not self.done:
+            self._owner.wait(self)
+        if self.error is not None:
+            raise self.error
+        return self.value
 
 
 class PartitionAggregates:
@@ -123,7 +131,7 @@ class PartitionAggregates:
     ``aggregator/unit_windows``: the unit's keyed 64-bit id or hash -> windows it used in the period, one column per
     aggregate (a new period deletes them all); :meth:`load_state` on aggregates just built. For the worker's state
     records, :meth:`record_state` and :meth:`full_tables` give the same as copies (the aggregates may live in
-    another process: :mod:`stream_anon.kafka.aggregates_process`).
+    another process: :mod:`stream_anon.worker.aggregates_process`).
     """
 
     def __init__(self, config, partition: int, secret: bytes, lineage: str | None = None):
@@ -139,11 +147,13 @@ class PartitionAggregates:
         # imported here: diffprivlib (with scikit-learn) loads only in a worker whose stream has DP aggregates,
         # ~0.6 s of every other worker's start
         from stream_anon.dp import BudgetLedger, DPAggregator
+        from stream_anon.dp.release import RowWriter
         self.ledger = BudgetLedger(None, self.dp.epsilon_budget)
         seed = crypto.dp_noise_seed(secret, self.stream, self.partition, lineage)
         self.aggregator = DPAggregator(self.dp, self.ledger, seed, stream=self.stream,
                                        unit_ids=unit_ids_carried(config))
         self._parts = checkpoint.Composite({"aggregator": self.aggregator, "ledger": self.ledger})
+        self.rows = RowWriter(self.stream, self.partition, lineage, self.window_s, self.ledger)
         self.carried = needed_fields(config)          # what the engine must carry
 
     def close_windows(self, windows, through: int | None = None) -> tuple[list[dict], list[dict]]:
@@ -153,27 +163,27 @@ class PartitionAggregates:
         rows: list[dict] = []
         metrics: list[dict] = []
         for released, spent, iso in self._releases(windows, through, metrics):
-            rows.extend(self.aggregate_row(r, spent[r["window"]], iso) for block in released for r in block.rows())
+            rows.extend(self.rows.row(r, spent[r["window"]], iso) for block in released for r in block.rows())
         return rows, metrics
 
-    def messages(self, windows, dumps, metrics_topic: str, through: int | None = None) -> tuple[list, int]:
+    def messages(self, windows, dumps, metrics_topic: str, through: int | None = None) -> Pending:
         """The worker's entry point for one partition batch: ``(topic, key, value)`` messages of the closed
-        ``windows`` and the number of aggregate rows. ``through``: the schedule's clock, the last window that can
-        hold no more events; every window up to it that no closed window brought is released empty, so that which
-        rows exist follows the clock, not the data (:meth:`stream_anon.dp.DPAggregator.advance_through`). The
-        values are :meth:`close_windows`' rows serialized; a release's fields common to its rows are serialized
-        once (the rows of a window are ~1 KB each, one per cell of the domain; ~300 per window of a partition of
-        the Oyster stream)."""
+        ``windows`` and the number of aggregate rows, ready (:class:`Pending`). ``through``: the schedule's
+        clock, the last window that can hold no more events; every window up to it that no closed window brought
+        is released empty, so that which rows exist follows the clock, not the data
+        (:meth:`stream_anon.dp.DPAggregator.advance_through`). The values are :meth:`close_windows`' rows
+        serialized; a release's fields common to its rows are serialized once (the rows of a window are ~1 KB
+        each, one per cell of the domain; ~300 per window of a partition of the Oyster stream)."""
         key = self.stream.encode()
         out: list = []
         metrics: list[dict] = []
         n = 0
         for released, spent, iso in self._releases(windows, through, metrics):
-            values = self._row_values(released, spent, iso, dumps)
+            values = self.rows.values(released, spent, iso, dumps)
             n += len(values)
             out.extend([(AGGREGATES_TOPIC, key, value) for value in values])
         out.extend((metrics_topic, key, dumps(m)) for m in metrics)
-        return out, n
+        return Pending.ready((out, n))
 
     @property
     def released_through(self) -> int | None:
@@ -188,20 +198,20 @@ class PartitionAggregates:
         if through is not None and last is not None and through > last:
             yield self._close(None, through, metrics)
 
-    def _close(self, index: int | None, carried, metrics: list) -> tuple[list, dict, "_IsoCache"]:
+    def _close(self, index: int | None, carried, metrics: list) -> tuple[list, dict, dict]:
         """Release window ``index`` with its carried fields (``index`` None: every window through ``carried``,
         empty): the aggregator's releases (``ReleasedCells``), the ledger's total through each window they cover,
         and the window start times; appends the metric events to ``metrics``. A window the clock already released
         (an idle flush released its period) is not released again: its events are counted as ``after_release``."""
         from stream_anon.dp.columns import WindowColumns
-        from stream_anon.dp.release import ReleasedCells
+        from stream_anon.dp.release import ReleasedCells, iso_time
         last, start = self.aggregator.released_through, self.dp.start_window
         if index is not None and last is not None and index <= last and (start is None or index >= start):
             n = len(next(iter(carried.values()), ())) if carried else 0
             self.aggregator.metrics["after_release"] += n
             metrics.append({"type": "dp_window", "stream": self.stream, "window": index, "events": n,
                             "after_release": n, "partition": self.partition, "ts": _now_iso()})
-            return [], {}, _IsoCache(self.window_s)
+            return [], {}, self.rows.window_starts()
         if index is None:
             out = self.aggregator.advance_through(carried)
         else:
@@ -218,46 +228,11 @@ class PartitionAggregates:
         wm = self.aggregator.window_metrics
         if wm:
             metrics.append({**wm, "partition": self.partition, "ts": now,
-                            "window_start": _iso(wm["window"] * self.window_s),
-                            "window_end": _iso((wm["window"] + 1) * self.window_s),
+                            "window_start": iso_time(wm["window"] * self.window_s),
+                            "window_end": iso_time((wm["window"] + 1) * self.window_s),
                             "epsilon_spent": self.ledger.spent, "epsilon_budget": self.ledger.epsilon_budget})
         self.aggregator.window_metrics = {}
-        return released, spent, _IsoCache(self.window_s)
-
-    def _row_fields(self, r: dict, spent_through: float, iso: _IsoCache) -> dict:
-        """The fields this layer adds to an aggregator row (all but ``row_id`` are the release's)."""
-        lineage = {"lineage": self.lineage} if self.lineage else {}
-        return {**lineage, "partition": self.partition, "window_start": iso[r.get("span_start_window", r["window"])],
-                "window_end": iso[r["window"] + 1], "ledger_epsilon_spent": spent_through,
-                # the budget in force at the release (a gap window released with a later one may be of a period
-                # whose budget an accepted change has since raised: stream_anon.dp.transition)
-                "ledger_epsilon_budget": r.get("ledger_epsilon_budget", self.ledger.epsilon_budget)}
-
-    def _row_id_prefix(self, r: dict) -> str:
-        # release: "<window>", or "<window>~<n>" for a paid re-release of a window re-closed with other content
-        lineage = f"{self.lineage}/" if self.lineage else ""
-        return f"{self.stream}/{lineage}p{self.partition}/{r['aggregate']}/{r['output']}/w{r['release']}/"
-
-    def aggregate_row(self, r: dict, spent_through: float, iso=None) -> dict:
-        """One ``anon.aggregates`` value: the aggregator's row plus partition, window bounds, the ledger's total
-        through this window, and ``row_id`` (dedupe key: a re-produced row is identical). ``iso``: window index ->
-        ISO time of its start (a window's rows share a few)."""
-        iso = _IsoCache(self.window_s) if iso is None else iso
-        row = {**r, **self._row_fields(r, spent_through, iso)}
-        row["row_id"] = self._row_id_prefix(r) + r["group_key"]
-        return row
-
-    def _row_values(self, released: list, spent: dict, iso: _IsoCache, dumps) -> list[bytes]:
-        """:meth:`aggregate_row` of each row of the releases, serialized: per release its fields once, then
-        each cell's (``ReleasedCells.cell_fragments``) and ``row_id``."""
-        values = []
-        for block in released:
-            common = block.common
-            head = dumps({**common, **self._row_fields(common, spent[common["window"]], iso)})[:-1] + b","
-            id_head = b',"row_id":' + dumps(self._row_id_prefix(common))[:-1]     # a JSON string, still open
-            values.extend([head + cell + id_head + key + b"}"
-                           for cell, key in zip(block.cell_fragments(dumps), block.labels.key_tails)])
-        return values
+        return released, spent, self.rows.window_starts()
 
     def budget_view(self):
         """(the ledger, the aggregator's :class:`~stream_anon.dp.outlook.AggregatorPosition`): what

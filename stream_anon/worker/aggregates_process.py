@@ -5,7 +5,7 @@ Why: the worker's loop is one thread on one core; on the 2-core machine of the b
 (cells, contribution bounds, noise, ledger, rows: ~3.5 us of CPU per event of the Oyster stream) cost the DP run
 a fifth of its throughput. In a child process that work runs beside the engine's instead of after it.
 
-What does not change: the aggregates of a partition are the same :class:`~stream_anon.kafka.aggregates.
+What does not change: the aggregates of a partition are the same :class:`~stream_anon.worker.aggregates.
 PartitionAggregates` object, only living in the child; every row, ledger entry and state record is the one the
 worker computes without the child (``tests/test_aggregates_process.py`` compares them byte for byte); the
 partition's DP state still goes into the same Kafka transaction as its output and offsets (the loop asks the child
@@ -34,6 +34,9 @@ import queue
 import sys
 import traceback
 
+from stream_anon.worker import aggregates
+from stream_anon.worker.aggregates import Pending
+
 log = logging.getLogger("stream_anon.worker")
 
 POLL_S = 1.0          # how often a waiting side checks that the other process is still there
@@ -50,24 +53,8 @@ class RemoteError(RuntimeError):
     """An exception raised in the child that could not be sent back as itself."""
 
 
-class Pending:
-    """The reply to one request, filled in when it arrives (:meth:`result` waits for it)."""
-
-    __slots__ = ("_owner", "done", "value", "error")
-
-    def __init__(self, owner: "AggregatesProcess"):
-        self._owner, self.done, self.value, self.error = owner, False, None, None
-
-    def result(self):
-        if not self.done:
-            self._owner._wait(self)
-        if self.error is not None:
-            raise self.error
-        return self.value
-
-
 class AggregatesProcess:
-    """The child process holding the :class:`~stream_anon.kafka.aggregates.PartitionAggregates` of the worker's
+    """The child process holding the :class:`~stream_anon.worker.aggregates.PartitionAggregates` of the worker's
     partitions; :meth:`open` gives a partition's :class:`RemoteAggregates`. Used from one thread (the loop's).
 
     ``dumps``: the worker's serializer of the rows (bytes); ``setup``: called in the child first (the worker's
@@ -113,7 +100,7 @@ class AggregatesProcess:
             init.result()
         return reply.result()
 
-    def _wait(self, reply: Pending) -> None:
+    def wait(self, reply: Pending) -> None:
         while not reply.done:
             try:
                 status, value = pickle.loads(self._replies.get(timeout=POLL_S))
@@ -153,8 +140,8 @@ class AggregatesProcess:
 
 class RemoteAggregates:
     """A partition's aggregates held by the child: the interface ``WorkerCore`` uses of
-    :class:`~stream_anon.kafka.aggregates.PartitionAggregates`, where :meth:`messages` returns a
-    :class:`Pending` of its result."""
+    :class:`~stream_anon.worker.aggregates.PartitionAggregates`, whose :meth:`messages` returns the same
+    :class:`~stream_anon.worker.aggregates.Pending`, filled in when the child replies."""
 
     def __init__(self, process: AggregatesProcess, config, partition: int, carried: tuple, core: dict | None):
         self.process, self.partition, self.carried = process, partition, tuple(carried)
@@ -244,7 +231,6 @@ class RemoteAggregates:
 # ---- the child --------------------------------------------------------------------------------------------------
 def serve_requests(requests, replies) -> None:
     """The child's loop: one request at a time, one reply each, until ``stop`` or the parent is gone."""
-    from stream_anon.kafka import aggregates
     parent = multiprocessing.parent_process()
     replies.cancel_join_thread()        # a parent that is gone reads no reply: exit without waiting to send it
     # the queue's thread sends each reply while the next release computes: it gets the GIL within 1 ms, not 5
@@ -277,7 +263,7 @@ def serve_requests(requests, replies) -> None:
                 value = parts[p].carried
             elif op == "release":
                 windows, topic, through = args
-                value = parts[p].messages(windows, dumps, topic, through)
+                value = parts[p].messages(windows, dumps, topic, through).result()
             elif op == "close":
                 value = parts.pop(p, None) is not None
             elif op in ("state_core", "full_tables", "record_state"):

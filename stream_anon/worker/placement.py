@@ -113,7 +113,7 @@ class UnitPlacement:
         return [(i, p) for i, p in zip(idx, self.home(units)) if p != partition]
 
     def take_misplaced(self, batch, partition: int) -> list[tuple]:
-        """Remove from ``batch`` (a :class:`~stream_anon.kafka.input_checks.InputBatch`) the events whose unit
+        """Remove from ``batch`` (a :class:`~stream_anon.worker.input_checks.InputBatch`) the events whose unit
         belongs on another partition; returns ``(source, event, dead letter reason)`` of each."""
         wrong = self.misplaced(batch.events, partition)
         if not wrong:

@@ -23,7 +23,7 @@ offline Mondrian are asked the same questions.
 **Answers.** All coordinates are the engine's codes (:class:`~stream_anon.engine.space.QISpace`: leaf codes of a
 hierarchy, seconds, degrees) plus one axis for the product (its index in the domain's values). A published box
 answers a query with the share of the box inside the query's range (the uniform-spread assumption of the
-COUNT-query error of :mod:`.queries`): integer leaves for a hierarchy (leaves of the query's node among the
+COUNT-query error of :mod:`stream_anon.metrics.queries`): integer leaves for a hierarchy (leaves of the query's node among the
 published node's), length for a half-open time interval, length for a closed numeric or geopoint interval (a
 zero-width side: 1 when the point lies inside). A record's estimate is the product over the axes; a query's
 answer the sum over the published records. Suppressed records answer nothing; the truth counts them.
@@ -42,6 +42,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from stream_anon.engine.records import get_path
+from stream_anon.engine.space import QISpace, inner_box, iso, parse_time
 
 HOUR_S, DAY_S = 3600.0, 86400.0
 AREA_GRID_DEG = 0.01            # geopoint areas: 0.01 degree cells (about 1.1 km x 0.85 km at 40 N)
@@ -65,8 +68,6 @@ class QuerySpace:
 
     @classmethod
     def of(cls, config) -> "QuerySpace":
-        from stream_anon.engine.space import QISpace
-
         space = QISpace(config)
         kinds, time_dim, tree, geo, d = [], None, None, None, 0
         for qi in config.quasi_identifiers:
@@ -101,8 +102,6 @@ class QuerySpace:
 
     def points(self, events: list[dict]) -> tuple[np.ndarray, np.ndarray]:
         """The events as points (n, A) and which of them encode (a value outside the domains: False)."""
-        from stream_anon.engine.records import get_path
-
         fields = sorted({f for q in self.space.qis for f in q.fields})
         X, reasons = self.space.encode({f: [get_path(e, f) for e in events] for f in fields})
         product = self.product_codes([_text(get_path(e, self.product_field)) for e in events]) \
@@ -113,8 +112,6 @@ class QuerySpace:
         """Published records (docs/contracts.md section 5) as boxes (m, A): every QI's published value as the
         code range it covers (a hierarchy node: its leaves; a time interval: [from, to) in seconds; an H3 cell:
         its inner box), the product value as a point."""
-        from stream_anon.engine.space import inner_box, parse_time
-
         m, s = len(records), self.space
         lo, hi = np.empty((m, self.axes)), np.empty((m, self.axes))
         d = 0
@@ -172,8 +169,6 @@ class Workload:
 
 def analyst_workload(qs: QuerySpace, points: np.ndarray, seed: int = 0, per_family: int = PER_FAMILY) -> Workload:
     """The seeded workload over the cells of ``points`` (module docstring)."""
-    from stream_anon.engine.space import iso
-
     rng = np.random.default_rng(seed)
     fams, labels, los, his = [], [], [], []
     A = qs.axes
