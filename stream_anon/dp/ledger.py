@@ -51,6 +51,7 @@ import hashlib
 import hmac
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 from datetime import datetime, timezone
 
 import numpy as np
@@ -304,54 +305,12 @@ class BudgetLedger:
         :attr:`spent` it does not depend on how far a crashed worker got before its restart, so a re-produced
         release shows the same figure. In period mode the charge of the window's period through it (capped as in
         :meth:`period_spent`). The entries are read once for all the windows (a flush releases many)."""
-        entries = [(int(w.split("~")[0]), a, w) for a, w in self._entries]
-        bases = [e[0] for e in entries]
-        if any(b > c for b, c in zip(bases, bases[1:])):
-            return self._spent_through_unordered(entries, windows)
-        # the entries are in window order (as the worker reserves them): each window's charge is a prefix of
-        # them, summed in the same order as one by one, in one pass
-        period_of = {base: self._period[(a, w)][0] for base, a, w in entries} if self.period_mode else {}
-        out: dict[int, float] = {}
-        total = 0.0                     # without periods: every entry so far
-        per_period: dict = {}           # period -> [whole entries' total, per aggregate sum, per aggregate cap]
-        i = 0
-        for x in sorted(set(int(w) for w in windows)):
-            while i < len(entries) and entries[i][0] <= x:
-                _, a, w = entries[i]
-                amount = self._entries[(a, w)]
-                if not self.period_mode:
-                    total += amount
-                else:
-                    period, cap = self._period[(a, w)]
-                    acc = per_period.setdefault(period, [0.0, {}, {}])
-                    if "~" in w:
-                        acc[0] += amount
-                    else:
-                        acc[1][a], acc[2][a] = acc[1].get(a, 0.0) + amount, cap
-                i += 1
-            if not self.period_mode:
-                out[x] = float(total)
-                continue
-            acc = per_period.get(period_of.get(x), (0.0, {}, {}))
-            out[x] = float(acc[0] + sum(min(v, acc[2][a]) for a, v in acc[1].items()))
-        return {x: out[int(x)] for x in windows}
+        return charged_through(self.charge_entries(), windows, self.period_mode)
 
-    def _spent_through_unordered(self, entries, windows) -> dict[int, float]:
-        """:meth:`spent_through` when entries were not reserved in window order: window by window."""
-        if not self.period_mode:
-            return {x: float(sum(self._entries[(a, w)] for base, a, w in entries if base <= x)) for x in windows}
-        period_of = {base: self._period[(a, w)][0] for base, a, w in entries}
-        out = {}
-        for x in windows:
-            total, sums, caps = 0.0, {}, {}
-            for base, a, w in entries:
-                if base <= x and self._period[(a, w)][0] == period_of.get(x):
-                    if "~" in w:
-                        total += self._entries[(a, w)]
-                    else:
-                        sums[a], caps[a] = sums.get(a, 0.0) + self._entries[(a, w)], self._period[(a, w)][1]
-            out[x] = float(total + sum(min(v, caps[a]) for a, v in sums.items()))
-        return out
+    def charge_entries(self) -> list["ChargeEntry"]:
+        """Every entry kept, in the order reserved."""
+        return [ChargeEntry(int(w.split("~")[0]), a, "~" in w, amount, *self._period.get((a, w), (None, 0.0)))
+                for (a, w), amount in self._entries.items()]
 
     def exhausted_at(self, aggregate: str) -> str | None:
         """The window at which the aggregate was stopped, or None."""
@@ -489,6 +448,68 @@ class BudgetLedger:
         self._totals.load(period, summary)
         self._compacted[period] = {"entries": int(summary.get("entries", 0)),
                                    "exhausted": dict(summary.get("exhausted", {}))}
+
+
+class ChargeEntry(NamedTuple):
+    """One ledger entry as :func:`charged_through` reads it: its window, aggregate, whether it is a paid re-release
+    (``"<window>~<n>"``: uncapped), the epsilon charged, and in period mode its period and the aggregate's cap."""
+    window: int
+    aggregate: str
+    rerelease: bool
+    amount: float
+    period: str | None
+    cap: float
+
+
+def charged_through(entries: list[ChargeEntry], windows, period_mode: bool) -> dict[int, float]:
+    """:meth:`BudgetLedger.spent_through` of ``entries`` (in the order reserved): without periods the sum of the
+    entries up to each window; in period mode, of the window's period, each aggregate's sum capped, re-releases
+    in full."""
+    if any(e.window > f.window for e, f in zip(entries, entries[1:])):
+        return _charged_window_by_window(entries, windows, period_mode)
+    # the entries are in window order (as the worker reserves them): each window's charge is a prefix of them,
+    # summed in the same order as window by window, in one pass
+    period_of = {e.window: e.period for e in entries}
+    out: dict[int, float] = {}
+    total = 0.0                     # without periods: every entry so far
+    per_period: dict = {}           # period -> [re-releases' total, per aggregate sum, per aggregate cap]
+    i = 0
+    for x in sorted({int(w) for w in windows}):
+        while i < len(entries) and entries[i].window <= x:
+            e = entries[i]
+            if not period_mode:
+                total += e.amount
+            else:
+                acc = per_period.setdefault(e.period, [0.0, {}, {}])
+                if e.rerelease:
+                    acc[0] += e.amount
+                else:
+                    acc[1][e.aggregate], acc[2][e.aggregate] = acc[1].get(e.aggregate, 0.0) + e.amount, e.cap
+            i += 1
+        if not period_mode:
+            out[x] = float(total)
+            continue
+        acc = per_period.get(period_of.get(x), (0.0, {}, {}))
+        out[x] = float(acc[0] + sum(min(v, acc[2][a]) for a, v in acc[1].items()))
+    return {x: out[int(x)] for x in windows}
+
+
+def _charged_window_by_window(entries: list[ChargeEntry], windows, period_mode: bool) -> dict[int, float]:
+    """:func:`charged_through` when the entries were not reserved in window order."""
+    if not period_mode:
+        return {x: float(sum(e.amount for e in entries if e.window <= x)) for x in windows}
+    period_of = {e.window: e.period for e in entries}
+    out = {}
+    for x in windows:
+        total, sums, caps = 0.0, {}, {}
+        for e in entries:
+            if e.window <= x and e.period == period_of.get(x):
+                if e.rerelease:
+                    total += e.amount
+                else:
+                    sums[e.aggregate], caps[e.aggregate] = sums.get(e.aggregate, 0.0) + e.amount, e.cap
+        out[x] = float(total + sum(min(v, caps[a]) for a, v in sums.items()))
+    return out
 
 
 def current_charges(ledger: BudgetLedger) -> tuple[str | None, dict[str, float]]:
