@@ -36,6 +36,24 @@ def renamed_oyster(directory: Path, name: str) -> Path:
     return path
 
 
+def python_blocks(path: Path) -> str:
+    """The ``python`` code blocks of a markdown document, in order, as one script."""
+    import re
+    return "\n".join(re.findall(r"^```python\n(.*?)^```", path.read_text(), flags=re.S | re.M))
+
+
+DOCUMENTED = [ROOT / "docs" / "api.md", ROOT / "README.md"]
+
+
+@pytest.mark.parametrize("doc", DOCUMENTED, ids=lambda p: p.name)
+def test_the_documented_examples_run_as_written(doc, monkeypatch, capsys):
+    monkeypatch.delenv("STREAM_ANON_SECRET", raising=False)       # the examples pass their secret
+    script = python_blocks(doc)
+    assert "stream_anon.anonymize(" in script and "audit_result(" in script
+    exec(compile(script, str(doc), "exec"), {"__name__": "__doc_example__"})
+    assert "'published'" in capsys.readouterr().out
+
+
 def comparable(doc: dict) -> bytes:
     """A message without its wall-clock stamps and lineage note, canonical bytes."""
     return orjson.dumps({k: v for k, v in doc.items() if k not in NOT_COMPARED}, option=orjson.OPT_SORT_KEYS)
