@@ -19,6 +19,11 @@ def test_every_registered_part_keeps_its_contract(kind, name):
     parts.CHECKS[kind](name)
 
 
+@pytest.mark.parametrize("name", sorted(registry.bundled()))
+def test_every_bundled_streams_dead_letters_hold_no_more_than_its_output(name):
+    assert contract_checks.check_deadletters(name) >= 3          # fields whose hostile value made a dead letter
+
+
 def test_the_registries_are_read_not_listed():
     found = contract_checks.registered()
     from stream_anon.criteria.parse import KINDS as CRITERIA
