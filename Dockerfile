@@ -16,7 +16,7 @@ RUN pip wheel --no-cache-dir --no-deps -w /dist .
 # ---- runtime: the installed wheel, a non-root user, the state directory as a volume
 FROM python:3.11-slim AS runtime
 COPY --from=build /dist/ /tmp/dist/
-RUN pip install --no-cache-dir /tmp/dist/stream_anon-*.whl \
+RUN pip install --no-cache-dir "$(ls /tmp/dist/stream_anon-*.whl)[service,report]" \
     && rm -rf /tmp/dist \
     && useradd --create-home --uid 10001 --user-group anon \
     && mkdir -p /state \

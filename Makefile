@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test bench clean-venv
+.PHONY: demo test test-fast bench clean-venv
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,10 @@ demo: $(STAMP)
 # transaction (tests/conftest.py); none of five runs at two did
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 3 --dist loadfile --durations=25
+
+# the tests that need no broker (tests/conftest.py marks the others `kafka` from the fixtures they request)
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -n 2 -m "not kafka" --durations=15
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_guard.py

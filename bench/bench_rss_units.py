@@ -36,12 +36,8 @@ import orjson  # noqa: E402
 
 from stream_anon.datasets import load_events  # noqa: E402
 
-try:                                            # the worker's Kafka-free core (its package moved in issue 41)
-    from stream_anon.worker.core import WorkerCore  # noqa: E402
-    from stream_anon.kafka.app import tune_gc  # noqa: E402
-except ImportError:
-    from stream_anon.kafka.core import WorkerCore  # noqa: E402
-    from stream_anon.kafka.app import tune_gc  # noqa: E402
+from stream_anon.kafka.app import tune_gc  # noqa: E402
+from stream_anon.worker.core import WorkerCore  # noqa: E402
 
 SECRET = b"bench-rss-units-secret-0123456789abcdef"
 DAY_S = 86400

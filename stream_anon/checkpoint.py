@@ -13,7 +13,7 @@ implements :class:`Checkpointable`:
 
 Parts nest: :class:`Composite` names its children, their cores sit under the child's name and their tables as
 ``child/table``. The functions below work on any Checkpointable, so the partition's state record, its restore and
-the contract suite (``tests/test_checkpoint_contract.py``) are written once.
+the contract suite (:mod:`stream_anon.contract_checks.checkpointable`) are written once.
 
 **State records** (:class:`StateRecord`, :func:`encode_state`): one transaction's record of a state, either
 **full** (the core and every table in full) or a **delta** (the core and, per table, the rows put and the keys

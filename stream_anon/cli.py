@@ -14,6 +14,7 @@ from stream_anon.cli_kafka import BrokerUnreachable, add_connection_arguments, c
 from stream_anon.cli_replay import cmd_replay
 from stream_anon.helptext import with_defaults
 from stream_anon.contract import resolve_config
+from stream_anon.extras import missing_extra
 from stream_anon.validation import ALLOW_OUTSIDE_FLAG, ALLOW_OUTSIDE_HELP
 
 DATASET_CHOICES = ("oyster", "citibike", "obd2", "oyster-cards")
@@ -511,6 +512,17 @@ def _bundled_config_resolved(argv: list[str]) -> list[str]:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(argv)
+    except ModuleNotFoundError as exc:    # a core install running a command of an extra (stream_anon.extras)
+        message = missing_extra(exc)
+        if message is None:
+            raise
+        print(f"stream-anon {argv[0] if argv else ''}: {message}", file=sys.stderr)
+        return 2
+
+
+def _main(argv: list) -> int:
     if argv and argv[0] == "worker":
         from stream_anon.kafka.app import worker_main
         return worker_main(_bundled_config_resolved(argv[1:]))

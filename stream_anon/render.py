@@ -30,6 +30,26 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat()
 
 
+def release_accounting(manifests: list[dict], dead_letters: list) -> dict:
+    """Where the events of a stream's output went, from its manifests (each release once) and dead letters:
+    ``published``, ``suppressed`` (``suppressed_by_reason``), ``deferred`` (held by each partition's latest
+    release for a later window), ``dead_lettered``, ``accounted`` (their sum) and ``releases``."""
+    by_reason: dict[str, int] = {}
+    latest: dict = {}
+    for m in manifests:
+        for reason, n in (m.get("suppressed") or {}).items():
+            by_reason[reason] = by_reason.get(reason, 0) + n
+        p = m.get("partition")
+        if p not in latest or m.get("seq", -1) > latest[p].get("seq", -1):
+            latest[p] = m
+    published = sum(m.get("published", 0) for m in manifests)
+    suppressed = sum(by_reason.values())
+    deferred = sum(m.get("deferred", 0) for m in latest.values())
+    return {"releases": len(manifests), "published": published, "suppressed": suppressed, "deferred": deferred,
+            "dead_lettered": len(dead_letters), "accounted": published + suppressed + deferred + len(dead_letters),
+            "suppressed_by_reason": by_reason}
+
+
 def json_bytes(obj) -> bytes:
     """Output serialization: orjson (compact UTF-8, numpy scalars and arrays natively; ~5x faster than json.dumps
     on the record path)."""

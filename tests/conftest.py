@@ -1,4 +1,10 @@
-"""Shared fixtures: a real embedded Kafka-compatible broker (Tansu) per test; Kafka is never mocked."""
+"""Shared fixtures: a real embedded Kafka-compatible broker (Tansu) per test; Kafka is never mocked.
+
+The ``kafka`` marker (what ``make test-fast`` leaves out: ``-m "not kafka"``) is set here, never by hand: a test
+has it when it requests a fixture of :data:`BROKER_FIXTURES`, directly or through another fixture. A test that
+starts a broker itself (one it stops and restarts, or a ``stream-anon broker`` / ``demo`` subprocess) requests
+``broker_of_its_own``. A test without the marker that starts a broker anyway fails: its broker binary is
+replaced by one that says so (:func:`_no_broker_unless_marked`)."""
 from __future__ import annotations
 
 import logging
@@ -37,6 +43,34 @@ def module_broker():
 
 
 @pytest.fixture
+def broker_of_its_own():
+    """For a test that starts its broker itself: :class:`~stream_anon.broker.EmbeddedBroker` (the marker is the
+    point: the test needs the broker's binary and runs in ``make test``, not in ``make test-fast``)."""
+    return EmbeddedBroker
+
+
+# the fixtures that give a test a broker: the test is marked ``kafka``
+BROKER_FIXTURES = frozenset({"broker", "module_broker", "broker_of_its_own"})
+NEEDS_A_BROKER = ("this test starts a broker but requests no fixture of BROKER_FIXTURES (tests/conftest.py), so "
+                  "it is not marked kafka and would run in make test-fast: request broker_of_its_own")
+
+
+@pytest.fixture(autouse=True)
+def _no_broker_unless_marked(request, tmp_path_factory, monkeypatch):
+    """A test not marked ``kafka`` gets a broker binary that fails with :data:`NEEDS_A_BROKER` (in this process
+    and in the subprocesses that inherit the environment)."""
+    if request.node.get_closest_marker("kafka") is not None:
+        yield
+        return
+    refuse = tmp_path_factory.getbasetemp() / "no-broker.sh"
+    if not refuse.exists():
+        refuse.write_text(f"#!/bin/sh\necho '{NEEDS_A_BROKER}' >&2\nexit 3\n")
+        refuse.chmod(0o755)
+    monkeypatch.setenv("STREAM_ANON_TANSU_BIN", str(refuse))
+    yield
+
+
+@pytest.fixture
 def bootstrap(broker) -> str:
     return broker.bootstrap
 
@@ -48,7 +82,16 @@ def secret_env(monkeypatch):
     return TEST_SECRET.encode()
 
 
+def _doctest_starts_a_broker(item) -> bool:
+    """A doctest of the package whose examples start an embedded broker (it requests no fixture)."""
+    examples = getattr(getattr(item, "dtest", None), "examples", ())
+    return any("EmbeddedBroker(" in example.source for example in examples)
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if BROKER_FIXTURES & set(getattr(item, "fixturenames", ())) or _doctest_starts_a_broker(item):
+            item.add_marker(pytest.mark.kafka)
     # the kafka tests start subprocesses that need the package importable from the repo root
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     pp = os.environ.get("PYTHONPATH", "")

@@ -180,7 +180,7 @@ def in_layer(module: str, layer: str) -> bool:
 FLOORS = (
     ("base", ("errors", "validation", "version", "crypto", "hierarchy", "keyed_table", "checkpoint", "logsetup",
               "numbers", "progress", "schema_decoder", "helptext", "risk", "pipeline", "monitoring", "contract",
-              "domains", "events", "connection", "h3cells")),
+              "domains", "events", "connection", "h3cells", "extras")),
     ("inputs", ("datasets", "inputs")),
     ("audit", ("audit",)),                   # independent of everything above it (LAYERS says more)
     ("criteria", ("criteria",)),             # what must hold of a class
@@ -193,7 +193,7 @@ FLOORS = (
     ("worker", ("worker",)),                 # the worker without Kafka
     ("kafka", ("kafka", "broker")),
     ("commands", ("attacks", "evaluate", "calibrate", "suggest", "suggest_search", "cli_kafka", "cli_replay",
-                  "preflight", "report", "demo", "cli")),
+                  "preflight", "report", "demo", "cli", "api", "contract_checks")),
     ("package", ("",)),
 )
 

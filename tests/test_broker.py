@@ -13,8 +13,6 @@ from stream_anon.broker import BrokerError, EmbeddedBroker
 from stream_anon.kafka.topics import (TopicMismatchWarning, apply_topics, existing_partitions,
                                       load_topic_definitions)
 
-pytestmark = pytest.mark.kafka
-
 EXPECTED = {"raw.fare.oyster": 4, "raw.vehicle.citibike": 4, "raw.vehicle.obd2": 1, "anon.oyster.records": 1,
             "anon.citibike.records": 1, "anon.obd2.records": 1, "anon.releases": 1, "anon.deadletter": 1,
             "anon.metrics": 1, "anon.aggregates": 1, "raw.fare.oyster-cards": 4, "anon.oyster-cards.records": 1,
@@ -221,7 +219,7 @@ def _start_broker_command(*extra):
 
 
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
-def test_broker_command_prints_bootstrap_and_stops_its_child_on_signal(sig):
+def test_broker_command_prints_bootstrap_and_stops_its_child_on_signal(sig, broker_of_its_own):
     import signal
     import time
 
@@ -255,7 +253,7 @@ def test_broker_command_prints_bootstrap_and_stops_its_child_on_signal(sig):
             os.kill(pid, 9)
 
 
-def test_broker_command_on_a_given_port_and_its_child_dies_with_a_killed_parent():
+def test_broker_command_on_a_given_port_and_its_child_dies_with_a_killed_parent(broker_of_its_own):
     """--port is used as given; SIGKILL of the command (no cleanup possible) still ends Tansu (PDEATHSIG)."""
     import time
 
@@ -277,7 +275,7 @@ def test_broker_command_on_a_given_port_and_its_child_dies_with_a_killed_parent(
             proc.kill()
 
 
-def test_broker_command_reports_a_port_in_use():
+def test_broker_command_reports_a_port_in_use(broker_of_its_own):
     import socket
     import subprocess
     import sys
@@ -291,7 +289,7 @@ def test_broker_command_reports_a_port_in_use():
     assert proc.returncode == 1 and "stream-anon broker:" in proc.stderr and proc.stdout == ""
 
 
-def test_a_broker_dies_with_the_process_that_started_it(tmp_path):
+def test_a_broker_dies_with_the_process_that_started_it(tmp_path, broker_of_its_own):
     """A benchmark or test killed by a timeout (SIGKILL: no cleanup runs) must not leave its Tansu broker running."""
     import os
     import signal

@@ -290,7 +290,9 @@ def test_dockerfile_builds_the_wheel_like_the_wheel_test_and_runs_it_as_non_root
     assert "pip wheel" in runs and "--no-deps" in runs
     assert all(not (op == "COPY" and "--from=build" not in args) for op, args in runtime)   # only the wheel
     setup = " ".join(args for op, args in runtime if op == "RUN")
-    assert re.search(r"pip install --no-cache-dir /tmp/dist/stream_anon-\*\.whl", setup)
+    # the wheel with the extras of the service and its report, as the wheel test's ``installed`` fixture
+    assert re.search(r'pip install --no-cache-dir "\$\(ls /tmp/dist/stream_anon-\*\.whl\)\[service,report\]"',
+                     setup)
     user = [args for op, args in runtime if op == "USER"][-1]
     assert user not in ("root", "0") and f"useradd --create-home --uid 10001 --user-group {user}" in setup
     volumes = [v for op, args in runtime if op == "VOLUME" for v in _json.loads(args)]

@@ -8,7 +8,6 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -19,8 +18,6 @@ from stream_anon.worker.core import WorkerCore  # noqa: E402
 from stream_anon.kafka.loop import KafkaLoop  # noqa: E402
 from stream_anon.kafka.replay import replay  # noqa: E402
 from stream_anon.kafka.supervise import OutputReader  # noqa: E402
-
-pytestmark = pytest.mark.kafka
 
 N = 3000
 FAILING_COMMIT = 3          # the partition's transaction whose commit fails (a normal batch's)

@@ -21,7 +21,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _kafka_helpers import read_all, state_offsets, wait_for, write_cards_config  # noqa: E402
@@ -38,7 +37,6 @@ from stream_anon.kafka.supervise import (committed_offsets, run_until_accounted,
                                          stop_worker_process)
 from stream_anon.kafka.topics import ensure_topics  # noqa: E402
 
-pytestmark = pytest.mark.kafka
 FIRST = 3000                   # events of day 1 before the change (day 1 holds ~5,780)
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -19,7 +19,6 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _kafka_helpers import (START, committed_offsets, read_all, setup_stream, synthetic_fares, wait_for,  # noqa: E402
@@ -32,8 +31,6 @@ from stream_anon.broker import free_port  # noqa: E402
 from stream_anon.kafka.replay import replay  # noqa: E402
 from stream_anon.kafka.supervise import run_until_accounted, start_worker_process, stop_worker_process  # noqa: E402
 from stream_anon.kafka.topics import ensure_topics  # noqa: E402
-
-pytestmark = pytest.mark.kafka
 
 
 def _readyz(port: int) -> tuple[int, dict]:

@@ -161,7 +161,6 @@ def test_homogeneity_attack_discloses_a_naive_k_release_and_not_an_l_diverse_one
     assert published["ours"] > 0.5 * published["naive"], published
 
 
-@pytest.mark.kafka
 def test_the_worker_on_a_broker_enforces_l_diversity_and_the_audit_agrees(broker, tmp_path, secret_env):
     from stream_anon.audit.kafka_source import audit_from_kafka
 

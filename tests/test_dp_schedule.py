@@ -188,7 +188,6 @@ def test_events_before_the_start_are_counted_and_not_released(config):
     assert core.parts[0].dp.aggregator.metrics["before_start"] == len(events)
 
 
-@pytest.mark.kafka
 @pytest.mark.parametrize("case", ["earliest", "alone_on_partition"])
 def test_on_the_broker_neighbouring_inputs_publish_the_same_rows(broker, tmp_path, case, monkeypatch):
     """The same through replay, the broker and a worker process with an idle flush, both inputs on one broker

@@ -16,7 +16,6 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _kafka_helpers import (account, collect, read_all, setup_stream, state_offsets,  # noqa: E402
@@ -26,8 +25,6 @@ from stream_anon.broker import free_port  # noqa: E402
 from _worker_harness import start_worker_process  # noqa: E402  (honours the kill-at-the-worst-moment variables)
 from stream_anon.kafka.supervise import OutputReader, run_until_accounted, stop_worker_process  # noqa: E402
 from stream_anon.kafka.replay import replay  # noqa: E402
-
-pytestmark = pytest.mark.kafka
 
 
 def _get(port: int, path: str) -> tuple[int, dict | str]:

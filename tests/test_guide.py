@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 GUIDE = ROOT / "docs" / "your-own-stream.md"
 
-pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 
 def sh_blocks(text: str) -> list[str]:
@@ -117,7 +117,7 @@ def test_readme_quick_start_has_every_step_in_order():
     assert at == sorted(at), "the quick start runs broker -> topics apply -> replay -> worker -> audit"
 
 
-def test_readme_quick_start_runs_as_written(tmp_path):
+def test_readme_quick_start_runs_as_written(tmp_path, broker_of_its_own):
     # set -e: a command of the quick start that fails stops the script with its status (a reader types the
     # commands into an interactive shell, where the README does not set it)
     returncode, out, work = run_script("set -e\n" + quick_start_commands(), tmp_path)
@@ -156,7 +156,7 @@ def test_the_documents_start_a_broker_one_way():
     assert broker_start() in guide_commands()
 
 
-def test_guide_runs_as_written(tmp_path):
+def test_guide_runs_as_written(tmp_path, broker_of_its_own):
     returncode, out, work = run_script(guide_commands(), tmp_path)
     assert returncode == 0, out[-4000:]
     assert "No such file" not in out

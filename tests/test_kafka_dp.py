@@ -516,7 +516,6 @@ def _domain_rows(by_id, cfg):
     return cells
 
 
-@pytest.mark.kafka
 def test_worker_restart_never_overspends_nor_republishes_different_noise(broker, tmp_path, secret_env):
     from stream_anon.kafka.replay import replay
     from _worker_harness import start_worker_process
@@ -564,7 +563,6 @@ def test_worker_restart_never_overspends_nor_republishes_different_noise(broker,
     assert sum(d["contributions_cut"].get("fares_running", 0) for d in dpw.values()) == 0
 
 
-@pytest.mark.kafka
 def test_tiny_budget_stops_aggregates_with_an_event_and_keys_do_not_depend_on_data(broker, tmp_path, secret_env):
     """Bus-only input (no rail tap at all) under a budget of 0.5: every rail key is still published, with noise,
     for the same key set as a different stream; after the budget the aggregates stop with budget_exhausted."""
@@ -617,7 +615,6 @@ def test_tiny_budget_stops_aggregates_with_an_event_and_keys_do_not_depend_on_da
     assert rep["windows"] >= 3 and rep["error_aggregate"] == "taps_per_zone"
 
 
-@pytest.mark.kafka
 def test_aggregates_view_prints_one_figure_per_key_summed_over_partitions(broker, tmp_path, secret_env, capsys):
     """`stream-anon aggregates` on a 4-partition DP stream in mid-stream (a worker without an idle flush: each
     partition has released the windows its own watermark closed): each merged row is the sum of the partitions'
@@ -688,9 +685,8 @@ def test_aggregates_view_prints_one_figure_per_key_summed_over_partitions(broker
         assert (float(row["interval_lo"]), float(row["interval_hi"])) == pytest.approx(tuple(m["interval"]))
 
 
-@pytest.mark.kafka
 @pytest.mark.slow
-def test_demo_dp_report_on_an_oyster_cards_slice(tmp_path):
+def test_demo_dp_report_on_an_oyster_cards_slice(tmp_path, broker_of_its_own):
     """`stream-anon demo --dataset oyster-cards --dp` on the first 3,000 events: the report's DP figures are
     there and within their ranges (budget per card and day kept, AUC a probability and below the noise-free
     attack's, relative errors and RMSE of every configured aggregate)."""

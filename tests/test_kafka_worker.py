@@ -13,7 +13,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _kafka_helpers import (account, collect, committed_offsets, copy_hierarchies, read_all,  # noqa: E402
@@ -27,8 +26,6 @@ from stream_anon.kafka.topics import ensure_topics  # noqa: E402
 from stream_anon.worker.input_checks import check_payload  # noqa: E402
 from _worker_harness import start_worker_process  # noqa: E402  (honours the kill-at-the-worst-moment variables)
 from stream_anon.kafka.supervise import OutputReader, run_until_accounted, stop_worker_process  # noqa: E402
-
-pytestmark = pytest.mark.kafka
 
 
 # ------------------------------------------------------------------------------------------------ tests

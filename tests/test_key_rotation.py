@@ -89,7 +89,6 @@ def contract_events(name: str, n: int) -> list[bytes]:
     return [json.dumps(e).encode() for e in load_events(name, limit=n)]
 
 
-@pytest.mark.kafka
 def test_a_rotated_key_halts_without_the_step_and_with_it_the_whole_stream_is_audited(broker, tmp_path,
                                                                                       monkeypatch):
     """Phase 1 under the old secret, flushed; phase 2 produced under the new one. A worker with the new secret

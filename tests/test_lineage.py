@@ -11,7 +11,6 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _kafka_helpers import collect, read_all, setup_stream, synthetic_fares, wait_for  # noqa: E402
@@ -20,8 +19,6 @@ from stream_anon.audit.kafka_source import audit_from_kafka  # noqa: E402
 from stream_anon.broker import EmbeddedBroker, free_port  # noqa: E402
 from stream_anon.kafka.replay import replay  # noqa: E402
 from stream_anon.kafka.supervise import start_worker_process, stop_worker_process  # noqa: E402
-
-pytestmark = pytest.mark.kafka
 
 N = 600
 DP_TOML = '''
@@ -189,7 +186,8 @@ def test_a_lost_state_halts_and_a_new_lineage_reuses_no_release_id_and_is_audite
     assert report.health["alerts"]["lineage_started"] == 1 and report.health["expected"] == {"lineage_started": 1}
 
 
-def test_a_broker_reset_halts_with_the_cache_and_starts_a_new_lineage_without_it(tmp_path, secret_env):
+def test_a_broker_reset_halts_with_the_cache_and_starts_a_new_lineage_without_it(tmp_path, secret_env,
+                                                                                 broker_of_its_own):
     """The issue's case on a broker of its own, reset (restarted empty) under the stream: with the worker's state
     directory kept, the partitions halt naming the lineage the cache knows; with the state directory lost too
     nothing remains to find: a first lineage is declared (WARNING), and not one release id of the earlier

@@ -41,7 +41,6 @@ def dp_worker(module_broker, tmp_path_factory):
         stop_worker_process(proc)
 
 
-@pytest.mark.kafka
 def test_every_exported_series_is_in_the_reference_and_every_listed_one_is_exported(dp_worker):
     text = dp_worker[0]
     fams, ref = families(text), reference()
@@ -55,7 +54,6 @@ def test_every_exported_series_is_in_the_reference_and_every_listed_one_is_expor
             assert f["labels"] - {"stream"} == ref[name]["labels"], name
 
 
-@pytest.mark.kafka
 def test_the_retention_guard_finds_the_raw_topic_within_its_declaration(dp_worker):
     """The worker created its raw topic with the declared retention: the guard reports it within, no alert."""
     text, _rows, cfg, port = dp_worker
@@ -71,7 +69,6 @@ def test_the_retention_guard_finds_the_raw_topic_within_its_declaration(dp_worke
     assert guard["exceeded"] is False and guard["cause"] is None and guard["retention_ms"] == RETENTION_S * 1000
 
 
-@pytest.mark.kafka
 def test_a_one_off_alert_is_counted_and_its_time_exported(dp_worker):
     """The worker declared the stream's first lineage: counted once, with its time (which a restart or a counter at
     1 before the first scrape would not hide); the operator's steps it did not take are 0."""
@@ -85,7 +82,6 @@ def test_a_one_off_alert_is_counted_and_its_time_exported(dp_worker):
     assert last["config_change_accepted"] == 0
 
 
-@pytest.mark.kafka
 def test_epsilon_spent_is_the_ledger_charge_of_the_period_on_the_committed_rows(dp_worker):
     text, rows, cfg, _ = dp_worker
     fams = families(text)
@@ -112,7 +108,6 @@ def test_epsilon_spent_is_the_ledger_charge_of_the_period_on_the_committed_rows(
         assert v == pytest.approx(budget - period_spent[lab["partition"]])
 
 
-@pytest.mark.kafka
 def test_the_closed_day_s_charge_is_the_one_its_rows_state(dp_worker):
     """The worker's final idle flush releases the 10th to its last window (the schedule's clock closes the period
     the latest event is in: docs/privacy.md, Which DP rows exist): the closed period's series show the 10th's whole
@@ -161,7 +156,6 @@ def _health_commands() -> dict[str, list[str]]:
     return {"image /livez": image, "compose /readyz": workers[0]["healthcheck"]["test"][1:]}
 
 
-@pytest.mark.kafka
 def test_the_image_and_compose_health_checks_pass_on_a_running_worker_and_fail_without_one(dp_worker):
     import os
     import subprocess

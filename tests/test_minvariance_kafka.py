@@ -16,7 +16,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _kafka_helpers import read_all, write_cards_config  # noqa: E402
@@ -31,8 +30,6 @@ from stream_anon.kafka.replay import replay  # noqa: E402
 from stream_anon.kafka.topics import ensure_topics  # noqa: E402
 from _worker_harness import start_worker_process  # noqa: E402  (honours the kill-at-the-worst-moment variables)
 from stream_anon.kafka.supervise import committed_states, run_until_accounted  # noqa: E402
-
-pytestmark = pytest.mark.kafka
 
 N_EVENTS = 9000          # the first 9,000 events of the oyster-cards slice: two mornings, about 24 windows
 

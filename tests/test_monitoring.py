@@ -82,7 +82,6 @@ def _query(port: int, expr: str) -> list:
     return doc["data"]["result"]
 
 
-@pytest.mark.kafka
 def test_every_dashboard_and_rule_expression_returns_series_from_a_running_worker(broker, tmp_path, monkeypatch):
     prometheus = _tool("prometheus")
     monkeypatch.setenv("STREAM_ANON_SECRET", "monitoring-test-secret-0123456789abcdef")

@@ -23,11 +23,9 @@ from stream_anon.datasets import oyster_cards  # noqa: E402
 from stream_anon.kafka.replay import replay  # noqa: E402
 from stream_anon.kafka.topics import ensure_topics  # noqa: E402
 
-pytestmark = pytest.mark.kafka
-
 
 def test_a_worker_cut_off_longer_than_its_session_is_fenced_and_rejoins_nothing_lost_or_repeated(
-        tmp_path, secret_env):
+        tmp_path, secret_env, broker_of_its_own):
     why = netns.unavailable()          # probed when the test runs, not when it is collected
     if why:
         pytest.skip(f"network namespaces cannot be made here: {why}")

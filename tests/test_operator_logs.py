@@ -8,7 +8,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _kafka_helpers import setup_stream, synthetic_fares, wait_for, write_stream_config  # noqa: E402
@@ -31,7 +30,6 @@ def test_apply_plan_with_a_config_is_the_shared_topics_and_that_streams():
     assert set(apply_plan(defs)) == set(defs)        # without a config: every defined topic
 
 
-@pytest.mark.kafka
 def test_topics_apply_config_creates_only_the_shared_topics_and_the_streams(broker, tmp_path):
     path = write_stream_config(tmp_path, "mystream", "raw.test.mystream")
     before = set(existing_partitions(broker.bootstrap))
@@ -46,7 +44,6 @@ def test_topics_apply_config_creates_only_the_shared_topics_and_the_streams(brok
     assert not created & {"raw.vehicle.obd2", "anon.obd2.records", "raw.fare.oyster-cards"}
 
 
-@pytest.mark.kafka
 def test_worker_lifecycle_lines_at_the_default_level_and_no_control_bytes(broker, tmp_path, secret_env):
     path, cfg = setup_stream(tmp_path, broker.bootstrap, "lifelog")
     replay(broker.bootstrap, cfg.stream.input_topic, synthetic_fares(500, seed=7), "journey_id", progress=False)

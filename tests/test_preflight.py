@@ -9,7 +9,6 @@ import logging
 import sys
 from pathlib import Path
 
-import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _kafka_helpers import synthetic_fares, write_stream_config  # noqa: E402
@@ -17,7 +16,6 @@ from _kafka_helpers import synthetic_fares, write_stream_config  # noqa: E402
 from stream_anon.cli import main  # noqa: E402
 from stream_anon.kafka.topics import TopicDef, apply_topics  # noqa: E402
 
-pytestmark = pytest.mark.kafka
 OTHER = "other-secret-9876543210fedcba9876543210"
 
 

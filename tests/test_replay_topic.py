@@ -7,14 +7,11 @@ import json
 import sys
 from pathlib import Path
 
-import pytest
 
 from stream_anon.cli import main
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _kafka_helpers import read_all  # noqa: E402
-
-pytestmark = pytest.mark.kafka
 
 EVENTS = 20
 

@@ -27,8 +27,6 @@ from stream_anon.kafka.retention import confluent_admin, set_topic_retention
 from stream_anon.kafka.topics import ensure_topics
 from stream_anon.report.page import PLOTS
 
-pytestmark = pytest.mark.kafka
-
 N_EVENTS = 2000
 SECRET = "report-browser-secret-0123456789abcdef"
 NAME = "rcards"

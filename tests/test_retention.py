@@ -9,7 +9,6 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _kafka_helpers import read_all, wait_for, write_stream_config  # noqa: E402
@@ -20,7 +19,6 @@ from stream_anon.kafka.retention import LONGER, NOT_STATED, RAW_RETENTION_EXCEED
     confluent_admin, topic_retention_ms  # noqa: E402
 from stream_anon.kafka.topics import TopicDef, apply_topics, load_topic_definitions  # noqa: E402
 
-pytestmark = pytest.mark.kafka
 DAY_MS, WEEK_MS = 86_400_000, 604_800_000
 
 

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 import orjson
-import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _kafka_helpers import wait_for, write_cards_config  # noqa: E402
@@ -30,7 +29,6 @@ from stream_anon.kafka.replay import replay  # noqa: E402
 from stream_anon.kafka.supervise import run_until_accounted  # noqa: E402
 from stream_anon.kafka.topics import ensure_topics  # noqa: E402
 
-pytestmark = pytest.mark.kafka
 SECRET = b"state-size-secret-0123456789abcdef0123"
 PART = st.MIN_PART_BYTES
 

@@ -5,10 +5,10 @@ The ``installed`` fixture copies the sources the build reads to a temporary dire
 in the checkout), builds the wheel, installs it into a fresh virtual environment and runs commands from an empty
 working directory with a clean environment. The dependencies are not downloaded and unpacked again (that took two
 minutes of every test run): the fresh environment sees, through a ``.pth`` line, a directory of links to exactly
-the distributions the wheel's own ``Requires-Dist`` needs without extras (what a plain ``pip install`` gets),
-followed recursively, as installed in the test environment; pip installs the wheel with ``--no-index``, so it must
-find every declared requirement there at a version its specifier allows, and the package itself comes only from
-the wheel (the test environment's editable stream-anon is not linked). Further commands on the installed package
+the distributions the wheel's own ``Requires-Dist`` needs under the extras installed (``service`` and ``report``,
+as the container image; none for the core install of ``core_installed``), followed recursively, as installed in
+the test environment; pip installs the wheel with ``--no-index``, so it must find every declared requirement there
+at a version its specifier allows, and the package itself comes only from the wheel (the test environment's editable stream-anon is not linked). Further commands on the installed package
 (broker, topics apply, worker, replay, audit, report) are one more test on the same fixture.
 """
 from __future__ import annotations
@@ -136,7 +136,8 @@ def _link_dependencies(wheel: Path, extras: set[str], target: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory) -> Installed:
+def wheel(tmp_path_factory) -> Path:
+    """The wheel built from a copy of the sources the build reads."""
     tmp = tmp_path_factory.mktemp("wheel")
     src = tmp / "src"
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
@@ -146,21 +147,40 @@ def installed(tmp_path_factory) -> Installed:
         shutil.copy(ROOT / name, src / name)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(tmp / "dist"),
                     str(src)], check=True, timeout=300, cwd=tmp)
-    wheel, = (tmp / "dist").glob("stream_anon-*.whl")
+    built, = (tmp / "dist").glob("stream_anon-*.whl")
+    return built
+
+
+def install(wheel: Path, extras: set[str], tmp: Path) -> Installed:
+    """A fresh virtual environment under ``tmp`` with ``wheel[extras]`` installed from nothing but the wheel and
+    links to its dependencies under those extras."""
     venv.create(tmp / "venv")
     python = tmp / "venv" / "bin" / "python"
     site, = (tmp / "venv" / "lib").glob("python3*/site-packages")
-    (site / "dependencies.pth").write_text(f"{_link_dependencies(wheel, set(), tmp / 'dependencies')}\n")
+    (site / "dependencies.pth").write_text(f"{_link_dependencies(wheel, extras, tmp / 'dependencies')}\n")
     # neither the checkout nor PYTHONPATH (tests/conftest.py puts the checkout there for worker subprocesses) may
     # be on pip's path: it would take the checkout's stream_anon.egg-info for an installed stream-anon and skip
     # the wheel. pip runs under the fresh environment's python (--python), which has no pip of its own.
+    target = f"{wheel}[{','.join(sorted(extras))}]" if extras else str(wheel)
     subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-index",
-                    str(wheel)], check=True, timeout=600, cwd=tmp, env=Installed.env())
+                    target], check=True, timeout=600, cwd=tmp, env=Installed.env())
     # (a clean environment and a working directory outside the checkout: with the checkout or any PYTHONPATH on
     # its path, pip would count packages found there (the editable stream_anon.egg-info) as installed)
     workdir = tmp / "work"
     workdir.mkdir()
     return Installed(tmp / "venv", workdir)
+
+
+@pytest.fixture(scope="module")
+def installed(wheel, tmp_path_factory) -> Installed:
+    """The wheel with the extras a service and its report need (what the container image installs)."""
+    return install(wheel, {"service", "report"}, tmp_path_factory.mktemp("service"))
+
+
+@pytest.fixture(scope="module")
+def core_installed(wheel, tmp_path_factory) -> Installed:
+    """The wheel without extras: ``pip install stream-anon``."""
+    return install(wheel, set(), tmp_path_factory.mktemp("core"))
 
 
 @pytest.mark.slow
@@ -205,6 +225,60 @@ print(json.dumps({
     assert Path(got["slice"]) == site / "data" / "oyster_slice.csv.gz"
     assert (got["events"], got["invalid"]) == (200, 0)
     assert got["mapped"] == [33536, 0]          # configs/inputs/oyster-csv.toml found its configs/lookups table
+
+
+@pytest.mark.slow
+def test_the_core_install_serves_the_api_without_a_kafka_client(core_installed):
+    """``pip install stream-anon`` without extras: the examples of docs/api.md run (anonymize, the DataFrame, the
+    audit), no module of the service extra is importable, let alone imported, and a command of the service extra
+    says in one line which extra it needs."""
+    from test_api import python_blocks
+
+    from stream_anon.extras import EXTRAS
+
+    script = python_blocks(ROOT / "docs" / "api.md") + f"""
+import importlib.util, sys
+service = {EXTRAS["service"]!r}
+print("IMPORTED", sorted({{m.split(".")[0] for m in sys.modules}} & set(service)))
+print("FINDABLE", [m for m in service if importlib.util.find_spec(m) is not None])
+"""
+    lines = core_installed.python(script, timeout=600).stdout.splitlines()
+    assert "IMPORTED []" in lines and "FINDABLE []" in lines, lines[-2:]
+    nowhere = ["--broker", "127.0.0.1:9"]          # the message comes before any connection
+    for command in (["worker", "--config", "oyster"], ["broker"], ["replay", "--dataset", "oyster", "--topic", "t",
+                                                                   *nowhere], ["audit", "--config", "oyster", *nowhere]):
+        proc = core_installed.run(*command, check=False,
+                                  env={"STREAM_ANON_SECRET": "core-" + "0123456789abcdef" * 2})
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, (command, proc.stderr[-2000:])
+        assert proc.stderr.startswith(f"stream-anon {command[0]}: ") and "pip install 'stream-anon[service]'" \
+            in proc.stderr, proc.stderr
+
+
+def test_each_extra_brings_the_modules_the_one_line_message_names():
+    """stream_anon.extras.EXTRAS (the modules behind a command's one-line message) against pyproject.toml: every
+    distribution of an extra provides one of its modules, and the core dependencies provide none."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    from stream_anon.extras import EXTRAS
+
+    optional = PYPROJECT["project"]["optional-dependencies"]
+    provides: dict[str, set] = {}
+    for top, dists in metadata.packages_distributions().items():
+        for d in dists:
+            provides.setdefault(canonicalize_name(d), set()).add(top)
+    assert set(EXTRAS) <= set(optional)
+    for extra, modules in EXTRAS.items():
+        for text in optional[extra]:
+            name = canonicalize_name(Requirement(text).name)
+            assert provides[name] & set(modules), f"[{extra}] {name}: provides {provides[name]}, none in EXTRAS"
+    for text in PYPROJECT["project"]["dependencies"]:
+        name = canonicalize_name(Requirement(text).name)
+        assert not provides.get(name, set()) & {m for ms in EXTRAS.values() for m in ms}, name
+    assert {canonicalize_name(Requirement(t).name) for t in optional["test"]} >= {"stream-anon"}
+    assert "stream-anon[service,report]" in optional["test"]      # make demo / make test install everything
 
 
 @pytest.mark.slow
@@ -304,11 +378,10 @@ def test_the_images_cmd_runs_on_the_installed_wheel(installed):
 
 
 @pytest.mark.slow
-@pytest.mark.kafka
-def test_installed_package_runs_broker_topics_worker_replay_audit_and_report(installed):
+def test_installed_package_runs_broker_topics_worker_replay_audit_and_report(installed, broker_of_its_own):
     """What a new user does after ``pip install``, from an empty directory: ``stream-anon broker``, ``topics
     apply``, ``replay`` of a bundled slice, ``worker`` with the bundled oyster config by name, ``audit`` passing
-    with its health figures, ``report`` with its plots (no extra installed); the same steps as the container image
+    with its health figures, ``report`` with its plots (the service and report extras installed); the same steps as the container image
     (Dockerfile) and docker-compose.yml."""
     from stream_anon.kafka.supervise import OutputReader     # the test's own reader, to know when to stop the worker
 

@@ -13,7 +13,6 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _kafka_helpers import setup_stream, synthetic_fares, wait_for  # noqa: E402
@@ -21,8 +20,6 @@ from _kafka_helpers import setup_stream, synthetic_fares, wait_for  # noqa: E402
 from stream_anon.broker import EmbeddedBroker, free_port  # noqa: E402
 from stream_anon.kafka.replay import replay  # noqa: E402
 from stream_anon.kafka.supervise import start_worker_process, stop_worker_process  # noqa: E402
-
-pytestmark = pytest.mark.kafka
 
 N = 400
 
@@ -37,7 +34,8 @@ def _readyz(port: int) -> tuple[int, dict]:
         return 0, {}
 
 
-def test_a_broker_reset_under_a_running_worker_exits_70_with_one_line_and_the_restart_halts(tmp_path, secret_env):
+def test_a_broker_reset_under_a_running_worker_exits_70_with_one_line_and_the_restart_halts(tmp_path, secret_env,
+                                                                                            broker_of_its_own):
     name, app_id, state = "fatal", "fatal-app", tmp_path / "state"
     events = synthetic_fares(N, seed=7)
     broker = EmbeddedBroker().start()

@@ -28,7 +28,8 @@ def _dotted(event: dict, path: str):
     return cur
 
 
-def _json_object(payload: bytes) -> dict | None:
+def json_object(payload: bytes) -> dict | None:
+    """The payload's JSON object, or None (not JSON, or not an object)."""
     try:
         doc = orjson.loads(payload)
     except orjson.JSONDecodeError:
@@ -133,7 +134,7 @@ def replay(bootstrap, topic: str, events: Iterable[dict], key_fn: Callable[[dict
             if isinstance(key, str):
                 key = key.encode("utf-8")
             if key is None and key_fn is not None:     # a JSON object with a unit goes to the unit's partition
-                unit = key_fn(_json_object(value))
+                unit = key_fn(json_object(value))
                 key = None if unit is None else crypto.pseudonym(secret, unit).encode()
             producer.send(topic, value=value, key=key).add_callback(on_ok).add_errback(on_err)
             counts["raw"] += 1

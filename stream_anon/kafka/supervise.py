@@ -17,7 +17,7 @@ from pathlib import Path
 from stream_anon.audit.kafka_source import read_topic
 from stream_anon.config import load_config
 from stream_anon.connection import as_connection, secret_env, seek_to_first, to_args
-from stream_anon.render import TOPICS
+from stream_anon.render import TOPICS, release_accounting
 
 WORKER = ("-m", "stream_anon.kafka.app")
 
@@ -62,18 +62,8 @@ class OutputReader:
                     self.deadletters.setdefault(key, doc)
 
     def accounting(self) -> dict:
-        published = sum(m.get("published", 0) for m in self.manifests.values())
-        suppressed = sum(sum((m.get("suppressed") or {}).values()) for m in self.manifests.values())
-        latest: dict[int, dict] = {}
-        for m in self.manifests.values():
-            p = m.get("partition")
-            if p not in latest or m.get("seq", -1) > latest[p].get("seq", -1):
-                latest[p] = m
-        deferred = sum(m.get("deferred", 0) for m in latest.values())
-        dead = len(self.deadletters)
-        return {"releases": len(self.manifests), "published": published, "suppressed": suppressed,
-                "deferred": deferred, "dead_lettered": dead,
-                "accounted": published + suppressed + deferred + dead}
+        """:func:`stream_anon.render.release_accounting` of what was read so far."""
+        return release_accounting(list(self.manifests.values()), list(self.deadletters.values()))
 
     def close(self) -> None:
         self.consumer.close()
