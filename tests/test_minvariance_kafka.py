@@ -50,7 +50,7 @@ def signatures(bootstrap, app_id, stream) -> dict[int, tuple]:
     return out
 
 
-def test_kill_between_releases_restart_checker_still_passes(broker, tmp_path, secret_env):
+def test_kill_between_releases_restart_checker_still_passes(broker, broker_kind, tmp_path, secret_env):
     name = "mcards"
     path = write_cards_config(tmp_path / "cfg", name, f"raw.test.{name}", m=3)
     cfg = load_config(path)
@@ -151,7 +151,10 @@ def test_kill_between_releases_restart_checker_still_passes(broker, tmp_path, se
     assert {n: audit.checks[f"m_invariance [{n}]"]["summary"]["m"] for n in (first, second)} == {first: 3, second: 2}
     for n in (first, second):
         assert audit.checks[f"risk [{n}]"]["passed"] and 0 < audit.checks[f"risk [{n}]"]["highest"] <= 1 / k
-    assert audit.checks[f"duplicates [{first}]"]["duplicate_manifests"] > 0
+    # the killed worker's aborted copies of releases: Tansu shows them to the audit's read_committed reads (they
+    # match the committed ones); Apache Kafka hides them, so the audit never counts an aborted record
+    duplicates = audit.checks[f"duplicates [{first}]"]["duplicate_manifests"]
+    assert duplicates > 0 if broker_kind == "tansu" else duplicates == 0
     cross = audit.risk["intersection"]                                     # of the latest lineage (m = 2)
     assert cross["targets"] > 0 and cross["min_candidates"] >= 2 and cross["true_value_missed"] == 0
     s = audit.summary                                                      # of the latest lineage
