@@ -19,7 +19,7 @@ import orjson
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_dp_golden import cached_slice, pytestmark  # noqa: E402,F401  (needs the full Oyster file too)
+from test_dp_golden import cached_slice  # noqa: E402  (the shipped slice: runs on every clone)
 
 from stream_anon import contract  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402
