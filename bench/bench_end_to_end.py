@@ -131,13 +131,24 @@ def engine_only(passes: list[dict]) -> dict:
             "published": passes[0]["published"], "passes": passes}
 
 
+def fresh_broker(kind: str):
+    """Tansu (the embedded broker) or Apache Kafka (tests/_apache_kafka.py: one KRaft node from Maven Central's
+    jars), new and empty."""
+    if kind == "apache":
+        sys.path.insert(0, str(ROOT / "tests"))
+        from _apache_kafka import ApacheKafka
+
+        return ApacheKafka()
+    return EmbeddedBroker()
+
+
 def end_to_end(cfg_path: Path, events: list, workdir: Path, workers: int = 1, timeout_s: float = 3600,
-               compression: str = "lz4", beside=None) -> dict:
+               compression: str = "lz4", beside=None, broker: str = "tansu") -> dict:
     """The workers' run on a fresh broker. ``beside()``: called right before the workers start (after the replay)
     and right after they stop (before the audit), when the broker is idle: the engine-alone passes."""
     cfg = load_config(cfg_path)
     workdir.mkdir(parents=True, exist_ok=True)
-    with EmbeddedBroker() as b:
+    with fresh_broker(broker) as b:
         apply_topics(b.bootstrap, load_topic_definitions())
         t0 = time.monotonic()
         replay(b.bootstrap, cfg.stream.input_topic, events, cfg.stream.privacy_unit, progress=False)
@@ -275,7 +286,7 @@ def ratios(results: dict) -> dict:
     return out
 
 
-def scenario(name: str, workdir: Path, oyster: list, args, repeat: int = 0) -> dict:
+def scenario(name: str, workdir: Path, oyster: list, args, repeat: int = 0, broker: str = "tansu") -> dict:
     """One run of a scenario: end to end (a fresh broker, and fresh local state: a worker finding the cache of an
     earlier run halts its partitions as after a broker reset) with the engine alone right before and right after
     the workers."""
@@ -296,13 +307,14 @@ def scenario(name: str, workdir: Path, oyster: list, args, repeat: int = 0) -> d
         raise SystemExit(f"unknown scenario {name}")
     dataset = "oyster-cards" if name == "cards_m3" else "oyster"
     cfg = load_config(path)
-    r = {"config": path.name, "m": cfg.anonymization.m, "dp": cfg.dp is not None, "compression": args.compression,
+    r = {"broker": broker, "config": path.name, "m": cfg.anonymization.m, "dp": cfg.dp is not None, "compression": args.compression,
          "risk_per_release": cfg.risk.per_release, "risk_population": cfg.risk.settings.population,
          "run_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "load_avg_at_start": os.getloadavg()}
     passes = []
-    r["end_to_end"] = end_to_end(path, events, workdir / name / f"run{repeat + 1}",
+    run_dir = workdir / (name if broker == "tansu" else f"{name}_{broker}") / f"run{repeat + 1}"
+    r["end_to_end"] = end_to_end(path, events, run_dir,
                                  workers=2 if name == "two_workers" else 1, compression=args.compression,
-                                 beside=lambda: passes.append(engine_pass(path, dataset, args.events)))
+                                 broker=broker, beside=lambda: passes.append(engine_pass(path, dataset, args.events)))
     r["engine_only"] = engine_only(passes)
     r["end_to_end_vs_engine"] = round(r["end_to_end"]["events_per_s_span"] / r["engine_only"]["events_per_s"], 3)
     if "events_per_s_drain" in r["end_to_end"]:
@@ -346,6 +358,8 @@ def main(argv=None) -> int:
     ap.add_argument("--compression", default="lz4", help="the workers' --compression (lz4, gzip, none)")
     ap.add_argument("--repeat", type=int, default=1, help="run the listed scenarios this many times in turn and "
                     "keep each one's median run (default: 1)")
+    ap.add_argument("--brokers", default="tansu", help="comma-separated: tansu, apache (Apache Kafka, needs java "
+                    "and mvn); each scenario runs on each, an Apache Kafka result under NAME_apache")
     args = ap.parse_args(argv)
     os.environ["STREAM_ANON_SECRET"] = SECRET
     workdir = Path(os.environ.get("TMPDIR", "/tmp")) / f"stream-anon-e2e-{os.getpid()}"
@@ -357,15 +371,17 @@ def main(argv=None) -> int:
            **({"notes": prior["notes"]} if "notes" in prior else {})}
     oyster = load_events("oyster", full=True, limit=args.events)
     names = args.only.split(",")
-    runs: dict[str, list] = {name: [] for name in names}
+    brokers = args.brokers.split(",")
+    keys = {(name, kind): name if kind == "tansu" else f"{name}_{kind}" for name in names for kind in brokers}
+    runs: dict[str, list] = {key: [] for key in keys.values()}
     for rep in range(args.repeat):
-        for name in names:
-            print(f"[e2e] {name} ({rep + 1}/{args.repeat}) ...", flush=True)
-            runs[name].append(scenario(name, workdir, oyster, args, rep))
-            r = median_run(runs[name])
-            out["results"][name] = r
+        for (name, kind), key in keys.items():
+            print(f"[e2e] {key} ({rep + 1}/{args.repeat}) ...", flush=True)
+            runs[key].append(scenario(name, workdir, oyster, args, rep, kind))
+            r = median_run(runs[key])
+            out["results"][key] = r
             out["ratios"] = ratios(out["results"])
-            print(f"[e2e] {name}: {json.dumps(runs[name][-1])}", flush=True)
+            print(f"[e2e] {key}: {json.dumps(runs[key][-1])}", flush=True)
             Path(args.out).write_text(json.dumps(out, indent=1))
     print(f"[e2e] ratios: {json.dumps(out['ratios'])}")
     return 0

@@ -279,6 +279,26 @@ def _key_id(out: Preflight, conn, stream: str, secret: bytes, present: dict) -> 
         out.checked.append(f"key id as the last releases of {len(last)} partition{'s' if len(last) != 1 else ''}")
 
 
+# answers of a broker whose partition leaders are not known yet or moving (Apache Kafka right after a topic is
+# created or deleted and created again): asked again until TIMEOUT_S
+_LEADER_NOT_READY = ("NOT_LEADER_FOR_PARTITION", "LEADER_NOT_AVAILABLE", "UNKNOWN_TOPIC_OR_PART")
+
+
+def _watermarks(consumer, tp) -> tuple[int, int]:
+    from confluent_kafka import KafkaError, KafkaException
+
+    deadline = time.monotonic() + TIMEOUT_S
+    while True:
+        try:
+            return consumer.get_watermark_offsets(tp, timeout=max(1.0, deadline - time.monotonic()))
+        except KafkaException as exc:
+            err = exc.args[0]
+            transient = isinstance(err, KafkaError) and (err.retriable() or err.name() in _LEADER_NOT_READY)
+            if not transient or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)
+
+
 def last_manifests(conn, topic: str, stream: str, tail: int = TAIL_MESSAGES, idle_s: float = IDLE_S,
                    max_wait_s: float = 60.0) -> dict[int, dict]:
     """Stream partition -> the stream's newest manifest (by ``created_at``) among the last ``tail`` messages of
@@ -292,7 +312,7 @@ def last_manifests(conn, topic: str, stream: str, tail: int = TAIL_MESSAGES, idl
         md = consumer.list_topics(topic, timeout=TIMEOUT_S).topics.get(topic)
         tps = []
         for p in sorted(md.partitions if md is not None else ()):
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=TIMEOUT_S)
+            low, high = _watermarks(consumer, TopicPartition(topic, p))
             tps.append(TopicPartition(topic, p, max(low, high - tail, 0)))
         if not tps:
             return {}

@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import fcntl
 import hashlib
+import logging
 import os
 import re
 import shutil
@@ -100,6 +101,13 @@ def random_cluster_id() -> str:
         text = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
         if not text.startswith("-"):   # Kafka's own generator never makes these (they read as options)
             return text
+
+
+# the admin client of ``reset``: librdkafka's own lines (a broker just restarted, a topic being deleted) would go to
+# the test's stderr
+_QUIET = logging.getLogger("apache-kafka-reset")
+_QUIET.addHandler(logging.NullHandler())
+_QUIET.propagate = False
 
 
 class KafkaNode:
@@ -281,6 +289,31 @@ class ApacheKafka:
         self._wait_started([node])
         return time.monotonic() - t0
 
+    def reset(self, timeout_s: float = 60.0) -> None:
+        """Delete every topic but the internal ones and every consumer group, and wait until they are gone: the
+        next test finds an empty broker, as on a fresh Tansu."""
+        from confluent_kafka import KafkaException
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, "logger": _QUIET})
+        deadline = time.monotonic() + timeout_s
+        while True:
+            topics = [t for t in admin.list_topics(timeout=10).topics if not t.startswith("__")]
+            groups = [g.group_id for g in admin.list_consumer_groups(request_timeout=10).result().valid]
+            if not topics and not groups:
+                return
+            if time.monotonic() > deadline:
+                raise BrokerError(f"Apache Kafka still has topics {topics} and groups {groups} "
+                                  f"{timeout_s:.0f}s after deleting them")
+            futures = {**(admin.delete_topics(topics, operation_timeout=30) if topics else {}),
+                       **(admin.delete_consumer_groups(groups, request_timeout=10) if groups else {})}
+            for future in futures.values():
+                try:
+                    future.result()
+                except KafkaException:
+                    pass   # already gone, or a group whose last member has not left yet: the next round sees it
+            time.sleep(0.2)
+
     def log(self, node_id: int | None = None) -> str:
         """The last lines of one node's log, or of every node's."""
         ids = [node_id] if node_id is not None else list(self.nodes)
@@ -314,6 +347,8 @@ class ApacheKafka:
             "offsets.topic.num.partitions": "5",
             "transaction.state.log.num.partitions": "5",
             "group.initial.rebalance.delay.ms": "0",
+            # the tests' workers run 2 s sessions (a killed one's partitions move quickly); the default floor is 6 s
+            "group.min.session.timeout.ms": "1000",
             "num.io.threads": "2",
             "num.network.threads": "2",
             "num.recovery.threads.per.data.dir": "1",

@@ -1,44 +1,123 @@
-"""Shared fixtures: a real embedded Kafka-compatible broker (Tansu) per test; Kafka is never mocked."""
+"""Shared fixtures: a real Kafka broker; Kafka is never mocked.
+
+Every test that takes ``broker``, ``bootstrap`` or ``module_broker`` runs twice: on Tansu (the embedded broker of
+``stream_anon/broker.py``, one per test) and on Apache Kafka (``tests/_apache_kafka.py``, one per pytest process
+reused across tests, its topics and groups deleted before each). ``--broker tansu|apache`` keeps one of them. The
+Apache Kafka variant is skipped when ``java`` or ``mvn`` is missing; ``.ci/run`` installs them and fails when no
+test ran on Apache Kafka (the counts ``STREAM_ANON_BROKER_COUNTS`` names, written at the end of the session)."""
 from __future__ import annotations
 
+import json
 import logging
 import os
+from collections import Counter
 
 import pytest
 
+from _apache_kafka import ApacheKafka, missing_tools
 from stream_anon.broker import EmbeddedBroker
 
 TEST_SECRET = "test-secret-0123456789abcdef0123456789"
+BROKER_KINDS = ("tansu", "apache")
+COUNTS_ENV = "STREAM_ANON_BROKER_COUNTS"
 
-# the workers the tests start: Tansu holds a consumer-group join for half the session timeout (3 s at the worker's
-# default of 6 s, 1 s at 2 s), and the suite starts a worker ~70 times
+# the workers the tests start. Tansu only: it holds a consumer-group join for half the session timeout (3 s at the
+# worker's default of 6 s, 1 s at 2 s), and the suite starts a worker ~70 times. Apache Kafka answers a join at
+# once (group.initial.rebalance.delay.ms=0); the test broker accepts 2 s (group.min.session.timeout.ms), so a killed
+# worker's partitions move as fast on both
 os.environ.setdefault("STREAM_ANON_SESSION_TIMEOUT_S", "2")
 
 
-@pytest.fixture
-def broker():
-    """A Tansu broker of the test's own on a free loopback port (memory storage; it starts in ~0.1 s).
+def pytest_addoption(parser):
+    parser.addoption("--broker", choices=("both",) + BROKER_KINDS, default="both",
+                     help="the broker the Kafka tests run on (default both: Tansu and Apache Kafka)")
 
-    Never one per session: Tansu 0.6 does not abort a transaction whose producer died (Apache Kafka aborts it after
-    ``transaction.timeout.ms``), and it defers the commit of every later transaction that wrote behind it on the same
-    partition: the commit answers OK, yet its offsets are not applied and its records stay invisible to
+
+def pytest_generate_tests(metafunc):
+    if "broker_kind" in metafunc.fixturenames:
+        chosen = metafunc.config.getoption("broker")
+        kinds = BROKER_KINDS if chosen == "both" else (chosen,)
+        # module scope: a module's tests run on one broker, then on the other (module_broker is built once each)
+        metafunc.parametrize("broker_kind", kinds, scope="module")
+
+
+@pytest.fixture(scope="session")
+def apache_kafka():
+    """The Apache Kafka of this pytest process (one combined KRaft node, ~10 s to start), shared by its tests.
+
+    Sound to share, unlike Tansu: Apache Kafka aborts a dead producer's transaction after its
+    ``transaction.timeout.ms`` and a new producer of the same transactional id aborts it at once, so a worker
+    killed by one test leaves nothing that stalls the next."""
+    missing = missing_tools()
+    if missing:
+        pytest.skip(f"Apache Kafka tier: {' and '.join(missing)} not on PATH")
+    with ApacheKafka() as kafka:
+        yield kafka
+
+
+def _broker_of(kind: str, request):
+    if kind == "tansu":
+        return EmbeddedBroker()
+    kafka = request.getfixturevalue("apache_kafka")
+    kafka.reset()
+    return None
+
+
+@pytest.fixture
+def broker(broker_kind, request):
+    """A broker with nothing on it: a Tansu of the test's own on a free loopback port (memory storage; it starts in
+    ~0.1 s), or the process's Apache Kafka with every topic and group deleted.
+
+    Never one Tansu per session: Tansu 0.6 does not abort a transaction whose producer died (Apache Kafka aborts it
+    after ``transaction.timeout.ms``), and it defers the commit of every later transaction that wrote behind it on
+    the same partition: the commit answers OK, yet its offsets are not applied and its records stay invisible to
     read_committed readers until the dead producer's id is initialized again. A worker killed by one test would
     leave its open transaction on the shared topics (anon.releases, anon.metrics, anon.deadletter) and stall the
     tests after it. The probe: ``tests/test_broker.py``."""
-    with EmbeddedBroker() as b:
+    tansu = _broker_of(broker_kind, request)
+    if tansu is None:
+        yield request.getfixturevalue("apache_kafka")
+        return
+    with tansu as b:
         yield b
 
 
 @pytest.fixture(scope="module")
-def module_broker():
+def module_broker(broker_kind, request):
     """One broker for a module whose module-scoped fixture publishes once for several tests (see :func:`broker`)."""
-    with EmbeddedBroker() as b:
+    tansu = _broker_of(broker_kind, request)
+    if tansu is None:
+        yield request.getfixturevalue("apache_kafka")
+        return
+    with tansu as b:
         yield b
 
 
 @pytest.fixture
 def bootstrap(broker) -> str:
     return broker.bootstrap
+
+
+@pytest.fixture
+def reset_broker(broker, broker_kind):
+    """A broker reset under the stream: every topic, group and committed offset gone. Tansu (memory storage):
+    stopped and started again on the same port; Apache Kafka: everything deleted."""
+    def reset():
+        if broker_kind == "tansu":
+            broker.stop()
+            broker.start()
+        else:
+            broker.reset()
+    return reset
+
+
+@pytest.fixture
+def new_broker(broker_kind):
+    """For a test that needs a broker of its own on an address it chooses (``host=``): a new broker of the test's
+    kind, to start with ``with``."""
+    if broker_kind == "apache" and missing_tools():
+        pytest.skip(f"Apache Kafka tier: {' and '.join(missing_tools())} not on PATH")
+    return EmbeddedBroker if broker_kind == "tansu" else ApacheKafka
 
 
 @pytest.fixture
@@ -49,6 +128,10 @@ def secret_env(monkeypatch):
 
 
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        kind = getattr(item, "callspec", None) and item.callspec.params.get("broker_kind")
+        if kind:
+            item.user_properties.append(("broker", kind))
     # the kafka tests start subprocesses that need the package importable from the repo root
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     pp = os.environ.get("PYTHONPATH", "")
@@ -88,3 +171,21 @@ def _root_logging_restored():
     yield
     root.handlers[:] = handlers
     root.setLevel(level)
+
+
+_outcomes: Counter = Counter()
+
+
+def pytest_runtest_logreport(report):
+    """Count each test's outcome per broker (in the controlling process under xdist: reports carry the property)."""
+    kind = dict(report.user_properties).get("broker")
+    if kind and (report.when == "call" or report.outcome != "passed"):
+        _outcomes[(kind, report.outcome)] += 1
+
+
+def pytest_sessionfinish(session):
+    path = os.environ.get(COUNTS_ENV)
+    if path and not hasattr(session.config, "workerinput"):
+        counts = {kind: {o: n for (k, o), n in _outcomes.items() if k == kind} for kind in BROKER_KINDS}
+        with open(path, "w") as f:
+            json.dump(counts, f)

@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _kafka_helpers import collect, read_all, setup_stream, synthetic_fares, wait_for  # noqa: E402
 
 from stream_anon.audit.kafka_source import audit_from_kafka  # noqa: E402
-from stream_anon.broker import EmbeddedBroker, free_port  # noqa: E402
+from stream_anon.broker import free_port  # noqa: E402
 from stream_anon.kafka.replay import replay  # noqa: E402
 from stream_anon.kafka.supervise import run_until_accounted, start_worker_process, stop_worker_process  # noqa: E402
 
@@ -189,32 +189,32 @@ def test_a_lost_state_halts_and_a_new_lineage_reuses_no_release_id_and_is_audite
     assert report.health["alerts"]["lineage_started"] == 1 and report.health["expected"] == {"lineage_started": 1}
 
 
-def test_a_broker_reset_halts_with_the_cache_and_starts_a_new_lineage_without_it(tmp_path, secret_env):
-    """The issue's case on a broker of its own, reset (restarted empty) under the stream: with the worker's state
-    directory kept, the partitions halt naming the lineage the cache knows; with the state directory lost too
-    nothing remains to find: a first lineage is declared (WARNING), and not one release id of the earlier
-    lineage is reused (before lineages: 60 of 60 were, with other content)."""
+def test_a_broker_reset_halts_with_the_cache_and_starts_a_new_lineage_without_it(broker, reset_broker, tmp_path,
+                                                                                   secret_env):
+    """The issue's case, the broker reset (every topic gone) under the stream: with the worker's state directory
+    kept, the partitions halt naming the lineage the cache knows; with the state directory lost too nothing remains
+    to find: a first lineage is declared (WARNING), and not one release id of the earlier lineage is reused (before
+    lineages: 60 of 60 were, with other content)."""
     name = "brokerreset"
     events = synthetic_fares(N, seed=42)
     state = tmp_path / "state"
-    with EmbeddedBroker() as b1:
-        path, cfg = setup_stream(tmp_path, b1.bootstrap, name)
-        replay(b1.bootstrap, cfg.stream.input_topic, events, "journey_id", progress=False)
-        first, before = _run_lineage(path, b1.bootstrap, state, "reset-app", name, tmp_path / "w1.log")
+    path, cfg = setup_stream(tmp_path, broker.bootstrap, name)
+    replay(broker.bootstrap, cfg.stream.input_topic, events, "journey_id", progress=False)
+    first, before = _run_lineage(path, broker.bootstrap, state, "reset-app", name, tmp_path / "w1.log")
     old_ids = {m["release_id"] for m in before}
-    with EmbeddedBroker() as b2:
-        path, cfg = setup_stream(tmp_path, b2.bootstrap, name)
-        replay(b2.bootstrap, cfg.stream.input_topic, events, "journey_id", progress=False)
-        _halted_with(path, b2.bootstrap, state, "reset-app", tmp_path / "w2.log", {"state_topic_reset"})
-        assert f"(lineage {first})" in (tmp_path / "w2.log").read_text()
-        shutil.rmtree(state)                 # the issue's case: the state directory is lost as well
-        second, after = _run_lineage(path, b2.bootstrap, state, "reset-app", name, tmp_path / "w3.log")
-        assert second != first
-        assert "first lineage of the stream" in (tmp_path / "w3.log").read_text()
-        new_ids = {m["release_id"] for m in after}
-        assert new_ids and not (new_ids & old_ids)
-        report = audit_from_kafka(b2.bootstrap, path, secret_env, idle_s=1.0)
-        assert report.passed and report.summary["lineages"] == [second], report.format_text()
+    reset_broker()
+    path, cfg = setup_stream(tmp_path, broker.bootstrap, name)
+    replay(broker.bootstrap, cfg.stream.input_topic, events, "journey_id", progress=False)
+    _halted_with(path, broker.bootstrap, state, "reset-app", tmp_path / "w2.log", {"state_topic_reset"})
+    assert f"(lineage {first})" in (tmp_path / "w2.log").read_text()
+    shutil.rmtree(state)                 # the issue's case: the state directory is lost as well
+    second, after = _run_lineage(path, broker.bootstrap, state, "reset-app", name, tmp_path / "w3.log")
+    assert second != first
+    assert "first lineage of the stream" in (tmp_path / "w3.log").read_text()
+    new_ids = {m["release_id"] for m in after}
+    assert new_ids and not (new_ids & old_ids)
+    report = audit_from_kafka(broker.bootstrap, path, secret_env, idle_s=1.0)
+    assert report.passed and report.summary["lineages"] == [second], report.format_text()
 
 
 def test_a_first_lineage_another_worker_declares_between_the_reads_is_joined_not_taken_for_lost(broker,

@@ -17,7 +17,6 @@ import _netns as netns  # noqa: E402
 
 from stream_anon import contract  # noqa: E402
 from stream_anon.audit.kafka_source import audit_from_kafka, read_topic  # noqa: E402
-from stream_anon.broker import EmbeddedBroker  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402
 from stream_anon.datasets import oyster_cards  # noqa: E402
 from stream_anon.kafka.replay import replay  # noqa: E402
@@ -27,7 +26,7 @@ pytestmark = pytest.mark.kafka
 
 
 def test_a_worker_cut_off_longer_than_its_session_is_fenced_and_rejoins_nothing_lost_or_repeated(
-        tmp_path, secret_env):
+        tmp_path, secret_env, new_broker):
     why = netns.unavailable()          # probed when the test runs, not when it is collected
     if why:
         pytest.skip(f"network namespaces cannot be made here: {why}")
@@ -36,7 +35,7 @@ def test_a_worker_cut_off_longer_than_its_session_is_fenced_and_rejoins_nothing_
     cfg_path = contract.config_path("oyster-cards")
     cfg = load_config(cfg_path)
     t = contract.topics()
-    with netns.NetnsLab() as lab, EmbeddedBroker(host=lab.broker_ip) as broker:
+    with netns.NetnsLab() as lab, new_broker(host=lab.broker_ip) as broker:
         ensure_topics(broker.bootstrap, names=[cfg.stream.input_topic, t.records(cfg.stream.name), t.releases,
                                                t.deadletter, t.metrics, t.aggregates])
 
