@@ -43,12 +43,13 @@ def _partitions(consumer: Any, topic: str, wait_s: float) -> list[int]:
 
 def read_topic(bootstrap, topic: str, idle_s: float = 3.0, max_wait_s: float = 120.0,
                metadata_wait_s: float = 5.0, with_timestamps: bool = False,
-               committed_only: bool = False, complete: bool = False, progress=None) -> list[tuple]:
+               complete: bool = False, progress=None) -> list[tuple]:
     """Every message of ``topic`` as ``((topic, partition, offset), value_bytes)``, ordered by source
     (with ``with_timestamps``: ``(source, value_bytes, timestamp_ms)``).
 
-    ``committed_only``: a ``read_committed`` consumer (records of aborted transactions left out by a broker that
-    filters them; the Tansu broker does not, so a caller must still tolerate them).
+    Read committed only (``read_committed``): a broker that hides aborted transactions (Apache Kafka) never shows the
+    audit, or any reader of ours, a record a fenced or killed worker wrote and did not commit. Tansu shows them all
+    the same (a defect of that broker: docs/brokers.md), so what is read must still tolerate them.
     A topic that does not exist (no metadata within ``metadata_wait_s``) yields ``[]``. ``complete``: raise
     :class:`IncompleteRead` when ``max_wait_s`` runs out before the topic went quiet (else: what was read).
     ``progress``: a bar (:func:`stream_anon.progress.bar`) counting the messages read.
@@ -57,7 +58,7 @@ def read_topic(bootstrap, topic: str, idle_s: float = 3.0, max_wait_s: float = 1
 
     consumer = KafkaConsumer(**as_connection(bootstrap).kafka_python(), group_id=None, enable_auto_commit=False,
                              auto_offset_reset="earliest", client_id="stream-anon-audit",
-                             isolation_level="read_committed" if committed_only else "read_uncommitted",
+                             isolation_level="read_committed",
                              allow_auto_create_topics=False)  # reading must not create topics
     try:
         parts = _partitions(consumer, topic, metadata_wait_s)
@@ -122,7 +123,7 @@ def _output_reads(bootstrap, stream: str, idle_s: float, max_wait_s: float, dp: 
             "manifests": (read_topic, (bootstrap, names.releases), read),
             "deadletters": (read_topic, (bootstrap, names.deadletter), read),
             "aggregates": (read_topic, (bootstrap, names.aggregates),
-                           {**read, "metadata_wait_s": 5.0 if dp else 1.0, "committed_only": True})}
+                           {**read, "metadata_wait_s": 5.0 if dp else 1.0})}
 
 
 def _outputs_of(read: dict, stream: str) -> AuditOutputs:

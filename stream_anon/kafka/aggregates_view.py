@@ -30,8 +30,7 @@ CSV_FIELDS = ("stream", "aggregate", "output", "window", "window_start", "window
 def read_rows(bootstrap, stream: str, idle_s: float = 3.0, max_wait_s: float = 120.0) -> dict[str, dict]:
     """The committed ``anon.aggregates`` rows of ``stream``, by ``row_id`` (re-produced copies collapse)."""
     rows = {}
-    for _src, value in read_topic(bootstrap, topics().aggregates, idle_s=idle_s, max_wait_s=max_wait_s,
-                                  committed_only=True):
+    for _src, value in read_topic(bootstrap, topics().aggregates, idle_s=idle_s, max_wait_s=max_wait_s):
         try:
             doc = json.loads(value)
         except ValueError:

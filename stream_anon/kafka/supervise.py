@@ -30,7 +30,8 @@ class OutputReader:
 
         self.stream = stream
         self.consumer = KafkaConsumer(**as_connection(bootstrap).kafka_python(), enable_auto_commit=False,
-                                      group_id=None, auto_offset_reset="earliest", client_id="stream-anon-accounting")
+                                      group_id=None, auto_offset_reset="earliest", client_id="stream-anon-accounting",
+                                      isolation_level="read_committed")
         tps = []
         for topic in (TOPICS.releases, TOPICS.deadletter):
             parts = self.consumer.partitions_for_topic(topic) or {0}
