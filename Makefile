@@ -19,6 +19,8 @@ demo: $(STAMP)
 # three pytest processes (whole files each, so a module's fixtures are built once) on 2 cores. Four took the suite
 # from 890 to ~580 s, but two of six runs lost a kill -9 recovery test to Tansu's handling of a dead producer's
 # transaction (tests/conftest.py); none of five runs at two did
+# the broker tests run on Tansu and, with java and mvn present, on Apache Kafka (one per pytest process, reused:
+# tests/conftest.py, docs/brokers.md); --broker tansu|apache after `pytest` keeps one of them
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 3 --dist loadfile --durations=25
 

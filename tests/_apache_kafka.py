@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -29,7 +30,7 @@ import uuid
 from pathlib import Path
 from typing import Callable, Mapping
 
-from stream_anon.broker import BrokerError, _die_with_parent, free_port
+from stream_anon.broker import BrokerError, _die_with_parent
 
 POM = Path(__file__).resolve().parent / "apache_kafka" / "pom.xml"
 STARTED = "Kafka Server started"    # KafkaRaftServer logs it once the broker is unfenced and serving
@@ -93,6 +94,20 @@ def ensure_jars() -> Path:
                               f"{(run.stdout + run.stderr)[-3000:]}")
         done.write_text(fetched_for)
     return lib
+
+
+def _free_ports(host: str, count: int) -> list[int]:
+    """``count`` distinct ports free on ``host`` a moment ago (held together while chosen, so none repeats)."""
+    held = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            held.append(s)
+            s.bind((host, 0))
+        return [s.getsockname()[1] for s in held]
+    finally:
+        for s in held:
+            s.close()
 
 
 def random_cluster_id() -> str:
@@ -212,20 +227,8 @@ class ApacheKafka:
     def start(self) -> "ApacheKafka":
         t0 = time.monotonic()
         self.lib = ensure_jars()
-        self.workdir = Path(tempfile.mkdtemp(prefix="apache-kafka-"))
-        (self.workdir / "log4j2.properties").write_text(LOG4J2)
-        self.cluster_id = random_cluster_id()
-        for node_id in range(1, self.node_count + 1):
-            roles = "broker,controller" if node_id <= self.controller_count else "broker"
-            ports = {name: free_port(self.host) for name in self.listeners}
-            if "controller" in roles:
-                ports[CONTROLLER] = free_port(self.host)
-            directory = self.workdir / f"node-{node_id}"
-            (directory / "data").mkdir(parents=True)
-            self.nodes[node_id] = KafkaNode(node_id, roles, ports, directory)
+        self.plan()
         try:
-            for node in self.nodes.values():
-                node.properties_path.write_text(self._properties_text(node))
             formats = [(node, self._java("kafka.tools.StorageTool", "format", "-t", self.cluster_id, "-c",
                                          str(node.properties_path), *self.format_args, log=node.log_path))
                        for node in self.nodes.values()]
@@ -241,6 +244,24 @@ class ApacheKafka:
             raise
         self.start_seconds = time.monotonic() - t0
         return self
+
+    def plan(self) -> dict[int, KafkaNode]:
+        """The nodes' ids, roles, free ports, directories and ``server.properties``, written, nothing started."""
+        self.workdir = Path(tempfile.mkdtemp(prefix="apache-kafka-"))
+        (self.workdir / "log4j2.properties").write_text(LOG4J2)
+        self.cluster_id = random_cluster_id()
+        free = iter(_free_ports(self.host, self.node_count * len(self.listeners) + self.controller_count))
+        for node_id in range(1, self.node_count + 1):
+            roles = "broker,controller" if node_id <= self.controller_count else "broker"
+            ports = {name: next(free) for name in self.listeners}
+            if "controller" in roles:
+                ports[CONTROLLER] = next(free)
+            directory = self.workdir / f"node-{node_id}"
+            (directory / "data").mkdir(parents=True)
+            self.nodes[node_id] = KafkaNode(node_id, roles, ports, directory)
+        for node in self.nodes.values():
+            node.properties_path.write_text(self._properties_text(node))
+        return self.nodes
 
     def stop(self) -> None:
         """Kill every node (SIGKILL: the data is thrown away, so there is nothing to shut down cleanly for) and

@@ -142,15 +142,17 @@ def write_cards_config(directory: Path, name: str, input_topic: str, m: int = 3,
 END_GRACE_S = 3.0
 
 
-def read_all(bootstrap, topic, stream=None, min_count=0, idle_s=1.5, max_wait_s=30.0):
+def read_all(bootstrap, topic, stream=None, min_count=0, idle_s=1.5, max_wait_s=30.0, committed=True):
     """Every message of ``topic`` from the beginning: read until quiet for ``idle_s`` once the position has
     reached the end offsets seen at the start (a lower bound of what is there), or quiet for ``idle_s`` +
     :data:`END_GRACE_S` when it has not (a transaction left open by a killed worker holds the end back on Tansu).
-    Quiet time alone ended a read before its first fetch on a loaded machine: an empty topic to the caller."""
+    Quiet time alone ended a read before its first fetch on a loaded machine: an empty topic to the caller.
+    ``committed=False``: aborted records too (a test's look at what a killed worker sent; Tansu shows them anyway)."""
     from kafka import KafkaConsumer, TopicPartition
 
     c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                      auto_offset_reset="earliest")
+                      auto_offset_reset="earliest",
+                      isolation_level="read_committed" if committed else "read_uncommitted")
     tps = [TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic) or {0})]
     c.assign(tps)
     seek_to_first(c, tps)
@@ -219,8 +221,9 @@ def setup_stream(tmp_path, bootstrap, name):
     return path, cfg
 
 
-def collect(bootstrap, name, events_expected_published=None):
-    """(manifests by release_id, copies per release_id, record tokens by release_id, dead letters by source).
+def collect(bootstrap, name, events_expected_published=None, committed=True):
+    """(manifests by release_id, copies per release_id, record tokens by release_id, dead letters by source);
+    ``committed=False``: with the records of aborted transactions (:func:`read_all`).
 
     The three topics are read side by side (each read ends after a quiet period); the records are read again, to
     at least the count the manifests publish, when the first read came back short."""
@@ -228,9 +231,9 @@ def collect(bootstrap, name, events_expected_published=None):
 
     records_topic = f"anon.{name}.records"
     with ThreadPoolExecutor(max_workers=3) as pool:
-        releases_read = pool.submit(read_all, bootstrap, "anon.releases", stream=name)
-        records_read = pool.submit(read_all, bootstrap, records_topic)
-        dead_read = pool.submit(read_all, bootstrap, "anon.deadletter", stream=name)
+        releases_read = pool.submit(read_all, bootstrap, "anon.releases", stream=name, committed=committed)
+        records_read = pool.submit(read_all, bootstrap, records_topic, committed=committed)
+        dead_read = pool.submit(read_all, bootstrap, "anon.deadletter", stream=name, committed=committed)
     manifests, copies = {}, Counter()
     for key, doc, _, _ in releases_read.result():
         assert key == doc["release_id"]
@@ -244,7 +247,7 @@ def collect(bootstrap, name, events_expected_published=None):
     records = defaultdict(list)
     raw_records = records_read.result()
     if len(raw_records) < need:
-        raw_records = read_all(bootstrap, records_topic, min_count=need)
+        raw_records = read_all(bootstrap, records_topic, min_count=need, committed=committed)
     for key, doc, _, _ in raw_records:
         assert key == doc["release_id"]
         records[doc["release_id"]].append(doc)

@@ -1,5 +1,5 @@
 """A partition's transaction commits while the worker's loop goes on (kafka/loop.py): its outcome is taken before
-anything else uses the partition's state. On the real (embedded Tansu) broker, with the loop in this process."""
+anything else uses the partition's state. On a real broker (Tansu and Apache Kafka), with the loop in this process."""
 from __future__ import annotations
 
 import sys

@@ -1,4 +1,4 @@
-"""Config changes on a running oyster-cards stream, through the worker on the real (embedded Tansu) broker: the
+"""Config changes on a running oyster-cards stream, through the worker on a real broker (Tansu and Apache Kafka): the
 worker runs into day 1 and is stopped with windows open; restarted under the changed config without
 ``--accept-config-change`` it halts every partition (one ERROR line per changed setting, ``/readyz`` 503) and
 processes nothing (shown for epsilon; tests/test_config_change.py shows it for every kind on the worker's core);

@@ -1,4 +1,4 @@
-"""Configuration changes on the real (embedded Tansu) broker, one after another on one stream: k lowered (5 -> 3),
+"""Configuration changes on a real broker (Tansu and Apache Kafka), one after another on one stream: k lowered (5 -> 3),
 then raised (3 -> 6), then ``window_s`` changed (900 -> 600), each between two runs of a worker.
 
 Before each step the worker is started without the explicit step: every partition halts (one log line per partition

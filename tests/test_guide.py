@@ -170,3 +170,19 @@ def test_guide_runs_as_written(tmp_path):
     comparison = json.loads((work / "eval" / "comparison.json").read_text())
     assert comparison[0]["n"] == 3000 and 0 < comparison[0]["streaming_ncp"] < 1
     assert "Calibrated by `stream-anon calibrate`" in (work / "trips.calibrated.toml").read_text()
+
+
+def test_guide_runs_as_written_on_apache_kafka(tmp_path, apache_kafka):
+    """The guide with its one broker line changed: ``$B`` is this pytest process's Apache Kafka (emptied first)
+    instead of the embedded Tansu; a sleeping job stands where the broker's was, so the guide's ``kill %2 %1`` stops
+    the same jobs."""
+    apache_kafka.reset()
+    script = guide_commands().replace(broker_start(), f"sleep 3600 &\nB={apache_kafka.bootstrap}")
+    returncode, out, work = run_script(script, tmp_path)
+    assert returncode == 0, out[-4000:]
+    report = json.loads((work / "audit.json").read_text())
+    assert report["passed"], json.dumps(report["summary"])
+    s = report["summary"]
+    assert s["events_in"] == 3000 and s["lost"] == 0 and s["duplicated"] == 0
+    assert s["published"] + s["suppressed"] + s["dead_lettered"] + s["deferred"] + s["open"] == 3000
+    assert s["published"] > 2000 and s["min_individuals"] >= 5

@@ -1,9 +1,8 @@
-"""Real formats through a real broker (Tansu), a worker subprocess and the independent audit: Tesla Fleet
-Telemetry Payloads (protobuf and protojson interleaved on one topic, built from the bundled OBD-II readings) and
-GTFS-realtime VehiclePositions feeds (one message per feed snapshot, built from the bundled Citi Bike trips), the
-raw Oyster CSV replayed with ``stream-anon replay --file`` (configs/inputs/oyster-csv.toml: lookups, elapsed
-times), plus unreadable messages. Accounting exact (worker and audit count a feed of N vehicles as N events), 0 identifiers
-out."""
+"""Real formats through a real broker (Tansu and Apache Kafka), a worker subprocess and the independent audit: Tesla
+Fleet Telemetry Payloads (protobuf and protojson interleaved on one topic, built from the bundled OBD-II readings) and
+GTFS-realtime VehiclePositions feeds (one message per feed snapshot, built from the bundled Citi Bike trips), the raw
+Oyster CSV replayed with ``stream-anon replay --file`` (configs/inputs/oyster-csv.toml: lookups, elapsed times), plus
+unreadable messages. Accounting exact (worker and audit count a feed of N vehicles as N events), 0 identifiers out."""
 from __future__ import annotations
 
 import sys

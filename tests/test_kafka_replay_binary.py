@@ -1,6 +1,6 @@
-"""``stream-anon replay`` of binary files through a real broker (Tansu), the worker and the independent audit, for
-both binary formats: one ``.pb`` message, a directory of ``.pb`` files and a varint length-delimited file, all
-replayed onto one raw topic; accounting exact and the audit passes."""
+"""``stream-anon replay`` of binary files through a real broker (Tansu and Apache Kafka), the worker and the independent
+audit, for both binary formats: one ``.pb`` message, a directory of ``.pb`` files and a varint length-delimited file,
+all replayed onto one raw topic; accounting exact and the audit passes."""
 from __future__ import annotations
 
 import sys

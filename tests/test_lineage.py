@@ -1,4 +1,4 @@
-"""A stream's lineage on the real (embedded Tansu) broker (issue 28): a worker that finds no state for a stream
+"""A stream's lineage on a real broker (Tansu and Apache Kafka) (issue 28): a worker that finds no state for a stream
 whose releases or local cache name an earlier lineage halts (``lineage_lost``); with ``--new-lineage`` it starts a
 new lineage whose release ids never repeat the old ones and whose DP charges the audit reports apart; a broker reset
 with the state directory lost leaves nothing to find: a first lineage is declared, with new release ids."""

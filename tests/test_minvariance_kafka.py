@@ -1,6 +1,6 @@
-"""m-invariance through the faust worker on the real (embedded Tansu) broker: the worker is killed between releases
-and restarted from its checkpoints; signatures survive (they are engine state), and the independent checker and the
-audit still pass on everything that was published, re-produced releases included.
+"""m-invariance through the faust worker on a real broker (Tansu and Apache Kafka): the worker is killed between
+releases and restarted from its checkpoints; signatures survive (they are engine state), and the independent checker and
+the audit still pass on everything that was published, re-produced releases included.
 
 Then the operator changes m (3 -> 2): refused in place even with ``--accept-config-change`` (m binds every card's
 signature; one line per partition naming the setting and the step), taken by a new app id with ``--new-lineage``:
@@ -50,7 +50,7 @@ def signatures(bootstrap, app_id, stream) -> dict[int, tuple]:
     return out
 
 
-def test_kill_between_releases_restart_checker_still_passes(broker, tmp_path, secret_env):
+def test_kill_between_releases_restart_checker_still_passes(broker, broker_kind, tmp_path, secret_env):
     name = "mcards"
     path = write_cards_config(tmp_path / "cfg", name, f"raw.test.{name}", m=3)
     cfg = load_config(path)
@@ -97,7 +97,9 @@ def test_kill_between_releases_restart_checker_still_passes(broker, tmp_path, se
 
     # the independent checker on everything published (re-produced releases deduplicated by release_id)
     out = read_outputs(broker.bootstrap, name, idle_s=1.5)
-    release_ids = [m["release_id"] for m in out.manifests]
+    # the killed worker's aborted releases (read_uncommitted; the audit's reads leave them out on Apache Kafka)
+    release_ids = [doc["release_id"] for _, doc, _, _ in read_all(broker.bootstrap, "anon.releases", stream=name,
+                                                                  committed=False)]
     assert len(release_ids) > len(set(release_ids)), "the hook kill re-produced at least one release"
     report = check_m_invariance(out.records, out.manifests, events, secret_env, MInvarianceConfig.from_toml(path))
     assert report.passed, report.format_text()
@@ -149,7 +151,10 @@ def test_kill_between_releases_restart_checker_still_passes(broker, tmp_path, se
     assert {n: audit.checks[f"m_invariance [{n}]"]["summary"]["m"] for n in (first, second)} == {first: 3, second: 2}
     for n in (first, second):
         assert audit.checks[f"risk [{n}]"]["passed"] and 0 < audit.checks[f"risk [{n}]"]["highest"] <= 1 / k
-    assert audit.checks[f"duplicates [{first}]"]["duplicate_manifests"] > 0
+    # the killed worker's aborted copies of releases: Tansu shows them to the audit's read_committed reads (they
+    # match the committed ones); Apache Kafka hides them, so the audit never counts an aborted record
+    duplicates = audit.checks[f"duplicates [{first}]"]["duplicate_manifests"]
+    assert duplicates > 0 if broker_kind == "tansu" else duplicates == 0
     cross = audit.risk["intersection"]                                     # of the latest lineage (m = 2)
     assert cross["targets"] > 0 and cross["min_candidates"] >= 2 and cross["true_value_missed"] == 0
     s = audit.summary                                                      # of the latest lineage

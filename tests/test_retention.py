@@ -1,5 +1,5 @@
-"""The retention guard on the real Tansu broker: what it states of ``retention.ms`` (set at creation, altered,
-never stated), ``topics apply --config`` setting the declared retention on an existing raw topic, and a worker
+"""The retention guard on a real broker (Tansu and Apache Kafka): what it states of ``retention.ms`` (set at creation,
+altered, never stated), ``topics apply --config`` setting the declared retention on an existing raw topic, and a worker
 whose raw topic keeps data longer than declared raising ``raw_retention_exceeded`` (WARNING line, anon.metrics,
 /metrics, /readyz detail) while it goes on."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The worker as a service on the real (embedded Tansu) broker (issue 12): ``/metrics`` shows the same figures as
+"""The worker as a service on a real broker (Tansu and Apache Kafka) (issue 12): ``/metrics`` shows the same figures as
 ``anon.metrics`` (one source), ``/livez`` and ``/readyz`` answer, and SIGTERM stops the worker cleanly in the
 middle of a stream (no partial commit, the group left) so that a restart loses and duplicates nothing."""
 from __future__ import annotations

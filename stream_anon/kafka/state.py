@@ -24,7 +24,8 @@ state topic with ``max.message.bytes`` = ``MESSAGE_MAX_BYTES`` and its producers
 
 Recovery never relies on the broker's end offset (the Tansu broker reports it wrong, see
 ``../shared/notes/broker-notes.md``) nor on consumers never seeing aborted records (Tansu shows them to
-``read_committed`` consumers, and never expires a dead producer's transaction):
+``read_committed`` consumers, and never expires a dead producer's transaction; Apache Kafka does neither, so on it
+these rules are a second line, for Tansu they are the only one: docs/brokers.md):
 
 1. the new owner initializes the partition's transactional producer (``<app_id>-p<p>``): this fences a zombie
    and ends whatever transaction it left open;
