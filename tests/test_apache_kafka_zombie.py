@@ -28,6 +28,7 @@ from stream_anon.audit.kafka_source import audit_from_kafka, read_topic  # noqa:
 from stream_anon.config import load_config  # noqa: E402
 from stream_anon.datasets import oyster_cards  # noqa: E402
 from stream_anon.kafka.replay import replay  # noqa: E402
+from stream_anon.kafka.state import state_topic  # noqa: E402
 from stream_anon.kafka.supervise import OutputReader, start_worker_process, stop_worker_process  # noqa: E402
 from stream_anon.kafka.topics import ensure_topics  # noqa: E402
 from stream_anon.kafka.transactions import TXN_TIMEOUT_S  # noqa: E402
@@ -104,7 +105,8 @@ def test_a_worker_stopped_past_its_timeouts_is_fenced_and_nothing_it_wrote_after
         replay(bootstrap, cfg.stream.input_topic, events[:half], cfg.stream.privacy_unit, progress=False)
         _wait(lambda: Path(str(hold) + ".held").exists(), 120, "worker A inside a transaction", (a, b))
         fig["a_partitions_before"] = assigned_after(logs["a"], 0)[-1]
-        uncommitted_before = _read(bootstrap, records_topic, committed=False)
+        # every transaction writes its partition's state record (output records only when a window closes)
+        uncommitted_before = _read(bootstrap, state_topic(app_id), committed=False)
 
         os.killpg(a.pid, signal.SIGSTOP)            # A and its DP child: nothing of A runs, its sockets stay open
         t_stop = time.monotonic()
@@ -145,8 +147,9 @@ def test_a_worker_stopped_past_its_timeouts_is_fenced_and_nothing_it_wrote_after
         doc = orjson.loads(value)
         doc.pop("created_at", None)
         contents.setdefault(doc["release_id"], set()).add(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS))
-    committed = {topic: _read(bootstrap, topic, committed=True) for topic in (records_topic, t.releases)}
-    uncommitted = {topic: _read(bootstrap, topic, committed=False) for topic in (records_topic, t.releases)}
+    looked_at = (records_topic, t.releases, state_topic(app_id))
+    committed = {topic: _read(bootstrap, topic, committed=True) for topic in looked_at}
+    uncommitted = {topic: _read(bootstrap, topic, committed=False) for topic in looked_at}
 
     assert fig["exits"] == (None, None), fig                      # neither worker died
     assert fig["takeover_s"] < 30 and fig["a_partitions_before"], fig
@@ -154,17 +157,16 @@ def test_a_worker_stopped_past_its_timeouts_is_fenced_and_nothing_it_wrote_after
     assert "producer fenced" in after_resume, after_resume[-3000:]     # its commit refused by the broker
     assert "HALTED" not in text["a"] + text["b"]
     # what A sent inside the held transaction (before the stop) is on the log and hidden from read_committed
-    held = set(uncommitted_before) - set(committed[records_topic])
-    assert held, "the held transaction's records are missing from the read_uncommitted view"
-    assert held <= set(uncommitted[records_topic])
-    for topic in (records_topic, t.releases):
+    held = set(uncommitted_before) - set(committed[state_topic(app_id)])
+    assert held, "the held transaction's state record is missing from the read_uncommitted view"
+    assert held <= set(uncommitted[state_topic(app_id)])
+    for topic in looked_at:
         assert set(committed[topic]) <= set(uncommitted[topic])
-    assert len(uncommitted[records_topic]) > len(committed[records_topic]), fig
     # read_committed: every event once, no release id with two contents
     assert contents and all(len(c) == 1 for c in contents.values()), "a release id with two contents"
     assert fig["accounting"]["accounted"] == N_EVENTS, fig
     assert report.passed, report.format_text()
     s = report.summary
     assert s["events_in"] == N_EVENTS == s["published"] + s["suppressed"] + s["dead_lettered"] + s["deferred"]
-    print(f"zombie figures: {fig}; aborted records on {records_topic}: "
-          f"{len(uncommitted[records_topic]) - len(committed[records_topic])}")
+    print(f"zombie figures: {fig}; aborted records: "
+          f"{ {topic: len(uncommitted[topic]) - len(committed[topic]) for topic in looked_at} }")
