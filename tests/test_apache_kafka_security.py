@@ -11,7 +11,6 @@ Apache Kafka tool itself (``org.apache.kafka.tools.AclCommand``): the documentat
 from __future__ import annotations
 
 import os
-import re
 import secrets
 import shlex
 import shutil
@@ -210,8 +209,9 @@ def test_replay_worker_and_audit_each_under_its_acls_pass_and_no_password_leaks(
                             "--loglevel", "debug")
     assert replay.returncode == 0, replay.stderr[-3000:]
     port, log = free_port(), tmp_path / "worker.log"
-    worker = start_worker_process(contract.config_path(STREAM), secure.conn(WORKER), tmp_path / "state", APP_ID, 2.0, log,
-                                  env=secure.env(WORKER), extra=["--no-create-topics", "--web-port", str(port), "--session-timeout", "6"])
+    worker = start_worker_process(contract.config_path(STREAM), secure.conn(WORKER), tmp_path / "state", APP_ID, 2.0,
+                                  log, env=secure.env(WORKER),
+                                  extra=["--no-create-topics", "--web-port", str(port), "--session-timeout", "6"])
     reader = OutputReader(secure.conn("admin"), STREAM)
     try:
         def accounted():

@@ -167,7 +167,8 @@ def loop_series(core, loop):
     g = _gauge("broker_connected", "1 while the broker is reachable, else 0")
     g.add_metric([stream], 1.0 if loop.watch.connected else 0.0)
     yield g
-    g = _gauge("ready", "1 while /readyz answers 200 (partitions assigned and recovered, none halted, broker connected), else 0")
+    g = _gauge("ready", "1 while /readyz answers 200 (partitions assigned and recovered, none halted, broker "
+                        "connected), else 0")
     g.add_metric([stream], 1.0 if readiness(loop)[0] else 0.0)
     yield g
     h = _gauge("partition_halted", "1 for a partition halted until an operator decides (label reason), 0 for an "
