@@ -422,21 +422,33 @@ def broker_unreachable(conn: KafkaConnection, timeout_s: float = BROKER_TIMEOUT_
     """One line saying why the broker cannot be used (no answer to a metadata request within ``timeout_s``),
     naming the address, what a plain TCP connection to it gets, and what to check; or None when it answers. Every
     command that talks to Kafka asks this first, so that a wrong address costs ``timeout_s`` and one line instead of
-    a client's own wait and traceback."""
+    a client's own wait and traceback. A broker that refuses the SASL credentials or whose certificate the CA does
+    not verify is named as such at once (:func:`_refusal`): its answer is known, waiting longer changes nothing."""
     import logging
+    import time
 
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
     client_log = logging.getLogger("stream_anon.kafka.client")
     client_log.disabled = True            # librdkafka's retries during the probe are this one line's business
+    refused: list = []                    # librdkafka's authentication and TLS errors, served by poll()
+    admin = AdminClient({**conn.confluent(), "logger": client_log, "error_cb": refused.append})
+    deadline = time.monotonic() + timeout_s
     try:
-        AdminClient({**conn.confluent(), "logger": client_log}).list_topics(timeout=timeout_s)
-    except KafkaException as exc:
-        err = exc.args[0] if exc.args else exc
-        why = err.str() if hasattr(err, "str") else str(err)
-    else:
-        return None
+        while True:
+            try:
+                admin.list_topics(timeout=max(0.1, min(1.0, deadline - time.monotonic())))
+                return None
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args else exc
+                why = err.str() if hasattr(err, "str") else str(err)
+            admin.poll(0)
+            refusal = _refusal(conn, refused)
+            if refusal:
+                return refusal
+            if time.monotonic() >= deadline:
+                break
     finally:
         client_log.disabled = False
     tcp = [_tcp_outcome(address, min(1.0, timeout_s)) for address in conn.bootstrap.split(",")]
@@ -449,6 +461,24 @@ def broker_unreachable(conn: KafkaConnection, timeout_s: float = BROKER_TIMEOUT_
         check = f"check that a Kafka broker runs at {conn.bootstrap}{where} and is reachable from here"
     return (f"broker {conn.describe()} unreachable: no answer to a metadata request within {timeout_s:g} s "
             f"({why}; {', '.join(tcp)}); {check}")
+
+
+def _refusal(conn: KafkaConnection, errors) -> str | None:
+    """The line for a broker that answered and refused: SASL authentication failed (librdkafka's ``_AUTHENTICATION``)
+    or the TLS handshake failed (``_SSL``: the broker's certificate is not verified by ``ssl_cafile``); None for
+    other errors. librdkafka's text is kept, the secret never is in it."""
+    from confluent_kafka import KafkaError
+
+    for err in errors:
+        code, text = err.code(), err.str().split(": ", 1)[-1].removeprefix("SSL handshake failed: ")
+        if code == KafkaError._AUTHENTICATION:
+            return (f"broker {conn.describe()} refused the credentials: {text}; check the user name and the password "
+                    f"({ENV_PREFIX}SASL_PASSWORD or the [kafka] table)")
+        if code == KafkaError._SSL:
+            ca = f"ssl_cafile {conn.ssl_cafile}" if conn.ssl_cafile else "the system's CA certificates (no ssl_cafile)"
+            return (f"broker {conn.describe()}: TLS handshake failed: {text}; check that {ca} holds the CA of the "
+                    "broker's certificate and that the certificate names the address")
+    return None
 
 
 def _tcp_outcome(address: str, timeout_s: float) -> str:

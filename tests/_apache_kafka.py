@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import fcntl
+import hashlib
 import logging
 import os
 import re
@@ -72,12 +73,14 @@ def ensure_jars() -> Path:
     workers share the cache, and a lock file keeps a second one from reading a half-copied directory)."""
     root = cache_dir()
     lib, done = root / "lib", root / "lib.complete"
-    if done.exists():
+    # the marker names the pom it was fetched for: a dependency added to the pom is fetched into an existing cache
+    fetched_for = f"{kafka_version()} {hashlib.sha256(POM.read_bytes()).hexdigest()[:16]}\n"
+    if done.exists() and done.read_text() == fetched_for:
         return lib
     root.mkdir(parents=True, exist_ok=True)
     with open(root / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if done.exists():
+        if done.exists() and done.read_text() == fetched_for:
             return lib
         missing = missing_tools()
         if missing:
@@ -89,7 +92,7 @@ def ensure_jars() -> Path:
         if run.returncode != 0 or not any(lib.glob("kafka_2.13-*.jar")):
             raise BrokerError(f"fetching Apache Kafka's jars failed ({' '.join(cmd)}):\n"
                               f"{(run.stdout + run.stderr)[-3000:]}")
-        done.write_text(kafka_version() + "\n")
+        done.write_text(fetched_for)
     return lib
 
 

@@ -129,7 +129,7 @@ def test_records_over_the_limit_are_written_in_parts_and_a_second_worker_recover
     assert after == before
 
 
-def test_topics_apply_creates_the_state_topic_as_the_worker_would_and_one_below_the_limit_is_refused(
+def test_topics_apply_creates_the_state_and_lineage_topics_as_the_worker_would_and_one_below_the_limit_is_refused(
         broker, tmp_path):
     from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
@@ -143,6 +143,11 @@ def test_topics_apply_creates_the_state_topic_as_the_worker_would_and_one_below_
     found = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, st.state_topic("applied-app"))])
     configs = {n: c.value for f in found.values() for n, c in f.result(30).items()}
     assert configs["max.message.bytes"] == str(st.MESSAGE_MAX_BYTES) and configs["cleanup.policy"] == "compact"
+    # and its lineage topic (one partition, compacted), which such a worker cannot create either
+    lineage = admin.list_topics(timeout=30).topics["applied-app-lineage"]
+    found = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, "applied-app-lineage")])
+    assert len(lineage.partitions) == 1 and \
+        {n: c.value for f in found.values() for n, c in f.result(30).items()}["cleanup.policy"] == "compact"
     core, loop, thread = _run_loop(cfg, broker.bootstrap, "applied-app", tmp_path / "cache")
     try:
         wait_for(lambda: loop.ready, 30, "the worker on the applied state topic")

@@ -60,6 +60,9 @@ HALT_LINEAGE_LOST = "lineage_lost"
 READ_WAIT_S = 60.0
 
 
+LINEAGE_TOPIC_CONFIG = {"cleanup.policy": "compact"}
+
+
 def lineage_topic(app_id: str) -> str:
     return f"{app_id}-lineage"
 
@@ -154,8 +157,13 @@ class LineageTopic:
     def ensure(self, admin) -> None:
         """Create the topic (one partition, compacted) unless it exists, and the producer: an idempotent producer
         takes its producer id in the background (about a second on the Tansu broker) while the worker joins its
-        consumer group, instead of when the first recovery writes its barrier."""
-        fut = admin.create_topics([NewTopic(self.topic, 1, 1, config={"cleanup.policy": "compact"})])
+        consumer group, instead of when the first recovery writes its barrier. An existing topic is not created
+        again: a broker with ACLs refuses CreateTopics to a worker without Create rights even for a topic that
+        exists (TOPIC_AUTHORIZATION_FAILED), and such a worker uses the topic `topics apply --app-id` made."""
+        if self.topic in admin.list_topics(timeout=30).topics:
+            self._producer_ready()
+            return
+        fut = admin.create_topics([NewTopic(self.topic, 1, 1, config=LINEAGE_TOPIC_CONFIG)])
         for f in fut.values():
             try:
                 f.result(30)
@@ -243,6 +251,7 @@ def manifest_lineages(client_config: dict, stream: str, quiet_s: float = 0.5, ma
     found: dict[str, set[int]] = {}
     try:
         md = reader.list_topics(topic, timeout=30).topics.get(topic)
+        _refuse_unauthorized(md.error if md is not None else None, topic)
         if md is None or md.error is not None:
             return found
         parts = list(md.partitions)
@@ -264,6 +273,7 @@ def manifest_lineages(client_config: dict, stream: str, quiet_s: float = 0.5, ma
                 quiet_since = time.monotonic()
             for m in msgs:
                 key = m.key() or b""
+                _refuse_unauthorized(m.error(), topic)
                 if m.error() is not None or not key.startswith(prefix):
                     continue
                 try:
@@ -281,6 +291,14 @@ def manifest_lineages(client_config: dict, stream: str, quiet_s: float = 0.5, ma
         return found
     finally:
         reader.close()
+
+
+def _refuse_unauthorized(err: KafkaError | None, topic: str) -> None:
+    """Stop on an ACL refusal: a worker that may not read the stream's manifests would find no earlier lineage
+    and start a new one where a lost state must halt (fail closed)."""
+    if err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+        raise RuntimeError(f"not authorized to read {topic}: the worker needs Read and Describe on it to find the "
+                           "stream's lineages (docs/operations.md, ACLs)")
 
 
 class StreamLineage:

@@ -168,7 +168,8 @@ def loop_series(core, loop):
     g = _gauge("broker_connected", "1 while the broker is reachable, else 0")
     g.add_metric([stream], 1.0 if loop.watch.connected else 0.0)
     yield g
-    g = _gauge("ready", "1 while /readyz answers 200 (partitions assigned and recovered, none halted), else 0")
+    g = _gauge("ready", "1 while /readyz answers 200 (partitions assigned and recovered, none halted, broker "
+                        "connected), else 0")
     g.add_metric([stream], 1.0 if readiness(loop)[0] else 0.0)
     yield g
     h = _gauge("partition_halted", "1 for a partition halted until an operator decides (label reason), 0 for an "
@@ -236,12 +237,14 @@ def prometheus_text(core, loop) -> bytes:
 
 
 def readiness(loop) -> tuple[bool, dict]:
-    """(ready, details): partitions assigned and recovered, none halted, the loop running."""
+    """(ready, details): partitions assigned and recovered, none halted, the loop running, the broker answering (a
+    worker cut off from the brokers processes nothing: not ready, though the group has not yet moved its
+    partitions)."""
     detail = {"assigned": sorted(loop.assigned), "halted": {str(p): h for p, h in loop.halted.items()},
               "recovered": loop.ready, "running": not loop.stopped.is_set(), "broker_connected": loop.watch.connected}
     if loop.retention is not None:       # an alert, not a readiness condition (stream_anon.kafka.retention)
         detail["raw_retention"] = loop.retention.as_dict()
-    ok = loop.ready and not loop.halted and not loop.stopped.is_set() and bool(loop.assigned)
+    ok = loop.ready and not loop.halted and not loop.stopped.is_set() and bool(loop.assigned) and loop.watch.connected
     return ok, detail
 
 

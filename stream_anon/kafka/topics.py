@@ -228,10 +228,19 @@ def state_topic_def(config, app_id: str, defs: dict[str, TopicDef] | None = None
                     value="the worker's state records (stream_anon.worker.state)", configs=dict(STATE_TOPIC_CONFIG))
 
 
+def lineage_topic_def(app_id: str) -> TopicDef:
+    """The lineage topic of the worker ``app_id``, as that worker creates it when it is missing
+    (stream_anon.kafka.lineage: one partition, compacted)."""
+    from stream_anon.kafka.lineage import LINEAGE_TOPIC_CONFIG, lineage_topic
+
+    return TopicDef(lineage_topic(app_id), 1, value="the stream's lineage declarations (stream_anon.kafka.lineage)",
+                    configs=dict(LINEAGE_TOPIC_CONFIG))
+
+
 def apply_plan(defs: dict[str, TopicDef], configs=(), app_id: str | None = None) -> dict[str, TopicDef]:
     """What ``topics apply`` creates: without stream configs every defined topic; with them the shared topics and
     each stream's (:func:`stream_topic_defs`), no other stream's; with ``app_id`` (one config) also the state
-    topic of that worker (:func:`state_topic_def`)."""
+    topic and lineage topic of that worker (:func:`state_topic_def`, :func:`lineage_topic_def`)."""
     if not configs:
         return dict(defs)
     out = shared_topic_defs(defs)
@@ -240,8 +249,8 @@ def apply_plan(defs: dict[str, TopicDef], configs=(), app_id: str | None = None)
     if app_id is not None:
         if len(configs) != 1:
             raise TopicError(f"--app-id {app_id}: the state topic belongs to one stream; give one --config")
-        state = state_topic_def(configs[0], app_id, defs)
-        out[state.name] = state
+        for own in (state_topic_def(configs[0], app_id, defs), lineage_topic_def(app_id)):
+            out[own.name] = own
     return out
 
 
