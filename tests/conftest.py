@@ -48,6 +48,16 @@ def pytest_generate_tests(metafunc):
 
 
 @pytest.fixture(scope="session")
+def apache_kafka_tools():
+    """For a test that starts its own Apache Kafka (a cluster, TLS, another address): the launcher class; the test
+    is skipped when ``java`` or ``mvn`` is missing (and marked ``kafka``)."""
+    missing = missing_tools()
+    if missing:
+        pytest.skip(f"Apache Kafka tier: {' and '.join(missing)} not on PATH")
+    return ApacheKafka
+
+
+@pytest.fixture(scope="session")
 def apache_kafka():
     """The Apache Kafka of this pytest process (one combined KRaft node, ~10 s to start), shared by its tests.
 
@@ -135,7 +145,7 @@ def broker_of_its_own():
 
 # the fixtures that give a test a broker: the test is marked ``kafka``
 BROKER_FIXTURES = frozenset({"broker", "module_broker", "broker_of_its_own", "new_broker", "apache_kafka",
-                             "apache_cluster"})
+                             "apache_kafka_tools"})
 NEEDS_A_BROKER = ("this test starts a broker but requests no fixture of BROKER_FIXTURES (tests/conftest.py), so "
                   "it is not marked kafka and would run in make test-fast: request broker_of_its_own")
 

@@ -18,7 +18,6 @@ import orjson
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _apache_kafka import ApacheKafka, missing_tools  # noqa: E402
 
 from stream_anon import contract  # noqa: E402
 from stream_anon.broker import free_port  # noqa: E402
@@ -26,7 +25,7 @@ from stream_anon.audit.kafka_source import audit_from_kafka, read_topic  # noqa:
 from stream_anon.config import load_config  # noqa: E402
 from stream_anon.datasets import oyster_cards  # noqa: E402
 from stream_anon.kafka.replay import replay  # noqa: E402
-from stream_anon.kafka.state import transactional_id  # noqa: E402
+from stream_anon.worker.state import transactional_id  # noqa: E402
 from stream_anon.kafka.supervise import (OutputReader, committed_offsets, start_worker_process,  # noqa: E402
                                          stop_worker_process)
 from stream_anon.kafka.topics import apply_plan, load_topic_definitions  # noqa: E402
@@ -74,17 +73,15 @@ def create_replicated(admin, cfg, replication: int) -> list[str]:
     return sorted(plan)
 
 
-def test_kill_9_of_the_input_leader_and_the_transaction_coordinator_loses_and_repeats_nothing(tmp_path, secret_env):
-    missing = missing_tools()
-    if missing:
-        pytest.skip(f"Apache Kafka tier: {' and '.join(missing)} not on PATH")
+def test_kill_9_of_the_input_leader_and_the_transaction_coordinator_loses_and_repeats_nothing(
+        tmp_path, secret_env, apache_kafka_tools):
     from confluent_kafka.admin import AdminClient
 
     events = oyster_cards.read_events()[:N_EVENTS]
     cfg_path = contract.config_path("oyster-cards")
     cfg = load_config(cfg_path)
     topic = cfg.stream.input_topic
-    with ApacheKafka(3) as kafka:
+    with apache_kafka_tools(3) as kafka:
         bootstrap = kafka.bootstrap
         admin = AdminClient({"bootstrap.servers": bootstrap})
         create_replicated(admin, cfg, 3)

@@ -18,7 +18,6 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _netns as netns  # noqa: E402
-from _apache_kafka import ApacheKafka, missing_tools  # noqa: E402
 
 from stream_anon import contract  # noqa: E402
 from stream_anon.audit.kafka_source import audit_from_kafka, read_topic  # noqa: E402
@@ -51,8 +50,9 @@ def assigned_since(log: Path, mark: int) -> set[int]:
     return {p for x in netns.assigned_after(log, mark) for p in x}
 
 
-def test_three_worker_hosts_one_cut_off_and_healed_one_killed_nothing_lost_or_repeated(tmp_path, secret_env):
-    why = netns.unavailable() or (missing_tools() and f"{' and '.join(missing_tools())} not on PATH")
+def test_three_worker_hosts_one_cut_off_and_healed_one_killed_nothing_lost_or_repeated(tmp_path, secret_env,
+                                                                                       apache_kafka_tools):
+    why = netns.unavailable()
     if why:
         pytest.skip(f"several hosts cannot be made here: {why}")
     from confluent_kafka.admin import AdminClient, NewTopic
@@ -64,7 +64,7 @@ def test_three_worker_hosts_one_cut_off_and_healed_one_killed_nothing_lost_or_re
     names = ("a", "b", "c")
     logs = {n: tmp_path / f"worker-{n}.log" for n in names}
     fig: dict = {}
-    with netns.NetnsLab(names) as lab, ApacheKafka(3, host=lab.broker_ip) as kafka:
+    with netns.NetnsLab(names) as lab, apache_kafka_tools(3, host=lab.broker_ip) as kafka:
         bootstrap = kafka.bootstrap
         admin = AdminClient({"bootstrap.servers": bootstrap})
         plan = apply_plan(load_topic_definitions(), [cfg], APP_ID)

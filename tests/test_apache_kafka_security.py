@@ -166,8 +166,8 @@ class SecureKafka:
 
 
 @pytest.fixture(scope="module")
-def secure(tmp_path_factory):
-    missing = apache.missing_tools() + ([] if shutil.which("openssl") else ["openssl"])
+def secure(tmp_path_factory, apache_kafka_tools):
+    missing = [] if shutil.which("openssl") else ["openssl"]
     if missing:
         pytest.skip(f"Apache Kafka with TLS needs {', '.join(missing)}")
     s = SecureKafka(tmp_path_factory.mktemp("secure-kafka")).start()
@@ -305,7 +305,7 @@ def test_a_wrong_password_or_an_untrusted_certificate_is_one_line_and_exit_2(sec
     for user, args in commands.items():
         if case == "wrong password":
             done = secure.command(user, *args, password=wrong, timeout=60)
-            expected = f"refused the credentials: SASL authentication error: Authentication failed"
+            expected = "refused the credentials: SASL authentication error: Authentication failed"
         else:
             done = secure.command(user, *args, timeout=60,
                                   extra_env={"STREAM_ANON_KAFKA_SSL_CAFILE": str(secure.pki["other_ca"])})

@@ -28,7 +28,7 @@ from stream_anon.audit.kafka_source import audit_from_kafka, read_topic  # noqa:
 from stream_anon.config import load_config  # noqa: E402
 from stream_anon.datasets import oyster_cards  # noqa: E402
 from stream_anon.kafka.replay import replay  # noqa: E402
-from stream_anon.kafka.state import state_topic  # noqa: E402
+from stream_anon.worker.state import state_topic  # noqa: E402
 from stream_anon.kafka.supervise import OutputReader, start_worker_process, stop_worker_process  # noqa: E402
 from stream_anon.kafka.topics import ensure_topics  # noqa: E402
 from stream_anon.kafka.transactions import TXN_TIMEOUT_S  # noqa: E402

@@ -106,7 +106,7 @@ def test_a_dead_producers_open_transaction_tansu_defers_what_follows_apache_kafk
 def test_aborted_records_and_read_committed_readers(broker, broker_kind):
     """A transaction aborted, then one committed, on one partition. Apache Kafka hides the aborted record from a
     read_committed reader; what Tansu shows is recorded here (docs/brokers.md): every reader of ours filters
-    aborted attempts itself (stream_anon.kafka.state), so it holds on either broker."""
+    aborted attempts itself (stream_anon.worker.state), so it holds on either broker."""
     from confluent_kafka import Consumer, Producer, TopicPartition
     from confluent_kafka.admin import AdminClient, NewTopic
 

@@ -13,10 +13,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-import pytest
 import yaml
 
-from _apache_kafka import ApacheKafka, kafka_version, missing_tools
+from _apache_kafka import kafka_version
 from _kafka_helpers import committed_offsets
 from stream_anon.broker import free_port
 
@@ -81,8 +80,7 @@ def _ready(port: int) -> bool:
         return False
 
 
-@pytest.mark.skipif(bool(missing_tools()), reason="Apache Kafka tier: java or mvn not on PATH")
-def test_compose_broker_settings_topics_and_two_workers_run_on_that_apache_kafka(tmp_path):
+def test_compose_broker_settings_topics_and_two_workers_run_on_that_apache_kafka(tmp_path, apache_kafka_tools):
     props = server_properties(SERVICES["kafka"]["environment"])
     # the addresses are the container's; their listener names and protocols are the launcher's
     assert {p.split("://")[0] for p in props["listeners"].split(",")} == {"PLAINTEXT", "CONTROLLER"}
@@ -93,7 +91,7 @@ def test_compose_broker_settings_topics_and_two_workers_run_on_that_apache_kafka
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("STREAM_ANON_")}
     compose_env = {**base_env, "STREAM_ANON_SECRET": secret}
     workers: list[subprocess.Popen] = []
-    with ApacheKafka(server_properties=settings) as kafka:
+    with apache_kafka_tools(server_properties=settings) as kafka:
         bootstrap = kafka.bootstrap
         topics = subprocess.run(_command("topics", bootstrap, tmp_path, 0), capture_output=True, text=True,
                                 timeout=120, env=base_env)

@@ -19,7 +19,7 @@ from _kafka_helpers import collect, read_all, setup_stream, synthetic_fares, wai
 from stream_anon.audit.kafka_source import audit_from_kafka  # noqa: E402
 from stream_anon.broker import free_port  # noqa: E402
 from stream_anon.kafka.replay import replay  # noqa: E402
-from stream_anon.kafka.supervise import run_until_accounted, start_worker_process, stop_worker_process  # noqa: E402
+from stream_anon.kafka.supervise import start_worker_process, stop_worker_process  # noqa: E402
 
 pytestmark = pytest.mark.kafka
 
@@ -227,7 +227,7 @@ def test_a_first_lineage_another_worker_declares_between_the_reads_is_joined_not
     from confluent_kafka.admin import AdminClient
 
     from stream_anon.kafka import lineage as lin
-    from stream_anon.kafka.state import Recovery
+    from stream_anon.worker.state import Recovery
     from stream_anon.kafka.state_cache import CommittedCache
     from stream_anon.kafka.topics import ensure_topics
     from stream_anon.render import json_bytes
