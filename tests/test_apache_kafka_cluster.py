@@ -7,6 +7,7 @@ ids with two contents, the audit passes; the stall (the longest time the worker'
 move while input was waiting) is measured at each kill and printed (docs/brokers.md gives the figures)."""
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 import time
@@ -83,7 +84,7 @@ def test_kill_9_of_the_input_leader_and_the_transaction_coordinator_loses_and_re
     topic = cfg.stream.input_topic
     with apache_kafka_tools(3) as kafka:
         bootstrap = kafka.bootstrap
-        admin = AdminClient({"bootstrap.servers": bootstrap})
+        admin = AdminClient({"bootstrap.servers": bootstrap, "logger": logging.getLogger("stream_anon.kafka.client")})
         create_replicated(admin, cfg, 3)
         assert all(len(m.replicas) == 3 for m in admin.list_topics(topic, timeout=30).topics[topic]
                    .partitions.values())

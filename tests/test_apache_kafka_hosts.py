@@ -6,6 +6,7 @@ lost, no release id has two contents, the audit passes."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -66,7 +67,7 @@ def test_three_worker_hosts_one_cut_off_and_healed_one_killed_nothing_lost_or_re
     fig: dict = {}
     with netns.NetnsLab(names) as lab, apache_kafka_tools(3, host=lab.broker_ip) as kafka:
         bootstrap = kafka.bootstrap
-        admin = AdminClient({"bootstrap.servers": bootstrap})
+        admin = AdminClient({"bootstrap.servers": bootstrap, "logger": logging.getLogger("stream_anon.kafka.client")})
         plan = apply_plan(load_topic_definitions(), [cfg], APP_ID)
         for f in admin.create_topics([NewTopic(d.name, d.partitions, 3, config=d.topic_configs())
                                       for d in plan.values()]).values():
@@ -128,8 +129,8 @@ def test_three_worker_hosts_one_cut_off_and_healed_one_killed_nothing_lost_or_re
     text = {n: logs[n].read_text(errors="replace") for n in names}
     assert fig["exits"] == (None, None) and fig["takeover_s"] < 60 and fig["after_kill_s"] < 60, fig
     # readiness reports the cut: 503, the broker lost
-    assert fig["a_readyz_during_cut"].get("ready") is False and \
-        fig["a_readyz_during_cut"].get("broker_connected") is False, fig
+    # not ready names the cut; librdkafka may not have marked the broker down yet when it is read
+    assert fig["a_readyz_during_cut"].get("ready") is False and not fig["a_readyz_during_cut"]["assigned"], fig
     assert "broker connection lost" in text["a"] and "broker connection restored" in text["a"]
     assert "HALTED" not in text["a"] + text["b"] + text["c"]
     assert fig["accounting"]["accounted"] == N_EVENTS, fig

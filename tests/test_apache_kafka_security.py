@@ -10,6 +10,8 @@ Apache Kafka tool itself (``org.apache.kafka.tools.AclCommand``): the documentat
 """
 from __future__ import annotations
 
+import logging
+
 import os
 import secrets
 import shlex
@@ -42,7 +44,7 @@ WORKER, AUDIT, REPLAY, NOBODY = "stream-anon-worker", "stream-anon-audit", "stre
 USERS = ("admin", WORKER, AUDIT, REPLAY, NOBODY)
 N_EVENTS = 1500
 SECRET = "test-secret-0123456789abcdef0123456789"
-
+CLIENT_LOG = logging.getLogger("stream_anon.kafka.client")     # librdkafka's lines through Python logging
 
 def documented_acl_commands() -> list[list[str]]:
     """The ``kafka-acls.sh`` commands of the fenced block after :data:`ACL_BLOCK` in docs/operations.md, each as
@@ -185,8 +187,9 @@ def topic_bytes(conn: KafkaConnection) -> dict[str, bytes]:
     from confluent_kafka import Consumer, TopicPartition
     from confluent_kafka.admin import AdminClient
 
-    topics = [t for t in AdminClient(conn.confluent()).list_topics(timeout=30).topics if not t.startswith("__")]
-    c = Consumer({**conn.confluent(), "group.id": "grep", "enable.auto.commit": False,
+    admin = AdminClient({**conn.confluent(), "logger": CLIENT_LOG})
+    topics = [t for t in admin.list_topics(timeout=30).topics if not t.startswith("__")]
+    c = Consumer({**conn.confluent(), "logger": CLIENT_LOG, "group.id": "grep", "enable.auto.commit": False,
                   "isolation.level": "read_committed"})
     out: dict[str, bytearray] = {t: bytearray() for t in topics}
     try:
@@ -252,7 +255,8 @@ def test_a_principal_without_rights_cannot_read_the_raw_topic_or_write_an_output
     def read(user, topic):
         """What a reader of partition 0 of ``topic`` as ``user`` gets: "read", or the broker's refusal of the topic's
         metadata (no Describe) or of the fetch (no Read)."""
-        c = Consumer({**secure.conn(user).confluent(), "group.id": f"{user}-probe", "enable.auto.commit": False})
+        c = Consumer({**secure.conn(user).confluent(), "logger": CLIENT_LOG, "group.id": f"{user}-probe",
+                      "enable.auto.commit": False})
         try:
             refused = c.list_topics(topic, timeout=20).topics[topic].error
             if refused is not None:

@@ -718,4 +718,6 @@ def test_demo_dp_report_on_an_oyster_cards_slice(tmp_path, broker_of_its_own):
     # (docs/privacy.md, Which DP rows exist): the daily aggregates too, every one with its error
     names = {s.name for s in load_config("configs/oyster-cards.toml").dp.aggregates}
     assert set(dp["aggregates_rmse"]) == names and len(names) == 5
-    assert all(math.isfinite(a["rmse"]) and a["rmse"] > 0 for a in dp["aggregates_rmse"].values())
+    # the demo's secret is random, so is its noise: a clipped ratio can come out exactly at its true values (0)
+    assert all(math.isfinite(a["rmse"]) and a["rmse"] >= 0 for a in dp["aggregates_rmse"].values()), \
+        {n: a["rmse"] for n, a in dp["aggregates_rmse"].items()}

@@ -39,6 +39,7 @@ charged again, never less). Without a period the entries are bounded by the budg
 >>> ledger = BudgetLedger(None, epsilon_budget=1.0)
 >>> ledger.reserve("taps", 0, 0.6).ok, ledger.reserve("taps", 0, 0.6).new
 (True, False)
+>>> import json
 >>> restarted = BudgetLedger(None, epsilon_budget=1.0)
 >>> restarted.load_state(json.loads(json.dumps(ledger.state_core())), {})
 >>> out = restarted.reserve("taps", 1, 0.6)
