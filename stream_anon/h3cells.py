@@ -9,7 +9,7 @@ kept in a bounded cache; fleets repeat positions (stations, depots, parked vehic
 >>> cells = cells_of_points(np.array([40.7128, 40.7128]), np.array([-74.006, -74.006]), 7, 9)
 >>> cells.shape, bool((cells[0] == cells[1]).all())
 ((2, 3), True)
->>> finest_common_cell(np.array([40.7128]), np.array([-74.006]), 7, 9) == _h3().latlng_to_cell(40.7128, -74.006, 9)
+>>> common_cell(np.array([40.7128]), np.array([-74.006]), (7, 9)) == h3_package().latlng_to_cell(40.7128, -74.006, 9)
 True
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from functools import lru_cache
 import numpy as np
 
 
-def _h3():
+def h3_package():
     import h3       # only streams with an H3 geopoint need the package (checked when their config loads)
     return h3
 
@@ -43,10 +43,11 @@ def cells_of_points(lat: np.ndarray, lon: np.ndarray, rmin: int, rmax: int) -> n
     return per_point[inverse.reshape(-1)]
 
 
-def finest_common_cell(lat: np.ndarray, lon: np.ndarray, rmin: int, rmax: int) -> str | None:
-    """The cell (string form) of the finest resolution in [rmin, rmax] holding every position, or None. Searched
-    at every resolution, not only up the hierarchy: sharing a cell at one resolution does not imply sharing one at
-    every coarser resolution."""
+def common_cell(lat: np.ndarray, lon: np.ndarray, resolutions: tuple[int, int]) -> str | None:
+    """The cell (string form) of the finest resolution in [rmin, rmax] holding every position, or None (none does).
+    Every resolution is searched: H3 children do not tile their parent exactly, so sharing a cell at one resolution
+    does not imply sharing one at every coarser resolution (tests/test_h3.py)."""
+    rmin, rmax = resolutions
     # plain tuples: called once per class and per box, mostly on a few distinct positions
     rows = [cells_of_point(a, o, rmin, rmax) for a, o in set(zip(np.asarray(lat, dtype=float).tolist(),
                                                                    np.asarray(lon, dtype=float).tolist()))]
@@ -55,5 +56,5 @@ def finest_common_cell(lat: np.ndarray, lon: np.ndarray, rmin: int, rmax: int) -
     first = rows[0]
     for j in range(len(first) - 1, -1, -1):
         if all(r[j] == first[j] for r in rows):
-            return _h3().int_to_str(first[j])
+            return h3_package().int_to_str(first[j])
     return None

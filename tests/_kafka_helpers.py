@@ -311,3 +311,48 @@ def wait_for(pred, timeout_s, what, explain=None):
             return v
         time.sleep(0.3)
     raise AssertionError(f"timeout waiting for {what}" + (f": {explain()}" if explain else ""))
+
+
+def wait_while_running(pred, timeout_s: float, what: str, procs=()) -> float:
+    """Seconds until ``pred()`` is true; a RuntimeError when one of the worker processes ``procs`` exits first, a
+    TimeoutError naming ``what`` after ``timeout_s``."""
+    t0 = time.monotonic()
+    while not pred():
+        for p in procs:
+            if p.poll() is not None:
+                raise RuntimeError(f"a worker exited ({p.returncode}) while waiting for {what}")
+        if time.monotonic() - t0 > timeout_s:
+            raise TimeoutError(f"waited {timeout_s:g} s for {what}")
+        time.sleep(0.2)
+    return time.monotonic() - t0
+
+
+def wait_accounted(bootstrap: str, stream: str, n_events: int, timeout_s: float, procs=()) -> dict:
+    """The output accounting (:meth:`~stream_anon.kafka.supervise.OutputReader.accounting`) once ``n_events`` are
+    accounted for and none is deferred, the workers ``procs`` running all along."""
+    from stream_anon.kafka.supervise import OutputReader
+    reader = OutputReader(bootstrap, stream)
+    try:
+        def accounted():
+            reader.poll(300)
+            acc = reader.accounting()
+            return acc["accounted"] >= n_events and acc["deferred"] == 0
+        wait_while_running(accounted, timeout_s, "every event accounted", procs)
+        return reader.accounting()
+    finally:
+        reader.close()
+
+
+def release_contents(bootstrap: str) -> dict[str, set[bytes]]:
+    """Release id -> the distinct contents published under it on ``anon.releases`` (``created_at`` aside): a
+    release re-produced after a failure must have one."""
+    import orjson
+
+    from stream_anon import contract
+    from stream_anon.audit.kafka_source import read_topic
+    contents: dict[str, set[bytes]] = {}
+    for _, value in read_topic(bootstrap, contract.topics().releases, idle_s=1.0):
+        doc = orjson.loads(value)
+        doc.pop("created_at", None)
+        contents.setdefault(doc["release_id"], set()).add(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS))
+    return contents

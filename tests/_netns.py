@@ -19,8 +19,9 @@ import uuid
 from pathlib import Path
 
 from stream_anon.connection import as_connection
-from stream_anon.kafka.supervise import OutputReader, secret_env, stop_worker_process, worker_command
+from stream_anon.kafka.supervise import secret_env, stop_worker_process, worker_command
 
+from _kafka_helpers import wait_accounted, wait_while_running
 from _worker_harness import harness_entry
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,18 +112,6 @@ class NetnsLab:
                                     start_new_session=True, cwd=str(ROOT))
 
 
-def _wait(pred, timeout_s: float, what: str, procs=()) -> float:
-    t0 = time.monotonic()
-    while not pred():
-        for p in procs:
-            if p.poll() is not None:
-                raise RuntimeError(f"a worker exited ({p.returncode}) while waiting for {what}")
-        if time.monotonic() - t0 > timeout_s:
-            raise TimeoutError(f"waited {timeout_s:g} s for {what}")
-        time.sleep(0.2)
-    return time.monotonic() - t0
-
-
 def assigned_after(log: Path, offset: int) -> list[list[int]]:
     """The partition lists of the ``partitions assigned`` lines after byte ``offset`` of a worker's log."""
     text = log.read_bytes()[offset:].decode(errors="replace")
@@ -148,40 +137,34 @@ def run_partition(lab: NetnsLab, bootstrap: str, config_path, stream: str, repla
     a = None
     out: dict = {"cut_s": cut_s, "session_timeout_s": SESSION_TIMEOUT_S}
     try:
-        _wait(lambda: any(len(x) == partitions for x in assigned_after(logs["b"], 0)), timeout_s,
-              "worker B to own every partition", (b,))
+        wait_while_running(lambda: any(len(x) == partitions for x in assigned_after(logs["b"], 0)), timeout_s,
+                           "worker B to own every partition", (b,))
         b_mark = logs["b"].stat().st_size
         a = lab.start_worker("a", config_path, bootstrap, workdir / "state-a", app_id, logs["a"], extra, hold)
-        _wait(lambda: any(assigned_after(logs["a"], 0)) and any(assigned_after(logs["b"], b_mark)), timeout_s,
-              "the group to split the partitions between A and B", (a, b))
+        wait_while_running(lambda: any(assigned_after(logs["a"], 0)) and any(assigned_after(logs["b"], b_mark)),
+                           timeout_s,
+                           "the group to split the partitions between A and B", (a, b))
         replay_first()
-        _wait(lambda: Path(str(hold) + ".held").exists(), timeout_s, "worker A inside a transaction", (a, b))
+        wait_while_running(lambda: Path(str(hold) + ".held").exists(), timeout_s, "worker A inside a transaction",
+                           (a, b))
         held_partition = int(Path(str(hold) + ".held").read_text().split()[0])
         out["partitions_a_before_cut"] = assigned_after(logs["a"], 0)[-1]
         lab.cut("a")
         t_cut = time.monotonic()
         hold.unlink()                      # A goes on to commit: its requests reach nothing
         b_mark = logs["b"].stat().st_size
-        out["takeover_s"] = round(_wait(lambda: any(len(x) == partitions for x in assigned_after(logs["b"], b_mark)),
-                                        max(cut_s * 3, 60), "worker B to take every partition", (a, b)), 1)
+        out["takeover_s"] = round(wait_while_running(
+            lambda: any(len(x) == partitions for x in assigned_after(logs["b"], b_mark)),
+            max(cut_s * 3, 60), "worker B to take every partition", (a, b)), 1)
         time.sleep(max(0.0, cut_s - (time.monotonic() - t_cut)))
         a_mark = logs["a"].stat().st_size
         lab.heal("a")
         t_heal = time.monotonic()
-        out["rejoin_s"] = round(_wait(lambda: any(assigned_after(logs["a"], a_mark)), timeout_s,
-                                      "worker A to rejoin with partitions", (a, b)), 1)
+        out["rejoin_s"] = round(wait_while_running(lambda: any(assigned_after(logs["a"], a_mark)), timeout_s,
+                                                   "worker A to rejoin with partitions", (a, b)), 1)
         out["partitions_a_after_rejoin"] = next(x for x in assigned_after(logs["a"], a_mark) if x)
         replay_rest()
-        reader = OutputReader(bootstrap, stream)
-        try:
-            def done():
-                reader.poll(300)
-                acc = reader.accounting()
-                return acc["accounted"] >= n_events and acc["deferred"] == 0
-            _wait(done, timeout_s, "every event accounted", (a, b))
-            out["accounted"] = reader.accounting()
-        finally:
-            reader.close()
+        out["accounted"] = wait_accounted(bootstrap, stream, n_events, timeout_s, (a, b))
         out["seconds_after_heal"] = round(time.monotonic() - t_heal, 1)
         out["worker_crashes"] = int(a.poll() is not None) + int(b.poll() is not None)
     finally:

@@ -15,19 +15,19 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-import orjson
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+from _kafka_helpers import release_contents, wait_accounted  # noqa: E402
 
 from stream_anon import contract  # noqa: E402
 from stream_anon.broker import free_port  # noqa: E402
-from stream_anon.audit.kafka_source import audit_from_kafka, read_topic  # noqa: E402
+from stream_anon.audit.kafka_source import audit_from_kafka  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402
 from stream_anon.datasets import oyster_cards  # noqa: E402
 from stream_anon.kafka.replay import replay  # noqa: E402
 from stream_anon.worker.state import transactional_id  # noqa: E402
-from stream_anon.kafka.supervise import (OutputReader, committed_offsets, start_worker_process,  # noqa: E402
+from stream_anon.kafka.supervise import (committed_offsets, start_worker_process,  # noqa: E402
                                          stop_worker_process)
 from stream_anon.kafka.topics import apply_plan, load_topic_definitions  # noqa: E402
 
@@ -146,28 +146,12 @@ def test_kill_9_of_the_input_leader_and_the_transaction_coordinator_loses_and_re
                 time.sleep(3)
             kills_done.set()
             feeder.join(timeout=120)
-            reader = OutputReader(bootstrap, cfg.stream.name)
-            try:
-                deadline = time.monotonic() + 180
-                while True:
-                    reader.poll(300)
-                    acc = reader.accounting()
-                    if acc["accounted"] >= N_EVENTS and acc["deferred"] == 0:
-                        break
-                    assert time.monotonic() < deadline, f"not every event accounted: {acc}; {fig}"
-                    assert worker.poll() is None, log.read_text()[-3000:]
-            finally:
-                reader.close()
-            fig["accounting"] = acc
+            fig["accounting"] = wait_accounted(bootstrap, cfg.stream.name, N_EVENTS, 180, (worker,))
         finally:
             code = stop_worker_process(worker)
         assert sent[0] >= N_EVENTS
         report = audit_from_kafka(bootstrap, cfg_path, secret_env, idle_s=1.5)
-        contents: dict = {}
-        for _, value in read_topic(bootstrap, contract.topics().releases, idle_s=1.0):
-            doc = orjson.loads(value)
-            doc.pop("created_at", None)
-            contents.setdefault(doc["release_id"], set()).add(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS))
+        contents = release_contents(bootstrap)
     text = log.read_text()
     print(f"cluster figures: {fig}")
     assert code == 0 and "HALTED" not in text, text[-3000:]

@@ -14,18 +14,18 @@ import sys
 import time
 from pathlib import Path
 
-import orjson
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+from _kafka_helpers import release_contents, wait_accounted, wait_while_running  # noqa: E402
 import _netns as netns  # noqa: E402
 
 from stream_anon import contract  # noqa: E402
-from stream_anon.audit.kafka_source import audit_from_kafka, read_topic  # noqa: E402
+from stream_anon.audit.kafka_source import audit_from_kafka  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402
 from stream_anon.datasets import oyster_cards  # noqa: E402
 from stream_anon.kafka.replay import replay  # noqa: E402
-from stream_anon.kafka.supervise import OutputReader, stop_worker_process  # noqa: E402
+from stream_anon.kafka.supervise import stop_worker_process  # noqa: E402
 from stream_anon.kafka.topics import apply_plan, load_topic_definitions  # noqa: E402
 
 pytestmark = pytest.mark.kafka
@@ -78,53 +78,40 @@ def test_three_worker_hosts_one_cut_off_and_healed_one_killed_nothing_lost_or_re
             for n in names:
                 workers[n] = lab.start_worker(n, cfg_path, bootstrap, tmp_path / f"state-{n}", APP_ID, logs[n],
                                               extra)
-            netns._wait(lambda: all(assigned_since(logs[n], 0) for n in names), 180,
-                        "every worker to own partitions", workers.values())
+            wait_while_running(lambda: all(assigned_since(logs[n], 0) for n in names), 180,
+                               "every worker to own partitions", workers.values())
             replay(bootstrap, cfg.stream.input_topic, events[:half], cfg.stream.privacy_unit, progress=False)
             time.sleep(3)
             marks = {n: logs[n].stat().st_size for n in names}
             lab.cut("a")
             t_cut = time.monotonic()
-            fig["a_readyz_cut_s"] = round(netns._wait(lambda: readyz(lab, "a").get("ready") is False,
-                                                      60, "A's /readyz to report the broker lost"), 1)
+            fig["a_readyz_cut_s"] = round(wait_while_running(lambda: readyz(lab, "a").get("ready") is False,
+                                                             60, "A's /readyz to report the broker lost"), 1)
             fig["a_readyz_during_cut"] = readyz(lab, "a")
-            netns._wait(lambda: _owned_by(logs, ("b", "c")) == set(range(PARTITIONS)), 90,
-                        "B and C to own every partition", [workers["b"], workers["c"]])
+            wait_while_running(lambda: _owned_by(logs, ("b", "c")) == set(range(PARTITIONS)), 90,
+                               "B and C to own every partition", [workers["b"], workers["c"]])
             fig["takeover_s"] = round(time.monotonic() - t_cut, 1)       # from the cut (at most: polled)
             time.sleep(max(0.0, 3 * netns.SESSION_TIMEOUT_S + 5 - (time.monotonic() - t_cut)))
             marks["a"] = logs["a"].stat().st_size
             lab.heal("a")
             fig["cut_s"] = round(time.monotonic() - t_cut, 1)
-            fig["a_rejoin_s"] = round(netns._wait(lambda: assigned_since(logs["a"], marks["a"]), 120,
-                                                  "A to rejoin with partitions", workers.values()), 1)
-            fig["a_ready_after_heal"] = netns._wait(lambda: readyz(lab, "a").get("ready") is True, 60,
-                                                    "A ready again") >= 0
+            fig["a_rejoin_s"] = round(wait_while_running(lambda: assigned_since(logs["a"], marks["a"]), 120,
+                                                         "A to rejoin with partitions", workers.values()), 1)
+            fig["a_ready_after_heal"] = wait_while_running(lambda: readyz(lab, "a").get("ready") is True, 60,
+                                                           "A ready again") >= 0
             marks = {n: logs[n].stat().st_size for n in names}
             os.killpg(workers["c"].pid, signal.SIGKILL)
-            fig["after_kill_s"] = round(netns._wait(lambda: _owned_by(logs, ("a", "b")) == set(range(PARTITIONS)),
-                                                    90, "A and B to own every partition",
-                                                    [workers["a"], workers["b"]]), 1)
+            fig["after_kill_s"] = round(wait_while_running(
+                lambda: _owned_by(logs, ("a", "b")) == set(range(PARTITIONS)),
+                90, "A and B to own every partition", [workers["a"], workers["b"]]), 1)
             replay(bootstrap, cfg.stream.input_topic, events[half:], cfg.stream.privacy_unit, progress=False)
-            reader = OutputReader(bootstrap, cfg.stream.name)
-            try:
-                def accounted():
-                    reader.poll(300)
-                    acc = reader.accounting()
-                    return acc["accounted"] >= N_EVENTS and acc["deferred"] == 0
-                netns._wait(accounted, 180, "every event accounted", [workers["a"], workers["b"]])
-                fig["accounting"] = reader.accounting()
-            finally:
-                reader.close()
+            fig["accounting"] = wait_accounted(bootstrap, cfg.stream.name, N_EVENTS, 180, [workers["a"], workers["b"]])
             fig["exits"] = (workers["a"].poll(), workers["b"].poll())
         finally:
             for p in workers.values():
                 stop_worker_process(p)
         report = audit_from_kafka(bootstrap, cfg_path, secret_env, idle_s=1.5)
-        contents: dict = {}
-        for _, value in read_topic(bootstrap, contract.topics().releases, idle_s=1.0):
-            doc = orjson.loads(value)
-            doc.pop("created_at", None)
-            contents.setdefault(doc["release_id"], set()).add(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS))
+        contents = release_contents(bootstrap)
     print(f"several hosts figures: {fig}")
     text = {n: logs[n].read_text(errors="replace") for n in names}
     assert fig["exits"] == (None, None) and fig["takeover_s"] < 60 and fig["after_kill_s"] < 60, fig

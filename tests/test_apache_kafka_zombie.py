@@ -16,20 +16,20 @@ import sys
 import time
 from pathlib import Path
 
-import orjson
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+from _kafka_helpers import release_contents, wait_accounted, wait_while_running  # noqa: E402
 from _netns import assigned_after  # noqa: E402
 from _worker_harness import harness_entry  # noqa: E402
 
 from stream_anon import contract  # noqa: E402
-from stream_anon.audit.kafka_source import audit_from_kafka, read_topic  # noqa: E402
+from stream_anon.audit.kafka_source import audit_from_kafka  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402
 from stream_anon.datasets import oyster_cards  # noqa: E402
 from stream_anon.kafka.replay import replay  # noqa: E402
 from stream_anon.worker.state import state_topic  # noqa: E402
-from stream_anon.kafka.supervise import OutputReader, start_worker_process, stop_worker_process  # noqa: E402
+from stream_anon.kafka.supervise import start_worker_process, stop_worker_process  # noqa: E402
 from stream_anon.kafka.topics import ensure_topics  # noqa: E402
 from stream_anon.kafka.transactions import TXN_TIMEOUT_S  # noqa: E402
 
@@ -37,16 +37,6 @@ pytestmark = pytest.mark.kafka
 
 PARTITIONS, N_EVENTS, SESSION_S = 4, 3000, 2.0
 STOPPED_S = TXN_TIMEOUT_S + 5       # past the session timeout and the transaction timeout
-
-
-def _wait(pred, timeout_s: float, what: str, procs=()) -> float:
-    t0 = time.monotonic()
-    while not pred():
-        for p in procs:
-            assert p.poll() is None, f"a worker exited ({p.returncode}) while waiting for {what}"
-        assert time.monotonic() - t0 < timeout_s, f"waited {timeout_s:g} s for {what}"
-        time.sleep(0.2)
-    return time.monotonic() - t0
 
 
 def _read(bootstrap: str, topic: str, committed: bool) -> dict[tuple, bytes]:
@@ -96,14 +86,14 @@ def test_a_worker_stopped_past_its_timeouts_is_fenced_and_nothing_it_wrote_after
     a = None
     fig: dict = {}
     try:
-        _wait(lambda: any(len(x) == PARTITIONS for x in assigned_after(logs["b"], 0)), 120,
-              "worker B to own every partition", (b,))
+        wait_while_running(lambda: any(len(x) == PARTITIONS for x in assigned_after(logs["b"], 0)), 120,
+                           "worker B to own every partition", (b,))
         b_mark = logs["b"].stat().st_size
         a = start("a", harness_entry({}, hold))
-        _wait(lambda: any(assigned_after(logs["a"], 0)) and any(assigned_after(logs["b"], b_mark)), 120,
-              "the group to split the partitions between A and B", (a, b))
+        wait_while_running(lambda: any(assigned_after(logs["a"], 0)) and any(assigned_after(logs["b"], b_mark)), 120,
+                           "the group to split the partitions between A and B", (a, b))
         replay(bootstrap, cfg.stream.input_topic, events[:half], cfg.stream.privacy_unit, progress=False)
-        _wait(lambda: Path(str(hold) + ".held").exists(), 120, "worker A inside a transaction", (a, b))
+        wait_while_running(lambda: Path(str(hold) + ".held").exists(), 120, "worker A inside a transaction", (a, b))
         fig["a_partitions_before"] = assigned_after(logs["a"], 0)[-1]
         # every transaction writes its partition's state record (output records only when a window closes)
         uncommitted_before = _read(bootstrap, state_topic(app_id), committed=False)
@@ -112,26 +102,17 @@ def test_a_worker_stopped_past_its_timeouts_is_fenced_and_nothing_it_wrote_after
         t_stop = time.monotonic()
         hold.unlink()                               # resumed, A goes on to commit the transaction it holds
         b_mark = logs["b"].stat().st_size
-        fig["takeover_s"] = round(_wait(
+        fig["takeover_s"] = round(wait_while_running(
             lambda: any(len(x) == PARTITIONS for x in assigned_after(logs["b"], b_mark)), 60,
             "worker B to take every partition", (b,)), 1)
         time.sleep(max(0.0, STOPPED_S - (time.monotonic() - t_stop)))
         a_mark = logs["a"].stat().st_size
         os.killpg(a.pid, signal.SIGCONT)
         fig["stopped_s"] = round(time.monotonic() - t_stop, 1)
-        fig["a_rejoin_s"] = round(_wait(lambda: any(assigned_after(logs["a"], a_mark)), 120,
-                                        "worker A to rejoin with partitions", (a, b)), 1)
+        fig["a_rejoin_s"] = round(wait_while_running(lambda: any(assigned_after(logs["a"], a_mark)), 120,
+                                                     "worker A to rejoin with partitions", (a, b)), 1)
         replay(bootstrap, cfg.stream.input_topic, events[half:], cfg.stream.privacy_unit, progress=False)
-        reader = OutputReader(bootstrap, cfg.stream.name)
-        try:
-            def accounted():
-                reader.poll(300)
-                acc = reader.accounting()
-                return acc["accounted"] >= N_EVENTS and acc["deferred"] == 0
-            _wait(accounted, 180, "every event accounted", (a, b))
-            fig["accounting"] = reader.accounting()
-        finally:
-            reader.close()
+        fig["accounting"] = wait_accounted(bootstrap, cfg.stream.name, N_EVENTS, 180, (a, b))
         fig["exits"] = (a.poll(), b.poll())
     finally:
         for p in (a, b):
@@ -142,11 +123,7 @@ def test_a_worker_stopped_past_its_timeouts_is_fenced_and_nothing_it_wrote_after
     text = {n: path.read_text(errors="replace") for n, path in logs.items()}
 
     report = audit_from_kafka(bootstrap, cfg_path, secret_env, idle_s=1.5)
-    contents: dict = {}
-    for _, value in read_topic(bootstrap, t.releases, idle_s=1.0):
-        doc = orjson.loads(value)
-        doc.pop("created_at", None)
-        contents.setdefault(doc["release_id"], set()).add(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS))
+    contents = release_contents(bootstrap)
     looked_at = (records_topic, t.releases, state_topic(app_id))
     committed = {topic: _read(bootstrap, topic, committed=True) for topic in looked_at}
     uncommitted = {topic: _read(bootstrap, topic, committed=False) for topic in looked_at}

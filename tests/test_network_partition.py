@@ -9,14 +9,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import orjson
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+from _kafka_helpers import release_contents  # noqa: E402
 import _netns as netns  # noqa: E402
 
 from stream_anon import contract  # noqa: E402
-from stream_anon.audit.kafka_source import audit_from_kafka, read_topic  # noqa: E402
+from stream_anon.audit.kafka_source import audit_from_kafka  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402
 from stream_anon.datasets import oyster_cards  # noqa: E402
 from stream_anon.kafka.replay import replay  # noqa: E402
@@ -45,11 +45,7 @@ def test_a_worker_cut_off_longer_than_its_session_is_fenced_and_rejoins_nothing_
         fig = netns.run_partition(lab, broker.bootstrap, cfg_path, cfg.stream.name, send(events[:half]),
                                   send(events[half:]), len(events), 4, tmp_path, cut_s=10.0)
         report = audit_from_kafka(broker.bootstrap, cfg_path, secret_env, idle_s=1.5)
-        contents: dict = {}
-        for _, value in read_topic(broker.bootstrap, t.releases, idle_s=1.0):
-            doc = orjson.loads(value)
-            doc.pop("created_at", None)
-            contents.setdefault(doc["release_id"], set()).add(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS))
+        contents = release_contents(broker.bootstrap)
 
     # B took every partition while A was cut off (run_partition waits for it), then A came back
     assert fig["takeover_s"] < 60 and fig["partitions_a_before_cut"] and fig["partitions_a_after_rejoin"], fig

@@ -39,7 +39,7 @@ from itertools import repeat
 import numpy as np
 
 from stream_anon.config import QuasiIdentifier, StreamConfig
-from stream_anon.h3cells import finest_common_cell
+from stream_anon.h3cells import common_cell, h3_package as _h3
 
 
 @lru_cache(maxsize=8192)     # published bounds are snapped to the time granularity: few distinct values
@@ -291,18 +291,6 @@ def snap_numeric(lo, hi, granularity: float, lower: float, upper: float):
         f = np.round(np.where(f > lo, f - g, f), digits)          # never inside a member after rounding
         t = np.round(np.where(t <= hi, t + g, t), digits)
     return np.maximum(f, lower), np.minimum(t, upper)
-
-
-def _h3():
-    import h3       # only streams with an H3 geopoint need the package (checked when their config loads)
-    return h3
-
-
-def common_cell(lat: np.ndarray, lon: np.ndarray, resolutions: tuple[int, int]) -> str | None:
-    """The cell of the finest resolution in [rmin, rmax] holding every (lat, lon), or None (none does).
-    Every resolution is searched: H3 children do not tile their parent exactly, so sharing a cell at one
-    resolution does not imply sharing one at every coarser resolution (tests/test_h3.py)."""
-    return finest_common_cell(lat, lon, *resolutions)
 
 
 def h3_resolution(cell: str) -> int:

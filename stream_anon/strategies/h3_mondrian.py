@@ -25,7 +25,7 @@ it. ``position_first = false`` tries every dimension by its normalized span (an 
 NCP), the widest first, as Mondrian.
 
 A class formed in cell c has every member's position in c, so the engine's published cell (the finest common
-cell of the members within the allowed resolutions, :func:`stream_anon.engine.space.common_cell`) is c or a
+cell of the members within the allowed resolutions, :func:`stream_anon.h3cells.common_cell`) is c or a
 cell inside it; a class left at the root publishes the whole domain or a shared cell of an allowed resolution
 (configure the coarsest allowed resolution as the start resolution, as ``calibrate --suggest`` does, so that no
 cell larger than the domain is ever published). Deterministic: no randomness, children in cell-id order.
