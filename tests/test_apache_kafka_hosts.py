@@ -116,8 +116,9 @@ def test_three_worker_hosts_one_cut_off_and_healed_one_killed_nothing_lost_or_re
     text = {n: logs[n].read_text(errors="replace") for n in names}
     assert fig["exits"] == (None, None) and fig["takeover_s"] < 60 and fig["after_kill_s"] < 60, fig
     # readiness reports the cut: 503, the broker lost
-    # not ready names the cut; librdkafka may not have marked the broker down yet when it is read
-    assert fig["a_readyz_during_cut"].get("ready") is False and not fig["a_readyz_during_cut"]["assigned"], fig
+    # not ready names the cause: the broker lost, or (once the group has moved them) no partitions
+    during = fig["a_readyz_during_cut"]
+    assert during.get("ready") is False and (during["broker_connected"] is False or not during["assigned"]), fig
     assert "broker connection lost" in text["a"] and "broker connection restored" in text["a"]
     assert "HALTED" not in text["a"] + text["b"] + text["c"]
     assert fig["accounting"]["accounted"] == N_EVENTS, fig

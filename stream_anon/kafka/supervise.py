@@ -158,10 +158,13 @@ def run_until_accounted(config, bootstrap: str, state_dir, expected_events: int,
 
 
 def committed_offsets(bootstrap: str, group: str, topic: str, partitions) -> dict[int, int | None]:
-    """The group's committed offsets of ``topic`` (None where nothing is committed)."""
+    """The group's committed offsets of ``topic`` (None where nothing is committed): the last committed ones, also
+    while a killed worker's transaction holds offsets pending (read_committed would wait for it to time out, KIP-447's
+    require_stable, up to the transaction timeout)."""
     from confluent_kafka import Consumer, TopicPartition
 
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
+                  "isolation.level": "read_uncommitted",
                   "logger": logging.getLogger("stream_anon.kafka.client")})
     try:
         got = c.committed([TopicPartition(topic, p) for p in partitions], timeout=30)
