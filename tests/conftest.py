@@ -2,7 +2,11 @@
 
 Every test that takes ``broker``, ``bootstrap`` or ``module_broker`` runs twice: on Tansu (the embedded broker of
 ``stream_anon/broker.py``, one per test) and on Apache Kafka (``tests/_apache_kafka.py``, one per pytest process
-reused across tests, its topics and groups deleted before each). ``--broker tansu|apache`` keeps one of them. The
+reused across tests, its topics and groups deleted before each), unless marked ``one_broker``: a test of what does
+not depend on the broker's behaviour (input formats, the API, the report, metrics, DP schedules and budgets) runs on
+one, Apache Kafka when it can run here (the broker users run), else Tansu; the transactions, recovery, lineage, key
+rotation, config change, chaos, state and partition tests and the guide run on both (docs/brokers.md).
+``--broker tansu|apache`` keeps one of them. The
 Apache Kafka variant is skipped when ``java`` or ``mvn`` is missing; ``.ci/run`` installs them and fails when no
 test ran on Apache Kafka (the counts ``STREAM_ANON_BROKER_COUNTS`` names, written at the end of the session).
 
@@ -42,7 +46,12 @@ def pytest_addoption(parser):
 def pytest_generate_tests(metafunc):
     if "broker_kind" in metafunc.fixturenames:
         chosen = metafunc.config.getoption("broker")
-        kinds = BROKER_KINDS if chosen == "both" else (chosen,)
+        if chosen != "both":
+            kinds = (chosen,)
+        elif metafunc.definition.get_closest_marker("one_broker"):
+            kinds = ("tansu",) if missing_tools() else ("apache",)
+        else:
+            kinds = BROKER_KINDS
         # module scope: a module's tests run on one broker, then on the other (module_broker is built once each)
         metafunc.parametrize("broker_kind", kinds, scope="module")
 
@@ -178,7 +187,23 @@ def _doctest_starts_a_broker(item) -> bool:
     return any("EmbeddedBroker(" in example.source for example in examples)
 
 
+def _module_rank(items) -> dict[str, int]:
+    """Per test module, its place in the run: the modules that start clusters of their own first, then the ones
+    run on both brokers, the other broker tests, the rest. xdist hands whole modules (``--dist loadfile``) to its
+    workers in this order, so the longest start first and short ones fill the end (longest first: the run ends
+    with the workers evenly busy)."""
+    rank: dict[str, int] = {}
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        kind = getattr(item, "callspec", None) and item.callspec.params.get("broker_kind")
+        r = 0 if "apache_kafka_tools" in names else 1 if kind else 2 if BROKER_FIXTURES & names else 3
+        rank[item.nodeid.split("::")[0]] = min(r, rank.get(item.nodeid.split("::")[0], 3))
+    return rank
+
+
 def pytest_collection_modifyitems(config, items):
+    rank = _module_rank(items)
+    items.sort(key=lambda item: rank[item.nodeid.split("::")[0]])       # stable: a module's tests stay in order
     for item in items:
         if BROKER_FIXTURES & set(getattr(item, "fixturenames", ())) or _doctest_starts_a_broker(item):
             item.add_marker(pytest.mark.kafka)

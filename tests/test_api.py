@@ -17,6 +17,8 @@ import stream_anon  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402
 from stream_anon.datasets import load_events  # noqa: E402
 
+pytestmark = pytest.mark.one_broker        # its broker tests on one broker (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 SECRET = "api-test-secret-" + "0123456789abcdef" * 2
 # fields stamped with the wall clock when a message is written: the worker's and the API's differ

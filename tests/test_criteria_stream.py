@@ -25,6 +25,8 @@ from stream_anon.kafka.supervise import run_until_accounted
 from stream_anon.kafka.topics import ensure_topics
 from test_criteria import stream_config
 
+pytestmark = pytest.mark.one_broker        # its broker tests on one broker (tests/conftest.py)
+
 SECRET = b"criteria-stream-secret-0123456789"
 PARTITIONS = 2
 L3 = [{"kind": "distinct_l_diversity", "field": "fare_product", "l": 3}]

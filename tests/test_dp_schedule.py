@@ -29,6 +29,8 @@ from stream_anon.worker.aggregates import AGGREGATES_TOPIC  # noqa: E402
 from stream_anon.worker.core import WorkerCore  # noqa: E402
 from stream_anon.worker.placement import partitions_for  # noqa: E402
 
+pytestmark = pytest.mark.one_broker        # its broker tests on one broker (tests/conftest.py)
+
 SECRET = b"schedule-test-secret-0123456789abcdef"
 N_PARTITIONS = 4
 DP_TOML = '''

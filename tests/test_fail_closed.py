@@ -16,6 +16,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _kafka_helpers import (account, collect, read_all, setup_stream, state_offsets,  # noqa: E402
@@ -38,6 +40,7 @@ def _get(port: int, path: str) -> tuple[int, dict | str]:
         return 0, {}
 
 
+@pytest.mark.one_broker
 def test_poison_pill_timestamps_are_dead_lettered_and_the_stream_goes_on(broker, tmp_path, secret_env):
     """Schema-valid times whose UTC instant lies outside datetime's years 1-9999 used to crash-loop the worker."""
     path, cfg = setup_stream(tmp_path, broker.bootstrap, "poison")

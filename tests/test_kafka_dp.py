@@ -565,6 +565,7 @@ def test_worker_restart_never_overspends_nor_republishes_different_noise(broker,
     assert sum(d["contributions_cut"].get("fares_running", 0) for d in dpw.values()) == 0
 
 
+@pytest.mark.one_broker
 def test_tiny_budget_stops_aggregates_with_an_event_and_keys_do_not_depend_on_data(broker, tmp_path, secret_env):
     """Bus-only input (no rail tap at all) under a budget of 0.5: every rail key is still published, with noise,
     for the same key set as a different stream; after the budget the aggregates stop with budget_exhausted."""
@@ -617,6 +618,7 @@ def test_tiny_budget_stops_aggregates_with_an_event_and_keys_do_not_depend_on_da
     assert rep["windows"] >= 3 and rep["error_aggregate"] == "taps_per_zone"
 
 
+@pytest.mark.one_broker
 def test_aggregates_view_prints_one_figure_per_key_summed_over_partitions(broker, tmp_path, secret_env, capsys):
     """`stream-anon aggregates` on a 4-partition DP stream in mid-stream (a worker without an idle flush: each
     partition has released the windows its own watermark closed): each merged row is the sum of the partitions'

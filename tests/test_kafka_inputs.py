@@ -25,7 +25,7 @@ from stream_anon.kafka.supervise import run_until_accounted  # noqa: E402
 from stream_anon.kafka.replay import replay  # noqa: E402
 from stream_anon.kafka.topics import ensure_topics  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.one_broker]     # one_broker: tests/conftest.py
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -16,7 +16,7 @@ from stream_anon.cli import main  # noqa: E402
 from stream_anon.inputs.files import write_delimited  # noqa: E402
 from stream_anon.inputs.samples import gtfs_feeds, tesla_payloads  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.one_broker]     # one_broker: tests/conftest.py
 
 
 def _three_shapes(messages: list[bytes], tmp_path) -> list[Path]:

@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _kafka_helpers import (account, collect, committed_offsets, copy_hierarchies, read_all,  # noqa: E402
@@ -119,6 +121,7 @@ def test_replay_and_worker_end_to_end(broker, tmp_path, secret_env):
     assert B.CODEC_LZ4 in codecs["stream-anon-e2e-state"] <= {B.CODEC_LZ4, B.CODEC_NONE}
 
 
+@pytest.mark.one_broker
 def test_bad_input_goes_to_deadletter(broker, tmp_path, secret_env):
     path, cfg = setup_stream(tmp_path, broker.bootstrap, "bad")
     events = synthetic_fares(1500, seed=12)
@@ -299,6 +302,7 @@ def test_kill9_and_restart_loses_and_duplicates_nothing(broker, tmp_path, secret
     assert not missing and len(resolved) == 8000
 
 
+@pytest.mark.one_broker
 def test_replay_file_keys_by_pseudonym(broker, tmp_path, secret_env):
     from kafka import KafkaConsumer, TopicPartition
 

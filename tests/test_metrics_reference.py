@@ -16,6 +16,8 @@ from stream_anon.kafka.aggregates_view import ledger_charge_by_period, read_rows
 from stream_anon.kafka.supervise import stop_worker_process  # noqa: E402
 
 
+pytestmark = pytest.mark.one_broker        # its broker tests on one broker (tests/conftest.py)
+
 def test_the_reference_table_is_complete_rows():
     ref = reference()
     assert len(ref) >= 25

@@ -27,6 +27,8 @@ from stream_anon.datasets import load_events  # noqa: E402
 from stream_anon.kafka.supervise import stop_worker_process  # noqa: E402
 from stream_anon.monitoring import paths  # noqa: E402
 
+pytestmark = pytest.mark.one_broker        # its broker tests on one broker (tests/conftest.py)
+
 HERE = Path(__file__).resolve().parent
 RULES, DASHBOARD = paths()["prometheus_rules"], paths()["grafana_dashboard"]
 

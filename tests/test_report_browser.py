@@ -27,6 +27,8 @@ from stream_anon.kafka.retention import confluent_admin, set_topic_retention
 from stream_anon.kafka.topics import ensure_topics
 from stream_anon.report.page import PLOTS
 
+pytestmark = pytest.mark.one_broker        # its broker tests on one broker (tests/conftest.py)
+
 N_EVENTS = 2000
 SECRET = "report-browser-secret-0123456789abcdef"
 NAME = "rcards"

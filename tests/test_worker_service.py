@@ -12,6 +12,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _kafka_helpers import (account, collect, read_all, setup_stream, state_offsets,  # noqa: E402
@@ -22,6 +23,8 @@ from stream_anon.kafka.supervise import (OutputReader, run_until_accounted, star
                                          stop_worker_process)
 from stream_anon.kafka.replay import replay  # noqa: E402
 
+
+pytestmark = pytest.mark.one_broker        # its broker tests on one broker (tests/conftest.py)
 
 def _get(port: int, path: str):
     try:
