@@ -15,14 +15,12 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/stream-anon demo --report reports/demo.json
 
-# the broker tests mostly wait on the broker and worker subprocesses (two pytest processes kept 2 cores 53% busy):
-# three pytest processes (whole files each, so a module's fixtures are built once) on 2 cores. Four took the suite
-# from 890 to ~580 s, but two of six runs lost a kill -9 recovery test to Tansu's handling of a dead producer's
-# transaction (tests/conftest.py); none of five runs at two did
-# the broker tests run on Tansu and, with java and mvn present, on Apache Kafka (one per pytest process, reused:
-# tests/conftest.py, docs/brokers.md); --broker tansu|apache after `pytest` keeps one of them
+# the broker tests mostly wait on the broker and worker subprocesses: four pytest processes (whole files each, so a
+# module's fixtures are built once) keep 2 cores busy. The broker tests run on Tansu and, with java and mvn present,
+# on Apache Kafka (one per pytest process, reused), those marked one_broker on one of them (tests/conftest.py,
+# docs/brokers.md); --broker tansu|apache after `pytest` keeps one
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 3 --dist loadfile --durations=25
+	$(BIN)/python -m pytest -q -n 4 --dist loadfile --durations=25
 
 # the tests that need no broker (tests/conftest.py marks the others `kafka` from the fixtures they request)
 test-fast: $(STAMP)
