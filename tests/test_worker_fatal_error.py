@@ -82,3 +82,26 @@ def test_a_broker_reset_under_a_running_worker_exits_70_with_one_line_and_the_re
         assert {h["reason"] for h in body["halted"].values()} == {"state_topic_reset"}, body
     finally:
         broker.stop()
+
+
+def test_a_session_timeout_the_broker_refuses_stops_the_worker_naming_the_setting(tmp_path, secret_env,
+                                                                                   apache_kafka_tools):
+    """Apache Kafka at its default ``group.min.session.timeout.ms`` (6 s) refuses a worker's 2 s: the worker stops
+    at its first group join (exit 70, one ERROR line naming the error and the setting), never retrying for ever."""
+    with apache_kafka_tools(server_properties={"group.min.session.timeout.ms": "6000"}) as kafka:
+        path, cfg = setup_stream(tmp_path, kafka.bootstrap, "refused")
+        replay(kafka.bootstrap, cfg.stream.input_topic, synthetic_fares(50, seed=3), "journey_id", progress=False)
+        worker = start_worker_process(path, kafka.bootstrap, tmp_path / "state", "refused-app", 1.0,
+                                      tmp_path / "w.log", extra=["--session-timeout", "2"])
+        try:
+            code = worker.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:
+            stop_worker_process(worker)
+    log = (tmp_path / "w.log").read_text()
+    assert code == 70, log[-4000:]
+    errors = [line for line in log.splitlines() if " ERROR stream_anon.worker: " in line]
+    assert len(errors) == 1 and "INVALID_SESSION_TIMEOUT" in errors[0] and "--session-timeout" in errors[0] \
+        and "exiting with status 70" in errors[0], errors
+    assert "Traceback" not in log, log[-4000:]

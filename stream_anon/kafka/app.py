@@ -32,7 +32,8 @@ from stream_anon.connection import as_connection, broker_unreachable
 from stream_anon.config import load_config
 from stream_anon.helptext import with_defaults
 from stream_anon.worker.core import WorkerCore
-from stream_anon.kafka.loop import COMPRESSIONS, DEFAULT_COMPRESSION, SESSION_TIMEOUT_S, KafkaLoop, group_timeouts
+from stream_anon.kafka.loop import COMPRESSIONS, DEFAULT_COMPRESSION, REFUSED_SETTINGS, SESSION_TIMEOUT_S, KafkaLoop, \
+    group_timeouts
 from stream_anon.worker.state import MIN_PART_BYTES, PART_MAX_BYTES, checked_part_bytes
 from stream_anon.validation import ALLOW_OUTSIDE_FLAG, ALLOW_OUTSIDE_HELP
 from stream_anon.kafka.observe import prometheus_text, readiness
@@ -155,7 +156,9 @@ def loop_failure(exc) -> str:
     """What ended the loop, in a few words: a Kafka client's error by its code (fatal or not), else the exception."""
     err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
     if isinstance(err, KafkaError):
-        return f"{'fatal ' if err.fatal() else ''}Kafka client error {err.name()}: {err.str()}"
+        hint = REFUSED_SETTINGS.get(err.code())
+        return f"{'fatal ' if err.fatal() else ''}Kafka client error {err.name()}: {err.str()}" + \
+            (f": {hint}" if hint else "")
     return repr(exc)
 
 

@@ -101,13 +101,24 @@ def input_consumer_config(client_config: dict, app_id: str, timeouts: dict, on_e
             "logger": client_log}
 
 
+# consumer errors no retry mends: the worker's settings do not fit the broker's. The loop ends on them (exit 70,
+# the cause named: fail closed) instead of retrying for ever. INVALID_SESSION_TIMEOUT: --session-timeout outside
+# the broker's group.min.session.timeout.ms .. group.max.session.timeout.ms
+REFUSED_SETTINGS = {KafkaError.INVALID_SESSION_TIMEOUT:
+                    "--session-timeout is outside the broker's group.min.session.timeout.ms .. "
+                    "group.max.session.timeout.ms (Apache Kafka: 6 s .. 30 min by default)"}
+
+
 def by_partition(msgs, parts, halted) -> dict[int, list | None]:
     """A consumed batch as ``(offset, value)`` per partition, in order; None for a partition that is halted or
-    not (or no longer) this worker's (its messages are dropped: it is sought again when it resumes)."""
+    not (or no longer) this worker's (its messages are dropped: it is sought again when it resumes). A consumer
+    error of :data:`REFUSED_SETTINGS` is raised (the loop ends on it)."""
     out: dict[int, list | None] = {}
     for m in msgs:
         err = m.error()
         if err is not None:
+            if err.code() in REFUSED_SETTINGS:
+                raise KafkaException(err)
             if err.code() != KafkaError._PARTITION_EOF:
                 client_log.warning("consumer: %s", err)
             continue
