@@ -63,6 +63,10 @@ _FILE_FIELDS = ("ssl_cafile", "ssl_certfile", "ssl_keyfile")
 # start. A state partition (one producer) and the input are read from the broker's earliest.
 FIRST_OFFSET = 0
 
+# every topic of ours is created with the broker's default.replication.factor (-1: KIP-464, as Kafka Streams does
+# since 3.0): a cluster's replication applies without a setting here, one broker's 1 on a single node
+REPLICATION_FACTOR = -1
+
 
 def seek_to_first(consumer, tps) -> None:
     """A kafka-python consumer's assigned partitions ``tps`` set to :data:`FIRST_OFFSET`."""

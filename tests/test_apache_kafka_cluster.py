@@ -62,16 +62,13 @@ def leaders(admin, topic: str) -> dict[int, int]:
     return {p: m.leader for p, m in admin.list_topics(topic, timeout=30).topics[topic].partitions.items()}
 
 
-def create_replicated(admin, cfg, replication: int) -> list[str]:
-    """What ``topics apply --config X --app-id ID`` creates, with ``replication`` replicas each."""
-    from confluent_kafka.admin import NewTopic
+def apply_topics_as_the_operator(bootstrap: str, cfg_path) -> list[str]:
+    """``stream-anon topics apply --config X --app-id ID``: the topics a worker uses, at the cluster's
+    ``default.replication.factor`` (3 here)."""
+    from stream_anon.cli import main
 
-    plan = apply_plan(load_topic_definitions(), [cfg], APP_ID)
-    futures = admin.create_topics([NewTopic(d.name, d.partitions, replication, config=d.topic_configs())
-                                   for d in plan.values()])
-    for f in futures.values():
-        f.result(60)
-    return sorted(plan)
+    assert main(["topics", "apply", "--broker", bootstrap, "--config", str(cfg_path), "--app-id", APP_ID]) == 0
+    return sorted(apply_plan(load_topic_definitions(), [load_config(cfg_path)], APP_ID))
 
 
 def test_kill_9_of_the_input_leader_and_the_transaction_coordinator_loses_and_repeats_nothing(
@@ -85,9 +82,10 @@ def test_kill_9_of_the_input_leader_and_the_transaction_coordinator_loses_and_re
     with apache_kafka_tools(3) as kafka:
         bootstrap = kafka.bootstrap
         admin = AdminClient({"bootstrap.servers": bootstrap, "logger": logging.getLogger("stream_anon.kafka.client")})
-        create_replicated(admin, cfg, 3)
-        assert all(len(m.replicas) == 3 for m in admin.list_topics(topic, timeout=30).topics[topic]
-                   .partitions.values())
+        names = apply_topics_as_the_operator(bootstrap, cfg_path)
+        listed = admin.list_topics(timeout=30).topics
+        replicas = {n: {len(m.replicas) for m in listed[n].partitions.values()} for n in names}
+        assert topic in names and f"{APP_ID}-state" in names and all(r == {3} for r in replicas.values()), replicas
         log, port = tmp_path / "worker.log", free_port()
         worker = start_worker_process(cfg_path, bootstrap, tmp_path / "state", APP_ID, 2.0, log,
                                       extra=["--no-create-topics", "--session-timeout", "6", "--batch-within", "0.2",

@@ -49,7 +49,7 @@ import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import NewTopic
 
-from stream_anon.connection import FIRST_OFFSET
+from stream_anon.connection import FIRST_OFFSET, REPLICATION_FACTOR
 from stream_anon.kafka.state_cache import POLL_S
 from stream_anon.render import TOPICS, json_bytes
 
@@ -163,7 +163,7 @@ class LineageTopic:
         if self.topic in admin.list_topics(timeout=30).topics:
             self._producer_ready()
             return
-        fut = admin.create_topics([NewTopic(self.topic, 1, 1, config=LINEAGE_TOPIC_CONFIG)])
+        fut = admin.create_topics([NewTopic(self.topic, 1, REPLICATION_FACTOR, config=LINEAGE_TOPIC_CONFIG)])
         for f in fut.values():
             try:
                 f.result(30)

@@ -44,6 +44,7 @@ from stream_anon.kafka.observe import throughput_metric
 from stream_anon.worker.partition import ConfigChangeRefused, KeyRotationRefused
 from stream_anon.kafka.retention import RetentionCheck, guard_raw_retention
 from stream_anon.kafka.state_cache import CommittedCache, read_state_logs
+from stream_anon.connection import REPLICATION_FACTOR
 from stream_anon.kafka.transactions import TXN_TIMEOUT_S, CommitThreads, InFlight, OpenTransaction, \
     abort_or_fenced, fence_and_barrier, transactional_producer
 from stream_anon.kafka.watchdog import BrokerWatch
@@ -247,7 +248,8 @@ def ensure_state_topic(admin: AdminClient, topic: str, partitions: int, exists: 
     existing one that cannot take the worker's values of at most ``part_bytes`` (:func:`state.topic_limit_problem`;
     a broker that does not describe it is taken at its word)."""
     if not exists:
-        for f in admin.create_topics([NewTopic(topic, partitions, 1, config=st.STATE_TOPIC_CONFIG)]).values():
+        new = NewTopic(topic, partitions, REPLICATION_FACTOR, config=st.STATE_TOPIC_CONFIG)
+        for f in admin.create_topics([new]).values():
             try:
                 f.result(30)
             except KafkaException as exc:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stream_anon import contract
-from stream_anon.connection import as_connection
+from stream_anon.connection import REPLICATION_FACTOR, as_connection
 from stream_anon.kafka.retention import confluent_admin, declared_ms, set_topic_retention, topic_retention_ms
 
 log = logging.getLogger(__name__)
@@ -135,7 +135,7 @@ def apply_topics(bootstrap, defs, timeout_s: float = 15.0) -> dict[str, str]:
             else:
                 missing.append(d)
         if missing:
-            admin.create_topics([NewTopic(d.name, num_partitions=d.partitions, replication_factor=1,
+            admin.create_topics([NewTopic(d.name, num_partitions=d.partitions, replication_factor=REPLICATION_FACTOR,
                                           topic_configs=d.topic_configs()) for d in missing],
                                 timeout_ms=int(timeout_s * 1000), raise_errors=False)
             # wait until metadata shows them with the right partition count
