@@ -356,3 +356,14 @@ def release_contents(bootstrap: str) -> dict[str, set[bytes]]:
         doc.pop("created_at", None)
         contents.setdefault(doc["release_id"], set()).add(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS))
     return contents
+
+
+def topics_apply(bootstrap: str, cfg_path, app_id: str) -> list[str]:
+    """``stream-anon topics apply --config X --app-id ID``, as an operator runs it before workers that may not create
+    topics: the names of the topics it plans (created at the broker's ``default.replication.factor``)."""
+    from stream_anon.cli import main
+    from stream_anon.config import load_config
+    from stream_anon.kafka.topics import apply_plan, load_topic_definitions
+
+    assert main(["topics", "apply", "--broker", bootstrap, "--config", str(cfg_path), "--app-id", app_id]) == 0
+    return sorted(apply_plan(load_topic_definitions(), [load_config(cfg_path)], app_id))

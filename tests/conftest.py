@@ -197,13 +197,17 @@ def _module_rank(items) -> dict[str, int]:
         names = set(getattr(item, "fixturenames", ()))
         kind = getattr(item, "callspec", None) and item.callspec.params.get("broker_kind")
         r = 0 if "apache_kafka_tools" in names else 1 if kind else 2 if BROKER_FIXTURES & names else 3
-        rank[item.nodeid.split("::")[0]] = min(r, rank.get(item.nodeid.split("::")[0], 3))
+        rank[_module(item)] = min(r, rank.get(_module(item), 3))
     return rank
+
+
+def _module(item) -> str:
+    return item.nodeid.split("::")[0]
 
 
 def pytest_collection_modifyitems(config, items):
     rank = _module_rank(items)
-    items.sort(key=lambda item: rank[item.nodeid.split("::")[0]])       # stable: a module's tests stay in order
+    items.sort(key=lambda item: rank[_module(item)])       # stable: a module's tests stay in order
     for item in items:
         if BROKER_FIXTURES & set(getattr(item, "fixturenames", ())) or _doctest_starts_a_broker(item):
             item.add_marker(pytest.mark.kafka)

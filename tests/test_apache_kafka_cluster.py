@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _kafka_helpers import release_contents, wait_accounted  # noqa: E402
+from _kafka_helpers import release_contents, topics_apply, wait_accounted  # noqa: E402
 
 from stream_anon import contract  # noqa: E402
 from stream_anon.broker import free_port  # noqa: E402
@@ -29,7 +29,6 @@ from stream_anon.kafka.replay import replay  # noqa: E402
 from stream_anon.worker.state import transactional_id  # noqa: E402
 from stream_anon.kafka.supervise import (committed_offsets, start_worker_process,  # noqa: E402
                                          stop_worker_process)
-from stream_anon.kafka.topics import apply_plan, load_topic_definitions  # noqa: E402
 
 pytestmark = pytest.mark.kafka
 
@@ -62,15 +61,6 @@ def leaders(admin, topic: str) -> dict[int, int]:
     return {p: m.leader for p, m in admin.list_topics(topic, timeout=30).topics[topic].partitions.items()}
 
 
-def apply_topics_as_the_operator(bootstrap: str, cfg_path) -> list[str]:
-    """``stream-anon topics apply --config X --app-id ID``: the topics a worker uses, at the cluster's
-    ``default.replication.factor`` (3 here)."""
-    from stream_anon.cli import main
-
-    assert main(["topics", "apply", "--broker", bootstrap, "--config", str(cfg_path), "--app-id", APP_ID]) == 0
-    return sorted(apply_plan(load_topic_definitions(), [load_config(cfg_path)], APP_ID))
-
-
 def test_kill_9_of_the_input_leader_and_the_transaction_coordinator_loses_and_repeats_nothing(
         tmp_path, secret_env, apache_kafka_tools):
     from confluent_kafka.admin import AdminClient
@@ -82,7 +72,7 @@ def test_kill_9_of_the_input_leader_and_the_transaction_coordinator_loses_and_re
     with apache_kafka_tools(3) as kafka:
         bootstrap = kafka.bootstrap
         admin = AdminClient({"bootstrap.servers": bootstrap, "logger": logging.getLogger("stream_anon.kafka.client")})
-        names = apply_topics_as_the_operator(bootstrap, cfg_path)
+        names = topics_apply(bootstrap, cfg_path, APP_ID)     # at the cluster's default.replication.factor: 3
         listed = admin.list_topics(timeout=30).topics
         replicas = {n: {len(m.replicas) for m in listed[n].partitions.values()} for n in names}
         assert topic in names and f"{APP_ID}-state" in names and all(r == {3} for r in replicas.values()), replicas

@@ -6,7 +6,6 @@ lost, no release id has two contents, the audit passes."""
 from __future__ import annotations
 
 import json
-import logging
 import os
 import signal
 import subprocess
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _kafka_helpers import release_contents, wait_accounted, wait_while_running  # noqa: E402
+from _kafka_helpers import release_contents, topics_apply, wait_accounted, wait_while_running  # noqa: E402
 import _netns as netns  # noqa: E402
 
 from stream_anon import contract  # noqa: E402
@@ -26,7 +25,6 @@ from stream_anon.config import load_config  # noqa: E402
 from stream_anon.datasets import oyster_cards  # noqa: E402
 from stream_anon.kafka.replay import replay  # noqa: E402
 from stream_anon.kafka.supervise import stop_worker_process  # noqa: E402
-from stream_anon.kafka.topics import apply_plan, load_topic_definitions  # noqa: E402
 
 pytestmark = pytest.mark.kafka
 
@@ -56,7 +54,6 @@ def test_three_worker_hosts_one_cut_off_and_healed_one_killed_nothing_lost_or_re
     why = netns.unavailable()
     if why:
         pytest.skip(f"several hosts cannot be made here: {why}")
-    from confluent_kafka.admin import AdminClient, NewTopic
 
     events = oyster_cards.read_events()[:N_EVENTS]
     half = N_EVENTS // 2
@@ -67,11 +64,7 @@ def test_three_worker_hosts_one_cut_off_and_healed_one_killed_nothing_lost_or_re
     fig: dict = {}
     with netns.NetnsLab(names) as lab, apache_kafka_tools(3, host=lab.broker_ip) as kafka:
         bootstrap = kafka.bootstrap
-        admin = AdminClient({"bootstrap.servers": bootstrap, "logger": logging.getLogger("stream_anon.kafka.client")})
-        plan = apply_plan(load_topic_definitions(), [cfg], APP_ID)
-        for f in admin.create_topics([NewTopic(d.name, d.partitions, 3, config=d.topic_configs())
-                                      for d in plan.values()]).values():
-            f.result(60)
+        topics_apply(bootstrap, cfg_path, APP_ID)          # at the cluster's default.replication.factor: 3
         extra = ["--no-create-topics", "--web-port", str(WEB_PORT), "--batch-max", "100"]
         workers = {}
         try:

@@ -11,7 +11,6 @@ Apache Kafka tool itself (``org.apache.kafka.tools.AclCommand``): the documentat
 from __future__ import annotations
 
 import logging
-
 import os
 import secrets
 import shlex
@@ -45,6 +44,7 @@ USERS = ("admin", WORKER, AUDIT, REPLAY, NOBODY)
 N_EVENTS = 1500
 SECRET = "test-secret-0123456789abcdef0123456789"
 CLIENT_LOG = logging.getLogger("stream_anon.kafka.client")     # librdkafka's lines through Python logging
+
 
 def documented_acl_commands() -> list[list[str]]:
     """The ``kafka-acls.sh`` commands of the fenced block after :data:`ACL_BLOCK` in docs/operations.md, each as

@@ -34,6 +34,19 @@ def _readyz(port: int) -> tuple[int, dict]:
         return 0, {}
 
 
+def exit_and_errors(worker, log_path: Path, timeout_s: float = 90) -> tuple[int | None, str, list[str]]:
+    """The worker's exit status (None: still running after ``timeout_s``, then stopped), its log, and the log's
+    ERROR lines of the worker."""
+    try:
+        code = worker.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        code = None
+    finally:
+        stop_worker_process(worker)
+    log = log_path.read_text()
+    return code, log, [line for line in log.splitlines() if " ERROR stream_anon.worker: " in line]
+
+
 def test_a_broker_reset_under_a_running_worker_exits_70_with_one_line_and_the_restart_halts(tmp_path, secret_env,
                                                                                             broker_of_its_own):
     name, app_id, state = "fatal", "fatal-app", tmp_path / "state"
@@ -53,16 +66,10 @@ def test_a_broker_reset_under_a_running_worker_exits_70_with_one_line_and_the_re
             broker = EmbeddedBroker(port=broker.port).start()
             setup_stream(tmp_path, broker.bootstrap, name)
             replay(broker.bootstrap, cfg.stream.input_topic, events[N // 2:], "journey_id", progress=False)
-            try:
-                code = worker.wait(timeout=90)
-            except subprocess.TimeoutExpired:
-                code = None
         finally:
-            stop_worker_process(worker)
-        log = (tmp_path / "w1.log").read_text()
+            code, log, errors = exit_and_errors(worker, tmp_path / "w1.log")
         assert code == 70, log[-4000:]
         assert "Traceback" not in log and "Exception in thread" not in log, log[-4000:]
-        errors = [line for line in log.splitlines() if " ERROR stream_anon.worker: " in line]
         assert len(errors) == 1, errors
         assert "the Kafka loop stopped (fatal Kafka client error " in errors[0] \
             and "exiting with status 70" in errors[0], errors[0]
@@ -93,15 +100,8 @@ def test_a_session_timeout_the_broker_refuses_stops_the_worker_naming_the_settin
         replay(kafka.bootstrap, cfg.stream.input_topic, synthetic_fares(50, seed=3), "journey_id", progress=False)
         worker = start_worker_process(path, kafka.bootstrap, tmp_path / "state", "refused-app", 1.0,
                                       tmp_path / "w.log", extra=["--session-timeout", "2"])
-        try:
-            code = worker.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            code = None
-        finally:
-            stop_worker_process(worker)
-    log = (tmp_path / "w.log").read_text()
+        code, log, errors = exit_and_errors(worker, tmp_path / "w.log")
     assert code == 70, log[-4000:]
-    errors = [line for line in log.splitlines() if " ERROR stream_anon.worker: " in line]
     assert len(errors) == 1 and "INVALID_SESSION_TIMEOUT" in errors[0] and "--session-timeout" in errors[0] \
         and "exiting with status 70" in errors[0], errors
     assert "Traceback" not in log, log[-4000:]
