@@ -16,7 +16,7 @@ from _metrics_helpers import families, get  # noqa: E402
 
 from stream_anon.broker import free_port  # noqa: E402
 from stream_anon.kafka.retention import LONGER, NOT_STATED, RAW_RETENTION_EXCEEDED, UNLIMITED, check_raw_retention, \
-    confluent_admin, topic_retention_ms  # noqa: E402
+    confluent_admin, stated_retention_ms, topic_retention_ms  # noqa: E402
 from stream_anon.kafka.topics import TopicDef, apply_topics, load_topic_definitions  # noqa: E402
 
 DAY_MS, WEEK_MS = 86_400_000, 604_800_000
@@ -57,7 +57,7 @@ def test_topics_apply_sets_the_declared_retention(bootstrap, tmp_path, capsys):
     defs = load_topic_definitions()
     apply_topics(bootstrap, [replace(defs["raw.fare.oyster"], name=topic, partitions=1)])    # 7 days
     admin = confluent_admin(bootstrap)
-    assert topic_retention_ms(admin, topic) == WEEK_MS
+    assert stated_retention_ms(admin, topic, WEEK_MS) == WEEK_MS
     cfg = _declaring(tmp_path, "retapply", topic, 86400)
     assert main(["topics", "apply", "--broker", bootstrap, "--config", str(cfg)]) == 0
     out = capsys.readouterr().out
@@ -70,7 +70,7 @@ def test_topics_apply_sets_the_declared_retention(bootstrap, tmp_path, capsys):
     # a stream whose input topic does not exist yet: created with the declared retention
     fresh = _declaring(tmp_path / "fresh", "retfresh", "raw.test.retfresh", 3600)
     assert main(["topics", "apply", "--broker", bootstrap, "--config", str(fresh)]) == 0
-    assert topic_retention_ms(admin, "raw.test.retfresh") == 3_600_000
+    assert stated_retention_ms(admin, "raw.test.retfresh", 3_600_000) == 3_600_000
 
 
 def test_worker_alerts_on_a_raw_topic_kept_longer_than_declared(bootstrap, tmp_path, secret_env):

@@ -17,6 +17,7 @@ read. Only ``retention.ms`` is judged: a ``retention.bytes`` limit may delete so
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 log = logging.getLogger("stream_anon.worker")
@@ -98,6 +99,18 @@ def topic_retention_ms(admin, topic: str, timeout_s: float = TIMEOUT_S) -> int |
     if entry is None or entry.value is None:
         return None
     return int(entry.value)
+
+
+def stated_retention_ms(admin, topic: str, expected_ms: int, timeout_s: float = TIMEOUT_S) -> int | None:
+    """The topic's ``retention.ms`` once the broker states ``expected_ms``, or what it states after ``timeout_s``.
+    An altered config is read back with a deadline: Apache Kafka (KRaft) acknowledges the alteration once its
+    controller has committed it, and the broker answering DescribeConfigs applies that record a moment later."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        stated = topic_retention_ms(admin, topic, timeout_s)
+        if stated == expected_ms or time.monotonic() >= deadline:
+            return stated
+        time.sleep(0.2)
 
 
 def check_raw_retention(admin, topic: str, input_retention_s: float | None) -> RetentionCheck | None:

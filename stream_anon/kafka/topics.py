@@ -17,7 +17,8 @@ from pathlib import Path
 
 from stream_anon import contract
 from stream_anon.connection import REPLICATION_FACTOR, as_connection
-from stream_anon.kafka.retention import confluent_admin, declared_ms, set_topic_retention, topic_retention_ms
+from stream_anon.kafka.retention import confluent_admin, declared_ms, set_topic_retention, stated_retention_ms, \
+    topic_retention_ms
 
 log = logging.getLogger(__name__)
 
@@ -280,7 +281,7 @@ def apply_declared_retention(bootstrap, retention: dict[str, int]) -> dict[str, 
             out[topic] = f"retention.ms {ms} as declared"
             continue
         set_topic_retention(admin, topic, ms)
-        after = topic_retention_ms(admin, topic)
+        after = stated_retention_ms(admin, topic, ms)
         if after != ms:
             raise TopicError(f"topic {topic}: retention.ms set to {ms}, the broker states {after}")
         out[topic] = f"retention.ms set to {ms} as declared (was {'not stated' if before is None else before})"
