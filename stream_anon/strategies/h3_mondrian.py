@@ -47,23 +47,17 @@ from stream_anon.strategies.partition import distinct_units, median_left
 from stream_anon.validation import check_bool, check_choice
 
 
-def label_groups(labels: np.ndarray, units: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(sorted distinct labels, distinct units per label, the rows in label order, where each label's rows start
-    in it; one sort): the rows of label j are ``order[starts[j]:starts[j + 1]]``."""
-    order = np.lexsort((units, labels))
-    sl, su = labels[order], units[order]
-    new_label = np.ones(len(sl), dtype=bool)
-    new_label[1:] = sl[1:] != sl[:-1]
-    first_unit = new_label.copy()
-    first_unit[1:] |= su[1:] != su[:-1]
-    starts = np.flatnonzero(new_label)
-    counts = np.bincount(np.cumsum(new_label)[first_unit] - 1, minlength=len(starts))
-    return sl[starts], counts, order, np.append(starts, len(sl))
+def dense_codes(values: np.ndarray) -> np.ndarray:
+    """``values`` (int64, -1 for none) as 0, 1, ... in value order, -1 kept: small codes that combine with a
+    unit code into one sortable key."""
+    distinct, code = np.unique(values, return_inverse=True)
+    return code.reshape(-1) - int(len(distinct) > 0 and distinct[0] < 0)
 
 
 class GeoLevels:
     """One H3 geopoint of the buffer: its dimensions, start and finest resolution, the NCP of a cell per
-    resolution, and each row's cell (as int64, -1 for a missing position) per resolution from start to finest."""
+    resolution, and each row's cell per resolution from start to finest, as a dense code (0, 1, ... in cell-id
+    order; -1 for a missing position)."""
 
     def __init__(self, X: np.ndarray, d: int, rmin: int, rmax: int, n_cells: int, lower: np.ndarray):
         ncp = {r: min(1.0, (7.0 ** (rmax - r) - 1.0) / max(n_cells - 1.0, 1.0)) for r in range(rmin, rmax + 1)}
@@ -73,7 +67,7 @@ class GeoLevels:
         present = (lat >= lower[d]) & (lon >= lower[d + 1])       # a missing position is coded below the domain
         cells = np.full((rmax - rmin + 1, len(X)), -1, dtype=np.int64)     # one contiguous row per resolution
         cells[:, present] = cells_of_points(lat[present], lon[present], rmin, rmax).T
-        self.cells: dict[int, np.ndarray] = {r: cells[r - rmin] for r in range(self.start, rmax + 1)}
+        self.cells: dict[int, np.ndarray] = {r: dense_codes(cells[r - rmin]) for r in range(self.start, rmax + 1)}
 
     def at_root(self, idx: np.ndarray) -> bool:
         """Whether rows ``idx`` share no cell of the start resolution (their class publishes the whole domain)."""
@@ -123,13 +117,16 @@ class H3Mondrian:
                 for _, d, rmin, rmax, n_cells in getattr(space, "h3_qis", ())]
         h3_dims = {g.d + a for g in geos for a in (0, 1)}
         other = np.array([j for j in range(X.shape[1]) if j not in h3_dims], dtype=np.int64)
+        # units as 0, 1, ...: a (cell, unit) or (side, unit) pair is one integer key, counted with one sort
+        units = np.unique(units, return_inverse=True)[1].reshape(-1)
+        buf = _Buffer(X, X[:, other], units, int(units.max()) + 1, k, geos, other, width)
         out: list[np.ndarray] = []
-        stack = [(np.arange(n), (None,) * len(geos))]
+        stack = [(np.arange(n), (None,) * len(geos), (UNKNOWN,) * len(geos))]
         while stack:
-            idx, levels = stack.pop()
+            idx, levels, blocked = stack.pop()
             # below 2k records no cut leaves k on both sides: a leaf (not 2k individuals, as Mondrian: one vehicle
             # drives through many cells, so two cells may hold k individuals each out of fewer than 2k)
-            parts = self._cut(X, units, k, idx, levels, geos, other, width) if len(idx) >= 2 * k else None
+            parts = self._cut(buf, idx, levels, blocked) if len(idx) >= 2 * k else None
             if parts is None:
                 if due is None or not any(g.at_root(idx) for g in geos):
                     out.append(idx)
@@ -151,66 +148,106 @@ class H3Mondrian:
             return [idx]
         return [idx[d]]
 
-    def _cut(self, X, units, k, idx, levels, geos, other, width):
-        """The parts ``[(rows, levels)]`` of one cut of ``idx``, or None when no dimension can be cut."""
+    def _cut(self, buf: "_Buffer", idx, levels, blocked):
+        """The parts ``[(rows, levels, blocked)]`` of one cut of ``idx``, or None when no dimension can be cut."""
         candidates = []          # (position-first rank, -span, order, kind, which)
-        for g, geo in enumerate(geos):
+        for g, geo in enumerate(buf.geos):
             if geo.next_level(levels[g]) is not None:
                 candidates.append((0 if self.params.position_first else 1, -geo.span(levels[g]), g, "h3", g))
         if self.params.position_first:          # the positions first: the other spans only when no cell cuts
             for *_, g in sorted(candidates):
-                parts = self._cut_cells(units, k, idx, levels, g, geos[g])
+                parts, blocked = _cut_cells(buf, idx, levels, blocked, g)
                 if parts is not None:
                     return parts
             candidates = []
-        if len(other) and len(idx) >= 2 * k:
-            sub = X[np.ix_(idx, other)]
-            span = (sub.max(axis=0) - sub.min(axis=0)) / width[other]
-            candidates += [(1, -s, len(geos) + j, "num", int(other[j])) for j, s in enumerate(span) if s > 0]
+        if len(buf.other):
+            sub = buf.X_other[idx]
+            span = (sub.max(axis=0) - sub.min(axis=0)) / buf.width[buf.other]
+            candidates += [(1, -s, len(buf.geos) + j, "num", int(buf.other[j])) for j, s in enumerate(span) if s > 0]
         for *_, kind, which in sorted(candidates):
-            parts = (self._cut_cells(units, k, idx, levels, which, geos[which]) if kind == "h3"
-                     else self._cut_median(X, units, k, idx, levels, which))
+            if kind == "h3":
+                parts, blocked = _cut_cells(buf, idx, levels, blocked, which)
+            else:
+                parts = _cut_median(buf, idx, levels, blocked, which)
             if parts is not None:
                 return parts
         return None
 
-    @staticmethod
-    def _cut_median(X, units, k, idx, levels, dim):
-        left = median_left(X[idx, dim])
-        if left.all() or not left.any():
-            return None
-        if distinct_units(units[idx[left]]) >= k and distinct_units(units[idx[~left]]) >= k:
-            return [(idx[left], levels), (idx[~left], levels)]
-        return None
 
-    @staticmethod
-    def _cut_cells(units, k, idx, levels, g, geo):
-        """Children at the next resolution holding k individuals; the rest pooled at this level (docstring)."""
-        nxt = geo.next_level(levels[g])
-        c = geo.cells[nxt][idx]
-        if c[0] >= 0 and (c == c[0]).all():
-            # every position in one child (a part holds k individuals): down as far as they share a cell, no split
-            while nxt < geo.rmax and (c := geo.cells[nxt + 1][idx])[0] >= 0 and (c == c[0]).all():
-                nxt += 1
-            return [(idx, levels[:g] + (nxt,) + levels[g + 1:])]
-        cells, counts, order, starts = label_groups(c, units[idx])
-        kept = np.flatnonzero((counts >= k) & (cells >= 0))
-        if len(kept) == 0:
-            return None
-        down = levels[:g] + (nxt,) + levels[g + 1:]
-        rest_mask = np.ones(len(idx), dtype=bool)
-        children = []
-        for j in kept.tolist():
-            rows = np.sort(order[starts[j]:starts[j + 1]])      # in the part's order
-            rest_mask[rows] = False
-            children.append(idx[rows])
-        rest = idx[rest_mask]
-        if len(rest) and distinct_units(units[rest]) < k:
-            if len(kept) == 1:
-                return None                         # the pooled rest would take the only child back to this level
-            smallest = int(np.argmin(counts[kept]))
-            rest = np.concatenate([children.pop(smallest), rest])
-        parts = [(c, down) for c in children]
-        if len(rest):
-            parts.append((np.sort(rest), levels))
-        return parts
+@dataclass(frozen=True)
+class _Buffer:
+    """What every cut of one ``form_classes`` call reads: the codes, the columns that are not H3 positions, the
+    units as 0, 1, ... (``n_units`` of them), k, the H3 geopoints, the domain widths."""
+    X: np.ndarray
+    X_other: np.ndarray
+    units: np.ndarray
+    n_units: int
+    k: int
+    geos: list
+    other: np.ndarray
+    width: np.ndarray
+
+
+def _cut_median(buf: _Buffer, idx, levels, blocked, dim):
+    """Mondrian's strict median cut of ``idx`` on ``dim`` when both halves hold k individuals, else None."""
+    left = median_left(buf.X[idx, dim])
+    if left.all() or not left.any():
+        return None
+    sides = np.unique(buf.units[idx] * 2 + left)          # distinct (unit, side) pairs; the left is side 1
+    in_left = np.count_nonzero(sides & 1)
+    if in_left >= buf.k and len(sides) - in_left >= buf.k:
+        return [(idx[left], levels, blocked), (idx[~left], levels, blocked)]
+    return None
+
+
+def _cut_cells(buf: _Buffer, idx, levels, blocked, g):
+    """Children of ``idx`` at the next resolution of H3 geopoint ``g`` holding k individuals; the rest pooled at
+    this level (module docstring). Returns ``(parts, blocked)``: the parts or None, and ``blocked`` with what a
+    failed cut tells of every subset of ``idx`` at this level (``blocked[g]``): a subset holds no more individuals
+    per cell than ``idx``, so where ``idx`` has no child of k individuals (NO_CELL) none of its subsets has, and
+    where it has one child ``x`` and a rest below k, a subset is cut only by going down into ``x`` whole."""
+    geo, k = buf.geos[g], buf.k
+    nxt = geo.next_level(levels[g])
+    c = geo.cells[nxt][idx]
+    if c[0] >= 0 and (c == c[0]).all():
+        # every position in one child (a part holds k individuals): down as far as they share a cell, no split
+        while nxt < geo.rmax and (c := geo.cells[nxt + 1][idx])[0] >= 0 and (c == c[0]).all():
+            nxt += 1
+        return [(idx, _with(levels, g, nxt), _with(blocked, g, UNKNOWN))], blocked
+    if blocked[g] is not UNKNOWN:
+        return None, blocked
+    pair_cells = np.unique(c * buf.n_units + buf.units[idx]) // buf.n_units    # one entry per distinct (cell, unit)
+    first = np.ones(len(pair_cells), dtype=bool)
+    first[1:] = pair_cells[1:] != pair_cells[:-1]
+    starts = np.flatnonzero(first)
+    cells, counts = pair_cells[starts], np.diff(np.append(starts, len(pair_cells)))
+    kept = np.flatnonzero((counts >= k) & (cells >= 0))
+    if len(kept) == 0:
+        return None, _with(blocked, g, NO_CELL)
+    rest_mask = np.ones(len(idx), dtype=bool)
+    children = []
+    for cell in cells[kept].tolist():          # in cell-id order; each child's rows in the part's order
+        rows = c == cell
+        rest_mask &= ~rows
+        children.append(idx[rows])
+    rest = idx[rest_mask]
+    rest_blocked = NO_CELL
+    if len(rest) and distinct_units(buf.units[rest]) < k:
+        if len(kept) == 1:
+            # the pooled rest would take the only child back to this level
+            return None, _with(blocked, g, int(cells[kept[0]]))
+        smallest = int(np.argmin(counts[kept]))
+        rest_blocked = int(cells[kept[smallest]])
+        rest = np.sort(np.concatenate([children.pop(smallest), rest]))
+    down = _with(levels, g, nxt)
+    parts = [(child, down, _with(blocked, g, UNKNOWN)) for child in children]
+    if len(rest):
+        parts.append((rest, levels, _with(blocked, g, rest_blocked)))
+    return parts, blocked
+
+
+UNKNOWN, NO_CELL = None, -1       # what is known of a part's cut at an H3 geopoint's level (_cut_cells)
+
+
+def _with(values: tuple, g: int, value) -> tuple:
+    return values[:g] + (value,) + values[g + 1:]
