@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from stream_anon.h3cells import cells_of_points
-from stream_anon.strategies.partition import distinct_units, median_left
+from stream_anon.strategies.partition import distinct_units
 from stream_anon.validation import check_bool, check_choice
 
 
@@ -67,20 +67,20 @@ class GeoLevels:
         present = (lat >= lower[d]) & (lon >= lower[d + 1])       # a missing position is coded below the domain
         cells = np.full((rmax - rmin + 1, len(X)), -1, dtype=np.int64)     # one contiguous row per resolution
         cells[:, present] = cells_of_points(lat[present], lon[present], rmin, rmax).T
-        self.cells: dict[int, np.ndarray] = {r: dense_codes(cells[r - rmin]) for r in range(self.start, rmax + 1)}
+        # row i: resolution start + i
+        self.codes = np.stack([dense_codes(cells[r - rmin]) for r in range(self.start, rmax + 1)])
+        self.n_codes = int(self.codes.max()) + 1 if self.codes.size else 1
 
-    def at_root(self, idx: np.ndarray) -> bool:
-        """Whether rows ``idx`` share no cell of the start resolution (their class publishes the whole domain)."""
-        c = self.cells[self.start][idx]
-        return bool(c[0] < 0 or (c != c[0]).any())
+    def shared(self, level: np.ndarray, rows: np.ndarray, seg: np.ndarray) -> np.ndarray:
+        """Per part (rows ``rows[seg[j]:seg[j + 1]]``, each at its resolution ``level[j]``): whether its positions
+        share one cell of that resolution."""
+        c = self.codes[np.repeat(level - self.start, np.diff(np.append(seg, len(rows)))), rows]
+        low = np.minimum.reduceat(c, seg)
+        return (low >= 0) & (low == np.maximum.reduceat(c, seg))
 
-    def span(self, level: int | None) -> float:
-        """NCP of a part at ``level`` (None: the root, the whole domain)."""
-        return 1.0 if level is None else self.ncp[level]
-
-    def next_level(self, level: int | None) -> int | None:
-        nxt = self.start if level is None else level + 1
-        return nxt if nxt <= self.rmax else None
+    def span(self, level: np.ndarray) -> np.ndarray:
+        """NCP of parts at ``level`` (-1: the root, the whole domain)."""
+        return np.array([1.0 if r < 0 else self.ncp[r] for r in level.tolist()])
 
 
 @dataclass(frozen=True)
@@ -112,28 +112,35 @@ class H3Mondrian:
         n = len(X)
         if n == 0 or distinct_units(units) < k:
             return []
-        width = np.where(space.width > 0, space.width, 1.0)
         geos = [GeoLevels(X, d, rmin, rmax, n_cells, space.lower)
                 for _, d, rmin, rmax, n_cells in getattr(space, "h3_qis", ())]
         h3_dims = {g.d + a for g in geos for a in (0, 1)}
         other = np.array([j for j in range(X.shape[1]) if j not in h3_dims], dtype=np.int64)
-        # units as 0, 1, ...: a (cell, unit) or (side, unit) pair is one integer key, counted with one sort
+        # units as 0, 1, ...: a (part, cell, unit) or (part, unit, side) triple is one integer key, counted by a sort
         units = np.unique(units, return_inverse=True)[1].reshape(-1)
-        buf = _Buffer(X, X[:, other], units, int(units.max()) + 1, k, geos, other, width)
-        out: list[np.ndarray] = []
-        stack = [(np.arange(n), (None,) * len(geos), (UNKNOWN,) * len(geos))]
-        while stack:
-            idx, levels, blocked = stack.pop()
+        cut = _Cuts(X, units, int(units.max()) + 1, k, geos, other, np.where(space.width > 0, space.width, 1.0),
+                    self.params.position_first)
+        leaves: list[tuple[tuple, np.ndarray, bool]] = []       # (path, rows, left at the root of a geopoint)
+        parts = _Parts.root(n, len(geos))
+        while len(parts.rows):
+            children = _Parts.growing(parts)
             # below 2k records no cut leaves k on both sides: a leaf (not 2k individuals, as Mondrian: one vehicle
             # drives through many cells, so two cells may hold k individuals each out of fewer than 2k)
-            parts = self._cut(buf, idx, levels, blocked) if len(idx) >= 2 * k else None
-            if parts is None:
-                if due is None or not any(g.at_root(idx) for g in geos):
-                    out.append(idx)
-                else:
-                    out += self._wait(idx, units, k, due, self.params.whole_domain == "withhold")
+            is_cut = cut.all_parts(parts, parts.sizes >= 2 * k, children)
+            at_root = np.zeros(len(parts.paths), dtype=bool)
+            for g in geos:
+                at_root |= ~g.shared(np.full(len(parts.paths), g.start), parts.rows, parts.seg)
+            for j in np.flatnonzero(~is_cut).tolist():
+                leaves.append((parts.paths[j], parts.rows[parts.seg[j]:parts.seg[j] + parts.sizes[j]], at_root[j]))
+            parts = children.done()
+        leaves.sort(key=lambda leaf: leaf[0])               # depth first, parts in order (as split_recursively)
+        withhold = self.params.whole_domain == "withhold"
+        out: list[np.ndarray] = []
+        for _, idx, root in leaves:
+            if due is None or not root:
+                out.append(idx)
             else:
-                stack += reversed(parts)          # depth first, parts in order (as split_recursively)
+                out += self._wait(idx, units, k, due, withhold)
         return out
 
     @staticmethod
@@ -148,106 +155,265 @@ class H3Mondrian:
             return [idx]
         return [idx[d]]
 
-    def _cut(self, buf: "_Buffer", idx, levels, blocked):
-        """The parts ``[(rows, levels, blocked)]`` of one cut of ``idx``, or None when no dimension can be cut."""
-        candidates = []          # (position-first rank, -span, order, kind, which)
-        for g, geo in enumerate(buf.geos):
-            if geo.next_level(levels[g]) is not None:
-                candidates.append((0 if self.params.position_first else 1, -geo.span(levels[g]), g, "h3", g))
-        if self.params.position_first:          # the positions first: the other spans only when no cell cuts
-            for *_, g in sorted(candidates):
-                parts, blocked = _cut_cells(buf, idx, levels, blocked, g)
-                if parts is not None:
-                    return parts
-            candidates = []
-        if len(buf.other):
-            sub = buf.X_other[idx]
-            span = (sub.max(axis=0) - sub.min(axis=0)) / buf.width[buf.other]
-            candidates += [(1, -s, len(buf.geos) + j, "num", int(buf.other[j])) for j, s in enumerate(span) if s > 0]
-        for *_, kind, which in sorted(candidates):
-            if kind == "h3":
-                parts, blocked = _cut_cells(buf, idx, levels, blocked, which)
-            else:
-                parts = _cut_median(buf, idx, levels, blocked, which)
-            if parts is not None:
-                return parts
-        return None
+
+UNKNOWN, NO_CELL = -2, -1       # what is known of a part's cut at an H3 geopoint's level (_Cuts.cells)
 
 
-@dataclass(frozen=True)
-class _Buffer:
-    """What every cut of one ``form_classes`` call reads: the codes, the columns that are not H3 positions, the
-    units as 0, 1, ... (``n_units`` of them), k, the H3 geopoints, the domain widths."""
-    X: np.ndarray
-    X_other: np.ndarray
-    units: np.ndarray
-    n_units: int
-    k: int
-    geos: list
-    other: np.ndarray
-    width: np.ndarray
+class _Parts:
+    """The parts of one depth of the cut, all at once: ``rows`` grouped by part (each part's rows ascending, as
+    cut from its parent), ``seg``/``sizes`` where each part's rows start and how many; per part its resolution at
+    each H3 geopoint (``level``, -1: the root), what is known of its cut there (``blocked``: UNKNOWN, NO_CELL, or
+    the one child cell a subset may only descend into; _Cuts.cells) and its ``path``, the ordinals of the cuts that
+    made it from the root: leaves in path order are the depth-first order of a recursive Mondrian."""
+
+    def __init__(self, rows, part, level, blocked, paths):
+        self.rows, self.level, self.blocked, self.paths = rows, level, blocked, paths
+        self.seg = np.searchsorted(part, np.arange(len(paths)))
+        self.sizes = np.diff(np.append(self.seg, len(rows)))
+
+    @classmethod
+    def root(cls, n: int, n_geos: int) -> "_Parts":
+        return cls(np.arange(n), np.zeros(n, dtype=np.int64), np.full((1, n_geos), -1, dtype=np.int64),
+                   np.full((1, n_geos), UNKNOWN, dtype=np.int64), [()])
+
+    @classmethod
+    def growing(cls, parents: "_Parts") -> "_Children":
+        return _Children(parents)
+
+    def positions(self, which: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For parts ``which`` (ascending): the positions of their rows in ``rows``, each row's index into
+        ``which``, and where each part's rows start among those positions."""
+        sizes = self.sizes[which]
+        local = np.repeat(np.arange(len(which)), sizes)
+        starts = np.cumsum(sizes) - sizes
+        pos = self.seg[which][local] + (np.arange(len(local)) - starts[local])
+        return pos, local, starts
 
 
-def _cut_median(buf: _Buffer, idx, levels, blocked, dim):
-    """Mondrian's strict median cut of ``idx`` on ``dim`` when both halves hold k individuals, else None."""
-    left = median_left(buf.X[idx, dim])
-    if left.all() or not left.any():
-        return None
-    sides = np.unique(buf.units[idx] * 2 + left)          # distinct (unit, side) pairs; the left is side 1
-    in_left = np.count_nonzero(sides & 1)
-    if in_left >= buf.k and len(sides) - in_left >= buf.k:
-        return [(idx[left], levels, blocked), (idx[~left], levels, blocked)]
-    return None
+class _Children:
+    """The parts the cuts of one depth make: each row of the parents gets its child's label (-1: a leaf's row)."""
+
+    def __init__(self, parents: _Parts):
+        self.parents = parents
+        self.label = np.full(len(parents.rows), -1, dtype=np.int64)
+        self.parent, self.ordinal, self.level, self.blocked = [], [], [], []
+        self.count = 0
+
+    def add(self, parent: np.ndarray, ordinal: np.ndarray, level: np.ndarray, blocked: np.ndarray) -> np.ndarray:
+        """New parts (children of ``parent``, ``ordinal``-th of their cut); returns their labels."""
+        labels = np.arange(self.count, self.count + len(parent))
+        self.count += len(parent)
+        self.parent.append(parent)
+        self.ordinal.append(ordinal)
+        self.level.append(level)
+        self.blocked.append(blocked)
+        return labels
+
+    def done(self) -> _Parts:
+        keep = self.label >= 0
+        order = np.argsort(self.label[keep], kind="stable")         # stable: each part's rows stay ascending
+        rows, part = self.parents.rows[keep][order], self.label[keep][order]
+        n_geos = self.parents.level.shape[1]
+        if not self.count:
+            return _Parts(rows, part, np.empty((0, n_geos), dtype=np.int64), np.empty((0, n_geos), dtype=np.int64),
+                          [])
+        paths = self.parents.paths
+        new_paths = [paths[p] + (o,) for p, o in zip(np.concatenate(self.parent).tolist(),
+                                                        np.concatenate(self.ordinal).tolist())]
+        return _Parts(rows, part, np.concatenate(self.level), np.concatenate(self.blocked), new_paths)
 
 
-def _cut_cells(buf: _Buffer, idx, levels, blocked, g):
-    """Children of ``idx`` at the next resolution of H3 geopoint ``g`` holding k individuals; the rest pooled at
-    this level (module docstring). Returns ``(parts, blocked)``: the parts or None, and ``blocked`` with what a
-    failed cut tells of every subset of ``idx`` at this level (``blocked[g]``): a subset holds no more individuals
-    per cell than ``idx``, so where ``idx`` has no child of k individuals (NO_CELL) none of its subsets has, and
-    where it has one child ``x`` and a rest below k, a subset is cut only by going down into ``x`` whole."""
-    geo, k = buf.geos[g], buf.k
-    nxt = geo.next_level(levels[g])
-    c = geo.cells[nxt][idx]
-    if c[0] >= 0 and (c == c[0]).all():
-        # every position in one child (a part holds k individuals): down as far as they share a cell, no split
-        while nxt < geo.rmax and (c := geo.cells[nxt + 1][idx])[0] >= 0 and (c == c[0]).all():
-            nxt += 1
-        return [(idx, _with(levels, g, nxt), _with(blocked, g, UNKNOWN))], blocked
-    if blocked[g] is not UNKNOWN:
-        return None, blocked
-    pair_cells = np.unique(c * buf.n_units + buf.units[idx]) // buf.n_units    # one entry per distinct (cell, unit)
-    first = np.ones(len(pair_cells), dtype=bool)
-    first[1:] = pair_cells[1:] != pair_cells[:-1]
-    starts = np.flatnonzero(first)
-    cells, counts = pair_cells[starts], np.diff(np.append(starts, len(pair_cells)))
-    kept = np.flatnonzero((counts >= k) & (cells >= 0))
-    if len(kept) == 0:
-        return None, _with(blocked, g, NO_CELL)
-    rest_mask = np.ones(len(idx), dtype=bool)
-    children = []
-    for cell in cells[kept].tolist():          # in cell-id order; each child's rows in the part's order
-        rows = c == cell
-        rest_mask &= ~rows
-        children.append(idx[rows])
-    rest = idx[rest_mask]
-    rest_blocked = NO_CELL
-    if len(rest) and distinct_units(buf.units[rest]) < k:
-        if len(kept) == 1:
-            # the pooled rest would take the only child back to this level
-            return None, _with(blocked, g, int(cells[kept[0]]))
-        smallest = int(np.argmin(counts[kept]))
-        rest_blocked = int(cells[kept[smallest]])
-        rest = np.sort(np.concatenate([children.pop(smallest), rest]))
-    down = _with(levels, g, nxt)
-    parts = [(child, down, _with(blocked, g, UNKNOWN)) for child in children]
-    if len(rest):
-        parts.append((rest, levels, _with(blocked, g, rest_blocked)))
-    return parts, blocked
+def _with(table: np.ndarray, g: int, column) -> np.ndarray:
+    out = table.copy()
+    out[:, g] = column
+    return out
 
 
-UNKNOWN, NO_CELL = None, -1       # what is known of a part's cut at an H3 geopoint's level (_cut_cells)
+def _run_starts(values: np.ndarray) -> np.ndarray:
+    """Where each run of equal values starts (bool per entry)."""
+    out = np.ones(len(values), dtype=bool)
+    out[1:] = values[1:] != values[:-1]
+    return out
 
 
-def _with(values: tuple, g: int, value) -> tuple:
-    return values[:g] + (value,) + values[g + 1:]
+def _distinct(columns: list[np.ndarray], bounds: list[int]) -> list[np.ndarray]:
+    """The distinct rows of integer columns (``0 <= columns[i] < bounds[i]``), in sorted order, as columns: one
+    sort of a packed key when the key fits in 62 bits, else a lexsort."""
+    if not len(columns[0]):
+        return list(columns)
+    total = 1
+    for b in bounds:
+        total *= int(b)
+    if total < 1 << 62:
+        key = columns[0].astype(np.int64)
+        for col, b in zip(columns[1:], bounds[1:]):
+            key = key * int(b) + col
+        key = np.sort(key)
+        key = key[_run_starts(key)]
+        out = []
+        for b in reversed(bounds[1:]):
+            key, rest = np.divmod(key, int(b))
+            out.append(rest)
+        return [key, *reversed(out)]
+    order = np.lexsort(columns[::-1])
+    cols = [c[order] for c in columns]
+    new = np.zeros(len(order), dtype=bool)
+    new[0] = True
+    for c in cols:
+        new[1:] |= c[1:] != c[:-1]
+    return [c[new] for c in cols]
+
+
+class _Cuts:
+    """The cuts of every part of one depth at once: for each part its candidate dimensions in Mondrian's order
+    (H3 geopoints first with ``position_first``, then the widest normalized span; ties by dimension), each tried
+    on the parts not yet cut: :meth:`cells` along an H3 geopoint, :meth:`median` on another dimension."""
+
+    def __init__(self, X, units, n_units, k, geos, other, width, position_first):
+        self.X, self.units, self.n_units, self.k, self.geos = X, units, n_units, k, geos
+        self.other, self.width, self.position_first = other, width, position_first
+        self.X_other = X[:, other]
+
+    def all_parts(self, parts: _Parts, todo: np.ndarray, children: _Children) -> np.ndarray:
+        """Cut the parts ``todo`` (bool per part), adding the children to ``children``; returns which were cut."""
+        is_cut = np.zeros(len(parts.paths), dtype=bool)
+        which = np.flatnonzero(todo)
+        if not len(which):
+            return is_cut
+        candidates = self._candidates(parts, which)
+        pending = np.ones(len(which), dtype=bool)
+        for t in range(candidates.shape[1]):
+            for dim in np.unique(candidates[pending, t]).tolist():
+                if dim < 0:
+                    continue
+                sel = np.flatnonzero(pending & (candidates[:, t] == dim))
+                ok = (self.cells(parts, which[sel], dim, children) if dim < len(self.geos)
+                      else self.median(parts, which[sel], self.other[dim - len(self.geos)], children))
+                pending[sel[ok]] = False
+        is_cut[which[~pending]] = True
+        return is_cut
+
+    def _candidates(self, parts: _Parts, which: np.ndarray) -> np.ndarray:
+        """(parts, dimensions): each part's dimensions in the order they are tried (H3 geopoint g as g, other
+        dimension j as len(geos) + j), -1 where none is left (a finest level, a span of 0)."""
+        G, D = len(self.geos), len(self.other)
+        rank = np.full((len(which), G + D), 2)
+        span = np.zeros((len(which), G + D))
+        for g, geo in enumerate(self.geos):
+            level = parts.level[which, g]
+            rank[:, g] = np.where(level < geo.rmax, 0 if self.position_first else 1, 2)
+            span[:, g] = geo.span(level)
+        if D:
+            pos, _, starts = parts.positions(which)
+            sub = self.X_other[parts.rows[pos]]
+            span[:, G:] = (np.maximum.reduceat(sub, starts) - np.minimum.reduceat(sub, starts)) / self.width[self.other]
+            rank[:, G:] = np.where(span[:, G:] > 0, 1, 2)
+        dims = np.broadcast_to(np.arange(G + D), rank.shape)
+        order = np.lexsort((dims, -span, rank), axis=-1)
+        return np.where(np.take_along_axis(rank, order, axis=-1) < 2, order, -1)
+
+    def median(self, parts: _Parts, which: np.ndarray, dim: int, children: _Children) -> np.ndarray:
+        """Mondrian's strict median cut of each part on ``dim`` (values below the median, or up to it when none is
+        below), kept when both halves hold k individuals; returns which parts were cut."""
+        pos, local, starts = parts.positions(which)
+        sizes = parts.sizes[which]
+        rows = parts.rows[pos]
+        vals = self.X[rows, dim]
+        median = vals[np.lexsort((vals, local))][starts + sizes // 2]
+        left = vals < median[local]
+        none = np.bincount(local[left], minlength=len(which)) == 0
+        left |= none[local] & (vals <= median[local])
+        n_left = np.bincount(local[left], minlength=len(which))
+        part, _, side = _distinct([local, self.units[rows], left.astype(np.int64)], [len(which), self.n_units, 2])
+        in_left = np.bincount(part[side == 1], minlength=len(which))
+        in_right = np.bincount(part[side == 0], minlength=len(which))
+        ok = (n_left > 0) & (n_left < sizes) & (in_left >= self.k) & (in_right >= self.k)
+        if ok.any():
+            two = np.repeat(which[ok], 2)
+            labels = children.add(two, np.tile([0, 1], ok.sum()), parts.level[two], parts.blocked[two])
+            mine = ok[local]
+            children.label[pos[mine]] = labels[2 * np.cumsum(ok)[local[mine]] - 2 + (~left[mine])]
+        return ok
+
+    def cells(self, parts: _Parts, which: np.ndarray, g: int, children: _Children) -> np.ndarray:
+        """Cut each part into its cells of the next resolution of H3 geopoint ``g`` (module docstring); returns
+        which parts were cut. A failed cut is recorded in ``parts.blocked`` for the part's subsets at this level:
+        a subset holds no more individuals per cell than its part, so where the part has no child of k individuals
+        (NO_CELL) none of its subsets has, and where it has one child x and a rest below k, a subset is cut only by
+        going down into x whole."""
+        geo, k = self.geos[g], self.k
+        level = parts.level[which, g]
+        nxt = np.where(level < 0, geo.start, level + 1)
+        pos, local, starts = parts.positions(which)
+        rows = parts.rows[pos]
+        c = geo.codes[nxt[local] - geo.start, rows]
+        low = np.minimum.reduceat(c, starts)
+        one = (low >= 0) & (low == np.maximum.reduceat(c, starts))
+        ok = one.copy()
+        if one.any():
+            # every position in one child (a part holds k individuals): down as far as they share a cell, no split
+            depth, going = nxt.copy(), one.copy()
+            while (going := going & (depth < geo.rmax)).any():
+                going &= geo.shared(np.minimum(depth + 1, geo.rmax), rows, starts)
+                depth[going] += 1
+            labels = children.add(which[one], np.zeros(one.sum(), dtype=np.int64),
+                                  _with(parts.level[which[one]], g, depth[one]),
+                                  _with(parts.blocked[which[one]], g, UNKNOWN))
+            children.label[pos[one[local]]] = labels[np.cumsum(one)[local[one[local]]] - 1]
+        todo = ~one & (parts.blocked[which, g] == UNKNOWN)
+        if not todo.any():
+            return ok
+        mine = todo[local]
+        tl, tc, tu, tpos = local[mine], c[mine], self.units[rows[mine]], pos[mine]
+        n_codes = geo.n_codes + 1                 # cells shifted by one: -1 (no position) is 0
+        dl, dc, du = _distinct([tl, tc + 1, tu], [len(which), n_codes, self.n_units])     # (part, cell, unit)
+        gstart = np.flatnonzero(_run_starts(dl) | _run_starts(dc))
+        g_part, g_cell = dl[gstart], dc[gstart] - 1
+        g_count = np.diff(np.append(gstart, len(dl)))          # individuals per (part, cell)
+        kept = (g_count >= k) & (g_cell >= 0)
+        n_kept = np.bincount(g_part[kept], minlength=len(which))
+        # the rest of a part: its rows in cells below k individuals, and how many individuals they hold
+        rest_trip = ~np.repeat(kept, g_count)
+        rest_part, _ = _distinct([dl[rest_trip], du[rest_trip]], [len(which), self.n_units])
+        rest_units = np.bincount(rest_part, minlength=len(which))
+        row_group = np.searchsorted(g_part * n_codes + dc[gstart], tl * n_codes + tc + 1)
+        row_kept = kept[row_group]
+        rest_rows = np.bincount(tl[~row_kept], minlength=len(which))
+        short = todo & (rest_rows > 0) & (rest_units < k)
+        kept_groups = np.flatnonzero(kept)
+        # the smallest kept child of each part (fewest individuals, then lowest cell): joins a short rest
+        by_size = kept_groups[np.lexsort((g_cell[kept_groups], g_count[kept_groups], g_part[kept_groups]))]
+        smallest = np.full(len(which), -1)
+        by_part = g_part[by_size]
+        first_kept = _run_starts(by_part)
+        smallest[by_part[first_kept]] = by_size[first_kept]
+        fail_none = todo & (n_kept == 0)
+        fail_one = short & (n_kept == 1)
+        blocked = parts.blocked[which, g]
+        blocked[fail_none] = NO_CELL
+        blocked[fail_one] = g_cell[smallest[fail_one]]
+        parts.blocked[which, g] = blocked
+        success = todo & ~fail_none & ~fail_one
+        merged = success & short
+        # children: the kept cells of a cut part but its merged one, in cell order, then the rest if any
+        child_groups = kept_groups[success[g_part[kept_groups]]]
+        child_groups = child_groups[~(merged[g_part[child_groups]] & (smallest[g_part[child_groups]] == child_groups))]
+        cp = g_part[child_groups]
+        first_of_part = np.searchsorted(cp, cp)
+        ordinal = np.arange(len(cp)) - first_of_part
+        group_label = np.full(len(g_part), -1)
+        group_label[child_groups] = children.add(which[cp], ordinal, _with(parts.level[which[cp]], g, nxt[cp]),
+                                                 _with(parts.blocked[which[cp]], g, UNKNOWN))
+        has_rest = success & ((rest_rows > 0) | merged)
+        rp = np.flatnonzero(has_rest)
+        n_children = np.bincount(cp, minlength=len(which))
+        rest_label = np.full(len(which), -1)
+        rest_label[rp] = children.add(which[rp], n_children[rp], parts.level[which[rp]],
+                                      _with(parts.blocked[which[rp]], g,
+                                            np.where(merged[rp], g_cell[smallest[rp]], NO_CELL)))
+        lab = group_label[row_group]
+        lab = np.where(lab >= 0, lab, rest_label[tl])
+        take = success[tl]
+        children.label[tpos[take]] = lab[take]
+        ok |= success
+        return ok
