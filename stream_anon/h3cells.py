@@ -47,14 +47,21 @@ def common_cell(lat: np.ndarray, lon: np.ndarray, resolutions: tuple[int, int]) 
     """The cell (string form) of the finest resolution in [rmin, rmax] holding every position, or None (none does).
     Every resolution is searched: H3 children do not tile their parent exactly, so sharing a cell at one resolution
     does not imply sharing one at every coarser resolution (tests/test_h3.py)."""
-    rmin, rmax = resolutions
-    # plain tuples: called once per class and per box, mostly on a few distinct positions
-    rows = [cells_of_point(a, o, rmin, rmax) for a, o in set(zip(np.asarray(lat, dtype=float).tolist(),
-                                                                   np.asarray(lon, dtype=float).tolist()))]
-    if not rows:
+    if not len(lat):
         return None
-    first = rows[0]
-    for j in range(len(first) - 1, -1, -1):
-        if all(r[j] == first[j] for r in rows):
-            return h3_package().int_to_str(first[j])
-    return None
+    return common_cells(lat, lon, np.zeros(1, dtype=np.int64), resolutions)[0]
+
+
+def common_cells(lat: np.ndarray, lon: np.ndarray, starts: np.ndarray, resolutions: tuple[int, int]) -> list:
+    """:func:`common_cell` of each group of positions (group j: ``starts[j]`` up to the next start; none empty),
+    all groups at once."""
+    if not len(starts):
+        return []
+    rmin, rmax = resolutions
+    cells = cells_of_points(lat, lon, rmin, rmax)
+    low = np.minimum.reduceat(cells, starts, axis=0)
+    shared = low == np.maximum.reduceat(cells, starts, axis=0)          # (groups, resolutions)
+    finest = shared.shape[1] - 1 - np.argmax(shared[:, ::-1], axis=1)
+    ids = low[np.arange(len(starts)), finest].tolist()
+    to_str = h3_package().int_to_str
+    return [to_str(c) if ok else None for c, ok in zip(ids, shared.any(axis=1).tolist())]

@@ -22,8 +22,7 @@ def assemble_release(engine, buf, view: WindowView, release_id: str, window_star
         Xc = buf.X[np.concatenate([nc.rows for nc in new_classes])]
         starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
         lo, hi = np.minimum.reduceat(Xc, starts, axis=0), np.maximum.reduceat(Xc, starts, axis=0)
-        members = [buf.X[nc.rows] for nc in new_classes] if space.h3_qis else None
-        lo, hi, labels = space.snap(lo, hi, members)
+        lo, hi, labels = space.snap(lo, hi, (Xc, starts) if space.h3_qis else None)
         ncp = space.ncp(lo, hi, labels)
         for j, nc in enumerate(new_classes):
             groups.append((f"{release_id}-c{j:04d}", space.describe(lo[j], hi[j], labels[j]),

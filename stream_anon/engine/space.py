@@ -39,7 +39,7 @@ from itertools import repeat
 import numpy as np
 
 from stream_anon.config import QuasiIdentifier, StreamConfig
-from stream_anon.h3cells import common_cell, h3_package as _h3
+from stream_anon.h3cells import common_cell, common_cells, h3_package as _h3
 
 
 @lru_cache(maxsize=8192)     # published bounds are snapped to the time granularity: few distinct values
@@ -157,11 +157,11 @@ class QISpace:
         return out
 
     # -- generalization ---------------------------------------------------------------------------------------
-    def snap(self, lo: np.ndarray, hi: np.ndarray, members: list | None = None) -> tuple[np.ndarray, np.ndarray, list]:
+    def snap(self, lo: np.ndarray, hi: np.ndarray, members: tuple | None = None) -> tuple[np.ndarray, np.ndarray, list]:
         """Snap raw class boxes (m, D) to publishable intervals; also returns category labels per box (and the
-        H3 cell of an H3 geopoint). ``members``: per box, the (n_j, D) codes of its records; with them an H3 cell
-        is exact (every member in it), without them it is the common cell of the box's corners (an estimate,
-        for the formers' loss tests)."""
+        H3 cell of an H3 geopoint). ``members``: ``(codes, starts)``, the codes of every box's records one box
+        after the other, box j's from ``starts[j]``; with them an H3 cell is exact (every member in it), without
+        them it is the common cell of the box's corners (an estimate, for the formers' loss tests)."""
         lo = lo.copy()
         hi = hi.copy()
         raw_lo = lo.copy()
@@ -177,14 +177,8 @@ class QISpace:
                     lo[j, d], hi[j, d] = nlo, nhi
                     labels[j][qi.name] = label
             elif qi.kind == "geopoint" and qi.h3 is not None:
-                for j in range(len(lo)):
-                    if raw_lo[j, d] < self.lower[d] or raw_lo[j, d + 1] < self.lower[d + 1]:
-                        cell = None                                     # a missing position: the whole domain
-                    elif members is not None:
-                        cell = common_cell(members[j][:, d], members[j][:, d + 1], qi.h3)
-                    else:
-                        cell = common_cell(np.array([lo[j, d], lo[j, d], hi[j, d], hi[j, d]]),
-                                           np.array([lo[j, d + 1], hi[j, d + 1], lo[j, d + 1], hi[j, d + 1]]), qi.h3)
+                cells = self._h3_cells(d, qi.h3, raw_lo, lo, hi, members)
+                for j, cell in enumerate(cells):
                     labels[j][qi.name] = cell
                     if cell is None:
                         lo[j, d:d + 2], hi[j, d:d + 2] = self.lower[d:d + 2], self.upper[d:d + 2]
@@ -200,6 +194,27 @@ class QISpace:
                 lo[:, d], hi[:, d] = snap_numeric(lo[:, d], hi[:, d], qi.granularity, self.lower[d], self.upper[d])
             d += qi.dims
         return lo, hi, labels
+
+    def _h3_cells(self, d: int, resolutions: tuple[int, int], raw_lo, lo, hi, members) -> list:
+        """Per box, the cell of the H3 geopoint at columns d, d + 1 (:meth:`snap`): None for a box with a missing
+        position (the whole domain), else the common cell of its members, or of its corners without them."""
+        present = (raw_lo[:, d] >= self.lower[d]) & (raw_lo[:, d + 1] >= self.lower[d + 1])
+        out: list = [None] * len(lo)
+        which = np.flatnonzero(present)
+        if not len(which):
+            return out
+        if members is not None:
+            codes, starts = members
+            sizes = np.diff(np.append(starts, len(codes)))
+            rows = codes[np.repeat(present, sizes)]
+            lat, lon, sizes = rows[:, d], rows[:, d + 1], sizes[present]
+        else:
+            lat = np.stack([lo[which, d], lo[which, d], hi[which, d], hi[which, d]], axis=1).ravel()
+            lon = np.stack([lo[which, d + 1], hi[which, d + 1], lo[which, d + 1], hi[which, d + 1]], axis=1).ravel()
+            sizes = np.full(len(which), 4)
+        for j, cell in zip(which.tolist(), common_cells(lat, lon, np.cumsum(sizes) - sizes, resolutions)):
+            out[j] = cell
+        return out
 
     def ncp(self, lo: np.ndarray, hi: np.ndarray, labels: list | None = None) -> np.ndarray:
         """Weighted NCP of snapped boxes (m, D) -> (m,); an H3 geopoint counts cells (module docstring): from
