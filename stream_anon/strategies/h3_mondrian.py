@@ -71,12 +71,12 @@ class GeoLevels:
         self.codes = np.stack([dense_codes(cells[r - rmin]) for r in range(self.start, rmax + 1)])
         self.n_codes = int(self.codes.max()) + 1 if self.codes.size else 1
 
-    def shared(self, level: np.ndarray, rows: np.ndarray, seg: np.ndarray) -> np.ndarray:
-        """Per part (rows ``rows[seg[j]:seg[j + 1]]``, each at its resolution ``level[j]``): whether its positions
-        share one cell of that resolution."""
-        c = self.codes[np.repeat(level - self.start, np.diff(np.append(seg, len(rows)))), rows]
-        low = np.minimum.reduceat(c, seg)
-        return (low >= 0) & (low == np.maximum.reduceat(c, seg))
+    def shared(self, rows: np.ndarray, seg: np.ndarray, resolutions: slice = slice(None)) -> np.ndarray:
+        """(parts, resolutions): whether part j (rows ``rows[seg[j]:seg[j + 1]]``) has its positions in one cell of
+        each resolution (``resolutions`` of start..finest)."""
+        c = self.codes[resolutions, rows]
+        low = np.minimum.reduceat(c, seg, axis=1)
+        return ((low >= 0) & (low == np.maximum.reduceat(c, seg, axis=1))).T
 
     def span(self, level: np.ndarray) -> np.ndarray:
         """NCP of parts at ``level`` (-1: the root, the whole domain)."""
@@ -129,7 +129,7 @@ class H3Mondrian:
             is_cut = cut.all_parts(parts, parts.sizes >= 2 * k, children)
             at_root = np.zeros(len(parts.paths), dtype=bool)
             for g in geos:
-                at_root |= ~g.shared(np.full(len(parts.paths), g.start), parts.rows, parts.seg)
+                at_root |= ~g.shared(parts.rows, parts.seg, slice(0, 1))[:, 0]
             for j in np.flatnonzero(~is_cut).tolist():
                 leaves.append((parts.paths[j], parts.rows[parts.seg[j]:parts.seg[j] + parts.sizes[j]], at_root[j]))
             parts = children.done()
@@ -223,9 +223,10 @@ class _Children:
         return _Parts(rows, part, np.concatenate(self.level), np.concatenate(self.blocked), new_paths)
 
 
-def _with(table: np.ndarray, g: int, column) -> np.ndarray:
+def _with(table: np.ndarray, g: np.ndarray, column) -> np.ndarray:
+    """``table`` (parts, geopoints) with row j's entry at geopoint ``g[j]`` set to ``column`` (or its j-th)."""
     out = table.copy()
-    out[:, g] = column
+    out[np.arange(len(out)), g] = column
     return out
 
 
@@ -273,6 +274,13 @@ class _Cuts:
         self.X, self.units, self.n_units, self.k, self.geos = X, units, n_units, k, geos
         self.other, self.width, self.position_first = other, width, position_first
         self.X_other = X[:, other]
+        # every geopoint's cell codes in one array (geopoint, resolution from its start, row); -1 past its finest
+        depth = max((geo.codes.shape[0] for geo in geos), default=0)
+        self.codes = np.full((len(geos), depth, len(X)), -1, dtype=np.int64)
+        for g, geo in enumerate(geos):
+            self.codes[g, :geo.codes.shape[0]] = geo.codes
+        self.start = np.array([geo.start for geo in geos], dtype=np.int64)
+        self.n_codes = max((geo.n_codes for geo in geos), default=1)
 
     def all_parts(self, parts: _Parts, todo: np.ndarray, children: _Children) -> np.ndarray:
         """Cut the parts ``todo`` (bool per part), adding the children to ``children``; returns which were cut."""
@@ -282,14 +290,15 @@ class _Cuts:
             return is_cut
         candidates = self._candidates(parts, which)
         pending = np.ones(len(which), dtype=bool)
-        for t in range(candidates.shape[1]):
-            for dim in np.unique(candidates[pending, t]).tolist():
-                if dim < 0:
-                    continue
-                sel = np.flatnonzero(pending & (candidates[:, t] == dim))
-                ok = (self.cells(parts, which[sel], dim, children) if dim < len(self.geos)
-                      else self.median(parts, which[sel], self.other[dim - len(self.geos)], children))
-                pending[sel[ok]] = False
+        G = len(self.geos)
+        for dims in candidates.T:
+            for sel in (np.flatnonzero(pending & (dims >= 0) & (dims < G)), np.flatnonzero(pending & (dims >= G))):
+                if len(sel):
+                    ok = (self.cells(parts, which[sel], dims[sel], children) if dims[sel[0]] < G
+                          else self.median(parts, which[sel], self.other[dims[sel] - G], children))
+                    pending[sel[ok]] = False
+            if not pending.any():
+                break
         is_cut[which[~pending]] = True
         return is_cut
 
@@ -312,13 +321,13 @@ class _Cuts:
         order = np.lexsort((dims, -span, rank), axis=-1)
         return np.where(np.take_along_axis(rank, order, axis=-1) < 2, order, -1)
 
-    def median(self, parts: _Parts, which: np.ndarray, dim: int, children: _Children) -> np.ndarray:
-        """Mondrian's strict median cut of each part on ``dim`` (values below the median, or up to it when none is
-        below), kept when both halves hold k individuals; returns which parts were cut."""
+    def median(self, parts: _Parts, which: np.ndarray, dim: np.ndarray, children: _Children) -> np.ndarray:
+        """Mondrian's strict median cut of each part on its column ``dim`` (values below the median, or up to it
+        when none is below), kept when both halves hold k individuals; returns which parts were cut."""
         pos, local, starts = parts.positions(which)
         sizes = parts.sizes[which]
         rows = parts.rows[pos]
-        vals = self.X[rows, dim]
+        vals = self.X[rows, dim[local]]
         median = vals[np.lexsort((vals, local))][starts + sizes // 2]
         left = vals < median[local]
         none = np.bincount(local[left], minlength=len(which)) == 0
@@ -335,37 +344,37 @@ class _Cuts:
             children.label[pos[mine]] = labels[2 * np.cumsum(ok)[local[mine]] - 2 + (~left[mine])]
         return ok
 
-    def cells(self, parts: _Parts, which: np.ndarray, g: int, children: _Children) -> np.ndarray:
-        """Cut each part into its cells of the next resolution of H3 geopoint ``g`` (module docstring); returns
-        which parts were cut. A failed cut is recorded in ``parts.blocked`` for the part's subsets at this level:
-        a subset holds no more individuals per cell than its part, so where the part has no child of k individuals
-        (NO_CELL) none of its subsets has, and where it has one child x and a rest below k, a subset is cut only by
-        going down into x whole."""
-        geo, k = self.geos[g], self.k
+    def cells(self, parts: _Parts, which: np.ndarray, g: np.ndarray, children: _Children) -> np.ndarray:
+        """Cut each part into its cells of the next resolution of its H3 geopoint ``g`` (module docstring);
+        returns which parts were cut. A failed cut is recorded in ``parts.blocked`` for the part's subsets at this
+        level: a subset holds no more individuals per cell than its part, so where the part has no child of k
+        individuals (NO_CELL) none of its subsets has, and where it has one child x and a rest below k, a subset
+        is cut only by going down into x whole."""
+        k, own = self.k, np.arange(len(which))
         level = parts.level[which, g]
-        nxt = np.where(level < 0, geo.start, level + 1)
+        nxt = np.where(level < 0, self.start[g], level + 1) - self.start[g]       # from the geopoint's start
         pos, local, starts = parts.positions(which)
         rows = parts.rows[pos]
-        c = geo.codes[nxt[local] - geo.start, rows]
-        low = np.minimum.reduceat(c, starts)
-        one = (low >= 0) & (low == np.maximum.reduceat(c, starts))
+        every = self.codes[g[local], :, rows]                     # (rows, resolutions)
+        c = every[np.arange(len(rows)), nxt[local]]
+        low = np.minimum.reduceat(every, starts)
+        shared = (low >= 0) & (low == np.maximum.reduceat(every, starts))       # (parts, resolutions)
+        one = shared[own, nxt]
         ok = one.copy()
         if one.any():
             # every position in one child (a part holds k individuals): down as far as they share a cell, no split
-            depth, going = nxt.copy(), one.copy()
-            while (going := going & (depth < geo.rmax)).any():
-                going &= geo.shared(np.minimum(depth + 1, geo.rmax), rows, starts)
-                depth[going] += 1
+            breaks = (np.arange(shared.shape[1]) > nxt[:, None]) & ~shared
+            depth = self.start[g] - 1 + np.where(breaks.any(axis=1), np.argmax(breaks, axis=1), shared.shape[1])
             labels = children.add(which[one], np.zeros(one.sum(), dtype=np.int64),
-                                  _with(parts.level[which[one]], g, depth[one]),
-                                  _with(parts.blocked[which[one]], g, UNKNOWN))
+                                  _with(parts.level[which[one]], g[one], depth[one]),
+                                  _with(parts.blocked[which[one]], g[one], UNKNOWN))
             children.label[pos[one[local]]] = labels[np.cumsum(one)[local[one[local]]] - 1]
         todo = ~one & (parts.blocked[which, g] == UNKNOWN)
         if not todo.any():
             return ok
         mine = todo[local]
         tl, tc, tu, tpos = local[mine], c[mine], self.units[rows[mine]], pos[mine]
-        n_codes = geo.n_codes + 1                 # cells shifted by one: -1 (no position) is 0
+        n_codes = self.n_codes + 1                # cells shifted by one: -1 (no position) is 0
         dl, dc, du = _distinct([tl, tc + 1, tu], [len(which), n_codes, self.n_units])     # (part, cell, unit)
         gstart = np.flatnonzero(_run_starts(dl) | _run_starts(dc))
         g_part, g_cell = dl[gstart], dc[gstart] - 1
@@ -402,14 +411,15 @@ class _Cuts:
         first_of_part = np.searchsorted(cp, cp)
         ordinal = np.arange(len(cp)) - first_of_part
         group_label = np.full(len(g_part), -1)
-        group_label[child_groups] = children.add(which[cp], ordinal, _with(parts.level[which[cp]], g, nxt[cp]),
-                                                 _with(parts.blocked[which[cp]], g, UNKNOWN))
+        group_label[child_groups] = children.add(which[cp], ordinal,
+                                                 _with(parts.level[which[cp]], g[cp], self.start[g[cp]] + nxt[cp]),
+                                                 _with(parts.blocked[which[cp]], g[cp], UNKNOWN))
         has_rest = success & ((rest_rows > 0) | merged)
         rp = np.flatnonzero(has_rest)
         n_children = np.bincount(cp, minlength=len(which))
         rest_label = np.full(len(which), -1)
         rest_label[rp] = children.add(which[rp], n_children[rp], parts.level[which[rp]],
-                                      _with(parts.blocked[which[rp]], g,
+                                      _with(parts.blocked[which[rp]], g[rp],
                                             np.where(merged[rp], g_cell[smallest[rp]], NO_CELL)))
         lab = group_label[row_group]
         lab = np.where(lab >= 0, lab, rest_label[tl])
