@@ -57,6 +57,12 @@ class MaxClassNCP:
         if isinstance(self.limit, bool) or not isinstance(self.limit, (int, float)) or not 0 < self.limit <= 1:
             raise ValueError(f"max_class_ncp: in (0, 1], got {self.limit!r}")
 
+    @property
+    def binding(self) -> bool:
+        """Whether the limit can reject a class: an NCP is at most 1 (stream_anon.engine.space.QISpace.ncp), so a
+        limit of 1 never does, and the former need not snap the boxes to learn it."""
+        return self.limit < 1
+
     def holds(self, classes: Classes) -> np.ndarray:
         if classes.ncp is None:
             raise ValueError("max_class_ncp: the classes carry no NCP")

@@ -96,8 +96,8 @@ class KAnonymousFormer:
 
     def _within_loss(self, view: WindowView, groups: list[np.ndarray]) -> np.ndarray:
         """The loss limit of every class's snapped box (all classes at once; same boxes as one by one)."""
-        if not groups:
-            return np.zeros(0, dtype=bool)
+        if not groups or not self.loss_rule.binding:
+            return np.full(len(groups), True)
         sizes = np.array([len(g) for g in groups])
         Xc = view.X[np.concatenate(groups)]
         starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
