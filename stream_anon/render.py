@@ -17,6 +17,7 @@ from stream_anon import crypto, guarantees
 from stream_anon.contract import topics
 from stream_anon.engine import get_path
 from stream_anon.inputs import input_digest
+from stream_anon.metric_rows import alert_row, metric_row, now_iso
 from stream_anon.risk import release_risk
 
 log = logging.getLogger("stream_anon.worker")
@@ -24,10 +25,6 @@ log = logging.getLogger("stream_anon.worker")
 TOPICS = topics()           # the topic contract (topics/topics.toml), shipped inside the package
 DEADLETTER_PAYLOAD_MAX = 4096   # characters of an oversized payload kept in its dead letter
 SUPPRESSION_LIMIT_EXCEEDED = "suppression_limit_exceeded"
-
-
-def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat()
 
 
 def release_accounting(manifests: list[dict], dead_letters: list) -> dict:
@@ -111,11 +108,11 @@ class Renderer:
         if notes:
             manifest.update(notes)
         out.append((TOPICS.releases, key, json_bytes(manifest)))
-        metric = {"type": "release", "stream": self.stream, "partition": rel.partition, "ts": now_iso(),
-                  "release_id": rel.release_id, "seq": manifest.get("seq"), "published": manifest.get("published"),
-                  "suppressed": manifest.get("suppressed"), "deferred": manifest.get("deferred"),
-                  "ncp_mean": manifest.get("ncp_mean"), "suppression_ratio": manifest.get("suppression_ratio"),
-                  "late": rel.late}
+        metric = metric_row("release", self.stream, rel.partition, release_id=rel.release_id,
+                            seq=manifest.get("seq"), published=manifest.get("published"),
+                            suppressed=manifest.get("suppressed"), deferred=manifest.get("deferred"),
+                            ncp_mean=manifest.get("ncp_mean"), suppression_ratio=manifest.get("suppression_ratio"),
+                            late=rel.late)
         if "m" in manifest:     # m-invariance: counterfeit counts, as in the manifest (never which records)
             metric.update({name: manifest[name] for name in ("m", "counterfeit_individuals", "counterfeit_records")})
         if self.config.risk.per_release:
@@ -125,9 +122,8 @@ class Renderer:
         limit = self.config.anonymization.max_suppression_ratio
         if manifest.get("suppression_limit_exceeded"):
             alerts.append(SUPPRESSION_LIMIT_EXCEEDED)
-            alert = {"type": "alert", "stream": self.stream, "partition": rel.partition, "ts": now_iso(),
-                     "alert": SUPPRESSION_LIMIT_EXCEEDED, "release_id": rel.release_id,
-                     "suppression_ratio": manifest.get("suppression_ratio"), "limit": limit}
+            alert = alert_row(SUPPRESSION_LIMIT_EXCEEDED, self.stream, rel.partition, release_id=rel.release_id,
+                              suppression_ratio=manifest.get("suppression_ratio"), limit=limit)
             out.append((TOPICS.metrics, self.stream.encode(), json_bytes(alert)))
             self.alert_log.warn(SUPPRESSION_LIMIT_EXCEEDED, "stream %s partition %s release %s: %.1f%% of its "
                                 "records suppressed (limit %.1f%%): %s", self.stream, rel.partition,
@@ -144,8 +140,7 @@ class Renderer:
 
     def alert(self, name: str, partition: int, **fields) -> tuple[str, bytes, dict]:
         """(topic, key, alert) of a one-off alert for ``anon.metrics``; the caller serializes it."""
-        return TOPICS.metrics, self.stream.encode(), {"type": "alert", "stream": self.stream, "partition": partition,
-                                                      "ts": now_iso(), "alert": name, **fields}
+        return TOPICS.metrics, self.stream.encode(), alert_row(name, self.stream, partition, **fields)
 
     def deadletter(self, reason, partition, offset, raw: bytes | None = None,
                         event: dict | None = None, index: int | None = None,

@@ -180,7 +180,7 @@ def in_layer(module: str, layer: str) -> bool:
 FLOORS = (
     ("base", ("errors", "validation", "version", "crypto", "hierarchy", "keyed_table", "checkpoint", "logsetup",
               "numbers", "progress", "schema_decoder", "helptext", "risk", "pipeline", "monitoring", "contract",
-              "domains", "events", "connection", "h3cells", "extras")),
+              "domains", "events", "connection", "h3cells", "extras", "metric_rows")),
     ("inputs", ("datasets", "inputs")),
     ("audit", ("audit",)),                   # independent of everything above it (LAYERS says more)
     ("criteria", ("criteria",)),             # what must hold of a class

@@ -308,12 +308,12 @@ class StreamLineage:
         self.cfg, self.stream, self.cache, self.new_lineage = client_config, stream, cache, new_lineage
         self.topic = LineageTopic(client_config, app_id, stream)
 
-    def place(self, recs: dict, send_metric=None, counters: dict | None = None, empty: set | None = None) -> None:
+    def place(self, recs: dict, raise_alert=None, counters: dict | None = None, empty: set | None = None) -> None:
         """For each :class:`~stream_anon.worker.state.Recovery` without state (none found, or halted as
         ``state_topic_reset``): the lineage it starts in (``rec.lineage``, ``rec.notes``), or a halt
         (``lineage_lost``; a ``state_topic_reset`` keeps its reason, with the lineage named). A lineage this worker
         declares is logged, counted (``counters["lineages_started"]``) and sent as alert ``lineage_started``
-        (``send_metric``). ``empty``: the partitions whose state topic holds no record at all: releases of theirs in
+        (``raise_alert(name, partition, **fields)``). ``empty``: the partitions whose state topic holds no record at all: releases of theirs in
         the current lineage mean their state was lost (a partition whose first transaction was aborted has that
         transaction's state record beside the releases a broker like Tansu shows of it)."""
         from stream_anon.worker.state import HALT_STATE_RESET, Recovery
@@ -341,9 +341,9 @@ class StreamLineage:
                 d = decision.declare
                 if counters is not None:
                     counters["lineages_started"] = counters.get("lineages_started", 0) + 1
-                if send_metric is not None:
-                    send_metric({"type": "alert", "alert": "lineage_started", "lineage": d["lineage"],
-                                 "supersedes": d["supersedes"], "reason": d["reason"]})
+                if raise_alert is not None:
+                    raise_alert("lineage_started", None, lineage=d["lineage"], supersedes=d["supersedes"],
+                                reason=d["reason"])
                 log.log(logging.ERROR if decision.declare["supersedes"] else logging.WARNING,
                         "stream %s: lineage %s started (%s)%s", self.stream, current, decision.declare["reason"],
                         f"; it supersedes {', '.join(decision.declare['supersedes'])}"

@@ -48,6 +48,7 @@ from stream_anon.connection import REPLICATION_FACTOR
 from stream_anon.kafka.transactions import TXN_TIMEOUT_S, CommitThreads, InFlight, OpenTransaction, \
     abort_or_fenced, fence_and_barrier, transactional_producer
 from stream_anon.kafka.watchdog import BrokerWatch
+from stream_anon.metric_rows import alert_row
 from stream_anon.render import TOPICS, json_bytes
 
 log = logging.getLogger("stream_anon.worker")
@@ -181,12 +182,12 @@ COUNTERS = ("transactions", "aborted", "recoveries", "halts", "broker_lost", "st
 CONFIG_CHANGE_ACCEPTED, KEY_ROTATED = "config_change_accepted", "key_rotated"     # alerts of an operator's step
 
 
-def resume_partition(core: WorkerCore, p: int, rec: st.Recovery, counters: dict | None = None, send_metric=None):
+def resume_partition(core: WorkerCore, p: int, rec: st.Recovery, counters: dict | None = None, raise_alert=None):
     """The partition's pipeline from the chosen state, or None with ``rec.halt`` set. An accepted change or key
     rotation the state cannot carry halts it too. Each changed guarantee setting is logged (ERROR when the partition
     halts, WARNING when it resumes under the change the operator accepted). The outcome is logged; a partition
     resumed under an accepted change or a rotated key is counted (``counters``) and raises the alert
-    ``config_change_accepted`` or ``key_rotated`` (``send_metric``): someone should confirm the step was meant."""
+    ``config_change_accepted`` or ``key_rotated`` (``raise_alert(name, partition, **fields)``): someone should confirm the step was meant."""
     ps = None
     try:
         if not rec.halt:
@@ -212,8 +213,8 @@ def resume_partition(core: WorkerCore, p: int, rec: st.Recovery, counters: dict 
     for alert, counter, fields in steps:
         if counters is not None:
             counters[counter] = counters.get(counter, 0) + 1
-        if send_metric is not None:
-            send_metric({"type": "alert", "alert": alert, "partition": p, **fields})
+        if raise_alert is not None:
+            raise_alert(alert, p, **fields)
     if rec.adopted_reset:
         log.warning("partition %s: input topic re-created; accepted by the operator: resuming its state from offset "
                     "0 of the new topic", p)
@@ -278,12 +279,16 @@ class MetricSender:
         self.producer = Producer({**client_config, "logger": client_log, "linger.ms": 20,
                                   "compression.type": compression})
 
-    def send(self, doc: dict) -> None:
-        doc = {"stream": self.stream, "ts": time.time(), **doc}
+    def alert(self, name: str, partition: int | None, **fields) -> None:
+        """Send the alert ``name`` (stream_anon.metric_rows.alert_row)."""
+        self.send(alert_row(name, self.stream, partition, **fields))
+
+    def send(self, row: dict) -> None:
+        """Send a row made by stream_anon.metric_rows."""
         if self.note is not None:
-            self.note(doc)
+            self.note(row)
         try:
-            self.producer.produce(TOPICS.metrics, json_bytes(doc), self.stream.encode())
+            self.producer.produce(TOPICS.metrics, json_bytes(row), self.stream.encode())
             self.producer.poll(0)
         except (BufferError, KafkaException) as exc:
             client_log.warning("metric not sent: %s", exc)
@@ -359,7 +364,7 @@ class KafkaLoop:
         self.lineage.topic.ensure(admin)
         self._admin = admin
         self.metrics.start(self.cfg, self.compression)
-        self.retention = guard_raw_retention(admin, self.input, self.core.config.stream, self.metrics.send)
+        self.retention = guard_raw_retention(admin, self.input, self.core.config.stream, self.metrics.alert)
         self._consumer = Consumer(input_consumer_config(self.cfg, self.core.app_id, self.group_timeouts,
                                                         self.watch.on_error))
         self._consumer.subscribe([self.input], on_assign=self._on_assign, on_revoke=self._on_revoke,
@@ -567,10 +572,10 @@ class KafkaLoop:
                                    self.cache.read(p), topic_id, self.accept_input_reset, kid=self.core.kid,
                                    settings=self.core.settings, accept_config_change=self.accept_config_change,
                                    rotate_from=self.rotate_from) for p in parts}
-        self.lineage.place(recs, self.metrics.send, self.counters, {p for p in parts if not logs[p].values})
+        self.lineage.place(recs, self.metrics.alert, self.counters, {p for p in parts if not logs[p].values})
         starts = {}
         for p in parts:
-            ps = resume_partition(self.core, p, recs[p], self.counters, self.metrics.send)
+            ps = resume_partition(self.core, p, recs[p], self.counters, self.metrics.alert)
             if ps is None:
                 self._halt(p, recs[p].halt, recs[p].detail)
             else:
@@ -584,8 +589,7 @@ class KafkaLoop:
         self.halted[p] = {"reason": reason, "detail": detail, "since": time.time()}
         log.error("partition %s HALTED (%s): %s. It stays paused until an operator decides (docs/operations.md, "
                   "Faults and what the worker does).", p, reason, detail)
-        self.metrics.send({"type": "alert", "alert": "partition_halted", "partition": p, "reason": reason,
-                          "detail": detail})
+        self.metrics.alert("partition_halted", p, reason=reason, detail=detail)
 
     def _publish_metrics(self) -> None:
         highwaters = end_offsets(self._consumer, self.input, self.core.parts)

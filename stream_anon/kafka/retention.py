@@ -126,17 +126,16 @@ def check_raw_retention(admin, topic: str, input_retention_s: float | None) -> R
         return RetentionCheck(topic, declared, None, error=str(exc))
 
 
-def guard_raw_retention(admin, topic: str, stream_section, send_metric) -> RetentionCheck | None:
+def guard_raw_retention(admin, topic: str, stream_section, raise_alert) -> RetentionCheck | None:
     """The worker's check at start: the raw topic's retention against the one its ``[stream]`` section declares;
-    when longer, the ``raw_retention_exceeded`` alert: a WARNING line and ``send_metric(alert)`` (to anon.metrics).
+    when longer, the ``raw_retention_exceeded`` alert: a WARNING line and ``raise_alert(name, partition, **fields)`` (to anon.metrics).
     Never halts."""
     check = check_raw_retention(admin, topic, stream_section.input_retention_s)
     if check is not None and check.exceeded:
         log.warning("alert %s: %s (set it with `stream-anon topics apply --config`)", RAW_RETENTION_EXCEEDED,
                     check.detail())
-        send_metric({"type": "alert", "alert": RAW_RETENTION_EXCEEDED, "topic": check.topic,
-                     "retention_ms": check.retention_ms, "declared_ms": check.declared_ms, "cause": check.cause,
-                     "detail": check.detail()})
+        raise_alert(RAW_RETENTION_EXCEEDED, None, topic=check.topic, retention_ms=check.retention_ms,
+                    declared_ms=check.declared_ms, cause=check.cause, detail=check.detail())
     return check
 
 

@@ -28,11 +28,11 @@ plus a ``budget_exhausted`` event when the ledger stops an aggregate.
 from __future__ import annotations
 
 import math
-from datetime import datetime, timezone
 
 from stream_anon import checkpoint, crypto
 from stream_anon.events import UNIT_IDS
 from stream_anon.contract import topics
+from stream_anon.metric_rows import event_row, metric_row
 
 
 def unit_ids_carried(config) -> bool:
@@ -209,28 +209,27 @@ class PartitionAggregates:
         if index is not None and last is not None and index <= last and (start is None or index >= start):
             n = len(next(iter(carried.values()), ())) if carried else 0
             self.aggregator.metrics["after_release"] += n
-            metrics.append({"type": "dp_window", "stream": self.stream, "window": index, "events": n,
-                            "after_release": n, "partition": self.partition, "ts": _now_iso()})
+            metrics.append(metric_row("dp_window", self.stream, self.partition, window=index, events=n,
+                                      after_release=n))
             return [], {}, self.rows.window_starts()
         if index is None:
             out = self.aggregator.advance_through(carried)
         else:
             out = self.aggregator.release_columns(index, WindowColumns(carried))   # reserves (writes) the ledger
-        now = _now_iso()
         released = []
         for r in out:
             if isinstance(r, ReleasedCells):
                 released.append(r)
             else:                                              # budget_exhausted
-                metrics.append({**r, "partition": self.partition, "ts": now})
+                metrics.append(event_row(r, self.stream, self.partition))
         # window -> ledger total through it (gap windows are released here too)
         spent = self.ledger.spent_through(sorted({r.common["window"] for r in released}))
         wm = self.aggregator.window_metrics
         if wm:
-            metrics.append({**wm, "partition": self.partition, "ts": now,
-                            "window_start": iso_time(wm["window"] * self.window_s),
-                            "window_end": iso_time((wm["window"] + 1) * self.window_s),
-                            "epsilon_spent": self.ledger.spent, "epsilon_budget": self.ledger.epsilon_budget})
+            metrics.append(event_row(wm, self.stream, self.partition,
+                                     window_start=iso_time(wm["window"] * self.window_s),
+                                     window_end=iso_time((wm["window"] + 1) * self.window_s),
+                                     epsilon_spent=self.ledger.spent, epsilon_budget=self.ledger.epsilon_budget))
         self.aggregator.window_metrics = {}
         return released, spent, self.rows.window_starts()
 
@@ -267,9 +266,5 @@ class PartitionAggregates:
         """Every table in full, as copies (name -> (keys, records)); does not reset what :meth:`record_state`
         reports."""
         return checkpoint.full_state(self)[1]
-
-
-def _now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat()
 
 

@@ -7,7 +7,7 @@ import bisect
 import os
 import time
 
-from stream_anon.render import now_iso
+from stream_anon.metric_rows import metric_row, row_time
 
 LAG_NOTE = ("approximate: computed from the consumed position and the broker's reported end offset, which the "
             "Tansu broker under-reports for multi-record batches")
@@ -62,7 +62,7 @@ class WorkerStats:
     def note_alert(self, metric: dict) -> None:
         """A message for anon.metrics: an alert's time is kept (``stream_anon_alert_last_timestamp_seconds``)."""
         if metric.get("type") == "alert":
-            self.alert_last[str(metric.get("alert"))] = float(metric["ts"])
+            self.alert_last[str(metric.get("alert"))] = row_time(metric)
 
     def note_commit(self, releases, arrived: float | None = None, at: float | None = None) -> None:
         """A partition batch committed at ``at`` (wall time; None: now) (``arrived``: wall time its messages reached
@@ -100,8 +100,7 @@ class WorkerStats:
             pos = positions.get(p)
             if hw is not None and pos is not None:
                 lag[str(p)] = max(0, hw - pos)
-        return {"type": "throughput", "stream": stream, "partition": None, "ts": now_iso(),
-                "app_id": app_id, "pid": os.getpid(), "partitions": sorted(parts),
-                "events_per_s": round(rate, 1), **{k: v for k, v in self.totals.items() if k != "started"},
-                "committed": {str(p): ps.offset for p, ps in parts.items()},
-                "lag_approx": lag, "lag_note": LAG_NOTE}
+        return metric_row("throughput", stream, None, app_id=app_id, pid=os.getpid(), partitions=sorted(parts),
+                          events_per_s=round(rate, 1), **{k: v for k, v in self.totals.items() if k != "started"},
+                          committed={str(p): ps.offset for p, ps in parts.items()}, lag_approx=lag,
+                          lag_note=LAG_NOTE)
