@@ -54,9 +54,28 @@ class Renderer(Protocol):
 
 @runtime_checkable
 class WindowConsumer(Protocol):
-    """Closed windows -> output rows (the DP aggregates). ``carried``: the event fields it needs the window core to
-    hand over with each closed window."""
+    """Closed windows -> output rows (the DP aggregates of one partition, in the worker's process or in the
+    aggregates process: both implement this). ``carried``: the event fields it needs the window core to hand over
+    with each closed window; ``released_through``: the last window released."""
 
     carried: tuple[str, ...]
 
-    def messages(self, windows, dumps, metrics_topic: str) -> Any: ...
+    @property
+    def released_through(self) -> int | None: ...
+
+    def messages(self, windows, dumps, metrics_topic: str, through: int | None = None) -> Any:
+        """Release ``windows`` and the empty ones up to ``through``: a ``Pending`` of (messages, rows)."""
+
+    def state_core(self) -> dict: ...
+
+    def record_state(self) -> tuple[dict, dict | None, int]:
+        """(state core, table changes since the last call or None when unknown, table rows)."""
+
+    def full_tables(self) -> dict: ...
+
+    def budget_view(self) -> tuple: ...
+
+    def prefetch_record_state(self) -> None:
+        """Ask ahead for what the next :meth:`record_state` returns (a no-op where it is at hand)."""
+
+    def close(self) -> None: ...

@@ -98,15 +98,12 @@ class Renderer:
         key = rel.release_id.encode()
         topic = TOPICS.records(self.stream)
         out = [(topic, key, payload) for payload in rel.record_payloads(json_bytes)]
-        manifest = rel.manifest()
-        manifest["settings_fingerprint"] = self.settings_fingerprint
-        # the field whose values are the individuals counted: an audit of a superseded lineage counts by it
-        manifest["privacy_unit"] = self.config.stream.privacy_unit
-        manifest["input_digest"] = self.input_digest
-        if settings_changed:
-            manifest["settings_changed"] = list(settings_changed)
-        if notes:
-            manifest.update(notes)
+        # privacy_unit: the field whose values are the individuals counted (an audit of a superseded lineage
+        # counts by it)
+        manifest = rel.manifest({"settings_fingerprint": self.settings_fingerprint,
+                                 "privacy_unit": self.config.stream.privacy_unit, "input_digest": self.input_digest,
+                                 **({"settings_changed": list(settings_changed)} if settings_changed else {}),
+                                 **(notes or {})})
         out.append((TOPICS.releases, key, json_bytes(manifest)))
         metric = metric_row("release", self.stream, rel.partition, release_id=rel.release_id,
                             seq=manifest.get("seq"), published=manifest.get("published"),

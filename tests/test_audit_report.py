@@ -264,7 +264,8 @@ def test_audit_command_exit_status_by_verdict_and_open_events(monkeypatch, capsy
 def _release(rid, suppressed, ratio, exceeded):
     manifest = {"release_id": rid, "seq": 1, "published": 10, "suppressed": suppressed, "deferred": 0,
                 "ncp_mean": 0.1, "suppression_ratio": ratio, "suppression_limit_exceeded": exceeded}
-    return types.SimpleNamespace(release_id=rid, partition=3, records=[], manifest=lambda: manifest,
+    return types.SimpleNamespace(release_id=rid, partition=3, records=[],
+                                 manifest=lambda extra=None: {**manifest, **(extra or {})},
                                  record_payloads=lambda dumps: [], late=0, own_class_sizes=())
 
 

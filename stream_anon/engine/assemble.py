@@ -29,11 +29,11 @@ def assemble_release(engine, buf, view: WindowView, release_id: str, window_star
                            float(ncp[j]), False, nc.tag, nc.rows))
         reg.register(lo, hi, [g[0] for g in groups], [g[1] for g in groups], ncp, view.window_end,
                      [nc.tag for nc in new_classes] if former.registry_tags else None)
-    for c, rows in sorted(reused.items()):
+    for c, reused_rows in sorted(reused.items()):
         groups.append((reg.ids[c], reg.gen[c], float(reg.ncp[c]), True, int(reg.tag[c]),
-                       np.array(rows, dtype=np.int64)))
+                       np.array(reused_rows, dtype=np.int64)))
     published_rows = [r for nc in new_classes for r in nc.rows.tolist()] + \
-                     [r for rows in reused.values() for r in rows]
+                     [r for reused_rows in reused.values() for r in reused_rows]
     extras = former.complete(view, [(g[0], g[5], g[4]) for g in groups], published_rows)
     classes: list[ClassInfo] = []
     rec_class, rec_sens, rec_tok, rec_ncp, rec_cf = [], [], [], [], []

@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import orjson
 
+from stream_anon import checkpoint
 from stream_anon.engine.carried import CarriedWindow
 from stream_anon.engine.records import Records
 from stream_anon.events import UNIT_IDS
@@ -49,6 +50,12 @@ class Buffer:
 
     def _columns(self) -> tuple:
         return self.X, self.units, self.times, self.late, self.rid, self.chunk
+
+    def _rows_of_columns(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                                          np.ndarray]:
+        """:meth:`_columns` at ``rows``, in the order :meth:`_set` takes them."""
+        return (self.X[rows], self.units[rows], self.times[rows], self.late[rows], self.rid[rows],
+                self.chunk[rows])
 
     def _set(self, X, units, times, late, rid, chunk, tokens, sensitive) -> None:
         self.X, self.units, self.times, self.late, self.rid, self.chunk = X, units, times, late, rid, chunk
@@ -85,7 +92,7 @@ class Buffer:
         rows = np.asarray(rows, dtype=np.int64)
         b = Buffer(self.dims, self.by_token)
         il = rows.tolist()
-        b._set(*(c[rows] for c in self._columns()), [self.tokens[i] for i in il], [self.sensitive[i] for i in il])
+        b._set(*self._rows_of_columns(rows), [self.tokens[i] for i in il], [self.sensitive[i] for i in il])
         return b
 
     def changed_all(self) -> None:
@@ -101,7 +108,7 @@ class Buffer:
             gone[rows] = False
             self._dirty.update(np.unique(self.chunk[gone]).tolist())
         il = rows.tolist()
-        self._set(*(c[rows] for c in self._columns()), [self.tokens[i] for i in il], [self.sensitive[i] for i in il])
+        self._set(*self._rows_of_columns(rows), [self.tokens[i] for i in il], [self.sensitive[i] for i in il])
 
     # -- state --------------------------------------------------------------------------------------------------
     def _chunk_blob(self, rows: np.ndarray) -> bytes:
@@ -136,7 +143,7 @@ class Buffer:
             self._dirty = set()
         return {"buffer": self.table}
 
-    def load_state(self, tables: dict) -> None:
+    def load_state(self, tables: checkpoint.Tables) -> None:
         keys, blobs = tables.get("buffer", (np.empty(0, dtype=np.int64), []))
         parts = [orjson.loads(b) for b in blobs]
         n = [len(p["rid"]) for p in parts]
@@ -252,7 +259,7 @@ class OpenWindows:
             self._synced = True
         return {"windows": self.table}
 
-    def load_state(self, tables: dict) -> None:
+    def load_state(self, tables: checkpoint.Tables) -> None:
         keys, blobs = tables.get("windows", (np.empty(0, dtype=np.int64), []))
         self.windows = {}
         for chunk, blob in zip(np.asarray(keys).tolist(), blobs):

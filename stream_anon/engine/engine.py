@@ -46,7 +46,7 @@ import math
 
 import numpy as np
 
-from stream_anon import crypto
+from stream_anon import checkpoint, crypto
 from stream_anon.config import StreamConfig
 from stream_anon.engine.assemble import assemble_release
 from stream_anon.engine.buffer import Buffer, OpenWindows
@@ -88,6 +88,7 @@ class ClosedWindow:
     @property
     def carried(self) -> dict:
         if self._carried is None:
+            assert self._source is not None        # set whenever carried is not (__init__)
             window, order = self._source
             self._carried, self._source = window.columns(order), None
         return self._carried
@@ -286,7 +287,7 @@ class Engine:
         tables.update({FORMER_TABLES + name: t for name, t in self.former.state_tables().items()})
         return tables
 
-    def load_state(self, core: dict, tables: dict) -> None:
+    def load_state(self, core: dict, tables: checkpoint.Tables) -> None:
         """On an engine just built from the configuration: the state of :meth:`state_core` and the tables in full
         (name -> (keys, rows)). Refuses a state of another version, stream, partition or former."""
         if core.get("version") != STATE_VERSION:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import orjson
 
+from stream_anon import checkpoint
 from stream_anon.keyed_table import BlobTable
 
 
@@ -46,7 +47,7 @@ class QILeaves:
     def state_tables(self) -> dict:
         return {"leaves": self.table}
 
-    def load_state(self, core: dict, tables: dict) -> None:
+    def load_state(self, core: dict, tables: checkpoint.Tables) -> None:
         keys, blobs = tables.get("leaves", (np.empty(0, dtype=np.int64), []))
         self.saved = {int(k): orjson.loads(b) for k, b in zip(np.asarray(keys).tolist(), blobs)}
         self.table.load(np.asarray(keys, dtype=np.int64), list(blobs))

@@ -18,6 +18,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 from operator import itemgetter
+from typing import Any
 
 import numpy as np
 
@@ -37,7 +38,7 @@ def get_path(event: dict, path: str):
     """
     if path in event:
         return event[path]
-    value = event
+    value: Any = event
     for part in path.split("."):
         if not isinstance(value, dict):
             return None
@@ -92,7 +93,8 @@ FUTURE_EVENT_TIME = "future_event_time"
 def arrival_checks(keys: np.ndarray | None, times: np.ndarray, seen: SeenEvents | None, max_future_s: float | None,
                    largest: float) -> tuple[np.ndarray, np.ndarray]:
     """(duplicate mask, future mask) of candidate records in arrival order; the accepted ones are recorded in
-    ``seen``. ``largest``: the largest event time accepted before the batch (-inf: none yet).
+    ``seen``. ``largest``: the largest event time accepted before the batch (-inf: none yet). ``keys``: the
+    records' event-id keys, given whenever ``seen`` is.
 
     Both rules read the running largest event time of the records accepted before each one (within the batch too),
     as the engine's watermark does: a record is ``future_event_time`` when its time is more than ``max_future_s``
@@ -103,7 +105,9 @@ def arrival_checks(keys: np.ndarray | None, times: np.ndarray, seen: SeenEvents 
     dup, future = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
     if n == 0:
         return dup, future
-    potential, old = seen.potential(keys) if seen is not None else (dup, {})
+    if seen is not None and keys is None:
+        raise ValueError("arrival_checks: duplicate checks need the records' keys")
+    potential, old = seen.potential(keys) if seen is not None and keys is not None else (dup, {})
     if max_future_s is not None:
         # with every record accepted, the running largest time is this prefix maximum; rejections only lower it,
         # so a batch without a candidate here and without a potential duplicate is decided
@@ -127,7 +131,7 @@ def arrival_checks(keys: np.ndarray | None, times: np.ndarray, seen: SeenEvents 
                 old[k] = t
             if t > wm:
                 wm = t
-    if seen is not None:
+    if seen is not None and keys is not None:
         ok = ~(dup | future)
         seen.record(keys[ok], times[ok])
     return dup, future
@@ -142,7 +146,8 @@ class Records:
     times: np.ndarray                      # event time, epoch seconds
     X: np.ndarray                          # (n, D) QI codes (stream_anon.engine.space)
     sensitive: list[tuple]                 # aligned with the config's sensitive fields
-    carried: dict[str, list] = field(default_factory=dict)   # fields window consumers read (DP aggregates)
+    # fields window consumers read (DP aggregates); the privacy unit's ids (UNIT_IDS) as an int64 array
+    carried: dict[str, list | np.ndarray] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.tokens)

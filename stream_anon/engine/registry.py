@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import orjson
 
+from stream_anon import checkpoint
 from stream_anon.keyed_table import BlobTable
 
 
@@ -55,8 +56,8 @@ class PublishedClasses:
             if self._synced:
                 self.table.delete(self.serial[~keep])
             idx = np.flatnonzero(keep)
-            self.lo, self.hi, self.ncp, self.time, self.tag, self.serial = (
-                a[idx] for a in (self.lo, self.hi, self.ncp, self.time, self.tag, self.serial))
+            self.lo, self.hi, self.ncp = self.lo[idx], self.hi[idx], self.ncp[idx]
+            self.time, self.tag, self.serial = self.time[idx], self.tag[idx], self.serial[idx]
             self.ids = [self.ids[i] for i in idx]
             self.gen = [self.gen[i] for i in idx]
 
@@ -113,7 +114,7 @@ class PublishedClasses:
             self._synced = True
         return {"published": self.table}
 
-    def load_state(self, core: dict, tables: dict) -> None:
+    def load_state(self, core: dict, tables: checkpoint.Tables) -> None:
         keys, blobs = tables.get("published", (np.empty(0, dtype=np.int64), []))
         docs = [orjson.loads(b) for b in blobs]
         d = self.space.dims

@@ -141,14 +141,18 @@ class Release:
         return [prefixes[c] + sv + b',"audit_token":' + dumps(tok) + b"}"
                 for c, sv, tok in zip(self.record_class.tolist(), sensitive, tokens)]
 
-    def manifest(self) -> dict:
+    def manifest(self, extra: dict | None = None) -> dict:
+        """The release's manifest (docs/contracts.md section 5), built here only. ``extra``: the fields the worker
+        adds (stream_anon.render.Renderer.release: ``settings_fingerprint``, ``privacy_unit``, ``input_digest``,
+        ``settings_changed``, and notes such as ``lineage_started``), after the engine's."""
         ratio = self.suppression_ratio
-        doc = {
+        classes = [{"class_id": c.class_id, "generalization": c.generalization, "individuals": c.individuals,
+                    "records": c.records, "ncp": round(c.ncp, 6), "reused": c.reused} for c in self.classes]
+        doc: dict = {
             "release_id": self.release_id, "stream": self.stream, "partition": self.partition, "seq": self.seq,
             "window_start": _iso(self.window_start), "window_end": _iso(self.window_end),
             "watermark": _iso(self.published_watermark), "k": self.k,
-            "classes": [{"class_id": c.class_id, "generalization": c.generalization, "individuals": c.individuals,
-                         "records": c.records, "ncp": round(c.ncp, 6), "reused": c.reused} for c in self.classes],
+            "classes": classes,
             "published": self.published, "individuals": self.individuals, "suppressed": self.suppressed,
             "suppressed_tokens": self.suppressed_tokens, "deferred": len(self.deferred_tokens),
             "deferred_tokens": self.deferred_tokens, "ncp_mean": round(self.ncp_mean, 6),
@@ -166,11 +170,12 @@ class Release:
             # m-invariance: only the numbers of counterfeits are published (per class and in total), never which
             # records they are; "published" counts real records, the records topic holds published + these.
             doc["m"] = self.m
-            for entry, c in zip(doc["classes"], self.classes):
+            for entry, c in zip(classes, self.classes):
                 entry["counterfeit_individuals"] = c.counterfeit_individuals
                 entry["counterfeit_records"] = c.counterfeit_records
             doc["counterfeit_individuals"] = self.counterfeit_individuals
             doc["counterfeit_records"] = self.counterfeit_records
+        doc.update(extra or {})
         return doc
 
 
@@ -206,7 +211,7 @@ def _sensitive_payloads(names: tuple, values: list, dumps) -> list[bytes]:
     return [dumps(dict(zip(names, v))) for v in values]
 
 
-def _iso(ts: float) -> str | None:
+def _iso(ts: float | None) -> str | None:
     if ts is None or not np.isfinite(ts):
         return None
     return iso(ts)

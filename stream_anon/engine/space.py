@@ -40,6 +40,7 @@ import numpy as np
 
 from stream_anon.config import QuasiIdentifier, StreamConfig
 from stream_anon.h3cells import common_cell, common_cells, h3_package as _h3
+from stream_anon.hierarchy import Hierarchy
 
 
 @lru_cache(maxsize=8192)     # published bounds are snapped to the time granularity: few distinct values
@@ -65,7 +66,7 @@ class QISpace:
         for qi_index, qi in enumerate(self.qis):
             if qi.kind in ("categorical", "station"):
                 lower.append(0.0)
-                upper.append(float(qi.hierarchy.n_leaves - 1))
+                upper.append(float(_tree(qi).n_leaves - 1))
                 weight.append(qi.weight)
             elif qi.kind == "geopoint":
                 lower += list(qi.lower)
@@ -119,7 +120,7 @@ class QISpace:
                         if values[i] is None:
                             codes[i] = self.missing_code[d]
                         elif reasons[i] is None:
-                            reasons[i] = f"{qi.name}: value is not in hierarchy {qi.hierarchy.name!r}"
+                            reasons[i] = f"{qi.name}: value is not in hierarchy {_tree(qi).name!r}"
                     X[:, d] = codes
                 else:
                     X[:, d] = self._numeric(values, d, qi, reasons, qi.fields[0])
@@ -168,12 +169,13 @@ class QISpace:
         missing = lo < self.lower
         lo[missing] = self.lower[np.nonzero(missing)[1]]
         hi[missing] = self.upper[np.nonzero(missing)[1]]
-        labels = [dict() for _ in range(len(lo))]
+        labels: list[dict] = [dict() for _ in range(len(lo))]
         d = 0
         for qi in self.qis:
             if qi.kind in ("categorical", "station"):
+                tree = _tree(qi)
                 for j in range(len(lo)):
-                    nlo, nhi, label = qi.hierarchy.generalize(lo[j, d], hi[j, d])
+                    nlo, nhi, label = tree.generalize(lo[j, d], hi[j, d])
                     lo[j, d], hi[j, d] = nlo, nhi
                     labels[j][qi.name] = label
             elif qi.kind == "geopoint" and qi.h3 is not None:
@@ -306,6 +308,13 @@ def snap_numeric(lo, hi, granularity: float, lower: float, upper: float):
         f = np.round(np.where(f > lo, f - g, f), digits)          # never inside a member after rounding
         t = np.round(np.where(t <= hi, t + g, t), digits)
     return np.maximum(f, lower), np.minimum(t, upper)
+
+
+def _tree(qi: QuasiIdentifier) -> Hierarchy:
+    """The hierarchy of a categorical or station QI (the configuration gives every one of them a hierarchy)."""
+    if qi.hierarchy is None:
+        raise ValueError(f"quasi-identifier {qi.name}: {qi.kind} without a hierarchy")
+    return qi.hierarchy
 
 
 def h3_resolution(cell: str) -> int:

@@ -257,7 +257,13 @@ class PartitionAggregates:
             from stream_anon.dp.carry import carry_into
             carry_into(self.ledger, self.dp.clock, {label: (w, eps) for label, w, eps in self.dp.carried})
 
-    def record_state(self) -> tuple[dict, dict, int]:
+    def prefetch_record_state(self) -> None:
+        """Nothing to ask ahead: the state is in this process (WindowConsumer)."""
+
+    def close(self) -> None:
+        """Nothing to stop: the state is in this process (WindowConsumer)."""
+
+    def record_state(self) -> tuple[dict, dict | None, int]:
         """What a state record takes of the aggregates: (:meth:`state_core`, the tables' changes since the previous
         call (:func:`stream_anon.checkpoint.changes`), the rows the tables hold)."""
         return self.state_core(), checkpoint.changes(self), checkpoint.table_rows(self)

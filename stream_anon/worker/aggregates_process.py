@@ -33,6 +33,7 @@ import pickle
 import queue
 import sys
 import traceback
+from typing import Any
 
 from stream_anon.worker import aggregates
 from stream_anon.worker.aggregates import Pending
@@ -235,8 +236,11 @@ def serve_requests(requests, replies) -> None:
     replies.cancel_join_thread()        # a parent that is gone reads no reply: exit without waiting to send it
     # the queue's thread sends each reply while the next release computes: it gets the GIL within 1 ms, not 5
     sys.setswitchinterval(CHILD_SWITCH_S)
-    config = secret = dumps = None
+    config: Any = None                  # set by the first request, "init"
+    secret: bytes = b""
+    dumps: Any = None
     parts: dict[int, aggregates.PartitionAggregates] = {}
+    value: Any
     while True:
         try:
             raw = requests.get(timeout=POLL_S)

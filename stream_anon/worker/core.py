@@ -17,6 +17,7 @@ import logging
 import math
 import operator
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from stream_anon.inputs import Decoder
@@ -155,7 +156,7 @@ class WorkerCore:
             self.deadletter(out, reason, ps.partition, source, raw=raw, event=event, opaque=opaque)
         out.last_offset = last
         if batch.events and self.placement is not None:
-            self._misplaced(ps, batch, out)
+            self._misplaced(ps, batch, out, self.placement)
         if batch.events:
             out.engine_input = True
             self._process_events(ps, batch.events, batch.sources, out, batch.columns)
@@ -183,19 +184,21 @@ class WorkerCore:
         if self.aggregates_process is not None and ps.dp is not None:
             ps.dp.prefetch_record_state()
 
-    def _misplaced(self, ps: PartitionState, batch: InputBatch, out: BatchOutput) -> None:
-        """Dead-letter the events whose privacy unit belongs on another partition, before the engine and the
-        aggregates see them (:mod:`stream_anon.worker.placement`); one alert per batch that had any."""
-        wrong = self.placement.take_misplaced(batch, ps.partition)
+    def _misplaced(self, ps: PartitionState, batch: InputBatch, out: BatchOutput,
+                   units: placement.UnitPlacement) -> None:
+        """Dead-letter the events whose privacy unit belongs on another partition (``units``: where each belongs),
+        before the engine and the aggregates see them (:mod:`stream_anon.worker.placement`); one alert per batch
+        that had any."""
+        wrong = units.take_misplaced(batch, ps.partition)
         for source, event, reason in wrong:
             self.deadletter(out, reason, ps.partition, source, event=event)
         if wrong:
             topic, key, alert = self.render.alert(placement.WRONG_PARTITION, ps.partition, events=len(wrong),
-                                                  partitions=self.placement.n_partitions)
+                                                  partitions=units.n_partitions)
             out.messages.append((topic, key, json_bytes(alert)))
             self.stats.raised(placement.WRONG_PARTITION)
 
-    def _process_events(self, ps: PartitionState, events: list, offsets: list, out: BatchOutput,
+    def _process_events(self, ps: PartitionState, events: Sequence, offsets: list, out: BatchOutput,
                         columns: dict | None = None) -> None:
         """Reader, engine and output of a batch's checked events (``columns``: their fields as the input checks
         read them, or None). If this raises, no event is lost and the partition does not stop: see
@@ -209,7 +212,7 @@ class WorkerCore:
             out.releases.clear()
             isolate(self, ps, events, offsets, out, exc)
 
-    def attempt(self, ps: PartitionState, events: list, offsets: list, idx, out: BatchOutput,
+    def attempt(self, ps: PartitionState, events: Sequence, offsets: list, idx, out: BatchOutput,
                 columns: dict | None = None) -> None:
         """``columns``: of all ``events``, given only when ``idx`` is all of them."""
         idx = list(idx)

@@ -19,20 +19,23 @@ def check_payload(raw: bytes | None, config) -> tuple[str | None, dict | None]:
     (:class:`stream_anon.engine.RecordReader`). Never raises: an exception while checking one payload is its
     reason (``unreadable payload: <exception class>``)."""
     reason, event = parse_payload(raw, config)
-    return (reason, None) if reason else check_payload_schema(event, config)
+    if reason or event is None:          # parse_payload gives an event exactly when it gives no reason
+        return reason, None
+    return check_payload_schema(event, config)
 
 
 def check_payloads(raws: list, config) -> list[tuple[str | None, dict | None]]:
     """:func:`check_payload` of each payload of a batch (:func:`check_batch`, one result per payload)."""
     events, rejected, _ = check_batch(raws, config)
-    out, it, reasons = [], iter(events), dict(rejected)
+    out: list[tuple[str | None, dict | None]] = []
+    it, reasons = iter(events), dict(rejected)
     for i in range(len(raws)):
         reason = reasons.get(i)
         out.append((reason, None) if reason else (None, next(it)))
     return out
 
 
-def check_batch(raws: list, config) -> tuple[list[dict], list[tuple[int, str]], dict | None]:
+def check_batch(raws: list, config) -> tuple[Sequence[dict], list[tuple[int, str]], dict | None]:
     """(events, rejected, columns): the events of the payloads that pass :func:`check_payload`, in order;
     ``(position, reason)`` of the others, in order; and, when the schema check could give them, the events' columns
     (property -> values, aligned with ``events``; :func:`stream_anon.events.schema_columns`) for the engine's
@@ -73,7 +76,8 @@ class ParsedOnRead(Sequence):
     __slots__ = ("_raws", "_parsed")
 
     def __init__(self, raws: list):
-        self._raws, self._parsed = raws, {}
+        self._raws = raws
+        self._parsed: dict[int, dict] = {}
 
     def __len__(self) -> int:
         return len(self._raws)
@@ -164,7 +168,11 @@ class InputBatch:
     __slots__ = ("events", "sources", "columns", "rejected", "n")
 
     def __init__(self, messages: list, config, decoder, topic: str, partition: int):
-        self.events, self.sources, self.columns, self.rejected, self.n = [], [], None, [], 0
+        self.events: Sequence[dict] = []
+        self.sources: list = []
+        self.columns: dict | None = None
+        self.rejected: list = []
+        self.n = 0
         if decoder is None:
             offsets = [off for off, _ in messages]
             raws = [raw for _, raw in messages]

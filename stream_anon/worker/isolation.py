@@ -4,6 +4,7 @@ cut into batches). One event never stops a partition (docs/operations.md, Faults
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from stream_anon.worker import state as st
 
@@ -13,7 +14,7 @@ TRIES = 2              # attempts of a single event before it is dead-lettered a
 MAX_FAILURES = 64      # failed attempts per batch; beyond, a failing part is dead-lettered whole
 
 
-def isolate(core, ps, events: list, offsets: list, out, first: Exception) -> None:
+def isolate(core, ps, events: Sequence, offsets: list, out, first: Exception) -> None:
     """``core`` (a :class:`~stream_anon.worker.core.WorkerCore`): the batch failed as a whole: go back to the state before it (the last committed state,
     ``ps.chain``) and split the batch in halves, processed in order, each part from a snapshot of the state before
     it, until the events that fail alone are found (``TRIES`` attempts each); those are
@@ -30,7 +31,7 @@ def isolate(core, ps, events: list, offsets: list, out, first: Exception) -> Non
     finally:
         ps.wait_for_aggregates = waited
 
-def _isolate_parts(core, ps, events: list, offsets: list, out) -> None:
+def _isolate_parts(core, ps, events: Sequence, offsets: list, out) -> None:
     failures, isolated = 1, 0
 
     def run(idx: list[int], tries: int = 0) -> None:

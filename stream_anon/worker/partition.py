@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from stream_anon import checkpoint, crypto, guarantees
 from stream_anon.engine import Engine
 from stream_anon.engine.recode import QILeaves, recheck_sensitive, recode_buffer
+from stream_anon.pipeline import WindowConsumer
 from stream_anon.worker.state import MAX_CHAIN
 
 log = logging.getLogger("stream_anon.worker")
@@ -44,7 +45,7 @@ class PartitionState:
     its committed chain of state records."""
     partition: int
     engine: Engine
-    dp: object = None              # stream_anon.worker.aggregates.PartitionAggregates (or its process proxy)
+    dp: WindowConsumer | None = None    # PartitionAggregates, or RemoteAggregates (the aggregates process)
     offset: int = -1               # last input offset whose effects are in the state (-1: none)
     seq: int = 0                   # committed state transactions of this partition (0: none)
     input_topic_id: str | None = None
@@ -71,7 +72,7 @@ class PartitionState:
             self.leaves = QILeaves(self.engine.space)
 
     # -- state records ----------------------------------------------------------------------------------------
-    def core_doc(self, stream: str, input_topic: str, seq: int, offset: int, flush_pending: bool,
+    def core_doc(self, stream: str, input_topic: str | None, seq: int, offset: int, flush_pending: bool,
                  dp_core: dict | None = None) -> dict:
         doc = {"version": STATE_VERSION, "stream": stream, "partition": self.partition, "seq": seq,
                "offset": offset, "input_topic": input_topic, "input_topic_id": self.input_topic_id,
@@ -91,6 +92,7 @@ class PartitionState:
         """The parts whose state lives in this process as one Checkpointable: the engine and the hierarchies'
         leaves (tables ``engine/...``, ``qi/...``). The DP aggregates' part comes in one piece (``dp/...``,
         :meth:`record`): they may live in another process."""
+        assert self.leaves is not None          # set in __post_init__
         return checkpoint.Composite({ENGINE_PART: self.engine, QI_PART: self.leaves})
 
     def full_tables(self) -> dict:
@@ -143,7 +145,7 @@ class PartitionState:
         """(core, tables) of the last committed state ((None, {}): nothing committed)."""
         return checkpoint.resolve_chain([rec.as_written() for rec in self.chain]) if self.chain else (None, {})
 
-    def snapshot(self, stream: str, input_topic: str) -> checkpoint.StateRecord:
+    def snapshot(self, stream: str, input_topic: str | None) -> checkpoint.StateRecord:
         """The current state as a full record, encoded at once (the live objects change after)."""
         rec = checkpoint.StateRecord.full_of(self.core_doc(stream, input_topic, self.seq, self.offset,
                                                            self.flush_pending), self.full_tables())
@@ -157,8 +159,9 @@ def split_tables(tables: dict) -> tuple[dict, dict, dict]:
     unknown = sorted(n for n in tables if not n.startswith((ENGINE, DP, QI)))
     if unknown:
         raise ValueError(f"partition state holds table(s) {unknown} of no part")
-    return tuple({n[len(prefix):]: t for n, t in tables.items() if n.startswith(prefix)}
-                 for prefix in (ENGINE, DP, QI))
+    engine, dp, qi = ({n[len(prefix):]: t for n, t in tables.items() if n.startswith(prefix)}
+                      for prefix in (ENGINE, DP, QI))
+    return engine, dp, qi
 
 
 class ConfigChangeRefused(ValueError):
@@ -308,6 +311,8 @@ def apply_change(engine: Engine, changes: list[str], leaves: QILeaves | None = N
         engine.next_chunk = engine.windows.rewindow(engine.window_s, engine.next_chunk)
     dims = [d for q, d in (recodable or {}).items() if f"quasi_identifiers.{q}.hierarchy" in keys]
     if dims:
+        if leaves is None:
+            raise ValueError("recoding the buffer under a changed hierarchy needs the saved leaves")
         missing = {d: 1.0 - len(leaves.saved[d]) for d in dims}        # 0 - width, the width n - 1 (space.py)
         lost = recode_buffer(engine, leaves.saved, missing, dims)
         if lost:

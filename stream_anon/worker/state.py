@@ -217,7 +217,8 @@ class StateLog:
                                                 f"transaction {seq}")
         chain = []
         for s in range(seq, marker + 1):
-            value, why = (self.values[s], "") if isinstance(self.values[s], bytes) else self.values[s].value()
+            held = self.values[s]
+            value, why = (held, "") if isinstance(held, bytes) else held.value()
             if value is None:
                 return None, f"the record of committed state transaction {s} is incomplete: {why}"
             chain.append(decode_state(value))
