@@ -59,7 +59,8 @@ from stream_anon.keyed_table import BLOB, KeyedTable
 SEPARATOR = "/"          # a nested table's name: <child>/<table>
 EMPTY_KEYS = np.empty(0, dtype=np.int64)
 
-Tables = Mapping[str, tuple[np.ndarray, np.ndarray]]     # name -> (int64 keys sorted ascending, records)
+# name -> (int64 keys sorted ascending, records: a structured array, or a BlobTable's values as a list)
+Tables = Mapping[str, tuple[np.ndarray, np.ndarray | list[bytes]]]
 Changes = dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]   # name -> (keys put, their records, keys deleted)
 
 
@@ -153,7 +154,7 @@ class StateRecord:
     value: bytes | None = field(default=None, compare=False, repr=False)
 
     @classmethod
-    def full_of(cls, doc: dict, tables: dict) -> "StateRecord":
+    def full_of(cls, doc: dict, tables: Tables) -> "StateRecord":
         """A full record of a core and its tables (name -> (keys, rows))."""
         return cls(doc, {name: (keys, rows, EMPTY_KEYS) for name, (keys, rows) in tables.items()})
 
@@ -226,6 +227,7 @@ def decode_state(value: bytes) -> StateRecord:
     for name, descr, n_put, n_del in meta["tables"]:
         keys = np.frombuffer(value, dtype="<i8", count=n_put, offset=pos).astype(np.int64)
         pos += 8 * n_put
+        rows: np.ndarray | list[bytes]
         if descr[0] == BLOB:
             lengths = np.frombuffer(value, dtype="<u4", count=n_put, offset=pos).tolist()
             pos += 4 * n_put
@@ -324,34 +326,39 @@ def join_parts(parts: list[Part]) -> bytes:
     return value
 
 
-def resolve_chain(chain: list[StateRecord]) -> tuple[dict, dict[str, tuple[np.ndarray, np.ndarray]]]:
+def resolve_chain(chain: list[StateRecord]) -> tuple[dict, dict[str, tuple[np.ndarray, np.ndarray | list[bytes]]]]:
     """The state a chain stands for: the last record's core and the tables of the first (full) record with every
     later delta applied in order, as name -> (keys sorted, rows). Vectorized: per table, the last action on each
     key across the chain wins (a put, or a deletion that removes the key)."""
     if not chain or not chain[0].full:
         raise ValueError("a state chain starts with a full record")
-    tables = {}
+    tables: dict[str, tuple[np.ndarray, np.ndarray | list[bytes]]] = {}
     for name in dict.fromkeys(n for rec in chain for n in rec.tables):
-        keys, order, rows, src = [], [], [], []
+        key_parts: list[np.ndarray] = []
+        order_parts: list[np.ndarray] = []
+        row_parts: list[np.ndarray | list[bytes]] = []
+        src_parts: list[np.ndarray] = []
         base = 0
         for i, rec in enumerate(chain):
             if name not in rec.tables:
                 continue
             k, r, d = rec.tables[name]
-            keys += [k, d]
-            order += [np.full(len(k) + len(d), i, dtype=np.int64)]
-            src += [np.arange(base, base + len(k), dtype=np.int64), np.full(len(d), -1, dtype=np.int64)]
-            rows.append(r)
+            key_parts += [k, d]
+            order_parts += [np.full(len(k) + len(d), i, dtype=np.int64)]
+            src_parts += [np.arange(base, base + len(k), dtype=np.int64), np.full(len(d), -1, dtype=np.int64)]
+            row_parts.append(r)
             base += len(k)
-        keys, order, src = np.concatenate(keys), np.concatenate(order), np.concatenate(src)
-        blob = isinstance(rows[0], list)
-        rows = [v for r in rows for v in r] if blob else np.concatenate(rows)
+        keys, order, src = np.concatenate(key_parts), np.concatenate(order_parts), np.concatenate(src_parts)
         by = np.lexsort((order, keys))                       # by key, then by position in the chain
         keys, src = keys[by], src[by]
         last = np.ones(len(keys), dtype=bool)
         last[:-1] = keys[1:] != keys[:-1]                   # the last action on each key
         keep = last & (src >= 0)
-        tables[name] = (keys[keep], [rows[i] for i in src[keep].tolist()] if blob else rows[src[keep]])
+        if isinstance(row_parts[0], list):                  # a BlobTable's values
+            values = [v for r in row_parts for v in r]
+            tables[name] = (keys[keep], [values[i] for i in src[keep].tolist()])
+        else:
+            tables[name] = (keys[keep], np.concatenate(row_parts)[src[keep]])
     return chain[-1].doc, tables
 
 

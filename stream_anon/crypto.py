@@ -121,7 +121,7 @@ class HmacTokens:
         self._outer = hashlib.sha256(bytes(b ^ 0x5C for b in key))
 
     def __call__(self, texts) -> list[str]:
-        out = []
+        out: list[str] = []
         icopy, ocopy, append = self._inner.copy, self._outer.copy, out.append
         for text in texts:
             h = icopy()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from typing import ClassVar
 
 from stream_anon.errors import ConfigError
 from stream_anon.validation import Table
@@ -45,6 +46,9 @@ class SensitiveDomain:
     integer: bool = False
     max_length: int = DEFAULT_TEXT_MAX_LENGTH
     charset: str = DEFAULT_TEXT_CHARSET
+    # Per instance, set by __post_init__: ClassVar keeps them out of the fields (and the guarantees' settings)
+    _values: ClassVar[frozenset[str]]
+    _text: ClassVar[re.Pattern[str]]
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_values", frozenset(self.values))
@@ -71,6 +75,7 @@ class SensitiveDomain:
             if not math.isfinite(v):
                 return None, f"{self.field}: number is not finite"
             lo, hi = (self.lower, self.upper) if t == "number" else (-_MAX_SAFE_NUMBER, _MAX_SAFE_NUMBER)
+            assert lo is not None and hi is not None, "a number domain has both bounds (parse_domain)"
             if not lo <= v <= hi:
                 return None, f"{self.field}: number outside its domain [{lo:g}, {hi:g}]"
             if self.integer and float(v) != int(v):

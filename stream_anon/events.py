@@ -14,6 +14,7 @@ A failure is reported as one short reason naming the field (``"event_time: missi
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from datetime import datetime
 from functools import lru_cache
 from operator import itemgetter
@@ -111,7 +112,7 @@ def compile_schema(schema: dict):
     unknown = set(schema) - _SUPPORTED
     if unknown:
         raise NotImplementedError(f"schema keywords {sorted(unknown)}")
-    checks = []
+    checks: list[Callable[..., bool]] = []     # each takes a value (some with defaults bound)
     if "type" in schema:
         names = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
         types = frozenset(t for n in names for t in _EXACT_TYPES[n])
@@ -153,10 +154,10 @@ def compile_schema(schema: dict):
         checks.append(check_object)
     if len(checks) == 1:
         return checks[0]
-    checks = tuple(checks)
+    all_checks = tuple(checks)
 
     def check_all(v):
-        for c in checks:
+        for c in all_checks:
             if not c(v):
                 return False
         return True
@@ -181,7 +182,7 @@ def compile_schema_batch(schema: dict):
     def each(vs) -> bool:                       # the per-value predicate, for what a column check cannot decide
         return all(map(one, vs))
 
-    checks = []
+    checks: list[Callable[..., bool]] = []     # each takes a list of values
     if "type" in schema:
         names = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
         types = frozenset(t for n in names for t in _EXACT_TYPES[n])
@@ -244,8 +245,8 @@ def compile_schema_batch(schema: dict):
         checks.append(check_objects)
     if len(checks) == 1:
         return checks[0]
-    checks = tuple(checks)
-    return lambda vs: all(c(vs) for c in checks)
+    all_checks = tuple(checks)
+    return lambda vs: all(c(vs) for c in all_checks)
 
 
 def compile_schema_columns(schema: dict):

@@ -51,7 +51,7 @@ class KeyedTable:
     table whose changes nobody reads (a benchmark, a batch run) keeps no change log.
     """
 
-    def __init__(self, fields):
+    def __init__(self, fields) -> None:
         self.dtype = np.dtype(fields)
         self._bytes = np.dtype((np.void, self.dtype.itemsize))    # how records are held (module docstring)
         self._keys = np.empty(0, dtype=np.int64)
@@ -79,7 +79,7 @@ class KeyedTable:
         k2, r2 = other.snapshot()
         return bool(np.array_equal(k1, k2) and np.array_equal(r1, r2))
 
-    __hash__ = None
+    __hash__ = None  # type: ignore[assignment]  # unhashable (mutable); typeshed types it as a method
 
     def _as_bytes(self, rows) -> np.ndarray:
         """Records given at the interface (anything ``np.asarray`` makes records of ``dtype``) as held."""
@@ -279,7 +279,7 @@ class BlobTable:
 
     dtype = BLOB
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._values: dict[int, bytes] = {}
         self._tracking = False
         self._dirty: set[int] = set()
@@ -296,7 +296,7 @@ class BlobTable:
             return NotImplemented
         return self._values == other._values
 
-    __hash__ = None
+    __hash__ = None  # type: ignore[assignment]  # unhashable (mutable); typeshed types it as a method
 
     def get(self, key: int) -> bytes | None:
         return self._values.get(int(key))

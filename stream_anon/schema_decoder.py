@@ -54,7 +54,7 @@ def _property_type(schema: dict):
         texts = tuple(v for v in values if v is not None)
         if not texts or not all(type(v) is str for v in texts):
             raise NotImplementedError("const or enum of other values than text and null")
-        literal = Literal[texts]
+        literal = Literal[texts]  # type: ignore[valid-type]  # built at run time for msgspec; mypy checks static ones
         return Union[literal, None] if None in values else literal
     if "type" not in schema:
         raise NotImplementedError("a property of any type")

@@ -72,7 +72,8 @@ def _got(value) -> str:
 
 
 def _fmt(x) -> str:
-    return str(int(x)) if isinstance(x, numbers.Real) and float(x).is_integer() else repr(x)
+    # math.trunc, not int(): typeshed's numbers.Real has no __int__; the same integer for a whole value
+    return str(math.trunc(x)) if isinstance(x, numbers.Real) and float(x).is_integer() else repr(x)
 
 
 def interval(above=None, at_least=None, below=None, at_most=None) -> str:
@@ -139,9 +140,10 @@ def check_integer(value, key: str, lo: int, hi: int) -> int:
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ConfigError(f"{key}: expected an integer, got {_got(value)}")
-    if not lo <= value <= hi:
+    n = int(value)                  # exact for an Integral; typeshed's Integral does not compare with int
+    if not lo <= n <= hi:
         raise ConfigError(f"{key}: must be in [{lo}, {hi}], got {_shown(value)}")
-    return int(value)
+    return n
 
 
 def check_choice(value, key: str, choices: Iterable):
@@ -347,7 +349,8 @@ class Table:
     def __init__(self, raw, path: str, keys: Iterable[str], noun: str = "key"):
         if not isinstance(raw, dict):
             raise ConfigError(f"{path or 'config'}: expected a table, got {_got(raw)}")
-        self.raw, self.path, self.keys, self.read = raw, path, tuple(keys), set()
+        self.raw, self.path, self.keys = raw, path, tuple(keys)
+        self.read: set[str] = set()
         for name in raw:
             if name not in self.keys:
                 raise unknown_key(self.key(name), name, self.keys, noun)

@@ -76,7 +76,8 @@ def parse_criteria(raw, *, k: int, sensitive: tuple[str, ...], m: int | None = N
         raise ConfigError(f"{path}: expected [[{path}]] tables, got {type(raw).__name__}")
     if raw and m is not None:
         raise ConfigError(f"{path}: {WITH_M}")
-    out, seen = [], {}
+    out = []
+    seen: dict[tuple[str, str], int] = {}           # (kind, field) -> index of its entry
     for i, table in enumerate(raw):
         at = f"{path}[{i}]"
         if table.get("kind") == "k":

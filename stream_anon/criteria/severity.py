@@ -25,7 +25,7 @@ monotone: a severe record added to a class raises what it needs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, cast
 
 import numpy as np
 
@@ -89,12 +89,16 @@ class SeverityRule:
         return f"severity_rule_not_met:{self.field}"
 
     @property
+    def _severities(self) -> dict[str, float]:
+        return cast(dict[str, float], self.severity)        # severity_map's, since __post_init__
+
+    @property
     def default(self) -> float:
-        return float(self.default_severity) if self.default_severity is not None else max(self.severity.values())
+        return float(self.default_severity) if self.default_severity is not None else max(self._severities.values())
 
     def scores(self, values) -> np.ndarray:
         """S of each value (unmapped and null: the default)."""
-        get, default = self.severity.get, self.default
+        get, default = self._severities.get, self.default
         return np.array([get(str(v), default) if v is not None else default for v in values], dtype=float)
 
     def holds(self, classes: Classes) -> np.ndarray:

@@ -211,7 +211,7 @@ def build_location_hierarchy(events_path: str | Path, out_path: str | Path = HIE
     Station and route leaves are exactly the values ``read_events`` emits, so every event's location is a leaf.
     """
     df = _read_raw(events_path)
-    stations = {canonical_station(s) for s in df["station"].unique() if s}
+    stations = {c for c in map(canonical_station, df["station"].unique()) if c is not None}    # None: no station
     routes = {r for r in df["bus_route"].unique() if r}
     graph = location_tree(stations, routes)
     doc = {"name": "oyster_location",

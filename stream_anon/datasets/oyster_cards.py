@@ -238,7 +238,7 @@ def stats(events: list[dict], window_s: float = 900.0) -> dict:
     """Realised figures of a generated stream: cards, events, journeys, product shares (of journeys), journeys
     per card per day, share of journeys starting at the card's home (the origin of its first journey), windows
     (releases) a card appears in."""
-    journeys = {}
+    journeys: dict[str, tuple[str, str, str]] = {}     # journey -> (card, product category, day)
     for e in events:
         journeys.setdefault(e["journey_id"], (e["card_id"], e["product_category"], e["event_time"][:10]))
     cards = {c for c, _, _ in journeys.values()}

@@ -40,7 +40,7 @@ the ledger is another, kept beside it.
 """
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -126,8 +126,11 @@ class DPAggregator:
         max_windows = self.config.max_windows_per_period if self.clock is not None else None
         self.specs = tuple(specs)
         self.plans = {s.name: plan_aggregate(s, max_windows) for s in self.specs}
-        self.bounding.caps = None if self.clock is None else {s.name: s.max_windows or max_windows
-                                                              for s in self.specs}
+        if self.clock is None:
+            self.bounding.caps = None
+        else:
+            assert max_windows is not None          # period mode has W (parse_dp_config)
+            self.bounding.caps = {s.name: s.max_windows or max_windows for s in self.specs}
 
     def _end_carry(self) -> None:
         """The period of an accepted change ended: the configured settings are in force (new counters come with
@@ -242,12 +245,14 @@ class DPAggregator:
                     self._end_carry()
                 self.ledger.compact(label)     # the ledger keeps older periods' charges as totals
                 st.start_period(label)
-        wm = {"type": "dp_window", "stream": self.stream, "window": w, "events": wc.n,
-              **({} if period is None else {"period": label}),
-              "contributions_cut": {}, "out_of_domain": {}, "missing": {},
-              **({} if period is None else {"windows_cut": {}, "units_window_capped": {}}), "budget_exhausted": []}
+        wm: dict[str, Any] = {
+            "type": "dp_window", "stream": self.stream, "window": w, "events": wc.n,
+            **({} if period is None else {"period": label}),
+            "contributions_cut": {}, "out_of_domain": {}, "missing": {},
+            **({} if period is None else {"windows_cut": {}, "units_window_capped": {}}), "budget_exhausted": []}
         window_units = None if period is None else WindowUnits(st.unit_windows)
-        due = []                                   # (spec, bounded values to release, stats counted on release)
+        # (spec, bounded values to release, stats counted on release: None in period mode, counted already)
+        due: list[tuple[AggregateSpec, dict[str, np.ndarray], dict | None]] = []
         paused = st.carry["pause"] if st.carry is not None else ()
         for spec in self.specs:
             stop = spec.name if period is None else f"{spec.name}@{label}"
@@ -274,7 +279,7 @@ class DPAggregator:
             (s.name, w, self.plans[s.name].release_epsilon, content_digest(self.seed, s.name, w, x), label,
              s.epsilon) for s, x, _ in due])
         rows: list = []
-        for (spec, x, stats), outcome in zip(due, outcomes):
+        for (spec, x, to_count), outcome in zip(due, outcomes):
             if period is not None:
                 st.pending.pop(spec.name)
             if not outcome.ok:
@@ -287,9 +292,10 @@ class DPAggregator:
                     st.metrics["budget_exhausted_events"] += 1
                     wm["budget_exhausted"].append(spec.name)
                 continue
-            extra = None
+            extra: dict[str, Any] | None = None
             if period is None:
-                self._count(wm, spec, stats)
+                assert to_count is not None           # without periods, counted on release
+                self._count(wm, spec, to_count)
             else:
                 start = first + ((w - first) // spec.release_every) * spec.release_every
                 extra = {"period": label, "unit": self.config.unit, "epsilon_period": spec.epsilon,

@@ -68,7 +68,7 @@ class CellKeys:
     """The cell keys of an aggregator's aggregates: each event's cell per window (:meth:`of_window`), each
     cell's labels (:meth:`labels`), and the cell of each group key (:meth:`index`, for the per-event path)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._labels: dict[str, CellLabels] = {}
         self._index: dict[str, dict] = {}
         self._known: dict[int, dict] = {}      # per group-by dimension: raw value -> cell (in memory only)
@@ -111,7 +111,7 @@ class CellKeys:
             key_none |= d < 0
             cell = cell * len(g.domain) + d
         vf = spec.value_field
-        values = None
+        values: np.ndarray | None = None
         if vf is None:
             valid = np.ones(m, dtype=bool)
         elif spec.kind == "ratio":
@@ -124,6 +124,7 @@ class CellKeys:
             ok, nums = numeric(wc, vf)
             valid, values = ok[positions], nums[positions]
         if spec.kind == "histogram":            # values outside the edges are clamped into the end bins
+            assert values is not None, "a histogram has a value field (parse_aggregate)"
             nb = len(spec.bins) - 1
             b = np.clip(np.searchsorted(spec.bins, values, side="right") - 1, 0, nb - 1)
             cell = cell * nb + b.astype(np.int64)

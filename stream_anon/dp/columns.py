@@ -18,6 +18,7 @@ Unhashable values (a list or an object in a JSON field) get the code of :data:`U
 from __future__ import annotations
 
 import collections
+from typing import Any
 
 import numpy as np
 
@@ -29,23 +30,23 @@ def factorize(values: list) -> tuple[np.ndarray, list]:
     code of :data:`UNHASHABLE` (last in the distinct values)."""
     # a new key's code is the number of keys before it: one dict lookup per value, all of it in C (the loop
     # ``setdefault(v, len(index))`` in Python took ~40% longer on the Oyster windows)
-    index = collections.defaultdict()
+    index: collections.defaultdict[Any, int] = collections.defaultdict()
     index.default_factory = index.__len__
     try:
         codes = np.fromiter(map(index.__getitem__, values), dtype=np.int64, count=len(values))
     except TypeError:
-        index = {}
-        setdefault = index.setdefault
-        codes = []
+        seen: dict[Any, int] = {}
+        setdefault = seen.setdefault
+        code_list: list[int] = []
         unhashable = []
         for i, v in enumerate(values):
             try:
-                codes.append(setdefault(v, len(index)))
+                code_list.append(setdefault(v, len(seen)))
             except TypeError:
-                codes.append(-1)
+                code_list.append(-1)
                 unhashable.append(i)
-        distinct = list(index)
-        arr = np.array(codes, dtype=np.int64)
+        distinct = list(seen)
+        arr = np.array(code_list, dtype=np.int64)
         arr[unhashable] = len(distinct)
         return arr, distinct + [UNHASHABLE]
     return codes, list(index)

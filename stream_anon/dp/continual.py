@@ -191,7 +191,7 @@ class PerWindowCounter(_Counter):
     """
     name = "per_window"
 
-    def __init__(self, n_cells, epsilon, sensitivity, noise, resolution=1.0):
+    def __init__(self, n_cells, epsilon, sensitivity, noise, resolution=1.0) -> None:
         super().__init__(n_cells, epsilon, sensitivity, noise, resolution)
         self.running = np.zeros(self.n_cells)
         self.last_window = np.zeros(self.n_cells)
@@ -310,7 +310,7 @@ class HybridCounter(_Counter):
     """
     name = "hybrid"
 
-    def __init__(self, n_cells, epsilon, sensitivity, noise, resolution=1.0):
+    def __init__(self, n_cells, epsilon, sensitivity, noise, resolution=1.0) -> None:
         super().__init__(n_cells, epsilon, sensitivity, noise, resolution)
         self.beta = np.zeros(self.n_cells)
         self.beta_snap = np.zeros(self.n_cells)
@@ -331,6 +331,7 @@ class HybridCounter(_Counter):
             self.tree = BinaryTreeCounter(self.n_cells, self.epsilon / 2, self.sensitivity, self.noise,
                                           horizon=self.t, resolution=self.resolution)
             return self.beta_snap.copy()
+        assert self.tree is not None            # made at t = 1, a power of two (or restored with t)
         return self.beta_snap + self.tree.update(x, random_state)
 
     def running_terms(self, t: int) -> tuple[int, int]:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from typing import Sequence
+from typing import Sequence, cast
 
 import numpy as np
 import pandas as pd
@@ -77,6 +77,7 @@ def cell_sums(spec: AggregateSpec, cells: np.ndarray, kept: np.ndarray | None) -
     count = np.bincount(cells, minlength=n).astype(float)
     if spec.kind in ("count", "histogram"):
         return {"count": count}
+    assert kept is not None, "the values kept of a sum, mean or ratio"
     if spec.kind in ("sum", "mean"):
         v = np.clip(kept, spec.lower, spec.upper)
         v = np.round(v / spec.resolution) * spec.resolution      # integer noise in units of the resolution
@@ -145,7 +146,7 @@ class UnitKeys:
         of one keyed hasher per unit: the key block is absorbed once (the digests are those of
         ``blake2b(text, key=...)``, ~30% faster; most units of a window are new, so no cache)."""
         copy = self._hasher.copy
-        digests = []
+        digests: list[bytes] = []
         append = digests.append
         for u in units:
             h = copy()
@@ -221,7 +222,7 @@ class Bounding:
         """Whether :meth:`bound` takes the window's units (else the per-event path bounds them)."""
         if self.keys is None or self.keys.scheme == "ids":
             return True
-        types = wc.types(self.field)
+        types = wc.types(cast(str, self.field))     # units with keys are values of a field
         return any(types <= plain for plain in PLAIN_UNIT_TYPES)
 
     def bound(self, spec: AggregateSpec, wc: WindowColumns, cells: EventCells, window_units: WindowUnits | None,
@@ -231,7 +232,8 @@ class Bounding:
         the caller; ``commit``: count this window for the units admitted."""
         positions = cells.positions
         m = len(positions)
-        all_codes = None                             # each event's unit code, all the window's events
+        all_codes: np.ndarray | None = None          # each event's unit code, all the window's events
+        distinct_units: np.ndarray | list | None     # the window's units (their codes index them)
         if self.keys is None:                        # every event its own unit, numbered after the filter
             unit_codes, distinct_units = np.arange(m), None
             unit_none = np.zeros(m, dtype=bool)
@@ -262,6 +264,7 @@ class Bounding:
         if self.caps is not None:
             wcut = ucut = 0
             if self.keys is not None and len(cand):
+                assert distinct_units is not None            # units with keys: their codes were found above
                 uniq, admitted = self._admitted(spec.name, wc, distinct_units, uniq, first, commit, window_units)
                 if not admitted.all():
                     ok_code = np.zeros(len(distinct_units), dtype=bool)
@@ -272,7 +275,8 @@ class Bounding:
             extra = {"windows_cut": wcut, "units_window_capped": ucut}
         keep = rank < spec.max_contributions         # each unit's first events (bound_contributions' rule)
         cut = int(len(keep) - keep.sum())
-        kept = None if spec.kind in ("count", "histogram") else cells.values[cand][keep].astype(float)
+        # the other kinds have a value field, so values (CellKeys.of_window)
+        kept = None if spec.kind in ("count", "histogram") else cast(np.ndarray, cells.values)[cand][keep].astype(float)
         x = cell_sums(spec, cells.cell[cand][keep], kept)
         return x, {"contributions_cut": cut, "out_of_domain": ood, "missing": missing, **extra}
 
@@ -282,6 +286,7 @@ class Bounding:
         a window in this period)."""
         # the rows of all the window's units, found once for its aggregates (valid while no aggregate brought
         # other units into ``window_units``: its generation)
+        assert self.keys is not None                 # called for units with keys only (bound)
         keys = wc.memo.get("unit_keys")
         if keys is None:
             keys = wc.memo["unit_keys"] = self.keys.table_keys(distinct_units)
@@ -302,6 +307,7 @@ class Bounding:
         so far (the first windows in time: a choice that depends on the unit's own events only). ``commit``:
         count this window for the admitted units (in ``window_units``, written to the table when it is flushed).
         ``distinct``: whether the positions are known to differ (no two units share a 64-bit key), if known."""
+        assert self.caps is not None                 # period mode: the only one that caps windows
         cap = self.caps[name]
         column = window_units.rows[name]             # a view: assignments update the window's rows
         counts = column[pos].astype(np.int64)
@@ -327,6 +333,7 @@ class Bounding:
     def window_cap(self, name: str, units: list, commit: bool, window_units: WindowUnits
                    ) -> tuple[list[bool], int, int]:
         """Per-event form of :meth:`cap_units`: mask of the events whose unit is admitted; events and units cut."""
+        assert self.keys is not None                 # units that are not events (per_event.cell_values)
         distinct = list(dict.fromkeys(units))
         pos = window_units.positions(self.keys.table_keys(distinct))
         ok = self.cap_units(name, pos, commit, window_units).tolist()

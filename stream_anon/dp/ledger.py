@@ -120,7 +120,7 @@ class PeriodTotals:
     period the paid re-releases (uncapped). What a period charged the worst-case unit is read from them alone, also
     once the period's entries are compacted away (:meth:`BudgetLedger.compact`)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._sums: dict[tuple[str, str], float] = {}       # (period, aggregate) -> capped part: sum of releases
         self._caps: dict[tuple[str, str], float] = {}       # (period, aggregate) -> cap
         self._extra: dict[str, float] = {}                  # period -> paid re-releases (uncapped)
@@ -347,11 +347,12 @@ class BudgetLedger:
         second release of that window, charged again under the key ``"<window>~<n>"``; the returned
         :attr:`Reservation.window` is that key, and the aggregator draws the release's noise from it.
         """
-        outcomes = []
+        outcomes: list[Reservation | BudgetExhausted] = []
         for aggregate, window, epsilon, *rest in requests:
             window = str(window)
             content = rest[0] if rest else None
-            period, cap = (rest[1], float(rest[2])) if len(rest) >= 3 and rest[1] is not None else (None, None)
+            # cap: read with a period only
+            period, cap = (rest[1], float(rest[2])) if len(rest) >= 3 and rest[1] is not None else (None, 0.0)
             if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon > 0:
                 raise ValueError(f"epsilon: must be > 0, got {epsilon!r}")
             base, n = window, 0
@@ -417,8 +418,8 @@ class BudgetLedger:
             self._content.pop(k, None)
         folded = self._compacted.setdefault(period, {"entries": 0, "exhausted": {}})
         folded["entries"] += len(keys)
-        for k in [k for k in self._exhausted if k.endswith("@" + period)]:
-            folded["exhausted"][k] = self._exhausted.pop(k)
+        for stop in [s for s in self._exhausted if s.endswith("@" + period)]:
+            folded["exhausted"][stop] = self._exhausted.pop(stop)
         return len(keys)
 
     def _summary(self, period: str) -> dict:
@@ -502,7 +503,9 @@ def _charged_window_by_window(entries: list[ChargeEntry], windows, period_mode: 
     period_of = {e.window: e.period for e in entries}
     out = {}
     for x in windows:
-        total, sums, caps = 0.0, {}, {}
+        total = 0.0
+        sums: dict[str, float] = {}
+        caps: dict[str, float] = {}
         for e in entries:
             if e.window <= x and e.period == period_of.get(x):
                 if e.rerelease:

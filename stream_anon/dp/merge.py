@@ -169,21 +169,22 @@ def merge_rows(rows, level: float = 0.95) -> list[dict]:
         if "components" in first:                        # mean / ratio: merge the components, then divide
             comps = list(first["components"])
             sums = {c: float(sum(r["components"][c] for r in rs)) for c in comps}
-            var = {c: float(sum(r["noise_std"][c] ** 2 for r in rs)) for c in comps}
+            variances = {c: float(sum(r["noise_std"][c] ** 2 for r in rs)) for c in comps}
             a, b = sums[comps[0]], sums[comps[1]]
             d = max(b, 1.0)
             v = a / d
             lo_b, hi_b = first.get("bounds") or ((0.0, 1.0) if first.get("kind") == "ratio" else (-math.inf, math.inf))
             v = min(max(v, lo_b), hi_b)
-            half = z * math.sqrt(var[comps[0]] + v * v * var[comps[1]]) / d
-            m.update({"value": v, "components": sums, "noise_std": {c: math.sqrt(x) for c, x in var.items()},
+            half = z * math.sqrt(variances[comps[0]] + v * v * variances[comps[1]]) / d
+            m.update({"value": v, "components": sums, "noise_std": {c: math.sqrt(x) for c, x in variances.items()},
                       "interval": [max(lo_b, v - half), min(hi_b, v + half)], "interval_method": "delta"})
         else:
             value = float(sum(r["value"] for r in rs))
             var = float(sum(r["noise_std"] ** 2 for r in rs))
             terms = [_terms(r) for r in rs]
-            if all(t is not None for t in terms):
-                lo, hi, method = _integer_noise_interval(terms, level)
+            known = [t for t in terms if t is not None]
+            if len(known) == len(terms):
+                lo, hi, method = _integer_noise_interval(known, level)
                 m.update({"interval": [value - hi, value - lo], "interval_method": method})
             else:
                 half = z * math.sqrt(var)

@@ -79,6 +79,7 @@ def budget_outlook(dp: DPConfig, ledger: BudgetLedger, position: AggregatorPosit
     period, first, n = dp.clock.period_of(last)
     spent = ledger.period_spent(period)
     done = last - first + 1
+    closed: str | None
     if done == n:                 # its last window is released: no release of it can follow
         closed = period
     else:
@@ -95,6 +96,7 @@ def projected_charge(dp: DPConfig, ledger: BudgetLedger, position: AggregatorPos
     aggregate in force still due after the last window released and, for an aggregate the ledger stopped, every
     release from the one refused on; each aggregate at most its cap, the paid re-releases on top. Above the budget
     exactly when the ledger refuses (or refused) a release of the period."""
+    assert position.last_window is not None      # budget_outlook's: a window was released
     sums, extra = ledger.period_parts(period)
     demand = {a: min(v, cap) for a, (v, cap) in sums.items()}
     carry = position.carry or {}

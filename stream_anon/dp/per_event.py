@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import cast
 
 import numpy as np
 
@@ -41,7 +42,8 @@ def cell_values(spec: AggregateSpec, wc: WindowColumns, cells: CellKeys, boundin
     if spec.where:
         flats = [f for f in flats if not any(f.get(k) not in allowed for k, allowed in spec.where)]
     event_unit = bounding.keys is None
-    unit_field = UNIT_IDS if not event_unit and bounding.keys.scheme == "ids" else bounding.field
+    # read only when units are not events, and then a field's name
+    unit_field = cast(str, UNIT_IDS if bounding.keys is not None and bounding.keys.scheme == "ids" else bounding.field)
     vf, ratio = spec.value_field, spec.kind == "ratio"
     all_units = list(range(len(flats))) if event_unit else [f.get(unit_field) for f in flats]
     keys = (zip(*(g.keys_of(flats) for g in spec.group_by)) if spec.group_by
@@ -67,6 +69,7 @@ def cell_values(spec: AggregateSpec, wc: WindowColumns, cells: CellKeys, boundin
     if bounding.caps is not None:
         wcut = ucut = 0
         if not event_unit and units:
+            assert window_units is not None          # given in period mode, the only one with caps
             mask, wcut, ucut = bounding.window_cap(spec.name, units, commit, window_units)
             if wcut:
                 idx = [i for i, k in zip(idx, mask) if k]

@@ -80,7 +80,9 @@ def zone_offsets(tz: str) -> tuple[int, ...]:
                                                                                      tzinfo=timezone.utc)
     seen: set[int] = set()
     while t < end:
-        seen.add(int(t.astimezone(zone).utcoffset().total_seconds()))
+        offset = t.astimezone(zone).utcoffset()
+        assert offset is not None           # an aware datetime's
+        seen.add(int(offset.total_seconds()))
         t += timedelta(days=7)
     return tuple(sorted(seen))
 

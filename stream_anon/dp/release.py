@@ -26,7 +26,7 @@ import json
 import math
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Callable, Iterable
+from typing import Callable, Iterable, cast
 
 import numpy as np
 
@@ -98,7 +98,9 @@ def new_counters(spec: AggregateSpec, plan: Plan) -> dict[str, dict[str, _Counte
             c["window"] = PerWindowCounter(n, plan.window_epsilon, sens, noise, res)
         if plan.running_epsilon > 0:
             if plan.running_mechanism == "binary_tree":
-                c["running"] = BinaryTreeCounter(n, plan.running_epsilon, sens, noise, spec.horizon_windows, res)
+                # binary_tree has a horizon (parse_aggregate, _with_horizon); the counter checks it anyway
+                horizon = cast(int, spec.horizon_windows)
+                c["running"] = BinaryTreeCounter(n, plan.running_epsilon, sens, noise, horizon, res)
             else:
                 c["running"] = HybridCounter(n, plan.running_epsilon, sens, noise, res)
         out[comp] = c

@@ -55,9 +55,10 @@ def running_count_errors(rows: list[dict], truth: dict[tuple[int, int], np.ndarr
     last = {p: max((r["window"] for r in rows if r["partition"] == p and r["output"] == "running"), default=None)
             for p in parts}
     windows = sorted({w for _, w in truth} | {r["window"] for r in rows})
-    if any(v is None for v in last.values()) or not windows:
+    released = [v for v in last.values() if v is not None]
+    if len(released) < len(last) or not windows:        # a partition with no running release yet
         return {"windows": 0}
-    end = min(last.values())
+    end = min(released)
     windows = [w for w in windows if w <= end]
     wi = {w: i for i, w in enumerate(windows)}
     seg = np.array([hash(period_of.get(w)) for w in windows])
@@ -122,12 +123,14 @@ def true_cells(spec, events_by_w: dict[int, list], windows) -> dict:
         if spec.value_field and (v is None or (spec.kind != "ratio" and not isinstance(v, (int, float)))):
             continue                                    # missing values are not counted (as in the aggregator)
         if spec.kind == "histogram":
+            assert v is not None                        # a histogram has a value field: checked above
             b = int(np.clip(np.searchsorted(spec.bins, float(v), side="right") - 1, 0, len(spec.bins) - 2))
             k = k + (spec.bin_labels[b],)
         a = out.setdefault("|".join(map(str, k)), [0.0, 0.0])
         if spec.kind in ("count", "histogram"):
             a[0] += 1
         elif spec.kind in ("sum", "mean"):
+            assert v is not None                        # as for a histogram
             a[0] += float(np.clip(v, spec.lower, spec.upper))
             a[1] += 1
         else:
@@ -224,6 +227,7 @@ def membership_setting(dp: DPConfig, events_by_w: dict[int, list], max_cards: in
     if dp.clock is None or not names or not events_by_w:
         return None
     dpc = replace(dp, aggregates=tuple(s for s in dp.aggregates if s.name in names))
+    assert dpc.clock is not None                 # dp's period
     period, lo, n = dpc.clock.period_of(min(events_by_w))
     hi = lo + n
     unit = dp.privacy_unit
@@ -245,7 +249,8 @@ def membership_setting(dp: DPConfig, events_by_w: dict[int, list], max_cards: in
         for i, u in enumerate(units):
             wes = [(w, e) for w, e in by_unit[u] if all(e.get(f) in allowed for f, allowed in s.where)]
             evs = [e for _, e in wes]
-            windows, per = [], {}
+            windows: list[int] = []                   # the unit's windows counted (at most W)
+            per: dict[int, int] = {}                  # window -> the unit's events counted (at most C)
             for (w, _), key in zip(wes, zip(*(g.keys_of(evs) for g in s.group_by))):
                 if None in key:
                     continue
@@ -262,7 +267,7 @@ def membership_setting(dp: DPConfig, events_by_w: dict[int, list], max_cards: in
     end = min(hi, max(lo + ((last - lo) // s.release_every + 1) * s.release_every for s in dpc.aggregates))
     cells: dict[str, np.ndarray] = {}              # aggregate -> each released cell's key index, in release order
 
-    def release(members):
+    def release(members) -> tuple[np.ndarray, np.ndarray]:
         agg = DPAggregator(dpc, BudgetLedger(None, dpc.epsilon_budget), seed=f"atk-{members[0]}-{members[-1]}")
         by_w: dict[int, list] = {}
         for m in members:

@@ -180,6 +180,7 @@ class AggregateSpec:
 
     def component_sensitivity(self, component: str) -> float:
         if component == "sum":
+            assert self.lower is not None and self.upper is not None, "a sum's bounds (parse_aggregate)"
             return float(self.max_contributions * max(abs(self.lower), abs(self.upper)))
         return float(self.max_contributions)
 
@@ -249,7 +250,10 @@ class DPConfig:
 
     @functools.cached_property
     def clock(self) -> "PeriodClock | None":
-        return PeriodClock(self.period, self.timezone, self.window_s) if self.period else None
+        if not self.period:
+            return None
+        assert self.window_s is not None, "period mode has a window length (parse_dp_config)"
+        return PeriodClock(self.period, self.timezone, self.window_s)
 
     def spec(self, name: str) -> AggregateSpec:
         for s in self.aggregates:
@@ -292,7 +296,7 @@ def hierarchy_level(file: Path, level: str | int) -> tuple[Hierarchy, dict, tupl
     return h, mapping, tuple(domain)
 
 
-def _parse_group(raw: Any, path: str, base_dir: Path, event_time: str) -> GroupKey:
+def _parse_group(raw: Any, path: str, base_dir: Path | ConfigDir, event_time: str) -> GroupKey:
     t = Table(raw, path, GROUP_KEYS)
     name = t.name()
     kind = t.choice("kind", GROUP_KINDS, "hierarchy" if "hierarchy" in t else "values" if "values" in t else None)
@@ -326,7 +330,7 @@ def _parse_group(raw: Any, path: str, base_dir: Path, event_time: str) -> GroupK
     return group
 
 
-def parse_aggregate(table: Any, path: str, base_dir: Path, event_time: str = "event_time",
+def parse_aggregate(table: Any, path: str, base_dir: Path | ConfigDir, event_time: str = "event_time",
                     period_mode: bool = False) -> AggregateSpec:
     """One ``[[aggregates]]`` table (``path``: ``aggregates.<name>``) -> :class:`AggregateSpec` (raises
     :class:`ConfigError` naming the key)."""
@@ -382,6 +386,7 @@ def parse_aggregate(table: Any, path: str, base_dir: Path, event_time: str = "ev
     resolution = 1.0
     if kind in ("sum", "mean"):
         resolution = t.number("resolution", 1.0, above=0)
+        assert lower is not None and upper is not None      # read above for sums and means
         ratio = max(abs(lower), abs(upper)) / resolution
         if abs(ratio - round(ratio)) > 1e-9:
             raise ConfigError(f"{t.key('resolution')}: max(|lower|, |upper|) must be a multiple of it (integer "
@@ -442,7 +447,7 @@ def parse_dp_config(raw: dict, base_dir: "str | Path | ConfigDir" = ".", need_st
         if period_mode and unit == "event" and s.max_contributions != 1:
             raise ConfigError(f"aggregates.{s.name}.max_contributions: must be 1 when dp.unit = 'event'")
         if s.max_windows is not None and (not period_mode or unit == "event"
-                                          or s.max_windows > PERIODS[mode["period"]] // window_s):
+                                          or s.max_windows > PERIODS[mode["period"]] // mode["window_s"]):
             raise ConfigError(f"aggregates.{s.name}.max_windows_per_period: needs dp.period and a unit other "
                               f"than 'event', and at most the windows of a period")
         if not period_mode and s.release_every != 1:
@@ -462,6 +467,7 @@ def parse_dp_config(raw: dict, base_dir: "str | Path | ConfigDir" = ".", need_st
         raise ConfigError(f"dp.epsilon_per_period: the aggregates' epsilons add up to {total:g}, above the "
                           f"budget {budget:g} (the split across aggregates must fit one period's budget)")
     cfg = DPConfig(aggregates=(), stream=name, **mode)
+    assert cfg.clock is not None                 # period mode
     per = cfg.clock.max_windows()
     w_max = mode["max_windows_per_period"]
     specs = tuple(_with_horizon(s, -(-per // s.release_every), s.max_windows or w_max) for s in specs)

@@ -16,6 +16,7 @@ partial release again rather than adding noise of the old calibration to release
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import numpy as np
 
@@ -39,10 +40,10 @@ class AggregatorState:
         self.period_mode, self.unit_scheme = period_mode, unit_scheme
         self.last_window: int | None = None
         names = [s.name for s in self.specs]
-        self.metrics = {"windows": 0, "events_in": 0, "aggregates_published": 0, "budget_exhausted_events": 0,
-                        "before_start": 0, "after_release": 0,
-                        "contributions_cut": dict.fromkeys(names, 0), "out_of_domain": dict.fromkeys(names, 0),
-                        "missing": dict.fromkeys(names, 0)}
+        self.metrics: dict[str, Any] = {        # JSON: counts, and per aggregate (name -> count) counts
+            "windows": 0, "events_in": 0, "aggregates_published": 0, "budget_exhausted_events": 0,
+            "before_start": 0, "after_release": 0, "contributions_cut": dict.fromkeys(names, 0),
+            "out_of_domain": dict.fromkeys(names, 0), "missing": dict.fromkeys(names, 0)}
         if period_mode:
             self.metrics["windows_cut"] = dict.fromkeys(names, 0)
             self.metrics["units_window_capped"] = dict.fromkeys(names, 0)
@@ -65,9 +66,10 @@ class AggregatorState:
 
     # -- Checkpointable -----------------------------------------------------------------------------------------
     def state_core(self) -> dict:
-        out = {"last_window": self.last_window, "metrics": self.metrics,
-               "counters": {a: {comp: {k: c.state_core() for k, c in cs.items()} for comp, cs in comps.items()}
-                            for a, comps in self.counters.items()}}
+        out: dict[str, Any] = {"last_window": self.last_window, "metrics": self.metrics,
+                               "counters": {a: {comp: {k: c.state_core() for k, c in cs.items()}
+                                                 for comp, cs in comps.items()}
+                                            for a, comps in self.counters.items()}}
         if self.period_mode:
             out["period"] = self.period
             out["pending"] = {a: {c: v.tolist() for c, v in x.items()} for a, x in self.pending.items()}
@@ -116,7 +118,9 @@ class AggregatorState:
         keys, rows = np.asarray(saved[0], dtype=np.int64), saved[1]
         table = np.zeros(len(keys), dtype=self.unit_windows.dtype)
         used = np.zeros(len(keys), dtype=bool)
-        for name in table.dtype.names:
+        names = table.dtype.names
+        assert names is not None                     # a structured dtype (unit_window_table)
+        for name in names:
             if rows.dtype.names and name in rows.dtype.names:
                 table[name] = rows[name]
                 used |= table[name] > 0

@@ -136,6 +136,7 @@ class Decoder:
                 return None, f"event_id: event_key {path} {what} (input {path})"
             values.append(v)
         text = orjson.dumps([values, event], option=orjson.OPT_SORT_KEYS, default=str)
+        assert self._key_secret is not None         # set with an event_key, the only case the key id is read
         return "key:" + hmac.new(self._key_secret, b"event:" + text, hashlib.sha256).hexdigest()[:32], None
 
     def _value(self, f: FieldSpec, rec: dict):
@@ -305,7 +306,8 @@ def _cast(value, f: FieldSpec):
 
 def _time(value, f: FieldSpec):
     if isinstance(value, (str, int, float)):     # times repeat at the source's resolution: parse each once
-        return _time_cached(value, type(value), f)
+        kind: type = type(value)                 # a key of the cache with the value (1 and 1.0 differ)
+        return _time_cached(value, kind, f)
     return _time_parse(value, f)
 
 
@@ -316,6 +318,7 @@ def _time_cached(value, _type, f: FieldSpec):
 
 def _time_parse(value, f: FieldSpec):
     fmt = f.time_format
+    assert fmt is not None                          # a time field's (_value decodes them only)
     try:
         if fmt in ("epoch_s", "epoch_ms") or (fmt == "auto" and isinstance(value, (int, float))
                                               and not isinstance(value, bool)):
@@ -404,7 +407,8 @@ def decode_file(path, spec: InputSpec, max_bytes: int = 1 << 30, topic: str | No
 
     topic = topic or Path(path).name
     decoder = Decoder(spec, max_bytes=max_bytes, secret=secret)
-    events, rejected = [], []
+    events = []
+    rejected: list[tuple[int, int | None, str]] = []       # (message number, index in it or None, reason)
     for n, raw in enumerate(file_messages(path, spec, framing, order)):
         d = decoder.decode(raw, topic, 0, n)
         if d.reason:

@@ -59,6 +59,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, field
+from datetime import tzinfo
 
 from stream_anon.errors import ConfigError
 from stream_anon.validation import ConfigDir, Table, check_number
@@ -90,7 +91,7 @@ class FieldSpec:
     cast: str | None = None
     optional: bool = False
     time_format: str | None = None            # set for time fields
-    tz: object = None                         # ZoneInfo for naive times
+    tz: tzinfo | None = None                  # ZoneInfo for naive times
     null_values: frozenset | None = None      # this field's own (None: the input's)
     lookup: tuple[tuple[str, object], ...] | None = None    # (source value, result) pairs
     lookup_source: str = ""                   # the CSV file or "inline table", for reasons

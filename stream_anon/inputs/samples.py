@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import math
 from datetime import datetime
+from typing import Any
 
 
 def vin_of(driver: str) -> str:
@@ -28,7 +29,9 @@ def tesla_payloads(encoding: str = "protobuf", limit: int | None = None) -> list
     from google.protobuf import json_format
 
     from stream_anon.datasets import load_events
-    from stream_anon.inputs.proto import tesla_vehicle_data_pb2 as pb
+    from stream_anon.inputs.proto import tesla_vehicle_data_pb2
+
+    pb: Any = tesla_vehicle_data_pb2        # protoc's classes and enum values are made at run time: none typed
 
     out = []
     for e in load_events("obd2", limit=limit):

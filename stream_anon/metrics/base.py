@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Mapping, Sequence, cast
 
 import numpy as np
 import pandas as pd
@@ -75,7 +75,7 @@ class AnonymizedTable:
     # -- sizes ------------------------------------------------------------------------------------------------
     @property
     def kept(self) -> np.ndarray:
-        return ~self.suppressed
+        return ~cast(np.ndarray, self.suppressed)         # set by __post_init__
 
     @property
     def n_records(self) -> int:

@@ -98,8 +98,8 @@ def emd(r: AnonymizedTable, kind: str = "equal", hierarchy: Hierarchy | None = N
     and computes it) or of the original table (``base="original"``)."""
     s, classes, q = _distributions(r, base)
     if kind == "equal":
-        _, d = _class_equal_emd(s, classes, q)
-        return float(max(0.0, d.max())) if len(d) else 0.0
+        _, dists = _class_equal_emd(s, classes, q)
+        return float(max(0.0, dists.max())) if len(dists) else 0.0
     worst = 0.0
     for _, group in s.groupby(classes):
         p = group.value_counts(normalize=True)
@@ -108,6 +108,7 @@ def emd(r: AnonymizedTable, kind: str = "equal", hierarchy: Hierarchy | None = N
         elif kind == "ordered":
             d = emd_ordered(p, q)
         elif kind == "hierarchical":
+            assert hierarchy is not None, "the hierarchical EMD needs the hierarchy"
             d = emd_hierarchical(p, q, hierarchy)
         else:
             raise ValueError(f"emd kind: {kind!r} (equal|ordered|hierarchical)")
@@ -148,8 +149,8 @@ def knowledge_gain(r: AnonymizedTable, variant: str = "additive", base: str = "r
     released one (probabilities out of 8 released trips): ``base`` chooses, default as the example."""
     s, classes, q = _distributions(r, base)
     if variant == "additive":
-        sizes, d = _class_equal_emd(s, classes, q)
-        return float((sizes * d).sum() / len(s)) if len(s) else 0.0
+        sizes, dists = _class_equal_emd(s, classes, q)
+        return float((sizes * dists).sum() / len(s)) if len(s) else 0.0
     total = 0.0
     for _, group in s.groupby(classes):
         p = group.value_counts(normalize=True)

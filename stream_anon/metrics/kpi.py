@@ -18,6 +18,8 @@ for an engine type absent from synthetic data).
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from stream_anon.metrics.base import AnonymizedTable
@@ -34,7 +36,7 @@ def kpi_relative_error(r: AnonymizedTable, event: np.ndarray, group_attr: str | 
     kept = r.kept
     y = float(event.mean()) if len(event) else 0.0
     y_rel = float(event[kept].mean()) if kept.any() else float("nan")
-    out = {"true": y, "released": y_rel, "overall": _rel_error(y, y_rel), "groups": {}}
+    out: dict[str, Any] = {"true": y, "released": y_rel, "overall": _rel_error(y, y_rel), "groups": {}}
     if group_attr is not None:
         values = r.released.loc[kept, group_attr]
         shares_cache: dict = {}

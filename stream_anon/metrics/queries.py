@@ -28,8 +28,8 @@ from stream_anon.metrics.base import AnonymizedTable, interval
 def _match_share(r: AnonymizedTable, attr, value, cond) -> float:
     h = r.hierarchies.get(attr)
     if h is not None:
-        lo, hi = h.node_range(str(value))
-        leaves = h.leaves[lo:hi + 1]
+        first, last = h.node_range(str(value))
+        leaves = h.leaves[first:last + 1]
         return sum(1 for leaf in leaves if leaf in cond) / len(leaves)
     lo, hi = interval(value)
     qlo, qhi = cond
@@ -79,13 +79,13 @@ def random_count_queries(r: AnonymizedTable, n: int, dims: int, selectivity: flo
     per_attr = selectivity ** (1.0 / dims)
     out = []
     for _ in range(n):
-        q = {}
+        q: dict[str, set[str] | tuple[float, float]] = {}      # attr -> leaves, or (lo, hi)
         for a in rng.choice(r.qis, size=dims, replace=False):
             h = r.hierarchies.get(a)
             if h is not None:
-                width = max(1, round(per_attr * h.n_leaves))
-                start = int(rng.integers(0, h.n_leaves - width + 1))
-                q[a] = set(h.leaves[start:start + width])
+                n_leaves = max(1, round(per_attr * h.n_leaves))
+                first = int(rng.integers(0, h.n_leaves - n_leaves + 1))
+                q[a] = set(h.leaves[first:first + n_leaves])
             else:
                 L, U = r.bounds[a]
                 width = per_attr * (U - L)

@@ -17,12 +17,13 @@ from stream_anon.metrics.syntactic import (average_class_size, discernibility, m
 def thesis_metrics(r: AnonymizedTable, raw: AnonymizedTable | None = None, h_ignore=()) -> dict:
     """Raw values of the eleven metrics, plus ``<name>_scaled`` for the four the thesis scales (needs ``raw``,
     the identity release of the input: ``AnonymizedTable.identity(original, qis, ...)``)."""
-    out = {
+    k, l_div, size, disc = min_k(r), min_l(r) if r.sensitive else None, average_class_size(r), discernibility(r)
+    out: dict[str, float | None] = {
         "suppression_ratio": suppression_ratio(r),
-        "min_k": min_k(r),
-        "min_l": min_l(r) if r.sensitive else None,
-        "average_class_size": average_class_size(r),
-        "discernibility": discernibility(r),
+        "min_k": k,
+        "min_l": l_div,
+        "average_class_size": size,
+        "discernibility": disc,
         "ipl": in_data_precision_loss(r),
         "cpl": cross_data_precision_loss(r),
         "emd": emd(r) if r.sensitive else None,
@@ -32,9 +33,9 @@ def thesis_metrics(r: AnonymizedTable, raw: AnonymizedTable | None = None, h_ign
     }
     if raw is not None:
         n_ind = int(r.individuals().nunique())
-        out["min_k_scaled"] = min_max(out["min_k"], min_k(raw), n_ind)
-        out["average_class_size_scaled"] = min_max(out["average_class_size"], average_class_size(raw), n_ind)
-        out["discernibility_scaled"] = min_max(out["discernibility"], discernibility(raw), r.n_records ** 2)
-        if r.sensitive:
-            out["min_l_scaled"] = min_max(out["min_l"], min_l(raw), int(r.sensitive_values().nunique()))
+        out["min_k_scaled"] = min_max(k, min_k(raw), n_ind)
+        out["average_class_size_scaled"] = min_max(size, average_class_size(raw), n_ind)
+        out["discernibility_scaled"] = min_max(disc, discernibility(raw), r.n_records ** 2)
+        if l_div is not None:                   # r.sensitive
+            out["min_l_scaled"] = min_max(l_div, min_l(raw), int(r.sensitive_values().nunique()))
     return out
