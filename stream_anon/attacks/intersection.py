@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from datetime import datetime, timezone
-from typing import Any, Iterable
+from typing import Any, Iterable, cast
 
 import numpy as np
 
@@ -77,7 +77,8 @@ def intersection_attack(records: list[dict], raw_events: list[dict], secret: byt
     seen: dict[str, dict[Any, list]] = defaultdict(lambda: defaultdict(list))
     true_values: dict[str, set] = defaultdict(set)
     for r in records:
-        event = by_token.get(r.get("audit_token"))
+        token: Any = r.get("audit_token")              # any JSON value: one that is no token finds no event
+        event = by_token.get(token)
         if event is None:
             continue                                   # counterfeit: no individual behind it
         unit = as_text(get_path(event, privacy_unit))
@@ -99,6 +100,7 @@ def intersection_attack(records: list[dict], raw_events: list[dict], secret: byt
             gen.setdefault((r.get("release_id"), r.get("class_id")), r.get("qi") or {})
         for key, qi in gen.items():
             classes_of_release[key[0]].append((key, qi))
+    qis = quasi_identifiers or []                      # not empty when knowledge == "qi" (checked above)
     sizes, n_rel, missed = [], [], 0
     for unit in pool:
         cands: frozenset | None = None
@@ -107,10 +109,10 @@ def intersection_attack(records: list[dict], raw_events: list[dict], secret: byt
                 if knowledge == "class":
                     c = sigs[key]
                 else:
-                    values = [qi_value(q, event) for q in quasi_identifiers]
+                    values = [qi_value(q, event) for q in qis]
                     c = frozenset().union(*[sigs[k] for k, qi in classes_of_release[rid]
                                             if all(covers(q, qi.get(q.name), v)
-                                                   for q, v in zip(quasi_identifiers, values))])
+                                                   for q, v in zip(qis, values))])
                 cands = c if cands is None else cands & c
         cands = cands or frozenset()
         if not (true_values[unit] - {None}) <= cands:
@@ -171,7 +173,7 @@ def _generalize(q: QISpec, values: list[Any]) -> dict:
         return {"label": texts.pop() if len(texts) == 1 else "*"}
     if any(t not in q.hierarchy.parent for t in texts):
         return {"label": _root(q)}
-    chains = [q.hierarchy.ancestors_or_self(t) for t in sorted(texts)]
+    chains = [q.hierarchy.ancestors_or_self(t) for t in sorted(cast(set[str], texts))]   # None returned above
     common = set(chains[0]).intersection(*map(set, chains[1:]))
     return {"label": next((a for a in chains[0] if a in common), _root(q))}
 
@@ -201,7 +203,8 @@ def naive_kl_releases(events: list[dict], k: int, l: int, *, secret: bytes | str
         for q in qis:
             v = qi_value(q, e)
             if q.kind in ("categorical", "station"):
-                cat.append(orders[q.name].get(as_text(v), -1))
+                label = as_text(v)
+                cat.append(orders[q.name].get(label, -1) if label is not None else -1)
             elif q.kind == "timestamp":
                 num.append(_epoch(v) or 0.0)
             elif q.kind == "geopoint":
@@ -215,7 +218,7 @@ def naive_kl_releases(events: list[dict], k: int, l: int, *, secret: bytes | str
     for seq, w in enumerate(sorted(windows)):
         rid = f"{stream}-p{partition}-{seq:06d}"
         by_unit: dict[str, list[dict]] = defaultdict(list)
-        unitless = []
+        unitless: list[dict] = []
         for e in windows[w]:
             u = as_text(get_path(e, privacy_unit))
             (by_unit[u] if u is not None else unitless).append(e)

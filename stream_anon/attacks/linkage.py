@@ -41,7 +41,7 @@ def linkage_attack(records: list[dict], raw_events: list[dict], cfg: AuditConfig
     picks = rng.choice(len(published), size=min(n_targets, len(published)), replace=False)
     qis = cfg.quasi_identifiers
     gens = list(classes.values())
-    candidates = []
+    candidates: list[int] = []
     for i in picks:
         target = published[i]
         values = [qi_value(q, target) for q in qis]
@@ -50,7 +50,7 @@ def linkage_attack(records: list[dict], raw_events: list[dict], cfg: AuditConfig
             if all(covers(q, qi.get(q.name), v) for q, v in zip(qis, values)):
                 who |= units
         candidates.append(len(who))
-    candidates = np.array(candidates)
-    return {"targets": len(candidates), "reidentified": int((candidates == 1).sum()),
-            "success_rate": float((candidates == 1).mean()), "mean_candidates": float(candidates.mean()),
-            "min_candidates": int(candidates.min())}
+    counts = np.array(candidates)
+    return {"targets": len(counts), "reidentified": int((counts == 1).sum()),
+            "success_rate": float((counts == 1).mean()), "mean_candidates": float(counts.mean()),
+            "min_candidates": int(counts.min())}

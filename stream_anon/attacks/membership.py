@@ -57,7 +57,7 @@ def auc(scores_in, scores_out) -> float:
     return float(u / (len(a) * len(b)))
 
 
-def membership_game(cards: np.ndarray, targets: Sequence[int], group_size: int, trials: int,
+def membership_game(cards: np.ndarray, targets: Sequence[int] | np.ndarray, group_size: int, trials: int,
                     release: Callable[[np.ndarray], np.ndarray | tuple], rng: np.random.Generator,
                     reference_groups: int = 200) -> dict:
     """Play the distinguishing game for each target; returns the AUC over all games and per target.
@@ -78,7 +78,8 @@ def membership_game(cards: np.ndarray, targets: Sequence[int], group_size: int, 
         ref = np.array([cards[rng.choice(others, group_size, replace=False)].sum(0)
                         for _ in range(reference_groups)])
         mu, s2 = ref.mean(0), ref.var(0)
-        s_in, s_out = [], []
+        s_in: list[float] = []
+        s_out: list[float] = []
         for _ in range(trials):
             base = rng.choice(others, group_size, replace=False)
             for member, bucket in ((t, s_in), (base[-1], s_out)):

@@ -73,14 +73,14 @@ class AuditContext:
 
     def raw_of(self, record: dict) -> RawEvent | None:
         """The raw event a published record stands for (None: no raw event has its token)."""
-        token = record.get("audit_token")
+        token: Any = record.get("audit_token")      # any JSON value: one that is no token finds nothing
         partition = self._release_partition.get(record.get("release_id"))
         raw = self._open_by_partition.get((token, partition)) if partition is not None else None
         return raw if raw is not None else self.by_token.get(token)
 
     def is_counterfeit(self, record: dict) -> bool:
         """An announced counterfeit record of its own release and class (never a raw event's record)."""
-        token = record.get("audit_token")
+        token: Any = record.get("audit_token")      # any JSON value: one that is no token finds nothing
         return token not in self.by_token and \
             self.counterfeits.get(token) == (record.get("release_id"), record.get("class_id"))
 

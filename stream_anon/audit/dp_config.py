@@ -58,6 +58,7 @@ class DPBudget:
         if self.period is None:
             return None
         from zoneinfo import ZoneInfo
+        assert self.timezone is not None       # read_dp requires a time zone with a period
         local = datetime.fromtimestamp(window * self.window_s, ZoneInfo(self.timezone))
         if self.period == "hour":
             return local.strftime("%Y-%m-%dT%H")

@@ -36,6 +36,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta, timezone
+from typing import Any, Iterable, cast
 
 import numpy as np
 
@@ -97,7 +98,7 @@ class AggregateDef:
     value_field: str | None = None
     lower: float | None = None
     upper: float | None = None
-    bins: tuple = ()
+    bins: tuple[float, ...] = ()
     numerator: tuple = ()
     where: tuple = ()
     resolution: float = 1.0
@@ -106,6 +107,13 @@ class AggregateDef:
     def components(self) -> tuple[str, ...]:
         return COMPONENTS[self.kind]
 
+    @property
+    def value_bounds(self) -> tuple[float, float]:
+        """(lower, upper) of a sum or a mean, which always has both (the audit's config reading, read_dp,
+        requires them)."""
+        assert self.lower is not None and self.upper is not None, f"{self.name}: no value bounds"
+        return self.lower, self.upper
+
     def bin_labels(self) -> list[str]:
         e = self.bins
         fmt = lambda x: str(int(x)) if float(x).is_integer() else repr(float(x))      # noqa: E731
@@ -113,7 +121,7 @@ class AggregateDef:
 
     def group_keys(self) -> list[str]:
         """Every cell's ``group_key``, the domain from the config alone."""
-        keys = [()]
+        keys: list[tuple] = [()]
         for g in self.groups:
             keys = [k + (v,) for k in keys for v in g.domain]
         if self.kind == "histogram":
@@ -225,7 +233,8 @@ def _start(dp: dict, raw: dict, stream: dict, tz: str) -> float | None:
 
 def _group(g: dict, files, event_time: str) -> GroupDef:
     fields = g.get("field", event_time if g.get("kind") == "hour" else None)
-    fields = (fields,) if isinstance(fields, str) else tuple(fields)
+    # a list of fields in a valid config (None raises, as ever)
+    fields = (fields,) if isinstance(fields, str) else tuple(cast(Iterable[str], fields))
     kind = g.get("kind") or ("hierarchy" if "hierarchy" in g else "values")
     if kind == "hour":
         return GroupDef(g["name"], fields, True, {}, tuple(range(24)))
@@ -298,11 +307,11 @@ def _number(v) -> float | None:
     return float(v) if math.isfinite(v) else None
 
 
-def bounded_values(spec: AggregateDef, events: list, unit_field: str | None, used: dict | None,
+def bounded_values(spec: AggregateDef, events: list, unit_field: str | None, used: dict[object, int],
                    cap: int | None) -> dict[str, dict[str, float]]:
     """Component -> group_key -> bounded true value of one window (step 2); ``used``: unit -> windows used in the
     period (updated), ``cap``: W (None: no window cap)."""
-    cand = []
+    cand: list[tuple[object, tuple, Any]] = []      # (unit, group key, raw value)
     for e in events:
         if any(get_path(e, k) not in allowed for k, allowed in spec.where):
             continue
@@ -326,7 +335,8 @@ def bounded_values(spec: AggregateDef, events: list, unit_field: str | None, use
                 if n < cap:
                     used[unit] = n + 1
         cand = [c for c in cand if admitted[c[0]]]
-    kept, out = {}, {c: {} for c in spec.components}
+    kept: dict[object, int] = {}
+    out: dict[str, dict[str, float]] = {c: {} for c in spec.components}
     labels = spec.bin_labels() if spec.kind == "histogram" else None
     for unit, key, v in cand:
         kept[unit] = kept.get(unit, 0) + 1
@@ -340,7 +350,8 @@ def bounded_values(spec: AggregateDef, events: list, unit_field: str | None, use
         if spec.kind in ("count", "histogram"):
             _add(out["count"], gk, 1.0)
         elif spec.kind in ("sum", "mean"):
-            x = min(max(float(v), spec.lower), spec.upper)
+            lower, upper = spec.value_bounds
+            x = min(max(float(v), lower), upper)
             _add(out["sum"], gk, round(x / spec.resolution) * spec.resolution)
             if spec.kind == "mean":
                 _add(out["count"], gk, 1.0)
@@ -362,9 +373,11 @@ def noise_seed(secret: bytes, stream: str, partition: int, lineage: str | None) 
 
 def calibration(spec: AggregateDef, period_mode: bool) -> tuple[float, int]:
     """(epsilon per component of one release, windows of one unit a release can hold: ``m``)."""
-    m = 1 if not period_mode else min(spec.release_every, spec.max_windows)
-    eps = spec.epsilon if not period_mode else spec.epsilon * m / spec.max_windows
-    return eps / len(spec.components), m
+    if not period_mode:
+        return spec.epsilon / len(spec.components), 1
+    assert spec.max_windows is not None         # period mode: W is set (read_dp requires it)
+    m = min(spec.release_every, spec.max_windows)
+    return spec.epsilon * m / spec.max_windows / len(spec.components), m
 
 
 def noisy(seed: bytes, spec: AggregateDef, component: str, release: str, x: np.ndarray, epsilon: float,
@@ -374,7 +387,7 @@ def noisy(seed: bytes, spec: AggregateDef, component: str, release: str, x: np.n
     digest = hmac.new(seed, b"stream-anon/dp\x00" + "\x00".join([spec.name, component, "window", release]).encode(),
                       hashlib.sha256).digest()
     rs = np.random.RandomState(np.frombuffer(digest, dtype=np.uint32))
-    sens = spec.max_contributions * m * (max(abs(spec.lower), abs(spec.upper)) if component == "sum" else 1.0)
+    sens = spec.max_contributions * m * (max(map(abs, spec.value_bounds)) if component == "sum" else 1.0)
     res = spec.resolution if component == "sum" else 1.0
     if spec.noise == "snapping":
         mech = Snapping(epsilon=epsilon, sensitivity=float(sens), lower=-SNAP_BOUND * sens, upper=SNAP_BOUND * sens,

@@ -56,7 +56,7 @@ def split_by_lineage(outputs: Any) -> dict[str, AuditOutputs]:
         parts.get(lineage_of(m), first).manifests.append(m)
     for r in outputs_part(outputs, "records"):
         name = release_lineage.get(r.get("release_id")) if isinstance(r, dict) else None
-        parts.get(name, first).records.append(r)
+        (parts.get(name, first) if name is not None else first).records.append(r)
     for d in outputs_part(outputs, "deadletters"):
         parts.get(lineage_of(d), first).deadletters.append(d)
     for a in outputs_part(outputs, "aggregates"):
@@ -89,8 +89,10 @@ def translate_tokens(raw_events: list, outputs: Any, previous: list[bytes], secr
     out = AuditOutputs(malformed=outputs_part(outputs, "malformed"),
                        aggregates=outputs_part(outputs, "aggregates"))
     for r in outputs_part(outputs, "records"):
-        out.records.append({**r, "audit_token": token_of.get(r.get("audit_token"), r.get("audit_token"))}
-                           if isinstance(r, dict) else r)
+        if isinstance(r, dict):
+            token: Any = r.get("audit_token")       # any JSON value: one of no raw event stays as it is
+            r = {**r, "audit_token": token_of.get(token, token)}
+        out.records.append(r)
     for m in outputs_part(outputs, "manifests"):
         if isinstance(m, dict):
             m = {**m, **{k: _map(token_of, m[k]) for k in ("suppressed_tokens", "deferred_tokens") if k in m}}

@@ -277,8 +277,8 @@ def health_figures(ctx: AuditContext, individuals: ClassIndividuals, alerts: Ite
                 continue
             try:
                 real = int(c.get("records", 0)) - int(c.get("counterfeit_records", 0) or 0)
-                ncp = float(c.get("ncp"))
-            except (TypeError, ValueError):
+                ncp = float(c["ncp"])
+            except (KeyError, TypeError, ValueError):
                 continue
             pairs.append((ncp, real))
     weight = sum(w for _, w in pairs if w > 0)
@@ -286,8 +286,9 @@ def health_figures(ctx: AuditContext, individuals: ClassIndividuals, alerts: Ite
     p95 = _weighted_quantile(pairs, 0.95)
     dead: dict[Any, dict] = {}
     for d in ctx.deadletters:
-        src = d.get("source") if isinstance(d.get("source"), dict) else {}
-        key = (src.get("topic"), src.get("partition"), src.get("offset"))
+        source = d.get("source")
+        src = source if isinstance(source, dict) else {}
+        key: tuple = (src.get("topic"), src.get("partition"), src.get("offset"))
         if src.get("offset") is None:
             key = key + (str(d.get("reason")), str(d.get("payload")))
         dead.setdefault(key, d)
@@ -306,7 +307,7 @@ def health_figures(ctx: AuditContext, individuals: ClassIndividuals, alerts: Ite
         "alerts": None,
     }
     if alerts is not None:
-        seen = {}
+        seen: dict[tuple, dict] = {}
         for a in alerts:
             if isinstance(a, dict) and a.get("type") == ALERT_TYPE and a.get("stream") in (None, ctx.config.stream):
                 seen.setdefault((a.get("alert"), a.get("partition"), a.get("release_id"), a.get("lineage")), a)
@@ -345,7 +346,7 @@ def window_individuals(ctx: AuditContext) -> dict | None:
     deadline."""
     from .primitives import get_path, parse_time
 
-    lengths = Counter()
+    lengths: Counter[float] = Counter()
     for m in ctx.manifests:
         start, end = parse_time(m.get("window_start")), parse_time(m.get("window_end"))
         if start is not None and end is not None and end > start:

@@ -276,7 +276,8 @@ class Hierarchy:
         return cls.from_obj(json.loads(path.read_text(encoding="utf-8")))
 
     def ancestors_or_self(self, label: str) -> list[str]:
-        out, cur, seen = [], label, set()
+        out, seen = [], set()
+        cur: str | None = label
         while cur is not None and cur not in seen:
             out.append(cur)
             seen.add(cur)
@@ -401,9 +402,10 @@ def is_full(q: QISpec, pub: Any) -> bool:
             return False
     if q.lower is not None and q.upper is not None:
         if q.kind == "timestamp":
-            lo, hi, ql, qu = (parse_time(pub.get("from")), parse_time(pub.get("to")),
-                              parse_time(q.lower), parse_time(q.upper))
-            return None not in (lo, hi, ql, qu) and lo <= ql and hi >= qu
+            t_lo, t_hi, ql, qu = (parse_time(pub.get("from")), parse_time(pub.get("to")),
+                                  parse_time(q.lower), parse_time(q.upper))
+            return (t_lo is not None and t_hi is not None and ql is not None and qu is not None
+                    and t_lo <= ql and t_hi >= qu)
         lo, hi = as_float(pub.get("from")), as_float(pub.get("to"))
         return lo is not None and hi is not None and lo <= float(q.lower) + EPS and hi >= float(q.upper) - EPS
     return False
@@ -424,13 +426,13 @@ def cover_test(q: QISpec, pub: Any, value: Any) -> tuple[bool, str]:
     if not isinstance(pub, dict):
         return False, "malformed generalization"
     if q.kind == "timestamp":
-        t, lo, hi = parse_time(value), parse_time(pub.get("from")), parse_time(pub.get("to"))
-        if None in (t, lo, hi):
+        t, t_lo, t_hi = parse_time(value), parse_time(pub.get("from")), parse_time(pub.get("to"))
+        if t is None or t_lo is None or t_hi is None:
             return False, "unparseable time"
-        return lo <= t < hi, "time interval [from, to)"
+        return t_lo <= t < t_hi, "time interval [from, to)"
     if q.kind == "numeric":
         x, lo, hi = as_float(value), as_float(pub.get("from")), as_float(pub.get("to"))
-        if None in (x, lo, hi):
+        if x is None or lo is None or hi is None:
             return False, "non-numeric bound or value"
         return lo - EPS <= x <= hi + EPS, "numeric interval"
     if q.kind in ("categorical", "station"):

@@ -26,9 +26,10 @@ def late_cause(by_reason: dict | None) -> str | None:
     >>> late_cause({"late": 1, "k": 10}) is None, late_cause({}) is None
     (True, True)
     """
-    total = sum((by_reason or {}).values())
-    late = (by_reason or {}).get(LATE, 0)
-    if not late or late < max(by_reason.values()):
+    counts = by_reason or {}
+    total = sum(counts.values())
+    late = counts.get(LATE, 0)
+    if not late or late < max(counts.values()):
         return None
     return f"  most suppressed events are late: {late} of {total} ({late / total:.1%}): {ADVICE[LATE]}"
 

@@ -49,7 +49,8 @@ def release_class_sizes(ctx: AuditContext) -> list[tuple[dict, list[int], list[i
     so_far: dict[Any, set] = defaultdict(set)           # class_id -> individuals published in it so far
     out = []
     for m in _release_order(ctx):
-        sizes, smallest = [], {}
+        sizes: list[int] = []
+        smallest: dict[str, int] = {}                   # unit -> the size of the smallest class holding it
         for cid, us in sorted(by_release.get(m.get("release_id"), []), key=lambda x: str(x[0])):
             so_far[cid] |= us
             f = len(so_far[cid])
@@ -93,7 +94,7 @@ def risk_figures(ctx: AuditContext, settings: RiskSettings, with_attack: bool = 
         journalist["population_uniqueness_max"] = max(
             p["journalist"]["population_uniqueness"]["share"] for p in per)
         summary["journalist"] = journalist
-    out = {"summary": summary, "per_release": per}
+    out: dict[str, Any] = {"summary": summary, "per_release": per}
     cfg = ctx.config
     if with_attack and cfg.m is not None and cfg.invariant:
         out["intersection"] = intersection_candidates(ctx)
@@ -108,6 +109,7 @@ def intersection_candidates(ctx: AuditContext, n_targets: int = INTERSECTION_TAR
     ``true_value_missed`` (targets whose true value fell out: 0 unless published values are wrong). Targets: a
     sample of ``n_targets`` of the individuals with published records (``seed``), or the given units."""
     invariant = ctx.config.invariant
+    assert invariant is not None                         # an m-invariant stream's (module docstring)
     sigs: dict[tuple, set] = defaultdict(set)            # (release, class) -> invariant values published there
     gen: dict[tuple, dict] = {}
     seen: dict[str, dict[Any, list]] = defaultdict(lambda: defaultdict(list))

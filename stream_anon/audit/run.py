@@ -34,7 +34,7 @@ class whose counterfeit records differ from its manifest count fails ``consisten
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence, cast
 
 from stream_anon.progress import steps
 
@@ -160,12 +160,12 @@ _EMPTY_SUMMARY = {"events_in": 0, "published": 0, "suppressed": 0, "dead_lettere
                   "lost": 0, "duplicated": 0, "releases": 0, "classes": 0, "min_individuals": None}
 
 
-def _other_key(outputs: Any, secret: bytes, previous: list[bytes] = ()) -> str | None:
+def _other_key(outputs: Any, secret: bytes, previous: Sequence[bytes] = ()) -> str | None:
     """Why the outputs cannot be audited with ``secret`` and the ``previous`` ones (their manifests name another
     key id), or None."""
     mine = key_id(secret)
     given = {mine} | {key_id(p) for p in previous}
-    theirs = sorted({m.get("kid") for m in outputs_part(outputs, "manifests") if isinstance(m, dict) and m.get("kid")}
+    theirs = sorted({m["kid"] for m in outputs_part(outputs, "manifests") if isinstance(m, dict) and m.get("kid")}
                     - given)
     if not theirs:
         return None
@@ -199,7 +199,7 @@ def audit_lineages(raw_events: list, by_lineage: dict, secret: bytes, cfg: Audit
     if cfg.dp is not None and cfg.dp.period is not None and len(reports) > 1:
         checks["dp across lineages"] = _dp_across_check(reports, cfg.dp.budget)
     order = {FAILED: 2, NOT_PASSED: 1, PASSED: 0}
-    worst = max(reports, key=lambda n: order[reports[n].verdict])
+    worst = max(reports, key=lambda n: order[cast(str, reports[n].verdict)])     # set by AuditReport.__post_init__
     verdict = reports[worst].verdict
     reason = None if verdict == PASSED else f"lineage {worst}: {reports[worst].verdict_reason}"
     if not checks.get("dp across lineages", {"passed": True})["passed"]:

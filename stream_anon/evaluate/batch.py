@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, cast
 
 import numpy as np
 import pandas as pd
@@ -38,13 +38,13 @@ def make(name: str, table: EvalTable | None = None, l: int | None = None):
 
     A strategy's constructor takes ``**params``: its ``Params`` dataclass says which parameters it has.
     """
-    from stream_anon.strategies import STRATEGIES
+    from stream_anon.strategies import STRATEGIES, Strategy
 
     if name not in STRATEGIES:
         raise KeyError(f"unknown strategy {name!r} (registered: {sorted(STRATEGIES)})")
-    cls = STRATEGIES[name]
+    cls = cast("type[Strategy]", STRATEGIES[name])        # the registry holds strategy classes
     accepted = {f.name for f in dataclasses.fields(cls.Params)}
-    params = {}
+    params: dict[str, Any] = {}
     if l is not None and "l" in accepted:
         params["l"] = l
     if getattr(cls, "uses_sensitive", False) and table is not None:
@@ -164,21 +164,22 @@ def aoi_result(table: EvalTable, anon: Anonymized):
             if p.dims is not None:
                 a, b = p.dims
                 boxes = box_cells(anon.lo[:, a], anon.hi[:, a], anon.lo[:, b], anon.hi[:, b])
-                revealed = np.where(kept, boxes[cls], None)
+                revealed = np.where(kept, boxes[cls], None)  # type: ignore[call-overload]  # stubs reject None
             else:
                 name = table.space.qis[table.space.owner[p.station_dim]].name
                 per_class = []
                 for lab in anon.labels:
                     c = p.station_coords.get(lab[name])
                     per_class.append(None if c is None else cell_ids([c[0]], [c[1]])[0])
-                revealed = np.where(kept, np.array(per_class, dtype=object)[cls], None)
+                per_class_a = np.array(per_class, dtype=object)
+                revealed = np.where(kept, per_class_a[cls], None)  # type: ignore[call-overload]  # stubs reject None
         has = np.array([t is not None for t in truth])
         rec.append(np.flatnonzero(has))
         unit.append(table.units[has])
         true_cells.append(truth[has])
         shown.append(revealed[has])
-    rec, unit = np.concatenate(rec), np.concatenate(unit)
-    return aoi_attack(table.units, np.where(kept, anon.record_class, -1), unit, np.concatenate(true_cells), rec,
+    rec_a, unit_a = np.concatenate(rec), np.concatenate(unit)
+    return aoi_attack(table.units, np.where(kept, anon.record_class, -1), unit_a, np.concatenate(true_cells), rec_a,
                       np.concatenate(shown))
 
 
@@ -188,9 +189,10 @@ def measure(table: EvalTable, anon: Anonymized, queries: list, raw=None) -> dict
     from stream_anon.metrics.kpi import kpi_relative_error
 
     r = make_release(table, anon)
-    row = {"n_records": table.n, "n_individuals": int(len(np.unique(table.units))),
-           "classes": int(len(anon.lo)),
-           "ncp": ncp(r, table.weights), "ncp_released": ncp(r, table.weights, include_suppressed=False)}
+    row: dict[str, Any] = {"n_records": table.n, "n_individuals": int(len(np.unique(table.units))),
+                           "classes": int(len(anon.lo)),
+                           "ncp": ncp(r, table.weights),
+                           "ncp_released": ncp(r, table.weights, include_suppressed=False)}
     row.update(thesis_metrics(r, raw=raw))
     row["prec"] = prec(r)
     row["distortion_ratio"] = distortion_ratio(r)

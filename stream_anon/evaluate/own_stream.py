@@ -107,12 +107,16 @@ def offline_release(table: EvalTable, k: int, window_s: float | None = None, see
     if window_s is None:
         groups = [np.arange(table.n)]
     else:
+        assert table.times is not None              # a table of events (table_from_events) has their times
         known = np.isfinite(table.times)
         w = event_windows(np.where(known, table.times, 0.0), window_s)
         w[~known] = np.iinfo(np.int64).min          # records without a time: one group of their own
         groups = [np.flatnonzero(w == x) for x in np.unique(w)]
     record_class = np.full(table.n, -1, dtype=np.int64)
-    los, his, labels, runtime = [], [], [], 0.0
+    los: list[np.ndarray] = []
+    his: list[np.ndarray] = []
+    labels: list = []
+    runtime = 0.0
     for idx in groups:
         anon = anonymize(_subset(table, idx), Mondrian(), k, seed)
         kept = anon.record_class >= 0

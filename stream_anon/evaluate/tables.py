@@ -6,6 +6,7 @@ and a user's own events through a stream config (:func:`table_from_events`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Callable, TypedDict
 
 import numpy as np
 import pandas as pd
@@ -117,7 +118,8 @@ def adult_table(full: bool = False, limit: int | None = None, encoding: str = "h
     original["_individual"] = np.arange(len(df))
     if encoding == "codes":
         codes = {v: float(i) for i, v in enumerate(pd.unique(df["sex"]))}
-        groups = {g: (codes[g] - 0.5, codes[g] + 0.5) for g in ("Male", "Female")}
+        groups: dict[str, tuple[float, float] | set[str]] = {g: (codes[g] - 0.5, codes[g] + 0.5)
+                                                             for g in ("Male", "Female")}
     else:
         groups = {"Male": {"Male"}, "Female": {"Female"}}
     kpi = KPISpec("share with salary >50K", (df[adult.SENSITIVE] == ">50K").to_numpy(), "sex", groups)
@@ -125,8 +127,15 @@ def adult_table(full: bool = False, limit: int | None = None, encoding: str = "h
                      bounds, adult.SENSITIVE, kpi=kpi, encoding=encoding)
 
 
+class _StreamSpec(TypedDict):
+    """A bundled stream's evaluation: its sensitive field, and its KPI (name, field, predicate, group column,
+    groups: label -> (low, high) interval or set of values)."""
+    sensitive: str
+    kpi: tuple[str, str, Callable[[Any], bool], str, dict]
+
+
 # stream datasets: sensitive column for the l / EMD / knowledge-gain metrics, and the KPI of the utility check
-_STREAM_SPECS = {
+_STREAM_SPECS: dict[str, _StreamSpec] = {
     "citibike": {"sensitive": "payload.usertype",
                  "kpi": ("share of subscriber trips", "payload.usertype", lambda v: v == "Subscriber",
                          "birth_year", {"born 1931-1969": (1931, 1969.5), "born 1970-1984": (1969.5, 1984.5),
@@ -190,6 +199,7 @@ def stream_table(name: str, full: bool = False, limit: int | None = None, fit_ti
                 if times:
                     raw_qi["lower"] = float(np.floor(min(times) / 3600) * 3600)
                     raw_qi["upper"] = float(np.ceil(max(times) / 3600) * 3600)
+        assert config.source is not None        # load_config names the file it read
         config = parse_config({**config.raw, "quasi_identifiers": raw_qis}, base_dir=config.source.parent,
                               source=config.source, allow_outside_paths=config.allow_outside_paths)
     space = QISpace(config)

@@ -1,6 +1,7 @@
 """Input formats: events/s of decoding and of the worker's in-process path, per bundled input format."""
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
@@ -25,19 +26,20 @@ def format_throughput(batch: int = 1000, repeat: int = 3) -> list[dict]:
 
     checkout = Path(__file__).resolve().parents[2] / "configs"     # a source checkout, else the installed configs
     cfg_dir = checkout if (checkout / "inputs" / "obd2-tesla.toml").is_file() else contract.configs_dir()
-    cases = [("json (built-in shape)", "citibike", [orjson.dumps(e) for e in load_events("citibike")]),
-             ("csv", "citibike-csv", "citibike_slice.csv.gz"),
-             ("csv", "oyster-csv", "oyster_slice.csv.gz"),
-             ("csv", "obd2-csv", "obd2_19drivers.csv.gz"),
-             ("tesla-fleet-telemetry protobuf", "obd2-tesla", tesla_payloads("protobuf")),
-             ("tesla-fleet-telemetry json", "obd2-tesla", tesla_payloads("json")),
-             ("gtfs-realtime", "citibike-gtfs", gtfs_feeds())]
+    cases: list[tuple[str, str, str | list[bytes]]] = [    # (label, config, messages or a bundled file's name)
+        ("json (built-in shape)", "citibike", [orjson.dumps(e) for e in load_events("citibike")]),
+        ("csv", "citibike-csv", "citibike_slice.csv.gz"),
+        ("csv", "oyster-csv", "oyster_slice.csv.gz"),
+        ("csv", "obd2-csv", "obd2_19drivers.csv.gz"),
+        ("tesla-fleet-telemetry protobuf", "obd2-tesla", tesla_payloads("protobuf")),
+        ("tesla-fleet-telemetry json", "obd2-tesla", tesla_payloads("json")),
+        ("gtfs-realtime", "citibike-gtfs", gtfs_feeds())]
     rows = []
     for label, name, messages in cases:
         cfg = load_config(cfg_dir / f"{name}.toml" if name == "citibike" else cfg_dir / "inputs" / f"{name}.toml")
         if isinstance(messages, str):       # a bundled raw file, one message per record
             messages = list(file_messages(contract.data_path(messages), cfg.input))
-        t_dec = None
+        t_dec = math.inf
         for _ in range(repeat):
             if cfg.input.legacy:
                 t0 = time.perf_counter()
@@ -47,8 +49,8 @@ def format_throughput(batch: int = 1000, repeat: int = 3) -> list[dict]:
                 t0 = time.perf_counter()
                 n_events = sum(max(1, len(dec.decode(m, "t", 0, i).events)) for i, m in enumerate(messages))
             dt = time.perf_counter() - t0
-            t_dec = dt if t_dec is None else min(t_dec, dt)
-        best = None
+            t_dec = min(t_dec, dt)
+        best = math.inf
         for _ in range(repeat):
             core = WorkerCore(cfg, "bench", b"bench-secret-0123456789abcdef")
             msgs = [(0, offset, m) for offset, m in enumerate(messages)]
@@ -57,8 +59,8 @@ def format_throughput(batch: int = 1000, repeat: int = 3) -> list[dict]:
                 core.handle(msgs[start:start + batch])
             core.flush_all()
             dt = time.perf_counter() - t0
-            events_in = core.stats["events_in"]
-            best = dt if best is None else min(best, dt)
+            events_in = core.stats.totals["events_in"]
+            best = min(best, dt)
         rows.append({"format": label, "config": name, "messages": len(messages), "events": events_in,
                      "bytes_per_message": round(sum(map(len, messages)) / len(messages), 1),
                      "decode_events_per_s": round(n_events / t_dec), "worker_events_per_s": round(events_in / best)})

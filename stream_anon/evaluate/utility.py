@@ -58,7 +58,8 @@ def placement_from_engine(config, events: list[dict], secret: bytes = b"evaluate
         if isinstance(eid, str) and eid:
             index.setdefault(crypto.audit_token(secret, eid), i)
     placed: dict[int, int] = {}
-    records, record_release, releases, rows = [], [], [], []
+    records, record_release, rows = [], [], []
+    releases: list[dict] = []
     for res in results:
         for rel in res.releases:
             r = len(releases)

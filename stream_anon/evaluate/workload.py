@@ -58,7 +58,7 @@ LEAVES, HALF_OPEN, CLOSED = 0, 1, 2     # how an axis measures overlap
 class QuerySpace:
     """The axes of the workload for one stream: its QI codes plus the product axis (index in ``product_values``)."""
 
-    space: object                          # the engine's QISpace
+    space: QISpace
     kinds: np.ndarray                      # (A,) LEAVES / HALF_OPEN / CLOSED
     time_dim: int | None
     place: tuple | None                    # ("tree", dim, hierarchy) or ("geo", lat dim)
@@ -124,6 +124,7 @@ class QuerySpace:
                 g = (r.get("qi") or {}).get(qi.name) or {}
                 try:
                     if qi.kind in ("categorical", "station"):
+                        assert qi.hierarchy is not None     # the config requires one for these kinds
                         lo[i, d], hi[i, d] = qi.hierarchy.node_range(g["label"])
                     elif qi.kind == "geopoint" and "h3" in g:
                         if g["h3"] != "*":
@@ -212,7 +213,7 @@ def _family_cells(qs: QuerySpace, X: np.ndarray, family: str):
             return None
         p = qs.axes - 1
         ok = valid & (X[:, p] >= 0)
-        keys = [(start[i], X[i, p]) if ok[i] else None for i in range(len(X))]
+        keys: list[tuple | None] = [(start[i], X[i, p]) if ok[i] else None for i in range(len(X))]
         return keys, lambda i: with_time(i, {p: (X[i, p], X[i, p])})
     if qs.place is None:
         return None
@@ -249,6 +250,7 @@ def _describe(qs: QuerySpace, family: str, lo, hi, iso) -> str:
     when = iso(lo[t])[:10] if family == "product x day" else iso(lo[t])[:13] + "h"
     if family == "product x day":
         return f"{qs.product_field}={qs.product_values[int(lo[-1])]} on {when}"
+    assert qs.place is not None                 # a place family has cells only with a place
     if qs.place[0] == "tree":
         _, d, h = qs.place
         return f"{h.generalize(lo[d], hi[d])[2]} at {when}"

@@ -46,6 +46,7 @@ def build_report(config_path, raw: list, outputs: Any, secret: bytes, metrics: l
     earlier = [AuditConfig.from_toml(p, allow_outside_paths) for p in earlier_configs]
     report, ctx = audit_with_context(raw, outputs, secret, AuditConfig.from_toml(config_path, allow_outside_paths),
                                      alerts=metrics, earlier_configs=earlier, reread=reread)
+    figs: dict[str, Any]
     if ctx is None:      # outputs under another secret: nothing can be counted, the page says why
         figs = {"releases": [], "class_sizes": [], "risk": [], "dp_budget": None, "query_error": None,
                 "deadletters_by_reason": {}, "alerts_by_name": {}}

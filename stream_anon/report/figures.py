@@ -4,9 +4,15 @@ query error, dead letters and alerts. Numbers only; :mod:`.plots` draws them and
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 from stream_anon.audit.measures import class_individuals
+
+if TYPE_CHECKING:
+    from stream_anon.audit.check import AuditContext
+    from stream_anon.evaluate.utility import Placement
 
 
 def _order(m: dict) -> tuple:
@@ -40,7 +46,7 @@ def risk_per_release(report) -> list[dict]:
     return sorted(per, key=lambda r: (str(r.get("window_start")), str(r.get("release_id"))))
 
 
-def placement(ctx):
+def placement(ctx: AuditContext) -> Placement:
     """What the stream did with its events, from the audit's context (:class:`stream_anon.evaluate.utility.
     Placement`): the raw events a release published or suppressed, in input order, and the published records."""
     from stream_anon.evaluate.utility import Placement
@@ -57,6 +63,7 @@ def placement(ctx):
         record_release.append(i)
         raw = ctx.raw_of(r)
         if raw is not None and raw.event is not None:
+            assert raw.token is not None        # raw_of finds a raw event by its token
             chosen.setdefault(raw.token, (raw, i))
     for m in ordered:
         for tokens in (m.get("suppressed_tokens") or {}).values():
@@ -101,11 +108,11 @@ def compute(report, ctx, config, query_seed: int = 0) -> dict:
     """Every figure of the report (JSON-ready)."""
     from stream_anon.evaluate.utility import query_error
 
-    figures = {"releases": releases(ctx), "class_sizes": class_sizes(ctx),
-               "risk": risk_per_release(report), "dp_budget": dp_budget(report, config),
-               "deadletters_by_reason": (report.health or {}).get("deadletters_by_reason") or {},
-               "alerts_by_name": (report.health or {}).get("alerts") or {},
-               "generalization": generalization(report.health or {})}
+    figures: dict[str, Any] = {"releases": releases(ctx), "class_sizes": class_sizes(ctx),
+                               "risk": risk_per_release(report), "dp_budget": dp_budget(report, config),
+                               "deadletters_by_reason": (report.health or {}).get("deadletters_by_reason") or {},
+                               "alerts_by_name": (report.health or {}).get("alerts") or {},
+                               "generalization": generalization(report.health or {})}
     placed = placement(ctx)
     figures["query_error"] = query_error(config, placed, seed=query_seed) if placed.events else None
     noise_error((figures["query_error"] or {}).get("dp"), report.checks.get("dp_values") or {})

@@ -50,8 +50,8 @@ def _svg(fig, name: str) -> str:
     return text[text.index("<svg"):]          # no XML prolog or doctype inside HTML
 
 
-def _times(values) -> list:
-    out = []
+def _times(values) -> list[datetime | None]:
+    out: list[datetime | None] = []
     for v in values:
         try:
             out.append(datetime.fromisoformat(str(v)))

@@ -134,7 +134,9 @@ def retention(config, broker: dict | None = None) -> list[dict]:
             row["declared"] = f"{declared:g} s ([stream] input_retention_s)" if declared else \
                 "not declared ([stream] input_retention_s)"
             if declared and broker is not None:
-                check = RetentionCheck(name, declared_ms(declared), stated if isinstance(stated, int) else None,
+                ms = declared_ms(declared)
+                assert ms is not None           # declared is a number of seconds
+                check = RetentionCheck(name, ms, stated if isinstance(stated, int) else None,
                                        error=stated if isinstance(stated, str) else None)
                 row["declared"] += ": " + check.detail()
         out.append(row)

@@ -16,24 +16,26 @@ for the decoder) or has no ``event_id`` has no token: it must be dead-lettered, 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from datetime import datetime
+from typing import Any
 
 from ..check import AuditContext, RawEvent, ViolationLog
 from ..primitives import get_path, parse_time, source_key, string_values
 
 
-def _released_until(manifests: list[dict]) -> dict:
+def _released_until(manifests: list[dict]) -> dict[Any, datetime | None]:
     """Input partition -> the end of the last window its releases closed (an aware datetime)."""
-    out: dict = {}
+    out: dict[Any, datetime | None] = {}
     for m in manifests:
         end = parse_time(m.get("window_end"))
         p = m.get("partition")
-        out.setdefault(p, None)            # released, end unknown: nothing of it is open
-        if end is not None and (out[p] is None or end > out[p]):
+        until = out.setdefault(p, None)    # released, end unknown: nothing of it is open
+        if end is not None and (until is None or end > until):
             out[p] = end
     return out
 
 
-def _open_time(ctx: AuditContext, raw: RawEvent, released: dict):
+def _open_time(ctx: AuditContext, raw: RawEvent, released: dict[Any, datetime | None]) -> datetime | None:
     """The event time of ``raw`` when it lies in a window its partition has not released yet, else None."""
     if raw.event is None or raw.source is None:
         return None
@@ -56,7 +58,7 @@ class Accounting:
         log = ViolationLog()
         raws = ctx.raws
         # places per token (published / suppressed / deferred) and per source (dead-lettered)
-        placed: dict[str, list[str]] = defaultdict(list)
+        placed: dict[str | None, list[str]] = defaultdict(list)     # a record without a token: under None
         counterfeit = 0
         for r in ctx.records:
             if ctx.is_counterfeit(r):
@@ -88,7 +90,7 @@ class Accounting:
         raws_by_token: dict[str, list[RawEvent]] = defaultdict(list)
         outcome: Counter = Counter()
         released = _released_until(ctx.manifests)
-        open_times: list = []
+        open_times: list[datetime] = []
         for raw in raws:
             n_dl = dl_by_source.get(raw.source, 0)
             if n_dl:
@@ -111,21 +113,21 @@ class Accounting:
                 if kind == "suppressed":
                     suppressed_by_reason[p.split(":", 1)[1]] += 1
             if len(places) < len(open_):
-                for r in open_[len(places):]:
-                    t = None if token in ever_deferred else _open_time(ctx, r, released)
-                    if t is not None:
+                for raw in open_[len(places):]:
+                    opened = None if token in ever_deferred else _open_time(ctx, raw, released)
+                    if opened is not None:
                         outcome["open"] += 1
-                        open_times.append(t)
+                        open_times.append(opened)
                         continue
                     outcome["lost"] += 1
-                    log.fail("lost", source=r.source, audit_token=token)
+                    log.fail("lost", source=raw.source, audit_token=token)
             elif len(places) > len(open_):
                 outcome["duplicated"] += len(places) - len(open_)
                 log.fail("duplicated", source=group[0].source, audit_token=token, places=places)
         unknown = [t for t in placed if t not in raws_by_token]
-        for t in unknown:
-            log.fail("token of no raw event", audit_token=t, places=placed[t])
-        counts = {
+        for tok in unknown:
+            log.fail("token of no raw event", audit_token=tok, places=placed[tok])
+        counts: dict[str, Any] = {
             "events_in": len(raws), "published": outcome["published"], "suppressed": outcome["suppressed"],
             "suppressed_by_reason": dict(suppressed_by_reason), "dead_lettered": outcome["dead_lettered"],
             "deferred": outcome["deferred"], "open": outcome["open"],

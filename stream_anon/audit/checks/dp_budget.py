@@ -38,11 +38,26 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from typing import Any, TypedDict
 
 from ..check import AuditContext, ViolationLog
 from ..dp_config import COMPONENTS, AggregateBudget, DPBudget
 
 REL_TOL = 1e-9
+
+
+class _InForce(TypedDict):
+    """The settings in force in one partition's period: the budget, and each aggregate's epsilon."""
+    budget: float
+    epsilon: dict[str, float]
+
+
+class _Spread(TypedDict):
+    """Units on several input partitions within a period (:func:`_units_on_several_partitions`)."""
+    units: int
+    worst: float
+    period: str | None
+    partitions: list
 
 
 def _num(x) -> float | None:
@@ -120,7 +135,7 @@ def _charge_blocks(ctx: AuditContext, dp: DPBudget, log: ViolationLog) -> dict:
     """(partition, period, aggregate) -> [(rate, windows, paid)] over the releases, and the rows' declarations."""
     blocks: dict[tuple, dict] = {}      # (partition, aggregate, release) -> output -> (rate, row)
     for row in ctx.aggregates:
-        name = row.get("aggregate")
+        name: Any = row.get("aggregate")        # any JSON value: one that names no aggregate is reported
         spec = dp.aggregates.get(name)
         if spec is None:
             log.fail("unknown aggregate", aggregate=name, row_id=row.get("row_id"))
@@ -230,18 +245,19 @@ def _declared(ctx: AuditContext, dp: DPBudget, log: ViolationLog) -> tuple[dict,
         if isinstance(w, int) and not isinstance(w, bool):
             by_part[row.get("partition")][dp.period_of(w)].append(row)
     declared: dict[tuple, float] = {}
-    in_force: dict[tuple, dict] = {}
+    in_force: dict[tuple, _InForce] = {}
     findings: list[tuple] = []
     for partition, periods in by_part.items():
         order = sorted(periods, key=lambda p: min(r["window"] for r in periods[p]))
         stated = [_changes(periods[p]) for p in order]
         budget_changes = _Accepted("dp.epsilon_budget", stated)
-        last_budget, last_eps = None, {}
+        last_budget: float | None = None
+        last_eps: dict[str, float] = {}
         for i, period in enumerate(order):
             rows = periods[period]
-            force = {"budget": budget_changes.in_force(dp.budget, i),
-                     "epsilon": {n: _Accepted(f"aggregates.{n}.epsilon", stated).in_force(a.epsilon, i)
-                                 for n, a in dp.aggregates.items()}}
+            force: _InForce = {"budget": budget_changes.in_force(dp.budget, i),
+                               "epsilon": {n: _Accepted(f"aggregates.{n}.epsilon", stated).in_force(a.epsilon, i)
+                                           for n, a in dp.aggregates.items()}}
             in_force[(partition, period)] = force
             budgets = [b for b in (_num(r.get("ledger_epsilon_budget")) for r in rows) if b is not None]
             if not budgets:
@@ -300,17 +316,18 @@ class DPBudgetCheck:
                          aggregate=name, period=period, partition=partition, charge=charge, epsilon=eps)
         for kind, partition, period, name, before, after in findings:
             by_agg = per_period.get((partition, period), {})
-            name = name or (max(by_agg, key=by_agg.get) if by_agg else None)
+            name = name or (max(by_agg, key=lambda n: by_agg[n]) if by_agg else None)
             what = "budget" if name is None or kind.startswith("declared budget") else f"epsilon of {name}"
+            named = by_agg.get(name, 0.0) if name is not None else 0.0
             log.fail(kind, line=f"dp: {name} period {period}: declared {what} raised {before:g} -> {after:g} "
                      f"{'within the period' if 'within' in kind else 'without an accepted change'} on partition "
                      f"{partition}; worst unit charged {sum(by_agg.values()):.6g} ({name}: "
-                     f"{by_agg.get(name, 0.0):.6g})", aggregate=name, period=period, partition=partition,
+                     f"{named:.6g})", aggregate=name, period=period, partition=partition,
                      before=before, after=after, charge=sum(by_agg.values()))
         worst = {"charge": 0.0}
         for (partition, period), by_agg in per_period.items():
             total = sum(by_agg.values())
-            top = max(by_agg, key=by_agg.get)
+            top = max(by_agg, key=lambda n: by_agg[n])
             if total > worst["charge"]:
                 worst = {"charge": total, "period": period, "partition": partition}
             line = (f"dp: period {period}: worst unit charged {total:.6g} on partition {partition} "
@@ -346,7 +363,7 @@ class DPBudgetCheck:
         return log.result()
 
 
-def _units_on_several_partitions(ctx: AuditContext, dp: DPBudget, per_period: dict) -> dict:
+def _units_on_several_partitions(ctx: AuditContext, dp: DPBudget, per_period: dict) -> _Spread:
     """Units whose events (not dead-lettered) arrived on several input partitions within one period, from the raw
     topic: each such unit is charged the sum of its partitions' worst charges for the period (each partition's
     ledger charged it apart). Returns the count of such unit-periods and the worst one's charge."""
@@ -365,12 +382,12 @@ def _units_on_several_partitions(ctx: AuditContext, dp: DPBudget, per_period: di
         if unit is None or t is None:
             continue
         where[(str(unit), dp.period_of(math.floor(t / dp.window_s)))].add(raw.source[1])
-    out = {"units": 0, "worst": 0.0, "period": None, "partitions": []}
+    out: _Spread = {"units": 0, "worst": 0.0, "period": None, "partitions": []}
     for (unit, period), parts in where.items():
         if len(parts) < 2:
             continue
         out["units"] += 1
         charge = sum(sum(per_period.get((p, period), {}).values()) for p in parts)
         if charge > out["worst"]:
-            out.update(worst=charge, period=period, partitions=sorted(parts))
+            out["worst"], out["period"], out["partitions"] = charge, period, sorted(parts)
     return out

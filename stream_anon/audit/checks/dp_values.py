@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -20,6 +21,14 @@ from ..check import AuditContext, ViolationLog
 from ..dp_values import DPValues, bounded_values, calibration, noise_seed, noisy, partition_windows
 
 REL_TOL = 1e-9
+
+
+class _Stats(TypedDict, total=False):
+    """The check's figures while it runs (``errors`` leaves them for ``realized_error`` at the end)."""
+    rows_recomputed: int
+    late_events: int
+    largest_difference: float
+    errors: dict[str, dict[str, list]]      # aggregate -> output -> [rows, sum of squared errors]
 
 
 def _close(a, b) -> bool:
@@ -37,17 +46,19 @@ class DPValuesCheck:
 
     def run(self, ctx: AuditContext) -> dict:
         log = ViolationLog()
-        dpv: DPValues = ctx.config.dp_values
-        rows_by = defaultdict(lambda: defaultdict(list))     # partition -> (aggregate, output, release) -> rows
+        dpv = ctx.config.dp_values
+        assert dpv is not None                              # applies() holds
+        # partition -> (aggregate, output, release) -> rows
+        rows_by: defaultdict[Any, defaultdict[tuple, list[dict]]] = defaultdict(lambda: defaultdict(list))
         for r in ctx.aggregates:
             rows_by[r.get("partition")][(r.get("aggregate"), r.get("output"), str(r.get("release")))].append(r)
         skipped: dict[str, int] = defaultdict(int)
         new_lineage = any((m.get("lineage_started") or {}).get("supersedes") for m in ctx.manifests
                           if isinstance(m.get("lineage_started"), dict))
         ends = {}
-        stats = {"rows_recomputed": 0, "late_events": 0, "largest_difference": 0.0}
+        stats: _Stats = {"rows_recomputed": 0, "late_events": 0, "largest_difference": 0.0}
         for partition, blocks in sorted(rows_by.items(), key=lambda kv: str(kv[0])):
-            windows = [r.get("window") for b in blocks.values() for r in b if isinstance(r.get("window"), int)]
+            windows = [r["window"] for b in blocks.values() for r in b if isinstance(r.get("window"), int)]
             if not windows:
                 continue
             ends[partition] = max(windows)
@@ -70,7 +81,7 @@ class DPValuesCheck:
         return log.result()
 
     def _partition(self, ctx, dpv: DPValues, log: ViolationLog, partition, lineage, blocks: dict, end: int,
-                   skipped: dict, stats: dict) -> None:
+                   skipped: dict, stats: _Stats) -> None:
         dead = {d.get("source", {}).get("offset") for d in ctx.deadletters
                 if isinstance(d.get("source"), dict) and d["source"].get("partition") == partition
                 and d["source"].get("index") is None}
@@ -115,7 +126,9 @@ class DPValuesCheck:
         """(aggregate, output, release) -> group key -> (noisy components, bounded true components) of every
         release of the schedule from window ``first`` to ``end``, from ``windows`` (steps 2-4)."""
         period_mode = dpv.period is not None
-        out, state, label = {}, {}, ()
+        out: dict[tuple, dict] = {}
+        state: dict[str, dict[str, dict]] = {}
+        label: object = ()              # no period yet (a label is a str, or None in legacy mode)
         for w in range(first, end + 1):
             lab, first_w, n = dpv.period_bounds(w)
             if lab != label:            # a new period (legacy mode: one for the whole stream)
@@ -135,12 +148,13 @@ class DPValuesCheck:
                 release, pending, st["pending"] = str(w), st["pending"], {}
                 keys = spec.group_keys()
                 eps, m = calibration(spec, period_mode)
-                noisy_w, true_w = {}, {}
+                noisy_w: dict[str, np.ndarray] = {}
+                true_w: dict[str, np.ndarray] = {}
                 for comp in spec.components:
                     true_w[comp] = np.array([pending.get(comp, {}).get(k, 0.0) for k in keys])
                     noisy_w[comp] = noisy(seed, spec, comp, release, true_w[comp], eps, m)
-                    for acc, v in ((st["running"], noisy_w[comp]), (st["true_running"], true_w[comp])):
-                        acc[comp] = v if comp not in acc else acc[comp] + v
+                    for running, arr in ((st["running"], noisy_w[comp]), (st["true_running"], true_w[comp])):
+                        running[comp] = arr if comp not in running else running[comp] + arr
                 for output in ("per_window", "running"):
                     if spec.output not in (output, "both"):
                         continue
@@ -150,7 +164,7 @@ class DPValuesCheck:
                                                     for i, k in enumerate(keys)}
         return out
 
-    def _block(self, log, partition, spec, key, rows: list, candidates: list, stats: dict) -> None:
+    def _block(self, log, partition, spec, key, rows: list, candidates: list, stats: _Stats) -> None:
         """One release's rows against the recomputed cells of each candidate truth (a row passes with any)."""
         name, output, release = key
         cells = candidates[0]
@@ -182,7 +196,7 @@ class DPValuesCheck:
                     _note_error(stats, spec, output, r, match[1])
 
     @staticmethod
-    def _differs(log, partition, spec, output, release, gk, row, want: dict, stats: dict) -> None:
+    def _differs(log, partition, spec, output, release, gk, row, want: dict, stats: _Stats) -> None:
         shown = _shown(spec, want)
         try:
             diff = abs(float(row.get("value")) - float(shown["value"]))
@@ -213,7 +227,8 @@ def _matches(spec, row: dict, want: dict) -> bool:
     shown = _shown(spec, want)
     if len(spec.components) == 1:
         return _close(row.get("value"), shown["value"])
-    parts = row.get("components") if isinstance(row.get("components"), dict) else {}
+    components = row.get("components")
+    parts = components if isinstance(components, dict) else {}
     return all(_close(parts.get(c), shown[c]) for c in spec.components) and _close(row.get("value"), shown["value"])
 
 
@@ -253,10 +268,10 @@ def _true_value(spec, truth: dict) -> float:
     return min(max(truth[comps[0]] / max(truth[comps[1]], 1.0), lo), hi)
 
 
-def _note_error(stats: dict, spec, output: str, row: dict, truth: dict) -> None:
+def _note_error(stats: _Stats, spec, output: str, row: dict, truth: dict) -> None:
     try:
-        err = float(row.get("value")) - float(_true_value(spec, truth))
-    except (TypeError, ValueError):
+        err = float(row["value"]) - float(_true_value(spec, truth))
+    except (KeyError, TypeError, ValueError):       # no value (KeyError), null or not a number
         return
     acc = stats.setdefault("errors", {}).setdefault(spec.name, {}).setdefault(output, [0, 0.0])
     acc[0] += 1

@@ -125,7 +125,8 @@ def numeric_bounds(ctx: AuditContext, log: ViolationLog) -> int:
         return 0
     checked = 0
     for r in ctx.records:
-        qi = r.get("qi") if isinstance(r.get("qi"), dict) else {}
+        published = r.get("qi")
+        qi = published if isinstance(published, dict) else {}
         raw = ctx.raw_of(r)
         rid = r.get("release_id")
         unjudged = ctx.in_force.skipped(rid, "leaks")
