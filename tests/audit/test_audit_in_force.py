@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 from _kafka_helpers import copy_hierarchies  # noqa: E402
 from test_audit import SECRET, cfg, scenario  # noqa: E402
 
@@ -24,7 +24,7 @@ from stream_anon.config import load_config  # noqa: E402
 from stream_anon.hierarchy import Hierarchy as EngineHierarchy  # noqa: E402
 from stream_anon.render import Renderer  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TREE = {"*": {"Rail": {"Zone 1": ["Aldgate", "Bank"], "Zone 3": ["Ealing"]}, "Bus": {"Routes 1-99": ["7"]}}}
 MOVED = {"*": {"Rail": {"Zone 1": ["Bank"], "Zone 3": ["Aldgate", "Ealing"]}, "Bus": {"Routes 1-99": ["7"]}}}
 RENAMED = {"*": {"Rail": {"Zone 1": ["Aldgate", "Bank"], "Zone 3": ["Ealing"]}, "Bus": {"Routes": ["7"]}}}

@@ -14,7 +14,7 @@ from stream_anon.config import load_config
 from stream_anon.datasets import oyster_cards
 from stream_anon.engine import Engine
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CARDS_CONFIG = ROOT / "configs" / "oyster-cards.toml"
 SECRET = b"test-secret-minvariance-audit"
 N_EVENTS = 6000

@@ -10,7 +10,7 @@ import orjson
 import pandas as pd
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 from _kafka_helpers import copy_hierarchies, read_all, synthetic_fares, write_stream_config  # noqa: E402
 
 import stream_anon  # noqa: E402
@@ -19,7 +19,7 @@ from stream_anon.datasets import load_events  # noqa: E402
 
 pytestmark = pytest.mark.one_broker        # its broker tests on one broker (tests/conftest.py)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SECRET = "api-test-secret-" + "0123456789abcdef" * 2
 # fields stamped with the wall clock when a message is written: the worker's and the API's differ
 WALL_CLOCK = {"created_at", "received_at"}       # of a manifest, of a dead letter

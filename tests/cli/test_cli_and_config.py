@@ -14,7 +14,7 @@ import yaml
 from stream_anon.cli import build_parser, main
 from stream_anon.config import ConfigError, load_config, parse_config
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((ROOT / "configs").glob("*.toml"))
 
 

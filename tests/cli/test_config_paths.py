@@ -20,7 +20,7 @@ from stream_anon.calibrate import calibrate, toml_text
 from stream_anon.config import ConfigError, load_config, with_files_beside
 from stream_anon.datasets import load_events
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SECRET = "config-paths-secret-0123456789abcdef-Zq"
 ZONES = {"name": "zones", "levels": ["value", "*"], "tree": {"*": ["Bank", "Aldgate", "Holborn"]}}
 

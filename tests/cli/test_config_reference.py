@@ -14,7 +14,7 @@ import pytest
 from stream_anon.config import load_config, parse_config, table_keys, with_files_beside
 from stream_anon.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "configuration.md"
 CONFIGS = ROOT / "configs"     # the examples name the bundled hierarchies as a file of configs/ would
 

@@ -12,7 +12,7 @@ from stream_anon.cli import _bundled_config_resolved
 from stream_anon.config import load_config
 from stream_anon.contract import ContractError, Topics
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEFINED = {t["name"] for t in tomllib.loads((ROOT / "topics" / "topics.toml").read_text())["topic"]}
 
 

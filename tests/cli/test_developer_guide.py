@@ -14,7 +14,7 @@ from stream_anon.config import ConfigError, load_config
 from stream_anon.datasets import load_events
 from stream_anon.engine import Engine
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 PACKAGE_DIRS = PYPROJECT["tool"]["setuptools"]["package-dir"]     # {"stream_anon.topics": "topics", ...}
 PACKAGES = PYPROJECT["tool"]["setuptools"]["packages"]

@@ -15,7 +15,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 import _aggregates_process_helpers as helpers  # noqa: E402
 
 from stream_anon.config import load_config  # noqa: E402

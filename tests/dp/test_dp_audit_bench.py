@@ -15,7 +15,7 @@ from scipy.stats import beta
 
 from stream_anon.dp.diffprivlib_adapter import draw_noise, geometric_noise, make_mechanism
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("bench_dp_audit", ROOT / "bench" / "bench_dp_audit.py")
 audit = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = audit          # its dataclasses look their module up while the file runs

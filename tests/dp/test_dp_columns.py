@@ -30,7 +30,7 @@ BREAKERS = [("journey_id", None), ("station", None), ("station", "Atlantis"), ("
 
 
 def _config():
-    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "oyster.toml")
+    cfg = load_config(Path(__file__).resolve().parents[2] / "configs" / "oyster.toml")
     specs = tuple(dataclasses.replace(s, max_windows=2) for s in cfg.dp.aggregates)
     return dataclasses.replace(cfg.dp, aggregates=specs)
 

@@ -38,8 +38,8 @@ from stream_anon.worker.core import WorkerCore
 # the golden file was recorded on a whole day of the full Oyster file, which lives in ../shared/data (not in a
 # plain clone); the slice's events ship beside it (225 KB), so the test runs on every clone
 FULL_OYSTER = DATASETS["oyster"].full_path
-GOLDEN = Path(__file__).parent / "golden" / "dp_oyster_slice.json"
-SLICE = Path(__file__).parent / "golden" / "dp_oyster_slice_events.jsonl.gz"
+GOLDEN = Path(__file__).parents[1] / "golden" / "dp_oyster_slice.json"
+SLICE = Path(__file__).parents[1] / "golden" / "dp_oyster_slice_events.jsonl.gz"
 SECRET = b"golden-secret-0123456789abcdef0123456789"
 BATCH = 1000
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 from _kafka_helpers import read_all, synthetic_fares, wait_for, write_stream_config  # noqa: E402
 
 from stream_anon import crypto  # noqa: E402

@@ -18,7 +18,7 @@ import numpy as np
 import orjson
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 from test_dp_golden import cached_slice  # noqa: E402  (the shipped slice: runs on every clone)
 
 from stream_anon import contract  # noqa: E402

@@ -24,7 +24,7 @@ from stream_anon.errors import ConfigError
 from stream_anon.formers.kanon import KAnonymousFormer
 from stream_anon.strategies import make_strategy
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SECRET = b"criteria-test-secret-0123456789"
 
 

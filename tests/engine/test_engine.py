@@ -239,7 +239,7 @@ def test_reader_fast_paths_agree_with_event_by_event_checks(data):
     from stream_anon.datasets import load_events
     from stream_anon.engine import records
 
-    config = load_config(Path(__file__).resolve().parents[1] / "configs" / "oyster.toml")
+    config = load_config(Path(__file__).resolve().parents[2] / "configs" / "oyster.toml")
     base = load_events("oyster", limit=40)
     batch = [dict(e) for e in data.draw(st.lists(st.sampled_from(base), min_size=1, max_size=25))]
     for e in batch:       # a few hostile fields; most batches keep some events clean

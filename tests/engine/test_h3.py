@@ -20,7 +20,7 @@ from stream_anon.engine import Engine  # noqa: E402
 from stream_anon.engine.space import common_cell, h3_ncp, inner_box  # noqa: E402
 from stream_anon.errors import ConfigError  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SECRET = b"test-secret-h3-0123456789"
 
 

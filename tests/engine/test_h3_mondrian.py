@@ -19,7 +19,7 @@ from stream_anon.engine import Engine  # noqa: E402
 from stream_anon.engine.space import QISpace, common_cell, parse_time  # noqa: E402
 from stream_anon.strategies import make_strategy  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SECRET = b"test-secret-h3-mondrian-0123456789"
 LOWER, UPPER = [40.69, -74.10], [40.76, -74.03]
 

@@ -26,7 +26,7 @@ from stream_anon.engine import make_former
 from stream_anon.formers.base import SUPPRESSED_THIN_REUSE, SUPPRESSED_VALUE_CHANGED
 from stream_anon.formers.counterfeits import counterfeit_need, counterfeit_token, need_one, spread_counterfeits
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CARDS_CONFIG = ROOT / "configs" / "oyster-cards.toml"
 SECRET = b"test-secret-minvariance-engine"
 

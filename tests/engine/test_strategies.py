@@ -21,7 +21,7 @@ from stream_anon.engine import Engine
 from stream_anon.engine import get_path
 from stream_anon.strategies import STRATEGIES
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SECRET = b"strategies-test-secret-0123456789"
 N_EVENTS = 600
 SENSITIVE = {"citibike": "payload.usertype", "oyster": "product_category"}          # severity categories

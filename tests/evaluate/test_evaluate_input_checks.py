@@ -16,7 +16,7 @@ from stream_anon.worker.core import WorkerCore
 from stream_anon.worker.stats import reason_kind
 from stream_anon.render import TOPICS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SECRET = b"evaluate-input-checks-secret-0123456789"
 
 

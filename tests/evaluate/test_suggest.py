@@ -10,7 +10,7 @@ from stream_anon.suggest import apply, closed_form, suggest
 from stream_anon.suggest_search import (LATENESS, MAX_DELAY, STRATEGY, STRATEGY_PARAMS, WINDOW, apply_settings,
                                         run_settings, search, split_by_time, spread_windows, with_settings)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 T0 = 1_500_000_000        # 2017-07-14T02:40:00Z
 
 
@@ -203,7 +203,7 @@ def test_a_sample_out_of_event_time_order_is_named_with_what_to_do(tmp_path):
 
     from stream_anon.calibrate import toml_text
     from stream_anon.suggest import search_report
-    sys.path.insert(0, str(Path(__file__).parent))
+    sys.path.insert(0, str(Path(__file__).parents[1] / "inputs"))
     from test_inputs import _audit, _run_core
 
     cfg = _config(window_s=600, max_delay_s=600, stream={"late_policy": "suppress"})

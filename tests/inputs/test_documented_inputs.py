@@ -8,12 +8,12 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 from test_inputs import _audit, _run_core  # noqa: E402
 
 from stream_anon.config import load_config  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIGURATION = (ROOT / "docs" / "configuration.md").read_text()
 
 ROUTES = {"name": "routes", "levels": ["value", "group", "*"],

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("google.transit")
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 from test_inputs import SECRET, _audit, _run_core  # noqa: E402
 
 from stream_anon.calibrate import toml_text  # noqa: E402
@@ -21,7 +21,7 @@ from stream_anon.inputs import Decoder  # noqa: E402
 from stream_anon.inputs.proto import tesla_vehicle_data_pb2 as pb  # noqa: E402
 from stream_anon.inputs.samples import gtfs_feeds, tesla_payloads  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TESLA_KEY = ["vin", "created_at", "$keys"]
 
 

@@ -214,7 +214,7 @@ def test_worker_batch_payload_checks_equal_the_per_message_checks():
 
     from stream_anon.config import load_config
     from stream_anon.worker.input_checks import check_payload, check_payloads
-    config = load_config(Path(__file__).resolve().parents[1] / "configs" / "oyster.toml")
+    config = load_config(Path(__file__).resolve().parents[2] / "configs" / "oyster.toml")
     base = fare()
     raws = [json.dumps(e).encode() if not isinstance(e, bytes) else e
             for e in list(_mutations(base, "fare"))[:400]] + [b"{not json", None, b"[]", b"x" * 70000]
@@ -232,7 +232,7 @@ def test_worker_batch_check_gives_the_reader_its_columns():
 
     from stream_anon.config import load_config
     from stream_anon.worker.input_checks import check_batch, check_payload
-    config = load_config(Path(__file__).resolve().parents[1] / "configs" / "oyster.toml")
+    config = load_config(Path(__file__).resolve().parents[2] / "configs" / "oyster.toml")
     raws = [json.dumps(fare(event_id=f"e{i}", station=None if i % 3 else "Bank")).encode() for i in range(30)]
     events, rejected, columns = check_batch(raws, config)
     assert list(events) == [check_payload(r, config)[1] for r in raws] and rejected == []
@@ -281,7 +281,7 @@ def test_decoded_columns_are_the_general_checks_columns_or_none():
     from stream_anon.config import load_config
     from stream_anon.events import _fast_check, decoded_columns, schema_columns
     from stream_anon.worker.input_checks import parse_payloads
-    config = load_config(Path(__file__).resolve().parents[1] / "configs" / "oyster.toml")
+    config = load_config(Path(__file__).resolve().parents[2] / "configs" / "oyster.toml")
     reference = Draft202012Validator(json.loads((SCHEMA_DIR / "fare.schema.json").read_text()))
     base = fare()
     complete = [json.dumps(e).encode() for e in _mutations(base, "fare")

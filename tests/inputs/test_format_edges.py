@@ -12,7 +12,7 @@ from google.transit import gtfs_realtime_pb2 as rt  # noqa: E402
 
 from stream_anon.inputs import Decoder, parse_input  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GTFS_FIELDS = {"vehicle_id": "vehicle.id", "event_time": "timestamp", "latitude": "position.latitude",
                "longitude": "position.longitude"}
 

@@ -10,7 +10,7 @@ import pytest
 
 from stream_anon.config import parse_config
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "inputs.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "inputs.md"
 SECTIONS = re.split(r"\n## ", DOC.read_text())
 
 

@@ -18,7 +18,7 @@ from stream_anon.config import ConfigError, load_config, parse_config  # noqa: E
 from stream_anon.inputs import Decoder, decode_file, parse_input  # noqa: E402
 from stream_anon.inputs.samples import gtfs_feeds, tesla_payloads, vin_of  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs"
 INPUT_CONFIGS = CONFIGS / "inputs"      # the mapped configs (configs/inputs/*.toml)
 SECRET = b"test-secret-0123456789abcdef0123456789"

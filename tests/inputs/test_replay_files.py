@@ -17,7 +17,7 @@ from stream_anon.inputs import file_messages  # noqa: E402
 from stream_anon.inputs.files import write_delimited  # noqa: E402
 from stream_anon.inputs.samples import gtfs_feeds, tesla_payloads  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = {"gtfs": ROOT / "configs" / "inputs" / "citibike-gtfs.toml",
            "tesla": ROOT / "configs" / "inputs" / "obd2-tesla.toml"}
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 from _kafka_helpers import release_contents, topics_apply, wait_accounted  # noqa: E402
 
 from stream_anon import contract  # noqa: E402

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 from _kafka_helpers import release_contents, topics_apply, wait_accounted, wait_while_running  # noqa: E402
 import _netns as netns  # noqa: E402
 

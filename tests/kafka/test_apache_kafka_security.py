@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 import _apache_kafka as apache  # noqa: E402
 from _kafka_helpers import wait_for  # noqa: E402
 
@@ -34,7 +34,7 @@ from stream_anon.kafka.supervise import OutputReader, start_worker_process, stop
 
 pytestmark = pytest.mark.kafka
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "operations.md"
 ACL_BLOCK = "<!-- the ACLs as tests/test_apache_kafka_security.py runs them -->"
 DOC_BOOTSTRAP, DOC_ADMIN_CONFIG = "kafka-1:9093", "admin.properties"

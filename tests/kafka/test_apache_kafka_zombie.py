@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 from _kafka_helpers import release_contents, wait_accounted, wait_while_running  # noqa: E402
 from _netns import assigned_after  # noqa: E402
 from _worker_harness import harness_entry  # noqa: E402

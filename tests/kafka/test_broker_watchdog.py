@@ -14,7 +14,7 @@ from stream_anon.kafka import watchdog as watchdog_module
 from stream_anon.worker.core import WorkerCore
 from stream_anon.kafka.loop import KafkaLoop
 
-OYSTER = Path(__file__).resolve().parents[1] / "configs" / "oyster.toml"
+OYSTER = Path(__file__).resolve().parents[2] / "configs" / "oyster.toml"
 SECRET = b"watchdog-secret-6f1d0c9a8b7e2d4c3b5a69788f0e1d2c"
 
 

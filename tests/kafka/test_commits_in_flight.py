@@ -10,7 +10,7 @@ from pathlib import Path
 
 from confluent_kafka import KafkaError, KafkaException
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 from _kafka_helpers import account, collect, setup_stream, synthetic_fares, wait_for  # noqa: E402
 
 from stream_anon.audit.kafka_source import audit_from_kafka  # noqa: E402

@@ -19,7 +19,7 @@ from _apache_kafka import kafka_version
 from _kafka_helpers import committed_offsets
 from stream_anon.broker import free_port
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES = COMPOSE["services"]
 EVENTS = 2000

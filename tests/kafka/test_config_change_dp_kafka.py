@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 from _kafka_helpers import read_all, state_offsets, wait_for, write_cards_config  # noqa: E402
 from test_fail_closed import _get  # noqa: E402
 
@@ -38,7 +38,7 @@ from stream_anon.kafka.supervise import (committed_offsets, run_until_accounted,
 from stream_anon.kafka.topics import ensure_topics  # noqa: E402
 
 FIRST = 3000                   # events of day 1 before the change (day 1 holds ~5,780)
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def stream_events() -> list[dict]:

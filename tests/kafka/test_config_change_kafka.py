@@ -20,7 +20,7 @@ import urllib.request
 from pathlib import Path
 
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 from _kafka_helpers import (START, committed_offsets, read_all, setup_stream, synthetic_fares, wait_for,  # noqa: E402
                             write_stream_config)
 from test_lineage import _run_lineage  # noqa: E402

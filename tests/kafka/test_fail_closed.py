@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 from _kafka_helpers import (account, collect, read_all, setup_stream, state_offsets,  # noqa: E402
                             synthetic_fares, wait_for)
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 from _kafka_helpers import ROUTES, START, ZONES, read_all, synthetic_fares, wait_for, write_stream_config  # noqa: E402
 
 from stream_anon.config import load_config  # noqa: E402
@@ -329,7 +329,7 @@ def test_bulk_cell_values_match_a_per_event_reference_on_messy_input():
     from stream_anon.dp import DPAggregator
     from stream_anon.events import flatten
 
-    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "oyster.toml")
+    cfg = load_config(Path(__file__).resolve().parents[2] / "configs" / "oyster.toml")
     rng = np.random.default_rng(39)
     events = [flatten(e) for e in load_events("oyster", limit=3000)]
     breakers = [("journey_id", None), ("station", None), ("station", "Atlantis"), ("station", ["list"]),
@@ -359,7 +359,7 @@ def test_the_workers_serialized_rows_are_the_aggregate_rows():
     from stream_anon.datasets import load_events
     from stream_anon.render import json_bytes as dumps
 
-    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "oyster.toml")
+    cfg = load_config(Path(__file__).resolve().parents[2] / "configs" / "oyster.toml")
     events = load_events("oyster")
     secret = b"serialization-secret-0123456789abcdef"
     as_rows = DPGlue(cfg, 0, secret)

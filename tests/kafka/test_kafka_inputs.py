@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("google.transit")
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 from _kafka_helpers import read_all  # noqa: E402
 
 from stream_anon import crypto  # noqa: E402
@@ -26,7 +26,7 @@ from stream_anon.kafka.replay import replay  # noqa: E402
 from stream_anon.kafka.topics import ensure_topics  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.one_broker]     # one_broker: tests/conftest.py
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def stream_copy(tmp_path, bundled: str, name: str, bootstrap: str, partitions: int):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("google.transit")
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 from test_kafka_inputs import _expected_events, run_and_audit, stream_copy  # noqa: E402
 
 from stream_anon.cli import main  # noqa: E402

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 from _kafka_helpers import (account, collect, committed_offsets, copy_hierarchies, read_all,  # noqa: E402
                             record_batch_codecs, setup_stream, state_offsets, synthetic_fares, wait_for,
                             write_stream_config)
@@ -55,7 +55,7 @@ def oyster_slice_stream(tmp_path, bootstrap, name, n):
     No fallback: a slice that cannot be loaded fails the test."""
     from stream_anon.datasets import load_events
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     events = load_events("oyster", limit=n)
     assert len(events) == n, f"the committed Oyster slice has {len(events)} events, the test needs {n}"
     assert all(e["kind"] == "fare" and e["event_id"] for e in events)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 from _kafka_helpers import collect, read_all, setup_stream, synthetic_fares, wait_for  # noqa: E402
 
 from stream_anon.audit.kafka_source import audit_from_kafka  # noqa: E402

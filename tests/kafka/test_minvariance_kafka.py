@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 from _kafka_helpers import read_all, write_cards_config  # noqa: E402
 from test_lineage import _halted_with, _run_lineage  # noqa: E402
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 from _kafka_helpers import synthetic_fares, write_stream_config  # noqa: E402
 
 from stream_anon.cli import main  # noqa: E402

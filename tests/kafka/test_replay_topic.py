@@ -10,7 +10,7 @@ from pathlib import Path
 
 from stream_anon.cli import main
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 from _kafka_helpers import read_all  # noqa: E402
 
 EVENTS = 20

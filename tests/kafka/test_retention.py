@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 from _kafka_helpers import read_all, wait_for, write_stream_config  # noqa: E402
 from _metrics_helpers import families, get  # noqa: E402
 

@@ -17,7 +17,7 @@ from stream_anon.datasets import load_events
 from stream_anon.engine import Engine
 from stream_anon.strategies.mondrian import Mondrian
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SECRET = b"attack-test-secret-0123456789"
 
 

@@ -19,7 +19,7 @@ from stream_anon.worker.core import WorkerCore
 from stream_anon.render import TOPICS
 
 # this checkout's bundled config (an installed stream_anon.configs may belong to another checkout)
-OYSTER = Path(__file__).resolve().parents[1] / "configs" / "oyster.toml"
+OYSTER = Path(__file__).resolve().parents[2] / "configs" / "oyster.toml"
 SECRET = b"exposure-secret-3c9e1f0a7b2d4e6f8a1c3e5b7d9f0a2c"
 
 

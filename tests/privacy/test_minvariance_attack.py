@@ -16,7 +16,7 @@ from stream_anon.audit.primitives import audit_token
 from stream_anon.datasets import oyster_cards
 from stream_anon.events import validate_event
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CARDS_CONFIG = ROOT / "configs" / "oyster-cards.toml"
 SECRET = b"test-secret-minvariance"
 

@@ -13,7 +13,7 @@ from stream_anon.risk import RiskSettings, journalist_class_risk, pitman, popula
     zayatz
 from stream_anon.risk.population import shlosser
 
-GOLDEN = Path(__file__).parent / "golden" / "arx_adult_class_sizes.json"
+GOLDEN = Path(__file__).parents[1] / "golden" / "arx_adult_class_sizes.json"
 ADULT_ROWS = 30162
 
 

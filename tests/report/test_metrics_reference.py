@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 from _metrics_helpers import RETENTION_S, across_midnight, families, get, reference, start_dp_worker  # noqa: E402
 
 from stream_anon.datasets import load_events  # noqa: E402
@@ -147,7 +147,7 @@ def _health_commands() -> dict[str, list[str]]:
 
     import yaml
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     text = re.sub(r"\\\n\s*", " ", (root / "Dockerfile").read_text())
     line = next(ln for ln in text.splitlines() if ln.startswith("HEALTHCHECK"))
     image = json.loads(line[line.index("CMD ") + 4:])

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 from _kafka_helpers import wait_for  # noqa: E402
 from _metrics_helpers import across_midnight, start_dp_worker  # noqa: E402
 
@@ -29,7 +29,7 @@ from stream_anon.monitoring import paths  # noqa: E402
 
 pytestmark = pytest.mark.one_broker        # its broker tests on one broker (tests/conftest.py)
 
-HERE = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 RULES, DASHBOARD = paths()["prometheus_rules"], paths()["grafana_dashboard"]
 
 
@@ -63,10 +63,10 @@ def test_promtool_checks_and_unit_tests_every_alert():
     promtool = _tool("promtool")
     check = subprocess.run([promtool, "check", "rules", str(RULES)], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
-    tests = yaml.safe_load((HERE / "monitoring" / "alerts_test.yml").read_text())
+    tests = yaml.safe_load((TESTS / "monitoring" / "alerts_test.yml").read_text())
     tested = {case["alertname"] for t in tests["tests"] for case in t["alert_rule_test"] if case["exp_alerts"]}
     assert tested == {r["alert"] for r in _rules() if "alert" in r}, "an alert without a firing unit test"
-    run = subprocess.run([promtool, "test", "rules", "alerts_test.yml"], cwd=HERE / "monitoring",
+    run = subprocess.run([promtool, "test", "rules", "alerts_test.yml"], cwd=TESTS / "monitoring",
                          capture_output=True, text=True)
     assert run.returncode == 0 and "SUCCESS" in run.stdout, run.stdout + run.stderr
 

@@ -241,7 +241,7 @@ def _report_import_closure() -> dict[str, set[str]]:
     import ast
     import sys
 
-    pkg_root = Path(__file__).resolve().parent.parent
+    pkg_root = Path(__file__).resolve().parents[2]
 
     def file_of(module: str) -> Path | None:
         base = pkg_root.joinpath(*module.split("."))
@@ -290,7 +290,7 @@ def test_the_report_needs_nothing_outside_its_extras():
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
 
-    pyproject = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
     core = {canonicalize_name(Requirement(r).name) for r in [*pyproject["project"]["dependencies"],
                                                              *pyproject["project"]["optional-dependencies"]["service"],
                                                              *pyproject["project"]["optional-dependencies"]["report"]]}

@@ -22,7 +22,7 @@ from _state_helpers import reopened
 
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 SECRET = b"state-test-secret-0123456789abcdef"
 CARDS = ROOT / "configs" / "oyster-cards.toml"

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 from _kafka_helpers import wait_for, write_cards_config  # noqa: E402
 from _worker_harness import start_worker_process  # noqa: E402
 

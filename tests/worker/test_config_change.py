@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 from _kafka_helpers import copy_hierarchies  # noqa: E402
 
 from stream_anon import contract, crypto  # noqa: E402

@@ -24,7 +24,7 @@ from stream_anon.render import TOPICS
 from _worker_harness import POISON_TIMES, mutate
 
 # this checkout's bundled config (an installed stream_anon.configs may belong to another checkout)
-OYSTER = Path(__file__).resolve().parents[1] / "configs" / "oyster.toml"
+OYSTER = Path(__file__).resolve().parents[2] / "configs" / "oyster.toml"
 SECRET = b"fuzz-secret-6f1d0c9a8b7e2d4c3b5a69788f0e1d2c"
 
 

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 from _kafka_helpers import setup_stream, synthetic_fares, wait_for, write_stream_config  # noqa: E402
 
 from stream_anon import __version__, crypto  # noqa: E402
@@ -19,7 +19,7 @@ from stream_anon.kafka.replay import replay  # noqa: E402
 from stream_anon.kafka.supervise import start_worker_process, stop_worker_process  # noqa: E402
 from stream_anon.kafka.topics import apply_plan, existing_partitions, load_topic_definitions  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHARED = {"anon.releases", "anon.deadletter", "anon.metrics", "anon.aggregates"}
 
 

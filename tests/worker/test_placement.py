@@ -16,7 +16,7 @@ from pathlib import Path
 import orjson
 from kafka.partitioner.default import murmur2 as kafka_murmur2
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 
 from stream_anon import crypto  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402

@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 from _kafka_helpers import setup_stream, synthetic_fares, wait_for  # noqa: E402
 
 from stream_anon.broker import EmbeddedBroker, free_port  # noqa: E402
