@@ -110,7 +110,7 @@ def broker(broker_kind, request):
     the same partition: the commit answers OK, yet its offsets are not applied and its records stay invisible to
     read_committed readers until the dead producer's id is initialized again. A worker killed by one test would
     leave its open transaction on the shared topics (anon.releases, anon.metrics, anon.deadletter) and stall the
-    tests after it. The probe: ``tests/test_broker.py``."""
+    tests after it. The probe: ``tests/kafka/test_broker.py``."""
     tansu = _broker_of(broker_kind, request)
     if tansu is None:
         yield request.getfixturevalue("apache_kafka")

@@ -2,7 +2,7 @@
 broker: the walk over a partition's manifests (two changes in a row, an unrecorded change, an earlier config that
 matches nothing, a k change and a hierarchy change in one manifest), a whole audit across a regrouped hierarchy with
 and without ``--earlier-config``, and the audit's settings agree with the worker's (stream_anon/guarantees.py) on
-every bundled config and hierarchy. The broker run: tests/test_config_change_dp_kafka.py."""
+every bundled config and hierarchy. The broker run: tests/kafka/test_config_change_dp_kafka.py."""
 from __future__ import annotations
 
 import copy

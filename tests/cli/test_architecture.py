@@ -593,7 +593,7 @@ def test_the_large_classes_jobs_in_the_developer_guide_name_their_methods():
 
 
 
-if __name__ == "__main__":      # the measure: python tests/test_architecture.py [a checkout's root, e.g. an old tree]
+if __name__ == "__main__":      # the measure: python tests/cli/test_architecture.py [a checkout's root, e.g. old tree]
     root = Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else ROOT
     found = check_floors(*import_graph(root))
     print(f"circles (strongly connected components of more than one): {len(found.module_circles)} of modules, "

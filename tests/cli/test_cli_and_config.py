@@ -276,7 +276,7 @@ def _dockerfile_stages() -> list[list[tuple[str, str]]]:
 
 
 def test_dockerfile_builds_the_wheel_like_the_wheel_test_and_runs_it_as_non_root():
-    """No Docker engine here: the image's steps are checked against what tests/test_wheel_install.py runs (build
+    """No Docker engine here: the image's steps are checked against what tests/cli/test_wheel_install.py runs (build
     the wheel from these files with ``pip wheel --no-deps``, install it, run ``stream-anon``)."""
     import json as _json
 

@@ -175,7 +175,8 @@ def _keys_by_table(raw: dict) -> set[tuple[str, str]]:
 def test_every_key_of_the_reference_is_accepted_in_an_example():
     """The other direction of the comparison with the code: a key the reference lists (and a table declares) is
     one its reader reads, shown by an example that loads with it. A strategy's parameters are its Params fields;
-    the [kafka] settings are KafkaConnection's fields, read by stream_anon.connection (tests/test_connection.py)."""
+    the [kafka] settings are KafkaConnection's fields, read by stream_anon.connection
+    (tests/kafka/test_connection.py)."""
     shown = set().union(*(_keys_by_table(tomllib.loads(text)) for text in EXAMPLES))
     listed = {(t, r["key"]) for t, rows in REFERENCE.items() if "strategy_params" not in t and t != "kafka"
               for r in rows}

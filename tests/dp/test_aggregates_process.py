@@ -4,7 +4,8 @@ failure of the batch's events (isolated, dead-lettered, the rest unchanged), and
 the worker (fail closed), never be taken for an event's fault.
 
 The worker core is driven directly (``WorkerCore.handle``, what the Kafka loop does per batch); the Kafka tests of
-``tests/test_kafka_dp.py`` run the worker with the process (``--aggregates-process`` is ``auto``: on with 2 CPUs)."""
+``tests/kafka/test_kafka_dp.py`` run the worker with the process (``--aggregates-process`` is ``auto``: on with 2
+CPUs)."""
 from __future__ import annotations
 
 import os

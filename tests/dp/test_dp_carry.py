@@ -3,7 +3,7 @@ without the carried budget it spends each period again and a unit's loss over bo
 the audit's ``dp across lineages`` check fails it, naming the period. With ``worker --carry-budget`` (the rows of
 ``anon.aggregates`` a consumer kept) the new lineage's ledgers start with what the lost one spent: the sum stays
 within the budget, and the audit passes. In-process worker cores on the Oyster slice; the broker run of the same
-procedure: tests/test_lineage.py."""
+procedure: tests/kafka/test_lineage.py."""
 from __future__ import annotations
 
 import json

@@ -1,5 +1,5 @@
 """DP settings changed on a running stream with ``--accept-config-change`` (stream_anon/dp/transition.py), on the
-worker's core (no broker; tests/test_config_change_dp_kafka.py runs the same on the broker): a raise applies from
+worker's core (no broker; tests/kafka/test_config_change_dp_kafka.py runs the same on the broker): a raise applies from
 the next period and the ledger keeps what was spent; a lowering applies at once; an aggregate redefined or added
 pauses until the next period; each aggregate's first release after the change states it, and the audit's DP check
 passes such a stream while it fails one whose budget rose without the step, or within a period."""

@@ -12,7 +12,7 @@ the event as unit.
 
 The slice's events ship in ``tests/golden/dp_oyster_slice_events.jsonl.gz`` (a test checks them against the full
 file where it is present). Regenerate (only when a change of output is intended; needs the full file):
-``python tests/test_dp_golden.py``.
+``python tests/dp/test_dp_golden.py``.
 """
 from __future__ import annotations
 

@@ -49,7 +49,8 @@ def oyster_full():
 @pytest.mark.parametrize("name", sorted(DATASETS))
 def test_slice_events_validate_and_keep_every_row(slices, name):
     events = slices[name]
-    if not DATASETS[name].derived:     # oyster-cards regroups the slice's journeys (tests/test_minvariance_attack.py)
+    # oyster-cards regroups the slice's journeys (tests/privacy/test_minvariance_attack.py)
+    if not DATASETS[name].derived:
         assert len(events) == raw_rows(DATASETS[name].slice_path)
     assert len({e["event_id"] for e in events}) == len(events)
     reasons = Counter(validate_event(e, KIND[name]) for e in events)

@@ -1,7 +1,7 @@
 """``[input] event_key``: the natural key of an event becomes its (keyed) event id, so a copy of an event (a
 fleet-telemetry resend, ``is_resend``, or the same snapshot replayed) is a ``duplicate_event`` dead letter within
 the duplicate horizon whatever its offset; the worker core and the independent audit agree. A broker run of the
-same: tests/test_kafka_replay_binary.py::test_resends_through_worker_and_audit."""
+same: tests/kafka/test_kafka_replay_binary.py::test_resends_through_worker_and_audit."""
 from __future__ import annotations
 
 import json

@@ -1,5 +1,5 @@
 """The defined edge cases of the binary formats (docs/inputs.md, "Edge cases"): each has a test here (the Tesla
-ones that concern values: tests/test_tesla_roundtrip.py) and a line in the docs, checked below."""
+ones that concern values: tests/inputs/test_tesla_roundtrip.py) and a line in the docs, checked below."""
 from __future__ import annotations
 
 from pathlib import Path

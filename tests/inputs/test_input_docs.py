@@ -1,5 +1,5 @@
 """docs/inputs.md: every worked config loads as a stream config, and each format's config maps the format the
-section is about (the edge-case lines: tests/test_format_edges.py)."""
+section is about (the edge-case lines: tests/inputs/test_format_edges.py)."""
 from __future__ import annotations
 
 import re

@@ -1,6 +1,6 @@
 """The [input] mapping (stream_anon.inputs): parsing with keyed errors, the four formats, reasons that name the
 field, and the worker core and the audit agreeing on the accounting of multi-event messages (in process, no broker;
-tests/test_kafka_inputs.py runs the same through a real broker)."""
+tests/kafka/test_kafka_inputs.py runs the same through a real broker)."""
 from __future__ import annotations
 
 import json
@@ -194,7 +194,7 @@ def test_tesla_protobuf_and_json_decode_alike():
     assert any(r.startswith("latitude: missing (input Location.latitude)") for r in reasons), reasons
 
 
-def test_field_names_of_the_proto():      # every enum value: tests/test_tesla_roundtrip.py
+def test_field_names_of_the_proto():      # every enum value: tests/inputs/test_tesla_roundtrip.py
     from stream_anon.inputs import tesla
     from stream_anon.inputs.proto import tesla_vehicle_data_pb2 as pb
     assert tesla.field_name(pb.Location) == "Location" and tesla.field_name(999) == "Field999"

@@ -1,7 +1,7 @@
 """Files of binary messages for ``stream-anon replay`` (stream_anon/inputs/files.py): one ``.pb`` message, a
 directory of them (name or modification-time order), a varint length-delimited file; any file replay cannot read
 is one line on stderr and exit 2 (no broker needed: the file is read before anything is produced). The same
-files through a real broker, the worker and the audit: tests/test_kafka_replay_binary.py."""
+files through a real broker, the worker and the audit: tests/kafka/test_kafka_replay_binary.py."""
 from __future__ import annotations
 
 import os

@@ -36,7 +36,7 @@ pytestmark = pytest.mark.kafka
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "operations.md"
-ACL_BLOCK = "<!-- the ACLs as tests/test_apache_kafka_security.py runs them -->"
+ACL_BLOCK = "<!-- the ACLs as tests/kafka/test_apache_kafka_security.py runs them -->"
 DOC_BOOTSTRAP, DOC_ADMIN_CONFIG = "kafka-1:9093", "admin.properties"
 STREAM, APP_ID = "oyster", "stream-anon-oyster"       # the bundled config: the names the documented ACLs use
 WORKER, AUDIT, REPLAY, NOBODY = "stream-anon-worker", "stream-anon-audit", "stream-anon-replay", "nobody"

@@ -1,7 +1,7 @@
 """Config changes on a running oyster-cards stream, through the worker on a real broker (Tansu and Apache Kafka): the
 worker runs into day 1 and is stopped with windows open; restarted under the changed config without
 ``--accept-config-change`` it halts every partition (one ERROR line per changed setting, ``/readyz`` 503) and
-processes nothing (shown for epsilon; tests/test_config_change.py shows it for every kind on the worker's core);
+processes nothing (shown for epsilon; tests/worker/test_config_change.py shows it for every kind on the worker's core);
 with the step it runs to the end of the stream: 0 events dead-lettered, every event accounted.
 
 - epsilon x5 (``dp.epsilon_per_period`` and every aggregate's epsilon): day 1 keeps its budget of 1.0, the next days

@@ -139,7 +139,7 @@ def test_bad_input_goes_to_deadletter(broker, tmp_path, secret_env):
     }
     # bad payloads in the middle of the stream: good events keep flowing around them
     # keyed by g's unit as a producer keys them (an unkeyed one may land on a partition its unit does not belong
-    # on, and is dead-lettered as wrong_partition first: tests/test_placement.py)
+    # on, and is dead-lettered as wrong_partition first: tests/worker/test_placement.py)
     key = crypto.pseudonym(secret_env, g["journey_id"])
     first = replay(broker.bootstrap, cfg.stream.input_topic, events[:700], "journey_id", progress=False,
                    raw_payloads=[(key, v) for v in bad.values()])

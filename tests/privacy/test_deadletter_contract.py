@@ -2,7 +2,7 @@
 Oyster cards event, only the fields the output publishes (quasi-identifiers' and sensitive fields), the privacy
 unit as a keyed pseudonym, times floored to the output's granularity, and a reason naming the field and the
 problem without the raw value. ``--deadletter-raw-payload`` alone keeps the rest. (The same contract on every
-bundled stream and field: :mod:`stream_anon.contract_checks.deadletters`, run by tests/test_contract_checks.py.)"""
+bundled stream and field: :mod:`stream_anon.contract_checks.deadletters`, run by tests/cli/test_contract_checks.py.)"""
 from __future__ import annotations
 
 import orjson

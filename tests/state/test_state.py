@@ -1,6 +1,6 @@
 """Bounded, incremental engine state: KeyedTable, the engine's state API (core + keyed tables + changes), duplicate
 event ids (seen_events) and m-invariance signatures expiring through the table (issue 11 item 2, issue 10
-duplicates). The worker's state records built from this API: tests/test_state_recovery.py."""
+duplicates). The worker's state records built from this API: tests/state/test_state_recovery.py."""
 from __future__ import annotations
 
 import copy

@@ -1,7 +1,7 @@
 """State records over ``PART_MAX_BYTES`` are written in parts and reassembled on recovery (stream_anon.checkpoint,
 stream_anon.worker.state), case by case without a broker: no value over the limit, the parts of the committed
 attempt win over an aborted attempt's, and a chain whose record lacks a part, or whose parts do not make the record
-they name, halts the partition. ``tests/test_state_size_kafka.py`` does it on the broker with 300,000 cards."""
+they name, halts the partition. ``tests/state/test_state_size_kafka.py`` does it on the broker with 300,000 cards."""
 from __future__ import annotations
 
 import numpy as np

@@ -3,7 +3,7 @@ guarantee setting, unless the operator accepts the change (``--accept-config-cha
 is retired from reuse, open windows are re-windowed under a new ``window_s``, the change is written into the next
 release manifest, buffered records are recoded under a changed hierarchy or domain, and m, the privacy unit, the
 event time and the input mapping are refused in place (they need a new state; DP changes:
-tests/test_dp_config_change.py). The audit given the configs in force judges each release by the settings it was
+tests/dp/test_dp_config_change.py). The audit given the configs in force judges each release by the settings it was
 made under: a quasi-identifier's bounds, a severity rule, a field moved from the sensitive to the dropped ones, and,
 after a privacy unit change, the superseded lineage by its own unit."""
 from __future__ import annotations
@@ -102,7 +102,7 @@ def test_m_is_refused_even_when_accepted_and_named_beside_an_accepted_dp_change(
     raw = copy.deepcopy(cards.raw)
     raw["anonymization"]["m"] = 2
     raw["dp"]["epsilon_per_period"] = raw["dp"]["epsilon_per_period"] * 5       # epsilon x5: DP changes apply
-    for aggregate in raw["aggregates"]:                                          # (tests/test_dp_config_change.py)
+    for aggregate in raw["aggregates"]:                                          # (tests/dp/test_dp_config_change.py)
         aggregate["epsilon"] = aggregate["epsilon"] * 5
     changed = WorkerCore(parsed(raw),
                          "app", SECRET)
