@@ -1,7 +1,7 @@
 # Image of stream-anon (used by docker-compose.yml). Two stages: the first builds the wheel from exactly the files
-# tests/test_wheel_install.py builds it from; the second installs only that wheel (and its pinned dependencies)
+# tests/cli/test_wheel_install.py builds it from; the second installs only that wheel (and its pinned dependencies)
 # into a slim runtime and runs as a non-root user. Nothing here has been built on the development machines (no
-# Docker engine there): tests/test_cli_and_config.py checks these steps against the wheel test, which runs them.
+# Docker engine there): tests/cli/test_cli_and_config.py checks these steps against the wheel test, which runs them.
 
 # ---- build: the wheel (the bundled topics, configs and data slices ship inside it)
 FROM python:3.11-slim AS build
@@ -29,7 +29,7 @@ WORKDIR /home/anon
 ENV PYTHONUNBUFFERED=1
 # The port a worker serves /metrics, /livez and /readyz on: the worker's default for --web-port (they bind
 # 127.0.0.1, which is where this check runs). Liveness: /livez answers 200 while the worker's loop runs; the compose
-# workers check readiness (/readyz) instead. tests/test_wheel_install.py runs this CMD and this HEALTHCHECK against
+# workers check readiness (/readyz) instead. tests/cli/test_wheel_install.py runs this CMD and this HEALTHCHECK against
 # a worker of the installed wheel started with this environment and no --web-port.
 ENV STREAM_ANON_WEB_PORT=6066
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \

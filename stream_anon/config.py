@@ -45,7 +45,7 @@ MAX_WEIGHT = 1e6                     # a QI's NCP weight (relative to the others
 MAX_EVENT_BYTES = 16 * 2 ** 20
 
 # Every table of a stream configuration and the keys it may hold (docs/configuration.md lists the same keys;
-# tests/test_config_reference.py compares them; table_keys() lists all). The others are declared beside their
+# tests/cli/test_config_reference.py compares them; table_keys() lists all). The others are declared beside their
 # readers: [dp] and [[aggregates]] in stream_anon.dp.specs, [input] in stream_anon.inputs.mapping, the sensitive
 # domains in stream_anon.domains, [kafka] in stream_anon.connection.
 TOP_LEVEL_KEYS = ("stream", "anonymization", "quasi_identifiers", "sensitive", "identifiers", "limits", "dp",

@@ -57,7 +57,7 @@ _FILE_FIELDS = ("ssl_cafile", "ssl_certfile", "ssl_keyfile")
 # Where a reader of a whole shared output partition (manifests, records, dead letters: written by every partition's
 # transactional producer) starts: offset 0, not the broker's earliest offset (OFFSET_BEGINNING, seek_to_beginning).
 # Tansu 0.6 can state a partition's earliest offset past its first batch when transactional producers write their
-# first batches to it at once (the batch is still there; tests/test_broker.py), and a reader starting there misses
+# first batches to it at once (the batch is still there; tests/kafka/test_broker.py), and a reader starting there misses
 # it: a workaround for Tansu only (Apache Kafka stated 0 on every topic tried), harmless elsewhere. Where retention
 # did remove offset 0, the fetch is out of range and the reader's auto.offset.reset = earliest starts it at the log
 # start. A state partition (one producer) and the input are read from the broker's earliest.

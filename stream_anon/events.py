@@ -30,7 +30,7 @@ from stream_anon.schema_decoder import compile_schema_decoder, row_properties
 UNIT_IDS = "@unit_ids"
 EVENT_KINDS = ("fare", "vehicle")
 
-SCHEMA_DIR = contract.topics_dir() / "schemas"   # read through contract.schema; kept for tests/test_events.py
+SCHEMA_DIR = contract.topics_dir() / "schemas"   # read through contract.schema; kept for tests/inputs/test_events.py
 
 _JSON_TYPE = {str: "string", bool: "boolean", int: "integer", float: "number", type(None): "null",
               dict: "object", list: "array"}

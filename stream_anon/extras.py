@@ -2,7 +2,7 @@
 brings. ``pip install stream-anon`` (the core) serves the in-process API (:mod:`stream_anon.api`), the offline
 commands and the audit of given objects; the worker, the broker and everything reading or writing Kafka need the
 ``service`` extra, the plots of ``report`` and ``evaluate`` the ``report`` extra. A command whose extra is missing
-says so in one line (:func:`missing_extra`, used by :func:`stream_anon.cli.main`); tests/test_wheel_install.py
+says so in one line (:func:`missing_extra`, used by :func:`stream_anon.cli.main`); tests/cli/test_wheel_install.py
 holds this table to pyproject.toml."""
 from __future__ import annotations
 

@@ -10,8 +10,8 @@ The settings are derived from the validated config (:class:`~stream_anon.config.
 of it and of its sections, recursively, is a setting, except those :data:`NOT_GUARANTEES` names with the reason no
 guarantee, audit check or published field's form depends on them (the seed, loss limits, the risk and report
 tables; the Kafka connection is no field of it). A field added to the config is therefore fenced until it is
-declared otherwise; tests/test_guarantees.py walks the schema (:func:`schema`) and fails on a field neither covered
-nor declared. A hierarchy is recorded by its content, an input lookup table and a DP group's value mapping by a
+declared otherwise; tests/privacy/test_guarantees.py walks the schema (:func:`schema`) and fails on a field neither
+covered nor declared. A hierarchy is recorded by its content, an input lookup table and a DP group's value mapping by a
 digest of theirs (:data:`DIGESTED`).
 
 >>> a = {"anonymization.k": 10, "quasi_identifiers.time.upper": 100.0}
@@ -196,7 +196,8 @@ _ABSENT = object()
 
 def changes(old: dict, new: dict, width: int | None = None) -> list[str]:
     """``<key> <old> -> <new>`` for every setting that differs, in key order; each value whole (the audit reads
-    the lines of the manifests: tests/test_audit_in_force.py), or cut to ``width`` characters (the DP rows' lines).
+    the lines of the manifests: tests/audit/test_audit_in_force.py), or cut to ``width`` characters (the DP rows'
+    lines).
 
     >>> changes({"sensitive.fields": ["fare_product", "daily_capping"]}, {}, width=20)
     ['sensitive.fields ["fare_product", ... -> (absent)']

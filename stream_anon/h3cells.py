@@ -46,7 +46,7 @@ def cells_of_points(lat: np.ndarray, lon: np.ndarray, rmin: int, rmax: int) -> n
 def common_cell(lat: np.ndarray, lon: np.ndarray, resolutions: tuple[int, int]) -> str | None:
     """The cell (string form) of the finest resolution in [rmin, rmax] holding every position, or None (none does).
     Every resolution is searched: H3 children do not tile their parent exactly, so sharing a cell at one resolution
-    does not imply sharing one at every coarser resolution (tests/test_h3.py)."""
+    does not imply sharing one at every coarser resolution (tests/engine/test_h3.py)."""
     if not len(lat):
         return None
     return common_cells(lat, lon, np.zeros(1, dtype=np.int64), resolutions)[0]

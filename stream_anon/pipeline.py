@@ -14,7 +14,7 @@ stage is a :class:`stream_anon.checkpoint.Checkpointable`. Implementations: :cla
 :class:`stream_anon.engine.Engine`, :class:`stream_anon.formers.base.Former` (k-anonymous and m-invariant),
 :mod:`stream_anon.criteria`, :class:`stream_anon.render.Renderer`,
 :class:`stream_anon.worker.aggregates.PartitionAggregates`. The stages call each other only through these methods
-(``tests/test_pipeline.py`` checks every implementation against its protocol).
+(``tests/engine/test_pipeline.py`` checks every implementation against its protocol).
 """
 from __future__ import annotations
 

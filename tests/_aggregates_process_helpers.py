@@ -1,4 +1,4 @@
-"""A child main for the aggregates process that fails on purpose (tests/test_aggregates_process.py): importable
+"""A child main for the aggregates process that fails on purpose (tests/dp/test_aggregates_process.py): importable
 by name, as the ``spawn`` start method needs."""
 from __future__ import annotations
 

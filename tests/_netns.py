@@ -1,6 +1,6 @@
 """A network partition between machines, on one machine (issue 28; not collected by pytest): workers in their own
 Linux network namespaces, joined to the broker in the root namespace by veth pairs on a bridge, and one of them
-cut off and reconnected. Used by tests/test_network_partition.py and ``bench/chaos.py --only network_partition``.
+cut off and reconnected. Used by tests/kafka/test_network_partition.py and ``bench/chaos.py --only network_partition``.
 
 :class:`NetnsLab` makes the bridge (the broker's address) and one namespace per worker; :meth:`NetnsLab.cut`
 detaches a namespace's veth from the bridge (its interface stays up: the worker's packets go nowhere and nothing

@@ -1,6 +1,6 @@
-"""The worker's test and benchmark harness that no production module may import (tests/test_architecture.py): a
+"""The worker's test and benchmark harness that no production module may import (tests/cli/test_architecture.py): a
 worker that SIGKILLs itself at the worst moments (run as a script by :func:`start_worker_process`) and the fuzzer's
-hostile messages (tests/test_fuzz_worker.py, bench/chaos.py).
+hostile messages (tests/worker/test_fuzz_worker.py, bench/chaos.py).
 """
 from __future__ import annotations
 

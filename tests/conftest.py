@@ -20,12 +20,24 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
 from _apache_kafka import ApacheKafka, missing_tools
 from stream_anon.broker import EmbeddedBroker
+
+# The test modules lie in one directory per area (tests/engine/, tests/kafka/, ...: docs/developers.md), the helpers
+# (_kafka_helpers.py, ...) here in tests/, which pytest puts on sys.path for this file. A few modules import another
+# test module (``from test_lineage import _run_lineage``), some of another area: every area directory goes on
+# sys.path too, as pytest puts a module's own there when it imports it (module names are unique across areas).
+AREAS = sorted(d for d in Path(__file__).resolve().parent.iterdir()
+               if d.is_dir() and not (d / "__init__.py").exists() and any(d.glob("test_*.py")))
+for _area in AREAS:
+    if str(_area) not in sys.path:
+        sys.path.insert(0, str(_area))
 
 TEST_SECRET = "test-secret-0123456789abcdef0123456789"
 BROKER_KINDS = ("tansu", "apache")
@@ -98,7 +110,7 @@ def broker(broker_kind, request):
     the same partition: the commit answers OK, yet its offsets are not applied and its records stay invisible to
     read_committed readers until the dead producer's id is initialized again. A worker killed by one test would
     leave its open transaction on the shared topics (anon.releases, anon.metrics, anon.deadletter) and stall the
-    tests after it. The probe: ``tests/test_broker.py``."""
+    tests after it. The probe: ``tests/kafka/test_broker.py``."""
     tansu = _broker_of(broker_kind, request)
     if tansu is None:
         yield request.getfixturevalue("apache_kafka")

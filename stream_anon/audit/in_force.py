@@ -8,7 +8,7 @@ audit config's and switch at each recorded change to its old side. Each release 
 audit config, or one given with ``--earlier-config``) whose settings equal those in force.
 
 The settings compared are those the record and class checks read, computed here by the audit's own code from its
-own config reading (never ``stream_anon.guarantees``; tests/test_audit_in_force.py shows both agree on the bundled
+own config reading (never ``stream_anon.guarantees``; tests/audit/test_audit_in_force.py shows both agree on the bundled
 configs):
 
 - ``anonymization.k`` (the ``k`` check, a severity rule's k_min, the health figures);

@@ -2,8 +2,8 @@
 strategy, criterion, former and DP aggregate kind is found in the registries (:mod:`.registry`) and checked on
 real data, its output judged by the independent audit (:mod:`.parts`); every stateful part keeps the state
 contract (:mod:`.checkpointable`); every bundled stream's dead letters hold no more than its output
-(:mod:`.deadletters`). The tests call them (tests/test_contract_checks.py,
-tests/test_checkpoint_contract.py); a part of your own registered in ``stream_anon.strategies.STRATEGIES`` is
+(:mod:`.deadletters`). The tests call them (tests/cli/test_contract_checks.py,
+tests/state/test_checkpoint_contract.py); a part of your own registered in ``stream_anon.strategies.STRATEGIES`` is
 checked with ``check_strategy(name)``.
 
 >>> from stream_anon.contract_checks import registered

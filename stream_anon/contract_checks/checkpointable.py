@@ -1,6 +1,6 @@
 """The :class:`~stream_anon.checkpoint.Checkpointable` contract, checked on every stateful part: one suite of checks,
 parts found from the registries (:mod:`.registry`), every part passes every check (in the style of river's
-``utils/estimator_checks.py``; tests/test_checkpoint_contract.py runs them).
+``utils/estimator_checks.py``; tests/state/test_checkpoint_contract.py runs them).
 
 The checks (``CHECKS``), each on a part built by a :class:`Factory` and fed its inputs:
 

@@ -16,7 +16,7 @@ does not expose:
 * :func:`snapping_grid`: the output grid ``Lambda`` of ``Snapping.randomise`` (Mironov 2012, section 5.2), which
   diffprivlib computes inside ``randomise`` from its effective epsilon.
 
-These were written for diffprivlib :data:`DIFFPRIVLIB_VERSION`. ``tests/test_diffprivlib_adapter.py`` fails on any
+These were written for diffprivlib :data:`DIFFPRIVLIB_VERSION`. ``tests/dp/test_diffprivlib_adapter.py`` fails on any
 other version and checks that every private used here still exists and behaves as assumed: upgrade diffprivlib
 only together with this module and that test.
 

@@ -1,7 +1,7 @@
 """Cell keys and contribution bounding event by event: the rules :mod:`~stream_anon.dp.cells` and
 :class:`~stream_anon.dp.contribution.Bounding` reproduce in numpy, applied where those decline a window (units that
 are neither all text nor all integers, an unhashable filter value, a bool in an hour field), because there a dict's
-notion of one value is not the per-event rule's. ``tests/test_dp_columns.py`` holds the two paths equal.
+notion of one value is not the per-event rule's. ``tests/dp/test_dp_columns.py`` holds the two paths equal.
 
 >>> from stream_anon.dp.specs import parse_dp_config
 >>> from stream_anon.dp.cells import CellKeys

@@ -44,7 +44,7 @@ GROUP_KINDS = ("values", "hierarchy", "hour")
 MAX_WINDOWS = 10 ** 9      # horizon_windows: more windows than a stream of one-second windows has in 30 years
 MAX_LEVEL = 64             # levels above the leaves of a hierarchy
 
-# the keys of each table (docs/configuration.md lists the same; tests/test_config_reference.py compares them)
+# the keys of each table (docs/configuration.md lists the same; tests/cli/test_config_reference.py compares them)
 DP_KEYS = ("epsilon_budget", "epsilon_per_period", "unit", "unit_field", "period", "timezone",
            "max_windows_per_period", "start")
 AGGREGATE_KEYS = ("name", "kind", "group_by", "epsilon", "max_contributions", "output", "horizon_windows",

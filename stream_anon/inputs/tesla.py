@@ -3,7 +3,7 @@ or as its protojson form (the server's ``transmit_decoded_records = true``), -> 
 
 ``{"vin": ..., "created_at": ISO-8601 text, "is_resend": bool, "<Field enum name>": value, ...}``
 
-Both encodings of one Payload give the same record (tests/test_tesla_roundtrip.py covers every Field and every
+Both encodings of one Payload give the same record (tests/inputs/test_tesla_roundtrip.py covers every Field and every
 member of the ``Value`` oneof). A value is, by its ``Value`` member:
 
 - strings, ints (``int_value``, ``long_value``: protojson's int64 text is read as a number), doubles and booleans

@@ -1,6 +1,6 @@
 """The worker's figures in Prometheus text format (``/metrics``), read at scrape time from the same counters that
 feed the ``anon.metrics`` topic (one source: :func:`throughput_metric`), plus liveness and readiness. Every series
-is described in docs/operations.md (Metrics reference); tests/test_metrics_reference.py holds the two to each
+is described in docs/operations.md (Metrics reference); tests/report/test_metrics_reference.py holds the two to each
 other.
 
 Readiness: every partition assigned to the worker has its state recovered and none is halted (a halted partition

@@ -9,7 +9,7 @@ right-hand scale read against the left-hand one looked like a breach), named in 
 (``<plot>/<n>/axes/<unit>``); a limit or threshold line is drawn in the plot area of its unit, its id
 ``<plot>/<n>/ref/<x|y>/<value>``; tick labels never overprint (:func:`_thin_labels`); counts have integer ticks;
 numbers are written by :mod:`stream_anon.numbers` (no scientific notation, shares as percentages).
-tests/test_report_browser.py checks these in Chromium on what the page shows.
+tests/report/test_report_browser.py checks these in Chromium on what the page shows.
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ models with Dankar et al.'s rule (:mod:`.population`).
 Pure arithmetic on numbers (standard library, numpy, scipy): the worker renders these figures with each release
 and the independent audit recomputes them from what it counts itself, so this package imports nothing of the
 engine, the strategies, the formers, the criteria, the configuration, Kafka, the audit or the evaluation
-(tests/test_architecture.py).
+(tests/cli/test_architecture.py).
 """
 from .classes import DEFAULT_THRESHOLD, RiskSettings, journalist_class_risk, release_risk
 from .population import PopulationUniqueness, pitman, population_uniqueness, snb, zayatz

@@ -27,11 +27,11 @@ N (ARX's ``getFractionOfUniqueTuples``).
   f > 0.1 -> the smaller of Zayatz and SNB (Zayatz when SNB has no valid estimate). An estimate is valid when it
   is a finite positive number of at most N uniques.
 
-The SNB equations here are the model's own (tests/test_risk.py checks both against sums over the model's
+The SNB equations here are the model's own (tests/privacy/test_risk.py checks both against sums over the model's
 distribution). ARX 3.x multiplies the second by ``(1-d)**(alpha+2)`` instead of dividing and adds ``-1`` per
 histogram entry inside a sum of Shlosser's estimator; on ARX's Adult table its solver then finds no SNB root and
 its rule falls back to Zayatz for f > 0.1, where this module may choose SNB. Pitman and Zayatz reproduce ARX's
-published figures on that table (tests/test_risk.py).
+published figures on that table (tests/privacy/test_risk.py).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The worker without Kafka: a partition's batch of input messages in, its output messages and new state out.
 
-No module here imports a Kafka client or faust (tests/test_architecture.py checks it): :mod:`stream_anon.kafka`
+No module here imports a Kafka client or faust (tests/cli/test_architecture.py checks it): :mod:`stream_anon.kafka`
 moves what this package produces through Kafka, and tests, benchmarks and the fingerprint runs drive it directly.
 
 - ``stream_anon.worker.core``: ``WorkerCore``, the batch of one partition -> output messages + the state record.

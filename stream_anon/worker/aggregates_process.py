@@ -7,7 +7,7 @@ a fifth of its throughput. In a child process that work runs beside the engine's
 
 What does not change: the aggregates of a partition are the same :class:`~stream_anon.worker.aggregates.
 PartitionAggregates` object, only living in the child; every row, ledger entry and state record is the one the
-worker computes without the child (``tests/test_aggregates_process.py`` compares them byte for byte); the
+worker computes without the child (``tests/dp/test_aggregates_process.py`` compares them byte for byte); the
 partition's DP state still goes into the same Kafka transaction as its output and offsets (the loop asks the child
 for it when it writes the state record, which waits for the releases sent before).
 
