@@ -35,10 +35,11 @@ import math
 from datetime import datetime, timezone
 from functools import lru_cache
 from itertools import repeat
+from typing import Protocol
 
 import numpy as np
 
-from stream_anon.config import QuasiIdentifier, StreamConfig
+from stream_anon.config import QuasiIdentifier
 from stream_anon.h3cells import common_cell, common_cells, h3_package as _h3
 from stream_anon.hierarchy import Hierarchy
 
@@ -57,10 +58,16 @@ def iso(ts: float) -> str:
         return f"{ts!r} s since the epoch"
 
 
+class HasQuasiIdentifiers(Protocol):
+    """What :class:`QISpace` reads of a configuration: its quasi-identifiers (a :class:`StreamConfig`, or the
+    evaluation's table of them; ``anonymization.time_granularity_s`` when present)."""
+    quasi_identifiers: tuple[QuasiIdentifier, ...]
+
+
 class QISpace:
     """Encodes flat events into an (n, D) float matrix and turns class boxes into published values."""
 
-    def __init__(self, config: StreamConfig):
+    def __init__(self, config: HasQuasiIdentifiers):
         self.qis: tuple[QuasiIdentifier, ...] = config.quasi_identifiers
         lower, upper, weight, owner = [], [], [], []
         for qi_index, qi in enumerate(self.qis):
