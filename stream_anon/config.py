@@ -28,8 +28,8 @@ from stream_anon.inputs import InputSpec, parse_input
 from stream_anon.inputs.mapping import FIELD_KEYS, INPUT_KEYS
 from stream_anon.risk import DEFAULT_THRESHOLD, RiskSettings
 from stream_anon.strategies import STRATEGIES
-from stream_anon.validation import MAX_COUNT, MAX_SECONDS, Table, check_fields, check_file, check_integer, \
-    check_number, named_tables
+from stream_anon.validation import MAX_COUNT, MAX_SECONDS, ConfigDir, Table, check_fields, check_file, \
+    check_integer, check_number, named_tables
 
 if TYPE_CHECKING:       # the annotation only: stream_anon.dp pulls in diffprivlib, loaded for streams with [dp]
     from stream_anon.dp.specs import DPConfig
@@ -205,12 +205,12 @@ def parse_config(raw: dict, base_dir: Path = Path("."), source: Path | None = No
     ...
     stream_anon.errors.ConfigError: anonymisation: unknown table; did you mean anonymization?
     """
-    base_dir = config_dir(base_dir, allow_outside_paths)
+    files = config_dir(base_dir, allow_outside_paths)
     top = Table(raw, "", TOP_LEVEL_KEYS, noun="table")
     stream = _parse_stream(top.table("stream", STREAM_KEYS))
     anonymization, strategy_params, criteria = _parse_anonymization(top.table("anonymization", ANONYMIZATION_KEYS),
-                                                                    base_dir)
-    qis = _parse_quasi_identifiers(top.get("quasi_identifiers", []), base_dir)
+                                                                    files)
+    qis = _parse_quasi_identifiers(top.get("quasi_identifiers", []), files)
     sensitive, invariant, domains = _parse_sensitive(top.table("sensitive", SENSITIVE_KEYS, {}), anonymization)
     # the criteria name sensitive fields: read with the [anonymization] table, checked once those are known
     anonymization = dataclasses.replace(anonymization, criteria=parse_criteria(
@@ -226,8 +226,8 @@ def parse_config(raw: dict, base_dir: Path = Path("."), source: Path | None = No
     if (top.get("dp", None), top.get("aggregates", None)) != (None, None):
         # imported only for streams with aggregates: stream_anon.dp pulls in diffprivlib and scikit-learn
         from stream_anon.dp.specs import parse_dp_config
-        dp = parse_dp_config(raw, base_dir, need_start=True)
-    spec = _parse_input(top.get("input", None), stream, qis, sensitive, dp, base_dir)
+        dp = parse_dp_config(raw, files, need_start=True)
+    spec = _parse_input(top.get("input", None), stream, qis, sensitive, dp, files)
     # the connection settings: unknown ones refused here; the values, merged with the environment and the command
     # line, are checked by stream_anon.connection.resolve when a command starts
     top.table("kafka", KAFKA_KEYS, {})
@@ -235,7 +235,7 @@ def parse_config(raw: dict, base_dir: Path = Path("."), source: Path | None = No
     report = _parse_report(top.table("report", REPORT_KEYS, {}))
     top.done()
     return StreamConfig(stream, anonymization, qis, sensitive, invariant, drop, pseudo, limits, source, raw, dp,
-                        domains, input=spec, risk=risk, report=report, allow_outside_paths=base_dir.allow_outside)
+                        domains, input=spec, risk=risk, report=report, allow_outside_paths=files.allow_outside)
 
 
 def _parse_stream(t: Table) -> StreamSection:
@@ -257,7 +257,7 @@ def _parse_stream(t: Table) -> StreamSection:
     return section
 
 
-def _parse_anonymization(t: Table, base_dir: Path) -> tuple[Anonymization, Any, list | None]:
+def _parse_anonymization(t: Table, base_dir: ConfigDir) -> tuple[Anonymization, Any, list | None]:
     """[anonymization]: k, windows and deadlines, the strategy and its parameters, reuse, m-invariance; and the
     ``[[anonymization.criteria]]`` tables as given (:func:`stream_anon.criteria.parse_criteria` reads them)."""
     k = t.integer("k", 2, MAX_COUNT)
@@ -308,7 +308,7 @@ def _parse_m(t: Table, window_s: float, strategy: str, reuse: str) -> dict:
     return {"m": m, "m_horizon_s": horizon, "m_params": dict(params)}
 
 
-def _graph_files(params: dict, base_dir: Path) -> dict:
+def _graph_files(params: dict, base_dir: ConfigDir) -> dict:
     """``strategy_params.graphs`` (utility-clustering's station graphs, QI name -> CSV file) with each file
     resolved against the config file's directory and checked now, as every other file of a configuration."""
     graphs = params.get("graphs")
@@ -335,7 +335,7 @@ def _keyed(path: str, exc: Exception) -> str:
         else f"{path}: {msg}"
 
 
-def _parse_quasi_identifiers(value, base_dir: Path) -> tuple[QuasiIdentifier, ...]:
+def _parse_quasi_identifiers(value, base_dir: ConfigDir) -> tuple[QuasiIdentifier, ...]:
     """[[quasi_identifiers]]: at least one, names distinct."""
     tables = named_tables(value, "quasi_identifiers", QI_KEYS)
     if not tables:
@@ -343,7 +343,7 @@ def _parse_quasi_identifiers(value, base_dir: Path) -> tuple[QuasiIdentifier, ..
     return tuple(_parse_qi(t, base_dir) for t in tables)
 
 
-def _parse_qi(t: Table, base_dir: Path) -> QuasiIdentifier:
+def _parse_qi(t: Table, base_dir: ConfigDir) -> QuasiIdentifier:
     name, kind, fields = t.name(), t.choice("kind", QI_KINDS), t.fields("field")
     weight = t.number("weight", 1.0, at_least=0, at_most=MAX_WEIGHT)
     if kind in ("categorical", "station"):
@@ -525,7 +525,7 @@ def table_keys() -> dict[str, tuple[str, ...]]:
     return keys
 
 
-def _parse_input(table, stream: StreamSection, qis, sensitive, dp, base_dir: Path) -> InputSpec:
+def _parse_input(table, stream: StreamSection, qis, sensitive, dp, base_dir: ConfigDir) -> InputSpec:
     """The [input] table (stream_anon.inputs.mapping): every field the stream reads must be mapped, nothing else."""
     required = {stream.privacy_unit: "privacy unit", stream.event_time: "event time"}
     for q in qis:

@@ -35,6 +35,7 @@ import copy
 import math
 import time
 from dataclasses import asdict, dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -162,7 +163,8 @@ def run_settings(config, events: list[dict]) -> Figures:
     res = engine.process(events)
     res.extend(engine.flush())
     runtime = time.perf_counter() - t0
-    ncp_sum, published, by_reason, late, deferred = 0.0, 0, {}, 0, set()
+    by_reason: dict[str, int] = {}
+    ncp_sum, published, late, deferred = 0.0, 0, 0, set()
     entries = [c.individuals for rel in res.releases for c in rel.classes]
     for rel in res.releases:
         real = rel.record_ncp if rel.record_counterfeit is None else rel.record_ncp[~rel.record_counterfeit]
@@ -302,7 +304,7 @@ def search(config, events: list[dict], closed_form: dict, max_delay_limit_s: flo
     best, runs = st.best, st.runs
     # what a longer latency would buy: twice the chosen window and the limit (reported, never chosen)
     beyond = runs({**best, WINDOW: _plain(2 * best[WINDOW]), MAX_DELAY: _plain(2 * limit)}, "train")
-    held_out = {"events": len(held), "from_time": _iso(cut)}
+    held_out: dict[str, object] = {"events": len(held), "from_time": _iso(cut)}
     if held:
         held_out["current"] = run_settings(config, held)
         held_out["chosen"] = run_settings(with_settings(config, best), held) if best != current \
@@ -330,7 +332,7 @@ class _Stages:
         for delta in candidates:
             f = self.runs({**self.best, **delta}, part).figures
             if f is not None and base is not None and _admissible(f, base, self.config.anonymization.k) and \
-                    f.ncp < top.ncp + (1e-12 if ties else -1e-12):
+                    _ncp(f) < _ncp(top) + (1e-12 if ties else -1e-12):
                 self.best, top = {**self.best, **delta}, f
 
     def strategy(self, candidates: list[dict], windows: int) -> None:
@@ -346,10 +348,17 @@ class _Stages:
         if self.best != before and part != "train":
             f = self.runs(self.best, "train").figures
             top, base = self.runs(before, "train").figures, self.runs(self.current, "train").figures
-            if f is None or not _admissible(f, base, self.config.anonymization.k) or f.ncp >= top.ncp - 1e-12:
+            # base: the current settings, which validate, on the part the search chooses on
+            if f is None or not _admissible(f, cast(Figures, base), self.config.anonymization.k) or \
+                    _ncp(f) >= _ncp(top) - 1e-12:
                 self.notes.append(f"strategy {self.best[STRATEGY]} was better on the spread windows, not on the "
                                   "whole part")
                 self.best = before
+
+
+def _ncp(f: Figures | None) -> float:
+    """The NCP of a run known to have one: an admissible run, or the best one so far on the same events."""
+    return cast(float, cast(Figures, f).ncp)
 
 
 def _plain(v):

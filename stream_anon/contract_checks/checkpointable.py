@@ -28,7 +28,7 @@ import functools
 import hashlib
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Callable
+from typing import Any, Callable, TypedDict
 
 import numpy as np
 import orjson
@@ -120,7 +120,7 @@ def release(part: DPAggregator, window) -> list[dict]:
 def release_by_ids(part: DPAggregator, window) -> list[dict]:
     """The worker's form: columns, the units as the engine's keyed ids."""
     w, events = window
-    columns = {f: [e.get(f) for e in events] for f in part.fields}
+    columns: dict[str, Any] = {f: [e.get(f) for e in events] for f in part.fields}    # lists, the ids an array
     columns[UNIT_IDS] = np.array([unit_id(e["card"]) for e in events], dtype=np.int64)
     return [{k: v for k, v in r.items() if k != "ts"} for r in part.process_columns(w, columns)]
 
@@ -211,20 +211,30 @@ def engine_step(engine, batch: list[dict]) -> list:
     return out + [[(w.index, w.late) for w in res.windows], [r.reason for r in res.rejected]]
 
 
+class _Feed(TypedDict, total=False):
+    """How an engine is fed: ENGINE_FEED has every key, an entry of ENGINE_FEEDS those it changes."""
+    anonymization: dict                 # [anonymization] keys changed
+    n: int                              # events of the slice
+    batch: int                          # events per input
+    tables: bool                        # Factory.tables, unit_counts, unit_tables
+    unit_counts: tuple[int, int, int]
+    unit_tables: tuple[str, ...]
+
+
 # How the engine with a former is fed (default: as the k-anonymous one, whose tables grow with the events: seen
 # event ids, buffered records, not with the units). The m-invariant former's pool of published values (bounded by
 # the configuration: pool_size per value) is made small, so that it fills within the slice.
-ENGINE_FEED = {"anonymization": {}, "n": 4000, "batch": 400, "tables": False, "unit_counts": (30, 300, 3000),
-               "unit_tables": ()}
-ENGINE_FEEDS = {"MInvariantFormer": {"anonymization": {"m_params": {"pool_size": 2}}, "n": 12000, "batch": 1000,
-                                     "tables": True, "unit_counts": (200, 600, 2000),
-                                     "unit_tables": ("former/signatures",)}}
+ENGINE_FEED: _Feed = {"anonymization": {}, "n": 4000, "batch": 400, "tables": False, "unit_counts": (30, 300, 3000),
+                      "unit_tables": ()}
+ENGINE_FEEDS: dict[str, _Feed] = {
+    "MInvariantFormer": {"anonymization": {"m_params": {"pool_size": 2}}, "n": 12000, "batch": 1000, "tables": True,
+                         "unit_counts": (200, 600, 2000), "unit_tables": ("former/signatures",)}}
 
 
 def engine_factory(former: str) -> Factory:
     """The engine of the bundled config that selects ``former`` (:func:`.registry.former_config`)."""
     config = registry.former_config(former)
-    feed = {**ENGINE_FEED, **ENGINE_FEEDS.get(former, {})}
+    feed: _Feed = {**ENGINE_FEED, **ENGINE_FEEDS.get(former, {})}
     return Factory(f"engine/{former}", engine_of(config, **feed["anonymization"]),
                    engine_batches(config.stream.name, config.stream.privacy_unit, feed["n"], feed["batch"]),
                    engine_step, deletes=True, tables=feed["tables"], unit_counts=feed["unit_counts"],

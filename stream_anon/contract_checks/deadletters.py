@@ -30,9 +30,10 @@ def _set(event: dict, path: str, value) -> None:
 
 
 def _get(event: dict, path: str):
+    node: object = event
     for p in path.split("."):
-        event = event.get(p) if isinstance(event, dict) else None
-    return event
+        node = node.get(p) if isinstance(node, dict) else None
+    return node
 
 
 def _leaves(doc: dict, prefix: str = ""):

@@ -61,15 +61,18 @@ def _same_twice(config, first, what: str, events: int = EVENTS) -> None:
 
 def check_strategy(name: str) -> None:
     from stream_anon.engine import Engine
+    from stream_anon.formers.kanon import KAnonymousFormer
     from stream_anon.strategies import STRATEGIES
 
     what = f"strategy {name}"
     cls = STRATEGIES[name]
     params = getattr(cls, "Params", None)
-    assert dataclasses.is_dataclass(params) and params.__dataclass_params__.frozen, \
-        f"{what}: Params must be a frozen dataclass"
+    frozen = (dataclasses.is_dataclass(params)
+              and params.__dataclass_params__.frozen)  # type: ignore[union-attr]  # not in typeshed's DataclassInstance
+    assert frozen, f"{what}: Params must be a frozen dataclass"
     config = registry.strategy_config(name)
     engine = Engine(config, secret=SECRET.encode())
+    assert isinstance(engine.former, KAnonymousFormer), f"{what}: its config must make a k-anonymous former"
     strategy = engine.former.strategy
     form, calls = strategy.form_classes, []
 

@@ -117,12 +117,14 @@ def aggregate_sample(kind: str) -> tuple[StreamConfig, dict]:
 def with_only(config: StreamConfig, aggregates: list[dict]) -> StreamConfig:
     """``config`` with ``aggregates`` as its only ``[[aggregates]]`` (validated as any config)."""
     raw = {**config.raw, "aggregates": aggregates}
+    assert config.source is not None, "a bundled config is read from its file"
     return parse_config(raw, base_dir=config.source.parent, source=config.source)
 
 
 def without_dp(config: StreamConfig) -> StreamConfig:
     """``config`` without its ``[dp]`` and ``[[aggregates]]`` (a check of something else runs faster)."""
     raw = {k: v for k, v in config.raw.items() if k not in ("dp", "aggregates")}
+    assert config.source is not None, "a bundled config is read from its file"
     return parse_config(raw, base_dir=config.source.parent, source=config.source)
 
 
@@ -132,11 +134,11 @@ class ConfigCopy:
 
     def __init__(self, raw: dict, name: str = "check"):
         self.raw, self.name = raw, name
-        self._tmp = None
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
 
     def __enter__(self) -> Path:
-        self._tmp = tempfile.TemporaryDirectory(prefix="stream-anon-check-")
-        root = Path(self._tmp.name)
+        self._tmp = tmp = tempfile.TemporaryDirectory(prefix="stream-anon-check-")
+        root = Path(tmp.name)
         shutil.copytree(contract.configs_dir(), root, dirs_exist_ok=True,
                         ignore=shutil.ignore_patterns("__pycache__", "*.toml"))
         path = root / f"{self.name}.toml"
@@ -144,4 +146,5 @@ class ConfigCopy:
         return path
 
     def __exit__(self, *exc) -> None:
+        assert self._tmp is not None            # __enter__ made it
         self._tmp.cleanup()

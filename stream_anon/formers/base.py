@@ -24,6 +24,28 @@ SUPPRESSED_VALUE_CHANGED = "invariant_value_changed"
 SUPPRESSED_THIN_REUSE = "reused_class_fewer_than_k_new_individuals"
 
 
+class Space(Protocol):
+    """What a former reads of the QI space (:class:`stream_anon.engine.space.QISpace`; formers import no engine)."""
+    width: np.ndarray          # (D,) upper - lower
+    weight: np.ndarray         # (D,) NCP weights, summing to 1
+
+    def snap(self, lo: np.ndarray, hi: np.ndarray, members: tuple | None = None
+             ) -> tuple[np.ndarray, np.ndarray, list]: ...
+
+    def ncp(self, lo: np.ndarray, hi: np.ndarray, labels: list | None = None) -> np.ndarray: ...
+
+
+class Registry(Protocol):
+    """What a former reads of the published classes (:class:`stream_anon.engine.registry.PublishedClasses`)."""
+    tag: np.ndarray            # (classes,) registry tag of each class
+
+    def __len__(self) -> int: ...
+
+    def cover(self, X: np.ndarray) -> np.ndarray: ...
+
+    def choose_random(self, X: np.ndarray, rng: np.random.Generator) -> np.ndarray: ...
+
+
 @dataclass
 class WindowView:
     """The buffered records at a window close (read-only for the former; rows are buffer indices)."""
@@ -34,9 +56,9 @@ class WindowView:
     due: np.ndarray            # (n,) True: must be placed or suppressed at this close
     final: bool                # end of stream: everything is due
     window_end: float
-    space: object              # stream_anon.engine.space.QISpace
+    space: Space               # also handed to the strategy
     rng: np.random.Generator   # the release's generator (seed, partition, sequence)
-    registry: object           # stream_anon.engine.registry.PublishedClasses (read-only here)
+    registry: Registry         # read-only here
 
     def __len__(self) -> int:
         return len(self.units)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from stream_anon.criteria import Classes, Column, KIndividuals, MaxClassNCP
+from stream_anon.criteria import Classes, Column, Criterion, KIndividuals, MaxClassNCP
 from stream_anon.formers.base import Counterfeits, NewClass, Plan, WindowView
 
 
@@ -56,14 +56,15 @@ class KAnonymousFormer:
 
     def form(self, view: WindowView) -> Plan:
         n = len(view)
-        plan = Plan(loss_rejected=np.zeros(n, dtype=bool))
+        loss_rejected = np.zeros(n, dtype=bool)
+        plan = Plan(loss_rejected=loss_rejected)
         assigned = np.zeros(n, dtype=bool)
         if self.reuse_policy == "immediate" and self.reuses:
             self._reuse_into(view, np.arange(n), plan.reused, assigned)
         pending = np.flatnonzero(~assigned)
         if len(pending) == 0:
             return plan
-        extra = {}
+        extra: dict[str, object] = {}
         if self.strategy.uses_sensitive:
             # strategies with a diversity or severity rule (seeds 002, 003) see the sensitive columns too
             extra["sensitive"] = {f: [view.sensitive[i][j] for i in pending]
@@ -82,14 +83,14 @@ class KAnonymousFormer:
         # enforcement, independent of the strategy: k distinct individuals (all classes at once)
         k_ok = self.k_rule.holds(Classes(sizes, view.units[pending[flat]]))
         groups = [pending[lc] for lc, ok in zip(locs, k_ok) if ok]
-        failed = []
+        failed: list[tuple[np.ndarray, Criterion]] = []
         if self.criteria and groups:
             groups, failed = self._repair(view, groups)
         for rows, ok in zip(groups, self._within_loss(view, groups)):
             if ok:
                 plan.new_classes.append(NewClass(rows))
             else:
-                plan.loss_rejected[rows] = True
+                loss_rejected[rows] = True
         for rows, criterion in failed:
             self._give_up(view, rows[view.due[rows]], criterion.reason, plan)
         return plan
@@ -117,7 +118,8 @@ class KAnonymousFormer:
             out[~criterion.holds(classes)] = i
         return out
 
-    def _repair(self, view: WindowView, groups: list[np.ndarray]) -> tuple[list[np.ndarray], list[tuple]]:
+    def _repair(self, view: WindowView, groups: list[np.ndarray]
+                ) -> tuple[list[np.ndarray], list[tuple[np.ndarray, Criterion]]]:
         """Merge every class failing a criterion with its cheapest partner until it holds (module docstring, step
         2). Returns the classes that hold every criterion (in the order of their first class) and ``(rows,
         criterion)`` of those that still fail."""

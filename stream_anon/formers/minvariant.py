@@ -90,6 +90,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import numpy as np
 
@@ -101,6 +102,11 @@ from stream_anon.validation import MAX_COUNT, check_integer, check_number
 
 STATE_VERSION = 4           # 4: the signatures' core under "signatures"
 FREE = -1            # bucket of the measurement mode without invariance (``invariance=False``)
+# What form() learns about a close for reuse() and complete(): each row's local unit, the unit ids, each unit's
+# values, each row's value, local unit -> signature of its new class, (signature, value id, last release) of
+# each unit as bound before the close, and the RowValues
+_Close: TypeAlias = ("tuple[np.ndarray, np.ndarray, list[frozenset], list[str | None], dict[int, int], "
+                     "tuple[list, list, list], RowValues]")
 
 
 @dataclass(frozen=True)
@@ -155,11 +161,11 @@ class MInvariantFormer:
         self.invariance = bool(invariance)
         self.inv_field = invariant_field
         self.inv_col = tuple(sensitive_fields).index(invariant_field)
-        self.stats = Counter()                # counterfeit individuals/records, value changes, signatures made
+        self.stats: Counter[str] = Counter()  # counterfeit individuals/records, value changes, signatures made
         self.book = Signatures(m, k, horizon_s, units_table, self.stats)
         self.pool: dict[str, list] = {}       # value -> recent published sensitive tuples (dress counterfeits)
         self.repr: dict[str, object] = {}     # value text -> a raw value with that text
-        self._close = None                    # what form() learnt about the current close, for reuse/complete
+        self._close: _Close | None = None     # what form() learnt about the current close, for reuse/complete
 
     # -- state ----------------------------------------------------------------------------------------------
     def state_core(self) -> dict:
@@ -212,7 +218,8 @@ class MInvariantFormer:
                 self.repr[v] = view.sensitive[r][self.inv_col]
         due = view.due
         uids, unit_of_row = rv.uids, rv.unit_of_row
-        plan = Plan(loss_rejected=np.zeros(n_rows, dtype=bool))
+        loss_rejected = np.zeros(n_rows, dtype=bool)
+        plan = Plan(loss_rejected=loss_rejected)
         # bound signatures of the present individuals (one vectorized lookup; -1: not bound)
         if self.invariance and len(uids):
             found, brow = self.book.units.get(uids)
@@ -275,7 +282,7 @@ class MInvariantFormer:
                 lo, hi, _ = view.space.snap(view.X[cls_rows].min(axis=0, keepdims=True),
                                             view.X[cls_rows].max(axis=0, keepdims=True))
                 if view.space.ncp(lo, hi)[0] > self.max_class_ncp:
-                    plan.loss_rejected[cls_rows] = True
+                    loss_rejected[cls_rows] = True
                     continue
                 if not presence:     # the class's own values, plus the absent ones its counterfeits get
                     cols, zz = rv.class_counts(cls_rows, sig_col)
@@ -300,7 +307,7 @@ class MInvariantFormer:
         registry = view.registry
         if len(rows) == 0 or self.reuse_policy == "never" or len(registry) == 0:
             return reused
-        unit_of_row, uids, unit_vals, _, placed_sig, (bound_sig, _, _), _ = self._close
+        unit_of_row, uids, unit_vals, _, placed_sig, (bound_sig, _, _), _ = self._closing()
         cover = registry.cover(view.X[rows])
         by_unit: dict[int, list[int]] = {}
         for i, r in enumerate(rows.tolist()):
@@ -327,12 +334,16 @@ class MInvariantFormer:
                 placed_sig[ui] = int(registry.tag[c])
         return reused
 
+    def _closing(self) -> _Close:
+        assert self._close is not None, "reuse() and complete() follow form() in a close (the engine's order)"
+        return self._close
+
     # -- counterfeits and binding ---------------------------------------------------------------------------
     def complete(self, view: WindowView, groups: list, published_rows: list[int]) -> list[Counterfeits]:
         """Counterfeits per class of the release (``groups``: ``(class_id, rows, signature id)`` in release
         order), then bind the signatures of the real individuals published. ``published_rows`` (new classes'
         rows, then reused rows, in placement order) refresh the pool that dresses counterfeit records."""
-        unit_of_row, uids, unit_vals, values, _, bound_now, rv = self._close
+        unit_of_row, uids, unit_vals, values, _, bound_now, rv = self._closing()
         bound_sig = bound_now[0]
         binds: dict[int, list] = {}              # local unit -> [signature id, value id, last] after this release
         self._close = None

@@ -129,7 +129,7 @@ class Signatures:
         present: dict[int, Counter] = {}
         present_n: Counter = Counter()
         for sid, members in bucket_units.items():
-            cnt = Counter()
+            cnt: Counter = Counter()
             for ui in members:
                 cnt.update(unit_vals[ui])
             present[sid] = cnt
@@ -144,7 +144,7 @@ class Signatures:
         # (a new signature from today's frequencies only when every one of them is over the cap). key(sid, v)
         # depends only on the bucket and population of sid, which change only when an individual joins sid, so
         # keys are cached per signature and recomputed after a join (same choices as evaluating every key).
-        empty = Counter()
+        empty: Counter = Counter()
         keys: dict[int, dict] = {}                # sid -> {v: key}
         base: dict[int, int] = {}                 # sid -> counterfeits the bucket needs now
         totals = {sid: sum(p.values()) for sid, p in pop.items()}
@@ -227,6 +227,7 @@ class Signatures:
             keys.pop(best, None)
             base[best] += best_key[2]             # the bucket's need now: the need with v counted
             changed(best)
+        return out
 
     def bind(self, binds: dict, ui: int, bound_now, vals: frozenset, sid: int, window_end: float) -> None:
         """Bind (or refresh) the signature of local unit ``ui`` in ``binds`` (written to the table in bulk)."""

@@ -58,7 +58,7 @@ class _Registry(dict):
         return [(name, self[name]) for name in self]
 
 
-STRATEGIES: dict[str, type] = _Registry({
+STRATEGIES: dict[str, type[Strategy]] = _Registry({
     "mondrian": "stream_anon.strategies.mondrian:Mondrian",
     "heuristicmin": "stream_anon.strategies.heuristicmin:HeuristicMin",
     "utility-clustering": "stream_anon.strategies.utility_clustering:UtilityClustering",

@@ -238,7 +238,7 @@ class CarData:
     uses_sensitive = False
     Params = CarDataParams
 
-    def __init__(self, **params):
+    def __init__(self, **params) -> None:
         self.params = p = CarDataParams(**params)
         self.numeric_depth, self.suppression_limit = p.numeric_depth, float(p.suppression_limit)
         self._trees: dict = {}

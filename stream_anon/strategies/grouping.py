@@ -89,11 +89,13 @@ def k_medoids(distance: np.ndarray, n_clusters: int) -> tuple[np.ndarray, list[i
         raise ValueError(f"grouping.n_columns: between 1 and {m} attributes, got {n_clusters}")
     if m > MAX_EXACT_ATTRIBUTES:
         raise ValueError(f"grouping: at most {MAX_EXACT_ATTRIBUTES} attributes for exact k-medoids, got {m}")
-    best, best_cost = None, np.inf
+    best: list[int] | None = None
+    best_cost = np.inf
     for medoids in itertools.combinations(range(m), n_clusters):
         cost = distance[:, medoids].min(axis=1).sum()
         if cost < best_cost - 1e-12:
             best, best_cost = list(medoids), cost
+    assert best is not None, "k_medoids: distances must be finite"     # then the first set has a finite cost
     labels = np.argmin(distance[:, best], axis=1)
     labels[best] = np.arange(n_clusters)        # a medoid belongs to its own cluster, even at distance ties
     return labels, best
@@ -173,13 +175,15 @@ def grouping_anonymize(df: pd.DataFrame, bucket_by: Sequence[str], sensitive: Se
         if attributes is None or n_columns is None:
             raise ValueError("grouping: give columns, or attributes and n_columns for k-medoids")
         columns = group_attributes(df, attributes, n_columns, bins)
-    columns = [list(c) for c in columns]
-    holding = [c for c in columns if set(sensitive) & set(c)]
+    attr_groups = [list(c) for c in columns]
+    holding = [c for c in attr_groups if set(sensitive) & set(c)]
     if len(holding) != 1 or not set(sensitive) <= set(holding[0]):
-        raise ValueError(f"grouping.sensitive: {list(sensitive)} must all lie in one column of {columns}")
+        raise ValueError(f"grouping.sensitive: {list(sensitive)} must all lie in one column of {attr_groups}")
     qi_part = [a for a in holding[0] if a not in sensitive]
     units = pd.factorize(df[individual])[0] if individual else None
-    check = DiversityCheck(_codes(df, sensitive), _codes(df, qi_part), l, units, k)
+    sensitive_codes = _codes(df, sensitive)
+    assert sensitive_codes is not None          # sensitive lies in one column (checked above): not empty
+    check = DiversityCheck(sensitive_codes, _codes(df, qi_part), l, units, k)
     keys = df[list(bucket_by)].to_numpy(dtype=float)
     buckets = median_partition(keys, check, relaxed=True)
     rng = np.random.default_rng(seed)
@@ -187,19 +191,19 @@ def grouping_anonymize(df: pd.DataFrame, bucket_by: Sequence[str], sensitive: Se
     for b, rows in enumerate(buckets):
         piece = {}
         first = None
-        for cols in columns:
+        for cols in attr_groups:
             perm = rows[rng.permutation(len(rows))]
             first = perm if first is None else first
             for a in cols:
                 piece[a] = df[a].to_numpy()[perm]
-        out = pd.DataFrame(piece, index=df.index[first])[[a for c in columns for a in c]]
+        out = pd.DataFrame(piece, index=df.index[first])[[a for c in attr_groups for a in c]]
         out["bucket"] = b
         parts.append(out)
-    released = pd.concat(parts) if parts else pd.DataFrame(columns=[a for c in columns for a in c] + ["bucket"])
+    released = pd.concat(parts) if parts else pd.DataFrame(columns=[a for c in attr_groups for a in c] + ["bucket"])
     for a, label in (generalize or {}).items():
         released[a] = label
     placed = np.concatenate(buckets) if buckets else np.empty(0, np.int64)
-    return GroupingResult(buckets, columns, released, np.setdiff1d(np.arange(len(df)), placed))
+    return GroupingResult(buckets, attr_groups, released, np.setdiff1d(np.arange(len(df)), placed))
 
 
 @dataclass(frozen=True)

@@ -196,7 +196,11 @@ class _Children:
     def __init__(self, parents: _Parts):
         self.parents = parents
         self.label = np.full(len(parents.rows), -1, dtype=np.int64)
-        self.parent, self.ordinal, self.level, self.blocked = [], [], [], []
+        # one array per add(), concatenated by done()
+        self.parent: list[np.ndarray] = []
+        self.ordinal: list[np.ndarray] = []
+        self.level: list[np.ndarray] = []
+        self.blocked: list[np.ndarray] = []
         self.count = 0
 
     def add(self, parent: np.ndarray, ordinal: np.ndarray, level: np.ndarray, blocked: np.ndarray) -> np.ndarray:

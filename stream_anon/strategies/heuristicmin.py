@@ -83,7 +83,8 @@ class HeuristicMinResult:
 
 
 class _Table:
-    def __init__(self, df, hierarchies, attributes, requirements, count, unit):
+    def __init__(self, df: pd.DataFrame, hierarchies: Mapping[str, Hierarchy], attributes: Sequence[str],
+                 requirements: list[Requirement], count: str | None, unit: str | None) -> None:
         self.attributes = list(attributes)
         self.h = [hierarchies[a] for a in self.attributes]
         self.requirements = requirements
@@ -207,11 +208,11 @@ def heuristicmin(df: pd.DataFrame, hierarchies: Mapping[str, Hierarchy], k: int 
         if k is None:
             raise ValueError("heuristicmin: give k or requirements")
         requirements = [Requirement(tuple(attributes), k)]
-    requirements = [r if isinstance(r, Requirement) else Requirement(tuple(r[0]), int(r[1])) for r in requirements]
-    for r in requirements:
+    reqs = [r if isinstance(r, Requirement) else Requirement(tuple(r[0]), int(r[1])) for r in requirements]
+    for r in reqs:
         if r.k < 1 or not set(r.shield) <= set(attributes):
             raise ValueError(f"heuristicmin: requirement {r} needs k >= 1 and a shield within {attributes}")
-    t = _Table(df, hierarchies, attributes, requirements, count, unit)
+    t = _Table(df, hierarchies, attributes, reqs, count, unit)
 
     if t.evaluate(t.top_state())[0]:      # the all-root table: one row, the most any generalisation can merge
         raise ValueError("heuristicmin: requirements cannot be met even at the hierarchy roots")
@@ -331,7 +332,7 @@ class HeuristicMin:
     uses_sensitive = False
     Params = HeuristicMinParams
 
-    def __init__(self, **params):
+    def __init__(self, **params) -> None:
         self.params = p = HeuristicMinParams(**params)
         self.numeric_depth, self.max_expansions = p.numeric_depth, p.max_expansions
         self._trees: dict = {}

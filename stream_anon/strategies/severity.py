@@ -38,7 +38,7 @@ with reuse of earlier classes turned off, since the rule is not monotone) and th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, TypedDict, cast
 
 import networkx as nx
 import numpy as np
@@ -51,11 +51,20 @@ from stream_anon.errors import ConfigError
 from stream_anon.hierarchy import Hierarchy
 from stream_anon.metrics.severity import average_severity, distinct_diversity, k_min, total_severity_penalty
 from stream_anon.strategies.partition import frame_keys, median_partition
-from stream_anon.strategies.tabular import frame_attributes, generalize_classes
+from stream_anon.strategies.tabular import QISpec, frame_attributes, generalize_classes
 from stream_anon.validation import MAX_COUNT, check_bool, check_choice, check_integer, check_number, check_text
 
 RULES = ("merge", "top", "none")
 L_RANGE = (3, 25)          # the paper's diversity range for the global l target
+
+
+class _CriterionParams(TypedDict):
+    """The keywords of :class:`stream_anon.criteria.SeverityRule` a :class:`SeverityRule` fixes."""
+    severity: Mapping | str
+    default_severity: float | None
+    cap: int | None
+    l_floor: int
+    diversity: bool
 
 
 class SeverityRule:
@@ -67,10 +76,11 @@ class SeverityRule:
                  l_floor: int = 1, diversity: bool = True, k_min_from: str = "map"):
         if k_min_from not in ("map", "data"):
             raise ValueError(f"k_min_from: 'map' or 'data', got {k_min_from!r}")
-        self.params = dict(severity=severity, default_severity=default_severity, cap=cap, l_floor=l_floor,
-                           diversity=diversity)
+        self.params = _CriterionParams(severity=severity, default_severity=default_severity, cap=cap,
+                                       l_floor=l_floor, diversity=diversity)
         self.probe = self.criterion("field", 1)         # validates the parameters once
-        self.severity, self.default = self.probe.severity, self.probe.default
+        # the criterion's __post_init__ has resolved a preset name to its map
+        self.severity, self.default = cast(Mapping, self.probe.severity), self.probe.default
         self.cap, self.l_floor, self.diversity, self.k_min_from = cap, l_floor, diversity, k_min_from
 
     def criterion(self, field: str, kmin: int) -> SeverityCriterion:
@@ -176,7 +186,7 @@ class SeverityResult:
     qis: Mapping
 
 
-def severity_anonymize(df: pd.DataFrame, qis: Mapping[str, object], sensitive: str, severity: Mapping | str,
+def severity_anonymize(df: pd.DataFrame, qis: Mapping[str, QISpec], sensitive: str, severity: Mapping | str,
                        k_cons: int = 5, individual: str | None = None, rule: str = "merge",
                        default_severity: float | None = None, cap: int | None = None, l_floor: int = 1,
                        k_min_from: str = "data") -> SeverityResult:

@@ -19,7 +19,7 @@ The engine adapters describe each dimension of a :class:`~stream_anon.engine.spa
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, TypeAlias
 
 import networkx as nx
 import numpy as np
@@ -28,6 +28,8 @@ import pandas as pd
 from stream_anon.hierarchy import Hierarchy
 
 MISSING = -1      # code of a missing value in a tree/graph attribute
+# what a quasi-identifier is generalized with (module docstring); networkx is untyped, so a graph is Any to mypy
+QISpec: TypeAlias = "Hierarchy | nx.Graph | tuple[float, float] | None"
 
 
 @dataclass
@@ -49,44 +51,60 @@ class Attribute:
     hierarchy: Hierarchy | None = None
     graph: object = None
 
+    def numbers(self) -> np.ndarray:
+        """``x`` of a numeric attribute (its constructors always set it)."""
+        assert self.x is not None, f"{self.name}: a numeric attribute without values"
+        return self.x
+
+    def coded(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(codes, matrix)`` of a tree or graph attribute (its constructors always set both, and ``values``)."""
+        assert self.codes is not None and self.matrix is not None, f"{self.name}: a coded attribute without codes"
+        return self.codes, self.matrix
+
     def distances_to(self, rows: np.ndarray, j: int) -> np.ndarray:
         """Raw distance from record j to each record in ``rows``."""
         if self.kind == "numeric":
-            d = np.abs(self.x[rows] - self.x[j])
-            return np.where(np.isnan(d), np.where(np.isnan(self.x[rows]) & np.isnan(self.x[j]), 0.0,
+            x = self.numbers()
+            d = np.abs(x[rows] - x[j])
+            return np.where(np.isnan(d), np.where(np.isnan(x[rows]) & np.isnan(x[j]), 0.0,
                                                   self.max_distance), d)
-        return self.matrix[self.codes[rows], self.codes[j]]
+        codes, matrix = self.coded()
+        return matrix[codes[rows], codes[j]]
 
     def pairwise(self, rows: np.ndarray) -> np.ndarray:
         if self.kind == "numeric":
-            x = self.x[rows]
+            x = self.numbers()[rows]
             d = np.abs(x[:, None] - x[None, :])
             nan = np.isnan(d)
             if nan.any():
                 both = np.isnan(x)[:, None] & np.isnan(x)[None, :]
                 d = np.where(nan, np.where(both, 0.0, self.max_distance), d)
             return d
-        c = self.codes[rows]
-        return self.matrix[np.ix_(c, c)]
+        codes, matrix = self.coded()
+        c = codes[rows]
+        return matrix[np.ix_(c, c)]
 
     def spread(self, rows: np.ndarray) -> float:
         """Raw generalization size of a class: max - min, or the largest pairwise distance of its values."""
         if self.kind == "numeric":
-            x = self.x[rows]
+            x = self.numbers()[rows]
             if np.isnan(x).any():
                 return self.max_distance if not np.isnan(x).all() else 0.0
             return float(x.max() - x.min())
-        c = np.unique(self.codes[rows])
-        return float(self.matrix[np.ix_(c, c)].max()) if len(c) > 1 else 0.0
+        codes, matrix = self.coded()
+        c = np.unique(codes[rows])
+        return float(matrix[np.ix_(c, c)].max()) if len(c) > 1 else 0.0
 
     def order_key(self) -> np.ndarray:
         """A one-dimensional ordering of the records for median splits: the value, the leaf code, or the
         distance from the first station seen."""
         if self.kind == "numeric":
-            return np.where(np.isnan(self.x), -np.inf, self.x)
+            x = self.numbers()
+            return np.where(np.isnan(x), -np.inf, x)
+        codes, matrix = self.coded()
         if self.kind == "tree":      # codes index the sorted leaf codes present: hierarchy order
-            return self.codes.astype(float)
-        return self.matrix[self.codes, 0]
+            return codes.astype(float)
+        return matrix[codes, 0]
 
     def zscore_stats(self) -> tuple[float, float]:
         """Mean and standard deviation of D over all ordered record pairs (seed 000, Eq. 10-12), exact.
@@ -94,17 +112,20 @@ class Attribute:
         Numeric: E|X - Y| from the sorted values (Gini mean difference) and E(X - Y)^2 = 2 Var X, so no
         O(n^2) pass. Tree/graph: frequency-weighted over the distinct values, p^T D p and p^T D^2 p."""
         if self.kind == "numeric":
-            x = np.sort(self.x[~np.isnan(self.x)])
+            x = self.numbers()
+            x = np.sort(x[~np.isnan(x)])
             n = len(x)
             if n < 2:
                 return 0.0, 1.0
             mean = float(2.0 * np.sum((2 * np.arange(1, n + 1) - n - 1) * x) / (n * n))
             second = 2.0 * float(x.var())
         else:
-            counts = np.bincount(self.codes, minlength=len(self.values)).astype(float)
+            codes, matrix = self.coded()
+            assert self.values is not None, f"{self.name}: a coded attribute without values"
+            counts = np.bincount(codes, minlength=len(self.values)).astype(float)
             p = counts / counts.sum()
-            mean = float(p @ self.matrix @ p)
-            second = float(p @ (self.matrix ** 2) @ p)
+            mean = float(p @ matrix @ p)
+            second = float(p @ (matrix ** 2) @ p)
         std = float(np.sqrt(max(second - mean * mean, 0.0)))
         return mean, (std if std > 0 else 1.0)
 
@@ -182,7 +203,7 @@ def _with_missing(codes: np.ndarray, m: np.ndarray, max_distance: float) -> tupl
     return np.where(codes == MISSING, u, codes), out
 
 
-def frame_attributes(df: pd.DataFrame, qis: Mapping[str, object]) -> list[Attribute]:
+def frame_attributes(df: pd.DataFrame, qis: Mapping[str, QISpec]) -> list[Attribute]:
     """Attributes of a DataFrame; ``qis`` maps a column to a Hierarchy, a networkx graph, (L, U) or None."""
     attrs = []
     for name, spec in qis.items():
@@ -248,7 +269,7 @@ def space_attributes(X: np.ndarray, space, graphs: Mapping[str, object] | None =
     return attrs
 
 
-def generalize_classes(df: pd.DataFrame, classes, qis: Mapping[str, object], class_col: str = "class_id"
+def generalize_classes(df: pd.DataFrame, classes, qis: Mapping[str, QISpec], class_col: str = "class_id"
                        ) -> pd.DataFrame:
     """The released table: every record of a class gets the class's generalization (local recoding); records
     in no class are suppressed (all QIs None, class id -1). Same index as ``df``; non-QI columns are kept."""
@@ -264,6 +285,7 @@ def generalize_classes(df: pd.DataFrame, classes, qis: Mapping[str, object], cla
         for name, spec in qis.items():
             vals = df[name].iloc[rows]
             present = vals.dropna()
+            value: object         # a label, a set of stations, (min, max) or one number
             if isinstance(spec, Hierarchy):
                 if len(present) < len(vals):
                     value = spec.root

@@ -47,7 +47,8 @@ import pandas as pd
 from stream_anon.errors import ConfigError
 from stream_anon.metrics.distortion import entropy_factor, utility_weights
 from stream_anon.strategies.partition import distinct_units
-from stream_anon.strategies.tabular import Attribute, frame_attributes, generalize_classes, space_attributes
+from stream_anon.strategies.tabular import (Attribute, QISpec, frame_attributes, generalize_classes,
+                                            space_attributes)
 from stream_anon.validation import MAX_COUNT, check_choice, check_integer, check_number
 
 U_MAX = 5                        # largest manual utility factor (Sec. III-A)
@@ -85,7 +86,8 @@ def attribute_weights(attrs: list[Attribute], factors, owner_names: list[str] | 
         u = []
         for a in attrs:
             if a.kind == "numeric":
-                x = a.x[~np.isnan(a.x)]
+                x = a.numbers()
+                x = x[~np.isnan(x)]
                 rng = float(x.max() - x.min()) if len(x) else 0.0
                 u.append(entropy_factor(x, bucket=rng / ENTROPY_BUCKETS) if rng > 0 else 0.0)
             else:
@@ -187,7 +189,8 @@ def _cluster_block(rows, dist: _Normalized, attrs, units, k, head, limits, rng):
     alive = np.ones(m, bool)
     classes, suppressed = [], []
     limit_attrs = [(a, limits[a.name]) for a in attrs if a.name in limits]
-    knn = score = None
+    knn: np.ndarray | None = None           # each alive row's kk nearest alive rows, and their mean distance
+    score: np.ndarray | None = None
     kk = 0
     while True:
         rem = np.flatnonzero(alive)
@@ -204,6 +207,7 @@ def _cluster_block(rows, dist: _Normalized, attrs, units, k, head, limits, rng):
                     kk, stale = want, rem
                     knn, score = np.zeros((m, kk), np.int64), np.full(m, np.inf)
                 else:
+                    assert score is not None        # set with knn
                     stale = rem[(~alive[knn[rem]]).any(axis=1)]
                 if len(stale):
                     sub = D[np.ix_(stale, rem)]
@@ -237,15 +241,15 @@ def cluster(attrs: list[Attribute], units: np.ndarray, k: int, weights: np.ndarr
     n = len(units)
     all_rows = np.arange(n)
     dist = _Normalized(attrs, weights, normalization, all_rows)
-    classes, suppressed, left = [], [], []
+    classes, suppressed, leftover = [], [], []
     if n == 0 or distinct_units(units) < k:          # Algorithm 1, line 36: |T| < k
         return [], np.empty(0, np.int64), all_rows
     for block in _split_blocks(attrs, units, k, max_block):
         c, s, rest = _cluster_block(block, dist, attrs, units, k, head, limits, rng)
         classes += [block[x] for x in c]
         suppressed += [int(block[x]) for x in s]
-        left += [int(block[x]) for x in rest]
-    left = np.array(left, dtype=np.int64)
+        leftover += [int(block[x]) for x in rest]
+    left = np.array(leftover, dtype=np.int64)
     if leftovers == "best_class" and classes and len(left):
         base = [dist.class_distortion(c) for c in classes]
         for r in left:
@@ -257,7 +261,7 @@ def cluster(attrs: list[Attribute], units: np.ndarray, k: int, weights: np.ndarr
     return classes, np.array(sorted(suppressed), dtype=np.int64), left
 
 
-def utility_clustering(df: pd.DataFrame, qis: Mapping[str, object], k: int, individual: str | None = None,
+def utility_clustering(df: pd.DataFrame, qis: Mapping[str, QISpec], k: int, individual: str | None = None,
                        factors: Mapping[str, int] | str | None = None, normalization: str = "zscore",
                        head: str = "density", limits: Mapping[str, float] | None = None,
                        leftovers: str = "best_class", seed: int = 0, max_block: int = 1000) -> ClusteringResult:
