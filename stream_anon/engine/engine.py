@@ -117,6 +117,8 @@ def make_former(config: StreamConfig, invariance: bool = True) -> Former:
     ``invariance=False`` only measures what m-invariance costs (benchmarks); no configuration key reaches it."""
     a = config.anonymization
     if a.m is not None:
+        if config.invariant_sensitive is None:      # the configuration requires it with m (sensitive.invariant)
+            raise ValueError("anonymization.m needs sensitive.invariant")
         return MInvariantFormer(a.m, a.k, MInvariantParams(**a.m_params), config.sensitive,
                                 config.invariant_sensitive, a.m_horizon_s, a.max_class_ncp, a.reuse, invariance,
                                 units_table=KeyedTable(SIGNATURE_FIELDS))

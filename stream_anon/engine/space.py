@@ -61,7 +61,9 @@ def iso(ts: float) -> str:
 class HasQuasiIdentifiers(Protocol):
     """What :class:`QISpace` reads of a configuration: its quasi-identifiers (a :class:`StreamConfig`, or the
     evaluation's table of them; ``anonymization.time_granularity_s`` when present)."""
-    quasi_identifiers: tuple[QuasiIdentifier, ...]
+
+    @property
+    def quasi_identifiers(self) -> tuple[QuasiIdentifier, ...]: ...
 
 
 class QISpace:

@@ -8,6 +8,7 @@ published-class registry, the release builder and the suppression reasons below)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -106,16 +107,24 @@ class Former(Protocol):
     :class:`~stream_anon.formers.minvariant.MInvariantFormer`. A former is a
     :class:`~stream_anon.checkpoint.Checkpointable` (its core and keyed tables are part of the engine's state)."""
 
-    m: int | None              # m of an m-invariant former (its releases carry it), None for any other
-    shuffle_records: bool      # True: the release's records are shuffled (counterfeits must not be findable)
-    registry_tags: bool        # True: registered classes carry the tag of their NewClass
+    @property
+    def m(self) -> int | None:
+        """m of an m-invariant former (its releases carry it), None for any other."""
+
+    @property
+    def shuffle_records(self) -> bool:
+        """True: the release's records are shuffled (counterfeits must not be findable)."""
+
+    @property
+    def registry_tags(self) -> bool:
+        """True: registered classes carry the tag of their NewClass."""
 
     def form(self, view: WindowView) -> Plan: ...
 
     def reuse(self, view: WindowView, rows: np.ndarray, plan: Plan) -> dict[int, list[int]]:
         """Due rows left over after forming -> registry index of an earlier class that takes them."""
 
-    def complete(self, view: WindowView, groups: list, published_rows: list[int]) -> list[Counterfeits | None]:
+    def complete(self, view: WindowView, groups: list, published_rows: list[int]) -> Sequence[Counterfeits | None]:
         """Called once per release with its classes in release order ``(class_id, rows, tag)`` and the rows it
         publishes in placement order; returns the counterfeits per class (or None) and updates the former's own
         state (e.g. binds signatures)."""
