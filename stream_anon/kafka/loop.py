@@ -40,7 +40,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from stream_anon.worker import state as st
 from stream_anon.worker.core import WorkerCore
 from stream_anon.kafka.lineage import StreamLineage
-from stream_anon.kafka.observe import throughput_metric
+from stream_anon.kafka.observe import MetricSender, throughput_metric
 from stream_anon.worker.partition import ConfigChangeRefused, KeyRotationRefused
 from stream_anon.kafka.retention import RetentionCheck, guard_raw_retention
 from stream_anon.kafka.state_cache import CommittedCache, read_state_logs
@@ -48,8 +48,6 @@ from stream_anon.connection import REPLICATION_FACTOR
 from stream_anon.kafka.transactions import TXN_TIMEOUT_S, CommitThreads, InFlight, OpenTransaction, \
     abort_or_fenced, fence_and_barrier, transactional_producer
 from stream_anon.kafka.watchdog import BrokerWatch
-from stream_anon.metric_rows import alert_row
-from stream_anon.render import TOPICS, json_bytes
 
 log = logging.getLogger("stream_anon.worker")
 client_log = logging.getLogger("stream_anon.kafka.client")
@@ -265,37 +263,6 @@ def ensure_state_topic(admin: AdminClient, topic: str, partitions: int, exists: 
     problem = st.topic_limit_problem(configs, part_bytes)
     if problem:
         raise RuntimeError(f"state topic {topic}: {problem}")
-
-
-class MetricSender:
-    """The worker's own messages on ``anon.metrics`` (throughput, partition alerts, the retention guard's, the
-    lineage's and the operator's steps'), through a plain producer; each is shown to ``note`` first (the worker's
-    stats keep an alert's time); a metric that cannot be sent is logged: metrics never stop processing."""
-
-    def __init__(self, stream: str, note=None):
-        self.stream, self.producer, self.note = stream, None, note
-
-    def start(self, client_config: dict, compression: str) -> None:
-        self.producer = Producer({**client_config, "logger": client_log, "linger.ms": 20,
-                                  "compression.type": compression})
-
-    def alert(self, name: str, partition: int | None, **fields) -> None:
-        """Send the alert ``name`` (stream_anon.metric_rows.alert_row)."""
-        self.send(alert_row(name, self.stream, partition, **fields))
-
-    def send(self, row: dict) -> None:
-        """Send a row made by stream_anon.metric_rows."""
-        if self.note is not None:
-            self.note(row)
-        try:
-            self.producer.produce(TOPICS.metrics, json_bytes(row), self.stream.encode())
-            self.producer.poll(0)
-        except (BufferError, KafkaException) as exc:
-            client_log.warning("metric not sent: %s", exc)
-
-    def close(self) -> None:
-        if self.producer is not None:
-            self.producer.flush(5)
 
 
 class KafkaLoop:
