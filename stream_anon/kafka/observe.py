@@ -271,7 +271,8 @@ class MetricSender:
     stats keep an alert's time); a metric that cannot be sent is logged: metrics never stop processing."""
 
     def __init__(self, stream: str, note=None):
-        self.stream, self.producer, self.note = stream, None, note
+        self.stream, self.note = stream, note
+        self.producer: Producer | None = None       # made by start()
 
     def start(self, client_config: dict, compression: str) -> None:
         self.producer = Producer({**client_config, "logger": client_log, "linger.ms": 20,
@@ -285,6 +286,7 @@ class MetricSender:
         """Send a row made by stream_anon.metric_rows."""
         if self.note is not None:
             self.note(row)
+        assert self.producer is not None, "MetricSender.send before start()"    # the loop starts it in _setup
         try:
             self.producer.produce(TOPICS.metrics, json_bytes(row), self.stream.encode())
             self.producer.poll(0)
