@@ -225,6 +225,13 @@ def resume_partition(core: WorkerCore, p: int, rec: st.Recovery, counters: dict 
     return ps
 
 
+def _made(consumer: Consumer | None) -> Consumer:
+    """The loop's input consumer, made by KafkaLoop._setup before any step, rebalance callback or commit: the loop
+    uses it only then (its _shutdown checks for None itself)."""
+    assert consumer is not None, "the loop's consumer is used before _setup"
+    return consumer
+
+
 def input_topic_id(admin: AdminClient, topic: str) -> str | None:
     """The topic's id (None on a broker without topic ids: the cache and offsets checks remain)."""
     try:
@@ -311,12 +318,6 @@ class KafkaLoop:
     def stop(self) -> None:
         self.stopping.set()
 
-    @property
-    def consumer(self) -> Consumer:
-        """The input consumer, made by :meth:`_setup` before any step or rebalance callback."""
-        assert self._consumer is not None, "the loop's consumer is used before _setup"
-        return self._consumer
-
     def run(self) -> None:
         try:
             self._setup()
@@ -364,7 +365,7 @@ class KafkaLoop:
     # ---- one step ---------------------------------------------------------------------------------------------
     def _step(self) -> None:
         wait = self.watch.input_wait(self.core.idle_due_at(not_before=self.watch.outage_ended_at), self.batch_within_s)
-        msgs = self.consumer.consume(num_messages=self.batch_max, timeout=wait)
+        msgs = _made(self._consumer).consume(num_messages=self.batch_max, timeout=wait)
         arrived = time.time()
         by_part = by_partition(msgs, self.core.parts, self.halted)
         # every partition's batch first, then their transactions: with the DP aggregates in their own process
@@ -386,7 +387,7 @@ class KafkaLoop:
         # end of the last outage answered); a flush during a broker pause would make the pause's backlog late.
         self.watch.probe_by(self.core.idle_due_at(not_before=self.watch.outage_ended_at))
         idle = self.core.idle_partitions(answered_at=self.watch.answered_at, not_before=self.watch.outage_ended_at)
-        waiting = unread_input(self.consumer, self.input, self.core.parts,
+        waiting = unread_input(_made(self._consumer), self.input, self.core.parts,
                                [ps.partition for ps in idle if ps.partition not in self.halted])
         for ps in idle:
             if ps.partition not in self.halted and ps.partition not in waiting:
@@ -413,8 +414,7 @@ class KafkaLoop:
                 self.core.stats.note_commit(out.releases, arrived, txn.ended_at)
         return outcome
 
-    def _start_commit(self, ps: PartitionState, messages: list, offset: int, flush_pending: bool = False
-                      ) -> OpenTransaction:
+    def _start_commit(self, ps, messages: list, offset: int, flush_pending: bool = False) -> OpenTransaction:
         """Write a partition batch's transaction (output, state record in parts, tombstones) and start its commit
         (offsets, then commit: it waits for the broker) in a thread of its own; its outcome is taken later."""
         p = ps.partition
@@ -423,7 +423,7 @@ class KafkaLoop:
         offsets = [TopicPartition(self.input, p, offset + 1), TopicPartition(self.state_topic, p, txn.rec.seq)]
         # the group's metadata read here, on the consumer's thread: a commit thread asking the consumer would wait
         # for consume() to return, and a commit inside a rebalance callback (_on_assign's flush) never would
-        self.commits.start(txn, self._end_transaction, offsets, self.consumer.consumer_group_metadata())
+        self.commits.start(txn, self._end_transaction, offsets, _made(self._consumer).consumer_group_metadata())
         return txn
 
     def _outcome(self, txn: OpenTransaction, failure: KafkaException | None, leaving: bool = False) -> bool:
@@ -456,7 +456,7 @@ class KafkaLoop:
         if not fenced and err.code() == KafkaError.MSG_SIZE_TOO_LARGE:   # the batch would fail again
             self._halt(p, st.HALT_MESSAGE_TOO_LARGE, f"a message of the batch after input offset {ps.offset} is over "
                        f"the producer's message.max.bytes ({st.MESSAGE_MAX_BYTES}): {err.str()}")
-            self.consumer.pause([TopicPartition(self.input, p)])
+            _made(self._consumer).pause([TopicPartition(self.input, p)])
             return
         if fenced:
             # another worker initialized this partition's transactional id: it owns the partition now
@@ -523,9 +523,9 @@ class KafkaLoop:
     def _recover_and_seek(self, p: int) -> None:
         start = self._recover([p])[p]
         if p in self.halted:
-            self.consumer.pause([TopicPartition(self.input, p)])
+            _made(self._consumer).pause([TopicPartition(self.input, p)])
             return
-        self.consumer.seek(TopicPartition(self.input, p, OFFSET_BEGINNING if start is None else start))
+        _made(self._consumer).seek(TopicPartition(self.input, p, OFFSET_BEGINNING if start is None else start))
 
     def _fence(self, p: int) -> bytes:
         """A new producer of the partition's transactional id, initialized (fencing any other), and the nonce of
@@ -543,8 +543,8 @@ class KafkaLoop:
         self.counters["recoveries"] += len(parts)
         logs = read_state_logs(self._fence, {**self.cfg, "logger": client_log}, f"{self.core.app_id}-state-reader",
                                self.state_topic, parts)
-        committed = self.consumer.committed([TopicPartition(t, p) for p in parts
-                                             for t in (self.input, self.state_topic)], timeout=30)
+        committed = _made(self._consumer).committed([TopicPartition(t, p) for p in parts
+                                                     for t in (self.input, self.state_topic)], timeout=30)
         offsets = {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None) for tp in committed}
         topic_id = input_topic_id(self._admin, self.input)
         recs = {p: st.choose_state(logs[p], offsets.get((self.state_topic, p)), offsets.get((self.input, p)),
@@ -571,6 +571,6 @@ class KafkaLoop:
         self.metrics.alert("partition_halted", p, reason=reason, detail=detail)
 
     def _publish_metrics(self) -> None:
-        highwaters = end_offsets(self.consumer, self.input, self.core.parts)
+        highwaters = end_offsets(_made(self._consumer), self.input, self.core.parts)
         self.highwater = {p: h for p, h in highwaters.items() if h is not None}
         self.metrics.send(throughput_metric(self, highwaters))
