@@ -15,6 +15,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import IO
 
 
 class BrokerError(RuntimeError):
@@ -68,7 +69,7 @@ class EmbeddedBroker:
         self.startup_timeout_s = startup_timeout_s
         self.binary = binary
         self.proc: subprocess.Popen | None = None
-        self._log_file = None
+        self._log_file: IO[bytes] | None = None
 
     @property
     def bootstrap(self) -> str:

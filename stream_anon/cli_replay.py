@@ -53,6 +53,7 @@ def cmd_replay(args) -> int:
         counts = replay(conn, topic, [], key_fn=None, raw_payloads=pairs, secret=secret,
                         progress=not args.quiet, total=len(pairs))
     else:
+        assert events is not None           # read above unless the file's messages were mapped (pairs)
         unit = config.stream.privacy_unit if config is not None else args.key_field
         counts = replay(conn, topic, events, key_fn=unit_key_fn(unit) if unit else None, secret=secret,
                         progress=not args.quiet)

@@ -437,7 +437,9 @@ def broker_unreachable(conn: KafkaConnection, timeout_s: float = BROKER_TIMEOUT_
     client_log = logging.getLogger("stream_anon.kafka.client")
     client_log.disabled = True            # librdkafka's retries during the probe are this one line's business
     refused: list = []                    # librdkafka's authentication and TLS errors, served by poll()
-    admin = AdminClient({**conn.confluent(), "logger": client_log, "error_cb": refused.append})
+    admin = AdminClient({**conn.confluent(),
+                         "logger": client_log,              # type: ignore[dict-item]  # hint omits the logger
+                         "error_cb": refused.append})       # type: ignore[dict-item]  # and the callbacks
     deadline = time.monotonic() + timeout_s
     try:
         while True:

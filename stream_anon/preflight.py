@@ -266,7 +266,7 @@ def _key_id(out: Preflight, conn, stream: str, secret: bytes, present: dict) -> 
                                                           crypto.PREVIOUS_SECRET_FILE_ENV)))
         except crypto.SecretError as exc:
             out.findings.append(f"previous secret: {exc}")
-    theirs = {}
+    theirs: dict[str | None, list[int]] = {}
     for partition, m in sorted(last.items()):
         theirs.setdefault(m.get("kid"), []).append(partition)
     for kid, partitions in sorted(theirs.items(), key=lambda kv: str(kv[0])):
@@ -324,10 +324,11 @@ def last_manifests(conn, topic: str, stream: str, tail: int = TAIL_MESSAGES, idl
             if msgs:
                 quiet = time.monotonic()
             for msg in msgs:
-                if msg.error() is not None or msg.value() is None:
+                value = msg.value()
+                if msg.error() is not None or value is None:
                     continue
                 try:
-                    doc = json.loads(msg.value())
+                    doc = json.loads(value)
                 except ValueError:
                     continue
                 if not isinstance(doc, dict) or doc.get("stream") != stream or "partition" not in doc:

@@ -28,7 +28,7 @@ from mode import Service
 from stream_anon import crypto, logsetup
 from stream_anon.version import __version__
 from stream_anon import connection as kafka_connection
-from stream_anon.connection import as_connection, broker_unreachable
+from stream_anon.connection import KafkaConnection, as_connection, broker_unreachable
 from stream_anon.config import load_config
 from stream_anon.helptext import with_defaults
 from stream_anon.worker.core import WorkerCore
@@ -58,21 +58,24 @@ class WorkerApp(faust.App):
     # faust's service lines (Starting..., Stopping...) are the framework's: shown at DEBUG like the rest of faust
     logger = logging.getLogger("faust.app.stream_anon")
 
+    stream_anon_core: WorkerCore          # set by make_app
+    stream_anon_loop: KafkaLoop
+
     async def _wait_for_table_recovery_completed(self) -> bool:
         return False          # no faust tables: the partitions' state lives in the worker's state topic
 
 
-def make_app(config, bootstrap: str, state_dir, app_id: str | None = None, secret: bytes | None = None,
-             batch_max: int = 10000, batch_within_s: float = 0.5, metrics_interval_s: float = 5.0,
-             flush_when_idle_s: float | None = None, web_port: int | None = None, raw_deadletters: bool = False,
-             accept_input_reset: bool = False, client_config: dict | None = None,
+def make_app(config, bootstrap: str | KafkaConnection, state_dir, app_id: str | None = None,
+             secret: bytes | None = None, batch_max: int = 10000, batch_within_s: float = 0.5,
+             metrics_interval_s: float = 5.0, flush_when_idle_s: float | None = None, web_port: int | None = None,
+             raw_deadletters: bool = False, accept_input_reset: bool = False, client_config: dict | None = None,
              compression: str = DEFAULT_COMPRESSION, aggregates_process: str = "auto",
              accept_config_change: bool = False, new_lineage: bool = False, previous_secret: bytes | None = None,
              state_part_bytes: int = PART_MAX_BYTES, session_timeout_s: float = SESSION_TIMEOUT_S):
     """The faust app of one worker and its :class:`KafkaLoop` (``app.stream_anon_loop``). ``previous_secret``:
     the secret before a key rotation (``--rotate-key``): states written with it are resumed under ``secret``."""
     app_id = app_id or f"stream-anon-{config.stream.name}"
-    secret = secret if secret is not None else crypto.load_secret()
+    worker_secret = secret if secret is not None else crypto.load_secret()   # a name of its own: bytes in on_start
     state_dir = Path(state_dir)
     (state_dir / app_id).mkdir(parents=True, exist_ok=True)
     app = WorkerApp(
@@ -85,7 +88,7 @@ def make_app(config, bootstrap: str, state_dir, app_id: str | None = None, secre
         web_bind="127.0.0.1",
         Monitor="stream_anon.kafka.lean_monitor:LeanMonitor",
     )
-    core = WorkerCore(config, app_id, secret, flush_when_idle_s=flush_when_idle_s,
+    core = WorkerCore(config, app_id, worker_secret, flush_when_idle_s=flush_when_idle_s,
                       raw_deadletters=raw_deadletters, aggregates_process=use_aggregates_process(aggregates_process),
                       aggregates_setup=tune_gc)
     loop = KafkaLoop(core, {**as_connection(bootstrap).confluent(), **(client_config or {})}, batch_max=batch_max,
@@ -104,7 +107,7 @@ def make_app(config, bootstrap: str, state_dir, app_id: str | None = None, secre
 
         async def on_start(self) -> None:
             log.info("started: stream-anon %s, stream %s, app id %s, input %s, key id %s, web %s", __version__,
-                     config.stream.name, app_id, config.stream.input_topic, crypto.key_id(secret),
+                     config.stream.name, app_id, config.stream.input_topic, crypto.key_id(worker_secret),
                      f"127.0.0.1:{web_port}" if web_port is not None else "off")
             self._thread = threading.Thread(target=loop.run, name="kafka-loop", daemon=True)
             self._thread.start()
@@ -181,8 +184,8 @@ def tune_gc() -> None:
     gc.set_threshold(GC_GEN0_THRESHOLD, 20, 20)
 
 
-def run_worker(config, bootstrap: str, state_dir, app_id: str | None = None, secret: bytes | None = None,
-               loglevel: str = "warning", **app_kwargs):
+def run_worker(config, bootstrap: str | KafkaConnection, state_dir, app_id: str | None = None,
+               secret: bytes | None = None, loglevel: str = "warning", **app_kwargs):
     """Run the worker in this process until SIGTERM/SIGINT (or until its loop fails: then exit code 70)."""
     app = make_app(config, bootstrap, state_dir, app_id=app_id, secret=secret, **app_kwargs)
     tune_gc()

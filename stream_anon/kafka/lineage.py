@@ -44,6 +44,7 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import cast
 
 import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -194,8 +195,9 @@ class LineageTopic:
 
     def _produce(self, key: str, doc: dict) -> None:
         self.raise_fatal()
-        self._producer_ready().produce(self.topic, json_bytes(doc), key.encode(), partition=0)
-        unsent = self._producer.flush(30)
+        prod = self._producer_ready()
+        prod.produce(self.topic, json_bytes(doc), key.encode(), partition=0)
+        unsent = prod.flush(30)
         self.raise_fatal()
         if unsent != 0:
             raise RuntimeError(f"lineage topic {self.topic}: a record was not acknowledged within 30 s")
@@ -217,10 +219,11 @@ class LineageTopic:
             deadline = time.monotonic() + READ_WAIT_S
             while time.monotonic() < deadline:
                 for m in reader.consume(num_messages=500, timeout=POLL_S):
-                    if m.error() is not None or not m.value():
+                    value = m.value()
+                    if m.error() is not None or not value:
                         continue
                     try:
-                        doc = orjson.loads(m.value())
+                        doc = orjson.loads(value)
                     except ValueError:
                         continue
                     if not isinstance(doc, dict) or doc.get("stream") != self.stream:
@@ -272,16 +275,17 @@ def manifest_lineages(client_config: dict, stream: str, quiet_s: float = 0.5, ma
             if msgs:
                 quiet_since = time.monotonic()
             for m in msgs:
-                key = m.key() or b""
+                key, value = m.key() or b"", m.value()
                 _refuse_unauthorized(m.error(), topic)
-                if m.error() is not None or not key.startswith(prefix):
+                # a tombstone (None) is no manifest (orjson would refuse it too)
+                if m.error() is not None or not key.startswith(prefix) or value is None:
                     continue
                 try:
-                    doc = orjson.loads(m.value())
+                    doc = orjson.loads(value)
                 except ValueError:
                     continue
-                if isinstance(doc, dict) and doc.get("stream") == stream:
-                    found.setdefault(str(doc.get("lineage")), set()).add(doc.get("partition"))
+                if isinstance(doc, dict) and doc.get("stream") == stream:     # a manifest (its partition: an int)
+                    found.setdefault(str(doc.get("lineage")), set()).add(cast(int, doc.get("partition")))
             # the consumer's position passes transaction markers, which no message shows
             if not msgs and time.monotonic() - quiet_since >= quiet_s and \
                     all(ends[tp.partition] <= 0 or tp.offset >= ends[tp.partition] for tp in reader.position(tps)):

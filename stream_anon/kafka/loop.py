@@ -32,6 +32,7 @@ import logging
 import sys
 import threading
 import time
+from typing import Any, cast
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicCollection, \
     TopicPartition
@@ -40,16 +41,14 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from stream_anon.worker import state as st
 from stream_anon.worker.core import WorkerCore
 from stream_anon.kafka.lineage import StreamLineage
-from stream_anon.kafka.observe import throughput_metric
-from stream_anon.worker.partition import ConfigChangeRefused, KeyRotationRefused
+from stream_anon.kafka.observe import MetricSender, throughput_metric
+from stream_anon.worker.partition import ConfigChangeRefused, KeyRotationRefused, PartitionState
 from stream_anon.kafka.retention import RetentionCheck, guard_raw_retention
 from stream_anon.kafka.state_cache import CommittedCache, read_state_logs
 from stream_anon.connection import REPLICATION_FACTOR
 from stream_anon.kafka.transactions import TXN_TIMEOUT_S, CommitThreads, InFlight, OpenTransaction, \
     abort_or_fenced, fence_and_barrier, transactional_producer
 from stream_anon.kafka.watchdog import BrokerWatch
-from stream_anon.metric_rows import alert_row
-from stream_anon.render import TOPICS, json_bytes
 
 log = logging.getLogger("stream_anon.worker")
 client_log = logging.getLogger("stream_anon.kafka.client")
@@ -67,7 +66,8 @@ class RateLimited(logging.Filter):
 
     def __init__(self, every_s: float = 30.0):
         super().__init__()
-        self.every_s, self.last = every_s, {}
+        self.every_s = every_s
+        self.last: dict[str, float] = {}      # message text -> when one was let through
 
     def filter(self, record: logging.LogRecord) -> bool:
         key = record.getMessage()[:80]
@@ -125,9 +125,9 @@ def by_partition(msgs, parts, halted) -> dict[int, list | None]:
                 client_log.warning("consumer: %s", err)
             continue
         p = m.partition()
-        batch = out.get(p, False)
-        if batch is False:
-            batch = out[p] = [] if p in parts and p not in halted else None
+        if p not in out:
+            out[p] = [] if p in parts and p not in halted else None
+        batch = out[p]
         if batch is not None:
             batch.append((m.offset(), m.value()))
     return out
@@ -182,7 +182,8 @@ COUNTERS = ("transactions", "aborted", "recoveries", "halts", "broker_lost", "st
 CONFIG_CHANGE_ACCEPTED, KEY_ROTATED = "config_change_accepted", "key_rotated"     # alerts of an operator's step
 
 
-def resume_partition(core: WorkerCore, p: int, rec: st.Recovery, counters: dict | None = None, raise_alert=None):
+def resume_partition(core: WorkerCore, p: int, rec: st.Recovery, counters: dict | None = None, raise_alert=None
+                     ) -> PartitionState | None:
     """The partition's pipeline from the chosen state, or None with ``rec.halt`` set. An accepted change or key
     rotation the state cannot carry halts it too. Each changed guarantee setting is logged (ERROR when the partition
     halts, WARNING when it resumes under the change the operator accepted). The outcome is logged; a partition
@@ -202,10 +203,11 @@ def resume_partition(core: WorkerCore, p: int, rec: st.Recovery, counters: dict 
                 "" if rec.halt else " (accepted by the operator)")
     if rec.halt:
         return None
+    assert ps is not None              # opened: a refusal to open sets rec.halt
     if rec.rotated_from:
         log.warning("partition %s: key rotated from key id %s to %s (accepted by the operator: --rotate-key)", p,
                     rec.rotated_from, core.kid)
-    steps = []
+    steps: list[tuple[str, str, dict[str, Any]]] = []
     if rec.changes:
         steps.append((CONFIG_CHANGE_ACCEPTED, "config_changes_accepted", {"changes": rec.changes}))
     if rec.rotated_from:
@@ -221,6 +223,13 @@ def resume_partition(core: WorkerCore, p: int, rec: st.Recovery, counters: dict 
     log.info("partition %s: %s", p, f"resumed at state transaction {ps.seq}, input offset {ps.offset}" if rec.doc
              else f"no history: new state in lineage {ps.lineage}")
     return ps
+
+
+def _made(consumer: Consumer | None) -> Consumer:
+    """The loop's input consumer, made by KafkaLoop._setup before any step, rebalance callback or commit: the loop
+    uses it only then (its _shutdown checks for None itself)."""
+    assert consumer is not None, "the loop's consumer is used before _setup"
+    return consumer
 
 
 def input_topic_id(admin: AdminClient, topic: str) -> str | None:
@@ -267,37 +276,6 @@ def ensure_state_topic(admin: AdminClient, topic: str, partitions: int, exists: 
         raise RuntimeError(f"state topic {topic}: {problem}")
 
 
-class MetricSender:
-    """The worker's own messages on ``anon.metrics`` (throughput, partition alerts, the retention guard's, the
-    lineage's and the operator's steps'), through a plain producer; each is shown to ``note`` first (the worker's
-    stats keep an alert's time); a metric that cannot be sent is logged: metrics never stop processing."""
-
-    def __init__(self, stream: str, note=None):
-        self.stream, self.producer, self.note = stream, None, note
-
-    def start(self, client_config: dict, compression: str) -> None:
-        self.producer = Producer({**client_config, "logger": client_log, "linger.ms": 20,
-                                  "compression.type": compression})
-
-    def alert(self, name: str, partition: int | None, **fields) -> None:
-        """Send the alert ``name`` (stream_anon.metric_rows.alert_row)."""
-        self.send(alert_row(name, self.stream, partition, **fields))
-
-    def send(self, row: dict) -> None:
-        """Send a row made by stream_anon.metric_rows."""
-        if self.note is not None:
-            self.note(row)
-        try:
-            self.producer.produce(TOPICS.metrics, json_bytes(row), self.stream.encode())
-            self.producer.poll(0)
-        except (BufferError, KafkaException) as exc:
-            client_log.warning("metric not sent: %s", exc)
-
-    def close(self) -> None:
-        if self.producer is not None:
-            self.producer.flush(5)
-
-
 class KafkaLoop:
     """The batch loop of one worker (see the module docstring); ``run()`` is the thread's target."""
 
@@ -333,7 +311,8 @@ class KafkaLoop:
         self.metrics = MetricSender(core.stream, core.stats.note_alert)
         self.commits = CommitThreads()                   # the partitions' transactions commit side by side
         self.in_flight = InFlight(self.commits)           # their commits not yet taken (one per partition at most)
-        self._last_metric, self.highwater = 0.0, {}       # highwater: partition -> end offset last seen
+        self._last_metric = 0.0
+        self.highwater: dict[int, int] = {}               # partition -> end offset last seen
 
     # ---- lifecycle --------------------------------------------------------------------------------------------
     def stop(self) -> None:
@@ -359,7 +338,7 @@ class KafkaLoop:
             self.stopped.set()
 
     def _setup(self) -> None:
-        admin = AdminClient({**self.cfg, "logger": client_log})
+        admin = AdminClient({**self.cfg, "logger": client_log})  # type: ignore[dict-item]  # hint omits logger
         prepare_topics(admin, self.core, self.state_topic, self.state_part_bytes)
         self.lineage.topic.ensure(admin)
         self._admin = admin
@@ -386,7 +365,7 @@ class KafkaLoop:
     # ---- one step ---------------------------------------------------------------------------------------------
     def _step(self) -> None:
         wait = self.watch.input_wait(self.core.idle_due_at(not_before=self.watch.outage_ended_at), self.batch_within_s)
-        msgs = self._consumer.consume(num_messages=self.batch_max, timeout=wait)
+        msgs = _made(self._consumer).consume(num_messages=self.batch_max, timeout=wait)
         arrived = time.time()
         by_part = by_partition(msgs, self.core.parts, self.halted)
         # every partition's batch first, then their transactions: with the DP aggregates in their own process
@@ -408,7 +387,7 @@ class KafkaLoop:
         # end of the last outage answered); a flush during a broker pause would make the pause's backlog late.
         self.watch.probe_by(self.core.idle_due_at(not_before=self.watch.outage_ended_at))
         idle = self.core.idle_partitions(answered_at=self.watch.answered_at, not_before=self.watch.outage_ended_at)
-        waiting = unread_input(self._consumer, self.input, self.core.parts,
+        waiting = unread_input(_made(self._consumer), self.input, self.core.parts,
                                [ps.partition for ps in idle if ps.partition not in self.halted])
         for ps in idle:
             if ps.partition not in self.halted and ps.partition not in waiting:
@@ -418,7 +397,7 @@ class KafkaLoop:
             self._publish_metrics()
 
     # ---- transactions -----------------------------------------------------------------------------------------
-    def _commit(self, ps, messages: list, offset: int, flush_pending: bool = False) -> bool:
+    def _commit(self, ps: PartitionState, messages: list, offset: int, flush_pending: bool = False) -> bool:
         """Output, state and offsets of one partition batch in one transaction, waited for (none of the partition's
         may be in flight). False: not committed (see :meth:`_failed`)."""
         txn = self._start_commit(ps, messages, offset, flush_pending)
@@ -444,7 +423,7 @@ class KafkaLoop:
         offsets = [TopicPartition(self.input, p, offset + 1), TopicPartition(self.state_topic, p, txn.rec.seq)]
         # the group's metadata read here, on the consumer's thread: a commit thread asking the consumer would wait
         # for consume() to return, and a commit inside a rebalance callback (_on_assign's flush) never would
-        self.commits.start(txn, self._end_transaction, offsets, self._consumer.consumer_group_metadata())
+        self.commits.start(txn, self._end_transaction, offsets, _made(self._consumer).consumer_group_metadata())
         return txn
 
     def _outcome(self, txn: OpenTransaction, failure: KafkaException | None, leaving: bool = False) -> bool:
@@ -465,7 +444,7 @@ class KafkaLoop:
         prod.send_offsets_to_transaction(offsets, group, TXN_TIMEOUT_S)
         prod.commit_transaction(TXN_TIMEOUT_S)
 
-    def _failed(self, ps, prod: Producer, exc: KafkaException, leaving: bool = False) -> None:
+    def _failed(self, ps: PartitionState, prod: Producer, exc: KafkaException, leaving: bool = False) -> None:
         err = exc.args[0]
         self.counters["aborted"] += 1
         p = ps.partition
@@ -477,7 +456,7 @@ class KafkaLoop:
         if not fenced and err.code() == KafkaError.MSG_SIZE_TOO_LARGE:   # the batch would fail again
             self._halt(p, st.HALT_MESSAGE_TOO_LARGE, f"a message of the batch after input offset {ps.offset} is over "
                        f"the producer's message.max.bytes ({st.MESSAGE_MAX_BYTES}): {err.str()}")
-            self._consumer.pause([TopicPartition(self.input, p)])
+            _made(self._consumer).pause([TopicPartition(self.input, p)])
             return
         if fenced:
             # another worker initialized this partition's transactional id: it owns the partition now
@@ -490,7 +469,7 @@ class KafkaLoop:
             self.watch.lost(str(err))
         self._recover_and_seek(p)
 
-    def _flush(self, ps) -> None:
+    def _flush(self, ps: PartitionState) -> None:
         """Idle flush in two transactions: the decision (state with flush_pending), then its output."""
         if not self._settle_in_flight([ps.partition])[ps.partition] or self.core.parts.get(ps.partition) is not ps:
             return
@@ -544,9 +523,9 @@ class KafkaLoop:
     def _recover_and_seek(self, p: int) -> None:
         start = self._recover([p])[p]
         if p in self.halted:
-            self._consumer.pause([TopicPartition(self.input, p)])
+            _made(self._consumer).pause([TopicPartition(self.input, p)])
             return
-        self._consumer.seek(TopicPartition(self.input, p, OFFSET_BEGINNING if start is None else start))
+        _made(self._consumer).seek(TopicPartition(self.input, p, OFFSET_BEGINNING if start is None else start))
 
     def _fence(self, p: int) -> bytes:
         """A new producer of the partition's transactional id, initialized (fencing any other), and the nonce of
@@ -564,8 +543,8 @@ class KafkaLoop:
         self.counters["recoveries"] += len(parts)
         logs = read_state_logs(self._fence, {**self.cfg, "logger": client_log}, f"{self.core.app_id}-state-reader",
                                self.state_topic, parts)
-        committed = self._consumer.committed([TopicPartition(t, p) for p in parts
-                                              for t in (self.input, self.state_topic)], timeout=30)
+        committed = _made(self._consumer).committed([TopicPartition(t, p) for p in parts
+                                                     for t in (self.input, self.state_topic)], timeout=30)
         offsets = {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None) for tp in committed}
         topic_id = input_topic_id(self._admin, self.input)
         recs = {p: st.choose_state(logs[p], offsets.get((self.state_topic, p)), offsets.get((self.input, p)),
@@ -577,7 +556,7 @@ class KafkaLoop:
         for p in parts:
             ps = resume_partition(self.core, p, recs[p], self.counters, self.metrics.alert)
             if ps is None:
-                self._halt(p, recs[p].halt, recs[p].detail)
+                self._halt(p, cast(str, recs[p].halt), recs[p].detail)      # not resumed: rec.halt says why
             else:
                 ps.input_topic_id = topic_id or ps.input_topic_id
                 ps.record_parts = dict(recs[p].record_parts)     # the keys its chain's tombstones must reach
@@ -592,6 +571,6 @@ class KafkaLoop:
         self.metrics.alert("partition_halted", p, reason=reason, detail=detail)
 
     def _publish_metrics(self) -> None:
-        highwaters = end_offsets(self._consumer, self.input, self.core.parts)
+        highwaters = end_offsets(_made(self._consumer), self.input, self.core.parts)
         self.highwater = {p: h for p, h in highwaters.items() if h is not None}
         self.metrics.send(throughput_metric(self, highwaters))

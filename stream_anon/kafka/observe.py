@@ -1,7 +1,7 @@
 """The worker's figures in Prometheus text format (``/metrics``), read at scrape time from the same counters that
-feed the ``anon.metrics`` topic (one source: :func:`throughput_metric`), plus liveness and readiness. Every series
-is described in docs/operations.md (Metrics reference); tests/report/test_metrics_reference.py holds the two to each
-other.
+feed the ``anon.metrics`` topic (one source: :func:`throughput_metric`), plus liveness and readiness; and
+:class:`MetricSender`, which sends the worker's own messages on that topic. Every series is described in
+docs/operations.md (Metrics reference); tests/report/test_metrics_reference.py holds the two to each other.
 
 Readiness: every partition assigned to the worker has its state recovered and none is halted (a halted partition
 needs an operator: the worker is alive but not ready). The retention guard's verdict is in ``/readyz``'s detail
@@ -9,12 +9,19 @@ needs an operator: the worker is alive but not ready). The retention guard's ver
 """
 from __future__ import annotations
 
+import logging
+
+from confluent_kafka import KafkaException, Producer
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from stream_anon import crypto
+from stream_anon.metric_rows import alert_row
+from stream_anon.render import TOPICS, json_bytes
 from stream_anon.version import __version__
 from stream_anon.worker.stats import LATENCY_BUCKETS
+
+client_log = logging.getLogger("stream_anon.kafka.client")
 
 PREFIX = "stream_anon"
 # alerts raised once at an event (a lineage declared, an operator's step taken), not while a condition lasts
@@ -256,3 +263,36 @@ def throughput_metric(loop, highwaters: dict) -> dict:
                                        {p: ps.offset + 1 for p, ps in core.parts.items()}, highwaters)
     return {**doc, "connected": loop.watch.connected,
             "halted": {str(p): h["reason"] for p, h in loop.halted.items()}, **loop.counters}
+
+
+class MetricSender:
+    """The worker's own messages on ``anon.metrics`` (throughput, partition alerts, the retention guard's, the
+    lineage's and the operator's steps'), through a plain producer; each is shown to ``note`` first (the worker's
+    stats keep an alert's time); a metric that cannot be sent is logged: metrics never stop processing."""
+
+    def __init__(self, stream: str, note=None):
+        self.stream, self.note = stream, note
+        self.producer: Producer | None = None       # made by start()
+
+    def start(self, client_config: dict, compression: str) -> None:
+        self.producer = Producer({**client_config, "logger": client_log, "linger.ms": 20,
+                                  "compression.type": compression})
+
+    def alert(self, name: str, partition: int | None, **fields) -> None:
+        """Send the alert ``name`` (stream_anon.metric_rows.alert_row)."""
+        self.send(alert_row(name, self.stream, partition, **fields))
+
+    def send(self, row: dict) -> None:
+        """Send a row made by stream_anon.metric_rows."""
+        if self.note is not None:
+            self.note(row)
+        assert self.producer is not None, "MetricSender.send before start()"    # the loop starts it in _setup
+        try:
+            self.producer.produce(TOPICS.metrics, json_bytes(row), self.stream.encode())
+            self.producer.poll(0)
+        except (BufferError, KafkaException) as exc:
+            client_log.warning("metric not sent: %s", exc)
+
+    def close(self) -> None:
+        if self.producer is not None:
+            self.producer.flush(5)

@@ -10,17 +10,31 @@ import json
 import sys
 import threading
 import time
+from collections.abc import Sized
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, NotRequired, TypedDict, cast
 
 import orjson
 
 from stream_anon import crypto
 from stream_anon.connection import as_connection
 
+# an event's privacy-unit value (None: no key); a raw payload that is no JSON object is given as None
+KeyFn = Callable[[dict | None], str | None]
 
-def _dotted(event: dict, path: str):
-    cur = event
+
+class ReplayCounts(TypedDict):
+    """What :func:`replay` returns (see there)."""
+    events: int
+    raw: int
+    errors: int
+    partitions: dict[int, int]
+    seconds: NotRequired[float]
+    events_per_s: NotRequired[float | None]
+
+
+def _dotted(event: dict, path: str) -> object:
+    cur: object = event
     for part in path.split("."):
         if not isinstance(cur, dict):
             return None
@@ -37,9 +51,9 @@ def json_object(payload: bytes) -> dict | None:
     return doc if isinstance(doc, dict) else None
 
 
-def unit_key_fn(privacy_unit: str) -> Callable[[dict], str | None]:
+def unit_key_fn(privacy_unit: str) -> KeyFn:
     """key_fn returning the value of the dotted ``privacy_unit`` path (e.g. ``cfg.stream.privacy_unit``)."""
-    def key_fn(event: dict):
+    def key_fn(event: dict | None) -> str | None:
         v = _dotted(event, privacy_unit) if isinstance(event, dict) else None
         return None if v is None else str(v)
     return key_fn
@@ -69,9 +83,9 @@ def encode_event(event: dict) -> bytes:
     return json.dumps(event, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
-def replay(bootstrap, topic: str, events: Iterable[dict], key_fn: Callable[[dict], str | None] | str | None,
+def replay(bootstrap, topic: str, events: Iterable[dict], key_fn: KeyFn | str | None,
            progress: bool = True, raw_payloads: Iterable | None = None, secret: bytes | None = None,
-           producer=None, total: int | None = None, flush_timeout_s: float = 120.0) -> dict:
+           producer=None, total: int | None = None, flush_timeout_s: float = 120.0) -> ReplayCounts:
     """Produce ``events`` (JSON) and then ``raw_payloads`` (bytes, or ``(key, bytes)`` pairs) to ``topic``; a raw
     payload without a key that is a JSON object with a unit is keyed by it, as an event is.
 
@@ -86,11 +100,11 @@ def replay(bootstrap, topic: str, events: Iterable[dict], key_fn: Callable[[dict
         key_fn = unit_key_fn(key_fn)
     if secret is None and key_fn is not None:
         secret = crypto.load_secret()
-    if total is None and hasattr(events, "__len__"):
-        total = len(events) + (len(raw_payloads) if hasattr(raw_payloads, "__len__") else 0)
+    if total is None and isinstance(events, Sized):
+        total = len(events) + (len(raw_payloads) if isinstance(raw_payloads, Sized) else 0)
     own = producer is None
     producer = producer or make_producer(bootstrap)
-    counts = {"events": 0, "raw": 0, "errors": 0, "partitions": {}}
+    counts: ReplayCounts = {"events": 0, "raw": 0, "errors": 0, "partitions": {}}
     errors: list[str] = []
     lock = threading.Lock()
 
@@ -116,6 +130,7 @@ def replay(bootstrap, topic: str, events: Iterable[dict], key_fn: Callable[[dict
         for event in events:
             key = None
             if key_fn is not None:
+                assert secret is not None       # loaded above whenever there is a key_fn
                 unit = key_fn(event)
                 if unit is not None:
                     key = cache.get(unit)
@@ -134,6 +149,7 @@ def replay(bootstrap, topic: str, events: Iterable[dict], key_fn: Callable[[dict
             if isinstance(key, str):
                 key = key.encode("utf-8")
             if key is None and key_fn is not None:     # a JSON object with a unit goes to the unit's partition
+                assert secret is not None       # as above
                 unit = key_fn(json_object(value))
                 key = None if unit is None else crypto.pseudonym(secret, unit).encode()
             producer.send(topic, value=value, key=key).add_callback(on_ok).add_errback(on_err)
@@ -166,7 +182,7 @@ def read_jsonl(path: str | Path) -> list[dict]:
     return out
 
 
-def replay_file(path: str | Path, topic: str, bootstrap: str, key_fn=None, **kwargs) -> dict:
+def replay_file(path: str | Path, topic: str, bootstrap: str, key_fn=None, **kwargs) -> ReplayCounts:
     """Replay a JSONL file (one event per line) with :func:`replay`."""
     return replay(bootstrap, topic, read_jsonl(path), key_fn, **kwargs)
 
@@ -187,7 +203,8 @@ def mapped_messages(path: str | Path, config, secret: bytes, limit: int | None =
 
     decoder = Decoder(config.input, max_bytes=1 << 30, secret=secret)
     unit_path = config.stream.privacy_unit
-    out, cache = [], {}
+    out: list[tuple[bytes | None, bytes]] = []
+    cache: dict[str, bytes] = {}
     first_reason, readable = None, 0
     for n, raw in enumerate(file_messages(path, config.input, framing, order)):
         if limit is not None and n >= limit:
@@ -198,8 +215,9 @@ def mapped_messages(path: str | Path, config, secret: bytes, limit: int | None =
         first_reason = first_reason or d.reason
         units = [None if (u := _dotted(e, unit_path)) is None else str(u) for e in d.events]
         # a message of several units' events (a GTFS-realtime snapshot) is cut into one message per unit, so each
-        # unit's events land on one partition (one DP ledger, one class former)
-        parts = split_feed(raw, units) if len(set(units)) > 1 and config.input.format in MULTI_EVENT_FORMATS \
+        # unit's events land on one partition (one DP ledger, one class former); split_feed's groups are the units
+        parts = cast("list[tuple[str | None, bytes]]", split_feed(raw, units)) \
+            if len(set(units)) > 1 and config.input.format in MULTI_EVENT_FORMATS \
             else [(units[0] if units else None, raw)]
         for unit, message in parts:
             key = None

@@ -43,6 +43,8 @@ def read_to_barriers(client_config: dict, group_id: str, state_topic: str, nonce
                 if m.error() is not None or p not in waiting:
                     continue
                 v = m.value()
+                if v is None:        # a tombstone: neither a barrier nor a state record (StateLog.add skips it too)
+                    continue
                 if st.barrier_nonce(v) == nonces[p]:
                     waiting.discard(p)
                     reader.pause([TopicPartition(state_topic, p)])
@@ -52,10 +54,11 @@ def read_to_barriers(client_config: dict, group_id: str, state_topic: str, nonce
         for tp in (reader.position([TopicPartition(state_topic, p) for p in sorted(waiting)]) if waiting else []):
             try:
                 low, high = reader.get_watermark_offsets(tp, timeout=5)
+                offsets = f"{low}-{high}"
             except Exception as exc:  # noqa: BLE001 - only for the line that says what was read
-                low, high = "?", f"unknown ({exc})"
+                offsets = f"?-unknown ({exc})"
             missing[tp.partition] = (f"{len(logs[tp.partition].values)} values read, position {tp.offset}, "
-                                     f"offsets {low}-{high}")
+                                     f"offsets {offsets}")
         return logs, missing
     finally:
         reader.close()

@@ -57,7 +57,7 @@ class OutputReader:
                     src = doc.get("source") or {}
                     # one message of a multi-event format (gtfs-realtime) may dead-letter several events: the
                     # event's index in it is part of its source
-                    key = (src.get("topic"), src.get("partition"), src.get("offset"), src.get("index"))
+                    key: tuple = (src.get("topic"), src.get("partition"), src.get("offset"), src.get("index"))
                     if src.get("offset") is None:
                         key = key + (doc.get("reason"), doc.get("payload"))
                     self.deadletters.setdefault(key, doc)
@@ -90,12 +90,12 @@ def start_worker_process(config_path, bootstrap: str, state_dir, app_id: str | N
     """Start a worker subprocess (own process group; ``entry`` as in :func:`worker_command`)."""
     env = {**(env or os.environ.copy()), **secret_env(as_connection(bootstrap))}
     cmd = worker_command(config_path, bootstrap, state_dir, app_id, flush_when_idle_s, extra, entry)
-    out = open(log_path, "ab") if log_path else subprocess.DEVNULL
-    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            env=env, start_new_session=True,
+    log_file = open(log_path, "ab") if log_path else None
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL if log_file is None else log_file,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
                             cwd=str(Path(__file__).resolve().parents[2]))
-    if log_path:
-        out.close()
+    if log_file is not None:
+        log_file.close()
     return proc
 
 

@@ -13,10 +13,15 @@ import logging
 import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import TYPE_CHECKING, Any, Callable
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from stream_anon.worker import state as st
+
+if TYPE_CHECKING:
+    from stream_anon.worker.core import BatchOutput
+    from stream_anon.worker.partition import PartitionState
 
 client_log = logging.getLogger("stream_anon.kafka.client")
 
@@ -35,7 +40,7 @@ def transactional_producer(client_config: dict, app_id: str, partition: int, com
 
 
 def produce(prod: Producer, topic: str, value: bytes | None, key: bytes, partition: int | None = None) -> None:
-    kw = {"partition": partition} if partition is not None else {}
+    kw: dict[str, Any] = {"partition": partition} if partition is not None else {}
     while True:
         try:
             prod.produce(topic, value, key, **kw)
@@ -97,7 +102,7 @@ class OpenTransaction:
 
     __slots__ = ("ps", "prod", "rec", "state_value", "parts", "ending", "ended_at", "failure")
 
-    def __init__(self, ps, prod: Producer, rec: st.StateRecord):
+    def __init__(self, ps: PartitionState, prod: Producer, rec: st.StateRecord):
         self.ps, self.prod, self.rec, self.state_value = ps, prod, rec, st.encode_state(rec)
         self.parts = 0
         self.ending: Future | None = None             # the commit under way
@@ -125,10 +130,10 @@ class CommitThreads:
     transaction's failure (None: committed) in the order given. ``end`` touches no consumer: confluent-kafka
     serializes a consumer's calls, and the loop may be inside ``consume()`` (a rebalance callback) meanwhile."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._pool: ThreadPoolExecutor | None = None
 
-    def start(self, txn: OpenTransaction, end, *args) -> None:
+    def start(self, txn: OpenTransaction, end: Callable[..., None], *args: Any) -> None:
         if txn.failure is not None:                  # not written whole: nothing to commit
             return
         if self._pool is None:
@@ -136,7 +141,7 @@ class CommitThreads:
         txn.ending = self._pool.submit(self._ended, txn, end, *args)
 
     @staticmethod
-    def _ended(txn: OpenTransaction, end, *args) -> None:
+    def _ended(txn: OpenTransaction, end: Callable[..., None], *args: Any) -> None:
         end(txn.prod, *args)
         txn.ended_at = time.time()
 
@@ -162,8 +167,9 @@ class InFlight:
     """The transactions whose commit is under way and not yet taken, at most one per partition, each with what the
     loop notes once it committed (``out``: the batch output; ``arrived``: when its input arrived)."""
 
-    def __init__(self, commits: CommitThreads):
-        self.commits, self._txns = commits, {}
+    def __init__(self, commits: CommitThreads) -> None:
+        self.commits = commits
+        self._txns: dict[int, tuple[OpenTransaction, BatchOutput, float | None]] = {}
 
     def __contains__(self, partition: int) -> bool:
         return partition in self._txns
@@ -171,11 +177,12 @@ class InFlight:
     def partitions(self) -> list[int]:
         return list(self._txns)
 
-    def add(self, txn: OpenTransaction, out, arrived: float | None) -> None:
+    def add(self, txn: OpenTransaction, out: BatchOutput, arrived: float | None) -> None:
         assert txn.ps.partition not in self._txns, "a partition's transaction started before its last was taken"
         self._txns[txn.ps.partition] = (txn, out, arrived)
 
-    def take(self, partitions) -> list[tuple[OpenTransaction, object, float | None, KafkaException | None]]:
+    def take(self, partitions: list[int]
+             ) -> list[tuple[OpenTransaction, BatchOutput, float | None, KafkaException | None]]:
         """The transactions of ``partitions`` (those in flight), once their commits ended: ``(txn, out, arrived,
         failure)`` each (failure None: committed)."""
         taken = [self._txns.pop(p) for p in partitions if p in self._txns]

@@ -77,7 +77,7 @@ class BrokerWatch:
 
     def run(self) -> None:
         """The probing thread's target, until ``stopping`` is set."""
-        admin = AdminClient({**self.cfg, "logger": client_log})
+        admin = AdminClient({**self.cfg, "logger": client_log})  # type: ignore[dict-item]  # hint omits logger
         self.sent_at = time.monotonic()        # the first probe an interval after the start
         while not self.stopping.wait(min(self.probe_interval_s, ASKED_WITHIN_S)):
             sent = time.monotonic()
