@@ -30,6 +30,10 @@ cell inside it; a class left at the root publishes the whole domain or a shared 
 (configure the coarsest allowed resolution as the start resolution, as ``calibrate --suggest`` does, so that no
 cell larger than the domain is ever published). Deterministic: no randomness, children in cell-id order.
 
+The cut is computed one depth at a time, every part of that depth at once (numpy sorts over all their rows; a
+recursive cut would pay numpy's per-call cost once per part), and the leaves are returned in the order a recursive,
+depth-first cut gives them.
+
 >>> import numpy as np
 >>> X = np.array([[0.], [1.], [2.], [3.], [10.], [11.]])
 >>> class Space: width = np.array([11.])
@@ -123,7 +127,7 @@ class H3Mondrian:
         leaves: list[tuple[tuple, np.ndarray, bool]] = []       # (path, rows, left at the root of a geopoint)
         parts = _Parts.root(n, len(geos))
         while len(parts.rows):
-            children = _Parts.growing(parts)
+            children = _Children(parts)
             # below 2k records no cut leaves k on both sides: a leaf (not 2k individuals, as Mondrian: one vehicle
             # drives through many cells, so two cells may hold k individuals each out of fewer than 2k)
             is_cut = cut.all_parts(parts, parts.sizes >= 2 * k, children)
@@ -175,10 +179,6 @@ class _Parts:
     def root(cls, n: int, n_geos: int) -> "_Parts":
         return cls(np.arange(n), np.zeros(n, dtype=np.int64), np.full((1, n_geos), -1, dtype=np.int64),
                    np.full((1, n_geos), UNKNOWN, dtype=np.int64), [()])
-
-    @classmethod
-    def growing(cls, parents: "_Parts") -> "_Children":
-        return _Children(parents)
 
     def positions(self, which: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """For parts ``which`` (ascending): the positions of their rows in ``rows``, each row's index into
