@@ -47,7 +47,7 @@ from stream_anon.kafka.retention import RetentionCheck, guard_raw_retention
 from stream_anon.kafka.state_cache import CommittedCache, read_state_logs
 from stream_anon.connection import REPLICATION_FACTOR
 from stream_anon.kafka.transactions import TXN_TIMEOUT_S, CommitThreads, InFlight, OpenTransaction, \
-    abort_or_fenced, fence_and_barrier, transactional_producer
+    abort_or_fenced, fence_and_barrier, flush_discarding, transactional_producer
 from stream_anon.kafka.watchdog import BrokerWatch
 
 log = logging.getLogger("stream_anon.worker")
@@ -515,10 +515,9 @@ class KafkaLoop:
         self.halted.pop(p, None)
         prod = self.producers.pop(p, None)
         if prod is not None:
-            try:
-                prod.flush(1)
-            except KafkaException as exc:   # fenced: what it still holds belongs to a transaction never committed
-                log.debug("partition %s: producer not flushed (%s)", p, exc)
+            err = flush_discarding(prod, 1)
+            if err is not None:
+                log.debug("partition %s: producer not flushed (%s)", p, err)
 
     def _recover_and_seek(self, p: int) -> None:
         start = self._recover([p])[p]
@@ -531,8 +530,10 @@ class KafkaLoop:
         """A new producer of the partition's transactional id, initialized (fencing any other), and the nonce of
         the barrier it committed to the state partition."""
         old = self.producers.pop(p, None)
-        if old is not None:
-            old.flush(1)        # a producer is initialized once; recovery starts a new one (same id)
+        if old is not None:     # a producer is initialized once; recovery starts a new one (same id)
+            err = flush_discarding(old, 1)
+            if err is not None:
+                log.debug("partition %s: the previous producer not flushed (%s)", p, err)
         prod = self.producers[p] = transactional_producer(self.cfg, self.core.app_id, p, self.compression)
         return fence_and_barrier(prod, self.state_topic, self.core.stream, p)
 

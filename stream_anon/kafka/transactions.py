@@ -83,6 +83,22 @@ def produce_state(prod: Producer, topic: str, stream: str, partition: int, seq: 
     return len(values)
 
 
+def flush_discarding(prod: Producer, timeout_s: float) -> KafkaException | None:
+    """Flush the producer of a partition that leaves or is fenced; returns its fatal error (what it still holds
+    belongs to a transaction never committed), raises anything else. confluent-kafka raises a producer's fatal
+    error inside ``flush`` (these producers have no ``error_cb``), and when a log line follows in the same poll,
+    CPython reports the logger's call as a SystemError caused by that KafkaException (seen on Apache Kafka)."""
+    try:
+        prod.flush(timeout_s)
+    except KafkaException as exc:
+        return exc
+    except SystemError as exc:
+        if isinstance(exc.__cause__, KafkaException):
+            return exc.__cause__
+        raise
+    return None
+
+
 def abort_or_fenced(prod: Producer, err: KafkaError) -> bool:
     """True when the producer was fenced (or failed fatally): another worker owns its partition; else the failed
     transaction is aborted (an abort that fails counts as fenced)."""
