@@ -357,8 +357,10 @@ class KafkaLoop:
         except Exception:  # pragma: no cover - best effort on the way out
             log.debug("consumer close failed", exc_info=True)
         self.commits.shutdown()
-        for prod in self.producers.values():
-            prod.flush(5)
+        for p, prod in self.producers.items():
+            err = flush_discarding(prod, 5)
+            if err is not None:
+                log.debug("partition %s: producer not flushed on the way out (%s)", p, err)
         self.metrics.close()
         self.core.close()
 
