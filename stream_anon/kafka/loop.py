@@ -47,7 +47,7 @@ from stream_anon.kafka.retention import RetentionCheck, guard_raw_retention
 from stream_anon.kafka.state_cache import CommittedCache, read_state_logs
 from stream_anon.connection import REPLICATION_FACTOR
 from stream_anon.kafka.transactions import TXN_TIMEOUT_S, CommitThreads, InFlight, OpenTransaction, \
-    abort_or_fenced, fence_and_barrier, flush_discarding, transactional_producer
+    abort_or_fenced, fence_and_barrier, flush_leaving, transactional_producer
 from stream_anon.kafka.watchdog import BrokerWatch
 
 log = logging.getLogger("stream_anon.worker")
@@ -358,9 +358,7 @@ class KafkaLoop:
             log.debug("consumer close failed", exc_info=True)
         self.commits.shutdown()
         for p, prod in self.producers.items():
-            err = flush_discarding(prod, 5)
-            if err is not None:
-                log.debug("partition %s: producer not flushed on the way out (%s)", p, err)
+            flush_leaving(prod, p, "on the way out", 5.0)
         self.metrics.close()
         self.core.close()
 
@@ -517,9 +515,7 @@ class KafkaLoop:
         self.halted.pop(p, None)
         prod = self.producers.pop(p, None)
         if prod is not None:
-            err = flush_discarding(prod, 1)
-            if err is not None:
-                log.debug("partition %s: producer not flushed (%s)", p, err)
+            flush_leaving(prod, p, "as the partition leaves")
 
     def _recover_and_seek(self, p: int) -> None:
         start = self._recover([p])[p]
@@ -533,9 +529,7 @@ class KafkaLoop:
         the barrier it committed to the state partition."""
         old = self.producers.pop(p, None)
         if old is not None:     # a producer is initialized once; recovery starts a new one (same id)
-            err = flush_discarding(old, 1)
-            if err is not None:
-                log.debug("partition %s: the previous producer not flushed (%s)", p, err)
+            flush_leaving(old, p, "as a new one takes its transactional id")
         prod = self.producers[p] = transactional_producer(self.cfg, self.core.app_id, p, self.compression)
         return fence_and_barrier(prod, self.state_topic, self.core.stream, p)
 

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from stream_anon.worker.core import BatchOutput
     from stream_anon.worker.partition import PartitionState
 
+log = logging.getLogger("stream_anon.worker")
 client_log = logging.getLogger("stream_anon.kafka.client")
 
 TXN_TIMEOUT_S = 60.0
@@ -97,6 +98,13 @@ def flush_discarding(prod: Producer, timeout_s: float) -> KafkaException | None:
             return exc.__cause__
         raise
     return None
+
+
+def flush_leaving(prod: Producer, partition: int, why: str, timeout_s: float = 1.0) -> None:
+    """:func:`flush_discarding` of a partition's producer left behind (``why``: when), a fatal error logged."""
+    err = flush_discarding(prod, timeout_s)
+    if err is not None:
+        log.debug("partition %s: producer not flushed %s (%s)", partition, why, err)
 
 
 def abort_or_fenced(prod: Producer, err: KafkaError) -> bool:
