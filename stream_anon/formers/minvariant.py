@@ -94,6 +94,7 @@ from typing import TypeAlias
 
 import numpy as np
 
+from stream_anon.criteria.k_individuals import MaxClassNCP
 from stream_anon.formers.base import (SUPPRESSED_VALUE_CHANGED, Counterfeits, NewClass, Plan, WindowView)
 from stream_anon.formers.buckets import RowValues, invariant_text, split_bucket
 from stream_anon.formers.counterfeits import need_one, spread_counterfeits
@@ -158,6 +159,7 @@ class MInvariantFormer:
         self.params = params
         self.horizon_s = horizon_s
         self.max_class_ncp, self.reuse_policy = float(max_class_ncp), reuse
+        self.loss_rule = MaxClassNCP(self.max_class_ncp)
         self.invariance = bool(invariance)
         self.inv_field = invariant_field
         self.inv_col = tuple(sensitive_fields).index(invariant_field)
@@ -279,9 +281,7 @@ class MInvariantFormer:
                 cls_rows = rows[local]
                 if len(np.unique(view.units[cls_rows])) < k:      # enforcement, independent of the split
                     continue
-                lo, hi, _ = view.space.snap(view.X[cls_rows].min(axis=0, keepdims=True),
-                                            view.X[cls_rows].max(axis=0, keepdims=True))
-                if view.space.ncp(lo, hi)[0] > self.max_class_ncp:
+                if self.loss_rule.binding and self._above_loss_limit(view, cls_rows):
                     loss_rejected[cls_rows] = True
                     continue
                 if not presence:     # the class's own values, plus the absent ones its counterfeits get
@@ -300,6 +300,11 @@ class MInvariantFormer:
         return plan
 
     # -- phase 4 --------------------------------------------------------------------------------------------
+    def _above_loss_limit(self, view: WindowView, rows: np.ndarray) -> bool:
+        """Whether the class of ``rows`` has a snapped box whose NCP is above ``max_class_ncp``."""
+        lo, hi, _ = view.space.snap(view.X[rows].min(axis=0, keepdims=True), view.X[rows].max(axis=0, keepdims=True))
+        return bool(view.space.ncp(lo, hi)[0] > self.max_class_ncp)
+
     def reuse(self, view: WindowView, rows: np.ndarray, plan: Plan) -> dict[int, list[int]]:
         """Due rows -> a random covering earlier class whose signature fits the individual (all of an
         individual's due records go into one class)."""
