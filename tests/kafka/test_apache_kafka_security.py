@@ -6,7 +6,8 @@ Apache Kafka tool itself (``org.apache.kafka.tools.AclCommand``): the documentat
 - replay, worker and audit each work under their ACLs (replay -> worker -> audit PASSED);
 - a principal without rights cannot read the raw topic or write an output topic (the broker refuses);
 - a wrong password and an untrusted broker certificate: one line and exit 2 from worker, replay and audit;
-- no password in the commands' logs and output, the worker's /metrics, any topic or the state directory.
+- no password in the commands' logs and output, the worker's /metrics, any topic or the state directory;
+- docker-compose.yml's worker command with its commented TLS/SASL variables set runs under the worker's ACLs.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import os
 import secrets
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -25,6 +27,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 import _apache_kafka as apache  # noqa: E402
+import _compose as compose  # noqa: E402
 from _kafka_helpers import wait_for  # noqa: E402
 
 from stream_anon import contract  # noqa: E402
@@ -38,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "operations.md"
 ACL_BLOCK = "<!-- the ACLs as tests/kafka/test_apache_kafka_security.py runs them -->"
 DOC_BOOTSTRAP, DOC_ADMIN_CONFIG = "kafka-1:9093", "admin.properties"
-STREAM, APP_ID = "oyster", "stream-anon-oyster"       # the bundled config: the names the documented ACLs use
+STREAM, APP_ID, RAW = "oyster", "stream-anon-oyster", "raw.fare.oyster"       # the bundled config: the names the documented ACLs use
 WORKER, AUDIT, REPLAY, NOBODY = "stream-anon-worker", "stream-anon-audit", "stream-anon-replay", "nobody"
 USERS = ("admin", WORKER, AUDIT, REPLAY, NOBODY)
 N_EVENTS = 1500
@@ -321,3 +324,72 @@ def test_a_wrong_password_or_an_untrusted_certificate_is_one_line_and_exit_2(sec
         assert expected in lines[0], (user, lines[0])
         assert wrong not in done.stdout + done.stderr and secure.passwords[user] not in done.stdout + done.stderr
 
+
+
+def test_the_compose_worker_with_its_tls_sasl_variables_runs_under_the_worker_acls(secure, tmp_path):
+    """docker-compose.yml's worker-1, its commented TLS/SASL variables set as a user uncomments them (the CA file
+    mounted at this machine's path, the password from the environment), runs on the SASL_SSL broker as the
+    documented worker principal: ready, every offset of the raw topic read and committed, no password in its log."""
+    kafka_env = compose.commented_kafka_environment()
+    assert set(kafka_env) == {"STREAM_ANON_KAFKA_SECURITY_PROTOCOL", "STREAM_ANON_KAFKA_SSL_CAFILE",
+                              "STREAM_ANON_KAFKA_SASL_MECHANISM", "STREAM_ANON_KAFKA_SASL_USERNAME",
+                              "STREAM_ANON_KAFKA_SASL_PASSWORD"}, kafka_env
+    assert kafka_env["STREAM_ANON_KAFKA_SASL_USERNAME"] == WORKER     # the principal the documented ACLs name
+    kafka_env["STREAM_ANON_KAFKA_SSL_CAFILE"] = str(secure.pki["ca"])   # the mounted file, here
+    base = {k: v for k, v in os.environ.items() if not k.startswith("STREAM_ANON_")}
+    env = {**base, "STREAM_ANON_SECRET": SECRET, "STREAM_ANON_KAFKA_SASL_PASSWORD": secure.passwords[WORKER]}
+    env = compose.service_environment("worker-1", env)
+    env.update({k: compose.substituted(v, env) for k, v in kafka_env.items()})
+    replay = secure.command(REPLAY, "replay", "--dataset", STREAM, "--events", str(N_EVENTS), "--config", STREAM)
+    assert replay.returncode == 0, replay.stderr[-3000:]
+    end = raw_end_offsets(secure.conn("admin"))
+    port, log = free_port(), tmp_path / "compose-worker.log"
+    with open(log, "w") as out:
+        worker = subprocess.Popen(compose.command("worker-1", secure.kafka.bootstrap, tmp_path / "state", port),
+                                  env=env, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path)
+    try:
+        def caught_up():
+            assert worker.poll() is None, log.read_text()[-3000:]
+            return committed_raw_offsets(secure.conn("admin")) == end and ready(port)
+        wait_for(caught_up, 180, f"the compose worker ready with every raw offset committed ({end})",
+                 lambda: f"committed {committed_raw_offsets(secure.conn('admin'))}, ready {ready(port)}")
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        code = worker.wait(timeout=60)
+    text = log.read_text()
+    assert code == 0, text[-3000:]
+    assert f"as {WORKER}" in text and "AuthorizationFailed" not in text, text[-3000:]
+    for user, password in secure.passwords.items():
+        assert password not in text, f"the password of {user} appears in the compose worker's log"
+
+
+def raw_end_offsets(conn: KafkaConnection) -> dict[int, int]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({**conn.confluent(), "logger": CLIENT_LOG, "group.id": "end-offsets", "enable.auto.commit": False})
+    try:
+        parts = c.list_topics(RAW, timeout=30).topics[RAW].partitions
+        return {p: c.get_watermark_offsets(TopicPartition(RAW, p), timeout=30)[1] for p in parts}
+    finally:
+        c.close()
+
+
+def committed_raw_offsets(conn: KafkaConnection) -> dict[int, int]:
+    """The worker's group's committed offsets of the raw topic (partitions without one left out)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({**conn.confluent(), "logger": CLIENT_LOG, "group.id": APP_ID, "enable.auto.commit": False})
+    try:
+        parts = c.list_topics(RAW, timeout=30).topics[RAW].partitions
+        done = c.committed([TopicPartition(RAW, p) for p in parts], timeout=30)
+        return {tp.partition: tp.offset for tp in done if tp.offset >= 0}
+    finally:
+        c.close()
+
+
+def ready(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=4) as answer:
+            return answer.status == 200
+    except OSError:
+        return False

@@ -5,23 +5,17 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
-
-import yaml
 
 from _apache_kafka import kafka_version
+from _compose import SERVICES, command, service_environment
 from _kafka_helpers import committed_offsets
 from stream_anon.broker import free_port
 
-ROOT = Path(__file__).resolve().parents[2]
-COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
-SERVICES = COMPOSE["services"]
 EVENTS = 2000
 # the apache/kafka image's own variables, not server properties (its entrypoint skips them)
 IMAGE_VARIABLES = {"KAFKA_HEAP_OPTS", "KAFKA_OPTS", "KAFKA_JMX_OPTS", "KAFKA_LOG4J_OPTS", "KAFKA_GC_LOG_OPTS",
@@ -43,22 +37,6 @@ def server_properties(environment: dict) -> dict[str, str]:
 
 def test_compose_names_the_apache_kafka_version_the_tests_run():
     assert SERVICES["kafka"]["image"] == f"apache/kafka:{kafka_version()}"
-
-
-def _substituted(value: str, env: dict) -> str:
-    """Compose's ``${NAME}`` and ``${NAME:?message}`` from ``env`` (a missing one fails, as compose does)."""
-    def one(m):
-        if m.group(1) not in env:
-            raise AssertionError(f"compose needs {m.group(1)}: {m.group(2) or ''}")
-        return env[m.group(1)]
-    return re.sub(r"\$\{(\w+)(?::\?([^}]*))?\}", one, value)
-
-
-def _command(service: str, bootstrap: str, state: Path, web_port: int) -> list[str]:
-    argv = [a.replace("kafka:9092", bootstrap) for a in SERVICES[service]["command"]]
-    argv = [str(state) if a == "/state" else a for a in argv]
-    argv = [str(web_port) if a == "6066" else a for a in argv]
-    return [sys.executable, "-m", "stream_anon.cli", *argv]
 
 
 def _committed(bootstrap: str) -> int:
@@ -93,7 +71,7 @@ def test_compose_broker_settings_topics_and_two_workers_run_on_that_apache_kafka
     workers: list[subprocess.Popen] = []
     with apache_kafka_tools(server_properties=settings) as kafka:
         bootstrap = kafka.bootstrap
-        topics = subprocess.run(_command("topics", bootstrap, tmp_path, 0), capture_output=True, text=True,
+        topics = subprocess.run(command("topics", bootstrap, tmp_path, 0), capture_output=True, text=True,
                                 timeout=120, env=base_env)
         assert topics.returncode == 0, topics.stderr[-2000:]
         assert "raw.fare.oyster: created" in topics.stdout and "anon.releases: created" in topics.stdout
@@ -107,12 +85,10 @@ def test_compose_broker_settings_topics_and_two_workers_run_on_that_apache_kafka
         ports = {}
         try:
             for service in ("worker-1", "worker-2"):
-                spec = SERVICES[service]
-                env = {**compose_env, **{k: _substituted(str(v), compose_env)
-                                         for k, v in (spec.get("environment") or {}).items()}}
+                env = service_environment(service, compose_env)
                 ports[service] = free_port()
                 with open(tmp_path / f"{service}.log", "w") as log:
-                    workers.append(subprocess.Popen(_command(service, bootstrap, tmp_path / "state", ports[service]),
+                    workers.append(subprocess.Popen(command(service, bootstrap, tmp_path / "state", ports[service]),
                                                     env=env, stdout=log, stderr=subprocess.STDOUT,
                                                     cwd=tmp_path))
             # the compose workers do not flush when idle: the last windows stay open, so the test waits for the
