@@ -1,6 +1,6 @@
 """The worker's processing without Kafka: ``WorkerCore`` on the full Oyster Monday file, as one worker sees it
-(4 input partitions, batches of 10,000 messages split by partition, the garbage collector tuned as in the
-worker), with and without the DP aggregates of
+(4 input partitions keyed as ``replay`` keys them, each event's unit checked against its partition, batches of
+10,000 messages split by partition, the garbage collector tuned as in the worker), with and without the DP aggregates of
 ``configs/oyster.toml``. Per event: CPU in ``WorkerCore.process`` (parse, validate, engine, DP, output records)
 and in building and encoding the state records; the state bytes written. No broker: the cost of the worker's own
 work, which the end-to-end benchmark (``bench_end_to_end.py``) measures together with the broker's.
@@ -26,7 +26,6 @@ import platform
 import sys
 import tempfile
 import time
-import zlib
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -38,6 +37,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 import orjson  # noqa: E402
 
 import stream_anon  # noqa: E402,F401  (first: from CODE, before bench_end_to_end puts this checkout first)
+from stream_anon import crypto  # noqa: E402
+from stream_anon.worker.placement import partitions_for  # noqa: E402
 from bench_end_to_end import config_file, cpu_seconds  # noqa: E402
 from stream_anon.config import load_config  # noqa: E402
 from stream_anon.datasets import load_events  # noqa: E402
@@ -54,6 +55,8 @@ def run(cfg_path: Path, raws: list[bytes], parts: list[int], partitions: int, ba
         aggregates_process: bool = False) -> dict:
     core = WorkerCore(load_config(cfg_path), "bench-core", SECRET, aggregates_process=aggregates_process,
                       aggregates_setup=tune_gc)
+    if hasattr(core, "check_placement"):    # absent before issue 39 (--code DIR)
+        core.check_placement(partitions)    # as the Kafka worker: each event's unit checked against its partition
     in_release = [0.0]
     release_messages = kafka_aggregates.PartitionAggregates.messages
 
@@ -143,8 +146,8 @@ def main(argv=None) -> int:
         ap.error("--code: give it as '--code DIR'")
     events = load_events("oyster", full=True, limit=args.events)
     raws = [orjson.dumps(e) for e in events]
-    # the partition replay would give them (keyed by the privacy unit)
-    parts = [zlib.crc32(str(e["journey_id"]).encode()) % args.partitions for e in events]
+    # the partition replay gives them: Kafka's default partitioner on the unit's keyed pseudonym
+    parts = partitions_for(crypto.pseudonym_keys(SECRET, [e["journey_id"] for e in events]), args.partitions).tolist()
     del events
     tune_gc()               # as the worker does at start (fewer cyclic collections; the start's objects frozen)
     workdir = Path(tempfile.mkdtemp(prefix="stream-anon-core-"))

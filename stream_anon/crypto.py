@@ -139,14 +139,12 @@ def pseudonym(secret: bytes, unit: str) -> str:
 
 def pseudonym_keys(secret: bytes, units) -> list[bytes]:
     """``pseudonym(secret, str(u)).encode()`` of each unit value: the Kafka keys a unit's events are produced
-    under. The secret's HMAC state is made once and copied per unit."""
-    base = hmac.new(secret, b"unit:", hashlib.sha256)
-    out = []
-    for u in units:
-        h = base.copy()
-        h.update(str(u).encode())
-        out.append(h.hexdigest().encode())
-    return out
+    under (:class:`HmacTokens`: the secret's HMAC states made once).
+
+    >>> pseudonym_keys(b"s" * 32, [7, "c1"]) == [pseudonym(b"s" * 32, u).encode() for u in ("7", "c1")]
+    True
+    """
+    return [t.encode() for t in HmacTokens(secret, b"unit:")([str(u) for u in units])]
 
 
 def dp_noise_seed(secret: bytes, stream: str, partition: int, lineage: str | None = None) -> bytes:

@@ -20,6 +20,8 @@ True
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from stream_anon import crypto
@@ -97,25 +99,30 @@ class UnitPlacement:
         home = self._home
         return [home[u] for u in units]
 
-    def misplaced(self, events: list, partition: int) -> list[tuple[int, int]]:
+    def misplaced(self, events: Sequence, partition: int, columns: dict | None = None) -> list[tuple[int, int]]:
         """(index, the partition it belongs on) of each event whose unit belongs on another partition. Events
-        without a unit are left to the reader (which dead-letters them with their own reason)."""
+        without a unit are left to the reader (which dead-letters them with their own reason). ``columns``: the
+        events' top-level fields as columns, when the input checks gave them (the unit is then read there, and
+        events decoded to columns are not parsed one by one)."""
         if self.n_partitions == 1:
             return []
-        idx, units = [], []
-        for i, e in enumerate(events):
-            u = e
-            for part in self._path:
-                u = u.get(part) if isinstance(u, dict) else None
-            if u is not None and not isinstance(u, (dict, list)):
-                idx.append(i)
-                units.append(u)
+        if columns is not None and len(self._path) == 1 and self._path[0] in columns:
+            values = columns[self._path[0]]
+        else:
+            values = []
+            for e in events:
+                u = e
+                for part in self._path:
+                    u = u.get(part) if isinstance(u, dict) else None
+                values.append(u)
+        idx = [i for i, u in enumerate(values) if u is not None and not isinstance(u, (dict, list))]
+        units = [values[i] for i in idx] if len(idx) < len(values) else list(values)
         return [(i, p) for i, p in zip(idx, self.home(units)) if p != partition]
 
     def take_misplaced(self, batch, partition: int) -> list[tuple]:
         """Remove from ``batch`` (a :class:`~stream_anon.worker.input_checks.InputBatch`) the events whose unit
         belongs on another partition; returns ``(source, event, dead letter reason)`` of each."""
-        wrong = self.misplaced(batch.events, partition)
+        wrong = self.misplaced(batch.events, partition, batch.columns)
         if not wrong:
             return []
         out = [(batch.sources[i], batch.events[i], f"{WRONG_PARTITION}: its privacy unit belongs on partition {home} "
