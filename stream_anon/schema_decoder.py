@@ -82,7 +82,8 @@ def compile_schema_decoder(schema: dict):
     struct = msgspec.defstruct("SchemaEvent", fields, forbid_unknown_fields=True, gc=False,
                                rename={f: name for (f, _), name in zip(fields, names)})
     decode = msgspec.json.Decoder(struct).decode
-    row = attrgetter(*(f for f, _ in fields))
+    # one C-level pass per field: half the cost of transposing the rows with zip(*rows)
+    getters = [(name, attrgetter(f)) for name, (f, _) in zip(names, fields)]
 
     def columns(payloads: list) -> dict | None:
         if not payloads:
@@ -91,5 +92,5 @@ def compile_schema_decoder(schema: dict):
             rows = list(map(decode, payloads))
         except Exception:   # noqa: BLE001 - any payload not decoded: the general checks decide and name why
             return None
-        return dict(zip(names, zip(*map(row, rows))))
+        return {name: tuple(map(get, rows)) for name, get in getters}
     return columns
