@@ -161,13 +161,25 @@ def committed_offsets(bootstrap: str, group: str, topic: str, partitions) -> dic
     """The group's committed offsets of ``topic`` (None where nothing is committed): the last committed ones, also
     while a killed worker's transaction holds offsets pending (read_committed would wait for it to time out, KIP-447's
     require_stable, up to the transaction timeout)."""
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+    # the group's coordinator moving or still loading (a new offsets topic, a broker restarted): asked again
+    moving = {KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+              KafkaError.COORDINATOR_NOT_AVAILABLE}
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
                   "isolation.level": "read_uncommitted",
                   "logger": logging.getLogger("stream_anon.kafka.client")})
+    deadline = time.monotonic() + 30
     try:
-        got = c.committed([TopicPartition(topic, p) for p in partitions], timeout=30)
+        while True:
+            try:
+                got = c.committed([TopicPartition(topic, p) for p in partitions],
+                                  timeout=max(1.0, deadline - time.monotonic()))
+                break
+            except KafkaException as exc:
+                if exc.args[0].code() not in moving or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
     finally:
         c.close()
     return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in got}
