@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import sys
+import urllib.request
 from pathlib import Path
 
 import yaml
@@ -49,3 +50,12 @@ def commented_kafka_environment() -> dict[str, str]:
         if m:
             found[m.group(1)] = m.group(2)
     return found
+
+
+def ready(port: int) -> bool:
+    """The compose healthcheck: the worker's ``/readyz`` on ``port`` answers 200."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=4) as answer:
+            return answer.status == 200
+    except OSError:
+        return False

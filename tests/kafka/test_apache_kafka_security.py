@@ -350,9 +350,9 @@ def test_the_compose_worker_with_its_tls_sasl_variables_runs_under_the_worker_ac
     try:
         def caught_up():
             assert worker.poll() is None, log.read_text()[-3000:]
-            return committed_raw_offsets(secure.conn("admin")) == end and ready(port)
+            return committed_raw_offsets(secure.conn("admin")) == end and compose.ready(port)
         wait_for(caught_up, 180, f"the compose worker ready with every raw offset committed ({end})",
-                 lambda: f"committed {committed_raw_offsets(secure.conn('admin'))}, ready {ready(port)}")
+                 lambda: f"committed {committed_raw_offsets(secure.conn('admin'))}, ready {compose.ready(port)}")
     finally:
         worker.send_signal(signal.SIGTERM)
         code = worker.wait(timeout=60)
@@ -385,11 +385,3 @@ def committed_raw_offsets(conn: KafkaConnection) -> dict[int, int]:
         return {tp.partition: tp.offset for tp in done if tp.offset >= 0}
     finally:
         c.close()
-
-
-def ready(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=4) as answer:
-            return answer.status == 200
-    except OSError:
-        return False

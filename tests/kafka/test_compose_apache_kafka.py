@@ -9,10 +9,9 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 
 from _apache_kafka import kafka_version
-from _compose import SERVICES, command, service_environment
+from _compose import SERVICES, command, ready, service_environment
 from _kafka_helpers import committed_offsets
 from stream_anon.broker import free_port
 
@@ -48,14 +47,6 @@ def _committed(bootstrap: str) -> int:
         if err.retriable:     # the group's coordinator moving, or the offsets topic still being created
             return 0
         raise
-
-
-def _ready(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=4) as answer:
-            return answer.status == 200
-    except OSError:
-        return False
 
 
 def test_compose_broker_settings_topics_and_two_workers_run_on_that_apache_kafka(tmp_path, apache_kafka_tools):
@@ -100,7 +91,7 @@ def test_compose_broker_settings_topics_and_two_workers_run_on_that_apache_kafka
                 time.sleep(1)
             # the compose healthcheck: both workers ready (partitions assigned and recovered, none halted), once
             # the second one's join has moved half of the partitions to it
-            while not all(_ready(port) for port in ports.values()):
+            while not all(ready(port) for port in ports.values()):
                 assert time.monotonic() < deadline, f"compose workers not both ready: {ports}"
                 time.sleep(1)
             audit = subprocess.run([sys.executable, "-m", "stream_anon.cli", "audit", "--config", "oyster",
