@@ -188,6 +188,8 @@ class BudgetLedger:
         self._archive: dict | None = None                   # periods before the compacted ones: largest charge
         # without a period: the total, checked by diffprivlib (pure epsilon, basic composition)
         self._accountant = BudgetAccountant(epsilon=self.epsilon_budget * (1 + _REL_TOL), delta=0.0)
+        # :meth:`charge_entries`, kept while entries are only added (a release appends one); None: built when asked
+        self._charge_list: list[ChargeEntry] | None = None
 
     def _index(self, key: tuple[str, str], epsilon: float, period: str, cap: float) -> None:
         self._period[key] = (period, float(cap))
@@ -271,6 +273,7 @@ class BudgetLedger:
         for period, summary in core.get("periods", {}).items():
             if not self._archived(period):
                 self._load_summary(period, summary)
+        self._charge_list = None
         for e in core["entries"]:
             key, eps = (e["aggregate"], str(e["window"])), float(e["epsilon"])
             if e.get("period") is not None:
@@ -309,9 +312,14 @@ class BudgetLedger:
         return charged_through(self.charge_entries(), windows, self.period_mode)
 
     def charge_entries(self) -> list["ChargeEntry"]:
-        """Every entry kept, in the order reserved."""
-        return [ChargeEntry(int(w.split("~")[0]), a, "~" in w, amount, *self._period.get((a, w), (None, 0.0)))
-                for (a, w), amount in self._entries.items()]
+        """Every entry kept, in the order reserved (a list the ledger keeps: do not change it)."""
+        if self._charge_list is None:
+            self._charge_list = [self._charge_entry(key, amount) for key, amount in self._entries.items()]
+        return self._charge_list
+
+    def _charge_entry(self, key: tuple[str, str], amount: float) -> "ChargeEntry":
+        a, w = key
+        return ChargeEntry(int(w.split("~")[0]), a, "~" in w, amount, *self._period.get(key, (None, 0.0)))
 
     def exhausted_at(self, aggregate: str) -> str | None:
         """The window at which the aggregate was stopped, or None."""
@@ -389,6 +397,8 @@ class BudgetLedger:
                 self._index(key, float(epsilon), period, cap)
             if content is not None:
                 self._content[key] = content
+            if self._charge_list is not None:
+                self._charge_list.append(self._charge_entry(key, float(epsilon)))
             outcomes.append(Reservation(aggregate, window, float(epsilon), self.spent, self.epsilon_budget))
         return outcomes
 
@@ -413,6 +423,7 @@ class BudgetLedger:
         """Compact ``period``: drop its per-window entries (its totals stay), keep their count and its stops;
         returns the entries dropped."""
         keys = [k for k, (p, _) in self._period.items() if p == period]
+        self._charge_list = None
         for k in keys:
             del self._period[k], self._entries[k]
             self._content.pop(k, None)

@@ -128,3 +128,18 @@ def test_spent_through_in_one_pass_equals_window_by_window(seed):
     assert led.spent_through(asked) == ledger_mod._charged_window_by_window(led.charge_entries(), asked,
                                                                             led.period_mode)
     assert any(v > 0 for v in led.spent_through(asked).values())
+
+
+def test_charge_entries_kept_by_the_ledger_equal_its_entries_through_releases_and_compaction():
+    """The entry list the ledger keeps for spent_through (extended by each release, rebuilt after a compaction)
+    equals the one a ledger restored from its state builds from scratch, at every window."""
+    led = BudgetLedger(None, 1e6)
+    for w in range(96):
+        period = f"2026-01-{1 + w // 24:02d}"
+        led.compact(period, keep=2)
+        led.reserve_many([(a, w, 0.01, "x", period, 0.5) for a in ("a", "b")])
+        if w % 7 == 0:                          # the window closed again with other content: a paid re-release
+            led.reserve_many([("a", w, 0.01, "other", period, 0.5)])
+        led.spent_through([w])
+        assert led.charge_entries() == _restored(led).charge_entries()
+    assert len(led.charge_entries()) < 2 * 96          # compacted periods left the list
