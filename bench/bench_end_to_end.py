@@ -264,10 +264,14 @@ def ratios(results: dict) -> dict:
     out = {}
     e2e = {name: r["end_to_end"] for name, r in results.items()}
     if "oyster" in e2e and "oyster_dp" in e2e:
-        out["dp_vs_nodp_events_per_s_span"] = round(e2e["oyster_dp"]["events_per_s_span"]
-                                                    / e2e["oyster"]["events_per_s_span"], 3)
-        out["dp_vs_nodp_events_per_s_whole_run"] = round(e2e["oyster_dp"]["events_per_s_wall"]
-                                                         / e2e["oyster"]["events_per_s_wall"], 3)
+        # with --repeat: the ratio of each repeat's pair (run next to each other), then their median
+        pairs = list(zip(results["oyster_dp"].get("runs") or [e2e["oyster_dp"]],
+                         results["oyster"].get("runs") or [e2e["oyster"]]))
+        for key, name in (("events_per_s_span", "events_per_s_span"), ("events_per_s_wall", "events_per_s_whole_run")):
+            each = [round(a[key] / b[key], 3) for a, b in pairs]
+            out[f"dp_vs_nodp_{name}"] = statistics.median(each)
+            if len(each) > 1:
+                out[f"dp_vs_nodp_{name}_per_repeat"] = each
     for other in ("oyster_norisk", "oyster_population"):     # risk figures on (oyster) against off / heavier
         if "oyster" in e2e and other in e2e:
             tag = "risk_vs_norisk" if other == "oyster_norisk" else "population_vs_risk"
