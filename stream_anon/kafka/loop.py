@@ -4,13 +4,12 @@ consumer offsets in ONE Kafka transaction per partition batch (read-process-writ
 One thread runs the whole loop with confluent-kafka (librdkafka fetches and sends in its own threads, without the
 GIL): ``consume()`` a batch of up to ``batch_max`` messages, ``WorkerCore.process`` of each partition of the batch,
 then per partition ``WorkerCore.complete`` (the DP rows, when a second process releases the aggregates:
-aggregates_process.py; a batch whose rows are still under way completes at the next step, after that step's
-batches, so that its release runs beside them) -> begin transaction -> produce the output -> produce the state
-record (state.py; in parts when long) -> ``send_offsets_to_transaction`` (input offset + the state marker) ->
-commit. Each partition has its own transactional producer (kafka/transactions.py); a partition's commit runs in a
-thread while the loop goes on (the next consume, the other partitions), and its outcome is taken before anything
-else uses that partition's state: before its next batch is processed, before a flush, before a rebalance moves
-it, and at the end. A partition has at most one transaction in flight. Group membership and rebalancing are the consumer's; partition assignment
+aggregates_process.py) -> begin transaction -> produce the output -> produce the state record (state.py; in parts
+when long) -> ``send_offsets_to_transaction`` (input offset + the state marker) -> commit. Each partition has its
+own transactional producer (kafka/transactions.py); a partition's commit runs in a thread while the loop goes on
+(the next consume, the other partitions), and its outcome is taken before anything else uses that partition's
+state: before its next batch is processed, before a flush, before a rebalance moves it, and at the end. A partition
+has at most one transaction in flight. Group membership and rebalancing are the consumer's; partition assignment
 happens inside ``consume()`` (the transactions in flight are settled first), and recovers each new partition's state
 from the state topic (state.py).
 
@@ -312,9 +311,6 @@ class KafkaLoop:
         self.metrics = MetricSender(core.stream, core.stats.note_alert)
         self.commits = CommitThreads()                   # the partitions' transactions commit side by side
         self.in_flight = InFlight(self.commits)           # their commits not yet taken (one per partition at most)
-        # partition -> (state, batch, output, arrival) of a batch whose DP rows were under way (its transaction starts
-        # at the next step: _start_awaiting); a partition has an awaiting batch or a transaction in flight, not both
-        self.awaiting: dict[int, tuple[PartitionState, list, Any, float]] = {}
         self._last_metric = 0.0
         self.highwater: dict[int, int] = {}               # partition -> end offset last seen
 
@@ -335,10 +331,7 @@ class KafkaLoop:
             self.error = loop_error(sys.exc_info()[1])
         finally:
             try:
-                if self.error is not None:
-                    # a batch awaiting its DP rows is not committed after a failure: the next owner processes it
-                    self.awaiting.clear()
-                self._settle_in_flight(self._unsettled(), leaving=True)   # commits as any other
+                self._settle_in_flight(self.in_flight.partitions(), leaving=True)   # commits as any other
             except Exception:  # noqa: BLE001 - reported; the consumer and producers are closed all the same
                 log.exception("settling the transactions in flight failed")
             self._shutdown()
@@ -372,26 +365,23 @@ class KafkaLoop:
     # ---- one step ---------------------------------------------------------------------------------------------
     def _step(self) -> None:
         wait = self.watch.input_wait(self.core.idle_due_at(not_before=self.watch.outage_ended_at), self.batch_within_s)
-        # a batch awaiting its DP rows is not left waiting for input: what is at hand, then its transaction
-        msgs = _made(self._consumer).consume(num_messages=self.batch_max, timeout=0 if self.awaiting else wait)
+        msgs = _made(self._consumer).consume(num_messages=self.batch_max, timeout=wait)
         arrived = time.time()
         by_part = by_partition(msgs, self.core.parts, self.halted)
-        # every partition's batch first, then the transactions (of the batches awaiting their DP rows, of the
-        # others: module docstring). A batch is processed once its partition's previous batch committed (the state
-        # it builds on and fails back to); a partition whose did not is recovered and sought back. The partitions
-        # awaiting DP rows come last: their releases run meanwhile.
+        # every partition's batch first, then their transactions: with the DP aggregates in their own process
+        # (aggregates_process.py), a partition's aggregates are released there while the next one's engine runs
+        # here. A batch is processed once its partition's transaction in flight committed (the state it builds on
+        # and fails back to); a partition whose did not is recovered and sought back: its batch comes again.
         done = []
-        for p, batch in sorted(by_part.items(), key=lambda item: item[0] in self.awaiting):
+        for p, batch in by_part.items():
             if batch is not None and self._settle_in_flight([p])[p] and p in self.core.parts:
                 ps = self.core.parts[p]
-                done.append((ps, batch, self.core.process(ps, batch), arrived))
+                done.append((ps, batch, self.core.process(ps, batch)))
         self._settle_in_flight([p for p in self.in_flight.partitions() if by_part.get(p) is None])
-        self._start_awaiting(list(self.awaiting))
-        for ps, batch, out, batch_arrived in done:
-            if out.pending:
-                self.awaiting[ps.partition] = (ps, batch, out, batch_arrived)
-            else:
-                self._start_output(ps, batch, out, batch_arrived)
+        for ps, batch, out in done:
+            out = self.core.complete(ps, out, batch)
+            if out.last_offset != ps.offset or out.messages:
+                self.in_flight.add(self._start_commit(ps, out.messages, out.last_offset), out, arrived)
         # Idle means the stream is quiet, not that the broker is: the partitions must have been without input since
         # a broker that was answering (a probe sent at least flush_when_idle_s after the last input and after the
         # end of the last outage answered); a flush during a broker pause would make the pause's backlog late.
@@ -413,27 +403,10 @@ class KafkaLoop:
         txn = self._start_commit(ps, messages, offset, flush_pending)
         return self._outcome(txn, self.commits.settle([txn])[0])
 
-    def _unsettled(self) -> list[int]:     # a batch awaiting its DP rows or a transaction in flight
-        return [*self.awaiting, *self.in_flight.partitions()]
-
-    def _start_awaiting(self, parts: list[int]) -> None:
-        """Start the transactions of the batches of ``parts`` awaiting their DP rows (waiting for the rows)."""
-        for p in parts:
-            ps, batch, out, arrived = self.awaiting.pop(p)
-            if self.core.parts.get(p) is ps:
-                self._start_output(ps, batch, out, arrived)
-
-    def _start_output(self, ps: PartitionState, batch, out, arrived: float) -> None:
-        """A processed batch's output completed (its DP rows) and its transaction started."""
-        out = self.core.complete(ps, out, batch)
-        if out.last_offset != ps.offset or out.messages:
-            self.in_flight.add(self._start_commit(ps, out.messages, out.last_offset), out, arrived)
-
     def _settle_in_flight(self, parts: list[int], leaving: bool = False) -> dict[int, bool]:
-        """Take the outcome of the transactions of ``parts`` (a batch awaiting its DP rows is completed and its
-        transaction started first; a failed one: :meth:`_failed`; ``leaving``: the partitions go, one that did not
-        commit is aborted and not recovered): per partition, True when it committed or had none."""
-        self._start_awaiting([p for p in parts if p in self.awaiting])
+        """Take the outcome of the transactions in flight of ``parts`` (a failed one: :meth:`_failed`; ``leaving``: the
+        partitions go, one that did not commit is aborted and not recovered): per partition, True when it
+        committed or had none."""
         outcome = dict.fromkeys(parts, True)
         for txn, out, arrived, failure in self.in_flight.take(parts):
             outcome[txn.ps.partition] = self._outcome(txn, failure, leaving)
@@ -510,7 +483,7 @@ class KafkaLoop:
     # ---- assignment and recovery ------------------------------------------------------------------------------
     def _on_assign(self, consumer: Consumer, partitions) -> None:
         self.ready = False
-        self._settle_in_flight(self._unsettled(), leaving=True)    # none after an eager revocation
+        self._settle_in_flight(self.in_flight.partitions(), leaving=True)    # none after an eager revocation
         mine = [tp.partition for tp in partitions if tp.topic == self.input]
         self.assigned.update(mine)
         positions = [TopicPartition(self.input, p, OFFSET_BEGINNING if start is None else start)
