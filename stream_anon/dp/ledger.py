@@ -314,12 +314,8 @@ class BudgetLedger:
     def charge_entries(self) -> list["ChargeEntry"]:
         """Every entry kept, in the order reserved (a list the ledger keeps: do not change it)."""
         if self._charge_list is None:
-            self._charge_list = [self._charge_entry(key, amount) for key, amount in self._entries.items()]
+            self._charge_list = [charge_entry(key, amount, self._period) for key, amount in self._entries.items()]
         return self._charge_list
-
-    def _charge_entry(self, key: tuple[str, str], amount: float) -> "ChargeEntry":
-        a, w = key
-        return ChargeEntry(int(w.split("~")[0]), a, "~" in w, amount, *self._period.get(key, (None, 0.0)))
 
     def exhausted_at(self, aggregate: str) -> str | None:
         """The window at which the aggregate was stopped, or None."""
@@ -398,7 +394,7 @@ class BudgetLedger:
             if content is not None:
                 self._content[key] = content
             if self._charge_list is not None:
-                self._charge_list.append(self._charge_entry(key, float(epsilon)))
+                self._charge_list.append(charge_entry(key, float(epsilon), self._period))
             outcomes.append(Reservation(aggregate, window, float(epsilon), self.spent, self.epsilon_budget))
         return outcomes
 
@@ -472,6 +468,13 @@ class ChargeEntry(NamedTuple):
     amount: float
     period: str | None
     cap: float
+
+
+def charge_entry(key: tuple[str, str], amount: float, periods: dict) -> ChargeEntry:
+    """The :class:`ChargeEntry` of the ledger entry ``key`` = (aggregate, window key); ``periods``: entry ->
+    (period, cap) in period mode."""
+    a, w = key
+    return ChargeEntry(int(w.split("~")[0]), a, "~" in w, amount, *periods.get(key, (None, 0.0)))
 
 
 def charged_through(entries: list[ChargeEntry], windows, period_mode: bool) -> dict[int, float]:
