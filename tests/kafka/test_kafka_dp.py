@@ -565,11 +565,11 @@ def test_worker_restart_never_overspends_nor_republishes_different_noise(broker,
     assert sum(d["contributions_cut"].get("fares_running", 0) for d in dpw.values()) == 0
 
 
-def test_sigterm_with_batches_awaiting_their_dp_rows_exits_cleanly_and_a_restart_loses_nothing(broker, tmp_path,
-                                                                                             secret_env):
-    """A worker whose batches wait for the aggregates process (their transactions start a step later) stopped with
-    SIGTERM mid-stream exits cleanly (the awaiting batches settled on the way out), and after a restart every event
-    is accounted and every row agrees with an independent recount and the ledgers."""
+def test_sigterm_of_a_dp_worker_with_its_aggregates_process_exits_cleanly_and_a_restart_loses_nothing(
+        broker, tmp_path, secret_env):
+    """A DP worker with its aggregates process, stopped with SIGTERM mid-stream, exits cleanly (the releases under
+    way settled on the way out), and after a restart every event is accounted and every row agrees with an
+    independent recount and the ledgers."""
     from stream_anon.kafka.replay import replay
     from _kafka_helpers import state_offsets
     from _worker_harness import start_worker_process
