@@ -263,26 +263,25 @@ def ratios(results: dict) -> dict:
     their ``run_at``)."""
     out = {}
     e2e = {name: r["end_to_end"] for name, r in results.items()}
-    if "oyster" in e2e and "oyster_dp" in e2e:
-        # with --repeat: the ratio of each repeat's pair (run next to each other), then their median
-        pairs = list(zip(results["oyster_dp"].get("runs") or [e2e["oyster_dp"]],
-                         results["oyster"].get("runs") or [e2e["oyster"]]))
-        for key, name in (("events_per_s_span", "events_per_s_span"), ("events_per_s_wall", "events_per_s_whole_run")):
+
+    def paired(tag: str, num: str, den: str, keys) -> None:
+        # with --repeat: the ratio of each repeat's pair (run next to each other), then their median; ``keys``:
+        # (figure, the name it takes in ``out``)
+        pairs = list(zip(results[num].get("runs") or [e2e[num]], results[den].get("runs") or [e2e[den]]))
+        for key, name in keys:
             each = [round(a[key] / b[key], 3) for a, b in pairs]
-            out[f"dp_vs_nodp_{name}"] = statistics.median(each)
+            out[f"{tag}_{name}"] = statistics.median(each)
             if len(each) > 1:
-                out[f"dp_vs_nodp_{name}_per_repeat"] = each
+                out[f"{tag}_{name}_per_repeat"] = each
+
+    if "oyster" in e2e and "oyster_dp" in e2e:
+        paired("dp_vs_nodp", "oyster_dp", "oyster",
+               [("events_per_s_span", "events_per_s_span"), ("events_per_s_wall", "events_per_s_whole_run")])
     for other in ("oyster_norisk", "oyster_population"):     # risk figures on (oyster) against off / heavier
         if "oyster" in e2e and other in e2e:
             tag = "risk_vs_norisk" if other == "oyster_norisk" else "population_vs_risk"
             num, den = ("oyster", other) if other == "oyster_norisk" else (other, "oyster")
-            # with --repeat: the ratio of each repeat's pair (run next to each other), then their median
-            pairs = list(zip(results[num].get("runs") or [e2e[num]], results[den].get("runs") or [e2e[den]]))
-            for key in ("events_per_s_span", "cpu_us_per_event_span", "cpu_us_per_event"):
-                each = [round(a[key] / b[key], 3) for a, b in pairs]
-                out[f"{tag}_{key}"] = statistics.median(each)
-                if len(each) > 1:
-                    out[f"{tag}_{key}_per_repeat"] = each
+            paired(tag, num, den, [(k, k) for k in ("events_per_s_span", "cpu_us_per_event_span", "cpu_us_per_event")])
     if "oyster" in e2e and "two_workers" in e2e:
         for key in ("cpu_us_per_event", "cpu_us_per_event_span"):
             if key in e2e["oyster"] and key in e2e["two_workers"]:

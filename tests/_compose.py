@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import re
 import sys
-import urllib.request
 from pathlib import Path
 
 import yaml
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _metrics_helpers import get  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
@@ -54,8 +56,4 @@ def commented_kafka_environment() -> dict[str, str]:
 
 def ready(port: int) -> bool:
     """The compose healthcheck: the worker's ``/readyz`` on ``port`` answers 200."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=4) as answer:
-            return answer.status == 200
-    except OSError:
-        return False
+    return get(port, "/readyz")[0] == 200

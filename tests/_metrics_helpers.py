@@ -27,7 +27,7 @@ def get(port: int, path: str) -> tuple[int, str]:
             return r.status, r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()
-    except urllib.error.URLError:
+    except OSError:             # not listening (yet), or no answer in time
         return 0, ""
 
 
