@@ -86,6 +86,36 @@ def changes(part: Checkpointable) -> Changes:
     return {name: t.changes() for name, t in part.state_tables().items()}
 
 
+def changes_then(first: Changes, then: Changes) -> Changes:
+    """The change sets of two consecutive :func:`changes` calls as one: what a single call at the time of the
+    second would have given (a key's record as of ``then``; a key deleted and put again is put, one put and then
+    deleted is deleted). For a state record that covers two batches whose changes were asked after each.
+
+    >>> k = lambda *a: np.array(a, dtype=np.int64)
+    >>> r = lambda *a: np.array([(x,) for x in a], dtype=[("v", "<i4")])
+    >>> keys, rows, gone = changes_then({"t": (k(1, 3), r(10, 30), k(5))}, {"t": (k(2, 5), r(20, 50), k(3))})["t"]
+    >>> keys.tolist(), rows["v"].tolist(), gone.tolist()
+    ([1, 2, 5], [10, 20, 50], [3])
+    """
+    out: Changes = {}
+    for name in {**first, **then}:
+        if name not in first or name not in then:
+            out[name] = then[name] if name in then else first[name]
+            continue
+        (k1, r1, d1), (k2, r2, d2) = first[name], then[name]
+        kept = ~np.isin(k1, np.concatenate([k2, d2]))
+        keys = np.concatenate([k1[kept], k2])
+        order = np.argsort(keys, kind="stable")
+        if isinstance(r1, list):             # a BlobTable's values
+            both = [v for v, keep in zip(r1, kept.tolist()) if keep] + list(r2)
+            rows = [both[i] for i in order.tolist()]
+        else:
+            rows = np.concatenate([r1[kept], r2])[order]
+        gone = np.union1d(d1, d2)
+        out[name] = (keys[order], rows, gone[~np.isin(gone, k2)])
+    return out
+
+
 def table_rows(part: Checkpointable) -> int:
     """Rows held by the part's tables (what a full state record carries besides the core)."""
     return sum(len(t) for t in part.state_tables().values())

@@ -35,6 +35,7 @@ import sys
 import traceback
 from typing import Any
 
+from stream_anon import checkpoint
 from stream_anon.worker import aggregates
 from stream_anon.worker.aggregates import Pending
 
@@ -155,16 +156,15 @@ class RemoteAggregates:
         # the metrics endpoint reads them from its own thread) and read into a ledger when asked (_ledger_view)
         self._noted = ((core or {}).get("ledger"), (core or {}).get("aggregator"))
         self._ledger_view = None
-        self._record_state: Pending | None = None
-        # a prefetched record state was dropped: the child's change tracking was reset with it, so the next
-        # record_state says its changes are unknown (None: WorkerCore.state_record writes the tables in full)
-        self._changes_dropped = False
+        # record states asked since the last state record, in order: a release after one makes it stale, but its
+        # table changes (the child's change tracking was reset with them) still go into the next record
+        self._record_states: list[Pending] = []
+        self._fresh = False                   # the last of them was asked after the last release
 
     def messages(self, windows, dumps, metrics_topic: str, through: int | None = None) -> Pending:
         """Release ``windows``, then the empty ones up to ``through``, in the child (``dumps`` is the child's own:
         the worker's serializer)."""
-        if self._record_state is not None:       # a state record must see this release
-            self._record_state, self._changes_dropped = None, True
+        self._fresh = False                      # a state record must see this release
         last = self.released_through
         for w in windows:
             last = w.index if last is None else max(last, w.index)
@@ -174,20 +174,22 @@ class RemoteAggregates:
         return self.process.send("release", self.partition, windows, metrics_topic, through)
 
     def prefetch_record_state(self) -> None:
-        """Request :meth:`record_state` now (after the releases sent so far), for the next state record. Valid as
-        long as nothing else is released: a release drops it (and the next record is then a full one)."""
-        if self._record_state is not None:
-            self._changes_dropped = True
-        self._record_state = self.process.send("record_state", self.partition)
+        """Request :meth:`record_state` now (after the releases sent so far), for the next state record: its reply
+        follows them, where a request made when the record is written waits behind the releases sent since."""
+        if not self._fresh:
+            self._record_states.append(self.process.send("record_state", self.partition))
+            self._fresh = True
 
     def record_state(self) -> tuple[dict, dict | None, int]:
-        """(state core, state changes, table rows) for a state record: the prefetched reply, else asked now. The
-        changes are None when a prefetched reply was dropped since the last record (some changes went with it)."""
-        pending, self._record_state = self._record_state, None
-        core, changes, rows = (pending or self.process.send("record_state", self.partition)).result()
+        """(state core, state changes, table rows) for a state record: the latest reply asked after the last
+        release (asked now when there is none), with the table changes of every reply since the last record."""
+        if not self._fresh:
+            self.prefetch_record_state()
+        replies, self._record_states, self._fresh = self._record_states, [], False
+        core, changes, rows = replies[-1].result()
+        for earlier in reversed(replies[:-1]):
+            changes = checkpoint.changes_then(earlier.result()[1], changes)
         self._note(core)
-        if self._changes_dropped:
-            self._changes_dropped, changes = False, None
         return core, changes, rows
 
     def state_core(self) -> dict:

@@ -16,7 +16,7 @@ from stream_anon.datasets import oyster_cards
 from stream_anon.engine import Engine, demo_config
 from stream_anon.engine.records import DUPLICATE_EVENT
 from stream_anon import checkpoint
-from stream_anon.keyed_table import KeyedTable
+from stream_anon.keyed_table import BlobTable, KeyedTable
 from stream_anon.worker import state as st
 from _state_helpers import reopened
 
@@ -78,6 +78,36 @@ def test_keyed_table_matches_a_dict_and_its_changes_rebuild_it():
     keys, rows = t.snapshot()
     assert (np.diff(keys) > 0).all() and dict(zip(keys.tolist(), rows.tolist())) == ref
     assert t.nbytes == len(ref) * (8 + t.dtype.itemsize) == len(ref) * 20      # 8-byte key + 12-byte record
+
+
+def test_change_sets_asked_after_each_batch_and_joined_equal_the_set_asked_once():
+    """checkpoint.changes_then: a state record covering several batches joins the change sets asked after each
+    (the DP aggregates' prefetched ones), and must say what one call at the end would have said."""
+    rng = np.random.default_rng(11)
+    asked_often, asked_once = KeyedTable([("a", "<i4")]), KeyedTable([("a", "<i4")])
+    blobs_often, blobs_once = BlobTable(), BlobTable()
+    for t in (asked_often, asked_once, blobs_often, blobs_once):
+        t.changes()                          # tracking on: the next calls give what changed
+    for _ in range(30):
+        joined = {"t": asked_often.changes(), "b": blobs_often.changes()}
+        for _ in range(int(rng.integers(1, 5))):
+            keys = np.unique(rng.integers(0, 300, size=int(rng.integers(1, 60))))
+            if rng.random() < 0.6:
+                rows = np.zeros(len(keys), dtype=asked_often.dtype)
+                rows["a"] = rng.integers(0, 1000, len(keys))
+                values = [str(v).encode() for v in rows["a"].tolist()]
+                for t, b in ((asked_often, blobs_often), (asked_once, blobs_once)):
+                    t.put(keys, rows)
+                    b.put(keys, values)
+            else:
+                for t in (asked_often, asked_once, blobs_often, blobs_once):
+                    t.delete(keys)
+            joined = checkpoint.changes_then(joined, {"t": asked_often.changes(), "b": blobs_often.changes()})
+        once = {"t": asked_once.changes(), "b": blobs_once.changes()}
+        for name in ("t", "b"):
+            (k1, r1, d1), (k2, r2, d2) = joined[name], once[name]
+            assert k1.tolist() == k2.tolist() and d1.tolist() == d2.tolist()
+            assert (r1 == r2 if isinstance(r1, list) else r1.tolist() == r2.tolist())
 
 
 def test_keyed_table_first_changes_are_everything_then_only_what_changed():
