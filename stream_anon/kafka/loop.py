@@ -4,7 +4,8 @@ consumer offsets in ONE Kafka transaction per partition batch (read-process-writ
 One thread runs the whole loop with confluent-kafka (librdkafka fetches and sends in its own threads, without the
 GIL): ``consume()`` a batch of up to ``batch_max`` messages, ``WorkerCore.process`` of each partition of the batch,
 then per partition ``WorkerCore.complete`` (the DP rows, when a second process releases the aggregates:
-aggregates_process.py) -> begin transaction -> produce the output -> produce the state record (state.py; in parts
+aggregates_process.py; a batch whose rows are under way is held and joined with the partition's next batches, up
+to ``JOINED_BATCHES_MAX``, in one transaction: transactions.py ``HeldBatches``) -> begin transaction -> produce the output -> produce the state record (state.py; in parts
 when long) -> ``send_offsets_to_transaction`` (input offset + the state marker) -> commit. Each partition has its
 own transactional producer (kafka/transactions.py); a partition's commit runs in a thread while the loop goes on
 (the next consume, the other partitions), and its outcome is taken before anything else uses that partition's
@@ -46,8 +47,8 @@ from stream_anon.worker.partition import ConfigChangeRefused, KeyRotationRefused
 from stream_anon.kafka.retention import RetentionCheck, guard_raw_retention
 from stream_anon.kafka.state_cache import CommittedCache, read_state_logs
 from stream_anon.connection import REPLICATION_FACTOR
-from stream_anon.kafka.transactions import TXN_TIMEOUT_S, CommitThreads, InFlight, OpenTransaction, \
-    abort_or_fenced, fence_and_barrier, flush_leaving, transactional_producer
+from stream_anon.kafka.transactions import CommitThreads, Held, HeldBatches, InFlight, OpenTransaction, \
+    abort_or_fenced, end_transaction, fence_and_barrier, flush_leaving, joined, transactional_producer
 from stream_anon.kafka.watchdog import BrokerWatch
 
 log = logging.getLogger("stream_anon.worker")
@@ -311,6 +312,7 @@ class KafkaLoop:
         self.metrics = MetricSender(core.stream, core.stats.note_alert)
         self.commits = CommitThreads()                   # the partitions' transactions commit side by side
         self.in_flight = InFlight(self.commits)           # their commits not yet taken (one per partition at most)
+        self.held = HeldBatches()                         # batches awaiting their DP rows, joined with the next
         self._last_metric = 0.0
         self.highwater: dict[int, int] = {}               # partition -> end offset last seen
 
@@ -331,7 +333,9 @@ class KafkaLoop:
             self.error = loop_error(sys.exc_info()[1])
         finally:
             try:
-                self._settle_in_flight(self.in_flight.partitions(), leaving=True)   # commits as any other
+                if self.error is not None:
+                    self.held.clear()           # not committed after a failure: the next owner processes them
+                self._settle_in_flight(self._unsettled(), leaving=True)   # commits as any other
             except Exception:  # noqa: BLE001 - reported; the consumer and producers are closed all the same
                 log.exception("settling the transactions in flight failed")
             self._shutdown()
@@ -365,23 +369,29 @@ class KafkaLoop:
     # ---- one step ---------------------------------------------------------------------------------------------
     def _step(self) -> None:
         wait = self.watch.input_wait(self.core.idle_due_at(not_before=self.watch.outage_ended_at), self.batch_within_s)
-        msgs = _made(self._consumer).consume(num_messages=self.batch_max, timeout=wait)
+        # held batches do not wait for input: what is at hand, then their transactions
+        msgs = _made(self._consumer).consume(num_messages=self.batch_max, timeout=0 if self.held else wait)
         arrived = time.time()
         by_part = by_partition(msgs, self.core.parts, self.halted)
         # every partition's batch first, then their transactions: with the DP aggregates in their own process
         # (aggregates_process.py), a partition's aggregates are released there while the next one's engine runs
-        # here. A batch is processed once its partition's transaction in flight committed (the state it builds on
-        # and fails back to); a partition whose did not is recovered and sought back: its batch comes again.
+        # here, and a batch whose rows are under way is held for its partition's next batch (HeldBatches). A batch
+        # is processed on top of its partition's held ones, or once its transaction in flight committed (the state
+        # it builds on and fails back to); a partition whose did not is recovered and sought back.
         done = []
         for p, batch in by_part.items():
-            if batch is not None and self._settle_in_flight([p])[p] and p in self.core.parts:
+            held = self.held.take(p)
+            if batch is not None and (held is not None or self._settle_in_flight([p])[p]) and p in self.core.parts:
                 ps = self.core.parts[p]
-                done.append((ps, batch, self.core.process(ps, batch)))
+                done.append(joined(held, ps, batch, self.core.process(ps, batch), arrived))
+            elif held is not None:
+                self._start_output(held)
         self._settle_in_flight([p for p in self.in_flight.partitions() if by_part.get(p) is None])
-        for ps, batch, out in done:
-            out = self.core.complete(ps, out, batch)
-            if out.last_offset != ps.offset or out.messages:
-                self.in_flight.add(self._start_commit(ps, out.messages, out.last_offset), out, arrived)
+        for p in self.held.partitions():        # held at the last step: their releases ran meanwhile
+            self._start_output(cast(Held, self.held.take(p)))
+        for h in done:
+            if (give := self.held.hold_or_give(h)) is not None:
+                self._start_output(give)
         # Idle means the stream is quiet, not that the broker is: the partitions must have been without input since
         # a broker that was answering (a probe sent at least flush_when_idle_s after the last input and after the
         # end of the last outage answered); a flush during a broker pause would make the pause's backlog late.
@@ -403,10 +413,23 @@ class KafkaLoop:
         txn = self._start_commit(ps, messages, offset, flush_pending)
         return self._outcome(txn, self.commits.settle([txn])[0])
 
+    def _unsettled(self) -> list[int]:
+        return [*self.held.partitions(), *self.in_flight.partitions()]
+
+    def _start_output(self, h: Held) -> None:
+        """The transaction of held or processed batches (their DP rows waited for), unless the partition moved."""
+        if self.core.parts.get(h.ps.partition) is h.ps:
+            out = self.core.complete(h.ps, h.out, h.msgs)
+            if out.last_offset != h.ps.offset or out.messages:
+                self.in_flight.add(self._start_commit(h.ps, out.messages, out.last_offset), out, h.arrived)
+
     def _settle_in_flight(self, parts: list[int], leaving: bool = False) -> dict[int, bool]:
-        """Take the outcome of the transactions in flight of ``parts`` (a failed one: :meth:`_failed`; ``leaving``: the
-        partitions go, one that did not commit is aborted and not recovered): per partition, True when it
-        committed or had none."""
+        """Take the outcome of the transactions of ``parts`` (held batches' transactions started first; a failed
+        one: :meth:`_failed`; ``leaving``: the partitions go, one that did not commit is aborted and not
+        recovered): per partition, True when it committed or had none."""
+        for p in parts:
+            if (held := self.held.take(p)) is not None:
+                self._start_output(held)
         outcome = dict.fromkeys(parts, True)
         for txn, out, arrived, failure in self.in_flight.take(parts):
             outcome[txn.ps.partition] = self._outcome(txn, failure, leaving)
@@ -438,11 +461,8 @@ class KafkaLoop:
         self.cache.write(txn.ps)
         return True
 
-    def _end_transaction(self, prod: Producer, offsets: list, group) -> None:
-        """Offsets (input position and state marker) into the transaction, then commit it (in a commit thread:
-        ``group`` is the consumer's group metadata)."""
-        prod.send_offsets_to_transaction(offsets, group, TXN_TIMEOUT_S)
-        prod.commit_transaction(TXN_TIMEOUT_S)
+    def _end_transaction(self, prod: Producer, offsets: list, group) -> None:   # a method: crash tests wrap it
+        end_transaction(prod, offsets, group)
 
     def _failed(self, ps: PartitionState, prod: Producer, exc: KafkaException, leaving: bool = False) -> None:
         err = exc.args[0]
@@ -483,11 +503,11 @@ class KafkaLoop:
     # ---- assignment and recovery ------------------------------------------------------------------------------
     def _on_assign(self, consumer: Consumer, partitions) -> None:
         self.ready = False
-        self._settle_in_flight(self.in_flight.partitions(), leaving=True)    # none after an eager revocation
+        self._settle_in_flight(self._unsettled(), leaving=True)    # none after an eager revocation
         mine = [tp.partition for tp in partitions if tp.topic == self.input]
         self.assigned.update(mine)
         positions = [TopicPartition(self.input, p, OFFSET_BEGINNING if start is None else start)
-                     for p, start in self._recover(mine).items()]
+                     for p, start in recover_partitions(self, mine).items()]
         consumer.assign(positions)
         halted = [TopicPartition(self.input, p) for p in self.halted if p in self.assigned]
         if halted:
@@ -518,7 +538,7 @@ class KafkaLoop:
             flush_leaving(prod, p, "as the partition leaves")
 
     def _recover_and_seek(self, p: int) -> None:
-        start = self._recover([p])[p]
+        start = recover_partitions(self, [p])[p]
         if p in self.halted:
             _made(self._consumer).pause([TopicPartition(self.input, p)])
             return
@@ -533,33 +553,6 @@ class KafkaLoop:
         prod = self.producers[p] = transactional_producer(self.cfg, self.core.app_id, p, self.compression)
         return fence_and_barrier(prod, self.state_topic, self.core.stream, p)
 
-    def _recover(self, parts: list[int]) -> dict[int, int | None]:
-        """Load each partition's state from the state topic; return per partition the input offset to resume from
-        (None: the beginning), or halt the partition. The partitions are recovered together: one barrier each,
-        one reader for all."""
-        self.counters["recoveries"] += len(parts)
-        logs = read_state_logs(self._fence, {**self.cfg, "logger": client_log}, f"{self.core.app_id}-state-reader",
-                               self.state_topic, parts)
-        committed = _made(self._consumer).committed([TopicPartition(t, p) for p in parts
-                                                     for t in (self.input, self.state_topic)], timeout=30)
-        offsets = {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None) for tp in committed}
-        topic_id = input_topic_id(self._admin, self.input)
-        recs = {p: st.choose_state(logs[p], offsets.get((self.state_topic, p)), offsets.get((self.input, p)),
-                                   self.cache.read(p), topic_id, self.accept_input_reset, kid=self.core.kid,
-                                   settings=self.core.settings, accept_config_change=self.accept_config_change,
-                                   rotate_from=self.rotate_from) for p in parts}
-        self.lineage.place(recs, self.metrics.alert, self.counters, {p for p in parts if not logs[p].values})
-        starts = {}
-        for p in parts:
-            ps = resume_partition(self.core, p, recs[p], self.counters, self.metrics.alert)
-            if ps is None:
-                self._halt(p, cast(str, recs[p].halt), recs[p].detail)      # not resumed: rec.halt says why
-            else:
-                ps.input_topic_id = topic_id or ps.input_topic_id
-                ps.record_parts = dict(recs[p].record_parts)     # the keys its chain's tombstones must reach
-            starts[p] = ps.offset + 1 if ps is not None and ps.offset >= 0 else None
-        return starts
-
     def _halt(self, p: int, reason: str, detail: str) -> None:
         self.counters["halts"] += 1
         self.halted[p] = {"reason": reason, "detail": detail, "since": time.time()}
@@ -571,3 +564,31 @@ class KafkaLoop:
         highwaters = end_offsets(_made(self._consumer), self.input, self.core.parts)
         self.highwater = {p: h for p, h in highwaters.items() if h is not None}
         self.metrics.send(throughput_metric(self, highwaters))
+
+
+def recover_partitions(loop: KafkaLoop, parts: list[int]) -> dict[int, int | None]:
+    """Load each partition's state from the state topic; return per partition the input offset to resume from
+    (None: the beginning), or halt the partition. The partitions are recovered together: one barrier each,
+    one reader for all."""
+    loop.counters["recoveries"] += len(parts)
+    logs = read_state_logs(loop._fence, {**loop.cfg, "logger": client_log}, f"{loop.core.app_id}-state-reader",
+                           loop.state_topic, parts)
+    committed = _made(loop._consumer).committed([TopicPartition(t, p) for p in parts
+                                                 for t in (loop.input, loop.state_topic)], timeout=30)
+    offsets = {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None) for tp in committed}
+    topic_id = input_topic_id(loop._admin, loop.input)
+    recs = {p: st.choose_state(logs[p], offsets.get((loop.state_topic, p)), offsets.get((loop.input, p)),
+                               loop.cache.read(p), topic_id, loop.accept_input_reset, kid=loop.core.kid,
+                               settings=loop.core.settings, accept_config_change=loop.accept_config_change,
+                               rotate_from=loop.rotate_from) for p in parts}
+    loop.lineage.place(recs, loop.metrics.alert, loop.counters, {p for p in parts if not logs[p].values})
+    starts = {}
+    for p in parts:
+        ps = resume_partition(loop.core, p, recs[p], loop.counters, loop.metrics.alert)
+        if ps is None:
+            loop._halt(p, cast(str, recs[p].halt), recs[p].detail)      # not resumed: rec.halt says why
+        else:
+            ps.input_topic_id = topic_id or ps.input_topic_id
+            ps.record_parts = dict(recs[p].record_parts)     # the keys its chain's tombstones must reach
+        starts[p] = ps.offset + 1 if ps is not None and ps.offset >= 0 else None
+    return starts

@@ -13,7 +13,7 @@ import logging
 import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
@@ -148,6 +148,13 @@ class OpenTransaction:
             self.failure = exc
 
 
+def end_transaction(prod: Producer, offsets: list, group) -> None:
+    """Offsets (input position and state marker) into the transaction, then commit it (in a commit thread:
+    ``group`` is the consumer's group metadata)."""
+    prod.send_offsets_to_transaction(offsets, group, TXN_TIMEOUT_S)
+    prod.commit_transaction(TXN_TIMEOUT_S)
+
+
 class CommitThreads:
     """The transactions' commits, side by side: :meth:`start` runs ``end(prod, *args)`` (offsets into the
     transaction, then its commit) in a thread of its own; :meth:`settle` waits for the ones given and gives each
@@ -212,3 +219,59 @@ class InFlight:
         taken = [self._txns.pop(p) for p in partitions if p in self._txns]
         failures = self.commits.settle([txn for txn, _, _ in taken])
         return [(txn, out, arrived, failure) for (txn, out, arrived), failure in zip(taken, failures)]
+
+
+JOINED_BATCHES_MAX = 3     # batches of one partition in one transaction while their DP rows are under way
+
+
+class Held(NamedTuple):
+    """A partition's processed batches not yet in a transaction: the partition's state, their ``(offset, value)``
+    messages, their joined output and when the first arrived."""
+    ps: PartitionState
+    msgs: list
+    out: BatchOutput
+    arrived: float
+    batches: int
+
+
+class HeldBatches:
+    """Processed batches whose DP rows the aggregates process is still releasing (worker/aggregates_process.py),
+    held for one transaction with the partition's next batches, up to :data:`JOINED_BATCHES_MAX`.
+
+    Why: a consumed batch usually holds one or two partitions, and the partition's next batch follows at once; a
+    transaction per batch made the loop wait for each batch's release before anything else. Held, the release runs
+    while the loop consumes and processes the next batch, which then goes into the same transaction (its state
+    record is the state after both: one transaction of a bigger batch). A partition has held batches or a
+    transaction in flight, never both; the loop starts the held transaction at the next step (or when the
+    partition is flushed, moves or the loop ends), and drops it uncommitted after a loop failure (nothing of it
+    was committed: the next owner processes the batches again)."""
+
+    def __init__(self) -> None:
+        self._held: dict[int, Held] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._held)
+
+    def partitions(self) -> list[int]:
+        return list(self._held)
+
+    def take(self, partition: int) -> Held | None:
+        return self._held.pop(partition, None)
+
+    def hold_or_give(self, done: Held) -> Held | None:
+        """Hold ``done`` while its rows are under way and it has room for another batch; else give it back (its
+        transaction starts now)."""
+        if done.out.pending and done.batches < JOINED_BATCHES_MAX:
+            self._held[done.ps.partition] = done
+            return None
+        return done
+
+    def clear(self) -> None:
+        self._held.clear()
+
+
+def joined(held: Held | None, ps: PartitionState, msgs: list, out: BatchOutput, arrived: float) -> Held:
+    """A processed batch, after the partition's held ones when there are."""
+    if held is None:
+        return Held(ps, msgs, out, arrived, 1)
+    return Held(ps, held.msgs + msgs, held.out.followed_by(out), held.arrived, held.batches + 1)

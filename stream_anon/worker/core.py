@@ -44,6 +44,14 @@ class BatchOutput:
     # WorkerCore.complete
     pending: list = field(default_factory=list)
 
+    def followed_by(self, later: BatchOutput) -> BatchOutput:
+        """This output and the partition's ``later`` one as one batch's (one transaction of both)."""
+        shift = len(self.messages)
+        counts = {k: self.counts.get(k, 0) + later.counts.get(k, 0) for k in {**self.counts, **later.counts}}
+        return BatchOutput(self.messages + later.messages, later.last_offset, counts,
+                           self.engine_input or later.engine_input, self.releases + later.releases,
+                           self.pending + [(at + shift, rows) for at, rows in later.pending])
+
 
 def new_messages(msgs, last: int) -> tuple[list, int, int]:
     """(the ``(offset, value)`` messages above offset ``last``, in offset order; the last offset; how many were

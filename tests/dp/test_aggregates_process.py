@@ -150,3 +150,39 @@ def test_two_batches_in_one_state_record_join_the_changes_asked_after_each_and_l
         finally:
             core.close()
     assert states[0] == states[1]
+
+
+def test_batches_held_for_their_rows_and_joined_give_each_batchs_messages_in_order():
+    """The loop holds a batch whose DP rows are under way and joins the partition's next batch to it
+    (kafka/transactions.py, HeldBatches): the joined output, completed once, must be the two batches' messages in
+    order with each batch's rows where that batch put them, as the worker without the process gives them."""
+    from stream_anon.kafka.transactions import JOINED_BATCHES_MAX, HeldBatches, joined
+
+    msgs = [(off, raw) for _, off, raw in messages(4000, partitions=1)]
+    cut = [0, 1400, 2700, len(msgs)]
+    results = []
+    for kwargs in ({}, {"aggregates_process": True}):
+        core = WorkerCore(load_config(config_path("oyster")), "t", SECRET, **kwargs)
+        try:
+            ps = core.open_partition(0)
+            held, holder = None, HeldBatches()
+            for a, b in zip(cut, cut[1:]):
+                h = joined(held, ps, msgs[a:b], core.process(ps, msgs[a:b]), 0.0)
+                assert bool(h.out.pending) == bool(kwargs)          # rows under way only with the process
+                held = holder.hold_or_give(h)
+                if held is not None:                                  # given back: no rows under way, or full
+                    assert not kwargs or h.batches == JOINED_BATCHES_MAX
+                    break
+                held = holder.take(0)
+            assert held is not None and held.batches == (1 if not kwargs else JOINED_BATCHES_MAX)
+            if not kwargs:        # without the process each batch is given back at once: join them here
+                outs = [held.out] + [core.process(ps, msgs[a:b]) for a, b in zip(cut[1:], cut[2:])]
+                out = outs[0].followed_by(outs[1]).followed_by(outs[2])
+            else:
+                out = core.complete(ps, held.out, held.msgs)
+            assert out.last_offset == msgs[-1][0] and not out.pending
+            results.append((content(out.messages), out.counts))
+        finally:
+            core.close()
+    assert results[0] == results[1]
+    assert any(topic == TOPICS.aggregates for topic, _, _ in results[0][0])      # DP rows among them
