@@ -5,9 +5,10 @@ One thread runs the whole loop with confluent-kafka (librdkafka fetches and send
 GIL): ``consume()`` a batch of up to ``batch_max`` messages, ``WorkerCore.process`` of each partition of the batch,
 then per partition ``WorkerCore.complete`` (the DP rows, when a second process releases the aggregates:
 aggregates_process.py; a batch whose rows are under way is held and joined with the partition's next batches, up
-to ``JOINED_BATCHES_MAX``, in one transaction: transactions.py ``HeldBatches``) -> begin transaction -> produce the output -> produce the state record (state.py; in parts
-when long) -> ``send_offsets_to_transaction`` (input offset + the state marker) -> commit. Each partition has its
-own transactional producer (kafka/transactions.py); a partition's commit runs in a thread while the loop goes on
+to ``JOINED_BATCHES_MAX``, in one transaction: transactions.py ``HeldBatches``) -> begin transaction -> produce
+the output -> produce the state record (state.py; in parts when long) -> ``send_offsets_to_transaction`` (input
+offset + the state marker) -> commit. Each partition has its own transactional producer (kafka/transactions.py); a
+partition's commit runs in a thread while the loop goes on
 (the next consume, the other partitions), and its outcome is taken before anything else uses that partition's
 state: before its next batch is processed, before a flush, before a rebalance moves it, and at the end. A partition
 has at most one transaction in flight. Group membership and rebalancing are the consumer's; partition assignment
@@ -507,7 +508,7 @@ class KafkaLoop:
         mine = [tp.partition for tp in partitions if tp.topic == self.input]
         self.assigned.update(mine)
         positions = [TopicPartition(self.input, p, OFFSET_BEGINNING if start is None else start)
-                     for p, start in recover_partitions(self, mine).items()]
+                     for p, start in recover_partitions(self, mine, consumer, self._admin, self._fence, self._halt).items()]
         consumer.assign(positions)
         halted = [TopicPartition(self.input, p) for p in self.halted if p in self.assigned]
         if halted:
@@ -538,7 +539,7 @@ class KafkaLoop:
             flush_leaving(prod, p, "as the partition leaves")
 
     def _recover_and_seek(self, p: int) -> None:
-        start = recover_partitions(self, [p])[p]
+        start = recover_partitions(self, [p], _made(self._consumer), self._admin, self._fence, self._halt)[p]
         if p in self.halted:
             _made(self._consumer).pause([TopicPartition(self.input, p)])
             return
@@ -566,17 +567,19 @@ class KafkaLoop:
         self.metrics.send(throughput_metric(self, highwaters))
 
 
-def recover_partitions(loop: KafkaLoop, parts: list[int]) -> dict[int, int | None]:
+def recover_partitions(loop: KafkaLoop, parts: list[int], consumer: Consumer, admin: AdminClient, fence, halt
+                       ) -> dict[int, int | None]:
     """Load each partition's state from the state topic; return per partition the input offset to resume from
     (None: the beginning), or halt the partition. The partitions are recovered together: one barrier each,
-    one reader for all."""
+    one reader for all. ``fence(p)``: a new producer of the partition, fenced (its barrier's nonce); ``halt(p, reason,
+    detail)``: halt a partition not resumed."""
     loop.counters["recoveries"] += len(parts)
-    logs = read_state_logs(loop._fence, {**loop.cfg, "logger": client_log}, f"{loop.core.app_id}-state-reader",
+    logs = read_state_logs(fence, {**loop.cfg, "logger": client_log}, f"{loop.core.app_id}-state-reader",
                            loop.state_topic, parts)
-    committed = _made(loop._consumer).committed([TopicPartition(t, p) for p in parts
+    committed = consumer.committed([TopicPartition(t, p) for p in parts
                                                  for t in (loop.input, loop.state_topic)], timeout=30)
     offsets = {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None) for tp in committed}
-    topic_id = input_topic_id(loop._admin, loop.input)
+    topic_id = input_topic_id(admin, loop.input)
     recs = {p: st.choose_state(logs[p], offsets.get((loop.state_topic, p)), offsets.get((loop.input, p)),
                                loop.cache.read(p), topic_id, loop.accept_input_reset, kid=loop.core.kid,
                                settings=loop.core.settings, accept_config_change=loop.accept_config_change,
@@ -586,7 +589,7 @@ def recover_partitions(loop: KafkaLoop, parts: list[int]) -> dict[int, int | Non
     for p in parts:
         ps = resume_partition(loop.core, p, recs[p], loop.counters, loop.metrics.alert)
         if ps is None:
-            loop._halt(p, cast(str, recs[p].halt), recs[p].detail)      # not resumed: rec.halt says why
+            halt(p, cast(str, recs[p].halt), recs[p].detail)      # not resumed: rec.halt says why
         else:
             ps.input_topic_id = topic_id or ps.input_topic_id
             ps.record_parts = dict(recs[p].record_parts)     # the keys its chain's tombstones must reach
