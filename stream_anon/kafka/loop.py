@@ -8,10 +8,9 @@ aggregates_process.py; a batch whose rows are under way is held and joined with 
 to ``JOINED_BATCHES_MAX``, in one transaction: transactions.py ``HeldBatches``) -> begin transaction -> produce
 the output -> produce the state record (state.py; in parts when long) -> ``send_offsets_to_transaction`` (input
 offset + the state marker) -> commit. Each partition has its own transactional producer (kafka/transactions.py); a
-partition's commit runs in a thread while the loop goes on
-(the next consume, the other partitions), and its outcome is taken before anything else uses that partition's
-state: before its next batch is processed, before a flush, before a rebalance moves it, and at the end. A partition
-has at most one transaction in flight. Group membership and rebalancing are the consumer's; partition assignment
+partition's commit runs in a thread while the loop goes on (the next consume, the other partitions), and its
+outcome is taken before anything else uses that partition's state: before its next batch is processed, before a
+flush, before a rebalance moves it, and at the end. A partition has at most one transaction in flight. Group membership and rebalancing are the consumer's; partition assignment
 happens inside ``consume()`` (the transactions in flight are settled first), and recovers each new partition's state
 from the state topic (state.py).
 
@@ -48,8 +47,8 @@ from stream_anon.worker.partition import ConfigChangeRefused, KeyRotationRefused
 from stream_anon.kafka.retention import RetentionCheck, guard_raw_retention
 from stream_anon.kafka.state_cache import CommittedCache, read_state_logs
 from stream_anon.connection import REPLICATION_FACTOR
-from stream_anon.kafka.transactions import CommitThreads, Held, HeldBatches, InFlight, OpenTransaction, \
-    abort_or_fenced, end_transaction, fence_and_barrier, flush_leaving, joined, transactional_producer
+from stream_anon.kafka.transactions import TXN_TIMEOUT_S, CommitThreads, Held, HeldBatches, InFlight, \
+    OpenTransaction, abort_or_fenced, fence_and_barrier, flush_leaving, joined, transactional_producer
 from stream_anon.kafka.watchdog import BrokerWatch
 
 log = logging.getLogger("stream_anon.worker")
@@ -388,8 +387,8 @@ class KafkaLoop:
             elif held is not None:
                 self._start_output(held)
         self._settle_in_flight([p for p in self.in_flight.partitions() if by_part.get(p) is None])
-        for p in self.held.partitions():        # held at the last step: their releases ran meanwhile
-            self._start_output(cast(Held, self.held.take(p)))
+        for held in self.held.take_all():        # held at the last step: their releases ran meanwhile
+            self._start_output(held)
         for h in done:
             if (give := self.held.hold_or_give(h)) is not None:
                 self._start_output(give)
@@ -462,8 +461,11 @@ class KafkaLoop:
         self.cache.write(txn.ps)
         return True
 
-    def _end_transaction(self, prod: Producer, offsets: list, group) -> None:   # a method: crash tests wrap it
-        end_transaction(prod, offsets, group)
+    def _end_transaction(self, prod: Producer, offsets: list, group) -> None:
+        """Offsets (input position and state marker) into the transaction, then commit it (in a commit thread:
+        ``group`` is the consumer's group metadata)."""
+        prod.send_offsets_to_transaction(offsets, group, TXN_TIMEOUT_S)
+        prod.commit_transaction(TXN_TIMEOUT_S)
 
     def _failed(self, ps: PartitionState, prod: Producer, exc: KafkaException, leaving: bool = False) -> None:
         err = exc.args[0]
@@ -507,8 +509,9 @@ class KafkaLoop:
         self._settle_in_flight(self._unsettled(), leaving=True)    # none after an eager revocation
         mine = [tp.partition for tp in partitions if tp.topic == self.input]
         self.assigned.update(mine)
+        starts = recover_partitions(self, mine, consumer, self._admin, self._fence, self._halt)
         positions = [TopicPartition(self.input, p, OFFSET_BEGINNING if start is None else start)
-                     for p, start in recover_partitions(self, mine, consumer, self._admin, self._fence, self._halt).items()]
+                     for p, start in starts.items()]
         consumer.assign(positions)
         halted = [TopicPartition(self.input, p) for p in self.halted if p in self.assigned]
         if halted:
@@ -576,8 +579,8 @@ def recover_partitions(loop: KafkaLoop, parts: list[int], consumer: Consumer, ad
     loop.counters["recoveries"] += len(parts)
     logs = read_state_logs(fence, {**loop.cfg, "logger": client_log}, f"{loop.core.app_id}-state-reader",
                            loop.state_topic, parts)
-    committed = consumer.committed([TopicPartition(t, p) for p in parts
-                                                 for t in (loop.input, loop.state_topic)], timeout=30)
+    committed = consumer.committed([TopicPartition(t, p) for p in parts for t in (loop.input, loop.state_topic)],
+                                   timeout=30)
     offsets = {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None) for tp in committed}
     topic_id = input_topic_id(admin, loop.input)
     recs = {p: st.choose_state(logs[p], offsets.get((loop.state_topic, p)), offsets.get((loop.input, p)),

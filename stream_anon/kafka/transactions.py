@@ -148,13 +148,6 @@ class OpenTransaction:
             self.failure = exc
 
 
-def end_transaction(prod: Producer, offsets: list, group) -> None:
-    """Offsets (input position and state marker) into the transaction, then commit it (in a commit thread:
-    ``group`` is the consumer's group metadata)."""
-    prod.send_offsets_to_transaction(offsets, group, TXN_TIMEOUT_S)
-    prod.commit_transaction(TXN_TIMEOUT_S)
-
-
 class CommitThreads:
     """The transactions' commits, side by side: :meth:`start` runs ``end(prod, *args)`` (offsets into the
     transaction, then its commit) in a thread of its own; :meth:`settle` waits for the ones given and gives each
@@ -257,6 +250,10 @@ class HeldBatches:
 
     def take(self, partition: int) -> Held | None:
         return self._held.pop(partition, None)
+
+    def take_all(self) -> list[Held]:
+        taken, self._held = list(self._held.values()), {}
+        return taken
 
     def hold_or_give(self, done: Held) -> Held | None:
         """Hold ``done`` while its rows are under way and it has room for another batch; else give it back (its
